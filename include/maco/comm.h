@@ -1,0 +1,86 @@
+/*
+ * maco/comm.h - the communicator: a set of ranks, one CUDA device per rank, and the
+ * resources (scratch buffer, semaphores, channels) MACO's collectives use.
+ *
+ * Thread-safety: a communicator is used by one thread at a time, except for the
+ * maco_comm_get_* queries and maco_comm_get_async_error(), which any thread may call.
+ * Collectives on one communicator must be issued in the same order on every rank and must
+ * not run concurrently with each other (issue them on one stream, or order the streams).
+ */
+#ifndef MACO_COMM_H
+#define MACO_COMM_H
+
+#include "maco/bootstrap.h"
+#include "maco/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct maco_comm *maco_comm_t;
+
+/**
+ * Creates a communicator over an existing bootstrap. Collective over all ranks of `bs`.
+ * `cuda_device` is the CUDA device of this rank, or -1 to use local_rank modulo the number
+ * of visible devices; the call makes it the calling thread's current device. On a machine
+ * with no usable CUDA device the communicator is still created (bootstrap-only); GPU
+ * operations on it return MACO_ERR_UNSUPPORTED. `bs` is borrowed: it must outlive the
+ * communicator, and the caller destroys it after maco_comm_destroy().
+ * Blocking; bounded by the bootstrap's timeout.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, cuda_device out of range), MACO_ERR_CUDA
+ * (allocation, IPC export/import), MACO_ERR_TIMEOUT / MACO_ERR_REMOTE (from the
+ * bootstrap), MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t *comm_p);
+
+/**
+ * Creates a bootstrap from the environment (maco_bootstrap_create_from_env) and a
+ * communicator over it (device -1), which owns and destroys the bootstrap.
+ * Errors: as maco_bootstrap_create_from_env() and maco_comm_create().
+ */
+MACO_API maco_status_t maco_comm_init_from_env(maco_comm_t *comm_p);
+
+/**
+ * Frees the communicator's resources: waits for its device work to finish (bounded by
+ * MACO_DEVICE_TIMEOUT through the kernels' own waits), unmaps peers' memory, frees
+ * device memory. Not collective. NULL is accepted and ignored.
+ */
+MACO_API maco_status_t maco_comm_destroy(maco_comm_t comm);
+
+/** Queries; each returns MACO_ERR_INVALID_ARGUMENT when an argument is NULL. */
+MACO_API maco_status_t maco_comm_get_rank(maco_comm_t comm, int *rank_p);
+MACO_API maco_status_t maco_comm_get_nranks(maco_comm_t comm, int *nranks_p);
+/** Rank among the ranks of this node, numbered in rank order (0 .. local_nranks-1). */
+MACO_API maco_status_t maco_comm_get_local_rank(maco_comm_t comm, int *local_rank_p);
+/** Number of ranks on this node. */
+MACO_API maco_status_t maco_comm_get_local_nranks(maco_comm_t comm, int *local_nranks_p);
+/** Index of this node (nodes numbered by their lowest rank) and the number of nodes. */
+MACO_API maco_status_t maco_comm_get_node(maco_comm_t comm, int *node_p);
+MACO_API maco_status_t maco_comm_get_nnodes(maco_comm_t comm, int *nnodes_p);
+/** This rank's CUDA device, or -1 when the communicator has none. */
+MACO_API maco_status_t maco_comm_get_cuda_device(maco_comm_t comm, int *device_p);
+/** The bootstrap the communicator uses (borrowed). */
+MACO_API maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_t *bs_p);
+
+/**
+ * The full message of the first error this communicator saw (which call, which peer,
+ * why), or "" when none. The string is owned by the communicator and stays valid until
+ * it is destroyed. NULL comm gives "".
+ */
+MACO_API const char *maco_comm_get_last_error(maco_comm_t comm);
+
+/**
+ * Reports whether device work of this communicator failed asynchronously (a bounded
+ * device wait timed out). *async_status_p is MACO_OK, or the failure's status
+ * (MACO_ERR_TIMEOUT), and then maco_comm_get_last_error() names the peer rank, the
+ * semaphore or packet slot, and the expected and observed values. Does not block and does
+ * not synchronise with the device. Thread-safe.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL).
+ */
+MACO_API maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_COMM_H */

@@ -1,0 +1,116 @@
+/*
+ * maco/device/error.h - how a device-side wait reports a timeout to the host.
+ *
+ * Each communicator owns one report in host-mapped pinned memory and one claim word in
+ * device memory. The first failing thread wins the claim (atomicCAS 0 -> 1 on the device
+ * word; the claim is in device memory because atomics on host-mapped memory are not
+ * guaranteed atomic over PCIe), fills the report with plain stores, then publishes
+ * `status` last after a system-scope fence. The host reads `status` first and the other
+ * fields only when it is non-zero (maco_comm_get_async_error). Later failures of the same
+ * launch only make waits return early; the first one is what the user sees.
+ *
+ * Layout (32 bytes, shared by host C code and device code):
+ *   0  int32 status    maco_status_t, 0 = no error (written last)
+ *   4  int32 peer      rank that was waited for, -1 if none
+ *   8  int32 object    semaphore id or packet slot the wait was on
+ *  12  uint32 what     MACO_DEVICE_WAIT_SEMAPHORE or MACO_DEVICE_WAIT_PACKET
+ *  16  uint64 expected value (semaphore count or packet flag) waited for
+ *  24  uint64 observed last value read
+ */
+#ifndef MACO_DEVICE_ERROR_H
+#define MACO_DEVICE_ERROR_H
+
+#include <stdint.h>
+
+#include "maco/device/atomics.h"
+#include "maco/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MACO_DEVICE_WAIT_SEMAPHORE = 1, MACO_DEVICE_WAIT_PACKET = 2 };
+
+typedef struct maco_device_error {
+    volatile int32_t status;
+    volatile int32_t peer;
+    volatile int32_t object;
+    volatile uint32_t what;
+    volatile uint64_t expected;
+    volatile uint64_t observed;
+} maco_device_error_t;
+
+#ifdef __cplusplus
+static_assert(sizeof(maco_device_error_t) == 32, "maco_device_error_t layout is 32 bytes");
+#else
+_Static_assert(sizeof(maco_device_error_t) == 32, "maco_device_error_t layout is 32 bytes");
+#endif
+
+/** Where and how long device waits of one communicator may wait; POD, copied freely. */
+typedef struct maco_device_wait_bound {
+    maco_device_error_t *report; /**< host-mapped report (device address) */
+    int32_t *claim;              /**< device-memory claim word */
+    uint64_t timeout_ns;         /**< 0: wait forever (MACO_DEVICE_TIMEOUT=0) */
+} maco_device_wait_bound_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+#if defined(__CUDACC__)
+
+/* Records a failed wait; only the first caller per communicator writes the report. */
+static __device__ __forceinline__ void
+maco_device_error_record(const maco_device_wait_bound_t *b, maco_status_t status, int peer,
+                         int object, uint32_t what, uint64_t expected, uint64_t observed)
+{
+    if (b->claim == 0 || atomicCAS((int *)b->claim, 0, 1) != 0)
+        return;
+    b->report->peer = peer;
+    b->report->object = object;
+    b->report->what = what;
+    b->report->expected = expected;
+    b->report->observed = observed;
+    __threadfence_system();
+    b->report->status = (int32_t)status;
+    __threadfence_system();
+}
+
+/* True once any wait of this communicator has failed (checked while spinning). */
+static __device__ __forceinline__ int maco_device_error_claimed(const maco_device_wait_bound_t *b)
+{
+    return b->claim != 0 && *(volatile int32_t *)b->claim != 0;
+}
+
+/*
+ * Spin-loop helper: call once per iteration with state zero-initialised before the loop.
+ * Every 1024 iterations it reads the global timer; returns MACO_ERR_TIMEOUT once the wait
+ * has lasted longer than the bound, MACO_ERR_REMOTE when another wait of the communicator
+ * has already failed (so one lost signal does not leave other threads spinning), else
+ * MACO_OK.
+ */
+typedef struct maco_spin_state {
+    uint64_t start_ns;
+    uint32_t iterations;
+} maco_spin_state_t;
+
+static __device__ __forceinline__ maco_status_t maco_spin_check(const maco_device_wait_bound_t *b,
+                                                                maco_spin_state_t *s)
+{
+    if ((++s->iterations & 1023u) != 0)
+        return MACO_OK;
+    if (maco_device_error_claimed(b))
+        return MACO_ERR_REMOTE;
+    uint64_t now = maco_globaltimer_ns();
+    if (s->start_ns == 0) {
+        s->start_ns = now;
+        return MACO_OK;
+    }
+    if (b->timeout_ns != 0 && now - s->start_ns > b->timeout_ns)
+        return MACO_ERR_TIMEOUT;
+    return MACO_OK;
+}
+
+#endif /* __CUDACC__ */
+
+#endif /* MACO_DEVICE_ERROR_H */

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main job: install, build, then run maco-perf allreduce on every local GPU next to
+# NCCL. Arguments replace the default maco-perf arguments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+./scripts/build.sh
+build=${MACO_BUILD_DIR:-build}
+ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$ngpus" -ge 1 ] || ngpus=1 # maco-perf then says that no GPU is visible
+export NCCL_NVLS_ENABLE=0
+if [ $# -eq 0 ]; then
+  set -- -b 8 -e 1G -f 2 -d bfloat16 --nccl
+fi
+exec "$build/tools/maco-run" -n "$ngpus" "$build/tools/maco-perf" allreduce "$@"

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine over a build made elsewhere and carried along (build/): the GPU
+# tests, then maco-perf allreduce against NCCL on 4 (if present) and 2 GPUs, and an
+# algorithm sweep. Logs and JSON go to $OUT; a short summary is printed last.
+#   usage: scripts/gpu-session.sh [quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/maco-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-15s}
+B=build
+# ctest files hold the build machine's absolute paths: make them resolve here.
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
+if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
+  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
+fi
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+{ nvidia-smi -L; nvidia-smi topo -m; "$B/tools/maco-info"; } > "$OUT/machine.txt" 2>&1
+summary=()
+step() { # name timeout command...
+  local name=$1 t=$2; shift 2
+  local t0; t0=$(date +%s)
+  timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
+  return 0
+}
+step gpu-tests 420 ctest --test-dir "$B" -L gpu --output-on-failure
+perf="$B/tools/maco-perf allreduce -b 8 -e 1G -f 2 -d bfloat16 --nccl"
+if [ "$ngpu" -ge 4 ]; then
+  step perf-n4 240 "$B/tools/maco-run" -n 4 --timeout 230 $perf --json "$OUT/perf-n4.json"
+fi
+step perf-n2 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 $perf --json "$OUT/perf-n2.json"
+if [ "${1:-}" != quick ] && [ "$ngpu" -ge 4 ]; then
+  {
+    for algo in oneshot_ll rsag; do
+      echo "## MACO_ALGO_ALLREDUCE=$algo"
+      MACO_ALGO_ALLREDUCE=$algo "$B/tools/maco-run" -n 4 --timeout 100 "$B/tools/maco-perf" \
+        allreduce -b 1K -e $([ $algo = rsag ] && echo 8M || echo 256K) -f 2 -n 50 -w 10
+    done
+  } > "$OUT/algo-sweep.txt" 2>&1
+  summary+=("algo-sweep         done")
+fi
+echo "================ machine"; head -n 6 "$OUT/machine.txt"
+echo "================ gpu tests"; grep -E 'tests passed|Passed|Failed|\*\*\*|SKIP|FAILED|Failure' "$OUT/gpu-tests.txt" | head -n 40
+for f in perf-n4 perf-n2; do
+  [ -f "$OUT/$f.txt" ] || continue
+  echo "================ $f (size, MACO oop time/busbw, MACO ip busbw, NCCL oop time/busbw, ratio)"
+  awk '/^ +[0-9]/ {printf "%11s %9s %7s %7s | %9s %7s %5s | %s %s\n", $1, $6, $8, $12, $14, $15, $16, $9, $13} /^# (Wrong|Out|Avg)/' "$OUT/$f.txt"
+  grep -E 'maco-perf:|ERROR|error' "$OUT/$f.txt" | head -n 8
+done
+echo "================ summary"; printf '%s\n' "${summary[@]}"

@@ -1,0 +1,35 @@
+/* bootstrap_internal.h - bootstrap calls for MACO's own use (reserved tags). */
+#ifndef MACO_BOOTSTRAP_INTERNAL_H
+#define MACO_BOOTSTRAP_INTERNAL_H
+
+#include "maco/bootstrap.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tags MACO itself uses, all >= MACO_BOOTSTRAP_MAX_USER_TAG. */
+enum {
+    MACO__TAG_ALLGATHER = 0xFFFF0001u,
+    MACO__TAG_BROADCAST = 0xFFFF0002u,
+    MACO__TAG_CHANNEL = 0xFFFF0010u,
+    MACO__TAG_MEMORY = 0xFFFF0011u,
+};
+
+/** As maco_bootstrap_send/recv, but any tag is allowed. */
+maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
+                                   size_t bytes);
+maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
+                                   size_t bytes);
+
+/** The bootstrap's timeout in milliseconds. */
+int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs);
+
+/** This rank's own host id string (never NULL). */
+const char *maco__host_id(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_BOOTSTRAP_INTERNAL_H */

@@ -1,0 +1,472 @@
+/* comm.c - communicator creation, topology, GPU resources, errors. */
+#include "maco/comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap_internal.h"
+#include "comm_internal.h"
+#include "config.h"
+#include "cuda_util.h"
+#include "log.h"
+
+/* What every rank tells the others at creation (fixed layout, sent by allgather). */
+typedef struct maco__rank_info {
+    int32_t has_gpu;
+    int32_t cuda_device;
+    int32_t sm_count;
+    int32_t reserved;
+    uint64_t oneshot_max;
+    uint64_t scratch_bytes;
+    uint8_t uuid[16];
+} maco__rank_info_t;
+
+maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
+{
+    if (comm == NULL || status == MACO_OK)
+        return status;
+    pthread_mutex_lock(&comm->error_lock);
+    if (comm->first_status == MACO_OK) {
+        comm->first_status = status;
+        snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
+    }
+    pthread_mutex_unlock(&comm->error_lock);
+    return status;
+}
+
+maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn)
+{
+    if (comm->gpu_unavailable[0] == '\0')
+        return MACO_OK;
+    return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_INIT, "%s: %s", fn,
+                                               comm->gpu_unavailable));
+}
+
+static size_t maco__align_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* Node numbering: ranks with the same host id share a node; nodes are numbered in the
+ * order of their lowest rank. */
+static maco_status_t maco__comm_topology(maco_comm_t comm)
+{
+    const char *mine;
+    maco_status_t st = maco_bootstrap_get_host_id(comm->bs, comm->rank, &mine);
+    if (st != MACO_OK)
+        return st;
+    comm->local_rank = 0;
+    comm->local_nranks = 0;
+    comm->nnodes = 0;
+    comm->node = -1;
+    for (int r = 0; r < comm->nranks; r++) {
+        const char *id;
+        maco_bootstrap_get_host_id(comm->bs, r, &id);
+        int first = 1;
+        for (int q = 0; q < r && first; q++) {
+            const char *other;
+            maco_bootstrap_get_host_id(comm->bs, q, &other);
+            first = strcmp(id, other) != 0;
+        }
+        if (first) {
+            if (strcmp(id, mine) == 0)
+                comm->node = comm->nnodes;
+            comm->nnodes++;
+        }
+        if (strcmp(id, mine) == 0) {
+            if (r < comm->rank)
+                comm->local_rank++;
+            comm->local_nranks++;
+        }
+    }
+    const char *env_local = getenv("MACO_LOCAL_RANK");
+    if (env_local != NULL && env_local[0] != '\0' && atoi(env_local) != comm->local_rank)
+        MACO_WARN(MACO_SUBSYS_INIT,
+                  "MACO_LOCAL_RANK=%s but rank %d is local rank %d of its node by host id; "
+                  "using %d",
+                  env_local, comm->rank, comm->local_rank, comm->local_rank);
+    return MACO_OK;
+}
+
+/* Chooses the device and reads what the other ranks must know about it. */
+static maco_status_t maco__comm_probe_gpu(maco_comm_t comm, int cuda_device,
+                                          maco__rank_info_t *info)
+{
+    memset(info, 0, sizeof(*info));
+    int ndev = 0;
+    cudaError_t cerr = cudaGetDeviceCount(&ndev);
+    if (cerr != cudaSuccess || ndev == 0) {
+        cudaGetLastError();
+        snprintf(comm->gpu_unavailable, sizeof(comm->gpu_unavailable),
+                 "no CUDA device is visible to rank %d (%s)", comm->rank,
+                 cerr == cudaSuccess ? "device count 0" : cudaGetErrorString(cerr));
+        if (cuda_device >= 0)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                               "maco_comm_create: cuda_device %d was asked for but %s", cuda_device,
+                               comm->gpu_unavailable);
+        MACO_INFO(MACO_SUBSYS_INIT, "%s; GPU operations are unsupported", comm->gpu_unavailable);
+        return MACO_OK;
+    }
+    if (cuda_device >= ndev)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_create: cuda_device %d is outside [0, %d)", cuda_device,
+                           ndev);
+    int dev = cuda_device >= 0 ? cuda_device : comm->local_rank % ndev;
+    MACO_CUDA_RETURN(cudaSetDevice(dev));
+    struct cudaDeviceProp prop;
+    MACO_CUDA_RETURN(cudaGetDeviceProperties(&prop, dev));
+    comm->cuda_device = dev;
+    info->has_gpu = 1;
+    info->cuda_device = dev;
+    info->sm_count = prop.multiProcessorCount;
+    memcpy(info->uuid, &prop.uuid, sizeof(info->uuid));
+    return MACO_OK;
+}
+
+/* Checks that all ranks can run collectives together; fills comm->gpu_unavailable if not. */
+static void maco__comm_check_peers(maco_comm_t comm, const maco__rank_info_t *all)
+{
+    char *why = comm->gpu_unavailable;
+    size_t cap = sizeof(comm->gpu_unavailable);
+    comm->sm_count = 1 << 30;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (!all[r].has_gpu) {
+            if (why[0] == '\0')
+                snprintf(why, cap, "rank %d has no CUDA device", r);
+            return;
+        }
+        if (all[r].sm_count < comm->sm_count)
+            comm->sm_count = all[r].sm_count;
+    }
+    if (comm->nnodes > 1) {
+        snprintf(why, cap,
+                 "the ranks span %d nodes; collectives across nodes are not implemented yet",
+                 comm->nnodes);
+        return;
+    }
+    if (comm->nranks > MACO__MAX_LOCAL_RANKS) {
+        snprintf(why, cap, "%d ranks on one node; collectives support at most %d", comm->nranks,
+                 MACO__MAX_LOCAL_RANKS);
+        return;
+    }
+    for (int r = 0; r < comm->nranks; r++) {
+        for (int q = 0; q < r; q++) {
+            if (memcmp(all[r].uuid, all[q].uuid, 16) == 0) {
+                snprintf(why, cap,
+                         "ranks %d and %d use the same GPU; MACO needs one GPU per rank (set "
+                         "CUDA_VISIBLE_DEVICES or pass distinct devices)",
+                         q, r);
+                return;
+            }
+        }
+        if (all[r].oneshot_max != all[0].oneshot_max ||
+            all[r].scratch_bytes != all[0].scratch_bytes) {
+            snprintf(
+                why, cap,
+                "MACO_ALLREDUCE_ONESHOT_MAX or MACO_SCRATCH_SIZE differs between rank 0 "
+                "(%llu, %llu) and rank %d (%llu, %llu); set them alike on all ranks",
+                (unsigned long long)all[0].oneshot_max, (unsigned long long)all[0].scratch_bytes, r,
+                (unsigned long long)all[r].oneshot_max, (unsigned long long)all[r].scratch_bytes);
+            return;
+        }
+    }
+}
+
+static void maco__comm_layout(maco__comm_layout_t *l, int nranks, size_t oneshot_max,
+                              size_t scratch_bytes)
+{
+    memset(l, 0, sizeof(*l));
+    l->oneshot_max = oneshot_max;
+    l->sem_offset = 0;
+    l->expected_offset = maco__align_up(l->sem_offset + MACO__NSEM * sizeof(uint64_t), 256);
+    l->counters_offset = maco__align_up(l->expected_offset + MACO__NSEM * sizeof(uint64_t), 256);
+    l->ll_offset = l->counters_offset + 256;
+    l->ll_slot_bytes = 2 * oneshot_max;
+    l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
+    /* rsag: per slot, n IN and n OUT pieces. */
+    size_t piece = scratch_bytes / ((size_t)MACO__RSAG_SLOTS * 2 * (size_t)nranks);
+    piece = piece / 256 * 256;
+    if (piece < 256)
+        piece = 256;
+    l->rsag_piece_max = piece;
+    l->rsag_slot_bytes = 2 * (size_t)nranks * piece;
+    l->total_bytes = l->rsag_offset + (size_t)MACO__RSAG_SLOTS * l->rsag_slot_bytes;
+}
+
+/* Reads the sizes that shape the comm buffer. */
+static maco_status_t maco__comm_read_sizes(maco__rank_info_t *info)
+{
+    int64_t oneshot, scratch;
+    maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_ONESHOT_MAX, &oneshot);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_SCRATCH_SIZE, &scratch);
+    if (st != MACO_OK)
+        return st;
+    if (oneshot < 16 || oneshot > ((int64_t)64 << 20))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_ALLREDUCE_ONESHOT_MAX=%lld is outside [16, 64M] bytes",
+                           (long long)oneshot);
+    if (scratch < ((int64_t)1 << 20) || scratch > ((int64_t)16 << 30))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_SCRATCH_SIZE=%lld is outside [1M, 16G] bytes", (long long)scratch);
+    info->oneshot_max = maco__align_up((size_t)oneshot, 16);
+    info->scratch_bytes = (uint64_t)scratch;
+    return MACO_OK;
+}
+
+static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_info_t *all)
+{
+    maco_status_t st = MACO_OK;
+    int n = comm->nranks;
+    int64_t timeout_ms;
+    st = maco__config_int64(MACO_CFG_DEVICE_TIMEOUT, &timeout_ms);
+    if (st != MACO_OK)
+        return st;
+    comm->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+    maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes);
+    const maco__comm_layout_t *l = &comm->layout;
+
+    MACO_CUDA_RETURN(cudaMalloc((void **)&comm->buf, l->total_bytes));
+    MACO_CUDA_RETURN(cudaMemset(comm->buf, 0, l->total_bytes));
+    uint32_t one = 1;
+    MACO_CUDA_RETURN(cudaMemcpy(comm->buf + l->counters_offset + MACO__CTR_LL_FLAG, &one,
+                                sizeof(one), cudaMemcpyHostToDevice));
+    MACO_CUDA_RETURN(cudaHostAlloc((void **)&comm->err_report, sizeof(maco_device_error_t),
+                                   cudaHostAllocMapped));
+    memset((void *)comm->err_report, 0, sizeof(maco_device_error_t));
+    MACO_CUDA_RETURN(cudaHostGetDevicePointer((void **)&comm->err_report_dev, comm->err_report, 0));
+    comm->bound.report = comm->err_report_dev;
+    comm->bound.claim = (int32_t *)(comm->buf + l->counters_offset + MACO__CTR_ERROR_CLAIM);
+    comm->bound.timeout_ns = comm->timeout_ns;
+
+    st = maco_mem_register(comm, comm->buf, l->total_bytes, &comm->buf_mem);
+    if (st != MACO_OK)
+        return st;
+    uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
+    comm->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
+    comm->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
+    maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
+        (size_t)MACO__RSAG_SLOTS * (size_t)n, sizeof(maco_memory_channel_device_t));
+    maco_memory_channel_device_t *peer_chans = (maco_memory_channel_device_t *)calloc(
+        (size_t)MACO__RSAG_SLOTS, sizeof(maco_memory_channel_device_t));
+    if (handles == NULL || comm->peer_buf == NULL || comm->peer_buf_mem == NULL || chans == NULL ||
+        peer_chans == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "comm setup: no host memory");
+        goto out;
+    }
+    st = maco_mem_serialize(comm->buf_mem, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
+    if (st == MACO_OK)
+        st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
+    if (st != MACO_OK)
+        goto out;
+    for (int r = 0; r < n; r++) {
+        if (r == comm->rank) {
+            comm->peer_buf[r] = comm->buf;
+            continue;
+        }
+        st = maco_mem_import(comm, handles + (size_t)r * MACO_MEM_HANDLE_BYTES,
+                             &comm->peer_buf_mem[r]);
+        if (st != MACO_OK)
+            goto out;
+        void *p;
+        maco_mem_get_pointer(comm->peer_buf_mem[r], &p);
+        comm->peer_buf[r] = (char *)p;
+    }
+    /* rsag channels: for every peer in rank order, one channel per slot. The pairwise
+     * exchanges happen in the same global order on all ranks, so none waits in a cycle. */
+    for (int p = 0; p < n; p++) {
+        if (p == comm->rank)
+            continue;
+        st = maco__memory_channels_setup(comm, p, comm->buf_mem, comm->peer_buf_mem[p],
+                                         MACO__RSAG_SLOTS, peer_chans);
+        if (st != MACO_OK)
+            goto out;
+        for (int b = 0; b < MACO__RSAG_SLOTS; b++)
+            chans[(size_t)b * (size_t)n + (size_t)p] = peer_chans[b];
+    }
+    MACO_CUDA_GOTO(cudaMalloc((void **)&comm->rsag_channels,
+                              (size_t)MACO__RSAG_SLOTS * (size_t)n * sizeof(*chans)),
+                   st, out);
+    MACO_CUDA_GOTO(cudaMemcpy(comm->rsag_channels, chans,
+                              (size_t)MACO__RSAG_SLOTS * (size_t)n * sizeof(*chans),
+                              cudaMemcpyHostToDevice),
+                   st, out);
+    MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, out);
+    /* Nobody starts GPU traffic before every rank has mapped every peer. */
+    st = maco_bootstrap_barrier(comm->bs);
+out:
+    free(handles);
+    free(chans);
+    free(peer_chans);
+    return st;
+}
+
+static void maco__comm_free(maco_comm_t comm)
+{
+    if (comm == NULL)
+        return;
+    if (comm->cuda_device >= 0 && comm->buf != NULL) {
+        cudaSetDevice(comm->cuda_device);
+        cudaDeviceSynchronize();
+    }
+    if (comm->peer_buf_mem != NULL)
+        for (int r = 0; r < comm->nranks; r++)
+            maco_mem_deregister(comm->peer_buf_mem[r]);
+    maco_mem_deregister(comm->buf_mem);
+    if (comm->rsag_channels)
+        cudaFree(comm->rsag_channels);
+    if (comm->buf)
+        cudaFree(comm->buf);
+    if (comm->err_report)
+        cudaFreeHost((void *)comm->err_report);
+    cudaGetLastError();
+    free(comm->peer_buf);
+    free(comm->peer_buf_mem);
+    if (comm->owns_bootstrap)
+        maco_bootstrap_destroy(comm->bs);
+    pthread_mutex_destroy(&comm->error_lock);
+    free(comm);
+}
+
+maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t *comm_p)
+{
+    if (bs == NULL || comm_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_create: bs and comm_p must not be NULL");
+    if (cuda_device < -1)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_create: cuda_device is %d; use -1 or a device index",
+                           cuda_device);
+    maco_comm_t comm = (maco_comm_t)calloc(1, sizeof(*comm));
+    if (comm == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "maco_comm_create: no memory");
+    pthread_mutex_init(&comm->error_lock, NULL);
+    comm->bs = bs;
+    comm->cuda_device = -1;
+    maco_bootstrap_get_rank(bs, &comm->rank);
+    maco_bootstrap_get_nranks(bs, &comm->nranks);
+    maco__rank_info_t *all = NULL;
+    maco_status_t st = maco__comm_topology(comm);
+    if (st != MACO_OK)
+        goto fail;
+    maco__rank_info_t info;
+    st = maco__comm_probe_gpu(comm, cuda_device, &info);
+    if (st == MACO_OK)
+        st = maco__comm_read_sizes(&info);
+    if (st != MACO_OK)
+        goto fail;
+    all = (maco__rank_info_t *)calloc((size_t)comm->nranks, sizeof(*all));
+    if (all == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "maco_comm_create: no memory");
+        goto fail;
+    }
+    all[comm->rank] = info;
+    st = maco_bootstrap_allgather(bs, all, sizeof(*all));
+    if (st != MACO_OK)
+        goto fail;
+    maco__comm_check_peers(comm, all);
+    if (comm->gpu_unavailable[0] == '\0') {
+        st = maco__comm_gpu_setup(comm, all);
+        if (st != MACO_OK)
+            goto fail;
+    } else if (info.has_gpu) {
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
+                  comm->gpu_unavailable);
+    }
+    free(all);
+    MACO_INFO(MACO_SUBSYS_INIT,
+              "communicator: rank %d of %d, local rank %d of %d, node %d of %d, device %d",
+              comm->rank, comm->nranks, comm->local_rank, comm->local_nranks, comm->node,
+              comm->nnodes, comm->cuda_device);
+    *comm_p = comm;
+    return MACO_OK;
+fail:
+    free(all);
+    maco__comm_free(comm);
+    return st;
+}
+
+maco_status_t maco_comm_init_from_env(maco_comm_t *comm_p)
+{
+    if (comm_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_init_from_env: comm_p is NULL");
+    maco_bootstrap_t bs;
+    maco_status_t st = maco_bootstrap_create_from_env(&bs);
+    if (st != MACO_OK)
+        return st;
+    maco_comm_t comm;
+    st = maco_comm_create(bs, -1, &comm);
+    if (st != MACO_OK) {
+        maco_bootstrap_destroy(bs);
+        return st;
+    }
+    comm->owns_bootstrap = 1;
+    *comm_p = comm;
+    return MACO_OK;
+}
+
+maco_status_t maco_comm_destroy(maco_comm_t comm)
+{
+    maco__comm_free(comm);
+    return MACO_OK;
+}
+
+#define MACO__COMM_GETTER(name, field)                                                             \
+    maco_status_t maco_comm_get_##name(maco_comm_t comm, int *value_p)                             \
+    {                                                                                              \
+        if (comm == NULL || value_p == NULL)                                                       \
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,                        \
+                               "maco_comm_get_" #name ": NULL argument");                          \
+        *value_p = comm->field;                                                                    \
+        return MACO_OK;                                                                            \
+    }
+
+MACO__COMM_GETTER(rank, rank)
+MACO__COMM_GETTER(nranks, nranks)
+MACO__COMM_GETTER(local_rank, local_rank)
+MACO__COMM_GETTER(local_nranks, local_nranks)
+MACO__COMM_GETTER(node, node)
+MACO__COMM_GETTER(nnodes, nnodes)
+MACO__COMM_GETTER(cuda_device, cuda_device)
+
+maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_t *bs_p)
+{
+    if (comm == NULL || bs_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_get_bootstrap: NULL argument");
+    *bs_p = comm->bs;
+    return MACO_OK;
+}
+
+const char *maco_comm_get_last_error(maco_comm_t comm)
+{
+    return comm == NULL ? "" : comm->first_error;
+}
+
+maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p)
+{
+    if (comm == NULL || async_status_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_get_async_error: NULL argument");
+    *async_status_p = MACO_OK;
+    if (comm->err_report == NULL)
+        return MACO_OK;
+    int32_t status = comm->err_report->status;
+    if (status == 0)
+        return MACO_OK;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    const maco_device_error_t *e = comm->err_report;
+    maco__error_quiet((maco_status_t)status,
+                      "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
+                      "%d for value %llu, last saw %llu",
+                      comm->rank, status == MACO_ERR_TIMEOUT ? "timed out" : "failed",
+                      (unsigned long long)(comm->timeout_ns / 1000000ull), (int)e->peer,
+                      e->what == MACO_DEVICE_WAIT_PACKET ? "LL packet slot" : "semaphore",
+                      (int)e->object, (unsigned long long)e->expected,
+                      (unsigned long long)e->observed);
+    maco__comm_record(comm, (maco_status_t)status);
+    *async_status_p = (maco_status_t)status;
+    return MACO_OK;
+}

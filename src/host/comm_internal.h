@@ -1,0 +1,95 @@
+/*
+ * comm_internal.h - the communicator's insides, shared by src/host and algorithms/.
+ *
+ * Each rank with a GPU owns one "comm buffer" (one cudaMalloc, exported over CUDA IPC and
+ * mapped by every peer of the node). Its layout is identical on every rank:
+ *
+ *   sem_offset      u64[MACO__NSEM]  semaphore counters peers signal (never reset)
+ *   expected_offset u64[MACO__NSEM]  this rank's expected counts (peers never touch them)
+ *   counters_offset                  u32 ll_flag, u32 ll_done, i32 error_claim
+ *   ll_offset       LL16 scratch:    [parity 2][source rank n][ll_slot_bytes]
+ *   rsag_offset     rsag scratch:    [slot nslots][IN n | OUT n][piece_max bytes]
+ *
+ * Offsets are multiples of 256 bytes. The sizes come from MACO_ALLREDUCE_ONESHOT_MAX and
+ * MACO_SCRATCH_SIZE, which must agree on all ranks (checked at creation).
+ */
+#ifndef MACO_COMM_INTERNAL_H
+#define MACO_COMM_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "maco/comm.h"
+#include "maco/device/error.h"
+#include "maco/device/memory_channel.h"
+#include "maco/memory.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    MACO__NSEM = 4096,         /* semaphores per rank */
+    MACO__MAX_LOCAL_RANKS = 8, /* collectives support up to this many ranks per node */
+    MACO__RSAG_SLOTS = 64,     /* CTAs (each with its own scratch and semaphores) of rsag */
+};
+
+/* Byte offsets of the fixed counters inside the counters block. */
+enum { MACO__CTR_LL_FLAG = 0, MACO__CTR_LL_DONE = 4, MACO__CTR_ERROR_CLAIM = 8 };
+
+typedef struct maco__comm_layout {
+    size_t sem_offset, expected_offset, counters_offset;
+    size_t ll_offset, ll_slot_bytes; /* ll_slot_bytes = 2 * oneshot_max (LL16) */
+    size_t rsag_offset, rsag_piece_max, rsag_slot_bytes;
+    size_t total_bytes;
+    size_t oneshot_max; /* bytes per rank */
+} maco__comm_layout_t;
+
+struct maco_comm {
+    maco_bootstrap_t bs;
+    int owns_bootstrap;
+    int rank, nranks;
+    int local_rank, local_nranks, node, nnodes;
+    int cuda_device;           /* -1: none */
+    char gpu_unavailable[256]; /* why GPU operations are unsupported ("" when they work) */
+
+    pthread_mutex_t error_lock;
+    maco_status_t first_status;
+    char first_error[1024];
+
+    /* GPU resources (valid when gpu_unavailable is ""). */
+    int sm_count; /* smallest multiprocessor count over all ranks */
+    uint64_t timeout_ns;
+    maco__comm_layout_t layout;
+    char *buf;                           /* this rank's comm buffer */
+    maco_mem_t buf_mem;                  /* its registration */
+    char **peer_buf;                     /* [nranks] mapped comm buffers (own: buf) */
+    maco_mem_t *peer_buf_mem;            /* [nranks] imports (own: NULL) */
+    int sem_next;                        /* bump allocator over the semaphore counters */
+    maco_device_error_t *err_report;     /* host address (mapped pinned) */
+    maco_device_error_t *err_report_dev; /* its device address */
+    maco_device_wait_bound_t bound;
+    maco_memory_channel_device_t *rsag_channels; /* device array [RSAG_SLOTS][nranks] */
+};
+
+/** Copies this thread's last error into the communicator if it has none yet. */
+maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);
+
+/** MACO_OK when the communicator can run GPU work; else MACO_ERR_UNSUPPORTED with why. */
+maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn);
+
+/**
+ * Creates `count` channel device handles to `peer` over `local` and `remote`, taking
+ * `count` semaphores from the pool and exchanging their ids with the peer (pairwise,
+ * blocking). Writes handles[0..count).
+ */
+maco_status_t maco__memory_channels_setup(maco_comm_t comm, int peer, maco_mem_t local,
+                                          maco_mem_t remote, int count,
+                                          maco_memory_channel_device_t *handles);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_COMM_INTERNAL_H */

@@ -1,0 +1,108 @@
+/*
+ * config.h - MACO's one configuration table (internal).
+ *
+ * Every environment variable MACO reads is a row here: X(ID, type, default, unit, doc).
+ * The variable's name is "MACO_" followed by ID. maco-info --env prints the table, README's
+ * configuration section is checked against it by a test, and MACO_* variables not in it get
+ * a warning naming the closest known one.
+ *
+ * Types and their accepted spellings:
+ *   STRING    any text
+ *   INT       a decimal integer
+ *   SIZE      bytes: an integer with an optional K, M, G or T suffix (binary: 64M = 64 MiB)
+ *   DURATION  milliseconds: an integer with a unit us, ms, s or m (30s, 500ms); a bare
+ *             integer means milliseconds
+ *   BOOL      1/0, true/false, yes/no, on/off (any case)
+ */
+#ifndef MACO_CONFIG_INTERNAL_H
+#define MACO_CONFIG_INTERNAL_H
+
+#include <stdint.h>
+
+#include "maco/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MACO_CONFIG_TABLE(X)                                                                       \
+    X(LOG_LEVEL, STRING, "warn", "", "Log level: error, warn, info, debug or trace.")              \
+    X(LOG_SUBSYS, STRING, "all", "",                                                               \
+      "Subsystems to log (init,bootstrap,mem,channel,coll,proxy,tool,all); ^ inverts.")            \
+    X(LOG_FILE, STRING, "", "",                                                                    \
+      "Log file path; %h expands to the host name, %p to the pid. Empty: standard error.")         \
+    X(RANK, INT, "", "", "This process's rank, for initialisation from the environment.")          \
+    X(WORLD_SIZE, INT, "", "", "Number of ranks, for initialisation from the environment.")        \
+    X(LOCAL_RANK, INT, "", "", "Rank among the ranks of this node (default: derived).")            \
+    X(BOOTSTRAP_ADDR, STRING, "", "",                                                              \
+      "host:port (or [v6]:port) where rank 0 listens, for initialisation from the environment.")   \
+    X(BOOTSTRAP_NONCE, STRING, "", "",                                                             \
+      "Job nonce (16 hex digits) shared by all ranks; maco-run sets it. Default: derived "         \
+      "from the bootstrap address.")                                                               \
+    X(BOOTSTRAP_TIMEOUT, DURATION, "120s", "ms", "Deadline of every bootstrap wait.")              \
+    X(HOST_ID, STRING, "", "",                                                                     \
+      "Node identity override (default: host name + boot id); ranks with equal ids share a "       \
+      "node.")                                                                                     \
+    X(SOCKET_IFNAME, STRING, "", "",                                                               \
+      "Network interface (name or prefix) for bootstrap sockets. Default: the one that "           \
+      "reaches rank 0.")                                                                           \
+    X(DEVICE_TIMEOUT, DURATION, "60s", "ms",                                                       \
+      "Deadline of every device-side wait (semaphores, LL packets); 0 disables it.")               \
+    X(SCRATCH_SIZE, SIZE, "32M", "bytes",                                                          \
+      "Scratch buffer per rank for collectives on unregistered buffers.")                          \
+    X(ALGO_ALLREDUCE, STRING, "", "",                                                              \
+      "Force an allreduce algorithm: oneshot_ll or rsag. Default: chosen by size.")                \
+    X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
+      "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
+    X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
+      "Path or name of the NCCL library maco-perf --nccl dlopens.")
+
+typedef enum maco__config_type {
+    MACO_CONFIG_STRING,
+    MACO_CONFIG_INT,
+    MACO_CONFIG_SIZE,
+    MACO_CONFIG_DURATION,
+    MACO_CONFIG_BOOL,
+} maco__config_type_t;
+
+typedef enum maco__config_id {
+#define MACO__CONFIG_ENUM(id, type, def, unit, doc) MACO_CFG_##id,
+    MACO_CONFIG_TABLE(MACO__CONFIG_ENUM)
+#undef MACO__CONFIG_ENUM
+        MACO_CFG_COUNT
+} maco__config_id_t;
+
+/** Full variable name ("MACO_LOG_LEVEL"). */
+const char *maco__config_name(maco__config_id_t id);
+
+/** The value as text: the environment's when set and non-empty, else the default. */
+const char *maco__config_string(maco__config_id_t id);
+
+/** True when the variable is set (non-empty) in the environment. */
+int maco__config_is_set(maco__config_id_t id);
+
+/**
+ * The value as a number in the row's unit (INT: itself, SIZE: bytes, DURATION: ms, BOOL: 0/1).
+ * Returns MACO_ERR_INVALID_ARGUMENT, with a logged message naming the variable and what it
+ * accepts, when the text does not parse; *value_p is then untouched. A STRING row, or an
+ * INT row with no value and no default, is MACO_ERR_INVALID_ARGUMENT too.
+ */
+maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p);
+
+/** Parsers shared with the tools and tests; they return 0 on success, -1 on bad text. */
+int maco__parse_size(const char *text, int64_t *bytes_p);
+int maco__parse_duration_ms(const char *text, int64_t *ms_p);
+int maco__parse_bool(const char *text, int *value_p);
+int maco__parse_int(const char *text, int64_t *value_p);
+
+/**
+ * Warns once per process about each MACO_* variable of the environment that is not in the
+ * table, naming the closest known variable. Returns how many were unknown.
+ */
+int maco__config_check_environment(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_CONFIG_INTERNAL_H */

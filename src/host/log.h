@@ -1,0 +1,81 @@
+/*
+ * log.h - the internal leveled logger (not public API).
+ *
+ * Configuration, read once at first use:
+ *   MACO_LOG_LEVEL   error | warn (default) | info | debug | trace
+ *   MACO_LOG_SUBSYS  comma list of subsystems to show (init,bootstrap,mem,channel,coll,proxy,
+ *                    tool, or all); a leading ^ inverts the list ("^bootstrap")
+ *   MACO_LOG_FILE    path of the log; %h expands to the host name, %p to the pid.
+ *                    Default: standard error.
+ * Every line reads "host:pid:tid [rank] LEVEL subsys: message". errno is preserved across
+ * a logging call, so `maco__log(...)` may sit between a failing call and strerror(errno).
+ * Thread-safe: each line is written with one write() call.
+ */
+#ifndef MACO_LOG_H
+#define MACO_LOG_H
+
+#include <stdarg.h>
+
+#include "maco/log.h"
+#include "maco/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef maco_log_level_t maco__log_level_t;
+
+typedef enum maco__subsys {
+    MACO_SUBSYS_INIT = 1u << 0,
+    MACO_SUBSYS_BOOTSTRAP = 1u << 1,
+    MACO_SUBSYS_MEM = 1u << 2,
+    MACO_SUBSYS_CHANNEL = 1u << 3,
+    MACO_SUBSYS_COLL = 1u << 4,
+    MACO_SUBSYS_PROXY = 1u << 5,
+    MACO_SUBSYS_TOOL = 1u << 6,
+} maco__subsys_t;
+
+/** True when a message of this level and subsystem would be written. */
+int maco__log_enabled(maco__log_level_t level, maco__subsys_t subsys);
+
+void maco__log(maco__log_level_t level, maco__subsys_t subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt, va_list ap);
+
+/** Sets the rank shown in log lines of this process (-1: none). */
+void maco__log_set_rank(int rank);
+
+/** Re-reads MACO_LOG_* (tests change them between cases). */
+void maco__log_reset(void);
+
+/**
+ * Records an error: logs it at error level (once, where it is detected) and keeps the text
+ * as this thread's last error message, which the public API boundary copies into the
+ * communicator. Returns `status` so callers can write `return maco__error(...)`.
+ */
+maco_status_t maco__error(maco_status_t status, maco__subsys_t subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/** Sets this thread's last error text without logging (for repeats of a sticky error). */
+maco_status_t maco__error_quiet(maco_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/** This thread's last error text (empty string when none). */
+const char *maco__last_error(void);
+void maco__clear_last_error(void);
+
+#define MACO_LOG(level, subsys, ...)                                                               \
+    do {                                                                                           \
+        if (maco__log_enabled((level), (subsys)))                                                  \
+            maco__log((level), (subsys), __VA_ARGS__);                                             \
+    } while (0)
+#define MACO_WARN(subsys, ...) MACO_LOG(MACO_LOG_WARN, subsys, __VA_ARGS__)
+#define MACO_INFO(subsys, ...) MACO_LOG(MACO_LOG_INFO, subsys, __VA_ARGS__)
+#define MACO_DEBUG(subsys, ...) MACO_LOG(MACO_LOG_DEBUG, subsys, __VA_ARGS__)
+#define MACO_TRACE(subsys, ...) MACO_LOG(MACO_LOG_TRACE, subsys, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_LOG_H */

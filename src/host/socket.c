@@ -1,0 +1,369 @@
+/* socket.c - TCP helpers for the bootstrap; see socket.h. */
+#include "socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+
+int64_t maco__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void maco__put_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static uint16_t maco__get_le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static void maco__put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t maco__get_le32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+/*
+ * Wire layout (24 bytes, little-endian):
+ *   0  u16 family (4 = IPv4, 6 = IPv6, 0 = none)
+ *   2  u16 port (host order value)
+ *   4  u8[16] address (IPv4 uses the first 4 bytes)
+ *  20  u32 IPv6 scope id
+ */
+void maco__sockaddr_to_wire(const maco__sockaddr_t *addr, uint8_t out[MACO__WIRE_ADDR_BYTES])
+{
+    memset(out, 0, MACO__WIRE_ADDR_BYTES);
+    if (addr->ss.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&addr->ss;
+        maco__put_le16(out, 4);
+        maco__put_le16(out + 2, ntohs(in->sin_port));
+        memcpy(out + 4, &in->sin_addr, 4);
+    } else if (addr->ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&addr->ss;
+        maco__put_le16(out, 6);
+        maco__put_le16(out + 2, ntohs(in6->sin6_port));
+        memcpy(out + 4, &in6->sin6_addr, 16);
+        maco__put_le32(out + 20, in6->sin6_scope_id);
+    }
+}
+
+int maco__sockaddr_from_wire(const uint8_t in[MACO__WIRE_ADDR_BYTES], maco__sockaddr_t *addr)
+{
+    memset(addr, 0, sizeof(*addr));
+    uint16_t family = maco__get_le16(in);
+    if (family == 4) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&addr->ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons(maco__get_le16(in + 2));
+        memcpy(&a->sin_addr, in + 4, 4);
+        addr->len = sizeof(*a);
+        return 0;
+    }
+    if (family == 6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&addr->ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons(maco__get_le16(in + 2));
+        memcpy(&a->sin6_addr, in + 4, 16);
+        a->sin6_scope_id = maco__get_le32(in + 20);
+        addr->len = sizeof(*a);
+        return 0;
+    }
+    return -1;
+}
+
+void maco__sockaddr_format(const maco__sockaddr_t *addr, char *out, size_t cap)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (addr->ss.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&addr->ss;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(in->sin_port));
+    } else if (addr->ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&addr->ss;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        snprintf(out, cap, "[%s]:%u", host, (unsigned)ntohs(in6->sin6_port));
+    } else {
+        snprintf(out, cap, "(no address)");
+    }
+}
+
+uint16_t maco__sockaddr_port(const maco__sockaddr_t *addr)
+{
+    if (addr->ss.ss_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)&addr->ss)->sin_port);
+    if (addr->ss.ss_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)&addr->ss)->sin6_port);
+    return 0;
+}
+
+void maco__sockaddr_set_port(maco__sockaddr_t *addr, uint16_t port)
+{
+    if (addr->ss.ss_family == AF_INET)
+        ((struct sockaddr_in *)&addr->ss)->sin_port = htons(port);
+    else if (addr->ss.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&addr->ss)->sin6_port = htons(port);
+}
+
+maco_status_t maco__sockaddr_parse(const char *text, const char *what, maco__sockaddr_t *addr)
+{
+    char host[256];
+    const char *port_text;
+    if (text == NULL || text[0] == '\0')
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s is empty: expected host:port or [ipv6]:port", what);
+    if (text[0] == '[') {
+        const char *close = strchr(text, ']');
+        if (close == NULL || close[1] != ':' || (size_t)(close - text - 1) >= sizeof(host))
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                               "%s='%s' is invalid: expected [ipv6]:port", what, text);
+        memcpy(host, text + 1, (size_t)(close - text - 1));
+        host[close - text - 1] = '\0';
+        port_text = close + 2;
+    } else {
+        const char *colon = strrchr(text, ':');
+        if (colon == NULL || (size_t)(colon - text) >= sizeof(host) || colon == text)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                               "%s='%s' is invalid: expected host:port", what, text);
+        memcpy(host, text, (size_t)(colon - text));
+        host[colon - text] = '\0';
+        port_text = colon + 1;
+    }
+    int64_t port;
+    if (maco__parse_int(port_text, &port) != 0 || port < 1 || port > 65535)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s='%s' is invalid: the port must be 1..65535", what, text);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0 || res == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s='%s': cannot resolve host '%s': %s", what, text, host,
+                           gai_strerror(rc));
+    memset(addr, 0, sizeof(*addr));
+    memcpy(&addr->ss, res->ai_addr, res->ai_addrlen);
+    addr->len = (socklen_t)res->ai_addrlen;
+    freeaddrinfo(res);
+    maco__sockaddr_set_port(addr, (uint16_t)port);
+    return MACO_OK;
+}
+
+maco_status_t maco__socket_default_address(maco__sockaddr_t *addr)
+{
+    const char *want = maco__config_string(MACO_CFG_SOCKET_IFNAME);
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "getifaddrs failed: %s",
+                           strerror(errno));
+    const struct ifaddrs *pick = NULL;
+    for (const struct ifaddrs *it = ifs; it != NULL; it = it->ifa_next) {
+        if (it->ifa_addr == NULL || !(it->ifa_flags & IFF_UP))
+            continue;
+        int family = it->ifa_addr->sa_family;
+        if (family != AF_INET && family != AF_INET6)
+            continue;
+        if (want[0] != '\0') {
+            if (strncmp(it->ifa_name, want, strlen(want)) != 0)
+                continue;
+        } else if ((it->ifa_flags & IFF_LOOPBACK) || family != AF_INET) {
+            continue;
+        }
+        pick = it;
+        break;
+    }
+    memset(addr, 0, sizeof(*addr));
+    if (pick != NULL) {
+        size_t len = pick->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                                                          : sizeof(struct sockaddr_in6);
+        memcpy(&addr->ss, pick->ifa_addr, len);
+        addr->len = (socklen_t)len;
+        MACO_DEBUG(MACO_SUBSYS_BOOTSTRAP, "bootstrap interface %s", pick->ifa_name);
+    } else if (want[0] != '\0') {
+        freeifaddrs(ifs);
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "MACO_SOCKET_IFNAME='%s' matches no interface that is up with an "
+                           "IPv4 or IPv6 address",
+                           want);
+    } else {
+        struct sockaddr_in *in = (struct sockaddr_in *)&addr->ss;
+        in->sin_family = AF_INET;
+        in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        addr->len = sizeof(*in);
+    }
+    freeifaddrs(ifs);
+    maco__sockaddr_set_port(addr, 0);
+    return MACO_OK;
+}
+
+static maco_status_t maco__socket_configure(int fd)
+{
+    int one = 1;
+    int flags = fcntl(fd, F_GETFL, 0);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "fcntl(O_NONBLOCK): %s",
+                           strerror(errno));
+    /* Not every socket is TCP (tests use socketpairs); ignore ENOTSUP/EOPNOTSUPP. */
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return MACO_OK;
+}
+
+maco_status_t maco__socket_listen(maco__sockaddr_t *addr, int *fd_p)
+{
+    char text[96];
+    maco__sockaddr_format(addr, text, sizeof(text));
+    int fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "socket() for %s: %s", text,
+                           strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)&addr->ss, addr->len) != 0) {
+        int err = errno;
+        close(fd);
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "bind(%s): %s", text,
+                           strerror(err));
+    }
+    if (listen(fd, SOMAXCONN) != 0) {
+        int err = errno;
+        close(fd);
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "listen(%s): %s", text,
+                           strerror(err));
+    }
+    maco__sockaddr_t bound;
+    bound.len = sizeof(bound.ss);
+    if (getsockname(fd, (struct sockaddr *)&bound.ss, &bound.len) != 0) {
+        int err = errno;
+        close(fd);
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "getsockname(%s): %s", text,
+                           strerror(err));
+    }
+    maco_status_t st = maco__socket_configure(fd);
+    if (st != MACO_OK) {
+        close(fd);
+        return st;
+    }
+    maco__sockaddr_set_port(addr, maco__sockaddr_port(&bound));
+    *fd_p = fd;
+    return MACO_OK;
+}
+
+maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadline_ms,
+                                   const char *what, int *fd_p)
+{
+    char text[96];
+    maco__sockaddr_format(addr, text, sizeof(text));
+    int backoff_ms = 5;
+    int last_err = 0;
+    for (;;) {
+        int fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "socket() to %s: %s", text,
+                               strerror(errno));
+        int rc = connect(fd, (const struct sockaddr *)&addr->ss, addr->len);
+        if (rc != 0 && errno == EINPROGRESS) {
+            int64_t left = deadline_ms - maco__now_ms();
+            struct pollfd pfd = { .fd = fd, .events = POLLOUT, .revents = 0 };
+            rc = left > 0 ? poll(&pfd, 1, (int)(left > 1000 ? 1000 : left)) : 0;
+            if (rc > 0) {
+                int err = 0;
+                socklen_t len = sizeof(err);
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                rc = err == 0 ? 0 : -1;
+                errno = err;
+            } else {
+                int err = rc == 0 ? ETIMEDOUT : errno;
+                rc = -1;
+                errno = err;
+            }
+        }
+        if (rc == 0) {
+            maco_status_t st = maco__socket_configure(fd);
+            if (st != MACO_OK) {
+                close(fd);
+                return st;
+            }
+            *fd_p = fd;
+            return MACO_OK;
+        }
+        last_err = errno;
+        close(fd);
+        if (last_err != ECONNREFUSED && last_err != ETIMEDOUT && last_err != EHOSTUNREACH &&
+            last_err != ENETUNREACH && last_err != ECONNRESET && last_err != EAGAIN &&
+            last_err != EINTR)
+            return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "connect to %s at %s: %s",
+                               what, text, strerror(last_err));
+        int64_t now = maco__now_ms();
+        if (now >= deadline_ms)
+            break;
+        int64_t sleep_ms = backoff_ms < deadline_ms - now ? backoff_ms : deadline_ms - now;
+        struct timespec ts = { .tv_sec = sleep_ms / 1000, .tv_nsec = (sleep_ms % 1000) * 1000000 };
+        nanosleep(&ts, NULL);
+        if (backoff_ms < 200)
+            backoff_ms *= 2;
+    }
+    return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
+                       "could not connect to %s at %s before the deadline (last error: %s); is "
+                       "it running and reachable? (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
+                       what, text, strerror(last_err));
+}
+
+maco_status_t maco__socket_accept(int listen_fd, int *fd_p, maco__sockaddr_t *peer)
+{
+    maco__sockaddr_t tmp;
+    tmp.len = sizeof(tmp.ss);
+    int fd = accept4(listen_fd, (struct sockaddr *)&tmp.ss, &tmp.len, SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+            *fd_p = -1;
+            return MACO_OK;
+        }
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "accept: %s", strerror(errno));
+    }
+    maco_status_t st = maco__socket_configure(fd);
+    if (st != MACO_OK) {
+        close(fd);
+        return st;
+    }
+    if (peer != NULL)
+        *peer = tmp;
+    *fd_p = fd;
+    return MACO_OK;
+}
+
+maco_status_t maco__socket_local_address(int fd, maco__sockaddr_t *addr)
+{
+    addr->len = sizeof(addr->ss);
+    if (getsockname(fd, (struct sockaddr *)&addr->ss, &addr->len) != 0)
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "getsockname: %s",
+                           strerror(errno));
+    return MACO_OK;
+}

@@ -1,0 +1,91 @@
+/* maco_test_mp.cc - main() for test binaries that run under maco-run. */
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "maco_test.h"
+
+namespace maco_test
+{
+namespace
+{
+maco_bootstrap_t g_bs;
+maco_comm_t g_comm;
+int g_rank, g_nranks;
+} // namespace
+
+maco_bootstrap_t Bootstrap()
+{
+    return g_bs;
+}
+maco_comm_t Comm()
+{
+    return g_comm;
+}
+int Rank()
+{
+    return g_rank;
+}
+int NRanks()
+{
+    return g_nranks;
+}
+
+int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_one_gpu_per_rank)
+{
+    ::testing::InitGoogleTest(&argc, argv);
+    const char *rank = getenv("MACO_RANK");
+    const char *world = getenv("MACO_WORLD_SIZE");
+    if (rank == nullptr || world == nullptr) {
+        fprintf(stderr, "run this test under maco-run, e.g. maco-run -n 2 %s\n", argv[0]);
+        return 2;
+    }
+    if (needs_one_gpu_per_rank) {
+        int ndev = 0;
+        cudaError_t err = cudaGetDeviceCount(&ndev);
+        if (err != cudaSuccess || ndev < atoi(world)) {
+            if (atoi(rank) == 0)
+                printf("SKIP: this test needs %s GPUs on this machine and %d are visible "
+                       "(%s)\n",
+                       world, err == cudaSuccess ? ndev : 0,
+                       err == cudaSuccess ? "ok" : cudaGetErrorString(err));
+            return kSkipExitCode;
+        }
+    }
+    maco_status_t st = maco_bootstrap_create_from_env(&g_bs);
+    if (st != MACO_OK) {
+        fprintf(stderr, "maco_bootstrap_create_from_env: %s\n", maco_status_string(st));
+        return 1;
+    }
+    maco_bootstrap_get_rank(g_bs, &g_rank);
+    maco_bootstrap_get_nranks(g_bs, &g_nranks);
+    if (with_comm) {
+        st = maco_comm_create(g_bs, -1, &g_comm);
+        if (st != MACO_OK) {
+            fprintf(stderr, "maco_comm_create: %s\n", maco_status_string(st));
+            return 1;
+        }
+        int dev = -1;
+        maco_comm_get_cuda_device(g_comm, &dev);
+        if (dev >= 0)
+            cudaSetDevice(dev); /* this binary's CUDA runtime, not only libmaco's */
+    }
+    int rc = RUN_ALL_TESTS();
+    /* Ranks agree on the outcome before leaving, so one rank's failure is not mistaken by
+     * the others for a crash (they would report it as a remote failure). */
+    int all_ok = rc == 0;
+    int *oks = static_cast<int *>(calloc(static_cast<size_t>(g_nranks), sizeof(int)));
+    oks[g_rank] = all_ok;
+    if (maco_bootstrap_allgather(g_bs, oks, sizeof(int)) == MACO_OK) {
+        for (int r = 0; r < g_nranks; r++)
+            if (!oks[r] && g_rank == 0)
+                fprintf(stderr, "rank %d had failures\n", r);
+    }
+    free(oks);
+    maco_comm_destroy(g_comm);
+    maco_bootstrap_destroy(g_bs);
+    return rc;
+}
+
+} // namespace maco_test

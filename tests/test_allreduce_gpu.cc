@@ -1,0 +1,257 @@
+/*
+ * test_allreduce_gpu.cc - maco_allreduce on real GPUs: every algorithm, both types, in and
+ * out of place, aligned and misaligned buffers, sizes from 1 element to 100 MB, CUDA graph
+ * replays. Every output element is compared bitwise with the rank-ordered float32 sum of
+ * freshly drawn inputs (perf_kernels.h); outputs and guards are poisoned first.
+ */
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "maco_test.h"
+#include "perf_kernels.h"
+
+namespace
+{
+
+using maco_test::Bootstrap;
+using maco_test::Comm;
+using maco_test::NRanks;
+using maco_test::Rank;
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+constexpr size_t kGuard = 256;
+
+class Allreduce : public maco_test::Test
+{
+  protected:
+    void SetUp() override
+    {
+        maco_test::Test::SetUp();
+        if (Rank() == 0)
+            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
+        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
+        CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUDA_OK(cudaMalloc(&counters_, 2 * sizeof(unsigned long long)));
+    }
+    void TearDown() override
+    {
+        unsetenv("MACO_ALGO_ALLREDUCE");
+        cudaFree(in_);
+        cudaFree(out_);
+        cudaFree(counters_);
+        cudaStreamDestroy(stream_);
+        maco_test::Test::TearDown();
+    }
+    void Reserve(size_t bytes)
+    {
+        if (bytes <= cap_)
+            return;
+        cudaFree(in_);
+        cudaFree(out_);
+        cap_ = bytes;
+        ASSERT_EQ(cudaMalloc(&in_, cap_ + 2 * kGuard), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&out_, cap_ + 2 * kGuard), cudaSuccess);
+    }
+
+    /* One checked allreduce; returns wrong elements + damaged guard bytes on this rank. */
+    void RunOne(maco_datatype_t dt, size_t count, bool inplace, size_t skew_elems,
+                unsigned long long *wrong)
+    {
+        size_t esz = maco_datatype_size(dt);
+        size_t bytes = count * esz;
+        ASSERT_NO_FATAL_FAILURE(Reserve(bytes + 64));
+        int code = dt == MACO_BFLOAT16 ? MACO_PERF_BF16 : MACO_PERF_F32;
+        uint64_t seed =
+            seed_ ^ (count * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(round_++) << 48);
+        char *out = out_ + kGuard + skew_elems * esz;
+        char *in = inplace ? out : in_ + kGuard + skew_elems * esz;
+        CUDA_OK(cudaMemsetAsync(out_, 0xFF, cap_ + 2 * kGuard, stream_));
+        CUDA_OK(maco_perf_fill(in, count, code, seed, Rank(), stream_));
+        unsigned long long init[2] = { 0, ~0ull };
+        CUDA_OK(cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice, stream_));
+        maco_status_t st =
+            maco_allreduce(in, out, count, dt, MACO_SUM, Comm(), (maco_stream_t)stream_);
+        ASSERT_EQ(st, MACO_OK) << maco_comm_get_last_error(Comm());
+        CUDA_OK(maco_perf_check_sum(out, count, code, seed, NRanks(), &counters_[0], &counters_[1],
+                                    stream_));
+        /* Guards before and after the output must still hold the poison. */
+        CUDA_OK(
+            maco_perf_check_bytes(out_, kGuard + skew_elems * esz, 0xFF, &counters_[0], stream_));
+        CUDA_OK(maco_perf_check_bytes(out + bytes, kGuard, 0xFF, &counters_[0], stream_));
+        unsigned long long res[2];
+        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t async_st;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
+        ASSERT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(Comm());
+        *wrong = res[0];
+        if (res[0] != 0 && res[1] != ~0ull) {
+            uint32_t want = maco_perf_expected_bits_host(res[1], code, seed, NRanks());
+            uint32_t got = 0;
+            cudaMemcpy(&got, out + res[1] * esz, esz, cudaMemcpyDeviceToHost);
+            ADD_FAILURE() << "first wrong element " << res[1] << ": got 0x" << std::hex << got
+                          << ", want 0x" << want;
+        }
+    }
+
+    uint64_t seed_ = 0;
+    int round_ = 0;
+    cudaStream_t stream_ = nullptr;
+    char *in_ = nullptr, *out_ = nullptr;
+    size_t cap_ = 0;
+    unsigned long long *counters_ = nullptr;
+};
+
+struct Case {
+    const char *algo; /* "" = automatic */
+    maco_datatype_t dt;
+};
+
+TEST_F(Allreduce, EveryAlgorithmTypeSizePlacementAndAlignment)
+{
+    const size_t counts[] = { 1,
+                              2,
+                              3,
+                              5,
+                              8,
+                              17,
+                              255,
+                              1000,
+                              4099,
+                              32768,
+                              65537,
+                              262147,
+                              (size_t)1 << 20,
+                              ((size_t)3 << 20) + 5 };
+    const Case cases[] = { { "", MACO_BFLOAT16 },           { "", MACO_FLOAT32 },
+                           { "oneshot_ll", MACO_BFLOAT16 }, { "oneshot_ll", MACO_FLOAT32 },
+                           { "rsag", MACO_BFLOAT16 },       { "rsag", MACO_FLOAT32 } };
+    for (const Case &c : cases) {
+        if (c.algo[0])
+            setenv("MACO_ALGO_ALLREDUCE", c.algo, 1);
+        else
+            unsetenv("MACO_ALGO_ALLREDUCE");
+        for (size_t count : counts) {
+            size_t bytes = count * maco_datatype_size(c.dt);
+            if (strcmp(c.algo, "oneshot_ll") == 0 && bytes > 256 * 1024)
+                continue; /* beyond MACO_ALLREDUCE_ONESHOT_MAX's default */
+            for (int inplace = 0; inplace < 2; inplace++) {
+                for (size_t skew : { (size_t)0, (size_t)1 }) {
+                    unsigned long long wrong = 1;
+                    ASSERT_NO_FATAL_FAILURE(RunOne(c.dt, count, inplace, skew, &wrong));
+                    ASSERT_EQ(wrong, 0u)
+                        << "algorithm '" << c.algo << "', " << maco_datatype_name(c.dt)
+                        << ", count " << count << (inplace ? ", in place" : ", out of place")
+                        << ", skew " << skew << " element(s)";
+                }
+            }
+        }
+    }
+}
+
+TEST_F(Allreduce, LargeMessages)
+{
+    for (size_t count : { ((size_t)25 << 20) + 7, (size_t)64 << 20 }) {
+        unsigned long long wrong = 1;
+        ASSERT_NO_FATAL_FAILURE(RunOne(MACO_BFLOAT16, count, false, 0, &wrong));
+        ASSERT_EQ(wrong, 0u) << "bfloat16 count " << count;
+        ASSERT_NO_FATAL_FAILURE(RunOne(MACO_FLOAT32, count, true, 0, &wrong));
+        ASSERT_EQ(wrong, 0u) << "float32 in place count " << count;
+    }
+}
+
+/* Many back-to-back calls of alternating algorithms without host synchronisation: packet
+ * flags and semaphore counts must stay in step. */
+TEST_F(Allreduce, BackToBackCallsStayInStep)
+{
+    const size_t count = 40000; /* 80 KB bf16: oneshot_ll by default */
+    ASSERT_NO_FATAL_FAILURE(Reserve(count * 4 + 64));
+    for (int i = 0; i < 50; i++) {
+        setenv("MACO_ALGO_ALLREDUCE", i % 3 == 2 ? "rsag" : "oneshot_ll", 1);
+        ASSERT_EQ(maco_allreduce(in_, out_, count, MACO_BFLOAT16, MACO_SUM, Comm(),
+                                 (maco_stream_t)stream_),
+                  MACO_OK);
+    }
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    unsetenv("MACO_ALGO_ALLREDUCE");
+    for (int i = 0; i < 3; i++) {
+        unsigned long long wrong = 1;
+        ASSERT_NO_FATAL_FAILURE(RunOne(MACO_BFLOAT16, count, i == 1, 0, &wrong));
+        ASSERT_EQ(wrong, 0u) << "after back-to-back calls, round " << i;
+    }
+}
+
+/* Captured once, replayed many times: per-launch state lives on the device. */
+TEST_F(Allreduce, CudaGraphReplays)
+{
+    for (const char *algo : { "oneshot_ll", "rsag" }) {
+        setenv("MACO_ALGO_ALLREDUCE", algo, 1);
+        const size_t count = 12345;
+        ASSERT_NO_FATAL_FAILURE(Reserve(count * 4 + 64));
+        uint64_t seed = seed_ ^ 0x6772617068ull;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        cudaMemsetAsync(out_, 0xFF, count * 4 + kGuard, stream_);
+        maco_perf_fill(in_, count, MACO_PERF_F32, seed, Rank(), stream_);
+        maco_status_t st = maco_allreduce(in_, out_, count, MACO_FLOAT32, MACO_SUM, Comm(),
+                                          (maco_stream_t)stream_);
+        CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+        ASSERT_EQ(st, MACO_OK);
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int replay = 0; replay < 20; replay++) {
+            unsigned long long init[2] = { 0, ~0ull }, res[2];
+            CUDA_OK(cudaGraphLaunch(exec, stream_));
+            CUDA_OK(
+                cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice, stream_));
+            CUDA_OK(maco_perf_check_sum(out_, count, MACO_PERF_F32, seed, NRanks(), &counters_[0],
+                                        &counters_[1], stream_));
+            CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
+            CUDA_OK(cudaStreamSynchronize(stream_));
+            ASSERT_EQ(res[0], 0u) << algo << " replay " << replay << ", first wrong " << res[1];
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+    }
+}
+
+TEST_F(Allreduce, BadArgumentsAreRejectedBeforeAnythingRuns)
+{
+    ASSERT_NO_FATAL_FAILURE(Reserve(1024));
+    maco_test::AllowLog("maco_allreduce");
+    maco_test::AllowLog("MACO_ALGO_ALLREDUCE");
+    EXPECT_EQ(maco_allreduce(nullptr, out_, 4, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_allreduce(in_, out_, SIZE_MAX / 2, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(
+        maco_allreduce(in_, out_, 4, static_cast<maco_datatype_t>(99), MACO_SUM, Comm(), nullptr),
+        MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_INT32, MACO_SUM, Comm(), nullptr),
+              MACO_ERR_UNSUPPORTED);
+    EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_FLOAT32, MACO_MAX, Comm(), nullptr),
+              MACO_ERR_UNSUPPORTED);
+    EXPECT_EQ(maco_allreduce(in_ + 1, out_, 4, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    setenv("MACO_ALGO_ALLREDUCE", "ring", 1);
+    EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
+              MACO_ERR_UNSUPPORTED);
+    setenv("MACO_ALGO_ALLREDUCE", "oneshot_ll", 1);
+    EXPECT_EQ(maco_allreduce(in_, out_, 1 << 20, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    unsetenv("MACO_ALGO_ALLREDUCE");
+    EXPECT_EQ(maco_allreduce(in_, out_, 0, MACO_FLOAT32, MACO_SUM, Comm(), nullptr), MACO_OK);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    return maco_test::MultiProcessMain(argc, argv, true, true);
+}

@@ -1,0 +1,190 @@
+/*
+ * test_bootstrap_mp.cc - the bootstrap and a GPU-less communicator among real processes.
+ * Run under maco-run with 1, 2, 4 and 8 ranks (and 4 ranks as 2 simulated nodes).
+ */
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "maco_test.h"
+
+namespace
+{
+
+using maco_test::Bootstrap;
+using maco_test::NRanks;
+using maco_test::Rank;
+
+class BootstrapMp : public maco_test::Test
+{
+};
+
+/* A byte of rank r's contribution at offset i for a given round. */
+uint8_t Pattern(int r, size_t i, int round)
+{
+    return static_cast<uint8_t>((r * 131 + i * 7 + static_cast<size_t>(round) * 29 + (i >> 9)) &
+                                0xff);
+}
+
+TEST_F(BootstrapMp, AllgatherOfManySizes)
+{
+    const size_t sizes[] = { 0, 1, 3, 4, 1000, 65537, (size_t)1 << 20, (size_t)4 << 20 };
+    int round = 0;
+    for (size_t bytes : sizes) {
+        std::vector<uint8_t> buf(bytes * static_cast<size_t>(NRanks()) + 1, 0xEE);
+        for (size_t i = 0; i < bytes; i++)
+            buf[static_cast<size_t>(Rank()) * bytes + i] = Pattern(Rank(), i, round);
+        ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), buf.data(), bytes), MACO_OK) << bytes;
+        for (int r = 0; r < NRanks(); r++)
+            for (size_t i = 0; i < bytes; i++)
+                ASSERT_EQ(buf[static_cast<size_t>(r) * bytes + i], Pattern(r, i, round))
+                    << "rank " << r << " byte " << i << " of " << bytes;
+        EXPECT_EQ(buf.back(), 0xEE) << "allgather wrote past the buffer";
+        round++;
+    }
+}
+
+TEST_F(BootstrapMp, LargeAllgatherWhenFewRanks)
+{
+    if (NRanks() > 2)
+        GTEST_SKIP() << "64 MiB per rank is exercised with 1 and 2 ranks only (CI memory)";
+    const size_t bytes = (size_t)64 << 20;
+    std::vector<uint8_t> buf(bytes * static_cast<size_t>(NRanks()));
+    for (size_t i = 0; i < bytes; i++)
+        buf[static_cast<size_t>(Rank()) * bytes + i] = Pattern(Rank(), i, 99);
+    ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), buf.data(), bytes), MACO_OK);
+    for (int r = 0; r < NRanks(); r++)
+        for (size_t i = 0; i < bytes; i += 4093)
+            ASSERT_EQ(buf[static_cast<size_t>(r) * bytes + i], Pattern(r, i, 99));
+}
+
+TEST_F(BootstrapMp, BroadcastFromEveryRoot)
+{
+    for (int root = 0; root < NRanks(); root++) {
+        std::vector<uint32_t> v(1000, 0);
+        if (Rank() == root)
+            for (size_t i = 0; i < v.size(); i++)
+                v[i] = static_cast<uint32_t>(root * 1000003u + i);
+        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), root, v.data(), v.size() * 4), MACO_OK);
+        for (size_t i = 0; i < v.size(); i++)
+            ASSERT_EQ(v[i], static_cast<uint32_t>(root * 1000003u + i)) << "root " << root;
+    }
+}
+
+/* Every rank sends several tagged messages to every other rank, interleaving tags; the
+ * receiver takes them tag by tag in an order different from the send order. */
+TEST_F(BootstrapMp, TaggedMessagesArriveInOrderPerPeerAndTag)
+{
+    const int kTags = 3, kPerTag = 5;
+    for (int peer = 0; peer < NRanks(); peer++) {
+        if (peer == Rank())
+            continue;
+        for (int k = 0; k < kPerTag; k++)
+            for (int t = 0; t < kTags; t++) {
+                uint64_t msg[2] = { static_cast<uint64_t>(Rank()),
+                                    static_cast<uint64_t>(t * 100 + k) };
+                ASSERT_EQ(maco_bootstrap_send(Bootstrap(), peer, static_cast<uint32_t>(t + 7), msg,
+                                              sizeof(msg)),
+                          MACO_OK);
+            }
+    }
+    for (int peer = NRanks() - 1; peer >= 0; peer--) {
+        if (peer == Rank())
+            continue;
+        for (int t = kTags - 1; t >= 0; t--)
+            for (int k = 0; k < kPerTag; k++) {
+                uint64_t msg[2] = { 0, 0 };
+                ASSERT_EQ(maco_bootstrap_recv(Bootstrap(), peer, static_cast<uint32_t>(t + 7), msg,
+                                              sizeof(msg)),
+                          MACO_OK);
+                EXPECT_EQ(msg[0], static_cast<uint64_t>(peer));
+                EXPECT_EQ(msg[1], static_cast<uint64_t>(t * 100 + k)) << "out of order";
+            }
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+TEST_F(BootstrapMp, WrongSizeAndReservedTagAreClearErrors)
+{
+    maco_test::AllowLog("is reserved");
+    uint32_t x = 0;
+    EXPECT_EQ(maco_bootstrap_send(Bootstrap(), (Rank() + 1) % NRanks(), 0xFFFF0001u, &x, 4),
+              MACO_ERR_INVALID_ARGUMENT);
+    maco_test::AllowLog("is not another rank");
+    EXPECT_EQ(maco_bootstrap_send(Bootstrap(), Rank(), 1, &x, 4), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_bootstrap_send(Bootstrap(), NRanks(), 1, &x, 4), MACO_ERR_INVALID_ARGUMENT);
+    if (NRanks() < 2)
+        return;
+    /* Rank 1 sends 8 bytes; rank 0 asks for 4: an error naming both sizes, consumed. */
+    if (Rank() == 1) {
+        uint64_t v = 5;
+        ASSERT_EQ(maco_bootstrap_send(Bootstrap(), 0, 42, &v, sizeof(v)), MACO_OK);
+    } else if (Rank() == 0) {
+        maco_test::AllowLog("sent 8 bytes with tag 0x2a but this rank expected 4 bytes");
+        EXPECT_EQ(maco_bootstrap_recv(Bootstrap(), 1, 42, &x, 4), MACO_ERR_INVALID_USAGE);
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+TEST_F(BootstrapMp, ManyBarriers)
+{
+    for (int i = 0; i < 200; i++)
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK) << i;
+}
+
+/* A communicator exists without a GPU; its topology follows the host ids. */
+TEST_F(BootstrapMp, CommunicatorTopology)
+{
+    maco_comm_t comm;
+    ASSERT_EQ(maco_comm_create(Bootstrap(), -1, &comm), MACO_OK);
+    int rank, nranks, local, nlocal, node, nnodes;
+    ASSERT_EQ(maco_comm_get_rank(comm, &rank), MACO_OK);
+    ASSERT_EQ(maco_comm_get_nranks(comm, &nranks), MACO_OK);
+    ASSERT_EQ(maco_comm_get_local_rank(comm, &local), MACO_OK);
+    ASSERT_EQ(maco_comm_get_local_nranks(comm, &nlocal), MACO_OK);
+    ASSERT_EQ(maco_comm_get_node(comm, &node), MACO_OK);
+    ASSERT_EQ(maco_comm_get_nnodes(comm, &nnodes), MACO_OK);
+    EXPECT_EQ(rank, Rank());
+    EXPECT_EQ(nranks, NRanks());
+    const char *sim = getenv("MACO_HOST_ID");
+    if (sim != nullptr && strstr(sim, "simulated-node-") != nullptr) {
+        /* maco-run --simulate-nodes K splits the ranks into K contiguous blocks. */
+        int per_node = (NRanks() + 1) / 2;
+        EXPECT_EQ(nnodes, 2);
+        EXPECT_EQ(node, Rank() / per_node);
+        EXPECT_EQ(local, Rank() % per_node);
+    } else {
+        EXPECT_EQ(nnodes, 1);
+        EXPECT_EQ(node, 0);
+        EXPECT_EQ(local, Rank());
+        EXPECT_EQ(nlocal, NRanks());
+    }
+    EXPECT_EQ(atoi(getenv("MACO_LOCAL_RANK")), local);
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        /* Without a GPU, GPU operations say why instead of failing obscurely. */
+        int dev = 0;
+        ASSERT_EQ(maco_comm_get_cuda_device(comm, &dev), MACO_OK);
+        EXPECT_EQ(dev, -1);
+        maco_test::AllowLog("no CUDA device is visible");
+        float x = 0;
+        EXPECT_EQ(maco_allreduce(&x, &x, 1, MACO_FLOAT32, MACO_SUM, comm, nullptr),
+                  MACO_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(maco_comm_get_last_error(comm)).find("no CUDA device is visible"),
+                  std::string::npos)
+            << maco_comm_get_last_error(comm);
+    }
+    ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    return maco_test::MultiProcessMain(argc, argv, false, false);
+}
