@@ -17,9 +17,8 @@ extern "C" cudaError_t test_fill_pattern(char *dst, size_t bytes, uint64_t seed,
 {
     if (bytes == 0)
         return cudaSuccess;
-    size_t blocks = (bytes + 255) / 256;
-    test_fill_pattern_kernel < < <blocks> 1024 ? 1024 : (unsigned)blocks, 256, 0,
-        stream >>> (dst, bytes, seed);
+    unsigned blocks = bytes / 256 + 1 > 1024 ? 1024u : (unsigned)(bytes / 256 + 1);
+    test_fill_pattern_kernel<<<blocks, 256, 0, stream>>>(dst, bytes, seed);
     return cudaGetLastError();
 }
 
