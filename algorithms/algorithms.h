@@ -27,7 +27,7 @@ typedef struct maco__allreduce_args {
     uint64_t rsag_offset, rsag_slot_bytes, rsag_piece_max;
     uint64_t piece_elems; /* rsag: elements per piece */
     uint32_t *ll_flag, *ll_done;
-    const maco_memory_channel_device_t *channels; /* [RSAG_SLOTS][nranks] */
+    const maco_memory_channel_device_t *channels; /* [rsag_slots][nranks] */
     maco_device_wait_bound_t bound;
 } maco__allreduce_args_t;
 

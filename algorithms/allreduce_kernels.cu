@@ -150,8 +150,10 @@ __global__ void __launch_bounds__(512) maco__rsag_kernel(maco__allreduce_args_t 
     for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
         const uint64_t seg0 = seg * seg_elems;
 
-        /* 1. Piece p of my input into rank p's IN[r]. */
-        for (int p = 0; p < n; p++) {
+        /* 1. Piece p of my input into rank p's IN[r]. CTAs start at different peers so
+         * that at any moment the traffic spreads over all NVLinks, not one peer's. */
+        for (int k = 0; k < n; k++) {
+            const int p = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
             uint64_t start = seg0 + (uint64_t)p * P;
             uint64_t len = start < a.count ? min(P, a.count - start) : 0;
             char *dst = a.peer_buf[p] + slot + (uint64_t)r * pmax;

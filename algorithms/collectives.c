@@ -184,7 +184,9 @@ maco_status_t maco_allreduce(const void *sendbuf, void *recvbuf, size_t count,
         /* Pieces: enough segments for every slot, each piece 16-byte multiple, within the
          * scratch slot. All ranks compute the same numbers from the same inputs. */
         size_t esz = maco_datatype_size(datatype);
-        size_t slots = MACO__RSAG_SLOTS < max_blocks ? MACO__RSAG_SLOTS : (size_t)max_blocks;
+        size_t slots = (size_t)l->rsag_slots;
+        if (slots > (size_t)max_blocks)
+            slots = (size_t)max_blocks;
         size_t n = (size_t)comm->nranks;
         size_t piece = (bytes + n * slots - 1) / (n * slots);
         piece = (piece + 15) / 16 * 16;

@@ -2,7 +2,8 @@
 # Runs on a lent GPU machine over a build made elsewhere and carried along (build/): the GPU
 # tests, then maco-perf allreduce against NCCL on 4 (if present) and 2 GPUs, and an
 # algorithm sweep. Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: scripts/gpu-session.sh [quick]
+#   usage: scripts/gpu-session.sh [quick|sweep]
+#   quick: tests and the two tables only; sweep: also rsag CTAs x scratch size at 16M..1G
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -26,12 +27,25 @@ step() { # name timeout command...
   summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
   return 0
 }
-step gpu-tests 420 ctest --test-dir "$B" -L gpu --output-on-failure
+step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
 perf="$B/tools/maco-perf allreduce -b 8 -e 1G -f 2 -d bfloat16 --nccl"
 if [ "$ngpu" -ge 4 ]; then
   step perf-n4 240 "$B/tools/maco-run" -n 4 --timeout 230 $perf --json "$OUT/perf-n4.json"
 fi
 step perf-n2 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 $perf --json "$OUT/perf-n2.json"
+if [ "${1:-}" = sweep ] && [ "$ngpu" -ge 4 ]; then
+  {
+    for ctas in 32 64 128; do
+      for scratch in 32M 128M; do
+        echo "## MACO_ALLREDUCE_RSAG_CTAS=$ctas MACO_SCRATCH_SIZE=$scratch"
+        MACO_ALLREDUCE_RSAG_CTAS=$ctas MACO_SCRATCH_SIZE=$scratch MACO_ALGO_ALLREDUCE=rsag \
+          "$B/tools/maco-run" -n 4 --timeout 100 "$B/tools/maco-perf" allreduce -b 1M -e 1G -f 4 \
+          -n 10 -w 3 -c 1
+      done
+    done
+  } > "$OUT/rsag-sweep.txt" 2>&1
+  summary+=("rsag-sweep         done")
+fi
 if [ "${1:-}" != quick ] && [ "$ngpu" -ge 4 ]; then
   {
     for algo in oneshot_ll rsag; do
@@ -43,11 +57,16 @@ if [ "${1:-}" != quick ] && [ "$ngpu" -ge 4 ]; then
   summary+=("algo-sweep         done")
 fi
 echo "================ machine"; head -n 6 "$OUT/machine.txt"
-echo "================ gpu tests"; grep -E 'tests passed|Passed|Failed|\*\*\*|SKIP|FAILED|Failure' "$OUT/gpu-tests.txt" | head -n 40
+echo "================ gpu tests"
+grep -E '\[ +(OK|FAILED|SKIPPED) +\]|tests passed|\*\*\*|SKIP:|Failure' "$OUT/gpu-tests.txt" | grep -E '^\[0\]|tests passed|\*\*\*|SKIP' | head -n 40
 for f in perf-n4 perf-n2; do
   [ -f "$OUT/$f.txt" ] || continue
   echo "================ $f (size, MACO oop time/busbw, MACO ip busbw, NCCL oop time/busbw, ratio)"
-  awk '/^ +[0-9]/ {printf "%11s %9s %7s %7s | %9s %7s %5s | %s %s\n", $1, $6, $8, $12, $14, $15, $16, $9, $13} /^# (Wrong|Out|Avg)/' "$OUT/$f.txt"
+  sed 's/^\[[0-9]*\] //' "$OUT/$f.txt" | awk '/^ +[0-9]/ {printf "%11s %9s %7s %7s | %9s %7s %5s | %s %s\n", $1, $6, $8, $12, $14, $15, $16, $9, $13} /^# (Wrong|Out|Avg)/' 
   grep -E 'maco-perf:|ERROR|error' "$OUT/$f.txt" | head -n 8
 done
+if [ -f "$OUT/rsag-sweep.txt" ]; then
+  echo "================ rsag sweep (busbw out-of-place at 1M 4M 16M 64M 256M 1G)"
+  sed 's/^\[[0-9]*\] //' "$OUT/rsag-sweep.txt" | awk '/^## / {if (line) print line; line=$2" "$3} /^ +[0-9]/ {line=line" "$8} /Wrong values/ {line=line" wrong="$5} END {print line}'
+fi
 echo "================ summary"; printf '%s\n' "${summary[@]}"

@@ -16,7 +16,7 @@ typedef struct maco__rank_info {
     int32_t has_gpu;
     int32_t cuda_device;
     int32_t sm_count;
-    int32_t reserved;
+    int32_t rsag_ctas;
     uint64_t oneshot_max;
     uint64_t scratch_bytes;
     uint8_t uuid[16];
@@ -161,22 +161,25 @@ static void maco__comm_check_peers(maco_comm_t comm, const maco__rank_info_t *al
             }
         }
         if (all[r].oneshot_max != all[0].oneshot_max ||
-            all[r].scratch_bytes != all[0].scratch_bytes) {
-            snprintf(
-                why, cap,
-                "MACO_ALLREDUCE_ONESHOT_MAX or MACO_SCRATCH_SIZE differs between rank 0 "
-                "(%llu, %llu) and rank %d (%llu, %llu); set them alike on all ranks",
-                (unsigned long long)all[0].oneshot_max, (unsigned long long)all[0].scratch_bytes, r,
-                (unsigned long long)all[r].oneshot_max, (unsigned long long)all[r].scratch_bytes);
+            all[r].scratch_bytes != all[0].scratch_bytes || all[r].rsag_ctas != all[0].rsag_ctas) {
+            snprintf(why, cap,
+                     "MACO_ALLREDUCE_ONESHOT_MAX, MACO_SCRATCH_SIZE or MACO_ALLREDUCE_RSAG_CTAS "
+                     "differs between rank 0 (%llu, %llu, %d) and rank %d (%llu, %llu, %d); set "
+                     "them alike on all ranks",
+                     (unsigned long long)all[0].oneshot_max,
+                     (unsigned long long)all[0].scratch_bytes, (int)all[0].rsag_ctas, r,
+                     (unsigned long long)all[r].oneshot_max,
+                     (unsigned long long)all[r].scratch_bytes, (int)all[r].rsag_ctas);
             return;
         }
     }
 }
 
 static void maco__comm_layout(maco__comm_layout_t *l, int nranks, size_t oneshot_max,
-                              size_t scratch_bytes)
+                              size_t scratch_bytes, int rsag_slots)
 {
     memset(l, 0, sizeof(*l));
+    l->rsag_slots = rsag_slots;
     l->oneshot_max = oneshot_max;
     l->sem_offset = 0;
     l->expected_offset = maco__align_up(l->sem_offset + MACO__NSEM * sizeof(uint64_t), 256);
@@ -185,24 +188,31 @@ static void maco__comm_layout(maco__comm_layout_t *l, int nranks, size_t oneshot
     l->ll_slot_bytes = 2 * oneshot_max;
     l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
     /* rsag: per slot, n IN and n OUT pieces. */
-    size_t piece = scratch_bytes / ((size_t)MACO__RSAG_SLOTS * 2 * (size_t)nranks);
+    size_t piece = scratch_bytes / ((size_t)rsag_slots * 2 * (size_t)nranks);
     piece = piece / 256 * 256;
     if (piece < 256)
         piece = 256;
     l->rsag_piece_max = piece;
     l->rsag_slot_bytes = 2 * (size_t)nranks * piece;
-    l->total_bytes = l->rsag_offset + (size_t)MACO__RSAG_SLOTS * l->rsag_slot_bytes;
+    l->total_bytes = l->rsag_offset + (size_t)rsag_slots * l->rsag_slot_bytes;
 }
 
 /* Reads the sizes that shape the comm buffer. */
 static maco_status_t maco__comm_read_sizes(maco__rank_info_t *info)
 {
-    int64_t oneshot, scratch;
+    int64_t oneshot, scratch, ctas;
     maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_ONESHOT_MAX, &oneshot);
     if (st == MACO_OK)
         st = maco__config_int64(MACO_CFG_SCRATCH_SIZE, &scratch);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_ALLREDUCE_RSAG_CTAS, &ctas);
     if (st != MACO_OK)
         return st;
+    if (ctas < 1 || ctas > MACO__RSAG_MAX_SLOTS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_ALLREDUCE_RSAG_CTAS=%lld is outside [1, %d]", (long long)ctas,
+                           MACO__RSAG_MAX_SLOTS);
+    info->rsag_ctas = (int32_t)ctas;
     if (oneshot < 16 || oneshot > ((int64_t)64 << 20))
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_ALLREDUCE_ONESHOT_MAX=%lld is outside [16, 64M] bytes",
@@ -224,7 +234,9 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     if (st != MACO_OK)
         return st;
     comm->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
-    maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes);
+    maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes,
+                      all[0].rsag_ctas);
+    const int slots = all[0].rsag_ctas;
     const maco__comm_layout_t *l = &comm->layout;
 
     MACO_CUDA_RETURN(cudaMalloc((void **)&comm->buf, l->total_bytes));
@@ -247,9 +259,9 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     comm->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
     comm->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
     maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)MACO__RSAG_SLOTS * (size_t)n, sizeof(maco_memory_channel_device_t));
+        (size_t)slots * (size_t)n, sizeof(maco_memory_channel_device_t));
     maco_memory_channel_device_t *peer_chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)MACO__RSAG_SLOTS, sizeof(maco_memory_channel_device_t));
+        (size_t)slots, sizeof(maco_memory_channel_device_t));
     if (handles == NULL || comm->peer_buf == NULL || comm->peer_buf_mem == NULL || chans == NULL ||
         peer_chans == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "comm setup: no host memory");
@@ -279,17 +291,17 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
         if (p == comm->rank)
             continue;
         st = maco__memory_channels_setup(comm, p, comm->buf_mem, comm->peer_buf_mem[p],
-                                         MACO__RSAG_SLOTS, peer_chans);
+                                         slots, peer_chans);
         if (st != MACO_OK)
             goto out;
-        for (int b = 0; b < MACO__RSAG_SLOTS; b++)
+        for (int b = 0; b < slots; b++)
             chans[(size_t)b * (size_t)n + (size_t)p] = peer_chans[b];
     }
     MACO_CUDA_GOTO(cudaMalloc((void **)&comm->rsag_channels,
-                              (size_t)MACO__RSAG_SLOTS * (size_t)n * sizeof(*chans)),
+                              (size_t)slots * (size_t)n * sizeof(*chans)),
                    st, out);
     MACO_CUDA_GOTO(cudaMemcpy(comm->rsag_channels, chans,
-                              (size_t)MACO__RSAG_SLOTS * (size_t)n * sizeof(*chans),
+                              (size_t)slots * (size_t)n * sizeof(*chans),
                               cudaMemcpyHostToDevice),
                    st, out);
     MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, out);

@@ -8,10 +8,11 @@
  *   expected_offset u64[MACO__NSEM]  this rank's expected counts (peers never touch them)
  *   counters_offset                  u32 ll_flag, u32 ll_done, i32 error_claim
  *   ll_offset       LL16 scratch:    [parity 2][source rank n][ll_slot_bytes]
- *   rsag_offset     rsag scratch:    [slot nslots][IN n | OUT n][piece_max bytes]
+ *   rsag_offset     rsag scratch:    [slot rsag_slots][IN n | OUT n][piece_max bytes]
  *
- * Offsets are multiples of 256 bytes. The sizes come from MACO_ALLREDUCE_ONESHOT_MAX and
- * MACO_SCRATCH_SIZE, which must agree on all ranks (checked at creation).
+ * Offsets are multiples of 256 bytes. The sizes come from MACO_ALLREDUCE_ONESHOT_MAX,
+ * MACO_SCRATCH_SIZE and MACO_ALLREDUCE_RSAG_CTAS, which must agree on all ranks (checked at
+ * creation).
  */
 #ifndef MACO_COMM_INTERNAL_H
 #define MACO_COMM_INTERNAL_H
@@ -32,7 +33,7 @@ extern "C" {
 enum {
     MACO__NSEM = 4096,         /* semaphores per rank */
     MACO__MAX_LOCAL_RANKS = 8, /* collectives support up to this many ranks per node */
-    MACO__RSAG_SLOTS = 64,     /* CTAs (each with its own scratch and semaphores) of rsag */
+    MACO__RSAG_MAX_SLOTS = 128, /* most rsag CTAs (each: own scratch slot, semaphores) */
 };
 
 /* Byte offsets of the fixed counters inside the counters block. */
@@ -42,6 +43,7 @@ typedef struct maco__comm_layout {
     size_t sem_offset, expected_offset, counters_offset;
     size_t ll_offset, ll_slot_bytes; /* ll_slot_bytes = 2 * oneshot_max (LL16) */
     size_t rsag_offset, rsag_piece_max, rsag_slot_bytes;
+    int rsag_slots; /* MACO_ALLREDUCE_RSAG_CTAS */
     size_t total_bytes;
     size_t oneshot_max; /* bytes per rank */
 } maco__comm_layout_t;
@@ -70,7 +72,7 @@ struct maco_comm {
     maco_device_error_t *err_report;     /* host address (mapped pinned) */
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
-    maco_memory_channel_device_t *rsag_channels; /* device array [RSAG_SLOTS][nranks] */
+    maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][nranks] */
 };
 
 /** Copies this thread's last error into the communicator if it has none yet. */
