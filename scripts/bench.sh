@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/build.sh
-build=${MACO_BUILD_DIR:-build}
+build=${BUILD_DIR:-build}
 ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$ngpus" -ge 1 ] || ngpus=1 # maco-perf then says that no GPU is visible
 export NCCL_NVLS_ENABLE=0

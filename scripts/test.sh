@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/build.sh
-ctest --test-dir "${MACO_BUILD_DIR:-build}" --output-on-failure "$@"
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure "$@"

@@ -131,10 +131,21 @@ TEST_F(Unit, UnknownVariableWarnsWithTheClosestName)
 {
     setenv("MACO_SCRATCH_SIZ", "1M", 1);
     maco_test::AllowLog("unknown variable MACO_SCRATCH_SIZ");
-    EXPECT_EQ(maco__config_check_environment(), 1);
-    std::vector<std::string> lines = maco_test::LoggedProblems();
-    ASSERT_EQ(lines.size(), 1u);
-    EXPECT_NE(lines[0].find("did you mean MACO_SCRATCH_SIZE?"), std::string::npos) << lines[0];
+    EXPECT_GE(maco__config_check_environment(), 1);
+    int warned = 0;
+    for (const std::string &line : maco_test::LoggedProblems()) {
+        if (line.find("unknown variable MACO_SCRATCH_SIZ ") != std::string::npos) {
+            warned++;
+            EXPECT_NE(line.find("did you mean MACO_SCRATCH_SIZE?"), std::string::npos) << line;
+        }
+    }
+    EXPECT_EQ(warned, 1);
+    /* Once per process: a second check finds it again but does not warn again. */
+    EXPECT_GE(maco__config_check_environment(), 1);
+    warned = 0;
+    for (const std::string &line : maco_test::LoggedProblems())
+        warned += line.find("unknown variable MACO_SCRATCH_SIZ ") != std::string::npos;
+    EXPECT_EQ(warned, 1);
 }
 
 TEST_F(Unit, ConfigTableIsListable)

@@ -263,6 +263,23 @@ static int maco__edit_distance(const char *a, const char *b)
 
 extern char **environ;
 
+/* Names already warned about: each unknown variable is reported once per process. */
+static pthread_mutex_t maco__warned_lock = PTHREAD_MUTEX_INITIALIZER;
+static char maco__warned[16][128];
+static int maco__nwarned;
+
+static int maco__first_warning(const char *name)
+{
+    int first = 1;
+    pthread_mutex_lock(&maco__warned_lock);
+    for (int i = 0; i < maco__nwarned && first; i++)
+        first = strcmp(maco__warned[i], name) != 0;
+    if (first && maco__nwarned < 16)
+        snprintf(maco__warned[maco__nwarned++], sizeof(maco__warned[0]), "%s", name);
+    pthread_mutex_unlock(&maco__warned_lock);
+    return first;
+}
+
 int maco__config_check_environment(void)
 {
     int unknown = 0;
@@ -291,10 +308,11 @@ int maco__config_check_environment(void)
         }
         if (!known) {
             unknown++;
-            MACO_WARN(MACO_SUBSYS_INIT,
-                      "unknown variable %s (did you mean %s?); maco-info --env "
-                      "lists every variable",
-                      name, closest ? closest : "?");
+            if (maco__first_warning(name))
+                MACO_WARN(MACO_SUBSYS_INIT,
+                          "unknown variable %s (did you mean %s?); maco-info --env "
+                          "lists every variable",
+                          name, closest ? closest : "?");
         }
     }
     return unknown;
