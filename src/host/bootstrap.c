@@ -36,6 +36,7 @@
 #include "config.h"
 #include "log.h"
 #include "socket.h"
+#include "wire.h"
 
 #define MACO__ID_MAGIC 0x4F43414Du /* "MACO" read as little-endian u32 */
 #define MACO__ID_VERSION 1u
@@ -68,42 +69,6 @@ enum {
     MACO__LOST_GRACE_MS = 250,
     MACO__ABORT_TEXT_BYTES = 512,
 };
-
-/* ------------------------------------------------------------------ little-endian codec */
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* ------------------------------------------------------------------ data structures */
 
@@ -227,24 +192,24 @@ static uint64_t maco__random_u64(void)
 static void maco__id_encode(maco_unique_id_t *id, uint64_t nonce, const maco__sockaddr_t *root)
 {
     memset(id, 0, sizeof(*id));
-    put_u32(id->bytes, MACO__ID_MAGIC);
-    put_u16(id->bytes + 4, MACO__ID_VERSION);
-    put_u64(id->bytes + 8, nonce);
+    maco__put_u32(id->bytes, MACO__ID_MAGIC);
+    maco__put_u16(id->bytes + 4, MACO__ID_VERSION);
+    maco__put_u64(id->bytes + 8, nonce);
     maco__sockaddr_to_wire(root, id->bytes + 16);
 }
 
 static maco_status_t maco__id_decode(const maco_unique_id_t *id, uint64_t *nonce,
                                      maco__sockaddr_t *root)
 {
-    if (get_u32(id->bytes) != MACO__ID_MAGIC)
+    if (maco__get_u32(id->bytes) != MACO__ID_MAGIC)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "the unique id does not start with MACO's magic: it was not made by "
                            "maco_unique_id_create or it was damaged in transit");
-    if (get_u16(id->bytes + 4) != MACO__ID_VERSION)
+    if (maco__get_u16(id->bytes + 4) != MACO__ID_VERSION)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "the unique id has version %u; this MACO reads version %u",
-                           get_u16(id->bytes + 4), MACO__ID_VERSION);
-    *nonce = get_u64(id->bytes + 8);
+                           maco__get_u16(id->bytes + 4), MACO__ID_VERSION);
+    *nonce = maco__get_u64(id->bytes + 8);
     if (maco__sockaddr_from_wire(id->bytes + 16, root) != 0)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "the unique id holds no valid root address");
@@ -378,7 +343,7 @@ static maco_status_t maco__bs_on_abort(maco_bootstrap_t bs, int src, const uint8
     char text[MACO__ABORT_TEXT_BYTES] = "";
     int culprit = src;
     if (len >= 8) {
-        uint32_t c = get_u32(data);
+        uint32_t c = maco__get_u32(data);
         if (c < (uint32_t)bs->nranks)
             culprit = (int)c;
         size_t tlen = len - 8 < sizeof(text) - 1 ? len - 8 : sizeof(text) - 1;
@@ -396,9 +361,9 @@ static maco_status_t maco__bs_on_abort(maco_bootstrap_t bs, int src, const uint8
 /* A frame header has arrived: decide where its payload goes. */
 static maco_status_t maco__rx_frame_start(maco_bootstrap_t bs, int src, maco__peer_t *p)
 {
-    p->kind = get_u16(p->hdr);
-    p->tag = get_u32(p->hdr + 4);
-    uint64_t len = get_u64(p->hdr + 8);
+    p->kind = maco__get_u16(p->hdr);
+    p->tag = maco__get_u32(p->hdr + 4);
+    uint64_t len = maco__get_u64(p->hdr + 8);
     p->payload_len = (size_t)len;
     p->payload_got = 0;
     p->rx_target = NULL;
@@ -679,9 +644,9 @@ static void maco__bs_queue(maco_bootstrap_t bs, int dst, maco__tx_t *t, uint16_t
                            const void *data, size_t len)
 {
     memset(t, 0, sizeof(*t));
-    put_u16(t->hdr, kind);
-    put_u32(t->hdr + 4, tag);
-    put_u64(t->hdr + 8, (uint64_t)len);
+    maco__put_u16(t->hdr, kind);
+    maco__put_u32(t->hdr + 4, tag);
+    maco__put_u64(t->hdr + 8, (uint64_t)len);
     t->data = (const uint8_t *)data;
     t->len = len;
     maco__peer_t *p = &bs->peers[dst];
@@ -899,17 +864,25 @@ static maco_status_t maco__check_peer(maco_bootstrap_t bs, const char *fn, int p
     return MACO_OK;
 }
 
+/* Arguments of a point-to-point call: a usable bootstrap, another rank, data for bytes. */
+static maco_status_t maco__check_p2p(maco_bootstrap_t bs, const char *fn, int peer,
+                                     const void *data, size_t bytes)
+{
+    maco_status_t st = maco__bs_check(bs, fn);
+    if (st == MACO_OK)
+        st = maco__check_peer(bs, fn, peer);
+    if (st == MACO_OK && data == NULL && bytes > 0)
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                         "%s: data is NULL but bytes is %zu", fn, bytes);
+    return st;
+}
+
 maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
                                    size_t bytes)
 {
-    maco_status_t st = maco__bs_check(bs, "maco_bootstrap_send");
-    if (st == MACO_OK)
-        st = maco__check_peer(bs, "maco_bootstrap_send", peer);
+    maco_status_t st = maco__check_p2p(bs, "maco_bootstrap_send", peer, data, bytes);
     if (st != MACO_OK)
         return st;
-    if (data == NULL && bytes > 0)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                           "maco_bootstrap_send: data is NULL but bytes is %zu", bytes);
     maco__op_t op;
     memset(&op, 0, sizeof(op));
     op.peer = peer;
@@ -921,14 +894,9 @@ maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, 
 maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
                                    size_t bytes)
 {
-    maco_status_t st = maco__bs_check(bs, "maco_bootstrap_recv");
-    if (st == MACO_OK)
-        st = maco__check_peer(bs, "maco_bootstrap_recv", peer);
+    maco_status_t st = maco__check_p2p(bs, "maco_bootstrap_recv", peer, data, bytes);
     if (st != MACO_OK)
         return st;
-    if (data == NULL && bytes > 0)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                           "maco_bootstrap_recv: data is NULL but bytes is %zu", bytes);
     maco__op_t op;
     memset(&op, 0, sizeof(op));
     op.peer = peer;
@@ -1195,12 +1163,12 @@ static void maco__hello_encode(uint8_t *out, uint16_t kind, uint64_t nonce, int 
                                const maco__sockaddr_t *listen_addr, const char *host_id)
 {
     memset(out, 0, MACO__HELLO_BYTES);
-    put_u32(out, MACO__ID_MAGIC);
-    put_u16(out + 4, MACO__ID_VERSION);
-    put_u16(out + 6, kind);
-    put_u64(out + 8, nonce);
-    put_u32(out + 16, (uint32_t)rank);
-    put_u32(out + 20, (uint32_t)nranks);
+    maco__put_u32(out, MACO__ID_MAGIC);
+    maco__put_u16(out + 4, MACO__ID_VERSION);
+    maco__put_u16(out + 6, kind);
+    maco__put_u64(out + 8, nonce);
+    maco__put_u32(out + 16, (uint32_t)rank);
+    maco__put_u32(out + 20, (uint32_t)nranks);
     if (listen_addr)
         maco__sockaddr_to_wire(listen_addr, out + 24);
     if (host_id)
@@ -1219,8 +1187,8 @@ typedef struct maco__pending {
 /* Checks a received hello's identity fields: 0 when it belongs to this job. */
 static int maco__hello_is_ours(const uint8_t *h, uint16_t kind, uint64_t nonce)
 {
-    return get_u32(h) == MACO__ID_MAGIC && get_u16(h + 4) == MACO__ID_VERSION &&
-           get_u16(h + 6) == kind && get_u64(h + 8) == nonce;
+    return maco__get_u32(h) == MACO__ID_MAGIC && maco__get_u16(h + 4) == MACO__ID_VERSION &&
+           maco__get_u16(h + 6) == kind && maco__get_u64(h + 8) == nonce;
 }
 
 /*
@@ -1319,7 +1287,7 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                           "hello; ignored",
                           bs->rank, from);
                 drop = 1;
-            } else if (pc->got >= 4 && get_u32(pc->hello) != MACO__ID_MAGIC) {
+            } else if (pc->got >= 4 && maco__get_u32(pc->hello) != MACO__ID_MAGIC) {
                 MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
                           "rank %d: refused a connection from %s: it did not present MACO's "
                           "magic (a port scanner or another program?)",
@@ -1333,8 +1301,8 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                               bs->rank, from);
                     drop = 1;
                 } else {
-                    int rank = (int)get_u32(pc->hello + 16);
-                    int nranks = (int)get_u32(pc->hello + 20);
+                    int rank = (int)maco__get_u32(pc->hello + 16);
+                    int nranks = (int)maco__get_u32(pc->hello + 20);
                     if (nranks != bs->nranks) {
                         st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                                          "world size mismatch: rank %d was started with %d "
@@ -1424,8 +1392,8 @@ static maco_status_t maco__send_setup_frame(int fd, uint16_t kind, const void *p
 {
     uint8_t hdr[MACO__FRAME_HDR_BYTES];
     memset(hdr, 0, sizeof(hdr));
-    put_u16(hdr, kind);
-    put_u64(hdr + 8, (uint64_t)len);
+    maco__put_u16(hdr, kind);
+    maco__put_u64(hdr + 8, (uint64_t)len);
     maco_status_t st = maco__write_all(fd, hdr, sizeof(hdr), deadline, what);
     if (st == MACO_OK && len > 0)
         st = maco__write_all(fd, payload, len, deadline, what);
@@ -1556,8 +1524,8 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
         st = maco__read_all(fd, hdr, sizeof(hdr), deadline, "rank 0 (setup table)");
         if (st != MACO_OK)
             goto fail;
-        uint16_t kind = get_u16(hdr);
-        uint64_t len = get_u64(hdr + 8);
+        uint16_t kind = maco__get_u16(hdr);
+        uint64_t len = maco__get_u64(hdr + 8);
         if (kind == MACO__FRAME_INIT_ERROR && len < 4096) {
             char text[4096];
             st = maco__read_all(fd, text, (size_t)len, deadline, "rank 0 (setup error)");
@@ -1656,17 +1624,6 @@ maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nr
     return maco__bootstrap_setup(&root, nonce, rank, nranks, timeout, listen_fd, bs_p);
 }
 
-/* FNV-1a, for a nonce derived from the job's address when none is given. */
-static uint64_t maco__fnv1a(const char *text)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = text; *p; p++) {
-        h ^= (uint8_t)*p;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 /* Reads an integer variable, MACO's name first, then torchrun's. */
 static maco_status_t maco__env_int(const char *maco_name, const char *torch_name, int *value_p,
                                    int required)
@@ -1752,7 +1709,7 @@ maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
      * of abandoned calls was already dequeued. */
     uint8_t bye[MACO__FRAME_HDR_BYTES];
     memset(bye, 0, sizeof(bye));
-    put_u16(bye, MACO__FRAME_BYE);
+    maco__put_u16(bye, MACO__FRAME_BYE);
     int64_t deadline = maco__now_ms() + 1000;
     for (int r = 0; r < bs->nranks; r++) {
         maco__peer_t *p = &bs->peers[r];
@@ -1769,11 +1726,11 @@ maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
             size_t tlen = strlen(bs->failed_text);
             uint8_t frame[MACO__FRAME_HDR_BYTES + 8 + MACO__ABORT_TEXT_BYTES];
             memset(frame, 0, MACO__FRAME_HDR_BYTES);
-            put_u16(frame, MACO__FRAME_ABORT);
-            put_u64(frame + 8, 8 + tlen);
-            put_u32(frame + MACO__FRAME_HDR_BYTES,
-                    bs->failed_culprit >= 0 ? (uint32_t)bs->failed_culprit : 0xFFFFFFFFu);
-            put_u32(frame + MACO__FRAME_HDR_BYTES + 4, (uint32_t)bs->failed);
+            maco__put_u16(frame, MACO__FRAME_ABORT);
+            maco__put_u64(frame + 8, 8 + tlen);
+            maco__put_u32(frame + MACO__FRAME_HDR_BYTES,
+                          bs->failed_culprit >= 0 ? (uint32_t)bs->failed_culprit : 0xFFFFFFFFu);
+            maco__put_u32(frame + MACO__FRAME_HDR_BYTES + 4, (uint32_t)bs->failed);
             memcpy(frame + MACO__FRAME_HDR_BYTES + 8, bs->failed_text, tlen);
             (void)maco__write_all(p->fd, frame, MACO__FRAME_HDR_BYTES + 8 + tlen, deadline, what);
         }

@@ -234,8 +234,7 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     if (st != MACO_OK)
         return st;
     comm->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
-    maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes,
-                      all[0].rsag_ctas);
+    maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes, all[0].rsag_ctas);
     const int slots = all[0].rsag_ctas;
     const maco__comm_layout_t *l = &comm->layout;
 
@@ -260,8 +259,8 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     comm->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
     maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
         (size_t)slots * (size_t)n, sizeof(maco_memory_channel_device_t));
-    maco_memory_channel_device_t *peer_chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)slots, sizeof(maco_memory_channel_device_t));
+    maco_memory_channel_device_t *peer_chans =
+        (maco_memory_channel_device_t *)calloc((size_t)slots, sizeof(maco_memory_channel_device_t));
     if (handles == NULL || comm->peer_buf == NULL || comm->peer_buf_mem == NULL || chans == NULL ||
         peer_chans == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "comm setup: no host memory");
@@ -290,19 +289,18 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     for (int p = 0; p < n; p++) {
         if (p == comm->rank)
             continue;
-        st = maco__memory_channels_setup(comm, p, comm->buf_mem, comm->peer_buf_mem[p],
-                                         slots, peer_chans);
+        st = maco__memory_channels_setup(comm, p, comm->buf_mem, comm->peer_buf_mem[p], slots,
+                                         peer_chans);
         if (st != MACO_OK)
             goto out;
         for (int b = 0; b < slots; b++)
             chans[(size_t)b * (size_t)n + (size_t)p] = peer_chans[b];
     }
-    MACO_CUDA_GOTO(cudaMalloc((void **)&comm->rsag_channels,
-                              (size_t)slots * (size_t)n * sizeof(*chans)),
-                   st, out);
+    MACO_CUDA_GOTO(
+        cudaMalloc((void **)&comm->rsag_channels, (size_t)slots * (size_t)n * sizeof(*chans)), st,
+        out);
     MACO_CUDA_GOTO(cudaMemcpy(comm->rsag_channels, chans,
-                              (size_t)slots * (size_t)n * sizeof(*chans),
-                              cudaMemcpyHostToDevice),
+                              (size_t)slots * (size_t)n * sizeof(*chans), cudaMemcpyHostToDevice),
                    st, out);
     MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, out);
     /* Nobody starts GPU traffic before every rank has mapped every peer. */

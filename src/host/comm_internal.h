@@ -31,8 +31,8 @@ extern "C" {
 #endif
 
 enum {
-    MACO__NSEM = 4096,         /* semaphores per rank */
-    MACO__MAX_LOCAL_RANKS = 8, /* collectives support up to this many ranks per node */
+    MACO__NSEM = 4096,          /* semaphores per rank */
+    MACO__MAX_LOCAL_RANKS = 8,  /* collectives support up to this many ranks per node */
     MACO__RSAG_MAX_SLOTS = 128, /* most rsag CTAs (each: own scratch slot, semaphores) */
 };
 

@@ -54,8 +54,8 @@ extern "C" {
       "Force an allreduce algorithm: oneshot_ll or rsag. Default: chosen by size.")                \
     X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
       "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
-    X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                          \
-      "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "      \
+    X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \
+      "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
       "slot and semaphores.")                                                                      \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
       "Path or name of the NCCL library maco-perf --nccl dlopens.")

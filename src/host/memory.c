@@ -21,6 +21,7 @@
 #include "comm_internal.h"
 #include "cuda_util.h"
 #include "log.h"
+#include "wire.h"
 
 #define MACO__MEM_MAGIC 0x4D454D4Du /* "MMEM" */
 #define MACO__MEM_VERSION 1u
@@ -56,50 +57,6 @@ static void maco__driver_init(void)
                                          &q) == cudaSuccess &&
         q == cudaDriverEntryPointSuccess)
         maco__cuMemGetAddressRange = (maco__cuMemGetAddressRange_t)fn;
-}
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t maco__node_hash(const char *host_id)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = host_id; *p; p++) {
-        h ^= (uint8_t)*p;
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_mem_t *mem_p)
@@ -195,14 +152,14 @@ maco_status_t maco_mem_serialize(maco_mem_t mem, void *out)
                                              mem->owner));
     uint8_t *p = (uint8_t *)out;
     memset(p, 0, MACO_MEM_HANDLE_BYTES);
-    put_u32(p, MACO__MEM_MAGIC);
-    put_u16(p + 4, MACO__MEM_VERSION);
-    put_u16(p + 6, MACO__MEM_KIND_CUDA_IPC);
-    put_u32(p + 8, (uint32_t)mem->owner);
-    put_u64(p + 16, mem->bytes);
-    put_u64(p + 24, mem->offset);
-    put_u64(p + 32, mem->alloc_bytes);
-    put_u64(p + 40, maco__node_hash(maco__host_id()));
+    maco__put_u32(p, MACO__MEM_MAGIC);
+    maco__put_u16(p + 4, MACO__MEM_VERSION);
+    maco__put_u16(p + 6, MACO__MEM_KIND_CUDA_IPC);
+    maco__put_u32(p + 8, (uint32_t)mem->owner);
+    maco__put_u64(p + 16, mem->bytes);
+    maco__put_u64(p + 24, mem->offset);
+    maco__put_u64(p + 32, mem->alloc_bytes);
+    maco__put_u64(p + 40, maco__fnv1a(maco__host_id()));
     memcpy(p + 48, &mem->ipc, sizeof(mem->ipc));
     return MACO_OK;
 }
@@ -216,23 +173,24 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     if (st != MACO_OK)
         return st;
     const uint8_t *p = (const uint8_t *)handle;
-    if (get_u32(p) != MACO__MEM_MAGIC || get_u16(p + 4) != MACO__MEM_VERSION)
+    if (maco__get_u32(p) != MACO__MEM_MAGIC || maco__get_u16(p + 4) != MACO__MEM_VERSION)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: not a MACO memory handle "
                                                    "of version %u (magic 0x%08x, version %u)",
-                                                   MACO__MEM_VERSION, get_u32(p), get_u16(p + 4)));
-    if (get_u16(p + 6) != MACO__MEM_KIND_CUDA_IPC)
+                                                   MACO__MEM_VERSION, maco__get_u32(p),
+                                                   maco__get_u16(p + 4)));
+    if (maco__get_u16(p + 6) != MACO__MEM_KIND_CUDA_IPC)
         return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: handle kind %u is not "
                                                    "supported",
-                                                   get_u16(p + 6)));
-    int owner = (int)get_u32(p + 8);
+                                                   maco__get_u16(p + 6)));
+    int owner = (int)maco__get_u32(p + 8);
     if (owner < 0 || owner >= comm->nranks || owner == comm->rank)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: the handle's owner is "
                                                    "rank %d; expected another rank of [0, %d)",
                                                    owner, comm->nranks));
-    if (get_u64(p + 40) != maco__node_hash(maco__host_id()))
+    if (maco__get_u64(p + 40) != maco__fnv1a(maco__host_id()))
         return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: rank %d's memory is on "
                                                    "another node; CUDA IPC reaches only GPUs "
@@ -257,9 +215,9 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     mem->comm = comm;
     mem->owner = owner;
     mem->imported = 1;
-    mem->bytes = (size_t)get_u64(p + 16);
-    mem->offset = (size_t)get_u64(p + 24);
-    mem->alloc_bytes = (size_t)get_u64(p + 32);
+    mem->bytes = (size_t)maco__get_u64(p + 16);
+    mem->offset = (size_t)maco__get_u64(p + 24);
+    mem->alloc_bytes = (size_t)maco__get_u64(p + 32);
     mem->mapped_base = (char *)base;
     mem->ptr = (char *)base + mem->offset;
     *mem_p = mem;

@@ -18,37 +18,13 @@
 
 #include "config.h"
 #include "log.h"
+#include "wire.h"
 
 int64_t maco__now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void maco__put_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t maco__get_le16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static void maco__put_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t maco__get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
 }
 
 /*
@@ -63,26 +39,26 @@ void maco__sockaddr_to_wire(const maco__sockaddr_t *addr, uint8_t out[MACO__WIRE
     memset(out, 0, MACO__WIRE_ADDR_BYTES);
     if (addr->ss.ss_family == AF_INET) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)&addr->ss;
-        maco__put_le16(out, 4);
-        maco__put_le16(out + 2, ntohs(in->sin_port));
+        maco__put_u16(out, 4);
+        maco__put_u16(out + 2, ntohs(in->sin_port));
         memcpy(out + 4, &in->sin_addr, 4);
     } else if (addr->ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&addr->ss;
-        maco__put_le16(out, 6);
-        maco__put_le16(out + 2, ntohs(in6->sin6_port));
+        maco__put_u16(out, 6);
+        maco__put_u16(out + 2, ntohs(in6->sin6_port));
         memcpy(out + 4, &in6->sin6_addr, 16);
-        maco__put_le32(out + 20, in6->sin6_scope_id);
+        maco__put_u32(out + 20, in6->sin6_scope_id);
     }
 }
 
 int maco__sockaddr_from_wire(const uint8_t in[MACO__WIRE_ADDR_BYTES], maco__sockaddr_t *addr)
 {
     memset(addr, 0, sizeof(*addr));
-    uint16_t family = maco__get_le16(in);
+    uint16_t family = maco__get_u16(in);
     if (family == 4) {
         struct sockaddr_in *a = (struct sockaddr_in *)&addr->ss;
         a->sin_family = AF_INET;
-        a->sin_port = htons(maco__get_le16(in + 2));
+        a->sin_port = htons(maco__get_u16(in + 2));
         memcpy(&a->sin_addr, in + 4, 4);
         addr->len = sizeof(*a);
         return 0;
@@ -90,9 +66,9 @@ int maco__sockaddr_from_wire(const uint8_t in[MACO__WIRE_ADDR_BYTES], maco__sock
     if (family == 6) {
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)&addr->ss;
         a->sin6_family = AF_INET6;
-        a->sin6_port = htons(maco__get_le16(in + 2));
+        a->sin6_port = htons(maco__get_u16(in + 2));
         memcpy(&a->sin6_addr, in + 4, 16);
-        a->sin6_scope_id = maco__get_le32(in + 20);
+        a->sin6_scope_id = maco__get_u32(in + 20);
         addr->len = sizeof(*a);
         return 0;
     }
