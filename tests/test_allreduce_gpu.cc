@@ -163,14 +163,17 @@ TEST_F(Allreduce, CheckerCountsACorruptedElementAndGuardByte)
     ASSERT_NO_FATAL_FAILURE(RunOne(MACO_FLOAT32, count, false, 0, &wrong));
     ASSERT_EQ(wrong, 0u);
     char *out = out_ + kGuard;
-    uint64_t seed = seed_ ^ (count * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(round_ - 1) << 48);
+    uint64_t seed =
+        seed_ ^ (count * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(round_ - 1) << 48);
     float bad = 12345.0f;
     CUDA_OK(cudaMemcpy(out + 777 * sizeof(float), &bad, sizeof(bad), cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(out + count * sizeof(float) + 3, 0x00, 1));
-    unsigned long long init[2] = {0, ~0ull}, res[2];
+    unsigned long long init[2] = { 0, ~0ull }, res[2];
     CUDA_OK(cudaMemcpy(counters_, init, sizeof(init), cudaMemcpyHostToDevice));
-    CUDA_OK(maco_perf_check_sum(out, count, MACO_PERF_F32, seed, NRanks(), &counters_[0], &counters_[1], nullptr));
-    CUDA_OK(maco_perf_check_bytes(out + count * sizeof(float), kGuard, 0xFF, &counters_[0], nullptr));
+    CUDA_OK(maco_perf_check_sum(out, count, MACO_PERF_F32, seed, NRanks(), &counters_[0],
+                                &counters_[1], nullptr));
+    CUDA_OK(
+        maco_perf_check_bytes(out + count * sizeof(float), kGuard, 0xFF, &counters_[0], nullptr));
     CUDA_OK(cudaMemcpy(res, counters_, sizeof(res), cudaMemcpyDeviceToHost));
     EXPECT_EQ(res[0], 2u);
     EXPECT_EQ(res[1], 777u);

@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "maco/bootstrap.h"
+#include "fork_ranks.h"
 #include "maco_test.h"
 
 namespace
@@ -25,50 +26,10 @@ namespace
 
 using Clock = std::chrono::steady_clock;
 
-int FreePort()
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
+using maco_test::ForkRanks;
 
 /* Child exit codes. */
 enum { kOk = 0, kWrongStatus = 10, kWrongMessage = 11, kTooSlow = 12, kSetupFailed = 13 };
-
-/* Forks one process per entry of `ranks` (rank, world size) running `body`; returns the
- * children's exit codes (128 + signal when killed). */
-template <class F> std::vector<int> ForkRanks(const std::vector<std::pair<int, int>> &ranks, F body)
-{
-    int port = FreePort();
-    std::string addr = "127.0.0.1:" + std::to_string(port);
-    std::vector<pid_t> pids;
-    for (size_t i = 0; i < ranks.size(); i++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("MACO_RANK", std::to_string(ranks[i].first).c_str(), 1);
-            setenv("MACO_WORLD_SIZE", std::to_string(ranks[i].second).c_str(), 1);
-            setenv("MACO_BOOTSTRAP_ADDR", addr.c_str(), 1);
-            setenv("MACO_BOOTSTRAP_TIMEOUT", "20s", 1);
-            alarm(60); /* a hang here must not hang the suite */
-            _exit(body(ranks[i].first));
-        }
-        pids.push_back(pid);
-    }
-    std::vector<int> codes;
-    for (pid_t pid : pids) {
-        int status = 0;
-        waitpid(pid, &status, 0);
-        codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-    }
-    return codes;
-}
 
 class BootstrapFaults : public maco_test::Test
 {

@@ -2,6 +2,7 @@
  * test_bootstrap_mp.cc - the bootstrap and a GPU-less communicator among real processes.
  * Run under maco-run with 1, 2, 4 and 8 ranks (and 4 ranks as 2 simulated nodes).
  */
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -36,14 +37,23 @@ TEST_F(BootstrapMp, AllgatherOfManySizes)
     const size_t sizes[] = { 0, 1, 3, 4, 1000, 65537, (size_t)1 << 20, (size_t)4 << 20 };
     int round = 0;
     for (size_t bytes : sizes) {
+        /* Beyond 8 ranks, stop at 64 KiB: 64 ranks x 4 MiB x 63 peers is 16 GiB of
+         * loopback traffic, too much for CI's 2 cores. */
+        if (NRanks() > 8 && bytes > 65537)
+            break;
         std::vector<uint8_t> buf(bytes * static_cast<size_t>(NRanks()) + 1, 0xEE);
         for (size_t i = 0; i < bytes; i++)
             buf[static_cast<size_t>(Rank()) * bytes + i] = Pattern(Rank(), i, round);
         ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), buf.data(), bytes), MACO_OK) << bytes;
+        /* Count first, assert once: per-byte assertions dominate the run time at 64 ranks. */
+        size_t wrong = 0, first = SIZE_MAX;
         for (int r = 0; r < NRanks(); r++)
             for (size_t i = 0; i < bytes; i++)
-                ASSERT_EQ(buf[static_cast<size_t>(r) * bytes + i], Pattern(r, i, round))
-                    << "rank " << r << " byte " << i << " of " << bytes;
+                if (buf[static_cast<size_t>(r) * bytes + i] != Pattern(r, i, round)) {
+                    wrong++;
+                    first = std::min(first, static_cast<size_t>(r) * bytes + i);
+                }
+        ASSERT_EQ(wrong, 0u) << bytes << " bytes per rank; first wrong byte at " << first;
         EXPECT_EQ(buf.back(), 0xEE) << "allgather wrote past the buffer";
         round++;
     }
@@ -71,8 +81,10 @@ TEST_F(BootstrapMp, BroadcastFromEveryRoot)
             for (size_t i = 0; i < v.size(); i++)
                 v[i] = static_cast<uint32_t>(root * 1000003u + i);
         ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), root, v.data(), v.size() * 4), MACO_OK);
+        size_t wrong = 0;
         for (size_t i = 0; i < v.size(); i++)
-            ASSERT_EQ(v[i], static_cast<uint32_t>(root * 1000003u + i)) << "root " << root;
+            wrong += v[i] != static_cast<uint32_t>(root * 1000003u + i);
+        ASSERT_EQ(wrong, 0u) << "root " << root;
     }
 }
 
@@ -133,7 +145,8 @@ TEST_F(BootstrapMp, WrongSizeAndReservedTagAreClearErrors)
 
 TEST_F(BootstrapMp, ManyBarriers)
 {
-    for (int i = 0; i < 200; i++)
+    const int n = NRanks() > 8 ? 50 : 200;
+    for (int i = 0; i < n; i++)
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK) << i;
 }
 

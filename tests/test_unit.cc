@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bootstrap_internal.h"
 #include "config.h"
 #include "log.h"
 #include "maco/bootstrap.h"
@@ -385,6 +386,23 @@ TEST_F(Unit, UnreachableRootTimesOutWithTheConfiguredDeadline)
     EXPECT_NE(std::string(maco__last_error()).find("MACO_BOOTSTRAP_TIMEOUT"), std::string::npos);
 }
 
+/* Ranks of one node need not be contiguous: ranks 0, 2, 5 on host A, 1, 3 on B, 4 on C. */
+TEST_F(Unit, TopologyOfInterleavedNodes)
+{
+    const char *ids[] = { "A", "B", "A", "B", "C", "A" };
+    const int want_local[] = { 0, 0, 1, 1, 0, 2 };
+    const int want_nlocal[] = { 3, 2, 3, 2, 1, 3 };
+    const int want_node[] = { 0, 1, 0, 1, 2, 0 };
+    for (int r = 0; r < 6; r++) {
+        maco__topology_t t;
+        maco__topology_compute(ids, 6, r, &t);
+        EXPECT_EQ(t.local_rank, want_local[r]) << "rank " << r;
+        EXPECT_EQ(t.local_nranks, want_nlocal[r]) << "rank " << r;
+        EXPECT_EQ(t.node, want_node[r]) << "rank " << r;
+        EXPECT_EQ(t.nnodes, 3) << "rank " << r;
+    }
+}
+
 /* maco-run: prefixes, first failure wins, others killed, timeout 124. */
 static int RunShell(const std::string &cmd, std::string *out)
 {
@@ -436,6 +454,21 @@ TEST_F(Unit, MacoRunTimeoutKillsEveryRank)
     rc = RunShell(std::string(MACO_RUN_PATH) + " -n 0 true 2>&1", &out);
     EXPECT_EQ(rc, 2) << out;
     EXPECT_NE(out.find("-n '0' is invalid"), std::string::npos) << out;
+}
+
+/* SIGTERM to maco-run reaches every rank (each traps it and says so), and maco-run exits
+ * 128 + 15. */
+TEST_F(Unit, MacoRunForwardsSigterm)
+{
+    std::string cmd = std::string(MACO_RUN_PATH) +
+                      " -n 2 sh -c 'trap \"echo got-term; exit 3\" TERM; echo ready; "
+                      "while :; do sleep 0.05; done' 2>&1 & pid=$!; "
+                      "sleep 1; kill -TERM $pid; wait $pid; echo \"rc=$?\"";
+    std::string out;
+    RunShell(cmd, &out);
+    EXPECT_NE(out.find("[0] got-term"), std::string::npos) << out;
+    EXPECT_NE(out.find("[1] got-term"), std::string::npos) << out;
+    EXPECT_NE(out.find("rc=143"), std::string::npos) << out;
 }
 
 TEST_F(Unit, MacoRunSimulatedNodesGetDistinctHostIds)

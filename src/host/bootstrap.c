@@ -171,6 +171,30 @@ const char *maco__host_id(void)
     return maco__host_text;
 }
 
+void maco__topology_compute(const char *const *ids, int nranks, int rank, maco__topology_t *t)
+{
+    const char *mine = ids[rank];
+    t->local_rank = 0;
+    t->local_nranks = 0;
+    t->nnodes = 0;
+    t->node = -1;
+    for (int r = 0; r < nranks; r++) {
+        int first = 1; /* the lowest rank of its node */
+        for (int q = 0; q < r && first; q++)
+            first = strcmp(ids[r], ids[q]) != 0;
+        if (first) {
+            if (strcmp(ids[r], mine) == 0)
+                t->node = t->nnodes;
+            t->nnodes++;
+        }
+        if (strcmp(ids[r], mine) == 0) {
+            if (r < rank)
+                t->local_rank++;
+            t->local_nranks++;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ unique id */
 
 static pthread_mutex_t maco__root_lock = PTHREAD_MUTEX_INITIALIZER;

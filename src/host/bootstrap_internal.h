@@ -28,6 +28,20 @@ int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs);
 /** This rank's own host id string (never NULL). */
 const char *maco__host_id(void);
 
+/** Where a rank sits: its node and its place among the node's ranks. */
+typedef struct maco__topology {
+    int local_rank;   /* among the ranks with the same host id, in rank order */
+    int local_nranks; /* ranks with the same host id */
+    int node;         /* nodes numbered in the order of their lowest rank */
+    int nnodes;
+} maco__topology_t;
+
+/**
+ * Computes `rank`'s topology from every rank's host id (ids[0..nranks)). Ranks with equal
+ * ids share a node; they need not be contiguous.
+ */
+void maco__topology_compute(const char *const *ids, int nranks, int rank, maco__topology_t *t);
+
 #ifdef __cplusplus
 }
 #endif

@@ -48,38 +48,20 @@ static size_t maco__align_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-/* Node numbering: ranks with the same host id share a node; nodes are numbered in the
- * order of their lowest rank. */
 static maco_status_t maco__comm_topology(maco_comm_t comm)
 {
-    const char *mine;
-    maco_status_t st = maco_bootstrap_get_host_id(comm->bs, comm->rank, &mine);
-    if (st != MACO_OK)
-        return st;
-    comm->local_rank = 0;
-    comm->local_nranks = 0;
-    comm->nnodes = 0;
-    comm->node = -1;
-    for (int r = 0; r < comm->nranks; r++) {
-        const char *id;
-        maco_bootstrap_get_host_id(comm->bs, r, &id);
-        int first = 1;
-        for (int q = 0; q < r && first; q++) {
-            const char *other;
-            maco_bootstrap_get_host_id(comm->bs, q, &other);
-            first = strcmp(id, other) != 0;
-        }
-        if (first) {
-            if (strcmp(id, mine) == 0)
-                comm->node = comm->nnodes;
-            comm->nnodes++;
-        }
-        if (strcmp(id, mine) == 0) {
-            if (r < comm->rank)
-                comm->local_rank++;
-            comm->local_nranks++;
-        }
-    }
+    const char **ids = (const char **)calloc((size_t)comm->nranks, sizeof(char *));
+    if (ids == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "maco_comm_create: no memory");
+    for (int r = 0; r < comm->nranks; r++)
+        maco_bootstrap_get_host_id(comm->bs, r, &ids[r]);
+    maco__topology_t t;
+    maco__topology_compute(ids, comm->nranks, comm->rank, &t);
+    free(ids);
+    comm->local_rank = t.local_rank;
+    comm->local_nranks = t.local_nranks;
+    comm->node = t.node;
+    comm->nnodes = t.nnodes;
     const char *env_local = getenv("MACO_LOCAL_RANK");
     if (env_local != NULL && env_local[0] != '\0' && atoi(env_local) != comm->local_rank)
         MACO_WARN(MACO_SUBSYS_INIT,

@@ -1,0 +1,27 @@
+# Fails when a C, C++ or CUDA file of the tree is not formatted by the root .clang-format.
+# Arguments: -DSRC=<source dir>. Skips (printing why) when clang-format is not installed.
+find_program(CLANG_FORMAT NAMES clang-format clang-format-14 clang-format-15 clang-format-16)
+if(NOT CLANG_FORMAT)
+  message("SKIP: clang-format is not installed")
+  return()
+endif()
+set(files)
+foreach(dir include src algorithms tools tests examples)
+  file(GLOB_RECURSE found ${SRC}/${dir}/*.c ${SRC}/${dir}/*.h ${SRC}/${dir}/*.cc
+       ${SRC}/${dir}/*.cu ${SRC}/${dir}/*.cuh)
+  list(APPEND files ${found})
+endforeach()
+set(bad)
+foreach(f ${files})
+  execute_process(COMMAND ${CLANG_FORMAT} --dry-run -Werror --style=file ${f}
+    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET WORKING_DIRECTORY ${SRC})
+  if(NOT rc EQUAL 0)
+    list(APPEND bad ${f})
+  endif()
+endforeach()
+list(LENGTH files n)
+if(bad)
+  string(REPLACE ";" "\n  " bad_list "${bad}")
+  message(FATAL_ERROR "not clang-formatted (run clang-format -i on them):\n  ${bad_list}")
+endif()
+message(STATUS "${n} files clang-formatted")

@@ -1,0 +1,55 @@
+# Installs the build into a fresh prefix, then builds and runs examples/consumer against it
+# with find_package(maco) (shared and static), and compiles it once more with pkg-config.
+# Arguments: -DBUILD=<build dir> -DSRC=<source dir> -DWORK=<scratch dir>
+file(REMOVE_RECURSE ${WORK})
+set(prefix ${WORK}/prefix)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${prefix}
+  RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install failed")
+endif()
+foreach(f include/maco/maco.h include/maco/device/memory_channel.h lib/libmaco.so.0
+          lib/cmake/maco/macoConfig.cmake lib/pkgconfig/maco.pc bin/maco-run bin/maco-perf)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "the install tree lacks ${f}")
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC}/examples/consumer -B ${WORK}/consumer
+  -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer against the install tree failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/consumer RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the consumer failed")
+endif()
+foreach(exe consumer consumer_static)
+  execute_process(COMMAND ${WORK}/consumer/${exe} RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  message(STATUS "${exe}: ${out}")
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "rank 0 of 1")
+    message(FATAL_ERROR "${exe} failed (${rc}): ${out}")
+  endif()
+endforeach()
+# pkg-config: compile and link with the flags maco.pc gives.
+find_program(PKG_CONFIG pkg-config)
+if(PKG_CONFIG)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${prefix}/lib/pkgconfig
+    ${PKG_CONFIG} --cflags --libs maco OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config does not find maco.pc")
+  endif()
+  separate_arguments(flags)
+  execute_process(COMMAND cc ${SRC}/examples/consumer/consumer.c ${flags}
+    -Wl,-rpath,${prefix}/lib -o ${WORK}/consumer_pc RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "compiling with pkg-config's flags failed: ${flags}")
+  endif()
+  execute_process(COMMAND ${WORK}/consumer_pc RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer_pc failed: ${out}")
+  endif()
+  message(STATUS "pkg-config build ok: ${out}")
+else()
+  message(STATUS "pkg-config not installed: the maco.pc check was skipped")
+endif()

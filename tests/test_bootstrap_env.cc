@@ -1,0 +1,149 @@
+/*
+ * test_bootstrap_env.cc - the ways a job can be described: torchrun's variables, an IPv6
+ * rank-0 address, an interface chosen by MACO_SOCKET_IFNAME. Ranks are forked processes.
+ */
+#include <ifaddrs.h>
+#include <net/if.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bootstrap_internal.h"
+#include "fork_ranks.h"
+#include "log.h"
+#include "maco/bootstrap.h"
+#include "maco_test.h"
+#include "socket.h"
+
+namespace
+{
+
+using maco_test::ForkRanksWithEnv;
+using maco_test::FreePort;
+
+/* Each rank allgathers its rank and checks everyone's; exit 0 when all is right. */
+int AllgatherRanks(int rank)
+{
+    maco_bootstrap_t bs;
+    if (maco_bootstrap_create_from_env(&bs) != MACO_OK)
+        return 10;
+    int me = -1, n = 0;
+    maco_bootstrap_get_rank(bs, &me);
+    maco_bootstrap_get_nranks(bs, &n);
+    std::vector<int> all(static_cast<size_t>(n), -1);
+    all[static_cast<size_t>(me)] = me * 10;
+    int rc = maco_bootstrap_allgather(bs, all.data(), sizeof(int)) == MACO_OK ? 0 : 11;
+    for (int r = 0; r < n && rc == 0; r++)
+        if (all[static_cast<size_t>(r)] != r * 10)
+            rc = 12;
+    if (me != rank)
+        rc = 13;
+    maco_bootstrap_destroy(bs);
+    return rc;
+}
+
+class BootstrapEnv : public maco_test::Test
+{
+};
+
+TEST_F(BootstrapEnv, TorchrunVariables)
+{
+    int port = FreePort();
+    std::vector<std::pair<int, int>> ranks = { { 0, 3 }, { 1, 3 }, { 2, 3 } };
+    std::vector<int> codes = ForkRanksWithEnv(
+        ranks,
+        [port](int rank, int world) {
+            for (const char *v :
+                 { "MACO_RANK", "MACO_WORLD_SIZE", "MACO_BOOTSTRAP_ADDR", "MACO_BOOTSTRAP_NONCE" })
+                unsetenv(v);
+            setenv("RANK", std::to_string(rank).c_str(), 1);
+            setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+            setenv("MASTER_ADDR", "localhost", 1);
+            setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        },
+        AllgatherRanks);
+    for (size_t i = 0; i < codes.size(); i++)
+        EXPECT_EQ(codes[i], 0) << "rank " << i;
+}
+
+TEST_F(BootstrapEnv, Ipv6RootAddress)
+{
+    int port = FreePort(AF_INET6);
+    if (port == 0)
+        GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
+    std::string addr = "[::1]:" + std::to_string(port);
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 0, 2 }, { 1, 2 } },
+        [&](int rank, int world) {
+            setenv("MACO_RANK", std::to_string(rank).c_str(), 1);
+            setenv("MACO_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("MACO_BOOTSTRAP_ADDR", addr.c_str(), 1);
+        },
+        AllgatherRanks);
+    for (size_t i = 0; i < codes.size(); i++)
+        EXPECT_EQ(codes[i], 0) << "rank " << i;
+}
+
+TEST_F(BootstrapEnv, MalformedAddressesNameTheVariable)
+{
+    const char *bad[] = { "nohost", "host:", "host:99999", "[::1:5", "no-such-host.invalid:80" };
+    maco_test::AllowLog("MACO_BOOTSTRAP_ADDR");
+    for (const char *text : bad) {
+        maco__sockaddr_t a;
+        EXPECT_EQ(maco__sockaddr_parse(text, "MACO_BOOTSTRAP_ADDR", &a), MACO_ERR_INVALID_ARGUMENT)
+            << text;
+        EXPECT_NE(std::string(maco__last_error()).find("MACO_BOOTSTRAP_ADDR"), std::string::npos);
+    }
+    maco__sockaddr_t a;
+    ASSERT_EQ(maco__sockaddr_parse("127.0.0.1:1234", "x", &a), MACO_OK);
+    EXPECT_EQ(maco__sockaddr_port(&a), 1234);
+}
+
+/* The name of an interface that is up with an IPv4 address, and that address. */
+bool FindIpv4Interface(std::string *name, std::string *addr)
+{
+    ifaddrs *ifs = nullptr;
+    if (getifaddrs(&ifs) != 0)
+        return false;
+    bool found = false;
+    for (ifaddrs *it = ifs; it != nullptr && !found; it = it->ifa_next) {
+        if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET ||
+            !(it->ifa_flags & IFF_UP))
+            continue;
+        char text[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in *>(it->ifa_addr)->sin_addr, text,
+                  sizeof(text));
+        *name = it->ifa_name;
+        *addr = text;
+        found = true;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+TEST_F(BootstrapEnv, SocketIfnameChoosesTheInterfaceByNameOrPrefix)
+{
+    std::string name, want;
+    if (!FindIpv4Interface(&name, &want))
+        GTEST_SKIP() << "no interface with an IPv4 address is up";
+    for (std::string pattern : { name, name.substr(0, 2) }) {
+        setenv("MACO_SOCKET_IFNAME", pattern.c_str(), 1);
+        maco__sockaddr_t a;
+        ASSERT_EQ(maco__socket_default_address(&a), MACO_OK) << pattern;
+        char text[96];
+        maco__sockaddr_format(&a, text, sizeof(text));
+        /* A prefix may match an earlier interface; the full name must give this one. */
+        if (pattern == name) {
+            EXPECT_EQ(std::string(text).rfind(want + ":", 0), 0u) << text;
+        }
+    }
+    setenv("MACO_SOCKET_IFNAME", "no-such-interface0", 1);
+    maco_test::AllowLog("MACO_SOCKET_IFNAME='no-such-interface0' matches no interface");
+    maco__sockaddr_t a;
+    EXPECT_EQ(maco__socket_default_address(&a), MACO_ERR_INVALID_ARGUMENT);
+    unsetenv("MACO_SOCKET_IFNAME");
+}
+
+} // namespace
