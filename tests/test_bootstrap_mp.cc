@@ -59,10 +59,11 @@ TEST_F(BootstrapMp, AllgatherOfManySizes)
     }
 }
 
-TEST_F(BootstrapMp, LargeAllgatherWhenFewRanks)
+TEST_F(BootstrapMp, LargeAllgatherUpTo8Ranks)
 {
-    if (NRanks() > 2)
-        GTEST_SKIP() << "64 MiB per rank is exercised with 1 and 2 ranks only (CI memory)";
+    if (NRanks() > 8)
+        GTEST_SKIP() << "64 MiB per rank is exercised with up to 8 ranks (beyond, the "
+                        "loopback traffic grows as ranks squared: 64 ranks would move 258 GB)";
     const size_t bytes = (size_t)64 << 20;
     std::vector<uint8_t> buf(bytes * static_cast<size_t>(NRanks()));
     for (size_t i = 0; i < bytes; i++)
