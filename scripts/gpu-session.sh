@@ -28,6 +28,16 @@ step() { # name timeout command...
   return 0
 }
 step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
+if [ "${1:-}" != quick ]; then
+  # compute-sanitizer on the 2-GPU suite, without the cases too slow under it.
+  slow='-*UpTo256MiB*:*LargeMessages*:*PingPong*:*OverManyLaunches*:*EveryAlgorithm*'
+  for tool in memcheck racecheck; do
+    step "sanitize-$tool" 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 \
+      compute-sanitizer --tool "$tool" --error-exitcode 99 "$B/tests/test_gpu_mp" --gtest_filter="$slow"
+  done
+  step bench-channel 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
+    "$B/tests/bench_memory_channel"
+fi
 perf="$B/tools/maco-perf allreduce -b 8 -e 1G -f 2 -d bfloat16 --nccl"
 if [ "$ngpu" -ge 4 ]; then
   step perf-n4 240 "$B/tools/maco-run" -n 4 --timeout 230 $perf --json "$OUT/perf-n4.json"
@@ -46,7 +56,7 @@ if [ "${1:-}" = sweep ] && [ "$ngpu" -ge 4 ]; then
   } > "$OUT/rsag-sweep.txt" 2>&1
   summary+=("rsag-sweep         done")
 fi
-if [ "${1:-}" != quick ] && [ "$ngpu" -ge 4 ]; then
+if [ "${1:-}" = sweep ] && [ "$ngpu" -ge 4 ]; then
   {
     for algo in oneshot_ll rsag; do
       echo "## MACO_ALGO_ALLREDUCE=$algo"
@@ -58,7 +68,15 @@ if [ "${1:-}" != quick ] && [ "$ngpu" -ge 4 ]; then
 fi
 echo "================ machine"; head -n 6 "$OUT/machine.txt"
 echo "================ gpu tests"
-grep -E '\[ +(OK|FAILED|SKIPPED) +\]|tests passed|\*\*\*|SKIP:|Failure' "$OUT/gpu-tests.txt" | grep -E '^\[0\]|tests passed|\*\*\*|SKIP' | head -n 40
+grep -E '\[ +(OK|FAILED|SKIPPED) +\]|tests passed|\*\*\*|SKIP:|Failure|ping-pong' "$OUT/gpu-tests.txt" | grep -E '^[0-9]+: \[0\]|^[0-9]+: \[  |tests passed|\*\*\*|SKIP|Failure' | grep -vE ' OK \]' | head -n 30
+grep -cE ' OK \]' "$OUT/gpu-tests.txt" | sed 's/^/passing test cases (all ranks): /'
+for f in sanitize-memcheck sanitize-racecheck; do
+  [ -f "$OUT/$f.txt" ] || continue
+  echo "================ $f"; grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|Invalid|Race' "$OUT/$f.txt" | sort | uniq -c | head -n 12
+done
+if [ -f "$OUT/bench-channel.txt" ]; then
+  echo "================ bench-channel"; sed 's/^\[0\] //' "$OUT/bench-channel.txt" | grep -v '^\[' | head -n 20
+fi
 for f in perf-n4 perf-n2; do
   [ -f "$OUT/$f.txt" ] || continue
   echo "================ $f (size, MACO oop time/busbw, MACO ip busbw, NCCL oop time/busbw, ratio)"

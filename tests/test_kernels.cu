@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include "maco/device/sync.h"
+
 __global__ void test_fill_pattern_kernel(char *dst, size_t bytes, uint64_t seed)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < bytes;
@@ -19,6 +21,33 @@ extern "C" cudaError_t test_fill_pattern(char *dst, size_t bytes, uint64_t seed,
         return cudaSuccess;
     unsigned blocks = bytes / 256 + 1 > 1024 ? 1024u : (unsigned)(bytes / 256 + 1);
     test_fill_pattern_kernel<<<blocks, 256, 0, stream>>>(dst, bytes, seed);
+    return cudaGetLastError();
+}
+
+__global__ void test_mismatch_kernel(const char *p, size_t bytes, uint64_t seed, uint64_t off,
+                                     unsigned long long *mismatches)
+{
+    unsigned long long bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < bytes;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = (seed ^ ((i + off) * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+        bad += (uint8_t)p[i] != (uint8_t)((x >> 29) ^ (x >> 47));
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        bad += __shfl_down_sync(0xffffffffu, bad, o);
+    if ((threadIdx.x & 31) == 0 && bad)
+        atomicAdd(mismatches, bad);
+}
+
+extern "C" cudaError_t test_count_pattern_mismatch(const char *p, size_t bytes, uint64_t seed,
+                                                   uint64_t pattern_offset,
+                                                   unsigned long long *mismatches,
+                                                   cudaStream_t stream)
+{
+    if (bytes == 0)
+        return cudaSuccess;
+    unsigned blocks = bytes / 256 + 1 > 2048 ? 2048u : (unsigned)(bytes / 256 + 1);
+    test_mismatch_kernel<<<blocks, 256, 0, stream>>>(p, bytes, seed, pattern_offset, mismatches);
     return cudaGetLastError();
 }
 
@@ -82,5 +111,135 @@ extern "C" cudaError_t test_wait_once(const maco_memory_channel_device_t *handle
                                       cudaStream_t stream)
 {
     test_wait_once_kernel<<<1, 1, 0, stream>>>(handle, status);
+    return cudaGetLastError();
+}
+
+__global__ void test_get_all_kernel(const maco_memory_channel_device_t *handles, int rank,
+                                    uint64_t src_off, uint64_t dst_off, uint64_t slot,
+                                    uint64_t bytes)
+{
+    int q = blockIdx.x;
+    if (q == rank)
+        return;
+    __shared__ maco_memory_channel_device_t ch;
+    if (threadIdx.x == 0)
+        ch = handles[q];
+    __syncthreads();
+    maco_memory_channel_get(&ch, dst_off + (uint64_t)q * slot, src_off + (uint64_t)q * slot, bytes,
+                            threadIdx.x, blockDim.x);
+}
+
+extern "C" cudaError_t test_get_all(const maco_memory_channel_device_t *handles, int nranks,
+                                    int rank, uint64_t src_off, uint64_t dst_off, uint64_t slot,
+                                    uint64_t bytes, cudaStream_t stream)
+{
+    test_get_all_kernel<<<nranks, 512, 0, stream>>>(handles, rank, src_off, dst_off, slot, bytes);
+    return cudaGetLastError();
+}
+
+__global__ void test_packets_kernel(const maco_memory_channel_device_t *handles, int nranks,
+                                    int rank, uint64_t src_off, uint64_t pkt_off, uint64_t pkt_slot,
+                                    uint64_t out_off, uint64_t out_slot, uint64_t bytes,
+                                    uint32_t flag, int ll8, int *status)
+{
+    int q = blockIdx.x;
+    if (q == rank)
+        return;
+    __shared__ maco_memory_channel_device_t ch;
+    if (threadIdx.x == 0)
+        ch = handles[q];
+    __syncthreads();
+    uint64_t parity = flag & 1u;
+    uint64_t to_peer = pkt_off + (parity * (uint64_t)nranks + (uint64_t)rank) * pkt_slot;
+    uint64_t from_peer = pkt_off + (parity * (uint64_t)nranks + (uint64_t)q) * pkt_slot;
+    maco_status_t st;
+    if (ll8) {
+        maco_memory_channel_put_packets_ll8(&ch, to_peer, src_off, bytes, threadIdx.x, blockDim.x,
+                                            flag);
+        st = maco_memory_channel_unpack_packets_ll8(
+            &ch, out_off + (uint64_t)q * out_slot, from_peer, bytes, threadIdx.x, blockDim.x, flag);
+    } else {
+        maco_memory_channel_put_packets_ll16(&ch, to_peer, src_off, bytes, threadIdx.x, blockDim.x,
+                                             flag);
+        st = maco_memory_channel_unpack_packets_ll16(
+            &ch, out_off + (uint64_t)q * out_slot, from_peer, bytes, threadIdx.x, blockDim.x, flag);
+    }
+    int bad = __syncthreads_or(st != MACO_OK);
+    if (threadIdx.x == 0)
+        status[q] = bad ? (int)MACO_ERR_TIMEOUT : (int)MACO_OK;
+}
+
+extern "C" cudaError_t test_packets_round_trip(const maco_memory_channel_device_t *handles,
+                                               int nranks, int rank, uint64_t src_off,
+                                               uint64_t pkt_off, uint64_t pkt_slot,
+                                               uint64_t out_off, uint64_t out_slot, uint64_t bytes,
+                                               uint32_t flag, int ll8, int *status,
+                                               cudaStream_t stream)
+{
+    test_packets_kernel<<<nranks, 256, 0, stream>>>(handles, nranks, rank, src_off, pkt_off,
+                                                    pkt_slot, out_off, out_slot, bytes, flag, ll8,
+                                                    status);
+    return cudaGetLastError();
+}
+
+__global__ void test_grid_barrier_kernel(maco_grid_barrier_t *b, uint32_t *slots, int iters,
+                                         maco_device_wait_bound_t bound, unsigned long long *errors,
+                                         int *status)
+{
+    for (int it = 0; it < iters; it++) {
+        if (threadIdx.x == 0)
+            *(volatile uint32_t *)&slots[blockIdx.x] = ((uint32_t)it << 16) | blockIdx.x;
+        maco_status_t st = maco_grid_barrier(b, gridDim.x, &bound);
+        if (st != MACO_OK) {
+            if (threadIdx.x == 0)
+                atomicCAS(status, 0, (int)st);
+            return;
+        }
+        for (unsigned k = threadIdx.x; k < gridDim.x; k += blockDim.x)
+            if (*(volatile uint32_t *)&slots[k] != (((uint32_t)it << 16) | k))
+                atomicAdd(errors, 1ull);
+        st = maco_grid_barrier(b, gridDim.x, &bound);
+        if (st != MACO_OK) {
+            if (threadIdx.x == 0)
+                atomicCAS(status, 0, (int)st);
+            return;
+        }
+    }
+}
+
+extern "C" cudaError_t test_grid_barrier(void *barrier, uint32_t *slots, int nblocks, int iters,
+                                         const maco_device_wait_bound_t *bound,
+                                         unsigned long long *errors, int *status,
+                                         cudaStream_t stream)
+{
+    test_grid_barrier_kernel<<<nblocks, 128, 0, stream>>>((maco_grid_barrier_t *)barrier, slots,
+                                                          iters, *bound, errors, status);
+    return cudaGetLastError();
+}
+
+__global__ void test_device_semaphore_kernel(maco_device_semaphore_t *s,
+                                             unsigned long long *counter, int iters,
+                                             maco_device_wait_bound_t bound, int *status)
+{
+    if (threadIdx.x != 0)
+        return;
+    for (int i = 0; i < iters; i++) {
+        maco_status_t st = maco_device_semaphore_acquire(s, &bound);
+        if (st != MACO_OK) {
+            atomicCAS(status, 0, (int)st);
+            return;
+        }
+        unsigned long long v = *(volatile unsigned long long *)counter;
+        *(volatile unsigned long long *)counter = v + 1;
+        maco_device_semaphore_release(s);
+    }
+}
+
+extern "C" cudaError_t test_device_semaphore(void *sem, unsigned long long *counter, int nblocks,
+                                             int iters, const maco_device_wait_bound_t *bound,
+                                             int *status, cudaStream_t stream)
+{
+    test_device_semaphore_kernel<<<nblocks, 32, 0, stream>>>((maco_device_semaphore_t *)sem,
+                                                             counter, iters, *bound, status);
     return cudaGetLastError();
 }

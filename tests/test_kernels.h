@@ -23,6 +23,14 @@ static inline uint8_t test_pattern_byte(uint64_t seed, uint64_t i)
 cudaError_t test_fill_pattern(char *dst, size_t bytes, uint64_t seed, cudaStream_t stream);
 
 /**
+ * Adds to *mismatches the number of bytes of [p, p+bytes) that differ from
+ * test_pattern_byte(seed, pattern_offset + i).
+ */
+cudaError_t test_count_pattern_mismatch(const char *p, size_t bytes, uint64_t seed,
+                                        uint64_t pattern_offset, unsigned long long *mismatches,
+                                        cudaStream_t stream);
+
+/**
  * One CTA per peer q != rank (grid = nranks): puts local[src_off, +bytes) into q's buffer
  * at dst_off through handles[q], signals q, waits for q's signal. status[q] gets the wait's
  * maco_status_t.
@@ -41,6 +49,44 @@ cudaError_t test_ping_pong(const maco_memory_channel_device_t *handle, int iters
 /** One thread waits once on the channel; *status gets the result. */
 cudaError_t test_wait_once(const maco_memory_channel_device_t *handle, int *status,
                            cudaStream_t stream);
+
+/**
+ * One CTA per peer q != rank: gets q's buffer [src_off + q * slot, +bytes) into the local
+ * buffer at dst_off + q * slot through handles[q].
+ */
+cudaError_t test_get_all(const maco_memory_channel_device_t *handles, int nranks, int rank,
+                         uint64_t src_off, uint64_t dst_off, uint64_t slot, uint64_t bytes,
+                         cudaStream_t stream);
+
+/**
+ * LL packet round trip with every peer, one CTA per peer q != rank: put `bytes` bytes of the
+ * local buffer at src_off as packets with `flag` into q's buffer at
+ * pkt_off + ((flag & 1) * nranks + rank) * pkt_slot, then unpack the packets q sent here
+ * (from pkt_off + ((flag & 1) * nranks + q) * pkt_slot) into out_off + q * out_slot.
+ * ll8 selects LL8 (else LL16). status[q] gets the unpack's status (CTA-wide OR of errors).
+ */
+cudaError_t test_packets_round_trip(const maco_memory_channel_device_t *handles, int nranks,
+                                    int rank, uint64_t src_off, uint64_t pkt_off, uint64_t pkt_slot,
+                                    uint64_t out_off, uint64_t out_slot, uint64_t bytes,
+                                    uint32_t flag, int ll8, int *status, cudaStream_t stream);
+
+/**
+ * `nblocks` CTAs, `iters` rounds: each CTA writes (round, block) into its slot of `slots`,
+ * crosses maco_grid_barrier, checks every CTA's slot holds this round, crosses it again.
+ * *errors counts wrong slots seen; *status the first barrier failure.
+ */
+cudaError_t test_grid_barrier(void *barrier, uint32_t *slots, int nblocks, int iters,
+                              const maco_device_wait_bound_t *bound, unsigned long long *errors,
+                              int *status, cudaStream_t stream);
+
+/**
+ * `nblocks` CTAs use a device semaphore set to 1 as a mutex: each CTA, `iters` times,
+ * acquires, increments *counter non-atomically (read, add, write), releases. *counter ends at
+ * nblocks * iters only with mutual exclusion and release/acquire ordering.
+ */
+cudaError_t test_device_semaphore(void *sem, unsigned long long *counter, int nblocks, int iters,
+                                  const maco_device_wait_bound_t *bound, int *status,
+                                  cudaStream_t stream);
 
 #ifdef __cplusplus
 }

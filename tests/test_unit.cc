@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include "bootstrap_internal.h"
 #include "config.h"
+#include "fd_server.h"
 #include "log.h"
 #include "maco/bootstrap.h"
 #include "maco/config.h"
@@ -401,6 +403,42 @@ TEST_F(Unit, TopologyOfInterleavedNodes)
         EXPECT_EQ(t.node, want_node[r]) << "rank " << r;
         EXPECT_EQ(t.nnodes, 3) << "rank " << r;
     }
+}
+
+/* A descriptor published here is fetched by another process (over the abstract Unix socket
+ * with SCM_RIGHTS) and reads the same memory; after withdrawal it cannot be fetched. */
+TEST_F(Unit, FdServerHandsDescriptorsToOtherProcesses)
+{
+    int fd = memfd_create("maco-test", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const char text[] = "hello through SCM_RIGHTS";
+    ASSERT_EQ(write(fd, text, sizeof(text)), static_cast<ssize_t>(sizeof(text)));
+    maco__fd_ref_t ref;
+    ASSERT_EQ(maco__fd_publish(fd, &ref), MACO_OK);
+    close(fd); /* the server keeps its own duplicate */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int got = -1;
+        if (maco__fd_fetch(&ref, 0, 5000, &got) != MACO_OK)
+            _exit(10);
+        char buf[sizeof(text)] = "";
+        if (pread(got, buf, sizeof(buf), 0) != static_cast<ssize_t>(sizeof(buf)))
+            _exit(11);
+        _exit(memcmp(buf, text, sizeof(text)) == 0 ? 0 : 12);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    /* A wrong token is refused; a withdrawn descriptor is gone. */
+    maco_test::AllowLog("no longer exports");
+    maco_test::AllowLog("memory-handle server");
+    maco__fd_ref_t bad = ref;
+    bad.token ^= 1;
+    int got = -1;
+    EXPECT_EQ(maco__fd_fetch(&bad, 3, 5000, &got), MACO_ERR_REMOTE);
+    maco__fd_withdraw(&ref);
+    EXPECT_EQ(maco__fd_fetch(&ref, 3, 5000, &got), MACO_ERR_REMOTE);
+    EXPECT_EQ(got, -1);
 }
 
 /* maco-run: prefixes, first failure wins, others killed, timeout 124. */

@@ -1,14 +1,21 @@
 /*
- * maco/memory.h - registering device memory so that peers on the same node can map it.
+ * maco/memory.h - memory that peers can map: allocation, registration, export, import.
  *
- * Registration exports a handle for the allocation that encloses the buffer (a legacy
- * CUDA IPC handle for cudaMalloc memory) plus the buffer's offset in it. The handle is
- * serialized into MACO_MEM_HANDLE_BYTES bytes (magic, version, fixed little-endian
- * fields), sent to peers by any means (e.g. maco_bootstrap_allgather), and imported there,
- * which maps the peer's buffer into the importing process.
- *
- * Supported now: cudaMalloc device memory. cuMem (VMM) allocations and host memory return
- * MACO_ERR_UNSUPPORTED.
+ * Registration records a buffer and exports a handle for the allocation that encloses it:
+ *   - cudaMalloc memory: the legacy CUDA IPC handle of the allocation, plus the offset;
+ *   - cuMem (VMM) memory created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (MACO's own
+ *     maco_mem_alloc(), or an application's, e.g. PyTorch's expandable segments): the
+ *     allocation's POSIX file descriptor, handed to local peers over an abstract Unix-domain
+ *     socket with SCM_RIGHTS (nothing is left in the file system);
+ *   - pinned host memory: from maco_mem_alloc_host() (shared memory, mappable by local
+ *     peers), or any other pinned memory (usable only inside its own process).
+ * Buffers inside one allocation share one export (a cache keyed by the allocation's base and
+ * CUDA buffer id, so a freed and reused address is not mistaken for the old allocation), and
+ * an importer maps each peer allocation once however many buffers of it it imports.
+ * The handle is serialized into MACO_MEM_HANDLE_BYTES bytes (magic, version, fixed
+ * little-endian fields), sent to peers by any means (e.g. maco_bootstrap_allgather) and
+ * imported there. Ranks in the same process (one process driving several GPUs) import the
+ * owner's pointer itself, with peer access enabled between the devices.
  */
 #ifndef MACO_MEMORY_H
 #define MACO_MEMORY_H
@@ -27,12 +34,37 @@ extern "C" {
 typedef struct maco_mem *maco_mem_t;
 
 /**
- * Registers `bytes` bytes at device address `ptr` (memory of the communicator's device).
- * The memory stays owned by the caller and must outlive the registration. Not collective;
- * not blocking.
- * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0, the pointer is not device memory of
- * the communicator's device, the range runs past the end of its allocation: the message
- * gives both sizes), MACO_ERR_UNSUPPORTED (no GPU; VMM or host memory), MACO_ERR_CUDA.
+ * Allocates `bytes` bytes (rounded up to the allocation granularity) of device memory on
+ * the communicator's device with cuMem, exportable to local peers by POSIX file descriptor.
+ * *ptr_p is the device address. Free with maco_mem_free(). Not collective.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0), MACO_ERR_UNSUPPORTED (no GPU),
+ * MACO_ERR_CUDA (the driver refused: out of memory, no VMM support; the message says).
+ */
+MACO_API maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p);
+
+/**
+ * Allocates `bytes` bytes (rounded up to the page size) of host memory that local peers
+ * can map (a memfd shared mapping), pinned with cudaHostRegister when a GPU is visible.
+ * Free with maco_mem_free(). Errors: MACO_ERR_INVALID_ARGUMENT, MACO_ERR_SYSTEM,
+ * MACO_ERR_CUDA (pinning failed).
+ */
+MACO_API maco_status_t maco_mem_alloc_host(maco_comm_t comm, size_t bytes, void **ptr_p);
+
+/**
+ * Frees memory from maco_mem_alloc() or maco_mem_alloc_host(); `ptr` must be the address
+ * they returned. Registrations of it must be deregistered first. NULL is ignored.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (not an address MACO allocated), MACO_ERR_CUDA.
+ */
+MACO_API maco_status_t maco_mem_free(maco_comm_t comm, void *ptr);
+
+/**
+ * Registers `bytes` bytes at `ptr`: device memory of the communicator's device (cudaMalloc
+ * or cuMem) or pinned host memory. The memory stays owned by the caller and must outlive
+ * the registration. Not collective; not blocking. Thread-safe for different communicators.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0, memory of another device, memory CUDA
+ * does not know (pageable or managed), a range that runs past the end of its allocation: the
+ * message gives the sizes), MACO_ERR_UNSUPPORTED (no GPU; a cuMem allocation made without
+ * the POSIX file-descriptor handle type), MACO_ERR_CUDA, MACO_ERR_SYSTEM.
  */
 MACO_API maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes,
                                          maco_mem_t *mem_p);
@@ -45,10 +77,14 @@ MACO_API maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t byt
 MACO_API maco_status_t maco_mem_serialize(maco_mem_t mem, void *out);
 
 /**
- * Maps a peer's registered buffer from its serialized handle. Not collective.
+ * Maps a peer's registered buffer from its serialized handle into this process, for this
+ * communicator's device. Not collective; may block briefly (bounded by
+ * MACO_BOOTSTRAP_TIMEOUT) to fetch a file descriptor from the owner's process.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, not a MACO memory handle, a handle of this
- * rank), MACO_ERR_UNSUPPORTED (the owner is on another node; IPC cannot reach it),
- * MACO_ERR_CUDA (cudaIpcOpenMemHandle failed, e.g. no peer access between the GPUs).
+ * rank), MACO_ERR_UNSUPPORTED (the owner is on another node; pinned host memory that only
+ * its own process can use), MACO_ERR_CUDA (the mapping failed, e.g. the two GPUs have no
+ * peer access: the message names both devices), MACO_ERR_REMOTE (the owner no longer exports
+ * it), MACO_ERR_TIMEOUT.
  */
 MACO_API maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *mem_p);
 

@@ -1,66 +1,332 @@
 /*
- * memory.c - registration, serialization and import of device memory (CUDA IPC).
+ * memory.c - allocation, registration, export and import of memory peers can map.
  *
  * Serialized handle (MACO_MEM_HANDLE_BYTES = 128 bytes, little-endian):
- *    0 u32 magic 'MMEM'      4 u16 version (1)     6 u16 kind (1 = legacy CUDA IPC)
- *    8 i32 owner rank       12 u32 reserved
- *   16 u64 bytes            24 u64 offset of the buffer in its allocation
- *   32 u64 allocation size  40 u64 owner node hash (FNV-1a of the host id)
- *   48 u8[64] cudaIpcMemHandle_t of the allocation
- *  112 reserved, zero
+ *    0 u32 magic 'MMEM'         4 u16 version (2)          6 u16 kind (below)
+ *    8 i32 owner rank          12 i32 owner CUDA device (-1: host memory)
+ *   16 u64 bytes               24 u64 offset of the buffer in its allocation
+ *   32 u64 allocation size     40 u64 owner node hash (FNV-1a of the host id)
+ *   48 u64 owner process token 56 u64 buffer address in the owner process
+ *   64 kind-specific, 64 bytes:
+ *        CUDA_IPC: cudaIpcMemHandle_t of the allocation
+ *        POSIX_FD, HOST_FD: u32 server pid, u32 zero, u64 server nonce, u64 token
+ *                           (where to fetch the descriptor: fd_server.h)
+ *        LOCAL: nothing (usable only inside the owner's process)
  */
 #include "maco/memory.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <cuda.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "bootstrap_internal.h"
 #include "comm_internal.h"
+#include "cuda_driver.h"
 #include "cuda_util.h"
+#include "fd_server.h"
 #include "log.h"
 #include "wire.h"
 
 #define MACO__MEM_MAGIC 0x4D454D4Du /* "MMEM" */
-#define MACO__MEM_VERSION 1u
-#define MACO__MEM_KIND_CUDA_IPC 1u
+#define MACO__MEM_VERSION 2u
+
+enum {
+    MACO__KIND_CUDA_IPC = 1,
+    MACO__KIND_POSIX_FD = 2,
+    MACO__KIND_HOST_FD = 3,
+    MACO__KIND_LOCAL = 4,
+};
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
+
+/* MACO's own allocations (maco_mem_alloc, maco_mem_alloc_host). */
+typedef struct maco__alloc {
+    struct maco__alloc *next;
+    char *base;
+    size_t bytes;
+    int is_host;
+    CUmemGenericAllocationHandle handle; /* device */
+    int fd;                              /* host: the memfd */
+} maco__alloc_t;
+
+/* One exported allocation, shared by every registration inside it. */
+typedef struct maco__export {
+    struct maco__export *next;
+    char *base;
+    size_t bytes;
+    uint64_t buffer_id; /* CUDA's id of the allocation; 0 for host memory */
+    int kind;
+    int device;
+    int refs;
+    cudaIpcMemHandle_t ipc;
+    maco__fd_ref_t fdref;
+} maco__export_t;
+
+/* One mapped peer allocation, shared by every import of buffers inside it. */
+typedef struct maco__import {
+    struct maco__import *next;
+    uint64_t owner_token; /* the owner's process token */
+    uint64_t key;         /* IPC: hash of the handle; fd kinds: the fd token */
+    int kind;
+    int refs;
+    char *base;
+    size_t bytes;
+    CUmemGenericAllocationHandle handle;
+    int host_pinned;
+} maco__import_t;
 
 struct maco_mem {
     maco_comm_t comm;
     int owner;
     int imported;
+    int kind;
     char *ptr;
     size_t bytes;
     size_t offset;
     size_t alloc_bytes;
-    char *mapped_base; /* imported: what cudaIpcOpenMemHandle returned */
-    cudaIpcMemHandle_t ipc;
+    maco__export_t *exp; /* registrations */
+    maco__import_t *imp; /* imports from another process */
 };
 
-_Static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
+static pthread_mutex_t maco__mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static maco__alloc_t *maco__allocs;
+static maco__export_t *maco__exports;
+static maco__import_t *maco__imports;
 
-/* ------------------------------------------------------------------ driver entry point */
+/* ------------------------------------------------------------------ allocation */
 
-typedef CUresult (*maco__cuMemGetAddressRange_t)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
-static maco__cuMemGetAddressRange_t maco__cuMemGetAddressRange;
-static pthread_once_t maco__driver_once = PTHREAD_ONCE_INIT;
-
-/* The driver is reached through the runtime's entry-point query, so libmaco.so has no
- * link-time dependency on libcuda.so (DESIGN.md). */
-static void maco__driver_init(void)
+static CUmemAllocationProp maco__vmm_prop(int device)
 {
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        maco__cuMemGetAddressRange = (maco__cuMemGetAddressRange_t)fn;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return prop;
+}
+
+static CUmemAccessDesc maco__rw_access(int device)
+{
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof(d));
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = device;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return d;
+}
+
+maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
+{
+    if (comm == NULL || ptr_p == NULL || bytes == 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc: comm and ptr_p must not be "
+                                                   "NULL and bytes (%zu) must not be 0",
+                                                   bytes));
+    maco_status_t st = maco__comm_require_gpu(comm, "maco_mem_alloc");
+    if (st != MACO_OK)
+        return st;
+    int dev = comm->cuda_device;
+    CUmemAllocationProp prop = maco__vmm_prop(dev);
+    size_t gran = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    int created = 0, reserved = 0, mapped = 0;
+    maco__alloc_t *a = NULL;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemGetAllocationGranularity, &gran, &prop,
+                 CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    size_t size = (bytes + gran - 1) / gran * gran;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemCreate, &h, size, &prop, 0);
+    created = 1;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemAddressReserve, &va, size, gran, 0, 0);
+    reserved = 1;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemMap, va, size, 0, h, 0);
+    mapped = 1;
+    CUmemAccessDesc access = maco__rw_access(dev);
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemSetAccess, va, size, &access, 1);
+    a = (maco__alloc_t *)calloc(1, sizeof(*a));
+    if (a == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "maco_mem_alloc: no host memory");
+        goto fail;
+    }
+    a->base = (char *)(uintptr_t)va;
+    a->bytes = size;
+    a->handle = h;
+    a->fd = -1;
+    pthread_mutex_lock(&maco__mem_lock);
+    a->next = maco__allocs;
+    maco__allocs = a;
+    pthread_mutex_unlock(&maco__mem_lock);
+    MACO_DEBUG(MACO_SUBSYS_MEM, "maco_mem_alloc: %zu bytes (%zu asked) at %p on device %d", size,
+               bytes, a->base, dev);
+    *ptr_p = a->base;
+    return MACO_OK;
+fail:
+    if (mapped)
+        maco__cu()->cuMemUnmap(va, (bytes + gran - 1) / gran * gran);
+    if (reserved)
+        maco__cu()->cuMemAddressFree(va, (bytes + gran - 1) / gran * gran);
+    if (created)
+        maco__cu()->cuMemRelease(h);
+    return maco__comm_record(comm, st);
+}
+
+maco_status_t maco_mem_alloc_host(maco_comm_t comm, size_t bytes, void **ptr_p)
+{
+    if (comm == NULL || ptr_p == NULL || bytes == 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: comm and ptr_p must "
+                                                   "not be NULL and bytes (%zu) must not be 0",
+                                                   bytes));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t size = (bytes + page - 1) / page * page;
+    int fd = memfd_create("maco-host", MFD_CLOEXEC);
+    if (fd < 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: memfd_create: %s",
+                                                   strerror(errno)));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int err = errno;
+        close(fd);
+        return maco__comm_record(comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: ftruncate(%zu): %s", size,
+                                                   strerror(err)));
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        close(fd);
+        return maco__comm_record(comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: mmap(%zu): %s", size,
+                                                   strerror(err)));
+    }
+    if (comm->cuda_device >= 0) {
+        cudaError_t cerr =
+            cudaHostRegister(p, size, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        if (cerr != cudaSuccess) {
+            cudaGetLastError();
+            munmap(p, size);
+            close(fd);
+            return maco__comm_record(
+                comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                                  "maco_mem_alloc_host: cudaHostRegister(%zu bytes): %s", size,
+                                  cudaGetErrorString(cerr)));
+        }
+    }
+    maco__alloc_t *a = (maco__alloc_t *)calloc(1, sizeof(*a));
+    if (a == NULL) {
+        if (comm->cuda_device >= 0)
+            cudaHostUnregister(p);
+        munmap(p, size);
+        close(fd);
+        return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: no host memory"));
+    }
+    a->base = (char *)p;
+    a->bytes = size;
+    a->is_host = 1;
+    a->fd = fd;
+    pthread_mutex_lock(&maco__mem_lock);
+    a->next = maco__allocs;
+    maco__allocs = a;
+    pthread_mutex_unlock(&maco__mem_lock);
+    *ptr_p = p;
+    return MACO_OK;
+}
+
+maco_status_t maco_mem_free(maco_comm_t comm, void *ptr)
+{
+    if (ptr == NULL)
+        return MACO_OK;
+    pthread_mutex_lock(&maco__mem_lock);
+    maco__alloc_t **pp = &maco__allocs, *a = NULL;
+    for (; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->base == (char *)ptr) {
+            a = *pp;
+            *pp = a->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&maco__mem_lock);
+    if (a == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_free: %p was not returned by "
+                                                   "maco_mem_alloc or maco_mem_alloc_host",
+                                                   ptr));
+    maco_status_t st = MACO_OK;
+    if (a->is_host) {
+        if (comm != NULL && comm->cuda_device >= 0 && cudaHostUnregister(a->base) != cudaSuccess)
+            cudaGetLastError();
+        munmap(a->base, a->bytes);
+        close(a->fd);
+    } else {
+        CUdeviceptr va = (CUdeviceptr)(uintptr_t)a->base;
+        MACO_CU_GOTO(st, out, "maco_mem_free", cuMemUnmap, va, a->bytes);
+        MACO_CU_GOTO(st, out, "maco_mem_free", cuMemAddressFree, va, a->bytes);
+        MACO_CU_GOTO(st, out, "maco_mem_free", cuMemRelease, a->handle);
+    }
+out:
+    free(a);
+    return maco__comm_record(comm, st);
+}
+
+/* ------------------------------------------------------------------ registration */
+
+/* The MACO host allocation containing [p, p+bytes), if any (called with the lock held). */
+static maco__alloc_t *maco__find_host_alloc(const char *p)
+{
+    for (maco__alloc_t *a = maco__allocs; a != NULL; a = a->next)
+        if (a->is_host && p >= a->base && p < a->base + a->bytes)
+            return a;
+    return NULL;
+}
+
+/* Creates the export of a device allocation: POSIX fd for cuMem memory, else legacy IPC. */
+static maco_status_t maco__export_device(maco__export_t *e, const char *what)
+{
+    maco_status_t st = MACO_OK;
+    CUmemGenericAllocationHandle h;
+    const maco__cu_table_t *cu = maco__cu();
+    if (cu->cuMemRetainAllocationHandle != NULL &&
+        cu->cuMemRetainAllocationHandle(&h, e->base) == CUDA_SUCCESS) {
+        /* cuMem memory: it can travel only as the handle type it was created with. */
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        int fd = -1;
+        MACO_CU_GOTO(st, vmm_out, what, cuMemGetAllocationPropertiesFromHandle, &prop, h);
+        if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+            st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
+                             "%s: the cuMem allocation at %p was created without "
+                             "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so no other process "
+                             "can map it (maco_mem_alloc creates shareable memory)",
+                             what, e->base);
+            goto vmm_out;
+        }
+        MACO_CU_GOTO(st, vmm_out, what, cuMemExportToShareableHandle, &fd, h,
+                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        st = maco__fd_publish(fd, &e->fdref);
+        close(fd);
+        e->kind = MACO__KIND_POSIX_FD;
+    vmm_out:
+        cu->cuMemRelease(h); /* the retain above took a reference */
+        return st;
+    }
+    cudaError_t cerr = cudaIpcGetMemHandle(&e->ipc, e->base);
+    if (cerr != cudaSuccess) {
+        cudaGetLastError();
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM, "%s: cudaIpcGetMemHandle(%p) failed: %s",
+                           what, e->base, cudaGetErrorString(cerr));
+    }
+    e->kind = MACO__KIND_CUDA_IPC;
+    return MACO_OK;
 }
 
 maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_mem_t *mem_p)
 {
+    static const char *what = "maco_mem_register";
     if (comm == NULL || ptr == NULL || mem_p == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_register: comm, ptr and mem_p "
@@ -68,43 +334,58 @@ maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_
     if (bytes == 0)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_register: bytes is 0"));
-    maco_status_t st = maco__comm_require_gpu(comm, "maco_mem_register");
+    maco_status_t st = maco__comm_require_gpu(comm, what);
     if (st != MACO_OK)
         return st;
     struct cudaPointerAttributes attr;
     cudaError_t cerr = cudaPointerGetAttributes(&attr, ptr);
-    if (cerr != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
+    if (cerr != cudaSuccess) {
         cudaGetLastError();
-        return maco__comm_record(
-            comm, maco__error(cerr == cudaSuccess && attr.type == cudaMemoryTypeHost
-                                  ? MACO_ERR_UNSUPPORTED
-                                  : MACO_ERR_INVALID_ARGUMENT,
-                              MACO_SUBSYS_MEM,
-                              "maco_mem_register: ptr %p is not device memory (CUDA memory "
-                              "type %d%s); only device memory can be registered now",
-                              ptr, cerr == cudaSuccess ? (int)attr.type : -1,
-                              cerr == cudaSuccess ? "" : ", unknown to CUDA"));
+        attr.type = cudaMemoryTypeUnregistered;
     }
-    if (attr.device != comm->cuda_device)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_register: ptr %p is memory of "
-                                                   "device %d, but the communicator uses "
-                                                   "device %d",
-                                                   ptr, attr.device, comm->cuda_device));
-    pthread_once(&maco__driver_once, maco__driver_init);
-    if (maco__cuMemGetAddressRange == NULL)
-        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
-                                                   "maco_mem_register: the CUDA driver does "
-                                                   "not provide cuMemGetAddressRange"));
-    CUdeviceptr base = 0;
+    char *p = (char *)ptr;
+    char *base = NULL;
     size_t alloc_bytes = 0;
-    CUresult cres = maco__cuMemGetAddressRange(&base, &alloc_bytes, (CUdeviceptr)(uintptr_t)ptr);
-    if (cres != CUDA_SUCCESS)
-        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
-                                                   "maco_mem_register: cuMemGetAddressRange(%p) "
-                                                   "failed with CUresult %d",
-                                                   ptr, (int)cres));
-    size_t offset = (size_t)((uintptr_t)ptr - (uintptr_t)base);
+    uint64_t buffer_id = 0;
+    int kind_hint = 0;
+    if (attr.type == cudaMemoryTypeDevice) {
+        if (attr.device != comm->cuda_device)
+            return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                       "maco_mem_register: %p is memory of device "
+                                                       "%d, but the communicator uses device %d",
+                                                       ptr, attr.device, comm->cuda_device));
+        CUdeviceptr b = 0;
+        MACO_CU_GOTO(st, fail, what, cuMemGetAddressRange, &b, &alloc_bytes,
+                     (CUdeviceptr)(uintptr_t)ptr);
+        base = (char *)(uintptr_t)b;
+        unsigned long long id = 0;
+        MACO_CU_GOTO(st, fail, what, cuPointerGetAttribute, &id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                     (CUdeviceptr)(uintptr_t)ptr);
+        buffer_id = id;
+    } else if (attr.type == cudaMemoryTypeHost) {
+        pthread_mutex_lock(&maco__mem_lock);
+        maco__alloc_t *a = maco__find_host_alloc(p);
+        if (a != NULL) {
+            base = a->base;
+            alloc_bytes = a->bytes;
+            kind_hint = MACO__KIND_HOST_FD;
+        }
+        pthread_mutex_unlock(&maco__mem_lock);
+        if (a == NULL) {
+            /* Pinned memory MACO did not allocate: the registration covers just the range. */
+            base = p;
+            alloc_bytes = bytes;
+            kind_hint = MACO__KIND_LOCAL;
+        }
+    } else {
+        return maco__comm_record(
+            comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                              "maco_mem_register: %p is neither device memory nor pinned host "
+                              "memory (CUDA memory type %d): pageable and managed memory cannot "
+                              "be registered",
+                              ptr, (int)attr.type));
+    }
+    size_t offset = (size_t)(p - base);
     if (bytes > alloc_bytes - offset)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_register: [%p, +%zu bytes) runs "
@@ -116,27 +397,63 @@ maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_
     if (mem == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM,
                                                    "maco_mem_register: no host memory"));
-    cerr = cudaIpcGetMemHandle(&mem->ipc, (void *)(uintptr_t)base);
-    if (cerr != cudaSuccess) {
-        cudaGetLastError();
+    /* One export per allocation: reuse it when the same allocation (same base and buffer
+     * id; a freed and reused address has a new id) is registered again. */
+    pthread_mutex_lock(&maco__mem_lock);
+    maco__export_t *e = NULL;
+    for (maco__export_t *it = maco__exports; it != NULL && kind_hint != MACO__KIND_LOCAL;
+         it = it->next)
+        if (it->base == base && it->buffer_id == buffer_id && it->bytes == alloc_bytes)
+            e = it;
+    if (e != NULL) {
+        e->refs++;
+    } else {
+        e = (maco__export_t *)calloc(1, sizeof(*e));
+        if (e == NULL) {
+            st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "maco_mem_register: no memory");
+        } else {
+            e->base = base;
+            e->bytes = alloc_bytes;
+            e->buffer_id = buffer_id;
+            e->device = attr.type == cudaMemoryTypeDevice ? comm->cuda_device : -1;
+            e->refs = 1;
+            if (kind_hint == MACO__KIND_HOST_FD) {
+                maco__alloc_t *a = maco__find_host_alloc(p);
+                e->kind = MACO__KIND_HOST_FD;
+                st = maco__fd_publish(a->fd, &e->fdref);
+            } else if (kind_hint == MACO__KIND_LOCAL) {
+                e->kind = MACO__KIND_LOCAL;
+            } else {
+                st = maco__export_device(e, what);
+            }
+            if (st == MACO_OK) {
+                e->next = maco__exports;
+                maco__exports = e;
+            } else {
+                free(e);
+                e = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&maco__mem_lock);
+    if (st != MACO_OK) {
         free(mem);
-        return maco__comm_record(
-            comm,
-            maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
-                        "maco_mem_register: cudaIpcGetMemHandle(%p) failed: %s (%s); "
-                        "cuMem (VMM) allocations are not supported yet",
-                        (void *)(uintptr_t)base, cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
+        return maco__comm_record(comm, st);
     }
     mem->comm = comm;
     mem->owner = comm->rank;
-    mem->ptr = (char *)ptr;
+    mem->kind = e->kind;
+    mem->ptr = p;
     mem->bytes = bytes;
     mem->offset = offset;
     mem->alloc_bytes = alloc_bytes;
-    MACO_DEBUG(MACO_SUBSYS_MEM, "registered %zu bytes at %p (offset %zu in %zu)", bytes, ptr,
-               offset, alloc_bytes);
+    mem->exp = e;
+    MACO_DEBUG(MACO_SUBSYS_MEM, "registered %zu bytes at %p (offset %zu in %zu, kind %d)", bytes,
+               ptr, offset, alloc_bytes, e->kind);
     *mem_p = mem;
     return MACO_OK;
+fail:
+    return maco__comm_record(comm, st);
 }
 
 maco_status_t maco_mem_serialize(maco_mem_t mem, void *out)
@@ -150,18 +467,150 @@ maco_status_t maco_mem_serialize(maco_mem_t mem, void *out)
                                              "maco_mem_serialize: this handle was imported "
                                              "from rank %d; only the owner serializes",
                                              mem->owner));
+    const maco__export_t *e = mem->exp;
     uint8_t *p = (uint8_t *)out;
     memset(p, 0, MACO_MEM_HANDLE_BYTES);
     maco__put_u32(p, MACO__MEM_MAGIC);
     maco__put_u16(p + 4, MACO__MEM_VERSION);
-    maco__put_u16(p + 6, MACO__MEM_KIND_CUDA_IPC);
+    maco__put_u16(p + 6, (uint16_t)mem->kind);
     maco__put_u32(p + 8, (uint32_t)mem->owner);
+    maco__put_u32(p + 12, (uint32_t)e->device);
     maco__put_u64(p + 16, mem->bytes);
     maco__put_u64(p + 24, mem->offset);
     maco__put_u64(p + 32, mem->alloc_bytes);
     maco__put_u64(p + 40, maco__fnv1a(maco__host_id()));
-    memcpy(p + 48, &mem->ipc, sizeof(mem->ipc));
+    maco__put_u64(p + 48, maco__process_token());
+    maco__put_u64(p + 56, (uint64_t)(uintptr_t)mem->ptr);
+    if (mem->kind == MACO__KIND_CUDA_IPC) {
+        memcpy(p + 64, &e->ipc, sizeof(e->ipc));
+    } else if (mem->kind == MACO__KIND_POSIX_FD || mem->kind == MACO__KIND_HOST_FD) {
+        maco__put_u32(p + 64, e->fdref.pid);
+        maco__put_u64(p + 72, e->fdref.server_nonce);
+        maco__put_u64(p + 80, e->fdref.token);
+    }
     return MACO_OK;
+}
+
+/* ------------------------------------------------------------------ import */
+
+/* Same process, other device: the owner's pointer works once peer access is on. */
+static maco_status_t maco__import_same_process(maco_comm_t comm, int kind, int owner_device,
+                                               char *owner_base, size_t alloc_bytes)
+{
+    maco_status_t st = MACO_OK;
+    int dev = comm->cuda_device;
+    if (owner_device < 0 || owner_device == dev)
+        return MACO_OK;
+    int can = 0;
+    MACO_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, dev, owner_device));
+    if (!can)
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                           "maco_mem_import: device %d cannot access device %d (no peer access "
+                           "between the two GPUs)",
+                           dev, owner_device);
+    cudaError_t cerr = cudaDeviceEnablePeerAccess(owner_device, 0);
+    if (cerr != cudaSuccess && cerr != cudaErrorPeerAccessAlreadyEnabled)
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                           "maco_mem_import: cudaDeviceEnablePeerAccess(%d) from device %d: %s",
+                           owner_device, dev, cudaGetErrorString(cerr));
+    cudaGetLastError();
+    if (kind == MACO__KIND_POSIX_FD) {
+        /* cuMem mappings grant access per device: add this one. */
+        CUmemAccessDesc access = maco__rw_access(dev);
+        MACO_CU_GOTO(st, out, "maco_mem_import", cuMemSetAccess, (CUdeviceptr)(uintptr_t)owner_base,
+                     alloc_bytes, &access, 1);
+    }
+out:
+    return st;
+}
+
+/* Maps a peer process's allocation (called with the lock held). */
+static maco_status_t maco__import_map(maco_comm_t comm, int owner, int kind, const uint8_t *p,
+                                      size_t alloc_bytes, maco__import_t *imp)
+{
+    maco_status_t st = MACO_OK;
+    if (kind == MACO__KIND_CUDA_IPC) {
+        cudaIpcMemHandle_t ipc;
+        memcpy(&ipc, p + 64, sizeof(ipc));
+        void *base = NULL;
+        cudaError_t cerr = cudaIpcOpenMemHandle(&base, ipc, cudaIpcMemLazyEnablePeerAccess);
+        if (cerr != cudaSuccess) {
+            cudaGetLastError();
+            return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                               "maco_mem_import: cudaIpcOpenMemHandle for rank %d's memory "
+                               "failed: %s (%s); do device %d and rank %d's device have peer "
+                               "access?",
+                               owner, cudaGetErrorName(cerr), cudaGetErrorString(cerr),
+                               comm->cuda_device, owner);
+        }
+        imp->base = (char *)base;
+        return MACO_OK;
+    }
+    maco__fd_ref_t ref = { maco__get_u32(p + 64), maco__get_u64(p + 72), maco__get_u64(p + 80) };
+    int fd = -1;
+    st = maco__fd_fetch(&ref, owner, maco__bootstrap_timeout_ms(comm->bs), &fd);
+    if (st != MACO_OK)
+        return st;
+    if (kind == MACO__KIND_HOST_FD) {
+        void *m = mmap(NULL, alloc_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+            return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                               "maco_mem_import: mmap of rank %d's host memory (%zu bytes): %s",
+                               owner, alloc_bytes, strerror(errno));
+        imp->base = (char *)m;
+        /* Pinned, so GPUs and copy engines reach it too; unpinned still works for the CPU. */
+        if (cudaHostRegister(m, alloc_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
+            cudaSuccess)
+            imp->host_pinned = 1;
+        else
+            cudaGetLastError();
+        return MACO_OK;
+    }
+    /* cuMem: import the handle, reserve address space, map, grant this device access. */
+    const char *what = "maco_mem_import";
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    int imported = 0, reserved = 0, mapped = 0;
+    MACO_CU_GOTO(st, fail, what, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    imported = 1;
+    MACO_CU_GOTO(st, fail, what, cuMemAddressReserve, &va, alloc_bytes, 0, 0, 0);
+    reserved = 1;
+    MACO_CU_GOTO(st, fail, what, cuMemMap, va, alloc_bytes, 0, h, 0);
+    mapped = 1;
+    CUmemAccessDesc access = maco__rw_access(comm->cuda_device);
+    MACO_CU_GOTO(st, fail, what, cuMemSetAccess, va, alloc_bytes, &access, 1);
+    close(fd);
+    imp->base = (char *)(uintptr_t)va;
+    imp->handle = h;
+    return MACO_OK;
+fail:
+    if (mapped)
+        maco__cu()->cuMemUnmap(va, alloc_bytes);
+    if (reserved)
+        maco__cu()->cuMemAddressFree(va, alloc_bytes);
+    if (imported)
+        maco__cu()->cuMemRelease(h);
+    close(fd);
+    return st;
+}
+
+static void maco__import_unmap(maco__import_t *imp)
+{
+    if (imp->kind == MACO__KIND_CUDA_IPC) {
+        if (cudaIpcCloseMemHandle(imp->base) != cudaSuccess)
+            cudaGetLastError();
+    } else if (imp->kind == MACO__KIND_HOST_FD) {
+        if (imp->host_pinned && cudaHostUnregister(imp->base) != cudaSuccess)
+            cudaGetLastError();
+        munmap(imp->base, imp->bytes);
+    } else {
+        CUdeviceptr va = (CUdeviceptr)(uintptr_t)imp->base;
+        maco__cu()->cuMemUnmap(va, imp->bytes);
+        maco__cu()->cuMemAddressFree(va, imp->bytes);
+        maco__cu()->cuMemRelease(imp->handle);
+    }
 }
 
 maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *mem_p)
@@ -179,47 +628,93 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
                                                    "of version %u (magic 0x%08x, version %u)",
                                                    MACO__MEM_VERSION, maco__get_u32(p),
                                                    maco__get_u16(p + 4)));
-    if (maco__get_u16(p + 6) != MACO__MEM_KIND_CUDA_IPC)
-        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
-                                                   "maco_mem_import: handle kind %u is not "
-                                                   "supported",
-                                                   maco__get_u16(p + 6)));
+    int kind = maco__get_u16(p + 6);
     int owner = (int)maco__get_u32(p + 8);
+    int owner_device = (int)maco__get_u32(p + 12);
+    size_t bytes = (size_t)maco__get_u64(p + 16);
+    size_t offset = (size_t)maco__get_u64(p + 24);
+    size_t alloc_bytes = (size_t)maco__get_u64(p + 32);
+    uint64_t owner_token = maco__get_u64(p + 48);
+    char *owner_ptr = (char *)(uintptr_t)maco__get_u64(p + 56);
+    if (kind < MACO__KIND_CUDA_IPC || kind > MACO__KIND_LOCAL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
+                                                   "maco_mem_import: handle kind %d is not "
+                                                   "supported",
+                                                   kind));
     if (owner < 0 || owner >= comm->nranks || owner == comm->rank)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: the handle's owner is "
                                                    "rank %d; expected another rank of [0, %d)",
                                                    owner, comm->nranks));
-    if (maco__get_u64(p + 40) != maco__fnv1a(maco__host_id()))
-        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
-                                                   "maco_mem_import: rank %d's memory is on "
-                                                   "another node; CUDA IPC reaches only GPUs "
-                                                   "of this node",
-                                                   owner));
     maco_mem_t mem = (maco_mem_t)calloc(1, sizeof(*mem));
     if (mem == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: no host memory"));
-    memcpy(&mem->ipc, p + 48, sizeof(mem->ipc));
-    void *base = NULL;
-    cudaError_t cerr = cudaIpcOpenMemHandle(&base, mem->ipc, cudaIpcMemLazyEnablePeerAccess);
-    if (cerr != cudaSuccess) {
-        cudaGetLastError();
-        free(mem);
-        return maco__comm_record(
-            comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
-                              "maco_mem_import: cudaIpcOpenMemHandle for rank %d's memory "
-                              "failed: %s (%s); do the GPUs have peer access?",
-                              owner, cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
-    }
     mem->comm = comm;
     mem->owner = owner;
     mem->imported = 1;
-    mem->bytes = (size_t)maco__get_u64(p + 16);
-    mem->offset = (size_t)maco__get_u64(p + 24);
-    mem->alloc_bytes = (size_t)maco__get_u64(p + 32);
-    mem->mapped_base = (char *)base;
-    mem->ptr = (char *)base + mem->offset;
+    mem->kind = kind;
+    mem->bytes = bytes;
+    mem->offset = offset;
+    mem->alloc_bytes = alloc_bytes;
+    if (owner_token == maco__process_token()) {
+        /* Same process (one process driving several GPUs): use the pointer itself. */
+        st = maco__import_same_process(comm, kind, owner_device, owner_ptr - offset, alloc_bytes);
+        mem->ptr = owner_ptr;
+    } else if (maco__get_u64(p + 40) != maco__fnv1a(maco__host_id())) {
+        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
+                         "maco_mem_import: rank %d's memory is on another node; CUDA IPC and "
+                         "shared memory reach only this node",
+                         owner);
+    } else if (kind == MACO__KIND_LOCAL) {
+        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
+                         "maco_mem_import: rank %d registered pinned host memory that only its "
+                         "own process can use (allocate it with maco_mem_alloc_host to share "
+                         "it)",
+                         owner);
+    } else {
+        uint64_t key = kind == MACO__KIND_CUDA_IPC ? 0 : maco__get_u64(p + 80);
+        if (kind == MACO__KIND_CUDA_IPC) {
+            for (int i = 0; i < 64; i++)
+                key = (key ^ p[64 + i]) * 1099511628211ull;
+        }
+        pthread_mutex_lock(&maco__mem_lock);
+        maco__import_t *imp = NULL;
+        for (maco__import_t *it = maco__imports; it != NULL; it = it->next)
+            if (it->owner_token == owner_token && it->key == key && it->kind == kind)
+                imp = it;
+        if (imp != NULL) {
+            imp->refs++;
+        } else {
+            imp = (maco__import_t *)calloc(1, sizeof(*imp));
+            if (imp == NULL) {
+                st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "maco_mem_import: no memory");
+            } else {
+                imp->owner_token = owner_token;
+                imp->key = key;
+                imp->kind = kind;
+                imp->refs = 1;
+                imp->bytes = alloc_bytes;
+                st = maco__import_map(comm, owner, kind, p, alloc_bytes, imp);
+                if (st == MACO_OK) {
+                    imp->next = maco__imports;
+                    maco__imports = imp;
+                } else {
+                    free(imp);
+                    imp = NULL;
+                }
+            }
+        }
+        pthread_mutex_unlock(&maco__mem_lock);
+        if (imp != NULL) {
+            mem->imp = imp;
+            mem->ptr = imp->base + offset;
+        }
+    }
+    if (st != MACO_OK) {
+        free(mem);
+        return maco__comm_record(comm, st);
+    }
     *mem_p = mem;
     return MACO_OK;
 }
@@ -255,18 +750,29 @@ maco_status_t maco_mem_deregister(maco_mem_t mem)
 {
     if (mem == NULL)
         return MACO_OK;
-    maco_status_t st = MACO_OK;
-    if (mem->imported) {
-        cudaError_t cerr = cudaIpcCloseMemHandle(mem->mapped_base);
-        if (cerr != cudaSuccess) {
-            cudaGetLastError();
-            st = maco__comm_record(mem->comm,
-                                   maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
-                                               "cudaIpcCloseMemHandle for rank %d's memory "
-                                               "failed: %s",
-                                               mem->owner, cudaGetErrorString(cerr)));
+    pthread_mutex_lock(&maco__mem_lock);
+    if (mem->imp != NULL && --mem->imp->refs == 0) {
+        for (maco__import_t **pp = &maco__imports; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == mem->imp) {
+                *pp = mem->imp->next;
+                break;
+            }
         }
+        maco__import_unmap(mem->imp);
+        free(mem->imp);
     }
+    if (mem->exp != NULL && --mem->exp->refs == 0) {
+        for (maco__export_t **pp = &maco__exports; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == mem->exp) {
+                *pp = mem->exp->next;
+                break;
+            }
+        }
+        if (mem->exp->kind == MACO__KIND_POSIX_FD || mem->exp->kind == MACO__KIND_HOST_FD)
+            maco__fd_withdraw(&mem->exp->fdref);
+        free(mem->exp);
+    }
+    pthread_mutex_unlock(&maco__mem_lock);
     free(mem);
-    return st;
+    return MACO_OK;
 }

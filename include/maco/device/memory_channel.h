@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "maco/device/copy.h"
+#include "maco/device/packet.h"
 #include "maco/device/semaphore.h"
 
 #ifdef __cplusplus
@@ -57,6 +58,135 @@ maco_memory_channel_get(const maco_memory_channel_device_t *ch, uint64_t dst_off
                         uint64_t src_offset, uint64_t bytes, uint32_t tid, uint32_t nthreads)
 {
     maco_copy(ch->local + dst_offset, ch->remote + src_offset, bytes, tid, nthreads);
+}
+
+/*
+ * One element through the mapping, by one thread: read from the peer's buffer, write to it.
+ * `offset` is in bytes and must be aligned to the element's size.
+ */
+static __device__ __forceinline__ uint32_t
+maco_memory_channel_read_u32(const maco_memory_channel_device_t *ch, uint64_t offset)
+{
+    return *(const volatile uint32_t *)(ch->remote + offset);
+}
+
+static __device__ __forceinline__ uint64_t
+maco_memory_channel_read_u64(const maco_memory_channel_device_t *ch, uint64_t offset)
+{
+    return *(const volatile uint64_t *)(ch->remote + offset);
+}
+
+static __device__ __forceinline__ void
+maco_memory_channel_write_u32(const maco_memory_channel_device_t *ch, uint64_t offset, uint32_t v)
+{
+    *(volatile uint32_t *)(ch->remote + offset) = v;
+}
+
+static __device__ __forceinline__ void
+maco_memory_channel_write_u64(const maco_memory_channel_device_t *ch, uint64_t offset, uint64_t v)
+{
+    *(volatile uint64_t *)(ch->remote + offset) = v;
+}
+
+/*
+ * LL packets through the channel. put_packets reads `src_bytes` bytes of local[src_offset..)
+ * and writes them as packets with `flag` to remote[dst_offset..): LL16 carries 8 bytes per
+ * 16-byte packet, LL8 4 bytes per 8-byte packet; a partial last packet is padded with zero.
+ * dst_offset must be 16- (LL16) or 8-byte (LL8) aligned; src_offset may have any alignment.
+ * unpack_packets is the receiving side: it waits (bounded) for each packet of
+ * local[src_offset..) to carry `flag` and writes the payload, `dst_bytes` bytes in all, to
+ * local[dst_offset..). Both are cooperative over (tid, nthreads). unpack returns MACO_OK, or
+ * MACO_ERR_TIMEOUT / MACO_ERR_REMOTE from the first packet that did not arrive (the caller's
+ * threads may then return different statuses; combine them, e.g. __syncthreads_or).
+ * Packet p is written and read by thread p % nthreads, so use the same thread numbering on
+ * both sides only if you need a packet's writer and reader to be the same thread.
+ */
+static __device__ __forceinline__ uint32_t maco__load_bytes_u32(const char *p, uint64_t valid)
+{
+    if (valid >= 4 && ((uintptr_t)p & 3u) == 0)
+        return *(const uint32_t *)p;
+    uint32_t w = 0;
+    for (uint64_t k = 0; k < valid && k < 4; k++)
+        w |= (uint32_t)(uint8_t)p[k] << (8 * k);
+    return w;
+}
+
+static __device__ __forceinline__ void maco__store_bytes_u32(char *p, uint32_t w, uint64_t valid)
+{
+    if (valid >= 4 && ((uintptr_t)p & 3u) == 0) {
+        *(uint32_t *)p = w;
+        return;
+    }
+    for (uint64_t k = 0; k < valid && k < 4; k++)
+        p[k] = (char)(w >> (8 * k));
+}
+
+static __device__ __forceinline__ void
+maco_memory_channel_put_packets_ll16(const maco_memory_channel_device_t *ch, uint64_t dst_offset,
+                                     uint64_t src_offset, uint64_t src_bytes, uint32_t tid,
+                                     uint32_t nthreads, uint32_t flag)
+{
+    const char *src = ch->local + src_offset;
+    maco_ll16_packet_t *dst = (maco_ll16_packet_t *)(ch->remote + dst_offset);
+    uint64_t npkt = (src_bytes + 7) / 8;
+    for (uint64_t i = tid; i < npkt; i += nthreads) {
+        uint64_t left = src_bytes - 8 * i;
+        uint2 d;
+        d.x = maco__load_bytes_u32(src + 8 * i, left);
+        d.y = left > 4 ? maco__load_bytes_u32(src + 8 * i + 4, left - 4) : 0u;
+        maco_ll16_store(dst + i, d, flag);
+    }
+}
+
+static __device__ __forceinline__ maco_status_t maco_memory_channel_unpack_packets_ll16(
+    const maco_memory_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset,
+    uint64_t dst_bytes, uint32_t tid, uint32_t nthreads, uint32_t flag)
+{
+    const maco_ll16_packet_t *src = (const maco_ll16_packet_t *)(ch->local + src_offset);
+    char *dst = ch->local + dst_offset;
+    uint64_t npkt = (dst_bytes + 7) / 8;
+    for (uint64_t i = tid; i < npkt; i += nthreads) {
+        uint2 d;
+        maco_status_t st = maco_ll16_load(src + i, flag, &d, &ch->semaphore.bound,
+                                          ch->semaphore.peer, (int)(i & 0x7fffffff));
+        if (st != MACO_OK)
+            return st;
+        uint64_t left = dst_bytes - 8 * i;
+        maco__store_bytes_u32(dst + 8 * i, d.x, left);
+        if (left > 4)
+            maco__store_bytes_u32(dst + 8 * i + 4, d.y, left - 4);
+    }
+    return MACO_OK;
+}
+
+static __device__ __forceinline__ void
+maco_memory_channel_put_packets_ll8(const maco_memory_channel_device_t *ch, uint64_t dst_offset,
+                                    uint64_t src_offset, uint64_t src_bytes, uint32_t tid,
+                                    uint32_t nthreads, uint32_t flag)
+{
+    const char *src = ch->local + src_offset;
+    maco_ll8_packet_t *dst = (maco_ll8_packet_t *)(ch->remote + dst_offset);
+    uint64_t npkt = (src_bytes + 3) / 4;
+    for (uint64_t i = tid; i < npkt; i += nthreads)
+        maco_ll8_store(dst + i, maco__load_bytes_u32(src + 4 * i, src_bytes - 4 * i), flag);
+}
+
+static __device__ __forceinline__ maco_status_t maco_memory_channel_unpack_packets_ll8(
+    const maco_memory_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset,
+    uint64_t dst_bytes, uint32_t tid, uint32_t nthreads, uint32_t flag)
+{
+    const maco_ll8_packet_t *src = (const maco_ll8_packet_t *)(ch->local + src_offset);
+    char *dst = ch->local + dst_offset;
+    uint64_t npkt = (dst_bytes + 3) / 4;
+    for (uint64_t i = tid; i < npkt; i += nthreads) {
+        uint32_t d;
+        maco_status_t st = maco_ll8_load(src + i, flag, &d, &ch->semaphore.bound,
+                                         ch->semaphore.peer, (int)(i & 0x7fffffff));
+        if (st != MACO_OK)
+            return st;
+        maco__store_bytes_u32(dst + 4 * i, d, dst_bytes - 4 * i);
+    }
+    return MACO_OK;
 }
 
 /** Signals the peer (release). One thread. */
