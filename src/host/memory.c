@@ -284,44 +284,51 @@ static maco__alloc_t *maco__find_host_alloc(const char *p)
     return NULL;
 }
 
-/* Creates the export of a device allocation: POSIX fd for cuMem memory, else legacy IPC. */
+/*
+ * Creates the export of a device allocation: legacy IPC for cudaMalloc memory, the POSIX fd
+ * for cuMem memory. The kind is asked of the driver first (no call is made to fail on
+ * purpose, so compute-sanitizer's API-error report stays empty).
+ */
 static maco_status_t maco__export_device(maco__export_t *e, const char *what)
 {
     maco_status_t st = MACO_OK;
-    CUmemGenericAllocationHandle h;
-    const maco__cu_table_t *cu = maco__cu();
-    if (cu->cuMemRetainAllocationHandle != NULL &&
-        cu->cuMemRetainAllocationHandle(&h, e->base) == CUDA_SUCCESS) {
-        /* cuMem memory: it can travel only as the handle type it was created with. */
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof(prop));
-        int fd = -1;
-        MACO_CU_GOTO(st, vmm_out, what, cuMemGetAllocationPropertiesFromHandle, &prop, h);
-        if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
-            st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
-                             "%s: the cuMem allocation at %p was created without "
-                             "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so no other process "
-                             "can map it (maco_mem_alloc creates shareable memory)",
-                             what, e->base);
-            goto vmm_out;
+    CUdeviceptr dptr = (CUdeviceptr)(uintptr_t)e->base;
+    int legacy = 0;
+    MACO_CU_GOTO(st, out, what, cuPointerGetAttribute, &legacy,
+                 CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, dptr);
+    if (legacy) {
+        cudaError_t cerr = cudaIpcGetMemHandle(&e->ipc, e->base);
+        if (cerr != cudaSuccess) {
+            cudaGetLastError();
+            return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                               "%s: cudaIpcGetMemHandle(%p) failed: %s", what, e->base,
+                               cudaGetErrorString(cerr));
         }
-        MACO_CU_GOTO(st, vmm_out, what, cuMemExportToShareableHandle, &fd, h,
-                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        st = maco__fd_publish(fd, &e->fdref);
-        close(fd);
-        e->kind = MACO__KIND_POSIX_FD;
-    vmm_out:
-        cu->cuMemRelease(h); /* the retain above took a reference */
-        return st;
+        e->kind = MACO__KIND_CUDA_IPC;
+        return MACO_OK;
     }
-    cudaError_t cerr = cudaIpcGetMemHandle(&e->ipc, e->base);
-    if (cerr != cudaSuccess) {
-        cudaGetLastError();
-        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM, "%s: cudaIpcGetMemHandle(%p) failed: %s",
-                           what, e->base, cudaGetErrorString(cerr));
-    }
-    e->kind = MACO__KIND_CUDA_IPC;
-    return MACO_OK;
+    /* cuMem memory: it can travel only as a handle type it was created with. */
+    unsigned long long types = 0;
+    MACO_CU_GOTO(st, out, what, cuPointerGetAttribute, &types,
+                 CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, dptr);
+    if (!(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
+                           "%s: the cuMem allocation at %p was created without "
+                           "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so no other process can "
+                           "map it (maco_mem_alloc creates shareable memory)",
+                           what, e->base);
+    CUmemGenericAllocationHandle h;
+    MACO_CU_GOTO(st, out, what, cuMemRetainAllocationHandle, &h, e->base);
+    int fd = -1;
+    MACO_CU_GOTO(st, release, what, cuMemExportToShareableHandle, &fd, h,
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    st = maco__fd_publish(fd, &e->fdref);
+    close(fd);
+    e->kind = MACO__KIND_POSIX_FD;
+release:
+    maco__cu()->cuMemRelease(h); /* the retain above took a reference */
+out:
+    return st;
 }
 
 maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_mem_t *mem_p)
