@@ -37,6 +37,8 @@ if [ "${1:-}" != quick ]; then
   done
   step bench-channel 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
     "$B/tests/bench_memory_channel"
+  step bench-port 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
+    "$B/tests/bench_port_channel"
 fi
 perf="$B/tools/maco-perf allreduce -b 8 -e 1G -f 2 -d bfloat16 --nccl"
 if [ "$ngpu" -ge 4 ]; then
@@ -74,6 +76,9 @@ for f in sanitize-memcheck sanitize-racecheck; do
   [ -f "$OUT/$f.txt" ] || continue
   echo "================ $f"; grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|Invalid|Race' "$OUT/$f.txt" | sort | uniq -c | head -n 12
 done
+if [ -f "$OUT/bench-port.txt" ]; then
+  echo "================ bench-port"; sed 's/^\[0\] //' "$OUT/bench-port.txt" | grep -v '^\[' | head -n 20
+fi
 if [ -f "$OUT/bench-channel.txt" ]; then
   echo "================ bench-channel"; sed 's/^\[0\] //' "$OUT/bench-channel.txt" | grep -v '^\[' | head -n 20
 fi

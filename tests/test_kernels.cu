@@ -243,3 +243,103 @@ extern "C" cudaError_t test_device_semaphore(void *sem, unsigned long long *coun
                                                              counter, iters, *bound, status);
     return cudaGetLastError();
 }
+
+__global__ void test_port_put_all_kernel(const maco_port_channel_device_t *handles, int rank,
+                                         uint64_t src_off, uint64_t dst_off, uint64_t bytes,
+                                         int flush_only, int *status)
+{
+    int q = blockIdx.x;
+    if (q == rank || threadIdx.x != 0)
+        return;
+    maco_port_channel_device_t ch = handles[q];
+    maco_status_t st;
+    if (flush_only) {
+        st = maco_port_channel_put(&ch, dst_off, src_off, bytes);
+        if (st == MACO_OK)
+            st = maco_port_channel_flush(&ch);
+    } else {
+        st = maco_port_channel_put_with_signal(&ch, dst_off, src_off, bytes);
+        if (st == MACO_OK)
+            st = maco_port_channel_wait(&ch);
+    }
+    status[q] = (int)st;
+}
+
+extern "C" cudaError_t test_port_put_all(const maco_port_channel_device_t *handles, int nranks,
+                                         int rank, uint64_t src_off, uint64_t dst_off,
+                                         uint64_t bytes, int flush_only, int *status,
+                                         cudaStream_t stream)
+{
+    test_port_put_all_kernel<<<nranks, 32, 0, stream>>>(handles, rank, src_off, dst_off, bytes,
+                                                        flush_only, status);
+    return cudaGetLastError();
+}
+
+__global__ void test_port_many_ctas_kernel(const maco_port_channel_device_t *handles, int nranks,
+                                           int rank, uint64_t base, uint64_t bytes, unsigned *done,
+                                           int *status)
+{
+    uint64_t share = (bytes / gridDim.x + 15) / 16 * 16;
+    uint64_t start = share * blockIdx.x;
+    uint64_t len = start < bytes ? min(share, bytes - start) : 0;
+    /* Thread q pushes this CTA's share to peer q: many pushers at once. */
+    int q = (int)threadIdx.x;
+    if (q < nranks && q != rank && len > 0) {
+        maco_port_channel_device_t ch = handles[q];
+        maco_status_t st = maco_port_channel_put(&ch, base + start, base + start, len);
+        if (st != MACO_OK)
+            atomicCAS(&status[q], 0, (int)st);
+    }
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    /* Every CTA's pushes happened before its count; the last CTA's signal comes after all. */
+    if (last && q < nranks && q != rank) {
+        maco_port_channel_device_t ch = handles[q];
+        maco_status_t st = maco_port_channel_signal(&ch);
+        if (st != MACO_OK)
+            atomicCAS(&status[q], 0, (int)st);
+    }
+    if (blockIdx.x == 0 && q < nranks && q != rank) {
+        maco_port_channel_device_t ch = handles[q];
+        maco_status_t st = maco_port_channel_wait(&ch);
+        if (st != MACO_OK)
+            atomicCAS(&status[q], 0, (int)st);
+    }
+}
+
+extern "C" cudaError_t test_port_many_ctas(const maco_port_channel_device_t *handles, int nranks,
+                                           int rank, uint64_t base, uint64_t bytes, int nblocks,
+                                           unsigned *done, int *status, cudaStream_t stream)
+{
+    test_port_many_ctas_kernel<<<nblocks, 32, 0, stream>>>(handles, nranks, rank, base, bytes, done,
+                                                           status);
+    return cudaGetLastError();
+}
+
+__global__ void test_port_flush_loop_kernel(const maco_port_channel_device_t *handle, int iters,
+                                            uint64_t bytes, int *status, int *rounds)
+{
+    maco_port_channel_device_t ch = *handle;
+    maco_status_t st = MACO_OK;
+    int i = 0;
+    for (; i < iters && st == MACO_OK; i++) {
+        st = maco_port_channel_put(&ch, 0, 0, bytes);
+        if (st == MACO_OK)
+            st = maco_port_channel_flush(&ch);
+    }
+    *status = (int)st;
+    *rounds = st == MACO_OK ? i : i - 1;
+}
+
+extern "C" cudaError_t test_port_flush_loop(const maco_port_channel_device_t *handle, int iters,
+                                            uint64_t bytes, int *status, int *rounds,
+                                            cudaStream_t stream)
+{
+    test_port_flush_loop_kernel<<<1, 1, 0, stream>>>(handle, iters, bytes, status, rounds);
+    return cudaGetLastError();
+}

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "maco/device/memory_channel.h"
+#include "maco/device/port_channel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,6 +88,32 @@ cudaError_t test_grid_barrier(void *barrier, uint32_t *slots, int nblocks, int i
 cudaError_t test_device_semaphore(void *sem, unsigned long long *counter, int nblocks, int iters,
                                   const maco_device_wait_bound_t *bound, int *status,
                                   cudaStream_t stream);
+
+/**
+ * Port channels, one CTA per peer q != rank, thread 0: put_with_signal of `bytes` bytes from
+ * src_off to dst_off through handles[q] (or, with `flush_only`, a put and a flush and no
+ * signal), then (unless flush_only) wait for q's signal. status[q] gets the result.
+ */
+cudaError_t test_port_put_all(const maco_port_channel_device_t *handles, int nranks, int rank,
+                              uint64_t src_off, uint64_t dst_off, uint64_t bytes, int flush_only,
+                              int *status, cudaStream_t stream);
+
+/**
+ * `nblocks` CTAs each put their 1/nblocks share of [base, base+bytes) to every peer; the last
+ * CTA to finish (an atomic counter, *done zeroed by the caller) then signals every peer, and
+ * CTA 0's thread q waits for peer q's signal. status[q] gets each wait's result.
+ */
+cudaError_t test_port_many_ctas(const maco_port_channel_device_t *handles, int nranks, int rank,
+                                uint64_t base, uint64_t bytes, int nblocks, unsigned *done,
+                                int *status, cudaStream_t stream);
+
+/**
+ * One thread: up to `iters` rounds of put + flush through `handle`; stops at the first
+ * error, which *status gets (MACO_OK when all rounds completed); *rounds counts completed
+ * rounds.
+ */
+cudaError_t test_port_flush_loop(const maco_port_channel_device_t *handle, int iters,
+                                 uint64_t bytes, int *status, int *rounds, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@ enum {
     MACO__TAG_BROADCAST = 0xFFFF0002u,
     MACO__TAG_CHANNEL = 0xFFFF0010u,
     MACO__TAG_MEMORY = 0xFFFF0011u,
+    MACO__TAG_PORT = 0xFFFF0012u,
 };
 
 /** As maco_bootstrap_send/recv, but any tag is allowed. */

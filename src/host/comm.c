@@ -35,6 +35,20 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
     return status;
 }
 
+void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
+{
+    if (comm == NULL || status == MACO_OK)
+        return;
+    pthread_mutex_lock(&comm->error_lock);
+    if (comm->first_status == MACO_OK) {
+        comm->first_status = status;
+        snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
+    }
+    pthread_mutex_unlock(&comm->error_lock);
+    __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 }, (int32_t)status, 0,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn)
 {
     if (comm->gpu_unavailable[0] == '\0')
@@ -443,6 +457,12 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "maco_comm_get_async_error: NULL argument");
     *async_status_p = MACO_OK;
+    int32_t host_status = __atomic_load_n(&comm->host_async_status, __ATOMIC_ACQUIRE);
+    if (host_status != 0) {
+        /* A proxy's error: its text is the communicator's first error. */
+        *async_status_p = (maco_status_t)host_status;
+        return MACO_OK;
+    }
     if (comm->err_report == NULL)
         return MACO_OK;
     int32_t status = comm->err_report->status;
@@ -455,7 +475,10 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                       "%d for value %llu, last saw %llu",
                       comm->rank, status == MACO_ERR_TIMEOUT ? "timed out" : "failed",
                       (unsigned long long)(comm->timeout_ns / 1000000ull), (int)e->peer,
-                      e->what == MACO_DEVICE_WAIT_PACKET ? "LL packet slot" : "semaphore",
+                      e->what == MACO_DEVICE_WAIT_PACKET  ? "LL packet slot"
+                      : e->what == MACO_DEVICE_WAIT_FIFO  ? "proxy FIFO space at position"
+                      : e->what == MACO_DEVICE_WAIT_FLUSH ? "proxy flush of position"
+                                                          : "semaphore",
                       (int)e->object, (unsigned long long)e->expected,
                       (unsigned long long)e->observed);
     maco__comm_record(comm, (maco_status_t)status);

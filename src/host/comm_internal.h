@@ -57,6 +57,7 @@ struct maco_comm {
     char gpu_unavailable[256]; /* why GPU operations are unsupported ("" when they work) */
 
     pthread_mutex_t error_lock;
+    volatile int32_t host_async_status; /* first asynchronous error of a proxy, 0 = none */
     maco_status_t first_status;
     char first_error[1024];
 
@@ -77,6 +78,15 @@ struct maco_comm {
 
 /** Copies this thread's last error into the communicator if it has none yet. */
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);
+
+/**
+ * Records an asynchronous error found off the caller's thread (a proxy): the first one is
+ * kept, with this thread's last error text, and reported by maco_comm_get_async_error().
+ */
+void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status);
+
+/** True when `mem` is host memory (MACO's shared host memory or other pinned memory). */
+int maco__mem_is_host(maco_mem_t mem);
 
 /** MACO_OK when the communicator can run GPU work; else MACO_ERR_UNSUPPORTED with why. */
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn);

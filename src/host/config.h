@@ -57,6 +57,8 @@ extern "C" {
     X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \
       "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
       "slot and semaphores.")                                                                      \
+    X(PROXY_FIFO_SIZE, INT, "1024", "triggers",                                                    \
+      "Slots of each proxy trigger FIFO (a power of two, 2..65536).")                              \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
       "Path or name of the NCCL library maco-perf --nccl dlopens.")
 

@@ -33,7 +33,8 @@ extern "C" {
     X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)                       \
     X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020)                   \
     X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)                         \
-    X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)
+    X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)   \
+    X(cuStreamWriteValue64, PFN_cuStreamWriteValue64_v11070)
 
 typedef struct maco__cu_table {
 #define MACO__CU_FIELD(name, type) type name;

@@ -341,16 +341,24 @@ maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_
     if (bytes == 0)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_register: bytes is 0"));
-    maco_status_t st = maco__comm_require_gpu(comm, what);
+    char *p = (char *)ptr;
+    /* MACO's shared host memory needs no GPU; everything else is asked of CUDA. */
+    pthread_mutex_lock(&maco__mem_lock);
+    int ours = maco__find_host_alloc(p) != NULL;
+    pthread_mutex_unlock(&maco__mem_lock);
+    maco_status_t st = ours ? MACO_OK : maco__comm_require_gpu(comm, what);
     if (st != MACO_OK)
         return st;
     struct cudaPointerAttributes attr;
-    cudaError_t cerr = cudaPointerGetAttributes(&attr, ptr);
-    if (cerr != cudaSuccess) {
-        cudaGetLastError();
-        attr.type = cudaMemoryTypeUnregistered;
+    memset(&attr, 0, sizeof(attr));
+    attr.type = cudaMemoryTypeHost;
+    if (!ours) {
+        cudaError_t cerr = cudaPointerGetAttributes(&attr, ptr);
+        if (cerr != cudaSuccess) {
+            cudaGetLastError();
+            attr.type = cudaMemoryTypeUnregistered;
+        }
     }
-    char *p = (char *)ptr;
     char *base = NULL;
     size_t alloc_bytes = 0;
     uint64_t buffer_id = 0;
@@ -567,8 +575,9 @@ static maco_status_t maco__import_map(maco_comm_t comm, int owner, int kind, con
                                owner, alloc_bytes, strerror(errno));
         imp->base = (char *)m;
         /* Pinned, so GPUs and copy engines reach it too; unpinned still works for the CPU. */
-        if (cudaHostRegister(m, alloc_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
-            cudaSuccess)
+        if (comm->cuda_device >= 0 &&
+            cudaHostRegister(m, alloc_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
+                cudaSuccess)
             imp->host_pinned = 1;
         else
             cudaGetLastError();
@@ -625,10 +634,13 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     if (comm == NULL || handle == NULL || mem_p == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: NULL argument"));
-    maco_status_t st = maco__comm_require_gpu(comm, "maco_mem_import");
+    const uint8_t *p = (const uint8_t *)handle;
+    /* Shared host memory maps without a GPU; everything else needs one. */
+    maco_status_t st = maco__get_u16(p + 6) == MACO__KIND_HOST_FD
+                           ? MACO_OK
+                           : maco__comm_require_gpu(comm, "maco_mem_import");
     if (st != MACO_OK)
         return st;
-    const uint8_t *p = (const uint8_t *)handle;
     if (maco__get_u32(p) != MACO__MEM_MAGIC || maco__get_u16(p + 4) != MACO__MEM_VERSION)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: not a MACO memory handle "
@@ -724,6 +736,11 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     }
     *mem_p = mem;
     return MACO_OK;
+}
+
+int maco__mem_is_host(maco_mem_t mem)
+{
+    return mem->kind == MACO__KIND_HOST_FD || mem->kind == MACO__KIND_LOCAL;
 }
 
 maco_status_t maco_mem_get_pointer(maco_mem_t mem, void **ptr_p)

@@ -13,7 +13,7 @@
  *   0  int32 status    maco_status_t, 0 = no error (written last)
  *   4  int32 peer      rank that was waited for, -1 if none
  *   8  int32 object    semaphore id or packet slot the wait was on
- *  12  uint32 what     MACO_DEVICE_WAIT_SEMAPHORE or MACO_DEVICE_WAIT_PACKET
+ *  12  uint32 what     MACO_DEVICE_WAIT_* (semaphore, packet, FIFO space, flush)
  *  16  uint64 expected value (semaphore count or packet flag) waited for
  *  24  uint64 observed last value read
  */
@@ -29,7 +29,12 @@
 extern "C" {
 #endif
 
-enum { MACO_DEVICE_WAIT_SEMAPHORE = 1, MACO_DEVICE_WAIT_PACKET = 2 };
+enum {
+    MACO_DEVICE_WAIT_SEMAPHORE = 1, /* a semaphore's next signal */
+    MACO_DEVICE_WAIT_PACKET = 2,    /* an LL packet's flag */
+    MACO_DEVICE_WAIT_FIFO = 3,      /* space in a proxy's trigger FIFO */
+    MACO_DEVICE_WAIT_FLUSH = 4,     /* a proxy's flush */
+};
 
 typedef struct maco_device_error {
     volatile int32_t status;

@@ -1,0 +1,210 @@
+/*
+ * maco/device/fifo.h - the trigger FIFO between device code (or host threads) and a proxy.
+ *
+ * Protocol (DESIGN.md, "FIFO"): a power-of-two ring of 128-bit triggers in host memory
+ * (host-mapped pinned memory when GPUs push). A pusher reserves position `pos` with an atomic
+ * add on the head counter (device memory when GPUs push), waits (bounded) while the ring is
+ * full (pos - tail >= capacity, `tail` being the proxy's published position), then publishes
+ * the trigger at slot pos % capacity with ONE 128-bit store with release semantics at system
+ * scope. The trigger's top bit carries the lap parity ((pos / capacity) & 1) ^ 1, so a slot
+ * never needs clearing: the proxy, expecting position `tail`, polls the slot's second word
+ * until its top bit equals that lap's parity, reads the first word after it (acquire), handles
+ * the trigger, and publishes tail + 1 with a release store. The release store of the trigger
+ * pairs with the proxy's acquire load: whatever the pusher wrote before pushing (the data of a
+ * put) is visible to the proxy, and to the copy it starts, when it sees the trigger.
+ *
+ * Trigger layout (two little-endian 64-bit words, `fst` then `snd`):
+ *   fst bits  0..35  src_offset   bytes into the channel's source buffer   (36 bits: 64 GiB)
+ *   fst bits 36..63  size[0..27]  low 28 bits of the transfer size in bytes
+ *   snd bits  0..35  dst_offset   bytes into the channel's destination buffer (64 GiB)
+ *   snd bits 36..47  channel      port channel id within its proxy         (12 bits: 4096)
+ *   snd bits 48..50  type         MACO_TRIGGER_DATA | _SIGNAL | _FLUSH (any combination)
+ *   snd bits 51..54  size[28..31] high 4 bits of the size (size < 4 GiB per trigger; the
+ *                                 device and host put calls split larger transfers)
+ *   snd bits 55..62  reserved, zero
+ *   snd bit  63      lap parity (written by the push; callers pass it as zero)
+ */
+#ifndef MACO_DEVICE_FIFO_H
+#define MACO_DEVICE_FIFO_H
+
+#include <stdint.h>
+
+#include "maco/device/atomics.h"
+#include "maco/device/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MACO_TRIGGER_DATA 1u
+#define MACO_TRIGGER_SIGNAL 2u
+#define MACO_TRIGGER_FLUSH 4u
+
+#define MACO_TRIGGER_OFFSET_BITS 36
+#define MACO_TRIGGER_SIZE_BITS 32
+#define MACO_TRIGGER_CHANNEL_BITS 12
+#define MACO_TRIGGER_TYPE_BITS 3
+#define MACO_TRIGGER_MAX_OFFSET ((1ull << MACO_TRIGGER_OFFSET_BITS) - 1)
+#define MACO_TRIGGER_MAX_SIZE ((1ull << MACO_TRIGGER_SIZE_BITS) - 1)
+#define MACO_TRIGGER_MAX_CHANNELS (1u << MACO_TRIGGER_CHANNEL_BITS)
+
+typedef struct maco_trigger {
+    uint64_t fst;
+    uint64_t snd;
+} maco_trigger_t;
+
+#ifdef __cplusplus
+static_assert(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
+static_assert(MACO_TRIGGER_OFFSET_BITS + 28 == 64, "fst is full");
+static_assert(MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS + 4 +
+                      8 + 1 ==
+                  64,
+              "snd is full");
+static_assert((1ull << MACO_TRIGGER_OFFSET_BITS) >= (64ull << 30), "offsets reach 64 GiB");
+static_assert(MACO_TRIGGER_MAX_CHANNELS >= 4096, "at least 4096 channels per proxy");
+#else
+_Static_assert(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
+_Static_assert((1ull << MACO_TRIGGER_OFFSET_BITS) >= (64ull << 30), "offsets reach 64 GiB");
+_Static_assert(MACO_TRIGGER_MAX_CHANNELS >= 4096, "at least 4096 channels per proxy");
+#endif
+
+/** Builds a trigger (lap parity zero). Arguments beyond their widths are masked. */
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    static inline maco_trigger_t
+    maco_trigger_make(uint32_t type, uint32_t channel, uint64_t dst_offset, uint64_t src_offset,
+                      uint64_t size)
+{
+    maco_trigger_t t;
+    t.fst = (src_offset & MACO_TRIGGER_MAX_OFFSET) | ((size & 0xFFFFFFFull) << 36);
+    t.snd = (dst_offset & MACO_TRIGGER_MAX_OFFSET) |
+            ((uint64_t)(channel & (MACO_TRIGGER_MAX_CHANNELS - 1)) << 36) |
+            ((uint64_t)(type & 7u) << 48) | (((size >> 28) & 0xFull) << 51);
+    return t;
+}
+
+/* Field readers (parity ignored). */
+#if defined(__CUDACC__)
+#define MACO__HD __host__ __device__
+#else
+#define MACO__HD
+#endif
+static inline MACO__HD uint64_t maco_trigger_src_offset(maco_trigger_t t)
+{
+    return t.fst & MACO_TRIGGER_MAX_OFFSET;
+}
+static inline MACO__HD uint64_t maco_trigger_dst_offset(maco_trigger_t t)
+{
+    return t.snd & MACO_TRIGGER_MAX_OFFSET;
+}
+static inline MACO__HD uint64_t maco_trigger_size(maco_trigger_t t)
+{
+    return (t.fst >> 36) | (((t.snd >> 51) & 0xFull) << 28);
+}
+static inline MACO__HD uint32_t maco_trigger_channel(maco_trigger_t t)
+{
+    return (uint32_t)((t.snd >> 36) & (MACO_TRIGGER_MAX_CHANNELS - 1));
+}
+static inline MACO__HD uint32_t maco_trigger_type(maco_trigger_t t)
+{
+    return (uint32_t)((t.snd >> 48) & 7u);
+}
+/** The lap parity a trigger at `pos` carries in a ring of `capacity` (a power of two). */
+static inline MACO__HD uint64_t maco_fifo_parity(uint64_t pos, uint64_t capacity)
+{
+    return (((pos / capacity) & 1u) ^ 1u) << 63;
+}
+#undef MACO__HD
+
+/**
+ * Device view of a FIFO (plain data). `proxy_state` is MACO_PROXY_RUNNING while the proxy
+ * serves the FIFO; once it stops, waits for ring space or for a flush fail instead of waiting
+ * for their bound.
+ */
+typedef struct maco_fifo_device {
+    maco_trigger_t *triggers;       /**< ring, host memory (mapped for GPUs) */
+    uint64_t *head;                 /**< next position to reserve (device memory for GPU pushers) */
+    volatile uint64_t *tail;        /**< proxy's published position (host memory) */
+    uint64_t *tail_cache;           /**< last tail a GPU pusher read (device memory; NULL for host
+                                         FIFOs), so a push reads host memory only when the ring
+                                         looks full */
+    volatile uint64_t *flush_done;  /**< 1 + position of the last completed flush (host) */
+    volatile uint32_t *proxy_state; /**< MACO_PROXY_* (host memory) */
+    uint64_t capacity;              /**< power of two */
+    maco_device_wait_bound_t bound;
+} maco_fifo_device_t;
+
+enum { MACO_PROXY_STOPPED = 0, MACO_PROXY_RUNNING = 1 };
+
+#ifdef __cplusplus
+}
+#endif
+
+#if defined(__CUDACC__)
+
+/**
+ * Reserves a position and publishes `t` there; returns the position, or ~0 when the ring
+ * stayed full past the bound or the proxy stopped (then *status_p says which:
+ * MACO_ERR_TIMEOUT or MACO_ERR_REMOTE). Any thread of any CTA may call it.
+ */
+static __device__ __forceinline__ uint64_t maco_fifo_push(const maco_fifo_device_t *f,
+                                                          maco_trigger_t t, maco_status_t *status_p)
+{
+    uint64_t pos = atomicAdd((unsigned long long *)f->head, 1ull);
+    maco_spin_state_t spin = { 0, 0 };
+    uint64_t tail = f->tail_cache ? *(volatile uint64_t *)f->tail_cache : *f->tail;
+    while (pos >= tail + f->capacity) {
+        tail = *f->tail;
+        if (f->tail_cache)
+            atomicMax((unsigned long long *)f->tail_cache, (unsigned long long)tail);
+        if (pos < tail + f->capacity)
+            break;
+        maco_status_t st = MACO_OK;
+        if (*f->proxy_state != MACO_PROXY_RUNNING)
+            st = MACO_ERR_REMOTE;
+        else
+            st = maco_spin_check(&f->bound, &spin);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco_device_error_record(&f->bound, st, -1, -1, MACO_DEVICE_WAIT_FIFO,
+                                         pos - f->capacity + 1, *f->tail);
+            *status_p = st;
+            return ~0ull;
+        }
+    }
+    maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
+    uint64_t snd = t.snd | maco_fifo_parity(pos, f->capacity);
+    /* One 128-bit release store at system scope: the proxy sees both words, after
+     * everything this thread wrote before. */
+    asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst), "l"(snd)
+                 : "memory");
+    *status_p = MACO_OK;
+    return pos;
+}
+
+/** Waits (bounded) until the proxy completed every trigger up to and including `pos`. */
+static __device__ __forceinline__ maco_status_t maco_fifo_wait_flush(const maco_fifo_device_t *f,
+                                                                     uint64_t pos)
+{
+    maco_spin_state_t spin = { 0, 0 };
+    while (*f->flush_done <= pos) {
+        maco_status_t st = MACO_OK;
+        if (*f->proxy_state != MACO_PROXY_RUNNING && *f->flush_done <= pos)
+            st = MACO_ERR_REMOTE;
+        else
+            st = maco_spin_check(&f->bound, &spin);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco_device_error_record(&f->bound, st, -1, -1, MACO_DEVICE_WAIT_FLUSH, pos + 1,
+                                         *f->flush_done);
+            return st;
+        }
+    }
+    __threadfence_system();
+    return MACO_OK;
+}
+
+#endif /* __CUDACC__ */
+
+#endif /* MACO_DEVICE_FIFO_H */

@@ -1,0 +1,123 @@
+/*
+ * maco/device/port_channel.h - device side of a port channel (host side:
+ * maco/port_channel.h).
+ *
+ * Every call is made by ONE thread. put/signal return once the trigger is in the proxy's
+ * FIFO; the proxy then copies and signals on its transport. To make data written by other
+ * threads of the CTA part of a put, __syncthreads() before the put. flush waits until the
+ * proxy carried out every trigger of this GPU's FIFO up to the flush and the data landed;
+ * the source buffer may then be reused. wait/poll take the peer's signals (sent by the peer
+ * proxy after the peer's data, so the data is visible after wait() returns).
+ *
+ * All waits are bounded (MACO_DEVICE_TIMEOUT) and return MACO_ERR_TIMEOUT with a device
+ * error report, or MACO_ERR_REMOTE when the proxy has stopped or another wait failed.
+ * Offsets and sizes are in bytes and are not checked on the device.
+ */
+#ifndef MACO_DEVICE_PORT_CHANNEL_H
+#define MACO_DEVICE_PORT_CHANNEL_H
+
+#include <stdint.h>
+
+#include "maco/device/fifo.h"
+#include "maco/device/semaphore.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct maco_port_channel_device {
+    maco_fifo_device_t fifo;           /**< the proxy's device FIFO */
+    maco_semaphore_device_t semaphore; /**< inbound: signals of the peer's proxy */
+    uint32_t channel;                  /**< id within the proxy */
+    uint32_t reserved;
+} maco_port_channel_device_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+#if defined(__CUDACC__)
+
+/* Pushes `type` triggers covering [offsets, +bytes), split below 4 GiB; the last trigger
+ * carries `last_extra` too. Returns the last position pushed (or ~0 on failure). */
+static __device__ __forceinline__ maco_status_t
+maco__port_push(const maco_port_channel_device_t *ch, uint32_t type, uint64_t dst_offset,
+                uint64_t src_offset, uint64_t bytes, uint32_t last_extra, uint64_t *pos_p)
+{
+    maco_status_t st = MACO_OK;
+    uint64_t pos = ~0ull;
+    do {
+        uint64_t n = bytes > MACO_TRIGGER_MAX_SIZE ? (MACO_TRIGGER_MAX_SIZE & ~15ull) : bytes;
+        uint32_t t = type | (n == bytes ? last_extra : 0u);
+        pos = maco_fifo_push(&ch->fifo,
+                             maco_trigger_make(t, ch->channel, dst_offset, src_offset, n), &st);
+        dst_offset += n;
+        src_offset += n;
+        bytes -= n;
+    } while (bytes > 0 && st == MACO_OK);
+    *pos_p = pos;
+    return st;
+}
+
+/** Queues a put of `bytes` bytes from src[src_offset..] to the peer's dst[dst_offset..]. */
+static __device__ __forceinline__ maco_status_t maco_port_channel_put(
+    const maco_port_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset, uint64_t bytes)
+{
+    uint64_t pos;
+    return maco__port_push(ch, MACO_TRIGGER_DATA, dst_offset, src_offset, bytes, 0u, &pos);
+}
+
+/** Queues a signal to the peer (after every earlier trigger of this FIFO). */
+static __device__ __forceinline__ maco_status_t
+maco_port_channel_signal(const maco_port_channel_device_t *ch)
+{
+    maco_status_t st;
+    maco_fifo_push(&ch->fifo, maco_trigger_make(MACO_TRIGGER_SIGNAL, ch->channel, 0, 0, 0), &st);
+    return st;
+}
+
+/** Queues a put and a signal in one trigger (the signal follows the data). */
+static __device__ __forceinline__ maco_status_t maco_port_channel_put_with_signal(
+    const maco_port_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset, uint64_t bytes)
+{
+    uint64_t pos;
+    return maco__port_push(ch, MACO_TRIGGER_DATA, dst_offset, src_offset, bytes,
+                           MACO_TRIGGER_SIGNAL, &pos);
+}
+
+/** Put, signal and flush in one trigger; waits for the flush. */
+static __device__ __forceinline__ maco_status_t maco_port_channel_put_with_signal_and_flush(
+    const maco_port_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset, uint64_t bytes)
+{
+    uint64_t pos;
+    maco_status_t st = maco__port_push(ch, MACO_TRIGGER_DATA, dst_offset, src_offset, bytes,
+                                       MACO_TRIGGER_SIGNAL | MACO_TRIGGER_FLUSH, &pos);
+    return st == MACO_OK ? maco_fifo_wait_flush(&ch->fifo, pos) : st;
+}
+
+/** Waits until the proxy has carried out every earlier trigger of this FIFO. */
+static __device__ __forceinline__ maco_status_t
+maco_port_channel_flush(const maco_port_channel_device_t *ch)
+{
+    maco_status_t st;
+    uint64_t pos =
+        maco_fifo_push(&ch->fifo, maco_trigger_make(MACO_TRIGGER_FLUSH, ch->channel, 0, 0, 0), &st);
+    return st == MACO_OK ? maco_fifo_wait_flush(&ch->fifo, pos) : st;
+}
+
+/** Waits for the peer's next signal (acquire, bounded). */
+static __device__ __forceinline__ maco_status_t
+maco_port_channel_wait(const maco_port_channel_device_t *ch)
+{
+    return maco_semaphore_wait(&ch->semaphore);
+}
+
+/** True (consuming it) when the peer's next signal has arrived. */
+static __device__ __forceinline__ int maco_port_channel_poll(const maco_port_channel_device_t *ch)
+{
+    return maco_semaphore_poll(&ch->semaphore);
+}
+
+#endif /* __CUDACC__ */
+
+#endif /* MACO_DEVICE_PORT_CHANNEL_H */

@@ -1,0 +1,180 @@
+/*
+ * fifo.c - host side of the trigger FIFO (protocol: maco/device/fifo.h).
+ *
+ * Host pushers mirror the device push: an atomic add on the head, a bounded wait for space,
+ * then the first word (relaxed) and the second word with its lap parity (release). The
+ * consumer loads the second word with acquire; when its parity matches the lap, the first
+ * word is complete too (a GPU writes both in one 128-bit store; a host pusher orders them by
+ * the release). x86 and Arm both keep these orders with the C11 atomics used here.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_util.h"
+#include "log.h"
+#include "proxy_internal.h"
+#include "socket.h"
+
+/* Host memory the proxy writes and GPUs read: tail, flush_done, state. */
+typedef struct maco__fifo_host_block {
+    uint64_t tail;
+    uint64_t flush_done;
+    uint32_t state;
+    uint32_t pad[11];
+} maco__fifo_host_block_t;
+
+maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_device,
+                                const maco_device_wait_bound_t *bound)
+{
+    memset(f, 0, sizeof(*f));
+    f->on_device = on_device;
+    size_t ring_bytes = capacity * sizeof(maco_trigger_t);
+    maco_status_t st = MACO_OK;
+    maco__fifo_host_block_t *hb = NULL, *hb_dev = NULL;
+    maco_trigger_t *ring_dev = NULL;
+    if (on_device) {
+        /* Ring and published words in mapped pinned memory, head and tail cache on the GPU. */
+        MACO_CUDA_GOTO(cudaHostAlloc((void **)&f->ring, ring_bytes, cudaHostAllocMapped), st, fail);
+        MACO_CUDA_GOTO(cudaHostAlloc((void **)&hb, sizeof(*hb), cudaHostAllocMapped), st, fail);
+        MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&ring_dev, f->ring, 0), st, fail);
+        MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&hb_dev, hb, 0), st, fail);
+        MACO_CUDA_GOTO(cudaMalloc(&f->device_block, 2 * sizeof(uint64_t)), st, fail);
+        MACO_CUDA_GOTO(cudaMemset(f->device_block, 0, 2 * sizeof(uint64_t)), st, fail);
+        MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, fail);
+        f->view.head = (uint64_t *)f->device_block;
+        f->view.tail_cache = (uint64_t *)f->device_block + 1;
+    } else {
+        f->ring = (maco_trigger_t *)aligned_alloc(64, ring_bytes);
+        hb = (maco__fifo_host_block_t *)aligned_alloc(64, sizeof(*hb));
+        uint64_t *head = (uint64_t *)aligned_alloc(64, 64);
+        if (f->ring == NULL || hb == NULL || head == NULL) {
+            free(head);
+            st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "FIFO: no host memory");
+            goto fail;
+        }
+        *head = 0;
+        f->view.head = head;
+        f->view.tail_cache = NULL;
+        ring_dev = f->ring;
+        hb_dev = hb;
+    }
+    memset(f->ring, 0, ring_bytes);
+    memset(hb, 0, sizeof(*hb));
+    f->host_block = hb;
+    f->tail_pub = &hb->tail;
+    f->flush_done = &hb->flush_done;
+    f->state = &hb->state;
+    f->view.triggers = ring_dev;
+    f->view.tail = &hb_dev->tail;
+    f->view.flush_done = &hb_dev->flush_done;
+    f->view.proxy_state = &hb_dev->state;
+    f->view.capacity = capacity;
+    f->view.bound = *bound;
+    return MACO_OK;
+fail:
+    f->host_block = hb;
+    maco__fifo_destroy(f);
+    return st;
+}
+
+void maco__fifo_destroy(maco__fifo_t *f)
+{
+    if (f->on_device) {
+        if (f->ring)
+            cudaFreeHost(f->ring);
+        if (f->host_block)
+            cudaFreeHost(f->host_block);
+        if (f->device_block)
+            cudaFree(f->device_block);
+        cudaGetLastError();
+    } else {
+        free(f->ring);
+        free(f->host_block);
+        free(f->view.head);
+    }
+    memset(f, 0, sizeof(*f));
+}
+
+static void maco__cpu_relax(uint32_t spins)
+{
+    if (spins < 256) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ volatile("yield");
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
+maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t,
+                                   int64_t timeout_ms, uint64_t *pos_p)
+{
+    uint64_t pos = __atomic_fetch_add(f->head, 1, __ATOMIC_RELAXED);
+    int64_t deadline = 0;
+    uint32_t spins = 0;
+    while (pos >= __atomic_load_n(f->tail, __ATOMIC_ACQUIRE) + f->capacity) {
+        if (__atomic_load_n(f->proxy_state, __ATOMIC_ACQUIRE) != MACO_PROXY_RUNNING)
+            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
+                               "the FIFO is full (position %llu) and its proxy is not running",
+                               (unsigned long long)pos);
+        if (deadline == 0)
+            deadline = maco__now_ms() + timeout_ms;
+        else if (timeout_ms > 0 && maco__now_ms() > deadline)
+            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
+                               "the proxy's FIFO stayed full for %lld ms (position %llu, proxy at "
+                               "%llu of %llu slots)",
+                               (long long)timeout_ms, (unsigned long long)pos,
+                               (unsigned long long)*f->tail, (unsigned long long)f->capacity);
+        maco__cpu_relax(spins++);
+    }
+    maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
+    __atomic_store_n(&slot->fst, t.fst, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->snd, t.snd | maco_fifo_parity(pos, f->capacity), __ATOMIC_RELEASE);
+    *pos_p = pos;
+    return MACO_OK;
+}
+
+maco_status_t maco__fifo_host_wait_flush(const maco_fifo_device_t *f, uint64_t pos,
+                                         int64_t timeout_ms)
+{
+    int64_t deadline = maco__now_ms() + timeout_ms;
+    uint32_t spins = 0;
+    while (__atomic_load_n(f->flush_done, __ATOMIC_ACQUIRE) <= pos) {
+        if (__atomic_load_n(f->proxy_state, __ATOMIC_ACQUIRE) != MACO_PROXY_RUNNING &&
+            __atomic_load_n(f->flush_done, __ATOMIC_ACQUIRE) <= pos)
+            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
+                               "flush of position %llu: the proxy stopped before completing it",
+                               (unsigned long long)pos);
+        if (timeout_ms > 0 && maco__now_ms() > deadline)
+            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
+                               "flush of position %llu did not complete in %lld ms (done up to "
+                               "%llu)",
+                               (unsigned long long)pos, (long long)timeout_ms,
+                               (unsigned long long)*f->flush_done);
+        maco__cpu_relax(spins++);
+    }
+    return MACO_OK;
+}
+
+int maco__fifo_peek(maco__fifo_t *f, maco_trigger_t *t)
+{
+    uint64_t cap = f->view.capacity;
+    maco_trigger_t *slot = f->ring + (f->tail & (cap - 1));
+    uint64_t snd = __atomic_load_n(&slot->snd, __ATOMIC_ACQUIRE);
+    if ((snd & (1ull << 63)) != maco_fifo_parity(f->tail, cap))
+        return 0;
+    t->snd = snd & ~(1ull << 63);
+    t->fst = __atomic_load_n(&slot->fst, __ATOMIC_RELAXED);
+    return 1;
+}
+
+void maco__fifo_pop(maco__fifo_t *f)
+{
+    f->tail++;
+    __atomic_store_n(f->tail_pub, f->tail, __ATOMIC_RELEASE);
+}

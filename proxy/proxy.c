@@ -1,0 +1,682 @@
+/*
+ * proxy.c - the proxy service: thread, FIFO polling, trigger handling, flushes, channels.
+ *
+ * The thread polls the device FIFO and the host FIFO in turn, carrying out up to 64 triggers
+ * of one before looking at the other. A trigger's parts run in the order data, signal, flush.
+ * A flush completes when every operation queued before it has completed: immediately if no
+ * CUDA work is outstanding, else when a marker (an event) recorded after that work has
+ * passed; flushes of a FIFO complete in order and the proxy publishes, for each FIFO, 1 + the
+ * position of its last completed flush (flush_done), which device and host flush calls
+ * compare with. When idle the thread spins with a pause hint, then yields, then sleeps 50 us
+ * after 1 ms without work (so idle proxies do not starve 2-core machines).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bootstrap_internal.h"
+#include "config.h"
+#include "cuda_util.h"
+#include "log.h"
+#include "proxy_internal.h"
+#include "socket.h"
+#include "wire.h"
+
+void maco__proxy_fail(struct maco_proxy *proxy, maco_status_t status)
+{
+    maco__comm_set_async_error(proxy->comm, status);
+}
+
+/* ------------------------------------------------------------------ CPU binding */
+
+/* Binds the calling thread to the CPUs of the GPU's NUMA node, as sysfs reports them. */
+static void maco__proxy_bind(maco_comm_t comm)
+{
+    if (comm->cuda_device < 0)
+        return;
+    char bus[64];
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), comm->cuda_device) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    for (char *c = bus; *c; c++)
+        *c = (char)tolower((unsigned char)*c);
+    char path[256];
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", bus);
+    FILE *f = fopen(path, "r");
+    int node = -1;
+    if (f != NULL) {
+        if (fscanf(f, "%d", &node) != 1)
+            node = -1;
+        fclose(f);
+    }
+    if (node < 0) {
+        MACO_DEBUG(MACO_SUBSYS_PROXY, "GPU %s: no NUMA node in sysfs; proxy thread not bound", bus);
+        return;
+    }
+    snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", node);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    char list[1024] = "";
+    if (fgets(list, sizeof(list), f) == NULL)
+        list[0] = '\0';
+    fclose(f);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int count = 0;
+    for (char *p = list; *p && *p != '\n';) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p)
+            break;
+        if (*end == '-')
+            b = strtol(end + 1, &end, 10);
+        for (long c = a; c <= b && c < CPU_SETSIZE; c++, count++)
+            CPU_SET((int)c, &set);
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (count > 0 && pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0)
+        MACO_INFO(MACO_SUBSYS_PROXY, "proxy thread bound to NUMA node %d (CPUs %s) of GPU %s", node,
+                  list, bus);
+}
+
+/* ------------------------------------------------------------------ trigger handling */
+
+static maco_status_t maco__proxy_flush(struct maco_proxy *p, maco__fifo_t *f, uint64_t pos)
+{
+    maco__pending_flush_t *pf = (maco__pending_flush_t *)calloc(1, sizeof(*pf));
+    if (pf == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "flush: no memory");
+    pf->fifo = f;
+    pf->pos = pos;
+    if (p->cuda_work_since_marker) {
+        maco_status_t st = maco__transport_cuda_ops.mark(p, &pf->marker);
+        if (st != MACO_OK) {
+            free(pf);
+            return st;
+        }
+        p->cuda_work_since_marker = 0;
+    }
+    if (p->pending_tail)
+        p->pending_tail->next = pf;
+    else
+        p->pending_head = pf;
+    p->pending_tail = pf;
+    return MACO_OK;
+}
+
+/* Publishes flushes whose work has completed, oldest first. Returns how many. */
+static int maco__proxy_poll_flushes(struct maco_proxy *p)
+{
+    int done = 0;
+    while (p->pending_head != NULL) {
+        maco__pending_flush_t *pf = p->pending_head;
+        if (pf->marker != NULL) {
+            if (!maco__transport_cuda_ops.marker_done(p, pf->marker))
+                break;
+            maco__transport_cuda_ops.marker_free(p, pf->marker);
+        }
+        /* A newer flush of the same FIFO may have completed first in another FIFO's order;
+         * flush_done only grows. */
+        if (*pf->fifo->flush_done < pf->pos + 1)
+            __atomic_store_n(pf->fifo->flush_done, pf->pos + 1, __ATOMIC_RELEASE);
+        p->pending_head = pf->next;
+        if (p->pending_head == NULL)
+            p->pending_tail = NULL;
+        free(pf);
+        done++;
+    }
+    return done;
+}
+
+static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigger_t t)
+{
+    uint32_t type = maco_trigger_type(t);
+    uint32_t id = maco_trigger_channel(t);
+    maco_port_channel_t ch = __atomic_load_n(&p->channels[id], __ATOMIC_ACQUIRE);
+    if ((type & (MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL)) && ch == NULL) {
+        maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                        "rank %d's proxy got a trigger for channel %u, which "
+                                        "does not exist (destroyed, or a corrupt trigger)",
+                                        p->comm->rank, id));
+        return;
+    }
+    if (type & MACO_TRIGGER_DATA) {
+        uint64_t dst = maco_trigger_dst_offset(t), src = maco_trigger_src_offset(t);
+        uint64_t size = maco_trigger_size(t);
+        if (src > ch->src_bytes || size > ch->src_bytes - src || dst > ch->dst_bytes ||
+            size > ch->dst_bytes - dst) {
+            maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                                            "port channel %u to rank %d: a put of %llu bytes "
+                                            "from offset %llu to offset %llu leaves the source "
+                                            "(%llu bytes) or destination (%llu bytes); skipped",
+                                            id, ch->peer, (unsigned long long)size,
+                                            (unsigned long long)src, (unsigned long long)dst,
+                                            (unsigned long long)ch->src_bytes,
+                                            (unsigned long long)ch->dst_bytes));
+        } else if (size > 0) {
+            maco_status_t st = ch->ops->put(ch, dst, src, size);
+            if (st != MACO_OK)
+                maco__proxy_fail(p, st);
+            if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
+                p->cuda_work_since_marker = 1;
+        }
+    }
+    if (type & MACO_TRIGGER_SIGNAL) {
+        maco_status_t st = ch->ops->signal(ch);
+        if (st != MACO_OK)
+            maco__proxy_fail(p, st);
+        if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
+            p->cuda_work_since_marker = 1;
+    }
+    if (type & MACO_TRIGGER_FLUSH) {
+        maco_status_t st = maco__proxy_flush(p, f, f->tail);
+        if (st != MACO_OK)
+            maco__proxy_fail(p, st);
+    }
+}
+
+/* Carries out up to `max` published triggers of one FIFO; returns how many. */
+static int maco__proxy_drain(struct maco_proxy *p, maco__fifo_t *f, int max)
+{
+    int n = 0;
+    maco_trigger_t t;
+    while (n < max && maco__fifo_peek(f, &t)) {
+        maco__proxy_handle(p, f, t);
+        maco__fifo_pop(f);
+        n++;
+    }
+    return n;
+}
+
+static void *maco__proxy_main(void *arg)
+{
+    struct maco_proxy *p = (struct maco_proxy *)arg;
+    maco__log_set_rank(p->comm->rank);
+    if (p->comm->cuda_device >= 0)
+        cudaSetDevice(p->comm->cuda_device);
+    maco__proxy_bind(p->comm);
+    uint32_t idle = 0;
+    int64_t idle_since = 0;
+    while (!__atomic_load_n(&p->stop_requested, __ATOMIC_ACQUIRE)) {
+        int work = maco__proxy_drain(p, &p->host_fifo, 64);
+        if (p->has_device_fifo)
+            work += maco__proxy_drain(p, &p->device_fifo, 64);
+        work += maco__proxy_poll_flushes(p);
+        if (work > 0 || p->pending_head != NULL) {
+            idle = 0;
+            idle_since = 0;
+            continue;
+        }
+        if (++idle < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ volatile("yield");
+#endif
+        } else if (idle_since == 0) {
+            idle_since = maco__now_ms();
+        } else if (maco__now_ms() - idle_since < 1) {
+            sched_yield();
+        } else {
+            struct timespec ts = { 0, 50000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
+{
+    if (comm == NULL || proxy_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_proxy_create: NULL argument");
+    int64_t fifo_size, timeout_ms;
+    maco_status_t st = maco__config_int64(MACO_CFG_PROXY_FIFO_SIZE, &fifo_size);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_DEVICE_TIMEOUT, &timeout_ms);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    if (fifo_size < 2 || fifo_size > 65536 || (fifo_size & (fifo_size - 1)) != 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                                                   "MACO_PROXY_FIFO_SIZE=%lld is not a power of "
+                                                   "two in [2, 65536]",
+                                                   (long long)fifo_size));
+    struct maco_proxy *p = (struct maco_proxy *)calloc(1, sizeof(*p));
+    if (p == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
+                                                   "maco_proxy_create: no memory"));
+    p->comm = comm;
+    p->timeout_ms = timeout_ms;
+    p->peer_host_sems = (maco_mem_t *)calloc((size_t)comm->nranks, sizeof(maco_mem_t));
+    maco_device_wait_bound_t bound = comm->bound;
+    bound.timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+    if (p->peer_host_sems == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "maco_proxy_create: no memory");
+        goto fail;
+    }
+    st = maco__fifo_create(&p->host_fifo, (uint64_t)fifo_size, 0, &bound);
+    if (st != MACO_OK)
+        goto fail;
+    if (comm->gpu_unavailable[0] == '\0') {
+        st = maco__fifo_create(&p->device_fifo, (uint64_t)fifo_size, 1, &bound);
+        if (st != MACO_OK)
+            goto fail;
+        p->has_device_fifo = 1;
+        MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, fail);
+        MACO_CUDA_GOTO(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking), st, fail);
+    }
+    void *sems = NULL;
+    st = maco_mem_alloc_host(comm, MACO__HOST_SEMS * sizeof(uint64_t), &sems);
+    if (st != MACO_OK)
+        goto fail;
+    p->host_sems = (uint64_t *)sems;
+    memset(sems, 0, MACO__HOST_SEMS * sizeof(uint64_t));
+    st = maco_mem_register(comm, sems, MACO__HOST_SEMS * sizeof(uint64_t), &p->host_sems_mem);
+    if (st != MACO_OK)
+        goto fail;
+    *proxy_p = p;
+    return MACO_OK;
+fail:
+    maco_proxy_destroy(p);
+    return maco__comm_record(comm, st);
+}
+
+maco_status_t maco_proxy_start(maco_proxy_t p)
+{
+    if (p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_proxy_start: proxy is NULL");
+    if (p->running)
+        return maco__comm_record(p->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                                      "maco_proxy_start: the proxy runs already"));
+    p->stop_requested = 0;
+    __atomic_store_n(p->host_fifo.state, MACO_PROXY_RUNNING, __ATOMIC_RELEASE);
+    if (p->has_device_fifo)
+        __atomic_store_n(p->device_fifo.state, MACO_PROXY_RUNNING, __ATOMIC_RELEASE);
+    int err = pthread_create(&p->thread, NULL, maco__proxy_main, p);
+    if (err != 0) {
+        __atomic_store_n(p->host_fifo.state, MACO_PROXY_STOPPED, __ATOMIC_RELEASE);
+        if (p->has_device_fifo)
+            __atomic_store_n(p->device_fifo.state, MACO_PROXY_STOPPED, __ATOMIC_RELEASE);
+        return maco__comm_record(p->comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_PROXY,
+                                                      "maco_proxy_start: pthread_create: %s",
+                                                      strerror(err)));
+    }
+    p->running = 1;
+    return MACO_OK;
+}
+
+maco_status_t maco_proxy_stop(maco_proxy_t p)
+{
+    if (p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_proxy_stop: proxy is NULL");
+    if (!p->running)
+        return MACO_OK;
+    /* First the FIFOs say "stopped": from now on every wait for ring space or for a flush
+     * fails at once, so no device or host caller waits for the bound. */
+    __atomic_store_n(p->host_fifo.state, MACO_PROXY_STOPPED, __ATOMIC_RELEASE);
+    if (p->has_device_fifo)
+        __atomic_store_n(p->device_fifo.state, MACO_PROXY_STOPPED, __ATOMIC_RELEASE);
+    __atomic_store_n(&p->stop_requested, 1, __ATOMIC_RELEASE);
+    pthread_join(p->thread, NULL);
+    p->running = 0;
+    /* Then carry out what was already published (and what arrives while doing so) until
+     * 10 ms pass without a new trigger, and wait for outstanding copies, all within the
+     * bound. */
+    maco_status_t st = MACO_OK;
+    int64_t now = maco__now_ms();
+    int64_t deadline = now + (p->timeout_ms > 0 ? p->timeout_ms : 60000);
+    int64_t quiet_since = now;
+    if (p->comm->cuda_device >= 0)
+        cudaSetDevice(p->comm->cuda_device);
+    for (;;) {
+        int work = maco__proxy_drain(p, &p->host_fifo, 1 << 30);
+        if (p->has_device_fifo)
+            work += maco__proxy_drain(p, &p->device_fifo, 1 << 30);
+        work += maco__proxy_poll_flushes(p);
+        now = maco__now_ms();
+        if (work > 0)
+            quiet_since = now;
+        else if (now - quiet_since >= 10 && p->pending_head == NULL)
+            break;
+        if (now > deadline) {
+            st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
+                             "maco_proxy_stop: triggers were still arriving or copies still "
+                             "running at the deadline; the rest is dropped");
+            maco__proxy_fail(p, st);
+            break;
+        }
+    }
+    if (p->stream != NULL && cudaStreamSynchronize(p->stream) != cudaSuccess)
+        cudaGetLastError();
+    return maco__comm_record(p->comm, st);
+}
+
+maco_status_t maco_proxy_destroy(maco_proxy_t p)
+{
+    if (p == NULL)
+        return MACO_OK;
+    maco_proxy_stop(p);
+    while (p->pending_head != NULL) {
+        maco__pending_flush_t *pf = p->pending_head;
+        p->pending_head = pf->next;
+        if (pf->marker)
+            maco__transport_cuda_ops.marker_free(p, pf->marker);
+        free(pf);
+    }
+    if (p->peer_host_sems != NULL)
+        for (int r = 0; r < p->comm->nranks; r++)
+            maco_mem_deregister(p->peer_host_sems[r]);
+    maco_mem_deregister(p->host_sems_mem);
+    if (p->host_sems)
+        maco_mem_free(p->comm, p->host_sems);
+    if (p->stream) {
+        cudaStreamSynchronize(p->stream);
+        cudaStreamDestroy(p->stream);
+    }
+    if (p->staging_events) {
+        for (int i = 0; i < MACO__STAGING_SLOTS; i++)
+            if (p->staging_events[i])
+                cudaEventDestroy(p->staging_events[i]);
+        free(p->staging_events);
+    }
+    if (p->staging)
+        cudaFreeHost(p->staging);
+    cudaGetLastError();
+    maco__fifo_destroy(&p->host_fifo);
+    if (p->has_device_fifo)
+        maco__fifo_destroy(&p->device_fifo);
+    free(p->peer_host_sems);
+    free(p);
+    return MACO_OK;
+}
+
+/* ------------------------------------------------------------------ channels */
+
+/* What two ranks tell each other when they create a channel (fixed layout). */
+enum { MACO__PORT_HELLO_BYTES = 16 + MACO_MEM_HANDLE_BYTES };
+
+maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_t transport,
+                                       maco_mem_t src, maco_mem_t dst, maco_port_channel_t *ch_p)
+{
+    if (p == NULL || src == NULL || dst == NULL || ch_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: NULL argument");
+    maco_comm_t comm = p->comm;
+    int src_owner, dst_owner;
+    maco_mem_get_owner(src, &src_owner);
+    maco_mem_get_owner(dst, &dst_owner);
+    if (peer < 0 || peer >= comm->nranks || peer == comm->rank || src_owner != comm->rank ||
+        dst_owner != peer)
+        return maco__comm_record(comm,
+                                 maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                                             "maco_port_channel_create: peer %d (of %d "
+                                             "ranks), src owned by rank %d (must be %d), "
+                                             "dst owned by rank %d (must be the peer)",
+                                             peer, comm->nranks, src_owner, comm->rank, dst_owner));
+    if (transport != MACO_TRANSPORT_CUDA_COPY && transport != MACO_TRANSPORT_HOST_MEMORY)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                                                   "maco_port_channel_create: transport %d is "
+                                                   "not a maco_transport_t",
+                                                   (int)transport));
+    if (transport == MACO_TRANSPORT_CUDA_COPY && !p->has_device_fifo)
+        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                                                   "maco_port_channel_create: the CUDA copy "
+                                                   "transport needs GPUs: %s",
+                                                   comm->gpu_unavailable));
+    int host_src = maco__mem_is_host(src), host_dst = maco__mem_is_host(dst);
+    if ((transport == MACO_TRANSPORT_HOST_MEMORY) != (host_src && host_dst) &&
+        (transport == MACO_TRANSPORT_HOST_MEMORY || host_src || host_dst))
+        return maco__comm_record(
+            comm,
+            maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                        "maco_port_channel_create: the %s transport needs %s buffers on "
+                        "both sides (src is %s, dst is %s)",
+                        transport == MACO_TRANSPORT_HOST_MEMORY ? "host-memory" : "CUDA copy",
+                        transport == MACO_TRANSPORT_HOST_MEMORY ? "maco_mem_alloc_host" : "device",
+                        host_src ? "host memory" : "device memory",
+                        host_dst ? "host memory" : "device memory"));
+    if (p->nchannels >= MACO_TRIGGER_MAX_CHANNELS)
+        return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
+                                                   "maco_port_channel_create: the proxy has "
+                                                   "%d channels, the most a trigger can name",
+                                                   MACO_TRIGGER_MAX_CHANNELS));
+    /* Semaphores: this rank's inbound for the peer's signals. Host memory: the proxy's shared
+     * pool; CUDA copy: the communicator's device pool. The expected count of device waits is
+     * always in the device pool (when there is a GPU). */
+    int gpu = comm->gpu_unavailable[0] == '\0';
+    if ((transport == MACO_TRANSPORT_HOST_MEMORY && p->host_sem_next >= MACO__HOST_SEMS) ||
+        (gpu && comm->sem_next >= MACO__NSEM))
+        return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
+                                                   "maco_port_channel_create: the semaphore "
+                                                   "pool is used up (%d host, %d device)",
+                                                   MACO__HOST_SEMS, MACO__NSEM));
+    uint32_t host_slot = p->host_sem_next, dev_slot = gpu ? (uint32_t)comm->sem_next : 0;
+    uint8_t mine[MACO__PORT_HELLO_BYTES], theirs[MACO__PORT_HELLO_BYTES];
+    memset(mine, 0, sizeof(mine));
+    maco__put_u32(mine, (uint32_t)transport);
+    maco__put_u32(mine + 4, host_slot);
+    maco__put_u32(mine + 8, dev_slot);
+    maco_status_t st = MACO_OK;
+    if (transport == MACO_TRANSPORT_HOST_MEMORY)
+        st = maco_mem_serialize(p->host_sems_mem, mine + 16);
+    if (st == MACO_OK)
+        st = maco__bootstrap_send(comm->bs, peer, MACO__TAG_PORT, mine, sizeof(mine));
+    if (st == MACO_OK)
+        st = maco__bootstrap_recv(comm->bs, peer, MACO__TAG_PORT, theirs, sizeof(theirs));
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    if (maco__get_u32(theirs) != (uint32_t)transport)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                                   "rank %d created its channel to rank %d "
+                                                   "with transport %u, this rank with %d",
+                                                   peer, comm->rank, maco__get_u32(theirs),
+                                                   (int)transport));
+    struct maco_port_channel *ch = (struct maco_port_channel *)calloc(1, sizeof(*ch));
+    if (ch == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
+                                                   "maco_port_channel_create: no memory"));
+    if (transport == MACO_TRANSPORT_HOST_MEMORY) {
+        if (p->peer_host_sems[peer] == NULL) {
+            st = maco_mem_import(comm, theirs + 16, &p->peer_host_sems[peer]);
+            if (st != MACO_OK) {
+                free(ch);
+                return maco__comm_record(comm, st);
+            }
+        }
+        void *peer_sems;
+        maco_mem_get_pointer(p->peer_host_sems[peer], &peer_sems);
+        ch->remote_inbound = (uint64_t *)peer_sems + maco__get_u32(theirs + 4);
+        ch->inbound = p->host_sems + host_slot;
+        ch->ops = &maco__transport_host_ops;
+        p->host_sem_next++;
+    } else {
+        ch->remote_inbound = (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) +
+                             maco__get_u32(theirs + 8);
+        ch->ops = &maco__transport_cuda_ops;
+    }
+    if (gpu)
+        comm->sem_next++;
+    ch->proxy = p;
+    ch->peer = peer;
+    ch->transport = transport;
+    void *ptr;
+    size_t bytes;
+    maco_mem_get_pointer(src, &ptr);
+    maco_mem_get_size(src, &bytes);
+    ch->src = (char *)ptr;
+    ch->src_bytes = bytes;
+    maco_mem_get_pointer(dst, &ptr);
+    maco_mem_get_size(dst, &bytes);
+    ch->dst = (char *)ptr;
+    ch->dst_bytes = bytes;
+    ch->id = p->nchannels;
+    if (gpu) {
+        maco_port_channel_device_t *d = &ch->device;
+        d->fifo = p->device_fifo.view;
+        d->channel = ch->id;
+        uint64_t *dev_inbound = transport == MACO_TRANSPORT_CUDA_COPY
+                                    ? (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot
+                                    : NULL;
+        if (transport == MACO_TRANSPORT_HOST_MEMORY &&
+            cudaHostGetDevicePointer((void **)&dev_inbound, ch->inbound, 0) != cudaSuccess) {
+            cudaGetLastError();
+            dev_inbound = NULL; /* not mapped: device waits are unavailable on this channel */
+        }
+        d->semaphore.inbound = dev_inbound;
+        d->semaphore.remote_inbound = NULL;
+        d->semaphore.expected = (uint64_t *)(comm->buf + comm->layout.expected_offset) + dev_slot;
+        d->semaphore.bound = p->device_fifo.view.bound;
+        d->semaphore.peer = peer;
+        d->semaphore.id = (int32_t)dev_slot;
+    }
+    __atomic_store_n(&p->channels[ch->id], ch, __ATOMIC_RELEASE);
+    p->nchannels++;
+    *ch_p = ch;
+    return MACO_OK;
+}
+
+maco_status_t maco_port_channel_get_device_handle(maco_port_channel_t ch,
+                                                  maco_port_channel_device_t *handle_p)
+{
+    if (ch == NULL || handle_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_get_device_handle: NULL argument");
+    if (!ch->proxy->has_device_fifo)
+        return maco__comm_record(ch->proxy->comm,
+                                 maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                                             "maco_port_channel_get_device_handle: %s",
+                                             ch->proxy->comm->gpu_unavailable));
+    *handle_p = ch->device;
+    return MACO_OK;
+}
+
+maco_status_t maco_port_channel_destroy(maco_port_channel_t ch)
+{
+    if (ch == NULL)
+        return MACO_OK;
+    __atomic_store_n(&ch->proxy->channels[ch->id], NULL, __ATOMIC_RELEASE);
+    free(ch);
+    return MACO_OK;
+}
+
+/* ------------------------------------------------------------------ host-side calls */
+
+static maco_status_t maco__port_host_push(maco_port_channel_t ch, uint32_t type,
+                                          uint64_t dst_offset, uint64_t src_offset, uint64_t bytes,
+                                          uint32_t last_extra, uint64_t *pos_p)
+{
+    if (type & MACO_TRIGGER_DATA) {
+        if (src_offset > ch->src_bytes || bytes > ch->src_bytes - src_offset ||
+            dst_offset > ch->dst_bytes || bytes > ch->dst_bytes - dst_offset)
+            return maco__comm_record(
+                ch->proxy->comm,
+                maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                            "port channel %u to rank %d: a put of %llu bytes from offset %llu "
+                            "(source %llu bytes) to offset %llu (destination %llu bytes) does "
+                            "not fit",
+                            ch->id, ch->peer, (unsigned long long)bytes,
+                            (unsigned long long)src_offset, (unsigned long long)ch->src_bytes,
+                            (unsigned long long)dst_offset, (unsigned long long)ch->dst_bytes));
+    }
+    const maco_fifo_device_t *f = &ch->proxy->host_fifo.view;
+    maco_status_t st = MACO_OK;
+    do {
+        uint64_t n = bytes > MACO_TRIGGER_MAX_SIZE ? (MACO_TRIGGER_MAX_SIZE & ~15ull) : bytes;
+        uint32_t t = type | (n == bytes ? last_extra : 0u);
+        st = maco__fifo_host_push(f, maco_trigger_make(t, ch->id, dst_offset, src_offset, n),
+                                  ch->proxy->timeout_ms, pos_p);
+        dst_offset += n;
+        src_offset += n;
+        bytes -= n;
+    } while (bytes > 0 && st == MACO_OK);
+    return maco__comm_record(ch->proxy->comm, st);
+}
+
+maco_status_t maco_port_channel_put(maco_port_channel_t ch, uint64_t dst_offset,
+                                    uint64_t src_offset, uint64_t bytes)
+{
+    uint64_t pos;
+    if (ch == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_put: ch is NULL");
+    return maco__port_host_push(ch, MACO_TRIGGER_DATA, dst_offset, src_offset, bytes, 0, &pos);
+}
+
+maco_status_t maco_port_channel_signal(maco_port_channel_t ch)
+{
+    uint64_t pos;
+    if (ch == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_signal: ch is NULL");
+    return maco__port_host_push(ch, MACO_TRIGGER_SIGNAL, 0, 0, 0, 0, &pos);
+}
+
+maco_status_t maco_port_channel_put_with_signal(maco_port_channel_t ch, uint64_t dst_offset,
+                                                uint64_t src_offset, uint64_t bytes)
+{
+    uint64_t pos;
+    if (ch == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_put_with_signal: ch is NULL");
+    return maco__port_host_push(ch, MACO_TRIGGER_DATA, dst_offset, src_offset, bytes,
+                                MACO_TRIGGER_SIGNAL, &pos);
+}
+
+maco_status_t maco_port_channel_flush(maco_port_channel_t ch)
+{
+    uint64_t pos;
+    if (ch == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_flush: ch is NULL");
+    maco_status_t st = maco__port_host_push(ch, MACO_TRIGGER_FLUSH, 0, 0, 0, 0, &pos);
+    if (st != MACO_OK)
+        return st;
+    return maco__comm_record(
+        ch->proxy->comm,
+        maco__fifo_host_wait_flush(&ch->proxy->host_fifo.view, pos, ch->proxy->timeout_ms));
+}
+
+maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
+{
+    if (ch == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_wait: ch is NULL");
+    if (ch->transport != MACO_TRANSPORT_HOST_MEMORY)
+        return maco__comm_record(ch->proxy->comm,
+                                 maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                                             "maco_port_channel_wait: channel %u uses the CUDA "
+                                             "copy transport; its signals land in device "
+                                             "memory, wait on the device",
+                                             ch->id));
+    if (timeout_ms < 0)
+        timeout_ms = ch->proxy->timeout_ms;
+    uint64_t want = ch->host_expected + 1;
+    int64_t deadline = maco__now_ms() + timeout_ms;
+    uint32_t spins = 0;
+    uint64_t seen;
+    while ((seen = __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE)) < want) {
+        if (timeout_ms > 0 && maco__now_ms() > deadline)
+            return maco__comm_record(
+                ch->proxy->comm,
+                maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
+                            "port channel %u: no signal from rank %d within %lld ms (waited for "
+                            "signal %llu, saw %llu)",
+                            ch->id, ch->peer, (long long)timeout_ms, (unsigned long long)want,
+                            (unsigned long long)seen));
+        if (++spins > 1000)
+            sched_yield();
+    }
+    ch->host_expected = want;
+    return MACO_OK;
+}

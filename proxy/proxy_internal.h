@@ -1,0 +1,141 @@
+/*
+ * proxy_internal.h - the proxy service, its FIFOs and its transports (internal).
+ *
+ * Layering: proxy.c owns the thread, the FIFOs and the channel table; each transport
+ * (transport_cuda.c, transport_host.c) is one ops table; they do not include each other.
+ */
+#ifndef MACO_PROXY_INTERNAL_H
+#define MACO_PROXY_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "comm_internal.h"
+#include "maco/device/fifo.h"
+#include "maco/port_channel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ FIFO (host side) */
+
+typedef struct maco__fifo {
+    maco_fifo_device_t view; /* what pushers use (device addresses for a device FIFO) */
+    int on_device;           /* head in device memory, ring in mapped pinned memory */
+    uint64_t tail;           /* the consumer's next position (proxy thread only) */
+    /* Host addresses of what the proxy writes. */
+    maco_trigger_t *ring;
+    volatile uint64_t *tail_pub;
+    volatile uint64_t *flush_done;
+    volatile uint32_t *state;
+    void *host_block;   /* tail, flush_done, state (one allocation) */
+    void *device_block; /* head and tail cache (device FIFO) */
+} maco__fifo_t;
+
+/** Creates a FIFO of `capacity` triggers (a power of two) for GPU or host pushers. */
+maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_device,
+                                const maco_device_wait_bound_t *bound);
+void maco__fifo_destroy(maco__fifo_t *f);
+
+/** Host-side push (any thread); bounded by `timeout_ms`. *pos_p gets the position. */
+maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t,
+                                   int64_t timeout_ms, uint64_t *pos_p);
+
+/** Host-side wait for a flush at `pos` (flush_done > pos), bounded. */
+maco_status_t maco__fifo_host_wait_flush(const maco_fifo_device_t *f, uint64_t pos,
+                                         int64_t timeout_ms);
+
+/** Consumer: 1 and *t when the trigger at f->tail has been published, else 0. */
+int maco__fifo_peek(maco__fifo_t *f, maco_trigger_t *t);
+
+/** Consumer: done with the trigger at f->tail; publishes the new tail. */
+void maco__fifo_pop(maco__fifo_t *f);
+
+/* ------------------------------------------------------------------ channels, transports */
+
+typedef struct maco__transport_ops maco__transport_ops_t;
+
+struct maco_port_channel {
+    struct maco_proxy *proxy;
+    uint32_t id;
+    int peer;
+    maco_transport_t transport;
+    const maco__transport_ops_t *ops;
+    char *src; /* this rank's source buffer (host address for host memory) */
+    uint64_t src_bytes;
+    char *dst; /* the peer's destination buffer, mapped here */
+    uint64_t dst_bytes;
+    uint64_t *remote_inbound;          /* the peer's semaphore for signals from this channel */
+    uint64_t signals_sent;             /* proxy thread: value the next signal writes */
+    uint64_t *inbound;                 /* this rank's semaphore (host address) */
+    uint64_t host_expected;            /* host waits */
+    maco_port_channel_device_t device; /* device handle (when the comm has a GPU) */
+};
+
+/*
+ * A transport's operations, called on the proxy thread. `size` first (libfabric style), so
+ * the table can grow. put and signal queue or carry out the work; flush_mark returns 1 when
+ * every earlier operation of the transport has completed, else queues a marker and returns
+ * 0 (the proxy then polls flush_poll until it returns 1).
+ */
+struct maco__transport_ops {
+    size_t size;
+    const char *name;
+    maco_status_t (*put)(struct maco_port_channel *ch, uint64_t dst_offset, uint64_t src_offset,
+                         uint64_t bytes);
+    maco_status_t (*signal)(struct maco_port_channel *ch);
+    maco_status_t (*mark)(struct maco_proxy *proxy, void **marker_p);
+    int (*marker_done)(struct maco_proxy *proxy, void *marker);
+    void (*marker_free)(struct maco_proxy *proxy, void *marker);
+};
+
+extern const maco__transport_ops_t maco__transport_cuda_ops;
+extern const maco__transport_ops_t maco__transport_host_ops;
+
+/* A flush waiting for earlier CUDA work. */
+typedef struct maco__pending_flush {
+    struct maco__pending_flush *next;
+    maco__fifo_t *fifo;
+    uint64_t pos;
+    void *marker; /* NULL: nothing to wait for */
+} maco__pending_flush_t;
+
+struct maco_proxy {
+    maco_comm_t comm;
+    maco__fifo_t host_fifo;
+    maco__fifo_t device_fifo; /* valid when has_device_fifo */
+    int has_device_fifo;
+    pthread_t thread;
+    int running;
+    volatile int stop_requested;
+    maco_port_channel_t channels[MACO_TRIGGER_MAX_CHANNELS]; /* written before use, by id */
+    uint32_t nchannels;
+    /* Semaphores of host-memory channels: shared host memory, imported by peers. */
+    uint64_t *host_sems;
+    maco_mem_t host_sems_mem;
+    maco_mem_t *peer_host_sems; /* [nranks], imported on first use */
+    uint32_t host_sem_next;
+    /* CUDA copy: one stream for all channels, so work completes in trigger order. */
+    cudaStream_t stream;
+    int cuda_work_since_marker;
+    uint64_t *staging; /* fallback signal values when stream writes are unavailable */
+    uint32_t staging_next;
+    cudaEvent_t *staging_events;
+    int stream_writes; /* cuStreamWriteValue64 usable */
+    maco__pending_flush_t *pending_head, *pending_tail;
+    int64_t timeout_ms;
+};
+
+enum { MACO__HOST_SEMS = 4096, MACO__STAGING_SLOTS = 1024 };
+
+/** Records an error found on the proxy thread as the communicator's asynchronous error. */
+void maco__proxy_fail(struct maco_proxy *proxy, maco_status_t status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_PROXY_INTERNAL_H */

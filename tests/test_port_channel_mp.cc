@@ -1,0 +1,270 @@
+/*
+ * test_port_channel_mp.cc - port channels end to end over the host-memory transport, between
+ * real processes (maco-run -n 2 and -n 4): host threads push into the proxy's FIFO, the proxy
+ * thread copies between shared host buffers and signals, peers wait and check every byte.
+ * Needs no GPU, so CI runs it.
+ */
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "maco_test.h"
+#include "test_kernels.h"
+
+namespace
+{
+
+using maco_test::Bootstrap;
+using maco_test::NRanks;
+using maco_test::Rank;
+
+/* Shared host buffers on every rank, a started proxy and a host-memory channel to each peer. */
+struct HostMesh {
+    maco_comm_t comm = nullptr;
+    char *buf = nullptr;
+    size_t bytes = 0;
+    maco_mem_t mine = nullptr;
+    std::vector<maco_mem_t> peers;
+    maco_proxy_t proxy = nullptr;
+    std::vector<maco_port_channel_t> chans;
+
+    void Setup(size_t size)
+    {
+        ASSERT_EQ(maco_comm_create(Bootstrap(), -1, &comm), MACO_OK);
+        bytes = size;
+        void *p = nullptr;
+        ASSERT_EQ(maco_mem_alloc_host(comm, bytes, &p), MACO_OK) << maco_comm_get_last_error(comm);
+        buf = static_cast<char *>(p);
+        memset(buf, 0xAB, bytes);
+        ASSERT_EQ(maco_mem_register(comm, buf, bytes, &mine), MACO_OK)
+            << maco_comm_get_last_error(comm);
+        std::vector<uint8_t> h(static_cast<size_t>(NRanks()) * MACO_MEM_HANDLE_BYTES);
+        ASSERT_EQ(maco_mem_serialize(mine, &h[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
+                  MACO_OK);
+        ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), h.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
+        peers.assign(static_cast<size_t>(NRanks()), nullptr);
+        chans.assign(static_cast<size_t>(NRanks()), nullptr);
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(maco_mem_import(comm, &h[static_cast<size_t>(q) * MACO_MEM_HANDLE_BYTES],
+                                          &peers[static_cast<size_t>(q)]),
+                          MACO_OK)
+                    << maco_comm_get_last_error(comm);
+            }
+        }
+        ASSERT_EQ(maco_proxy_create(comm, &proxy), MACO_OK) << maco_comm_get_last_error(comm);
+        ASSERT_EQ(maco_proxy_start(proxy), MACO_OK);
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(maco_port_channel_create(proxy, q, MACO_TRANSPORT_HOST_MEMORY, mine,
+                                                   peers[static_cast<size_t>(q)],
+                                                   &chans[static_cast<size_t>(q)]),
+                          MACO_OK)
+                    << maco_comm_get_last_error(comm);
+            }
+        }
+    }
+
+    ~HostMesh()
+    {
+        maco_proxy_stop(proxy);
+        for (auto c : chans)
+            maco_port_channel_destroy(c);
+        maco_proxy_destroy(proxy);
+        for (auto p : peers)
+            maco_mem_deregister(p);
+        maco_mem_deregister(mine);
+        maco_bootstrap_barrier(Bootstrap()); /* peers unmapped this buffer */
+        if (buf != nullptr)
+            maco_mem_free(comm, buf);
+        maco_comm_destroy(comm);
+    }
+};
+
+class PortChannelHost : public maco_test::Test
+{
+  protected:
+    void SetUp() override
+    {
+        maco_test::Test::SetUp();
+        if (Rank() == 0)
+            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
+        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
+    }
+    uint64_t seed_ = 0;
+};
+
+/* Rank r's data lives in its slot r; a put to q lands in q's slot r. */
+size_t CountWrongSlot(const char *slot, size_t slot_bytes, size_t skew, size_t size, uint64_t seed,
+                      uint64_t pattern_offset)
+{
+    size_t wrong = 0;
+    for (size_t i = 0; i < slot_bytes; i++) {
+        uint8_t want = 0xAB;
+        if (i >= skew && i < skew + size)
+            want = test_pattern_byte(seed, i - skew + pattern_offset);
+        wrong += static_cast<uint8_t>(slot[i]) != want;
+    }
+    return wrong;
+}
+
+TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
+{
+    const size_t kSlot = (1 << 20) + 7;
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    std::mt19937_64 rng(seed_);
+    for (int round = 0; round < 20; round++) {
+        size_t size = round == 0 ? 1 : 1 + rng() % (kSlot - 40);
+        size_t src_skew = rng() % 17, dst_skew = rng() % 17;
+        uint64_t pseed = seed_ ^ (static_cast<uint64_t>(round) << 40);
+        memset(m.buf, 0xAB, m.bytes);
+        char *mine = m.buf + static_cast<size_t>(Rank()) * kSlot;
+        for (size_t i = 0; i < kSlot; i++)
+            mine[i] =
+                static_cast<char>(test_pattern_byte(pseed + static_cast<uint64_t>(Rank()), i));
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK); /* all poisoned before any put */
+        size_t base = static_cast<size_t>(Rank()) * kSlot;
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(maco_port_channel_put_with_signal(m.chans[static_cast<size_t>(q)],
+                                                            base + dst_skew, base + src_skew, size),
+                          MACO_OK);
+            }
+        }
+        for (int q = 0; q < NRanks(); q++) {
+            if (q == Rank())
+                continue;
+            ASSERT_EQ(maco_port_channel_wait(m.chans[static_cast<size_t>(q)], 20000), MACO_OK)
+                << maco_comm_get_last_error(m.comm);
+            size_t wrong = CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, dst_skew,
+                                          size, pseed + static_cast<uint64_t>(q), src_skew);
+            ASSERT_EQ(wrong, 0u) << "round " << round << " from rank " << q << ", " << size
+                                 << " bytes";
+        }
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    }
+}
+
+TEST_F(PortChannelHost, FlushMeansTheDataHasLanded)
+{
+    const size_t kSlot = 65536;
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    char *mine = m.buf + static_cast<size_t>(Rank()) * kSlot;
+    for (size_t i = 0; i < kSlot; i++)
+        mine[i] = static_cast<char>(test_pattern_byte(seed_ + static_cast<uint64_t>(Rank()), i));
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    size_t base = static_cast<size_t>(Rank()) * kSlot;
+    for (int q = 0; q < NRanks(); q++) {
+        if (q != Rank()) {
+            ASSERT_EQ(maco_port_channel_put(m.chans[static_cast<size_t>(q)], base, base, kSlot),
+                      MACO_OK);
+        }
+    }
+    /* No signal: the flush alone says the data is in the peers' memory. */
+    int any = (Rank() + 1) % NRanks();
+    ASSERT_EQ(maco_port_channel_flush(m.chans[static_cast<size_t>(any)]), MACO_OK);
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    for (int q = 0; q < NRanks(); q++) {
+        if (q != Rank()) {
+            EXPECT_EQ(CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
+                                     seed_ + static_cast<uint64_t>(q), 0),
+                      0u)
+                << "from rank " << q;
+        }
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+/* Four host threads push puts of their quarter at once; then one signal per peer. */
+TEST_F(PortChannelHost, ManyThreadsPushAtOnce)
+{
+    const size_t kSlot = 4 << 20;
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    char *mine = m.buf + static_cast<size_t>(Rank()) * kSlot;
+    for (size_t i = 0; i < kSlot; i++)
+        mine[i] = static_cast<char>(test_pattern_byte(seed_ + static_cast<uint64_t>(Rank()), i));
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    std::atomic<int> failures{ 0 };
+    std::vector<std::thread> threads;
+    const size_t piece = 4096;
+    for (int t = 0; t < 4; t++) {
+        threads.emplace_back([&, t] {
+            size_t base = static_cast<size_t>(Rank()) * kSlot;
+            for (size_t off = static_cast<size_t>(t) * piece; off < kSlot; off += 4 * piece)
+                for (int q = 0; q < NRanks(); q++) {
+                    if (q != Rank() &&
+                        maco_port_channel_put(m.chans[static_cast<size_t>(q)], base + off,
+                                              base + off, piece) != MACO_OK)
+                        failures++;
+                }
+        });
+    }
+    for (auto &t : threads)
+        t.join();
+    ASSERT_EQ(failures.load(), 0);
+    for (int q = 0; q < NRanks(); q++) {
+        if (q != Rank()) {
+            ASSERT_EQ(maco_port_channel_signal(m.chans[static_cast<size_t>(q)]), MACO_OK);
+        }
+    }
+    for (int q = 0; q < NRanks(); q++) {
+        if (q == Rank())
+            continue;
+        ASSERT_EQ(maco_port_channel_wait(m.chans[static_cast<size_t>(q)], 30000), MACO_OK);
+        EXPECT_EQ(CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
+                                 seed_ + static_cast<uint64_t>(q), 0),
+                  0u)
+            << "from rank " << q;
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
+{
+    const size_t kSlot = 4096;
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    int peer = (Rank() + 1) % NRanks();
+    maco_port_channel_t ch = m.chans[static_cast<size_t>(peer)];
+    maco_test::AllowLog("does not fit");
+    EXPECT_EQ(maco_port_channel_put(ch, m.bytes - 10, 0, 11), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_port_channel_put(ch, 0, m.bytes, 1), MACO_ERR_INVALID_ARGUMENT);
+    /* Nobody signals: the wait ends at its bound, naming the peer. */
+    maco_test::AllowLog("no signal from rank");
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(maco_port_channel_wait(ch, 300), MACO_ERR_TIMEOUT);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 5.0);
+    std::string msg = maco_comm_get_last_error(m.comm);
+    EXPECT_NE(msg.find("rank " + std::to_string(peer)), std::string::npos) << msg;
+    /* A stopped proxy fails a flush at once instead of leaving the caller waiting. */
+    ASSERT_EQ(maco_proxy_stop(m.proxy), MACO_OK);
+    maco_test::AllowLog("the proxy stopped before completing it");
+    t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(maco_port_channel_flush(ch), MACO_ERR_REMOTE);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    int ndev = 0;
+    if (maco_comm_get_cuda_device(m.comm, &ndev) == MACO_OK && ndev < 0) {
+        maco_test::AllowLog("needs GPUs");
+        maco_port_channel_t cuda_ch = nullptr;
+        EXPECT_EQ(maco_port_channel_create(m.proxy, peer, MACO_TRANSPORT_CUDA_COPY, m.mine,
+                                           m.peers[static_cast<size_t>(peer)], &cuda_ch),
+                  MACO_ERR_UNSUPPORTED);
+        EXPECT_EQ(cuda_ch, nullptr);
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    return maco_test::MultiProcessMain(argc, argv, false, false);
+}
