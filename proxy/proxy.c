@@ -90,6 +90,11 @@ static void maco__proxy_bind(maco_comm_t comm)
 
 static maco_status_t maco__proxy_flush(struct maco_proxy *p, maco__fifo_t *f, uint64_t pos)
 {
+    if (!p->cuda_work_since_marker && p->pending_head == NULL) {
+        /* Nothing outstanding: done now (the common, latency-critical case). */
+        __atomic_store_n(f->flush_done, pos + 1, __ATOMIC_RELEASE);
+        return MACO_OK;
+    }
     maco__pending_flush_t *pf = (maco__pending_flush_t *)calloc(1, sizeof(*pf));
     if (pf == NULL)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "flush: no memory");

@@ -20,8 +20,10 @@
 static maco_status_t maco__cuda_put(struct maco_port_channel *ch, uint64_t dst_offset,
                                     uint64_t src_offset, uint64_t bytes)
 {
+    /* Device to device (both are device memory): no per-copy pointer lookup, which
+     * cudaMemcpyDefault would do. */
     cudaError_t err = cudaMemcpyAsync(ch->dst + dst_offset, ch->src + src_offset, bytes,
-                                      cudaMemcpyDefault, ch->proxy->stream);
+                                      cudaMemcpyDeviceToDevice, ch->proxy->stream);
     if (err != cudaSuccess) {
         cudaGetLastError();
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,

@@ -2,8 +2,10 @@
 # Runs on a lent GPU machine over a build made elsewhere and carried along (build/): the GPU
 # tests, then maco-perf allreduce against NCCL on 4 (if present) and 2 GPUs, and an
 # algorithm sweep. Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: scripts/gpu-session.sh [quick|sweep]
-#   quick: tests and the two tables only; sweep: also rsag CTAs x scratch size at 16M..1G
+#   usage: scripts/gpu-session.sh [quick|benches|sweep]
+#   default: tests, compute-sanitizer, channel benchmarks, allreduce tables
+#   quick: tests and the allreduce tables; benches: default without compute-sanitizer;
+#   sweep: default plus rsag CTAs x scratch size and the algorithm crossover
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -31,7 +33,9 @@ step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
 if [ "${1:-}" != quick ]; then
   # compute-sanitizer on the 2-GPU suite, without the cases too slow under it.
   slow='-*UpTo256MiB*:*LargeMessages*:*PingPong*:*OverManyLaunches*:*EveryAlgorithm*'
-  for tool in memcheck racecheck; do
+  tools="memcheck racecheck"
+  [ "${1:-}" = benches ] && tools=""
+  for tool in $tools; do
     step "sanitize-$tool" 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 \
       compute-sanitizer --tool "$tool" --error-exitcode 99 "$B/tests/test_gpu_mp" --gtest_filter="$slow"
   done
