@@ -90,6 +90,8 @@ static void maco__proxy_bind(maco_comm_t comm)
 
 static maco_status_t maco__proxy_flush(struct maco_proxy *p, maco__fifo_t *f, uint64_t pos)
 {
+    if (p->draining)
+        return MACO_OK; /* after a stop no flush completes: its waiter fails instead */
     if (!p->cuda_work_since_marker && p->pending_head == NULL) {
         /* Nothing outstanding: done now (the common, latency-critical case). */
         __atomic_store_n(f->flush_done, pos + 1, __ATOMIC_RELEASE);
@@ -304,6 +306,7 @@ maco_status_t maco_proxy_start(maco_proxy_t p)
         return maco__comm_record(p->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
                                                       "maco_proxy_start: the proxy runs already"));
     p->stop_requested = 0;
+    p->draining = 0;
     __atomic_store_n(p->host_fifo.state, MACO_PROXY_RUNNING, __ATOMIC_RELEASE);
     if (p->has_device_fifo)
         __atomic_store_n(p->device_fifo.state, MACO_PROXY_RUNNING, __ATOMIC_RELEASE);
@@ -335,6 +338,17 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
     __atomic_store_n(&p->stop_requested, 1, __ATOMIC_RELEASE);
     pthread_join(p->thread, NULL);
     p->running = 0;
+    /* Flushes not completed by now never will be: a waiter, seeing the stopped state, fails
+     * with MACO_ERR_REMOTE (completing them would let a kernel that keeps pushing run on). */
+    p->draining = 1;
+    while (p->pending_head != NULL) {
+        maco__pending_flush_t *pf = p->pending_head;
+        p->pending_head = pf->next;
+        if (pf->marker)
+            maco__transport_cuda_ops.marker_free(p, pf->marker);
+        free(pf);
+    }
+    p->pending_tail = NULL;
     /* Then carry out what was already published (and what arrives while doing so) until
      * 10 ms pass without a new trigger, and wait for outstanding copies, all within the
      * bound. */

@@ -111,6 +111,7 @@ struct maco_proxy {
     pthread_t thread;
     int running;
     volatile int stop_requested;
+    int draining; /* stopped: carry out published data and signals, complete no flush */
     maco_port_channel_t channels[MACO_TRIGGER_MAX_CHANNELS]; /* written before use, by id */
     uint32_t nchannels;
     /* Semaphores of host-memory channels: shared host memory, imported by peers. */

@@ -2,9 +2,10 @@
 # Runs on a lent GPU machine over a build made elsewhere and carried along (build/): the GPU
 # tests, then maco-perf allreduce against NCCL on 4 (if present) and 2 GPUs, and an
 # algorithm sweep. Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: scripts/gpu-session.sh [quick|benches|sweep]
+#   usage: scripts/gpu-session.sh [quick|benches|port|sweep]
 #   default: tests, compute-sanitizer, channel benchmarks, allreduce tables
 #   quick: tests and the allreduce tables; benches: default without compute-sanitizer;
+#   port: tests and the port-channel benchmark only;
 #   sweep: default plus rsag CTAs x scratch size and the algorithm crossover
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,10 @@ step() { # name timeout command...
   return 0
 }
 step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
-if [ "${1:-}" != quick ]; then
+if [ "${1:-}" = port ]; then
+  step bench-port 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
+    "$B/tests/bench_port_channel"
+elif [ "${1:-}" != quick ]; then
   # compute-sanitizer on the 2-GPU suite, without the cases too slow under it.
   slow='-*UpTo256MiB*:*LargeMessages*:*PingPong*:*OverManyLaunches*:*EveryAlgorithm*'
   tools="memcheck racecheck"
@@ -45,10 +49,11 @@ if [ "${1:-}" != quick ]; then
     "$B/tests/bench_port_channel"
 fi
 perf="$B/tools/maco-perf allreduce -b 8 -e 1G -f 2 -d bfloat16 --nccl"
+if [ "${1:-}" = port ]; then ngpu=0; fi # port mode: no allreduce tables
 if [ "$ngpu" -ge 4 ]; then
   step perf-n4 240 "$B/tools/maco-run" -n 4 --timeout 230 $perf --json "$OUT/perf-n4.json"
 fi
-step perf-n2 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 $perf --json "$OUT/perf-n2.json"
+[ "${1:-}" = port ] || step perf-n2 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 $perf --json "$OUT/perf-n2.json"
 if [ "${1:-}" = sweep ] && [ "$ngpu" -ge 4 ]; then
   {
     for ctas in 32 64 128; do

@@ -6,7 +6,7 @@ if(NOT CLANG_FORMAT)
   return()
 endif()
 set(files)
-foreach(dir include src algorithms tools tests examples)
+foreach(dir include src proxy algorithms tools tests examples)
   file(GLOB_RECURSE found ${SRC}/${dir}/*.c ${SRC}/${dir}/*.h ${SRC}/${dir}/*.cc
        ${SRC}/${dir}/*.cu ${SRC}/${dir}/*.cuh)
   list(APPEND files ${found})

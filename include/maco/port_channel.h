@@ -56,11 +56,11 @@ MACO_API maco_status_t maco_proxy_start(maco_proxy_t proxy);
 /**
  * Stops the proxy: first marks its FIFOs stopped, so device and host calls waiting for ring
  * space or for a flush return MACO_ERR_REMOTE at once instead of waiting (kernels exit with
- * an error, never hang); then stops the thread and carries out the triggers already
- * published, until none arrives for 10 ms, and waits for their copies, all within
- * MACO_DEVICE_TIMEOUT. Triggers published later are not carried out. Blocking. Returns
- * MACO_ERR_TIMEOUT if triggers kept arriving until the deadline (the rest is dropped; the
- * communicator's async error says so).
+ * an error, never hang), and no flush completes after that; then stops the thread and carries
+ * out the puts and signals already published, until none arrives for 10 ms, and waits for
+ * their copies, all within MACO_DEVICE_TIMEOUT. Triggers published later are not carried out.
+ * Blocking. Returns MACO_ERR_TIMEOUT if triggers kept arriving until the deadline (the rest is
+ * dropped; the communicator's async error says so).
  */
 MACO_API maco_status_t maco_proxy_stop(maco_proxy_t proxy);
 

@@ -34,7 +34,8 @@ extern "C" {
     X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020)                   \
     X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)                         \
     X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)   \
-    X(cuStreamWriteValue64, PFN_cuStreamWriteValue64_v11070)
+    X(cuStreamWriteValue64, PFN_cuStreamWriteValue64_v11070)                                       \
+    X(cuMemcpyDtoDAsync, PFN_cuMemcpyDtoDAsync_v3020)
 
 typedef struct maco__cu_table {
 #define MACO__CU_FIELD(name, type) type name;
