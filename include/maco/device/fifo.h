@@ -188,12 +188,12 @@ static __device__ __forceinline__ maco_status_t maco_fifo_wait_flush(const maco_
                                                                      uint64_t pos)
 {
     maco_spin_state_t spin = { 0, 0 };
+    uint32_t polls = 0; /* its own count: maco_spin_check advances spin.iterations */
     /* Each read here crosses PCIe (about a microsecond): poll flush_done alone, and look at
      * the proxy's state only every 64 polls. */
     while (*f->flush_done <= pos) {
         maco_status_t st = MACO_OK;
-        if ((++spin.iterations & 63u) == 0 && *f->proxy_state != MACO_PROXY_RUNNING &&
-            *f->flush_done <= pos)
+        if ((++polls & 63u) == 0 && *f->proxy_state != MACO_PROXY_RUNNING && *f->flush_done <= pos)
             st = MACO_ERR_REMOTE;
         else
             st = maco_spin_check(&f->bound, &spin);
