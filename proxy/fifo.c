@@ -47,7 +47,8 @@ maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_devic
         f->view.head = (uint64_t *)f->device_block;
         f->view.tail_cache = (uint64_t *)f->device_block + 1;
     } else {
-        f->ring = (maco_trigger_t *)aligned_alloc(64, ring_bytes);
+        /* aligned_alloc needs a size that is a multiple of the alignment (C11 7.22.3.1). */
+        f->ring = (maco_trigger_t *)aligned_alloc(64, (ring_bytes + 63) / 64 * 64);
         hb = (maco__fifo_host_block_t *)aligned_alloc(64, sizeof(*hb));
         uint64_t *head = (uint64_t *)aligned_alloc(64, 64);
         if (f->ring == NULL || hb == NULL || head == NULL) {
