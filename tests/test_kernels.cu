@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "maco/device/sync.h"
+#include "perf_kernels.h"
 
 __global__ void test_fill_pattern_kernel(char *dst, size_t bytes, uint64_t seed)
 {
@@ -342,4 +343,20 @@ extern "C" cudaError_t test_port_flush_loop(const maco_port_channel_device_t *ha
 {
     test_port_flush_loop_kernel<<<1, 1, 0, stream>>>(handle, iters, bytes, status, rounds);
     return cudaGetLastError();
+}
+
+extern "C" unsigned long long test_count_wrong_slot(const char *slot, size_t slot_bytes,
+                                                    size_t skew, size_t size, uint64_t seed,
+                                                    uint64_t offset, unsigned long long *counter)
+{
+    unsigned long long zero = 0, wrong = ~0ull;
+    if (cudaMemcpy(counter, &zero, sizeof(zero), cudaMemcpyHostToDevice) != cudaSuccess ||
+        maco_perf_check_bytes(slot, skew, 0xAB, counter, nullptr) != cudaSuccess ||
+        test_count_pattern_mismatch(slot + skew, size, seed, offset, counter, nullptr) !=
+            cudaSuccess ||
+        maco_perf_check_bytes(slot + skew + size, slot_bytes - skew - size, 0xAB, counter,
+                              nullptr) != cudaSuccess ||
+        cudaMemcpy(&wrong, counter, sizeof(wrong), cudaMemcpyDeviceToHost) != cudaSuccess)
+        return ~0ull;
+    return wrong;
 }

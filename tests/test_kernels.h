@@ -32,6 +32,16 @@ cudaError_t test_count_pattern_mismatch(const char *p, size_t bytes, uint64_t se
                                         cudaStream_t stream);
 
 /**
+ * Checks a destination slot on the GPU: bytes [0, skew) and [skew+size, slot_bytes) must
+ * still hold the poison 0xAB, bytes [skew, skew+size) test_pattern_byte(seed, offset + i).
+ * Returns the number of wrong bytes (synchronous; ~0 when a CUDA call failed).
+ * `counter` is a device unsigned long long the call may overwrite.
+ */
+unsigned long long test_count_wrong_slot(const char *slot, size_t slot_bytes, size_t skew,
+                                         size_t size, uint64_t seed, uint64_t offset,
+                                         unsigned long long *counter);
+
+/**
  * One CTA per peer q != rank (grid = nranks): puts local[src_off, +bytes) into q's buffer
  * at dst_off through handles[q], signals q, waits for q's signal. status[q] gets the wait's
  * maco_status_t.

@@ -200,19 +200,10 @@ class MemoryChannel : public maco_test::Test
         maco_test::Test::TearDown();
     }
 
-    /* Bytes of slot q that differ from: poison outside [skew, skew+size), q's pattern inside. */
     unsigned long long CountWrong(const char *slot, size_t slot_bytes, size_t skew, size_t size,
-                                  uint64_t pattern_seed, uint64_t pattern_offset)
+                                  uint64_t seed, uint64_t offset)
     {
-        unsigned long long zero = 0, wrong = ~0ull;
-        cudaMemcpy(counter_, &zero, sizeof(zero), cudaMemcpyHostToDevice);
-        maco_perf_check_bytes(slot, skew, 0xAB, counter_, nullptr);
-        test_count_pattern_mismatch(slot + skew, size, pattern_seed, pattern_offset, counter_,
-                                    nullptr);
-        maco_perf_check_bytes(slot + skew + size, slot_bytes - skew - size, 0xAB, counter_,
-                              nullptr);
-        cudaMemcpy(&wrong, counter_, sizeof(wrong), cudaMemcpyDeviceToHost);
-        return wrong;
+        return test_count_wrong_slot(slot, slot_bytes, skew, size, seed, offset, counter_);
     }
 
     std::vector<int> Statuses()

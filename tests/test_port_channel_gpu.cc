@@ -110,17 +110,11 @@ class PortChannelGpu : public maco_test::Test
         cudaFree(aux_);
         maco_test::Test::TearDown();
     }
+
     unsigned long long CountWrong(const char *slot, size_t slot_bytes, size_t skew, size_t size,
-                                  uint64_t pseed, uint64_t poff)
+                                  uint64_t seed, uint64_t offset)
     {
-        unsigned long long zero = 0, wrong = ~0ull;
-        cudaMemcpy(counter_, &zero, sizeof(zero), cudaMemcpyHostToDevice);
-        maco_perf_check_bytes(slot, skew, 0xAB, counter_, nullptr);
-        test_count_pattern_mismatch(slot + skew, size, pseed, poff, counter_, nullptr);
-        maco_perf_check_bytes(slot + skew + size, slot_bytes - skew - size, 0xAB, counter_,
-                              nullptr);
-        cudaMemcpy(&wrong, counter_, sizeof(wrong), cudaMemcpyDeviceToHost);
-        return wrong;
+        return test_count_wrong_slot(slot, slot_bytes, skew, size, seed, offset, counter_);
     }
     std::vector<int> Statuses()
     {
