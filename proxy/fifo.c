@@ -102,11 +102,7 @@ void maco__fifo_destroy(maco__fifo_t *f)
 static void maco__cpu_relax(uint32_t spins)
 {
     if (spins < 256) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ volatile("yield");
-#endif
+        maco__cpu_pause();
     } else {
         sched_yield();
     }

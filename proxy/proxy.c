@@ -222,11 +222,7 @@ static void *maco__proxy_main(void *arg)
             continue;
         }
         if (++idle < 4096) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#elif defined(__aarch64__)
-            __asm__ volatile("yield");
-#endif
+            maco__cpu_pause();
         } else if (idle_since == 0) {
             idle_since = maco__now_ms();
         } else if (maco__now_ms() - idle_since < 1) {

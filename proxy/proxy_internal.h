@@ -20,6 +20,16 @@
 extern "C" {
 #endif
 
+/* A pause hint for busy-wait loops (the CPU's spin-loop instruction). */
+static inline void maco__cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /* ------------------------------------------------------------------ FIFO (host side) */
 
 typedef struct maco__fifo {

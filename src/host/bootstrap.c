@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "bootstrap_internal.h"
@@ -202,16 +201,6 @@ static struct {
     uint64_t nonce;
     int fd;
 } maco__root_sockets[16];
-
-static uint64_t maco__random_u64(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
-        /* No entropy source: mix clock and pid (weaker, still distinct per job). */
-        v = (uint64_t)maco__now_ms() * 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 32);
-    }
-    return v ? v : 1;
-}
 
 static void maco__id_encode(maco_unique_id_t *id, uint64_t nonce, const maco__sockaddr_t *root)
 {

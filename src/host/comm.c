@@ -39,12 +39,7 @@ void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
 {
     if (comm == NULL || status == MACO_OK)
         return;
-    pthread_mutex_lock(&comm->error_lock);
-    if (comm->first_status == MACO_OK) {
-        comm->first_status = status;
-        snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
-    }
-    pthread_mutex_unlock(&comm->error_lock);
+    maco__comm_record(comm, status);
     __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 }, (int32_t)status, 0,
                                 __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -40,14 +39,6 @@ static uint64_t maco__fd_nonce;
 static pthread_t maco__fd_thread;
 static pthread_once_t maco__fd_atfork_once = PTHREAD_ONCE_INIT;
 
-static uint64_t maco__random64(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-        v = (uint64_t)maco__now_ms() * 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 20);
-    return v ? v : 1;
-}
-
 uint64_t maco__process_token(void)
 {
     static uint64_t token;
@@ -55,7 +46,7 @@ uint64_t maco__process_token(void)
     pid_t pid = getpid();
     /* A forked child is another process: it gets its own token. */
     if (__atomic_load_n(&token_pid, __ATOMIC_ACQUIRE) != pid) {
-        token = maco__random64();
+        token = maco__random_u64();
         __atomic_store_n(&token_pid, pid, __ATOMIC_RELEASE);
     }
     return token;
@@ -172,7 +163,7 @@ static void *maco__fd_main(void *arg)
 static maco_status_t maco__fd_start(void)
 {
     pthread_once(&maco__fd_atfork_once, maco__fd_register_atfork);
-    maco__fd_nonce = maco__random64();
+    maco__fd_nonce = maco__random_u64();
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM, "fd server: socket(AF_UNIX): %s",
@@ -245,7 +236,7 @@ maco_status_t maco__fd_publish(int fd, maco__fd_ref_t *ref_p)
             }
         }
         if (st == MACO_OK) {
-            uint64_t token = maco__random64();
+            uint64_t token = maco__random_u64();
             maco__fd_entries[maco__fd_count++] = (maco__fd_entry_t){ token, dup };
             ref_p->pid = (uint32_t)getpid();
             ref_p->server_nonce = maco__fd_nonce;

@@ -13,12 +13,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "config.h"
 #include "log.h"
 #include "wire.h"
+
+uint64_t maco__random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+        v = (uint64_t)maco__now_ms() * 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
 
 int64_t maco__now_ms(void)
 {

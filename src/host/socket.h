@@ -67,6 +67,12 @@ maco_status_t maco__socket_local_address(int fd, maco__sockaddr_t *addr);
 /** Monotonic clock in milliseconds. */
 int64_t maco__now_ms(void);
 
+/**
+ * A random non-zero 64-bit value (getrandom; clock and pid mixed when no entropy source is
+ * available): job nonces, descriptor tokens, process tokens.
+ */
+uint64_t maco__random_u64(void);
+
 #ifdef __cplusplus
 }
 #endif
