@@ -572,6 +572,13 @@ maco_status_t maco_port_channel_get_device_handle(maco_port_channel_t ch,
                                  maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
                                              "maco_port_channel_get_device_handle: %s",
                                              ch->proxy->comm->gpu_unavailable));
+    if (ch->device.semaphore.inbound == NULL)
+        return maco__comm_record(ch->proxy->comm,
+                                 maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                                             "maco_port_channel_get_device_handle: channel %u's "
+                                             "semaphore (host memory) is not mapped for the "
+                                             "GPU, so device code could not wait on it",
+                                             ch->id));
     *handle_p = ch->device;
     return MACO_OK;
 }
@@ -674,14 +681,18 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
                                              "copy transport; its signals land in device "
                                              "memory, wait on the device",
                                              ch->id));
-    if (timeout_ms < 0)
+    /* timeout_ms 0: one look. Negative: MACO_DEVICE_TIMEOUT, whose 0 means no bound. */
+    int bounded = 1;
+    if (timeout_ms < 0) {
         timeout_ms = ch->proxy->timeout_ms;
+        bounded = timeout_ms > 0;
+    }
     uint64_t want = ch->host_expected + 1;
     int64_t deadline = maco__now_ms() + timeout_ms;
     uint32_t spins = 0;
     uint64_t seen;
     while ((seen = __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE)) < want) {
-        if (timeout_ms > 0 && maco__now_ms() > deadline)
+        if (bounded && maco__now_ms() >= deadline)
             return maco__comm_record(
                 ch->proxy->comm,
                 maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,

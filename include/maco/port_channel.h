@@ -83,7 +83,9 @@ MACO_API maco_status_t maco_port_channel_create(maco_proxy_t proxy, int peer,
                                                 maco_mem_t dst, maco_port_channel_t *ch_p);
 
 /**
- * The device handle (plain data) for kernels. MACO_ERR_UNSUPPORTED without a GPU.
+ * Copies the channel's device handle (plain data) for kernels into *handle_p.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL), MACO_ERR_UNSUPPORTED (no GPU, or a host-memory
+ * channel whose semaphore could not be mapped for the GPU).
  */
 MACO_API maco_status_t maco_port_channel_get_device_handle(maco_port_channel_t ch,
                                                            maco_port_channel_device_t *handle_p);
@@ -115,8 +117,9 @@ MACO_API maco_status_t maco_port_channel_flush(maco_port_channel_t ch);
 
 /**
  * Waits for the peer's next signal on this channel, host side (host-memory transport only),
- * at most `timeout_ms` milliseconds (negative: MACO_DEVICE_TIMEOUT). Data the peer put before
- * signalling is then visible. Errors: MACO_ERR_TIMEOUT (naming the peer), MACO_ERR_UNSUPPORTED
+ * at most `timeout_ms` milliseconds: 0 looks once without waiting; negative uses
+ * MACO_DEVICE_TIMEOUT (where 0 means no bound). Data the peer put before signalling is then
+ * visible. Errors: MACO_ERR_TIMEOUT (naming the peer), MACO_ERR_UNSUPPORTED
  * (a CUDA-copy channel: wait on the device).
  */
 MACO_API maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms);
