@@ -360,3 +360,83 @@ extern "C" unsigned long long test_count_wrong_slot(const char *slot, size_t slo
         return ~0ull;
     return wrong;
 }
+
+/* Polls `done()` up to `limit` times; 1 when it became true. */
+#define TEST_POLL(cond, limit, ok)                                                                 \
+    do {                                                                                           \
+        ok = 0;                                                                                    \
+        for (long long n_ = 0; n_ < (limit); n_++)                                                 \
+            if (cond) {                                                                            \
+                ok = 1;                                                                            \
+                break;                                                                             \
+            }                                                                                      \
+    } while (0)
+
+__global__ void test_channel_element_ops_kernel(const maco_memory_channel_device_t *handles,
+                                                int rank, int *status)
+{
+    int q = blockIdx.x;
+    if (q == rank || threadIdx.x != 0)
+        return;
+    maco_memory_channel_device_t ch = handles[q];
+    uint64_t w64 = 0x1000000000000000ull | ((uint64_t)rank << 8) | (uint64_t)q;
+    uint32_t w32 = 0x5000u + (uint32_t)rank * 16u + (uint32_t)q;
+    maco_memory_channel_write_u64(&ch, (uint64_t)rank * 16, w64);
+    maco_memory_channel_write_u32(&ch, (uint64_t)rank * 16 + 8, w32);
+    if (maco_memory_channel_read_u64(&ch, (uint64_t)rank * 16) != w64 ||
+        maco_memory_channel_read_u32(&ch, (uint64_t)rank * 16 + 8) != w32) {
+        status[q] = MACO_ERR_INTERNAL;
+        return;
+    }
+    maco_memory_channel_signal(&ch);
+    int ok;
+    TEST_POLL(maco_memory_channel_poll(&ch), 1ll << 32, ok);
+    if (!ok) {
+        status[q] = MACO_ERR_TIMEOUT;
+        return;
+    }
+    uint64_t want64 = 0x1000000000000000ull | ((uint64_t)q << 8) | (uint64_t)rank;
+    uint32_t want32 = 0x5000u + (uint32_t)q * 16u + (uint32_t)rank;
+    if (*(volatile uint64_t *)(ch.local + (uint64_t)q * 16) != want64 ||
+        *(volatile uint32_t *)(ch.local + (uint64_t)q * 16 + 8) != want32) {
+        status[q] = MACO_ERR_INTERNAL;
+        return;
+    }
+    maco_memory_channel_relaxed_signal(&ch);
+    status[q] = (int)maco_memory_channel_relaxed_wait(&ch);
+}
+
+extern "C" cudaError_t test_channel_element_ops(const maco_memory_channel_device_t *handles,
+                                                int nranks, int rank, int *status,
+                                                cudaStream_t stream)
+{
+    test_channel_element_ops_kernel<<<nranks, 32, 0, stream>>>(handles, rank, status);
+    return cudaGetLastError();
+}
+
+__global__ void test_port_flush_and_poll_kernel(const maco_port_channel_device_t *handles, int rank,
+                                                uint64_t src_off, uint64_t dst_off, uint64_t bytes,
+                                                int *status)
+{
+    int q = blockIdx.x;
+    if (q == rank || threadIdx.x != 0)
+        return;
+    maco_port_channel_device_t ch = handles[q];
+    maco_status_t st = maco_port_channel_put_with_signal_and_flush(&ch, dst_off, src_off, bytes);
+    if (st == MACO_OK) {
+        int ok;
+        TEST_POLL(maco_port_channel_poll(&ch), 1ll << 32, ok);
+        st = ok ? MACO_OK : MACO_ERR_TIMEOUT;
+    }
+    status[q] = (int)st;
+}
+
+extern "C" cudaError_t test_port_flush_and_poll(const maco_port_channel_device_t *handles,
+                                                int nranks, int rank, uint64_t src_off,
+                                                uint64_t dst_off, uint64_t bytes, int *status,
+                                                cudaStream_t stream)
+{
+    test_port_flush_and_poll_kernel<<<nranks, 32, 0, stream>>>(handles, rank, src_off, dst_off,
+                                                               bytes, status);
+    return cudaGetLastError();
+}

@@ -125,6 +125,24 @@ cudaError_t test_port_many_ctas(const maco_port_channel_device_t *handles, int n
 cudaError_t test_port_flush_loop(const maco_port_channel_device_t *handle, int iters,
                                  uint64_t bytes, int *status, int *rounds, cudaStream_t stream);
 
+/**
+ * The single-element and polling calls of memory channels, one CTA per peer q != rank,
+ * thread 0: write a u64 and a u32 at rank * 16 of q's buffer and read them back through the
+ * channel, signal, poll until q's signal arrives, check q's values at q * 16 of the local
+ * buffer, then a relaxed signal/wait pair. status[q]: MACO_OK, MACO_ERR_INTERNAL for a wrong
+ * value, or a wait's error.
+ */
+cudaError_t test_channel_element_ops(const maco_memory_channel_device_t *handles, int nranks,
+                                     int rank, int *status, cudaStream_t stream);
+
+/**
+ * Port channels, one CTA per peer q != rank, thread 0: put_with_signal_and_flush of `bytes`
+ * bytes from src_off to dst_off, then poll until q's signal arrives. status[q] gets the result.
+ */
+cudaError_t test_port_flush_and_poll(const maco_port_channel_device_t *handles, int nranks,
+                                     int rank, uint64_t src_off, uint64_t dst_off, uint64_t bytes,
+                                     int *status, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -338,6 +338,25 @@ TEST_F(MemoryChannel, PacketRoundTripsOverManyLaunches)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
+TEST_F(MemoryChannel, ElementReadWriteRelaxedSignalAndPoll)
+{
+    Mesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(Comm(), 16 * static_cast<size_t>(NRanks())));
+    CUDA_OK(cudaMemset(m.buf, 0, m.bytes));
+    CUDA_OK(cudaMemset(status_, 0x7F, sizeof(int) * static_cast<size_t>(NRanks())));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    CUDA_OK(test_channel_element_ops(m.dev_handles, NRanks(), Rank(), status_, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int> st = Statuses();
+    for (int q = 0; q < NRanks(); q++) {
+        if (q != Rank()) {
+            EXPECT_EQ(st[static_cast<size_t>(q)], MACO_OK) << "peer " << q;
+        }
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
 TEST_F(MemoryChannel, SignalWaitPingPong)
 {
     Mesh m;

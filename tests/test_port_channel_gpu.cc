@@ -170,6 +170,29 @@ TEST_F(PortChannelGpu, PutWithSignalOfRandomSizesReachesEveryPeer)
     }
 }
 
+TEST_F(PortChannelGpu, PutWithSignalAndFlushThenPoll)
+{
+    const size_t kSlot = (4 << 20) + 16;
+    PortMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    ASSERT_NO_FATAL_FAILURE(Prepare(m, kSlot, seed_ ^ 0x5151));
+    size_t base = static_cast<size_t>(Rank()) * kSlot;
+    CUDA_OK(test_port_flush_and_poll(m.dev, NRanks(), Rank(), base + 3, base + 5, kSlot - 16,
+                                     status_, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int> st = Statuses();
+    for (int q = 0; q < NRanks(); q++) {
+        if (q == Rank())
+            continue;
+        ASSERT_EQ(st[static_cast<size_t>(q)], MACO_OK) << "peer " << q;
+        EXPECT_EQ(CountWrong(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 5, kSlot - 16,
+                             (seed_ ^ 0x5151) + static_cast<uint64_t>(q), 3),
+                  0u)
+            << "from rank " << q;
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
 TEST_F(PortChannelGpu, ManyCtasPushAtOnce)
 {
     const size_t kSlot = 32 << 20;
