@@ -10,15 +10,28 @@
 #include "cuda_util.h"
 #include "log.h"
 
-/* Threads per CTA of both allreduce kernels (their __launch_bounds__). */
-enum { MACO__ALLREDUCE_THREADS = 512 };
+/* Threads per CTA of both kernel families (their __launch_bounds__). */
+enum { MACO__COLL_THREADS = 512 };
 
-typedef enum maco__allreduce_algo {
-    MACO__AR_ONESHOT_LL = 0,
-    MACO__AR_RSAG = 1,
-} maco__allreduce_algo_t;
+/* Per collective: the two algorithms' names (LL first) and the variable that forces one. */
+static const struct {
+    const char *name;
+    const char *algo[2];
+    maco__config_id_t force;
+} maco__colls[MACO_COLLECTIVE_COUNT] = {
+    { "allreduce", { "oneshot_ll", "rsag" }, MACO_CFG_ALGO_ALLREDUCE },
+    { "allgather", { "ll", "mesh" }, MACO_CFG_ALGO_ALLGATHER },
+    { "reduce_scatter", { "ll", "mesh" }, MACO_CFG_ALGO_REDUCE_SCATTER },
+    { "broadcast", { "ll", "mesh" }, MACO_CFG_ALGO_BROADCAST },
+    { "reduce", { "ll", "mesh" }, MACO_CFG_ALGO_REDUCE },
+};
 
-static const char *maco__allreduce_algo_names[] = { "oneshot_ll", "rsag" };
+static const maco__coll_launcher_t maco__launchers[MACO_DATATYPE_COUNT] = {
+    maco__launch_coll_int8,    maco__launch_coll_uint8,    maco__launch_coll_int32,
+    maco__launch_coll_uint32,  maco__launch_coll_int64,    maco__launch_coll_uint64,
+    maco__launch_coll_float16, maco__launch_coll_bfloat16, maco__launch_coll_float32,
+    maco__launch_coll_float64, maco__launch_coll_fp8_e4m3, maco__launch_coll_fp8_e5m2,
+};
 
 size_t maco_datatype_size(maco_datatype_t datatype)
 {
@@ -41,117 +54,172 @@ const char *maco_redop_name(maco_redop_t op)
     return (unsigned)op < MACO_REDOP_COUNT ? names[op] : "unknown";
 }
 
-/* Picks the algorithm: MACO_ALGO_ALLREDUCE if set, else by size. */
-static maco_status_t maco__allreduce_select(maco_comm_t comm, size_t bytes,
-                                            maco__allreduce_algo_t *algo_p)
+const char *maco_collective_name(maco_collective_t coll)
 {
-    const char *forced = maco__config_string(MACO_CFG_ALGO_ALLREDUCE);
+    return (unsigned)coll < MACO_COLLECTIVE_COUNT ? maco__colls[coll].name : "unknown";
+}
+
+/*
+ * Picks the kernel: MACO_ALGO_<COLLECTIVE> if set, else LL up to the LL scratch's capacity
+ * (MACO_ALLREDUCE_ONESHOT_MAX bytes per message) and mesh above. `unit_bytes` is the
+ * collective's unit (algorithms.h).
+ */
+static maco_status_t maco__select(maco_comm_t comm, maco_collective_t coll, size_t unit_bytes,
+                                  int *kernel_p)
+{
+    size_t cap = comm->layout.oneshot_max;
+    size_t msg = unit_bytes; /* what one rank sends one peer */
+    const char *forced = maco__config_string(maco__colls[coll].force);
     if (forced[0] != '\0') {
-        for (int i = 0; i < 2; i++) {
-            if (strcasecmp(forced, maco__allreduce_algo_names[i]) == 0) {
-                if (i == MACO__AR_ONESHOT_LL && bytes > comm->layout.oneshot_max)
-                    return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                       "MACO_ALGO_ALLREDUCE=oneshot_ll cannot take %zu bytes: "
-                                       "its scratch holds MACO_ALLREDUCE_ONESHOT_MAX=%zu",
-                                       bytes, comm->layout.oneshot_max);
-                *algo_p = (maco__allreduce_algo_t)i;
-                return MACO_OK;
-            }
+        for (int k = 0; k < 2; k++) {
+            if (strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
+                continue;
+            if (k == MACO__KERNEL_LL && msg > cap)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s cannot take %zu bytes per rank: its scratch "
+                                   "holds MACO_ALLREDUCE_ONESHOT_MAX=%zu",
+                                   maco__config_name(maco__colls[coll].force), forced, msg, cap);
+            *kernel_p = k;
+            return MACO_OK;
         }
-        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                           "MACO_ALGO_ALLREDUCE='%s' is not an allreduce algorithm: use "
-                           "oneshot_ll or rsag",
-                           forced);
+        return maco__error(
+            MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL, "%s='%s' is not a %s algorithm: use %s or %s",
+            maco__config_name(maco__colls[coll].force), forced, maco__colls[coll].name,
+            maco__colls[coll].algo[0], maco__colls[coll].algo[1]);
     }
-    *algo_p = bytes <= comm->layout.oneshot_max ? MACO__AR_ONESHOT_LL : MACO__AR_RSAG;
+    *kernel_p = msg <= cap ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
     return MACO_OK;
 }
 
-static maco_status_t maco__allreduce_check(const void *sendbuf, void *recvbuf, size_t count,
-                                           maco_datatype_t datatype, maco_redop_t op,
-                                           maco_comm_t comm)
+/* True when [a, a+na) and [b, b+nb) share a byte. */
+static int maco__overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na > 0 && nb > 0 && x < y + nb && y < x + na;
+}
+
+/* One call's arguments as the checks and the launcher see them. */
+typedef struct maco__call {
+    maco_collective_t coll;
+    const char *fn;
+    const void *send;
+    void *recv;
+    size_t count; /* the unit's elements */
+    maco_datatype_t datatype;
+    maco_redop_t op;
+    int root;
+} maco__call_t;
+
+static maco_status_t maco__check(const maco__call_t *c, maco_comm_t comm)
 {
     if (comm == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: comm is NULL", c->fn);
+    if ((unsigned)c->datatype >= MACO_DATATYPE_COUNT)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce: comm is NULL");
-    if ((unsigned)datatype >= MACO_DATATYPE_COUNT)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce: datatype %d is outside [0, %d)", (int)datatype,
+                           "%s: datatype %d is outside [0, %d)", c->fn, (int)c->datatype,
                            MACO_DATATYPE_COUNT);
-    if ((unsigned)op >= MACO_REDOP_COUNT)
+    if ((unsigned)c->op >= MACO_REDOP_COUNT)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce: op %d is outside [0, %d)", (int)op, MACO_REDOP_COUNT);
-    if (datatype != MACO_FLOAT32 && datatype != MACO_BFLOAT16)
-        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                           "maco_allreduce: datatype %s is not implemented yet (float32 and "
-                           "bfloat16 are)",
-                           maco_datatype_name(datatype));
-    if (op != MACO_SUM)
-        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                           "maco_allreduce: op %s is not implemented yet (sum is)",
-                           maco_redop_name(op));
-    size_t esz = maco_datatype_size(datatype);
-    if (count > SIZE_MAX / esz)
+                           "%s: op %d is outside [0, %d)", c->fn, (int)c->op, MACO_REDOP_COUNT);
+    int n = comm->nranks, me = comm->rank;
+    if ((c->coll == MACO_COLL_BROADCAST || c->coll == MACO_COLL_REDUCE) &&
+        (c->root < 0 || c->root >= n))
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce: count %zu of %s overflows a byte size", count,
-                           maco_datatype_name(datatype));
-    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+                           "%s: root %d is outside [0, %d) (the number of ranks)", c->fn, c->root,
+                           n);
+    size_t esz = maco_datatype_size(c->datatype);
+    /* allgather's receive and reduce-scatter's send buffer hold nranks units. */
+    size_t mult =
+        c->coll == MACO_COLL_ALLGATHER || c->coll == MACO_COLL_REDUCE_SCATTER ? (size_t)n : 1;
+    if (c->count > SIZE_MAX / esz / mult)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce: sendbuf and recvbuf must not be NULL (count %zu)",
-                           count);
-    if (((uintptr_t)sendbuf % esz) != 0 || ((uintptr_t)recvbuf % esz) != 0)
+                           "%s: count %zu of %s%s overflows a byte size", c->fn, c->count,
+                           maco_datatype_name(c->datatype), mult > 1 ? " times nranks" : "");
+    if (c->count == 0)
+        return MACO_OK;
+    size_t unit = c->count * esz;
+    size_t send_bytes = c->coll == MACO_COLL_REDUCE_SCATTER ? unit * mult : unit;
+    size_t recv_bytes = c->coll == MACO_COLL_ALLGATHER ? unit * mult : unit;
+    int send_used = c->coll != MACO_COLL_BROADCAST || me == c->root;
+    int recv_used = c->coll != MACO_COLL_REDUCE || me == c->root;
+    if (send_used && c->send == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce: sendbuf %p and recvbuf %p must be aligned to the "
-                           "%zu-byte %s element",
-                           sendbuf, recvbuf, esz, maco_datatype_name(datatype));
+                           "%s: sendbuf is NULL with count %zu", c->fn, c->count);
+    if (recv_used && c->recv == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "%s: recvbuf is NULL with count %zu", c->fn, c->count);
+    if (!send_used || !recv_used)
+        return MACO_OK;
+    /* In place is one exact placement; any other overlap would read data already
+     * overwritten. */
+    const char *inplace_send = (const char *)c->recv;
+    if (c->coll == MACO_COLL_ALLGATHER)
+        inplace_send = (const char *)c->recv + (size_t)me * unit;
+    else if (c->coll == MACO_COLL_REDUCE_SCATTER)
+        inplace_send = (const char *)c->recv - (size_t)me * unit;
+    if (c->send != (const void *)inplace_send &&
+        maco__overlap(c->send, send_bytes, c->recv, recv_bytes))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "%s: sendbuf %p (%zu bytes) and recvbuf %p (%zu bytes) overlap but "
+                           "are not in place (in place is sendbuf == %p)",
+                           c->fn, c->send, send_bytes, c->recv, recv_bytes,
+                           (const void *)inplace_send);
     return MACO_OK;
 }
 
-maco_status_t maco_allreduce(const void *sendbuf, void *recvbuf, size_t count,
-                             maco_datatype_t datatype, maco_redop_t op, maco_comm_t comm,
-                             maco_stream_t stream)
+/* A single rank: the result is the input (every op of one value is the value). */
+static maco_status_t maco__single_rank(const maco__call_t *c, maco_comm_t comm, cudaStream_t s)
 {
-    maco_status_t st = maco__allreduce_check(sendbuf, recvbuf, count, datatype, op, comm);
+    size_t bytes = c->count * maco_datatype_size(c->datatype);
+    if (c->send == c->recv)
+        return MACO_OK;
+    cudaError_t cerr = cudaMemcpyAsync(c->recv, c->send, bytes, cudaMemcpyDeviceToDevice, s);
+    if (cerr != cudaSuccess)
+        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                                                   "%s: cudaMemcpyAsync of %zu bytes failed: %s",
+                                                   c->fn, bytes, cudaGetErrorString(cerr)));
+    return MACO_OK;
+}
+
+static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, maco_stream_t stream)
+{
+    maco_status_t st = maco__check(c, comm);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__comm_require_gpu(comm, "maco_allreduce");
+    st = maco__comm_require_gpu(comm, c->fn);
     if (st != MACO_OK)
         return st;
     maco_status_t async_st;
     maco_comm_get_async_error(comm, &async_st);
     if (async_st != MACO_OK)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
-                                                   "maco_allreduce: the communicator has failed "
-                                                   "(%s): %s; destroy it",
-                                                   maco_status_string(async_st),
+                                                   "%s: the communicator has failed (%s): %s; "
+                                                   "destroy it",
+                                                   c->fn, maco_status_string(async_st),
                                                    maco_comm_get_last_error(comm)));
-    if (count == 0)
+    if (c->count == 0)
         return MACO_OK;
-    size_t bytes = count * maco_datatype_size(datatype);
     cudaStream_t s = (cudaStream_t)stream;
-    if (comm->nranks == 1) {
-        if (sendbuf != recvbuf) {
-            cudaError_t cerr =
-                cudaMemcpyAsync(recvbuf, sendbuf, bytes, cudaMemcpyDeviceToDevice, s);
-            if (cerr != cudaSuccess)
-                return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
-                                                           "maco_allreduce: cudaMemcpyAsync of "
-                                                           "%zu bytes failed: %s",
-                                                           bytes, cudaGetErrorString(cerr)));
-        }
-        return MACO_OK;
-    }
-    maco__allreduce_algo_t algo;
-    st = maco__allreduce_select(comm, bytes, &algo);
+    if (comm->nranks == 1)
+        return maco__single_rank(c, comm, s);
+    size_t esz = maco_datatype_size(c->datatype);
+    size_t unit = c->count * esz;
+    int kernel;
+    st = maco__select(comm, c->coll, unit, &kernel);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
 
-    maco__allreduce_args_t a;
+    int reducing = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE_SCATTER ||
+                   c->coll == MACO_COLL_REDUCE;
+    maco__coll_args_t a;
     memset(&a, 0, sizeof(a));
-    a.input = sendbuf;
-    a.output = recvbuf;
-    a.count = count;
-    a.datatype = (int32_t)datatype;
+    a.input = c->send;
+    a.output = c->recv;
+    a.count = c->count;
+    a.esz = (uint32_t)esz;
+    a.coll = (int32_t)c->coll;
+    a.avg = reducing && c->op == MACO_AVG;
+    a.root = c->root;
     a.rank = comm->rank;
     a.nranks = comm->nranks;
     a.buf = comm->buf;
@@ -168,67 +236,132 @@ maco_status_t maco_allreduce(const void *sendbuf, void *recvbuf, size_t count,
     a.channels = comm->rsag_channels;
     a.bound = comm->bound;
 
-    int threads = MACO__ALLREDUCE_THREADS;
-    int max_blocks = comm->sm_count;
-    cudaError_t cerr;
-    if (algo == MACO__AR_ONESHOT_LL) {
-        size_t npkt = (bytes + 7) / 8;
-        /* One packet per thread where the grid allows; CTAs stay co-resident (<= SMs). */
-        size_t blocks = (npkt + (size_t)threads - 1) / (size_t)threads;
-        if (blocks > (size_t)max_blocks)
-            blocks = (size_t)max_blocks;
+    size_t n = (size_t)comm->nranks;
+    size_t threads = MACO__COLL_THREADS;
+    size_t max_blocks = (size_t)comm->sm_count;
+    size_t blocks;
+    if (kernel == MACO__KERNEL_LL) {
+        /* About one packet per thread (allgather reads n messages); CTAs stay co-resident
+         * (<= SMs) and at most 64. */
+        size_t npkt = (unit + 7) / 8 * (c->coll == MACO_COLL_ALLGATHER ? n : 1);
+        blocks = (npkt + threads - 1) / threads;
         if (blocks > 64)
             blocks = 64;
-        cerr = maco__launch_allreduce_oneshot_ll(&a, (int)blocks, threads, s);
     } else {
-        /* Pieces: enough segments for every slot, each piece 16-byte multiple, within the
-         * scratch slot. All ranks compute the same numbers from the same inputs. */
-        size_t esz = maco_datatype_size(datatype);
+        /* Pieces: enough segments for every slot, a multiple of 16 bytes, within the slot's
+         * piece. All ranks compute the same numbers from the same inputs. */
         size_t slots = (size_t)l->rsag_slots;
-        if (slots > (size_t)max_blocks)
-            slots = (size_t)max_blocks;
-        size_t n = (size_t)comm->nranks;
-        size_t piece = (bytes + n * slots - 1) / (n * slots);
+        if (slots > max_blocks)
+            slots = max_blocks;
+        size_t per_seg = c->coll == MACO_COLL_ALLREDUCE ? n : 1;
+        size_t piece = (unit + per_seg * slots - 1) / (per_seg * slots);
         piece = (piece + 15) / 16 * 16;
         if (piece < 4096)
             piece = 4096;
         if (piece > l->rsag_piece_max)
             piece = l->rsag_piece_max;
         a.piece_elems = piece / esz;
-        size_t seg_elems = a.piece_elems * n;
-        size_t nseg = (count + seg_elems - 1) / seg_elems;
-        size_t blocks = nseg < slots ? nseg : slots;
-        cerr = maco__launch_allreduce_rsag(&a, (int)blocks, threads, s);
+        size_t seg_elems = a.piece_elems * per_seg;
+        size_t nseg = (c->count + seg_elems - 1) / seg_elems;
+        blocks = nseg < slots ? nseg : slots;
     }
+    if (blocks > max_blocks)
+        blocks = max_blocks;
+    /* Collectives that only move bytes run the uint8 kernels. */
+    maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
+    cudaError_t cerr = maco__launchers[kt](&a, kernel, reducing ? (int)c->op : (int)MACO_SUM,
+                                           (int)blocks, (int)threads, s);
     if (cerr != cudaSuccess)
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
-                                             "maco_allreduce: launching %s for %zu bytes "
-                                             "failed: %s (%s)",
-                                             maco__allreduce_algo_names[algo], bytes,
+                                             "%s: launching %s for %zu bytes failed: %s (%s)",
+                                             c->fn, maco__colls[c->coll].algo[kernel], unit,
                                              cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
-    MACO_TRACE(MACO_SUBSYS_COLL, "allreduce %zu bytes %s: %s", bytes, maco_datatype_name(datatype),
-               maco__allreduce_algo_names[algo]);
+    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: %s", maco__colls[c->coll].name, unit,
+               maco_datatype_name(c->datatype), maco_redop_name(c->op),
+               maco__colls[c->coll].algo[kernel]);
+    return MACO_OK;
+}
+
+maco_status_t maco_allreduce(const void *sendbuf, void *recvbuf, size_t count,
+                             maco_datatype_t datatype, maco_redop_t op, maco_comm_t comm,
+                             maco_stream_t stream)
+{
+    maco__call_t c = {
+        MACO_COLL_ALLREDUCE, "maco_allreduce", sendbuf, recvbuf, count, datatype, op, 0
+    };
+    return maco__collective(&c, comm, stream);
+}
+
+maco_status_t maco_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                             maco_datatype_t datatype, maco_comm_t comm, maco_stream_t stream)
+{
+    maco__call_t c = { MACO_COLL_ALLGATHER, "maco_allgather", sendbuf,  recvbuf,
+                       sendcount,           datatype,         MACO_SUM, 0 };
+    return maco__collective(&c, comm, stream);
+}
+
+maco_status_t maco_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                  maco_datatype_t datatype, maco_redop_t op, maco_comm_t comm,
+                                  maco_stream_t stream)
+{
+    maco__call_t c = { MACO_COLL_REDUCE_SCATTER,
+                       "maco_reduce_scatter",
+                       sendbuf,
+                       recvbuf,
+                       recvcount,
+                       datatype,
+                       op,
+                       0 };
+    return maco__collective(&c, comm, stream);
+}
+
+maco_status_t maco_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                             maco_datatype_t datatype, int root, maco_comm_t comm,
+                             maco_stream_t stream)
+{
+    maco__call_t c = {
+        MACO_COLL_BROADCAST, "maco_broadcast", sendbuf, recvbuf, count, datatype, MACO_SUM, root
+    };
+    return maco__collective(&c, comm, stream);
+}
+
+maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                          maco_datatype_t datatype, maco_redop_t op, int root, maco_comm_t comm,
+                          maco_stream_t stream)
+{
+    maco__call_t c = {
+        MACO_COLL_REDUCE, "maco_reduce", sendbuf, recvbuf, count, datatype, op, root
+    };
+    return maco__collective(&c, comm, stream);
+}
+
+maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t coll, size_t count,
+                                            maco_datatype_t datatype, const char **name_p)
+{
+    if (comm == NULL || name_p == NULL || (unsigned)datatype >= MACO_DATATYPE_COUNT ||
+        (unsigned)coll >= MACO_COLLECTIVE_COUNT)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_collective_get_algorithm: NULL comm or name_p, or collective "
+                           "%d / datatype %d out of range",
+                           (int)coll, (int)datatype);
+    if (comm->nranks == 1) {
+        *name_p = "copy";
+        return MACO_OK;
+    }
+    maco_status_t st = maco__comm_require_gpu(comm, "maco_collective_get_algorithm");
+    if (st != MACO_OK)
+        return st;
+    int kernel;
+    st = maco__select(comm, coll, count * maco_datatype_size(datatype), &kernel);
+    if (st != MACO_OK)
+        return st;
+    *name_p = maco__colls[coll].algo[kernel];
     return MACO_OK;
 }
 
 maco_status_t maco_allreduce_get_algorithm(maco_comm_t comm, size_t count, maco_datatype_t datatype,
                                            const char **name_p)
 {
-    if (comm == NULL || name_p == NULL || (unsigned)datatype >= MACO_DATATYPE_COUNT)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_allreduce_get_algorithm: NULL argument or bad datatype");
-    if (comm->nranks == 1) {
-        *name_p = "copy";
-        return MACO_OK;
-    }
-    maco_status_t st = maco__comm_require_gpu(comm, "maco_allreduce_get_algorithm");
-    if (st != MACO_OK)
-        return st;
-    maco__allreduce_algo_t algo;
-    st = maco__allreduce_select(comm, count * maco_datatype_size(datatype), &algo);
-    if (st != MACO_OK)
-        return st;
-    *name_p = maco__allreduce_algo_names[algo];
-    return MACO_OK;
+    return maco_collective_get_algorithm(comm, MACO_COLL_ALLREDUCE, count, datatype, name_p);
 }

@@ -1,81 +1,216 @@
 /*
  * reduce.cuh - element arithmetic of the reduction kernels (internal).
  *
- * Values travel as 32-bit words; each type says how many elements a word holds and how to
- * widen them to float and narrow back. Every reduction accumulates in float32 in rank
- * order 0..n-1 and narrows once (round to nearest even), which is what makes results
- * bitwise identical on every rank and every run (collectives.h).
+ * A type trait says how an element is stored (`bits`), what it accumulates in (`acc`) and
+ * how to convert between the two; an op trait combines two accumulators. Every reduction
+ * combines the ranks' values in rank order 0..n-1 and converts once at the end, which is
+ * what makes results bitwise identical on every rank and every run (collectives.h):
+ *   - float16, bfloat16, fp8 e4m3/e5m2 and float32 accumulate in float32, narrowed once
+ *     with round to nearest even (fp8 without saturation: NaN / inf on overflow, as the
+ *     OCP FP8 specification's non-saturating mode); float64 in float64;
+ *   - integers accumulate in their own width with wrap-around (two's complement) for sum
+ *     and prod, as NCCL does;
+ *   - avg is sum followed by one division by the number of ranks (floating types in the
+ *     accumulator's precision; integers truncate toward zero, like NCCL's post-divide).
+ *
+ * Kernels move data in 8- or 16-byte words (maco__vec); maco__reduce_vec reduces word
+ * position by word position, each word holding 16 / sizeof(bits) elements.
  */
 #ifndef MACO_REDUCE_CUH
 #define MACO_REDUCE_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "comm_internal.h"
 
-struct maco__f32 {
-    static constexpr int per_word = 1;
-    static constexpr int elem_bytes = 4;
-    static __device__ __forceinline__ void widen(uint32_t w, float *f)
+/* ------------------------------------------------------------------ types */
+
+template <class Bits, class Acc> struct maco__int_type {
+    typedef Bits bits;
+    typedef Acc acc;
+    static __host__ __device__ __forceinline__ acc widen(bits b)
     {
-        f[0] = __uint_as_float(w);
+        return (acc)b;
     }
-    static __device__ __forceinline__ uint32_t narrow(const float *f)
+    static __host__ __device__ __forceinline__ bits narrow(acc a)
     {
-        return __float_as_uint(f[0]);
+        return (bits)a;
+    }
+    static __host__ __device__ __forceinline__ acc div(acc a, int n)
+    {
+        return a / (acc)n;
+    }
+    /* Sum and product wrap around: computed on the unsigned type of the same width. */
+    static __host__ __device__ __forceinline__ acc add(acc a, acc b)
+    {
+        return (acc)((bits)((bits)a + (bits)b));
+    }
+    static __host__ __device__ __forceinline__ acc mul(acc a, acc b)
+    {
+        return (acc)((bits)((bits)a * (bits)b));
     }
 };
 
-struct maco__bf16 {
-    static constexpr int per_word = 2;
-    static constexpr int elem_bytes = 2;
-    static __device__ __forceinline__ void widen(uint32_t w, float *f)
+/* Signed types keep their signed value in acc (for min, max and avg); bits is unsigned. */
+struct maco__t_i8 : maco__int_type<uint8_t, int8_t> {
+};
+struct maco__t_u8 : maco__int_type<uint8_t, uint8_t> {
+};
+struct maco__t_i32 : maco__int_type<uint32_t, int32_t> {
+};
+struct maco__t_u32 : maco__int_type<uint32_t, uint32_t> {
+};
+struct maco__t_i64 : maco__int_type<uint64_t, int64_t> {
+};
+struct maco__t_u64 : maco__int_type<uint64_t, uint64_t> {
+};
+
+template <class Bits, class Acc> struct maco__float_type {
+    typedef Bits bits;
+    typedef Acc acc;
+    static __host__ __device__ __forceinline__ acc div(acc a, int n)
     {
-        f[0] = __uint_as_float(w << 16);
-        f[1] = __uint_as_float(w & 0xffff0000u);
+        return a / (acc)n;
     }
-    static __device__ __forceinline__ uint32_t narrow(const float *f)
+    static __host__ __device__ __forceinline__ acc add(acc a, acc b)
     {
-        uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(f[0]));
-        uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(f[1]));
-        return lo | (hi << 16);
+        return a + b;
+    }
+    static __host__ __device__ __forceinline__ acc mul(acc a, acc b)
+    {
+        return a * b;
     }
 };
 
-/* Sum of words w[0..n) of one position, in rank order. */
-template <class D>
-static __device__ __forceinline__ uint32_t maco__sum_word(const uint32_t *w, int n)
+struct maco__t_f32 : maco__float_type<uint32_t, float> {
+    static __host__ __device__ __forceinline__ float widen(uint32_t b)
+    {
+        union {
+            uint32_t u;
+            float f;
+        } x;
+        x.u = b;
+        return x.f;
+    }
+    static __host__ __device__ __forceinline__ uint32_t narrow(float a)
+    {
+        union {
+            uint32_t u;
+            float f;
+        } x;
+        x.f = a;
+        return x.u;
+    }
+};
+
+struct maco__t_f64 : maco__float_type<uint64_t, double> {
+    static __host__ __device__ __forceinline__ double widen(uint64_t b)
+    {
+        union {
+            uint64_t u;
+            double f;
+        } x;
+        x.u = b;
+        return x.f;
+    }
+    static __host__ __device__ __forceinline__ uint64_t narrow(double a)
+    {
+        union {
+            uint64_t u;
+            double f;
+        } x;
+        x.f = a;
+        return x.u;
+    }
+};
+
+struct maco__t_bf16 : maco__float_type<uint16_t, float> {
+    static __host__ __device__ __forceinline__ float widen(uint16_t b)
+    {
+        return maco__t_f32::widen((uint32_t)b << 16);
+    }
+    static __host__ __device__ __forceinline__ uint16_t narrow(float a)
+    {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(a));
+    }
+};
+
+struct maco__t_f16 : maco__float_type<uint16_t, float> {
+    static __host__ __device__ __forceinline__ float widen(uint16_t b)
+    {
+        return __half2float(__ushort_as_half(b));
+    }
+    static __host__ __device__ __forceinline__ uint16_t narrow(float a)
+    {
+        return __half_as_ushort(__float2half_rn(a));
+    }
+};
+
+template <__nv_fp8_interpretation_t Kind> struct maco__t_fp8 : maco__float_type<uint8_t, float> {
+    static __host__ __device__ __forceinline__ float widen(uint8_t b)
+    {
+        __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, Kind);
+        return __half2float(__half(h));
+    }
+    static __host__ __device__ __forceinline__ uint8_t narrow(float a)
+    {
+        return (uint8_t)__nv_cvt_float_to_fp8(a, __NV_NOSAT, Kind);
+    }
+};
+typedef maco__t_fp8<__NV_E4M3> maco__t_e4m3;
+typedef maco__t_fp8<__NV_E5M2> maco__t_e5m2;
+
+/* ------------------------------------------------------------------ ops */
+
+/* avg is MACO__OP_SUM plus a division by n at the end (a run-time flag of the kernels). */
+enum { MACO__OP_SUM = 0, MACO__OP_PROD = 1, MACO__OP_MIN = 2, MACO__OP_MAX = 3 };
+
+template <class T, int Op>
+static __host__ __device__ __forceinline__ typename T::acc maco__combine(typename T::acc a,
+                                                                         typename T::acc b)
 {
-    float acc[D::per_word], t[D::per_word];
-    D::widen(w[0], acc);
-#pragma unroll
-    for (int q = 1; q < MACO__MAX_LOCAL_RANKS; q++) {
-        if (q < n) {
-            D::widen(w[q], t);
-#pragma unroll
-            for (int l = 0; l < D::per_word; l++)
-                acc[l] += t[l];
-        }
-    }
-    return D::narrow(acc);
+    if (Op == MACO__OP_SUM)
+        return T::add(a, b);
+    if (Op == MACO__OP_PROD)
+        return T::mul(a, b);
+    if (Op == MACO__OP_MIN)
+        return b < a ? b : a;
+    return b > a ? b : a;
 }
 
-/* Sum of single elements (tails that do not fill a word): `src[q]` points at rank q's
- * element (naturally aligned). Returns the result's bits in the low elem_bytes bytes. */
-template <class D>
-static __device__ __forceinline__ uint32_t maco__sum_element(const char *const *src, int n)
+/* ------------------------------------------------------------------ words */
+
+/* W bytes (8 or 16) seen as 32-bit words or as elements. */
+template <int W, class Bits> union __align__(W) maco__vec
 {
-    uint32_t w[MACO__MAX_LOCAL_RANKS];
+    uint32_t w[W / 4];
+    Bits e[W / sizeof(Bits)];
+};
+
+/*
+ * out = op over q in [0, n) of v[q], element by element, in rank order; avg divides by n
+ * at the end. v has MACO__MAX_LOCAL_RANKS entries, of which the first n are used.
+ */
+template <class T, int Op, int W>
+static __device__ __forceinline__ void maco__reduce_vec(maco__vec<W, typename T::bits> *out,
+                                                        const maco__vec<W, typename T::bits> *v,
+                                                        int n, bool avg)
+{
+    constexpr int E = W / (int)sizeof(typename T::bits);
 #pragma unroll
-    for (int q = 0; q < MACO__MAX_LOCAL_RANKS; q++) {
-        w[q] = 0u;
-        if (q < n)
-            w[q] = D::elem_bytes == 4 ? *(const uint32_t *)src[q]
-                                      : (uint32_t) * (const uint16_t *)src[q];
+    for (int j = 0; j < E; j++) {
+        typename T::acc acc = T::widen(v[0].e[j]);
+#pragma unroll
+        for (int q = 1; q < MACO__MAX_LOCAL_RANKS; q++)
+            if (q < n)
+                acc = maco__combine<T, Op>(acc, T::widen(v[q].e[j]));
+        if (Op == MACO__OP_SUM && avg)
+            acc = T::div(acc, n);
+        out->e[j] = T::narrow(acc);
     }
-    /* A 16-bit element sits in the low half of the word; the high half sums zeros. */
-    return maco__sum_word<D>(w, n);
 }
 
 #endif /* MACO_REDUCE_CUH */

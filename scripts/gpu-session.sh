@@ -7,6 +7,8 @@
 #   quick: tests and the allreduce tables; benches: default without compute-sanitizer;
 #   port: tests and the port-channel benchmark only;
 #   sweep: default plus rsag CTAs x scratch size and the algorithm crossover
+#   coll: the collective tests on 4 and 2 GPUs, then maco-perf of every collective on 4
+#     GPUs against NCCL (eager and graph-replayed) and on 2 GPUs; COLL_SIZES="-b .. -e .. -f .."
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -30,6 +32,32 @@ step() { # name timeout command...
   summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
   return 0
 }
+if [ "${1:-}" = coll ]; then
+  flt="${COLL_FILTER:-Collectives.*:Allreduce.*}"
+  step coll-tests-n4 300 "$B/tools/maco-run" -n 4 --timeout 290 "$B/tests/test_gpu_mp" --gtest_filter="$flt"
+  step coll-tests-n2 200 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 190 "$B/tests/test_gpu_mp" --gtest_filter="$flt"
+  sizes=${COLL_SIZES:--b 8 -e 1G -f 4}
+  for c in allreduce allgather reduce_scatter broadcast reduce; do
+    for g in ${COLL_GRAPH:-0 10}; do
+      gflag=""; [ "$g" != 0 ] && gflag="-G $g"
+      n=4; step "perf-$c-n$n-g$g" 150 "$B/tools/maco-run" -n $n --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 $gflag --json "$OUT/perf-$c-n$n-g$g.json"
+    done
+    [ -n "${COLL_N2:-}" ] && step "perf-$c-n2-g0" 150 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 --json "$OUT/perf-$c-n2-g0.json"
+  done
+  [ -n "${COLL_TYPES:-}" ] && step perf-types-n4 200 "$B/tools/maco-run" -n 4 --timeout 190 "$B/tools/maco-perf" allreduce -b 1K -e 4M -f 64 -d all -o all -n 5 -w 1 -c 2
+  echo "================ collective tests"
+  for f in coll-tests-n4 coll-tests-n2; do
+    echo "-- $f"; grep -E '^\[0\] \[ +(FAILED|SKIPPED) +\]|Failure|PASSED|tests, listed|first wrong|wrong element|ERROR' "$OUT/$f.txt" | head -n 12
+  done
+  for f in "$OUT"/perf-*.txt; do
+    [ -f "$f" ] || continue
+    echo "================ $(basename "$f" .txt) (size, MACO time, busbw, #wrong | NCCL time, busbw, ratio | algo)"
+    sed 's/^\[[0-9]*\] //' "$f" | awk '/^ +[0-9]/ {printf "%11s %5s %9s %7s %3s | %9s %7s %5s | %s\n", $1, $4, $6, $8, $9, $10, $11, $12, $13} /^# (Wrong|Out)/' | head -n 40
+    grep -E 'maco-perf:|ERROR|error' "$f" | head -n 6
+  done
+  echo "================ summary"; printf '%s\n' "${summary[@]}"
+  exit 0
+fi
 step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
 if [ "${1:-}" = port ]; then
   step bench-port 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \

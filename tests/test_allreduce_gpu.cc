@@ -257,12 +257,9 @@ TEST_F(Allreduce, BadArgumentsAreRejectedBeforeAnythingRuns)
     EXPECT_EQ(
         maco_allreduce(in_, out_, 4, static_cast<maco_datatype_t>(99), MACO_SUM, Comm(), nullptr),
         MACO_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_INT32, MACO_SUM, Comm(), nullptr),
-              MACO_ERR_UNSUPPORTED);
-    EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_FLOAT32, MACO_MAX, Comm(), nullptr),
-              MACO_ERR_UNSUPPORTED);
-    EXPECT_EQ(maco_allreduce(in_ + 1, out_, 4, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
-              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(
+        maco_allreduce(in_, out_, 4, MACO_FLOAT32, static_cast<maco_redop_t>(-1), Comm(), nullptr),
+        MACO_ERR_INVALID_ARGUMENT);
     setenv("MACO_ALGO_ALLREDUCE", "ring", 1);
     EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
               MACO_ERR_UNSUPPORTED);

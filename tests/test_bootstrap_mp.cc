@@ -198,6 +198,73 @@ TEST_F(BootstrapMp, CommunicatorTopology)
 
 } // namespace
 
+/* Collective arguments are checked before anything needs a GPU, so CI covers them: each
+ * bad argument gives MACO_ERR_INVALID_ARGUMENT naming it, and the buffers stay untouched. */
+TEST_F(BootstrapMp, CollectiveArgumentsAreCheckedFirst)
+{
+    maco_comm_t comm;
+    ASSERT_EQ(maco_comm_create(Bootstrap(), -1, &comm), MACO_OK);
+    const size_t n = 64;
+    std::vector<float> in(n * NRanks(), 1.5f), out(n * NRanks(), 2.5f);
+    float *i = in.data(), *o = out.data();
+    maco_test::AllowLog("maco_");
+    struct Bad {
+        maco_status_t st;
+        const char *name;
+    };
+    const maco_datatype_t bad_type = static_cast<maco_datatype_t>(MACO_DATATYPE_COUNT);
+    const maco_redop_t bad_op = static_cast<maco_redop_t>(-1);
+    const Bad bads[] = {
+        { maco_allreduce(nullptr, o, n, MACO_FLOAT32, MACO_SUM, comm, nullptr), "sendbuf" },
+        { maco_allreduce(i, nullptr, n, MACO_FLOAT32, MACO_SUM, comm, nullptr), "recvbuf" },
+        { maco_allreduce(i, o, n, bad_type, MACO_SUM, comm, nullptr), "datatype" },
+        { maco_reduce_scatter(i, o, n, MACO_FLOAT32, bad_op, comm, nullptr), "op" },
+        { maco_broadcast(i, o, n, MACO_FLOAT32, NRanks(), comm, nullptr), "root" },
+        { maco_reduce(i, o, n, MACO_FLOAT32, MACO_MAX, -1, comm, nullptr), "root" },
+        { maco_allreduce(o + 1, o, n, MACO_FLOAT32, MACO_SUM, comm, nullptr), "overlap" },
+        { maco_allgather(o + 1, o, n, MACO_FLOAT32, comm, nullptr), "overlap" },
+        { maco_reduce_scatter(o, o + 1, n, MACO_FLOAT32, MACO_SUM, comm, nullptr), "overlap" },
+        { maco_broadcast(o, o + 3, n, MACO_INT8, Rank(), comm, nullptr), "overlap" },
+        { maco_allreduce(i, o, SIZE_MAX / 4, MACO_FLOAT64, MACO_SUM, comm, nullptr), "overflows" },
+        { maco_allgather(i, o, SIZE_MAX / 4 + 1, MACO_FLOAT32, comm, nullptr), "overflows" },
+        { maco_allgather(i, o, n, MACO_FLOAT32, nullptr, nullptr), "comm" },
+    };
+    for (const Bad &b : bads) {
+        EXPECT_EQ(b.st, MACO_ERR_INVALID_ARGUMENT) << b.name;
+        std::vector<std::string> logged = maco_test::LoggedProblems();
+        ASSERT_FALSE(logged.empty());
+    }
+    /* Every message names its argument (in call order in the log). */
+    std::vector<std::string> logged = maco_test::LoggedProblems();
+    ASSERT_GE(logged.size(), sizeof(bads) / sizeof(bads[0]));
+    size_t first = logged.size() - sizeof(bads) / sizeof(bads[0]);
+    for (size_t k = 0; k < sizeof(bads) / sizeof(bads[0]); k++)
+        EXPECT_NE(logged[first + k].find(bads[k].name), std::string::npos) << logged[first + k];
+    /* Exactly in place is fine (then the missing GPU is what stops the call). */
+    {
+        int dev = 0;
+        ASSERT_EQ(maco_comm_get_cuda_device(comm, &dev), MACO_OK);
+        if (dev < 0) {
+            EXPECT_EQ(maco_allgather(o + n * Rank(), o, n, MACO_FLOAT32, comm, nullptr),
+                      MACO_ERR_UNSUPPORTED);
+            EXPECT_EQ(
+                maco_reduce_scatter(o, o + n * Rank(), n, MACO_FLOAT32, MACO_SUM, comm, nullptr),
+                MACO_ERR_UNSUPPORTED);
+            /* A reduce's non-root and a broadcast's non-root may pass NULL. */
+            EXPECT_EQ(maco_reduce(i, NRanks() > 1 && Rank() != 0 ? nullptr : o, n, MACO_FLOAT32,
+                                  MACO_SUM, 0, comm, nullptr),
+                      MACO_ERR_UNSUPPORTED);
+        }
+    }
+    for (float v : in)
+        ASSERT_EQ(v, 1.5f);
+    for (float v : out)
+        ASSERT_EQ(v, 2.5f);
+    EXPECT_STREQ(maco_collective_name(MACO_COLL_REDUCE_SCATTER), "reduce_scatter");
+    EXPECT_STREQ(maco_collective_name(MACO_COLLECTIVE_COUNT), "unknown");
+    ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
+}
+
 int main(int argc, char **argv)
 {
     return maco_test::MultiProcessMain(argc, argv, false, false);

@@ -1,21 +1,28 @@
 /*
  * maco-perf - collective benchmark with nccl-tests' flags and columns.
  *
- *   maco-run -n N maco-perf allreduce -b MIN -e MAX -f FACTOR [-d bfloat16|float32]
- *       [-n iters] [-w warmup] [-c checks] [--nccl] [--json FILE]
+ *   maco-run -n N maco-perf <allreduce|allgather|reduce_scatter|broadcast|reduce>
+ *       -b MIN -e MAX -f FACTOR [-d type|all] [-o op|all] [-r root] [-n iters] [-w warmup]
+ *       [-c checks] [-G graph-replays] [--inplace] [--nccl] [--json FILE]
  *
- * For each size (bytes per rank, MIN..MAX multiplying by FACTOR) it checks and times
- * MACO's allreduce out of place and in place and, with --nccl, the same through the
- * system's NCCL (dlopen'ed; NVLink multicast off) in the same process.
+ * Sizes follow nccl-tests: `size` is the largest buffer of the operation in bytes
+ * (allgather: the receive buffer, nranks blocks; reduce_scatter: the send buffer; the
+ * others: the one buffer) and `count` its elements. For each type, op and size it checks
+ * and times MACO out of place (and in place with --inplace) and, with --nccl, the same
+ * operation through the system's NCCL (dlopen'ed; NVLink multicast off) in the same
+ * process.
  *
  * Checking: `-c` rounds per size and placement, each with fresh random inputs (a new seed),
- * a poisoned output (0xFF bytes) with a 256-byte poisoned guard after it, one allreduce,
- * then every element compared bitwise on the GPU with the rank-ordered float32 sum of all
- * ranks' inputs recomputed from the generator (perf_kernels.h), and the guard checked
- * untouched (#wrong counts both). Timing: `-w` warm-up calls, then `-n` calls between two
- * CUDA events; time = elapsed / n, the largest over ranks.
- * algbw = size / time; busbw = algbw * 2 (n-1) / n (nccl-tests' definition for allreduce,
- * see its doc/PERFORMANCE.md). GB/s are 1e9 bytes per second.
+ * a poisoned output (0xFF bytes) with a 256-byte poisoned guard after it, one call, then
+ * every element compared bitwise on the GPU with a result recomputed from the generator
+ * (perf_kernels.h: inputs whose results are exact in the type), and the guard checked
+ * untouched (#wrong counts both; a reduce's non-root output must stay poisoned).
+ * Timing: `-w` warm-up calls, then `-n` calls between two CUDA events, time = elapsed / n;
+ * with -G R the `-n` calls are captured once in a CUDA graph that is replayed R times
+ * (time = elapsed / (n R)). The time shown is the largest over ranks.
+ * algbw = size / time; busbw = algbw * factor, nccl-tests' definitions (its
+ * doc/PERFORMANCE.md): 2(n-1)/n for allreduce, (n-1)/n for allgather and reduce_scatter,
+ * 1 for broadcast and reduce. GB/s are 1e9 bytes per second.
  * Exit status: 0 when no value was wrong, 1 when some were (or an error), 2 for bad usage
  * or no GPU.
  */
@@ -42,13 +49,21 @@ typedef struct {
     char internal[128];
 } perf_nccl_id_t;
 typedef struct perf_nccl_comm *perf_nccl_comm_t;
-enum { PERF_NCCL_FLOAT32 = 7, PERF_NCCL_BFLOAT16 = 9, PERF_NCCL_SUM = 0 };
+
+/* nccl.h's ncclDataType_t for each maco_datatype_t (fp8 needs NCCL >= 2.24), and its
+ * ncclRedOp_t for each maco_redop_t (NCCL orders max before min). */
+static const int perf_nccl_types[MACO_DATATYPE_COUNT] = { 0, 1, 2, 3, 4, 5, 6, 9, 7, 8, 10, 11 };
+static const int perf_nccl_ops[MACO_REDOP_COUNT] = { 0, 1, 3, 2, 4 };
 
 typedef struct perf_nccl {
     void *lib;
     int (*get_unique_id)(perf_nccl_id_t *);
     int (*comm_init_rank)(perf_nccl_comm_t *, int, perf_nccl_id_t, int);
     int (*all_reduce)(const void *, void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
+    int (*all_gather)(const void *, void *, size_t, int, perf_nccl_comm_t, cudaStream_t);
+    int (*reduce_scatter)(const void *, void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
+    int (*broadcast)(const void *, void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
+    int (*reduce)(const void *, void *, size_t, int, int, int, perf_nccl_comm_t, cudaStream_t);
     int (*comm_destroy)(perf_nccl_comm_t);
     const char *(*get_error_string)(int);
     int (*get_version)(int *);
@@ -57,12 +72,16 @@ typedef struct perf_nccl {
 } perf_nccl_t;
 
 typedef struct perf_opts {
-    const char *collective;
+    maco_collective_t coll;
     size_t min_bytes, max_bytes;
     double factor;
-    maco_datatype_t dtype;
-    int iters, warmup, checks;
-    int nccl;
+    maco_datatype_t dtypes[MACO_DATATYPE_COUNT];
+    int ndtypes;
+    maco_redop_t ops[MACO_REDOP_COUNT];
+    int nops;
+    int root;
+    int iters, warmup, checks, graph;
+    int inplace, nccl;
     const char *json_path;
 } perf_opts_t;
 
@@ -93,17 +112,25 @@ static int g_rank;
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: maco-perf allreduce [-b MIN] [-e MAX] [-f FACTOR] [-d bfloat16|float32]\n"
-               "                 [-n ITERS] [-w WARMUP] [-c CHECKS] [--nccl] [--json FILE]\n"
-               "  Run under maco-run, one rank per GPU: maco-run -n 4 maco-perf allreduce ...\n"
-               "  -b, -e   smallest and largest size in bytes per rank (K, M, G suffixes; "
-               "default 8 and 128M)\n"
-               "  -f       size multiplier between steps (default 2)\n"
-               "  -d       data type (default bfloat16)\n"
-               "  -n, -w   timed and warm-up calls per size (default 20 and 5)\n"
-               "  -c       checked calls per size and placement (default 1)\n"
-               "  --nccl   also run the system NCCL (MACO_NCCL_LIBRARY names it)\n"
-               "  --json   write one JSON object per size and placement to FILE (rank 0)\n");
+    fprintf(f,
+            "usage: maco-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR] [-d TYPE|all] [-o OP|all]\n"
+            "                 [-r ROOT] [-n ITERS] [-w WARMUP] [-c CHECKS] [-G REPLAYS]\n"
+            "                 [--inplace] [--nccl] [--json FILE]\n"
+            "  COLLECTIVE: allreduce, allgather, reduce_scatter, broadcast, reduce\n"
+            "  Run under maco-run, one rank per GPU: maco-run -n 4 maco-perf allreduce ...\n"
+            "  -b, -e   smallest and largest size in bytes, nccl-tests' meaning (K, M, G "
+            "suffixes; default 8 and 128M)\n"
+            "  -f       size multiplier between steps (default 2)\n"
+            "  -d       data type: int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 "
+            "float32 float64 fp8_e4m3 fp8_e5m2, or all (default bfloat16)\n"
+            "  -o       reduction: sum prod min max avg, or all (default sum)\n"
+            "  -r       root of broadcast and reduce (default 0)\n"
+            "  -n, -w   timed and warm-up calls per size (default 20 and 5)\n"
+            "  -c       checked calls per size and placement (default 1)\n"
+            "  -G       capture the timed calls in a CUDA graph and replay it REPLAYS times\n"
+            "  --inplace  also run in place (default: out of place only)\n"
+            "  --nccl   also run the system NCCL (MACO_NCCL_LIBRARY names it)\n"
+            "  --json   write one JSON object per size and placement to FILE (rank 0)\n");
 }
 
 static int parse_bytes(const char *text, size_t *out)
@@ -139,13 +166,40 @@ static int parse_int(const char *text, int lo, int hi, int *out)
     return 0;
 }
 
+static int parse_dtypes(const char *v, perf_opts_t *o)
+{
+    o->ndtypes = 0;
+    for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
+        const char *name = maco_datatype_name((maco_datatype_t)t);
+        if (strcmp(v, "all") == 0 || strcmp(v, name) == 0 ||
+            (t == MACO_BFLOAT16 && strcmp(v, "bf16") == 0) ||
+            (t == MACO_FLOAT32 && strcmp(v, "float") == 0) ||
+            (t == MACO_FLOAT16 && strcmp(v, "half") == 0) ||
+            (t == MACO_FLOAT64 && strcmp(v, "double") == 0))
+            o->dtypes[o->ndtypes++] = (maco_datatype_t)t;
+    }
+    return o->ndtypes == 0 ? -1 : 0;
+}
+
+static int parse_ops(const char *v, perf_opts_t *o)
+{
+    o->nops = 0;
+    for (int op = 0; op < MACO_REDOP_COUNT; op++)
+        if (strcmp(v, "all") == 0 || strcmp(v, maco_redop_name((maco_redop_t)op)) == 0)
+            o->ops[o->nops++] = (maco_redop_t)op;
+    return o->nops == 0 ? -1 : 0;
+}
+
 static void parse_args(int argc, char **argv, perf_opts_t *o)
 {
     memset(o, 0, sizeof(*o));
     o->min_bytes = 8;
     o->max_bytes = (size_t)128 << 20;
     o->factor = 2;
-    o->dtype = MACO_BFLOAT16;
+    o->dtypes[0] = MACO_BFLOAT16;
+    o->ndtypes = 1;
+    o->ops[0] = MACO_SUM;
+    o->nops = 1;
     o->iters = 20;
     o->warmup = 5;
     o->checks = 1;
@@ -153,16 +207,25 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
         usage(argc < 2 ? stderr : stdout);
         exit(argc < 2 ? 2 : 0);
     }
-    o->collective = argv[1];
-    if (strcmp(o->collective, "allreduce") != 0) {
-        fprintf(stderr, "maco-perf: collective '%s' is not implemented yet (allreduce is)\n",
-                o->collective);
+    o->coll = MACO_COLLECTIVE_COUNT;
+    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++)
+        if (strcmp(argv[1], maco_collective_name((maco_collective_t)k)) == 0)
+            o->coll = (maco_collective_t)k;
+    if (o->coll == MACO_COLLECTIVE_COUNT) {
+        fprintf(stderr,
+                "maco-perf: unknown collective '%s' (allreduce, allgather, reduce_scatter, "
+                "broadcast, reduce)\n",
+                argv[1]);
         exit(2);
     }
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--nccl") == 0) {
             o->nccl = 1;
+            continue;
+        }
+        if (strcmp(a, "--inplace") == 0) {
+            o->inplace = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -180,19 +243,20 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
             char *end;
             o->factor = strtod(v, &end);
             bad = *end != '\0' || !(o->factor > 1.0);
-        } else if (strcmp(a, "-d") == 0) {
-            if (strcmp(v, "bfloat16") == 0 || strcmp(v, "bf16") == 0)
-                o->dtype = MACO_BFLOAT16;
-            else if (strcmp(v, "float32") == 0 || strcmp(v, "float") == 0)
-                o->dtype = MACO_FLOAT32;
-            else
-                bad = 1;
-        } else if (strcmp(a, "-n") == 0)
+        } else if (strcmp(a, "-d") == 0)
+            bad = parse_dtypes(v, o);
+        else if (strcmp(a, "-o") == 0)
+            bad = parse_ops(v, o);
+        else if (strcmp(a, "-r") == 0)
+            bad = parse_int(v, 0, 1 << 20, &o->root);
+        else if (strcmp(a, "-n") == 0)
             bad = parse_int(v, 1, 1000000, &o->iters);
         else if (strcmp(a, "-w") == 0)
             bad = parse_int(v, 0, 1000000, &o->warmup);
         else if (strcmp(a, "-c") == 0)
             bad = parse_int(v, 0, 1000, &o->checks);
+        else if (strcmp(a, "-G") == 0)
+            bad = parse_int(v, 0, 1000000, &o->graph);
         else if (strcmp(a, "--json") == 0)
             o->json_path = v;
         else {
@@ -202,8 +266,8 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
         }
         if (bad) {
             fprintf(stderr,
-                    "maco-perf: %s '%s' is invalid (see -h: sizes take K/M/G, -f > 1, "
-                    "-d bfloat16 or float32, counts are integers)\n",
+                    "maco-perf: %s '%s' is invalid (see -h: sizes take K/M/G, -f > 1, types "
+                    "and ops by name or all, counts are integers)\n",
                     a, v);
             exit(2);
         }
@@ -211,6 +275,11 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
     if (o->min_bytes == 0 || o->max_bytes < o->min_bytes) {
         fprintf(stderr, "maco-perf: need 0 < -b (%zu) <= -e (%zu)\n", o->min_bytes, o->max_bytes);
         exit(2);
+    }
+    /* Collectives without a reduction run once per type, shown with op "none". */
+    if (o->coll == MACO_COLL_ALLGATHER || o->coll == MACO_COLL_BROADCAST) {
+        o->ops[0] = MACO_SUM;
+        o->nops = 1;
     }
 }
 
@@ -234,6 +303,10 @@ static void nccl_load(perf_nccl_t *nc)
     PERF_SYM(get_unique_id, "ncclGetUniqueId");
     PERF_SYM(comm_init_rank, "ncclCommInitRank");
     PERF_SYM(all_reduce, "ncclAllReduce");
+    PERF_SYM(all_gather, "ncclAllGather");
+    PERF_SYM(reduce_scatter, "ncclReduceScatter");
+    PERF_SYM(broadcast, "ncclBroadcast");
+    PERF_SYM(reduce, "ncclReduce");
     PERF_SYM(comm_destroy, "ncclCommDestroy");
     PERF_SYM(get_error_string, "ncclGetErrorString");
     PERF_SYM(get_version, "ncclGetVersion");
@@ -258,11 +331,6 @@ static void nccl_init(perf_nccl_t *nc, maco_comm_t comm, int rank, int nranks)
         PERF_DIE("ncclCommInitRank failed: %s", nc->get_error_string(r));
 }
 
-typedef struct perf_result {
-    double time_us;
-    unsigned long long wrong;
-} perf_result_t;
-
 typedef struct perf_ctx {
     maco_comm_t comm;
     maco_bootstrap_t bs;
@@ -276,11 +344,71 @@ typedef struct perf_ctx {
     uint64_t seed_base;
 } perf_ctx_t;
 
+/* One operation: the collective's arguments for a size, type, op and placement. */
+typedef struct perf_case {
+    maco_collective_t coll;
+    maco_datatype_t dt;
+    maco_redop_t op;
+    int root, inplace;
+    size_t unit; /* the collective's count argument */
+    size_t send_bytes, recv_bytes;
+    const char *send;
+    char *recv;
+    size_t touched; /* bytes from c->out the call may write (guard after) */
+} perf_case_t;
+
 enum { PERF_GUARD = 256 };
 
-static int perf_dtype_code(maco_datatype_t dt)
+static int perf_has_op(maco_collective_t coll)
 {
-    return dt == MACO_BFLOAT16 ? MACO_PERF_BF16 : MACO_PERF_F32;
+    return coll != MACO_COLL_ALLGATHER && coll != MACO_COLL_BROADCAST;
+}
+
+/* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md). */
+static double perf_busbw_factor(maco_collective_t coll, int n)
+{
+    switch (coll) {
+    case MACO_COLL_ALLREDUCE:
+        return 2.0 * (n - 1) / n;
+    case MACO_COLL_ALLGATHER:
+    case MACO_COLL_REDUCE_SCATTER:
+        return (double)(n - 1) / n;
+    default:
+        return 1.0;
+    }
+}
+
+/* Fills in the buffers of a case; `count` is nccl-tests' count (elements of the largest
+ * buffer), already a multiple of nranks for allgather and reduce_scatter. */
+static void perf_case_init(perf_case_t *k, perf_ctx_t *c, maco_collective_t coll,
+                           maco_datatype_t dt, maco_redop_t op, int root, int inplace, size_t count)
+{
+    size_t esz = maco_datatype_size(dt), n = (size_t)c->nranks;
+    memset(k, 0, sizeof(*k));
+    k->coll = coll;
+    k->dt = dt;
+    k->op = op;
+    k->root = root;
+    k->inplace = inplace;
+    int blocks = coll == MACO_COLL_ALLGATHER || coll == MACO_COLL_REDUCE_SCATTER;
+    k->unit = blocks ? count / n : count;
+    size_t ub = k->unit * esz;
+    k->send_bytes = coll == MACO_COLL_REDUCE_SCATTER ? ub * n : ub;
+    k->recv_bytes = coll == MACO_COLL_ALLGATHER ? ub * n : ub;
+    k->recv = c->out;
+    k->send = c->in;
+    k->touched = k->recv_bytes;
+    if (inplace) {
+        if (coll == MACO_COLL_ALLGATHER) {
+            k->send = c->out + (size_t)c->rank * ub;
+        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+            k->send = c->out;
+            k->recv = c->out + (size_t)c->rank * ub;
+            k->touched = k->send_bytes;
+        } else {
+            k->send = c->out;
+        }
+    }
 }
 
 /* Largest value over ranks (times), through the bootstrap. */
@@ -312,20 +440,47 @@ static unsigned long long perf_sum_over_ranks(perf_ctx_t *c, unsigned long long 
     return s;
 }
 
-static void perf_launch(perf_ctx_t *c, int use_nccl, const void *src, void *dst, size_t count,
-                        maco_datatype_t dt)
+/* One call. NCCL: returns NCCL's result (0 = success), MACO: dies on an error. */
+static int perf_launch(perf_ctx_t *c, int use_nccl, const perf_case_t *k)
 {
     if (use_nccl) {
-        int r = c->nccl->all_reduce(src, dst, count,
-                                    dt == MACO_BFLOAT16 ? PERF_NCCL_BFLOAT16 : PERF_NCCL_FLOAT32,
-                                    PERF_NCCL_SUM, c->nccl->comm, c->stream);
-        if (r != 0)
-            PERF_DIE("ncclAllReduce of %zu elements failed: %s", count,
-                     c->nccl->get_error_string(r));
-    } else {
-        PERF_MACO(c->comm,
-                  maco_allreduce(src, dst, count, dt, MACO_SUM, c->comm, (maco_stream_t)c->stream));
+        perf_nccl_t *nc = c->nccl;
+        int t = perf_nccl_types[k->dt], op = perf_nccl_ops[k->op];
+        switch (k->coll) {
+        case MACO_COLL_ALLREDUCE:
+            return nc->all_reduce(k->send, k->recv, k->unit, t, op, nc->comm, c->stream);
+        case MACO_COLL_ALLGATHER:
+            return nc->all_gather(k->send, k->recv, k->unit, t, nc->comm, c->stream);
+        case MACO_COLL_REDUCE_SCATTER:
+            return nc->reduce_scatter(k->send, k->recv, k->unit, t, op, nc->comm, c->stream);
+        case MACO_COLL_BROADCAST:
+            return nc->broadcast(k->send, k->recv, k->unit, t, k->root, nc->comm, c->stream);
+        default:
+            return nc->reduce(k->send, k->recv, k->unit, t, op, k->root, nc->comm, c->stream);
+        }
     }
+    maco_stream_t s = (maco_stream_t)c->stream;
+    maco_status_t st;
+    switch (k->coll) {
+    case MACO_COLL_ALLREDUCE:
+        st = maco_allreduce(k->send, k->recv, k->unit, k->dt, k->op, c->comm, s);
+        break;
+    case MACO_COLL_ALLGATHER:
+        st = maco_allgather(k->send, k->recv, k->unit, k->dt, c->comm, s);
+        break;
+    case MACO_COLL_REDUCE_SCATTER:
+        st = maco_reduce_scatter(k->send, k->recv, k->unit, k->dt, k->op, c->comm, s);
+        break;
+    case MACO_COLL_BROADCAST:
+        st = maco_broadcast(k->send, k->recv, k->unit, k->dt, k->root, c->comm, s);
+        break;
+    default:
+        st = maco_reduce(k->send, k->recv, k->unit, k->dt, k->op, k->root, c->comm, s);
+    }
+    if (st != MACO_OK)
+        PERF_DIE("%s of %zu elements failed: %s: %s", maco_collective_name(k->coll), k->unit,
+                 maco_status_string(st), maco_comm_get_last_error(c->comm));
+    return 0;
 }
 
 /* Stops with the device-side error if a MACO kernel reported one. */
@@ -338,69 +493,132 @@ static void perf_check_async(perf_ctx_t *c)
                  maco_comm_get_last_error(c->comm));
 }
 
-/* Checked calls; returns the number of wrong elements and guard bytes on this rank. */
-static unsigned long long perf_check(perf_ctx_t *c, const perf_opts_t *o, size_t count, int inplace,
-                                     int round)
+/* One checked call; returns the number of wrong elements and guard bytes on this rank. */
+static unsigned long long perf_check(perf_ctx_t *c, const perf_case_t *k, int round)
 {
-    size_t bytes = count * maco_datatype_size(o->dtype);
-    uint64_t seed = c->seed_base ^ ((uint64_t)count * 0x9E3779B97F4A7C15ull) ^
-                    ((uint64_t)(round * 2 + inplace) << 56);
-    int dt = perf_dtype_code(o->dtype);
-    char *dst = c->out;
-    const char *src = inplace ? c->out : c->in;
-    /* Poison the whole output plus guard, then (in place) write the input over it. */
-    PERF_CUDA(cudaMemsetAsync(c->out, 0xFF, bytes + PERF_GUARD, c->stream));
-    PERF_CUDA(maco_perf_fill(inplace ? c->out : c->in, count, dt, seed, c->rank, c->stream));
+    uint64_t seed = c->seed_base ^ ((uint64_t)k->unit * 0x9E3779B97F4A7C15ull) ^
+                    ((uint64_t)(round * 2 + k->inplace) << 56) ^ ((uint64_t)k->op << 48);
+    size_t n_recv = k->recv_bytes / maco_datatype_size(k->dt);
+    size_t n_send = k->send_bytes / maco_datatype_size(k->dt);
+    /* Poison the whole output region plus guard, then write the input (over it in place). */
+    PERF_CUDA(cudaMemsetAsync(c->out, 0xFF, k->touched + PERF_GUARD, c->stream));
+    PERF_CUDA(maco_perf_fill_coll((void *)k->send, n_send, k->dt, k->op, seed, c->rank, c->stream));
     unsigned long long init[3] = { 0, ~0ull, 0 };
     PERF_CUDA(cudaMemcpyAsync(c->counters, init, sizeof(init), cudaMemcpyHostToDevice, c->stream));
     PERF_CUDA(cudaStreamSynchronize(c->stream));
     PERF_MACO(c->comm, maco_bootstrap_barrier(c->bs)); /* every rank's input is ready */
-    perf_launch(c, 0, src, dst, count, o->dtype);
-    PERF_CUDA(maco_perf_check_sum(dst, count, dt, seed, c->nranks, &c->counters[0], &c->counters[1],
-                                  c->stream));
-    PERF_CUDA(maco_perf_check_bytes(dst + bytes, PERF_GUARD, 0xFF, &c->counters[2], c->stream));
+    perf_launch(c, 0, k);
+    if (k->coll == MACO_COLL_REDUCE && c->rank != k->root) {
+        /* A non-root's receive buffer is not written: out of place it stays poisoned. */
+        if (!k->inplace)
+            PERF_CUDA(
+                maco_perf_check_bytes(k->recv, k->recv_bytes, 0xFF, &c->counters[0], c->stream));
+    } else {
+        PERF_CUDA(maco_perf_check_coll(k->recv, n_recv, k->coll, k->dt, k->op, k->root, k->unit,
+                                       seed, c->rank, c->nranks, &c->counters[0], &c->counters[1],
+                                       c->stream));
+    }
+    PERF_CUDA(
+        maco_perf_check_bytes(c->out + k->touched, PERF_GUARD, 0xFF, &c->counters[2], c->stream));
     unsigned long long res[3];
     PERF_CUDA(cudaMemcpyAsync(res, c->counters, sizeof(res), cudaMemcpyDeviceToHost, c->stream));
     PERF_CUDA(cudaStreamSynchronize(c->stream));
     perf_check_async(c);
-    if (res[0] != 0) {
+    if (res[0] != 0)
         fprintf(stderr,
-                "maco-perf: rank %d: %llu wrong value(s) in %zu elements (%s, %s); first wrong "
-                "element %llu\n",
-                c->rank, res[0], count, maco_datatype_name(o->dtype),
-                inplace ? "in place" : "out of place", res[1]);
-    }
+                "maco-perf: rank %d: %s %s %s: %llu wrong value(s) in %zu elements (%s); first "
+                "wrong element %llu\n",
+                c->rank, maco_collective_name(k->coll), maco_datatype_name(k->dt),
+                maco_redop_name(k->op), res[0], n_recv, k->inplace ? "in place" : "out of place",
+                res[1]);
     if (res[2] != 0)
         fprintf(stderr,
-                "maco-perf: rank %d: %llu byte(s) of the %d-byte guard after the output of %zu "
-                "elements were overwritten (%s)\n",
-                c->rank, res[2], PERF_GUARD, count, inplace ? "in place" : "out of place");
+                "maco-perf: rank %d: %llu byte(s) of the %d-byte guard after the output (%zu "
+                "bytes) were overwritten (%s)\n",
+                c->rank, res[2], PERF_GUARD, k->touched, k->inplace ? "in place" : "out of place");
     c->oob += res[2];
     return res[0] + res[2];
 }
 
-static double perf_time(perf_ctx_t *c, const perf_opts_t *o, size_t count, int inplace,
-                        int use_nccl)
+/* Time per call in us, the largest over ranks; < 0 when NCCL refused the operation. */
+static double perf_time(perf_ctx_t *c, const perf_opts_t *o, const perf_case_t *k, int use_nccl)
 {
-    const void *src = inplace ? c->out : c->in;
-    PERF_CUDA(
-        maco_perf_fill(c->in, count, perf_dtype_code(o->dtype), c->seed_base, c->rank, c->stream));
-    PERF_CUDA(
-        maco_perf_fill(c->out, count, perf_dtype_code(o->dtype), c->seed_base, c->rank, c->stream));
-    for (int i = 0; i < o->warmup; i++)
-        perf_launch(c, use_nccl, src, c->out, count, o->dtype);
+    size_t esz = maco_datatype_size(k->dt);
+    PERF_CUDA(maco_perf_fill_coll((void *)k->send, k->send_bytes / esz, k->dt, k->op, c->seed_base,
+                                  c->rank, c->stream));
+    int bad = 0;
+    for (int i = 0; i < o->warmup && !bad; i++)
+        bad = perf_launch(c, use_nccl, k) != 0;
+    cudaGraphExec_t exec = NULL;
+    if (o->graph > 0 && !bad) {
+        cudaGraph_t graph;
+        PERF_CUDA(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < o->iters && !bad; i++)
+            bad = perf_launch(c, use_nccl, k) != 0;
+        PERF_CUDA(cudaStreamEndCapture(c->stream, &graph));
+        if (!bad) {
+            PERF_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+            PERF_CUDA(cudaGraphLaunch(exec, c->stream)); /* one warm-up replay */
+        }
+        PERF_CUDA(cudaGraphDestroy(graph));
+    }
     PERF_CUDA(cudaStreamSynchronize(c->stream));
-    PERF_MACO(c->comm, maco_bootstrap_barrier(c->bs));
+    /* Every rank learns whether any rank's NCCL refused, so that all skip together. */
+    if (perf_sum_over_ranks(c, (unsigned long long)bad) != 0) {
+        if (exec != NULL)
+            cudaGraphExecDestroy(exec);
+        return -1.0;
+    }
     PERF_CUDA(cudaEventRecord(c->start, c->stream));
-    for (int i = 0; i < o->iters; i++)
-        perf_launch(c, use_nccl, src, c->out, count, o->dtype);
+    if (exec != NULL) {
+        for (int i = 0; i < o->graph; i++)
+            PERF_CUDA(cudaGraphLaunch(exec, c->stream));
+    } else {
+        for (int i = 0; i < o->iters; i++)
+            perf_launch(c, use_nccl, k);
+    }
     PERF_CUDA(cudaEventRecord(c->stop, c->stream));
     PERF_CUDA(cudaEventSynchronize(c->stop));
     if (!use_nccl)
         perf_check_async(c);
     float ms = 0;
     PERF_CUDA(cudaEventElapsedTime(&ms, c->start, c->stop));
-    return perf_max_over_ranks(c, (double)ms * 1000.0 / o->iters);
+    if (exec != NULL)
+        PERF_CUDA(cudaGraphExecDestroy(exec));
+    double calls = (double)o->iters * (exec != NULL ? o->graph : 1);
+    return perf_max_over_ranks(c, (double)ms * 1000.0 / calls);
+}
+
+static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *gpu,
+                        const perf_nccl_t *nccl)
+{
+    printf("# maco-perf %s: %d rank(s), %s, iters %d, warmup %d, checks %d, %s%s\n",
+           maco_collective_name(o->coll), c->nranks, gpu, o->iters, o->warmup, o->checks,
+           o->graph ? "graph-replayed" : "eager", o->nccl ? "" : ", no NCCL");
+    if (o->graph)
+        printf("# -G %d: the %d timed calls are one CUDA graph, replayed %d times\n", o->graph,
+               o->iters, o->graph);
+    if (o->nccl)
+        printf("# NCCL %d.%d.%d (NCCL_NVLS_ENABLE=0); ratio = MACO busbw / NCCL busbw\n",
+               nccl->version / 10000, (nccl->version / 100) % 100, nccl->version % 100);
+    printf("# time in us (largest over ranks), algbw and busbw in GB/s (1e9 B/s), busbw = algbw "
+           "* %.4g (nccl-tests)\n",
+           perf_busbw_factor(o->coll, c->nranks));
+    int np = o->inplace ? 2 : 1;
+    printf("#%11s %12s %9s %6s %5s", "", "", "", "", "");
+    for (int ip = 0; ip < np; ip++)
+        printf("  %-31s", ip ? "in-place" : "out-of-place");
+    if (o->nccl)
+        for (int ip = 0; ip < np; ip++)
+            printf("  %-23s", ip ? "nccl in-place" : "nccl out-of-place");
+    printf("\n#%11s %12s %9s %6s %5s", "size(B)", "count", "type", "redop", "root");
+    for (int ip = 0; ip < np; ip++)
+        printf(" %9s %7s %7s %6s", "time", "algbw", "busbw", "#wrong");
+    if (o->nccl)
+        for (int ip = 0; ip < np; ip++)
+            printf(" %9s %7s %5s", "time", "busbw", "ratio");
+    printf("  algorithm\n");
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
@@ -431,6 +649,12 @@ int main(int argc, char **argv)
     maco_comm_get_nranks(c.comm, &c.nranks);
     maco_comm_get_bootstrap(c.comm, &c.bs);
     g_rank = c.rank;
+    if (o.root >= c.nranks) {
+        if (c.rank == 0)
+            fprintf(stderr, "maco-perf: -r %d is not a rank (0..%d)\n", o.root, c.nranks - 1);
+        maco_comm_destroy(c.comm);
+        return 2;
+    }
     int dev;
     maco_comm_get_cuda_device(c.comm, &dev);
     PERF_CUDA(cudaSetDevice(dev));
@@ -439,7 +663,6 @@ int main(int argc, char **argv)
     PERF_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
     PERF_CUDA(cudaEventCreate(&c.start));
     PERF_CUDA(cudaEventCreate(&c.stop));
-    size_t esz = maco_datatype_size(o.dtype);
     PERF_CUDA(cudaMalloc((void **)&c.in, o.max_bytes + PERF_GUARD));
     PERF_CUDA(cudaMalloc((void **)&c.out, o.max_bytes + PERF_GUARD));
     PERF_CUDA(cudaMalloc((void **)&c.counters, 3 * sizeof(unsigned long long)));
@@ -458,84 +681,85 @@ int main(int argc, char **argv)
             PERF_DIE("cannot write --json %s: %s", o.json_path, strerror(errno));
         fprintf(json, "[\n");
     }
-    double busbw_factor = 2.0 * (c.nranks - 1) / c.nranks;
-    if (c.rank == 0) {
-        printf("# maco-perf %s: %d rank(s), %s, %s sum, iters %d, warmup %d, checks %d%s\n",
-               o.collective, c.nranks, prop.name, maco_datatype_name(o.dtype), o.iters, o.warmup,
-               o.checks, o.nccl ? "" : ", no NCCL");
-        if (o.nccl)
-            printf("# NCCL %d.%d.%d (NCCL_NVLS_ENABLE=0); ratio = MACO busbw / NCCL busbw\n",
-                   nccl.version / 10000, (nccl.version / 100) % 100, nccl.version % 100);
-        printf("# time in us (largest over ranks), algbw and busbw in GB/s (1e9 B/s), busbw = "
-               "algbw * 2(n-1)/n\n");
-        printf("#%11s %12s %9s %6s %5s  %-26s  %-26s", "", "", "", "", "", "out-of-place",
-               "in-place");
-        if (o.nccl)
-            printf("  %-22s  %-22s", "nccl out-of-place", "nccl in-place");
-        printf("\n#%11s %12s %9s %6s %5s %9s %7s %7s %6s %9s %7s %7s %6s", "size(B)", "count",
-               "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-               "busbw", "#wrong");
-        if (o.nccl)
-            printf(" %9s %7s %5s %9s %7s %5s", "time", "busbw", "ratio", "time", "busbw", "ratio");
-        printf("  algorithm\n");
-        fflush(stdout);
-    }
+    double factor = perf_busbw_factor(o.coll, c.nranks);
+    int rooted = o.coll == MACO_COLL_BROADCAST || o.coll == MACO_COLL_REDUCE;
+    int np = o.inplace ? 2 : 1;
+    if (c.rank == 0)
+        perf_header(&o, &c, prop.name, &nccl);
     unsigned long long total_wrong = 0;
     double busbw_sum = 0;
     int busbw_n = 0;
     int first_json = 1;
-    for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes * 1.0000001; sz *= o.factor) {
-        size_t count = (size_t)sz / esz;
-        if (count == 0)
-            continue;
-        size_t bytes = count * esz;
-        const char *algo = "?";
-        maco_allreduce_get_algorithm(c.comm, count, o.dtype, &algo);
-        double t[2], nt[2] = { 0, 0 };
-        unsigned long long wrong[2];
-        for (int ip = 0; ip < 2; ip++) {
-            unsigned long long w = 0;
-            for (int k = 0; k < o.checks; k++)
-                w += perf_check(&c, &o, count, ip, k);
-            wrong[ip] = perf_sum_over_ranks(&c, w);
-            t[ip] = perf_time(&c, &o, count, ip, 0);
-            if (o.nccl)
-                nt[ip] = perf_time(&c, &o, count, ip, 1);
-            total_wrong += wrong[ip];
-        }
-        if (c.rank != 0)
-            continue;
-        double algbw[2], busbw[2], nbusbw[2];
-        for (int ip = 0; ip < 2; ip++) {
-            algbw[ip] = (double)bytes / (t[ip] * 1e-6) / 1e9;
-            busbw[ip] = algbw[ip] * busbw_factor;
-            nbusbw[ip] = o.nccl ? (double)bytes / (nt[ip] * 1e-6) / 1e9 * busbw_factor : 0;
-            busbw_sum += busbw[ip];
-            busbw_n++;
-        }
-        printf(" %11zu %12zu %9s %6s %5d %9.2f %7.2f %7.2f %6llu %9.2f %7.2f %7.2f %6llu", bytes,
-               count, maco_datatype_name(o.dtype), "sum", -1, t[0], algbw[0], busbw[0], wrong[0],
-               t[1], algbw[1], busbw[1], wrong[1]);
-        if (o.nccl)
-            printf(" %9.2f %7.2f %5.2f %9.2f %7.2f %5.2f", nt[0], nbusbw[0], busbw[0] / nbusbw[0],
-                   nt[1], nbusbw[1], busbw[1] / nbusbw[1]);
-        printf("  %s\n", algo);
-        fflush(stdout);
-        if (json != NULL) {
-            for (int ip = 0; ip < 2; ip++) {
-                fprintf(json,
-                        "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
-                        "\"dtype\": \"%s\", \"op\": \"sum\", \"inplace\": %s, \"algorithm\": "
-                        "\"%s\", \"nranks\": %d, \"time_us\": %.3f, \"algbw_gbps\": %.3f, "
-                        "\"busbw_gbps\": %.3f, \"wrong\": %llu",
-                        first_json ? "" : ",\n", o.collective, bytes, count,
-                        maco_datatype_name(o.dtype), ip ? "true" : "false", algo, c.nranks, t[ip],
-                        algbw[ip], busbw[ip], wrong[ip]);
-                if (o.nccl)
-                    fprintf(json, ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f", nt[ip],
-                            nbusbw[ip]);
-                fprintf(json, "}");
-                first_json = 0;
+    size_t blocks =
+        o.coll == MACO_COLL_ALLGATHER || o.coll == MACO_COLL_REDUCE_SCATTER ? (size_t)c.nranks : 1;
+    for (int ti = 0; ti < o.ndtypes; ti++) {
+        maco_datatype_t dt = o.dtypes[ti];
+        size_t esz = maco_datatype_size(dt);
+        for (int oi = 0; oi < o.nops; oi++) {
+            maco_redop_t op = o.ops[oi];
+            const char *op_name = perf_has_op(o.coll) ? maco_redop_name(op) : "none";
+            for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes * 1.0000001;
+                 sz *= o.factor) {
+                size_t count = (size_t)sz / esz / blocks * blocks;
+                if (count == 0)
+                    continue;
+                size_t bytes = count * esz;
+                perf_case_t k[2];
+                double t[2], nt[2] = { 0, 0 };
+                unsigned long long wrong[2];
+                for (int ip = 0; ip < np; ip++) {
+                    perf_case_init(&k[ip], &c, o.coll, dt, op, o.root, ip, count);
+                    unsigned long long w = 0;
+                    for (int r = 0; r < o.checks; r++)
+                        w += perf_check(&c, &k[ip], r);
+                    wrong[ip] = perf_sum_over_ranks(&c, w);
+                    t[ip] = perf_time(&c, &o, &k[ip], 0);
+                    if (o.nccl)
+                        nt[ip] = perf_time(&c, &o, &k[ip], 1);
+                    total_wrong += wrong[ip];
+                }
+                const char *algo = "?";
+                maco_collective_get_algorithm(c.comm, o.coll, k[0].unit, dt, &algo);
+                if (c.rank != 0)
+                    continue;
+                double algbw[2], busbw[2], nbusbw[2];
+                printf(" %11zu %12zu %9s %6s %5d", bytes, count, maco_datatype_name(dt), op_name,
+                       rooted ? o.root : -1);
+                for (int ip = 0; ip < np; ip++) {
+                    algbw[ip] = (double)bytes / (t[ip] * 1e-6) / 1e9;
+                    busbw[ip] = algbw[ip] * factor;
+                    nbusbw[ip] = nt[ip] > 0 ? (double)bytes / (nt[ip] * 1e-6) / 1e9 * factor : 0;
+                    busbw_sum += busbw[ip];
+                    busbw_n++;
+                    printf(" %9.2f %7.2f %7.2f %6llu", t[ip], algbw[ip], busbw[ip], wrong[ip]);
+                }
+                if (o.nccl) {
+                    for (int ip = 0; ip < np; ip++) {
+                        if (nt[ip] > 0)
+                            printf(" %9.2f %7.2f %5.2f", nt[ip], nbusbw[ip],
+                                   busbw[ip] / nbusbw[ip]);
+                        else
+                            printf(" %9s %7s %5s", "n/a", "n/a", "n/a");
+                    }
+                }
+                printf("  %s\n", algo);
+                fflush(stdout);
+                for (int ip = 0; ip < np && json != NULL; ip++) {
+                    fprintf(json,
+                            "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
+                            "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
+                            "\"graph\": %s, \"algorithm\": \"%s\", \"nranks\": %d, \"time_us\": "
+                            "%.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, \"wrong\": %llu",
+                            first_json ? "" : ",\n", maco_collective_name(o.coll), bytes, count,
+                            maco_datatype_name(dt), op_name, rooted ? o.root : -1,
+                            ip ? "true" : "false", o.graph ? "true" : "false", algo, c.nranks,
+                            t[ip], algbw[ip], busbw[ip], wrong[ip]);
+                    if (o.nccl && nt[ip] > 0)
+                        fprintf(json, ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f", nt[ip],
+                                nbusbw[ip]);
+                    fprintf(json, "}");
+                    first_json = 0;
+                }
             }
         }
     }

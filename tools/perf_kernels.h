@@ -16,11 +16,50 @@
 
 #include <cuda_runtime_api.h>
 
+#include "maco/collectives.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* dtype: 0 = float32, 1 = bfloat16 (the types allreduce implements). */
+/*
+ * Every collective, type and op (maco-perf's default checks and the collective tests).
+ * Rank r's send-buffer element i for (seed, datatype, op) is drawn so that every result is
+ * exact in the type, whatever the order of combination:
+ *   integers: any value of the type (sum and prod wrap around, avg divides the wrapped sum);
+ *   floating types with prod: one of -2, -1, 1, 2;
+ *   floating types otherwise: an integer in [-M, M], M = max(1, 2^(p-4)) for a type with p
+ *   significand bits, so that a sum over 8 ranks stays exactly representable.
+ * The expected value is computed independently of the library: in float64 for floating
+ * types (avg divides in float32, as the kernels, or float64 for float64) and in 64-bit
+ * integers for integers, then converted to the type; the comparison is bitwise.
+ */
+
+/** Fills `count` elements of rank `rank`'s send buffer. */
+cudaError_t maco_perf_fill_coll(void *buf, size_t count, maco_datatype_t datatype, maco_redop_t op,
+                                uint64_t seed, int rank, cudaStream_t stream);
+
+/**
+ * Adds to *wrong the number of elements among `count` of rank `rank`'s receive buffer
+ * that differ from the expected result of `coll` (allgather: block q holds rank q's send
+ * buffer; reduce_scatter: element j is op over ranks of element rank * unit + j; broadcast:
+ * the root's buffer; allreduce and reduce: op over ranks). `unit` is the collective's count
+ * argument. Records the first wrong index in *first_wrong (initialised to UINT64_MAX).
+ */
+cudaError_t maco_perf_check_coll(const void *out, size_t count, maco_collective_t coll,
+                                 maco_datatype_t datatype, maco_redop_t op, int root, size_t unit,
+                                 uint64_t seed, int rank, int nranks, unsigned long long *wrong,
+                                 unsigned long long *first_wrong, cudaStream_t stream);
+
+/** The expected bits of receive element j (host; for diagnostics and host-side checks). */
+uint64_t maco_perf_expected_coll_host(size_t j, maco_collective_t coll, maco_datatype_t datatype,
+                                      maco_redop_t op, int root, size_t unit, uint64_t seed,
+                                      int rank, int nranks);
+
+/*
+ * Random floats (allreduce sum of float32 and bfloat16 only): checks the rank-ordered
+ * rounding, which exact inputs cannot.
+ * dtype: 0 = float32, 1 = bfloat16 (the types allreduce implements). */
 enum { MACO_PERF_F32 = 0, MACO_PERF_BF16 = 1 };
 
 /** Fills count elements of rank `rank`'s input for `seed`. */

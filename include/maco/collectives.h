@@ -4,11 +4,41 @@
  * A call validates its arguments, picks an algorithm and enqueues kernels on `stream`; it
  * returns before the data has moved. The buffers must stay valid until the stream reaches
  * the operation. Every rank must make the same calls in the same order with the same
- * count, type and operation. Results are bitwise identical on every rank and from run to
- * run: each element is reduced in rank order 0, 1, ..., n-1, accumulating in float32 for
- * 16-bit types and rounding once (round to nearest even) at the end.
+ * count, type, op and root.
  *
- * Implemented now: allreduce of float32 and bfloat16 with sum, on ranks of one node.
+ * Buffers: device memory of the communicator's GPU, any alignment (16-byte aligned buffers
+ * take the fast path), registered or not: the data always goes through the communicator's
+ * registered scratch (MACO_SCRATCH_SIZE), so registering user buffers is never required.
+ * (Using registered user buffers in place, without the scratch copy, is not implemented
+ * yet.) Counts are in elements; count 0 returns MACO_OK and does nothing.
+ *
+ * Results are bitwise identical on every rank and from run to run: each element is reduced
+ * in rank order 0, 1, ..., n-1; float16, bfloat16, fp8 and float32 accumulate in float32
+ * and round once at the end (round to nearest even; fp8 without saturation), float64 in
+ * float64; integers wrap around in their own width (sum, prod); avg is the sum divided once
+ * by the number of ranks (integers truncate toward zero), as NCCL's post-divide.
+ *
+ * Threads and streams: calls on one communicator must not run concurrently (one host
+ * thread at a time), and the operations must execute in call order: use one stream per
+ * communicator, or order the streams with events. Two collectives of one communicator
+ * running at the same time on two streams share its scratch and would corrupt each other.
+ * Different communicators are independent. Every call is safe to capture in a CUDA graph
+ * and the graph can be replayed any number of times (the kernels keep their flags and
+ * semaphore counts on the device).
+ *
+ * Errors common to every call (nothing is enqueued, nothing written):
+ *   MACO_ERR_INVALID_ARGUMENT  comm NULL; datatype or op out of range; root not in
+ *                              [0, nranks); a buffer NULL with count > 0; count * element
+ *                              size (times nranks where a buffer holds every rank's block)
+ *                              overflows size_t; send and receive buffers that overlap other
+ *                              than exactly in place (below); a forced algorithm too small
+ *                              for the size. The message names the argument and the limit.
+ *   MACO_ERR_UNSUPPORTED       no GPU on this rank; ranks on several nodes; an unknown
+ *                              MACO_ALGO_<COLLECTIVE> value.
+ *   MACO_ERR_INVALID_USAGE     an earlier asynchronous error on this communicator.
+ *   MACO_ERR_CUDA              the launch failed.
+ * A kernel that waits longer than MACO_DEVICE_TIMEOUT for a peer stops and reports
+ * through maco_comm_get_async_error() (naming the peer); nothing hangs.
  */
 #ifndef MACO_COLLECTIVES_H
 #define MACO_COLLECTIVES_H
@@ -56,33 +86,83 @@ MACO_API const char *maco_datatype_name(maco_datatype_t datatype);
 /** "sum", "prod", "min", "max", "avg"; "unknown" for other values. */
 MACO_API const char *maco_redop_name(maco_redop_t op);
 
+/** The collectives, for maco_collective_get_algorithm(). */
+typedef enum maco_collective {
+    MACO_COLL_ALLREDUCE = 0,
+    MACO_COLL_ALLGATHER = 1,
+    MACO_COLL_REDUCE_SCATTER = 2,
+    MACO_COLL_BROADCAST = 3,
+    MACO_COLL_REDUCE = 4,
+    MACO_COLLECTIVE_COUNT
+} maco_collective_t;
+
+/** "allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"; else "unknown". */
+MACO_API const char *maco_collective_name(maco_collective_t coll);
+
 /**
  * recvbuf[i] = op over ranks r of sendbuf_r[i], for i in [0, count), on every rank.
- * `count` is in elements. sendbuf == recvbuf is in place. Buffers are device memory of
- * the communicator's device, any alignment (16-byte aligned buffers take the fast path),
- * and need not be registered: the data goes through the communicator's scratch buffer.
+ * In place: sendbuf == recvbuf.
  * Algorithms (MACO_ALGO_ALLREDUCE forces one):
  *   oneshot_ll  up to MACO_ALLREDUCE_ONESHOT_MAX bytes: every rank writes its whole input
  *               as LL16 packets into every peer's scratch and reduces all of them itself;
  *   rsag        larger: pieces are pushed to their owner rank, reduced there in rank order
  *               (reduce-scatter), and the reduced pieces pushed to every rank (allgather),
  *               pipelined through scratch with one semaphore per peer and CTA.
- * count 0 returns MACO_OK and does nothing. Safe to capture in a CUDA graph.
- * Errors (nothing is enqueued): MACO_ERR_INVALID_ARGUMENT (NULL comm or buffer, type or op
- * out of range, count * size overflows), MACO_ERR_UNSUPPORTED (no GPU on this rank; a type
- * or op not implemented yet: the message names it; ranks on several nodes; an unknown
- * MACO_ALGO_ALLREDUCE), MACO_ERR_INVALID_USAGE (an earlier asynchronous error on this
- * communicator), MACO_ERR_CUDA (the launch failed).
  */
 MACO_API maco_status_t maco_allreduce(const void *sendbuf, void *recvbuf, size_t count,
                                       maco_datatype_t datatype, maco_redop_t op, maco_comm_t comm,
                                       maco_stream_t stream);
 
 /**
- * The name of the algorithm maco_allreduce() would use for `count` elements of `datatype`
- * on this communicator ("oneshot_ll", "rsag"; "copy" for a single rank). The string is
- * static. Errors: MACO_ERR_INVALID_ARGUMENT, MACO_ERR_UNSUPPORTED (as maco_allreduce).
+ * recvbuf[r * sendcount + i] = sendbuf_r[i] for every rank r and i in [0, sendcount), on
+ * every rank. recvbuf holds nranks * sendcount elements. In place: sendbuf == recvbuf +
+ * rank * sendcount elements (as in NCCL).
+ * Algorithms (MACO_ALGO_ALLGATHER): ll (LL16 packets, up to MACO_ALLREDUCE_ONESHOT_MAX
+ * bytes per rank), mesh (pipelined through scratch, every rank pushes to every peer).
  */
+MACO_API maco_status_t maco_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      maco_datatype_t datatype, maco_comm_t comm,
+                                      maco_stream_t stream);
+
+/**
+ * recvbuf[i] = op over ranks r of sendbuf_r[rank * recvcount + i], for i in
+ * [0, recvcount). sendbuf holds nranks * recvcount elements. In place: recvbuf == sendbuf +
+ * rank * recvcount elements.
+ * Algorithms (MACO_ALGO_REDUCE_SCATTER): ll, mesh (as allgather).
+ */
+MACO_API maco_status_t maco_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                           maco_datatype_t datatype, maco_redop_t op,
+                                           maco_comm_t comm, maco_stream_t stream);
+
+/**
+ * recvbuf[i] = sendbuf_root[i] on every rank, i in [0, count). sendbuf is read on the root
+ * only (other ranks may pass NULL). In place: sendbuf == recvbuf on the root.
+ * Algorithms (MACO_ALGO_BROADCAST): ll, mesh.
+ */
+MACO_API maco_status_t maco_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                      maco_datatype_t datatype, int root, maco_comm_t comm,
+                                      maco_stream_t stream);
+
+/**
+ * recvbuf[i] = op over ranks r of sendbuf_r[i] on the root only; recvbuf is not touched on
+ * the other ranks (they may pass NULL). In place: sendbuf == recvbuf.
+ * Algorithms (MACO_ALGO_REDUCE): ll, mesh.
+ */
+MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                   maco_datatype_t datatype, maco_redop_t op, int root,
+                                   maco_comm_t comm, maco_stream_t stream);
+
+/**
+ * The name of the algorithm `coll` would use for `count` elements of `datatype` (count as
+ * that collective takes it) on this communicator; "copy" for a single rank. The string is
+ * static. Errors: MACO_ERR_INVALID_ARGUMENT (NULL argument, type or collective out of
+ * range), MACO_ERR_UNSUPPORTED and the forced-algorithm errors as the collective itself.
+ */
+MACO_API maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t coll,
+                                                     size_t count, maco_datatype_t datatype,
+                                                     const char **name_p);
+
+/** maco_collective_get_algorithm(comm, MACO_COLL_ALLREDUCE, ...). */
 MACO_API maco_status_t maco_allreduce_get_algorithm(maco_comm_t comm, size_t count,
                                                     maco_datatype_t datatype, const char **name_p);
 

@@ -52,6 +52,10 @@ extern "C" {
       "Scratch buffer per rank for collectives on unregistered buffers.")                          \
     X(ALGO_ALLREDUCE, STRING, "", "",                                                              \
       "Force an allreduce algorithm: oneshot_ll or rsag. Default: chosen by size.")                \
+    X(ALGO_ALLGATHER, STRING, "", "", "Force an allgather algorithm: ll or mesh.")                 \
+    X(ALGO_REDUCE_SCATTER, STRING, "", "", "Force a reduce-scatter algorithm: ll or mesh.")        \
+    X(ALGO_BROADCAST, STRING, "", "", "Force a broadcast algorithm: ll or mesh.")                  \
+    X(ALGO_REDUCE, STRING, "", "", "Force a reduce algorithm: ll or mesh.")                        \
     X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
       "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
     X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \

@@ -1,0 +1,454 @@
+/*
+ * test_collectives_gpu.cc - every collective x type x op x placement on real GPUs.
+ *
+ * Inputs come from perf_kernels.h's exact generator (fresh seed per call); outputs and a
+ * guard after them are poisoned first; every output element is compared bitwise with the
+ * result recomputed in float64 / 64-bit integers from the generator, on the GPU, and a
+ * sample of elements is checked again on the host. Sizes sit on both sides of the LL/mesh
+ * threshold and include odd counts; pointers are misaligned; buffers come from cudaMalloc
+ * and from maco_mem_alloc (registered); graphs are captured once and replayed with changing
+ * inputs.
+ */
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "maco_test.h"
+#include "perf_kernels.h"
+
+namespace
+{
+
+using maco_test::Bootstrap;
+using maco_test::Comm;
+using maco_test::NRanks;
+using maco_test::Rank;
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+constexpr size_t kGuard = 256;
+/* MACO_ALLREDUCE_ONESHOT_MAX's default: the LL kernels' largest message. */
+constexpr size_t kLLMax = 256 * 1024;
+
+const char *AlgoVar(maco_collective_t coll)
+{
+    static const char *vars[] = { "MACO_ALGO_ALLREDUCE", "MACO_ALGO_ALLGATHER",
+                                  "MACO_ALGO_REDUCE_SCATTER", "MACO_ALGO_BROADCAST",
+                                  "MACO_ALGO_REDUCE" };
+    return vars[coll];
+}
+
+const char *LLName(maco_collective_t coll)
+{
+    return coll == MACO_COLL_ALLREDUCE ? "oneshot_ll" : "ll";
+}
+
+const char *MeshName(maco_collective_t coll)
+{
+    return coll == MACO_COLL_ALLREDUCE ? "rsag" : "mesh";
+}
+
+bool HasOp(maco_collective_t coll)
+{
+    return coll != MACO_COLL_ALLGATHER && coll != MACO_COLL_BROADCAST;
+}
+
+/* One call's shape: unit = the collective's count argument. */
+struct Shape {
+    maco_collective_t coll;
+    maco_datatype_t dt;
+    maco_redop_t op;
+    size_t unit;
+    bool inplace;
+    size_t skew; /* bytes added to the receive pointer (and the send pointer) */
+    int root;
+};
+
+class Collectives : public maco_test::Test
+{
+  protected:
+    void SetUp() override
+    {
+        maco_test::Test::SetUp();
+        if (Rank() == 0)
+            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
+        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
+        CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUDA_OK(cudaMalloc(&counters_, 2 * sizeof(unsigned long long)));
+    }
+    void TearDown() override
+    {
+        for (int c = 0; c < MACO_COLLECTIVE_COUNT; c++)
+            unsetenv(AlgoVar(static_cast<maco_collective_t>(c)));
+        Release();
+        cudaFree(counters_);
+        cudaStreamDestroy(stream_);
+        maco_test::Test::TearDown();
+    }
+    void Release()
+    {
+        if (registered_) {
+            maco_mem_free(Comm(), in_);
+            maco_mem_free(Comm(), out_);
+        } else {
+            cudaFree(in_);
+            cudaFree(out_);
+        }
+        in_ = out_ = nullptr;
+        cap_ = 0;
+    }
+    /* Buffers of at least `bytes` + guards, from maco_mem_alloc when `registered`. */
+    void Reserve(size_t bytes, bool registered = false)
+    {
+        if (bytes <= cap_ && registered == registered_)
+            return;
+        Release();
+        registered_ = registered;
+        cap_ = bytes;
+        size_t want = cap_ + 2 * kGuard;
+        if (registered) {
+            ASSERT_EQ(maco_mem_alloc(Comm(), want, reinterpret_cast<void **>(&in_)), MACO_OK)
+                << maco_comm_get_last_error(Comm());
+            ASSERT_EQ(maco_mem_alloc(Comm(), want, reinterpret_cast<void **>(&out_)), MACO_OK)
+                << maco_comm_get_last_error(Comm());
+        } else {
+            CUDA_OK(cudaMalloc(&in_, want));
+            CUDA_OK(cudaMalloc(&out_, want));
+        }
+    }
+
+    maco_status_t Call(const Shape &s, const void *send, void *recv)
+    {
+        maco_stream_t st = reinterpret_cast<maco_stream_t>(stream_);
+        switch (s.coll) {
+        case MACO_COLL_ALLREDUCE:
+            return maco_allreduce(send, recv, s.unit, s.dt, s.op, Comm(), st);
+        case MACO_COLL_ALLGATHER:
+            return maco_allgather(send, recv, s.unit, s.dt, Comm(), st);
+        case MACO_COLL_REDUCE_SCATTER:
+            return maco_reduce_scatter(send, recv, s.unit, s.dt, s.op, Comm(), st);
+        case MACO_COLL_BROADCAST:
+            return maco_broadcast(send, recv, s.unit, s.dt, s.root, Comm(), st);
+        default:
+            return maco_reduce(send, recv, s.unit, s.dt, s.op, s.root, Comm(), st);
+        }
+    }
+
+    /* Where the call reads and writes, and how much of out_ it may touch. */
+    void Place(const Shape &s, char **send, char **recv, size_t *send_elems, size_t *recv_elems,
+               size_t *touched)
+    {
+        size_t esz = maco_datatype_size(s.dt), n = static_cast<size_t>(NRanks());
+        size_t ub = s.unit * esz;
+        *send_elems = s.coll == MACO_COLL_REDUCE_SCATTER ? s.unit * n : s.unit;
+        *recv_elems = s.coll == MACO_COLL_ALLGATHER ? s.unit * n : s.unit;
+        char *base = out_ + kGuard + s.skew;
+        *recv = base;
+        *send = in_ + kGuard + s.skew;
+        *touched = *recv_elems * esz;
+        if (s.inplace) {
+            if (s.coll == MACO_COLL_ALLGATHER) {
+                *send = base + static_cast<size_t>(Rank()) * ub;
+            } else if (s.coll == MACO_COLL_REDUCE_SCATTER) {
+                *send = base;
+                *recv = base + static_cast<size_t>(Rank()) * ub;
+                *touched = *send_elems * esz;
+            } else {
+                *send = base;
+            }
+        }
+    }
+
+    /* One checked call; *wrong = wrong elements + damaged guard bytes on this rank. */
+    void RunOne(const Shape &s, unsigned long long *wrong)
+    {
+        size_t esz = maco_datatype_size(s.dt), n = static_cast<size_t>(NRanks());
+        ASSERT_NO_FATAL_FAILURE(Reserve(s.unit * esz * n + 64, registered_));
+        uint64_t seed =
+            seed_ ^ (s.unit * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(round_++) << 40);
+        char *send, *recv;
+        size_t send_elems, recv_elems, touched;
+        Place(s, &send, &recv, &send_elems, &recv_elems, &touched);
+        CUDA_OK(cudaMemsetAsync(out_, 0xFF, cap_ + 2 * kGuard, stream_));
+        CUDA_OK(maco_perf_fill_coll(send, send_elems, s.dt, s.op, seed, Rank(), stream_));
+        unsigned long long init[2] = { 0, ~0ull };
+        CUDA_OK(cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice, stream_));
+        maco_status_t st = Call(s, send, recv);
+        ASSERT_EQ(st, MACO_OK) << maco_comm_get_last_error(Comm());
+        bool written = s.coll != MACO_COLL_REDUCE || Rank() == s.root;
+        if (written) {
+            CUDA_OK(maco_perf_check_coll(recv, recv_elems, s.coll, s.dt, s.op, s.root, s.unit, seed,
+                                         Rank(), NRanks(), &counters_[0], &counters_[1], stream_));
+        } else if (!s.inplace) {
+            CUDA_OK(maco_perf_check_bytes(recv, recv_elems * esz, 0xFF, &counters_[0], stream_));
+        }
+        char *region = out_ + kGuard + s.skew;
+        CUDA_OK(maco_perf_check_bytes(out_, kGuard + s.skew, 0xFF, &counters_[0], stream_));
+        CUDA_OK(maco_perf_check_bytes(region + touched, kGuard, 0xFF, &counters_[0], stream_));
+        unsigned long long res[2];
+        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t async_st;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
+        ASSERT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(Comm());
+        *wrong = res[0];
+        if (res[0] != 0 && res[1] != ~0ull) {
+            uint64_t want = maco_perf_expected_coll_host(res[1], s.coll, s.dt, s.op, s.root, s.unit,
+                                                         seed, Rank(), NRanks());
+            uint64_t got = 0;
+            cudaMemcpy(&got, recv + res[1] * esz, esz, cudaMemcpyDeviceToHost);
+            ADD_FAILURE() << "first wrong element " << res[1] << ": got 0x" << std::hex << got
+                          << ", want 0x" << want;
+            return;
+        }
+        /* The host recomputes a sample of elements independently of the GPU checker. */
+        if (written && recv_elems > 0) {
+            for (size_t j : { static_cast<size_t>(0), recv_elems / 2, recv_elems - 1 }) {
+                uint64_t got = 0;
+                CUDA_OK(cudaMemcpy(&got, recv + j * esz, esz, cudaMemcpyDeviceToHost));
+                uint64_t want = maco_perf_expected_coll_host(j, s.coll, s.dt, s.op, s.root, s.unit,
+                                                             seed, Rank(), NRanks());
+                if (got != want) {
+                    ADD_FAILURE() << "host check of element " << j << ": got 0x" << std::hex << got
+                                  << ", want 0x" << want;
+                    *wrong += 1;
+                }
+            }
+        }
+    }
+
+    std::string Describe(const Shape &s, const char *algo)
+    {
+        return std::string(maco_collective_name(s.coll)) + " " + maco_datatype_name(s.dt) + " " +
+               maco_redop_name(s.op) + " unit " + std::to_string(s.unit) +
+               (s.inplace ? " in place" : " out of place") + " skew " + std::to_string(s.skew) +
+               " root " + std::to_string(s.root) + " algorithm '" + algo + "'";
+    }
+
+    void Expect(const Shape &s, const char *algo)
+    {
+        if (algo[0] != '\0')
+            setenv(AlgoVar(s.coll), algo, 1);
+        else
+            unsetenv(AlgoVar(s.coll));
+        unsigned long long wrong = 1;
+        ASSERT_NO_FATAL_FAILURE(RunOne(s, &wrong));
+        ASSERT_EQ(wrong, 0u) << Describe(s, algo);
+    }
+
+    uint64_t seed_ = 0;
+    int round_ = 0;
+    cudaStream_t stream_ = nullptr;
+    char *in_ = nullptr, *out_ = nullptr;
+    size_t cap_ = 0;
+    bool registered_ = false;
+    unsigned long long *counters_ = nullptr;
+};
+
+const maco_collective_t kColls[] = { MACO_COLL_ALLREDUCE, MACO_COLL_ALLGATHER,
+                                     MACO_COLL_REDUCE_SCATTER, MACO_COLL_BROADCAST,
+                                     MACO_COLL_REDUCE };
+
+/* Every type x op x placement, both kernels, odd counts and a large one. */
+TEST_F(Collectives, EveryTypeOpPlacementAndKernel)
+{
+    for (maco_collective_t coll : kColls) {
+        for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
+            maco_datatype_t dt = static_cast<maco_datatype_t>(t);
+            size_t esz = maco_datatype_size(dt);
+            int nops = HasOp(coll) ? MACO_REDOP_COUNT : 1;
+            for (int op = 0; op < nops; op++) {
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    Shape s = { coll, dt,          static_cast<maco_redop_t>(op), 1, inplace != 0,
+                                0,    NRanks() - 1 };
+                    for (size_t unit : { static_cast<size_t>(1), static_cast<size_t>(3),
+                                         static_cast<size_t>(1023) }) {
+                        s.unit = unit;
+                        ASSERT_NO_FATAL_FAILURE(Expect(s, LLName(coll)));
+                        ASSERT_NO_FATAL_FAILURE(Expect(s, MeshName(coll)));
+                    }
+                    s.unit = (static_cast<size_t>(1) << 20) + 7;
+                    if (esz <= 2 || op == MACO_SUM) {
+                        ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The automatic choice on both sides of the threshold, every pointer alignment. */
+TEST_F(Collectives, ThresholdsAndMisalignedPointers)
+{
+    for (maco_collective_t coll : kColls) {
+        for (maco_datatype_t dt : { MACO_BFLOAT16, MACO_FLOAT32, MACO_INT8, MACO_FLOAT64 }) {
+            size_t esz = maco_datatype_size(dt);
+            for (size_t unit : { kLLMax / esz - 1, kLLMax / esz, kLLMax / esz + 1 }) {
+                for (size_t skew : { static_cast<size_t>(0), static_cast<size_t>(1),
+                                     static_cast<size_t>(6), static_cast<size_t>(16) }) {
+                    Shape s = { coll, dt, MACO_SUM, unit, skew == 6, skew, 0 };
+                    ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+                }
+            }
+        }
+    }
+}
+
+/* Registered buffers (maco_mem_alloc) as user buffers, and broadcast / reduce from every
+ * root. */
+TEST_F(Collectives, RegisteredBuffersAndEveryRoot)
+{
+    ASSERT_NO_FATAL_FAILURE(Reserve((static_cast<size_t>(4) << 20) * NRanks(), true));
+    for (maco_collective_t coll : kColls) {
+        for (size_t unit : { static_cast<size_t>(5000), static_cast<size_t>(3) << 20 }) {
+            Shape s = { coll, MACO_FLOAT32, MACO_MAX, unit, false, 0, 0 };
+            ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+        }
+    }
+    for (int root = 0; root < NRanks(); root++) {
+        for (maco_collective_t coll : { MACO_COLL_BROADCAST, MACO_COLL_REDUCE }) {
+            for (size_t unit : { static_cast<size_t>(777), static_cast<size_t>(1) << 20 }) {
+                Shape s = { coll, MACO_BFLOAT16, MACO_SUM, unit, root % 2 == 1, 0, root };
+                ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+            }
+        }
+    }
+}
+
+/* Captured once, replayed 100 times with inputs that change between replays. */
+TEST_F(Collectives, GraphReplayedWithChangingInputs)
+{
+    for (maco_collective_t coll : kColls) {
+        for (size_t unit : { static_cast<size_t>(3000), static_cast<size_t>(600000) }) {
+            Shape s = { coll, MACO_BFLOAT16, MACO_SUM, unit, false, 0, NRanks() - 1 };
+            size_t esz = maco_datatype_size(s.dt);
+            ASSERT_NO_FATAL_FAILURE(Reserve(unit * esz * NRanks() + 64));
+            unsetenv(AlgoVar(coll));
+            char *send, *recv;
+            size_t send_elems, recv_elems, touched;
+            Place(s, &send, &recv, &send_elems, &recv_elems, &touched);
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            maco_status_t st = Call(s, send, recv);
+            CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+            ASSERT_EQ(st, MACO_OK) << maco_comm_get_last_error(Comm());
+            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+            for (int replay = 0; replay < 100; replay++) {
+                uint64_t seed = seed_ ^ (static_cast<uint64_t>(replay) << 32) ^ unit;
+                CUDA_OK(cudaMemsetAsync(recv, 0xFF, recv_elems * esz, stream_));
+                CUDA_OK(maco_perf_fill_coll(send, send_elems, s.dt, s.op, seed, Rank(), stream_));
+                /* Every rank's input must be in place before any rank's replay reads it. */
+                CUDA_OK(cudaStreamSynchronize(stream_));
+                ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+                CUDA_OK(cudaGraphLaunch(exec, stream_));
+                unsigned long long init[2] = { 0, ~0ull }, res[2];
+                CUDA_OK(cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice,
+                                        stream_));
+                if (coll != MACO_COLL_REDUCE || Rank() == s.root) {
+                    CUDA_OK(maco_perf_check_coll(recv, recv_elems, s.coll, s.dt, s.op, s.root,
+                                                 s.unit, seed, Rank(), NRanks(), &counters_[0],
+                                                 &counters_[1], stream_));
+                }
+                CUDA_OK(
+                    cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
+                CUDA_OK(cudaStreamSynchronize(stream_));
+                ASSERT_EQ(res[0], 0u)
+                    << Describe(s, "") << " replay " << replay << ", first wrong " << res[1];
+                /* The next fill overwrites inputs peers may still read: wait for all. */
+                ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+            }
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+        }
+    }
+}
+
+/* Calls of every collective and kernel back to back, no host synchronisation between:
+ * packet flags and semaphore counts stay in step. */
+TEST_F(Collectives, MixedCallsBackToBack)
+{
+    const size_t unit = 20000;
+    ASSERT_NO_FATAL_FAILURE(Reserve(unit * 4 * NRanks() + 64));
+    for (int i = 0; i < 60; i++) {
+        maco_collective_t coll = kColls[i % 5];
+        setenv(AlgoVar(coll), (i / 5) % 2 ? MeshName(coll) : LLName(coll), 1);
+        Shape s = { coll, MACO_FLOAT32, MACO_MIN, unit, false, 0, i % NRanks() };
+        ASSERT_EQ(Call(s, in_, out_), MACO_OK) << maco_comm_get_last_error(Comm());
+    }
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    for (maco_collective_t coll : kColls) {
+        Shape s = { coll, MACO_FLOAT32, MACO_MIN, unit, false, 0, 1 % NRanks() };
+        ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+    }
+}
+
+/* Bad input: MACO_ERR_INVALID_ARGUMENT naming the argument, and nothing written. */
+TEST_F(Collectives, BadInputWritesNothing)
+{
+    const size_t unit = 1000;
+    ASSERT_NO_FATAL_FAILURE(Reserve(unit * 8 * NRanks() + 64));
+    CUDA_OK(cudaMemset(out_, 0x5A, cap_ + 2 * kGuard));
+    CUDA_OK(cudaMemset(in_, 0x5A, cap_ + 2 * kGuard));
+    maco_test::AllowLog("maco_");
+    struct Bad {
+        Shape s;
+        const void *send;
+        void *recv;
+        const char *names;
+    };
+    char *o = out_ + kGuard;
+    char *i = in_ + kGuard;
+    const Bad bads[] = {
+        { { MACO_COLL_ALLREDUCE, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 },
+          nullptr,
+          o,
+          "sendbuf" },
+        { { MACO_COLL_ALLGATHER, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 },
+          i,
+          nullptr,
+          "recvbuf" },
+        { { MACO_COLL_ALLREDUCE, static_cast<maco_datatype_t>(12), MACO_SUM, unit, false, 0, 0 },
+          i,
+          o,
+          "datatype" },
+        { { MACO_COLL_REDUCE, MACO_FLOAT32, static_cast<maco_redop_t>(5), unit, false, 0, 0 },
+          i,
+          o,
+          "op" },
+        { { MACO_COLL_BROADCAST, MACO_FLOAT32, MACO_SUM, unit, false, 0, NRanks() }, i, o, "root" },
+        { { MACO_COLL_ALLREDUCE, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 }, o + 4, o, "overlap" },
+        { { MACO_COLL_ALLGATHER, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 }, o + 8, o, "overlap" },
+        { { MACO_COLL_REDUCE_SCATTER, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 },
+          o,
+          o + 8,
+          "overlap" },
+        { { MACO_COLL_ALLREDUCE, MACO_FLOAT64, MACO_SUM, SIZE_MAX / 4, false, 0, 0 },
+          i,
+          o,
+          "overflows" },
+        { { MACO_COLL_ALLGATHER, MACO_INT8, MACO_SUM, SIZE_MAX / 2 + 1, false, 0, 0 },
+          i,
+          o,
+          "overflows" },
+    };
+    for (const Bad &b : bads) {
+        EXPECT_EQ(Call(b.s, b.send, b.recv), MACO_ERR_INVALID_ARGUMENT) << b.names;
+        std::vector<std::string> logged = maco_test::LoggedProblems();
+        ASSERT_FALSE(logged.empty()) << b.names;
+        EXPECT_NE(logged.back().find(b.names), std::string::npos) << logged.back();
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    unsigned long long init = 0, res = 1;
+    CUDA_OK(cudaMemcpy(counters_, &init, sizeof(init), cudaMemcpyHostToDevice));
+    CUDA_OK(maco_perf_check_bytes(out_, cap_ + 2 * kGuard, 0x5A, &counters_[0], nullptr));
+    CUDA_OK(maco_perf_check_bytes(in_, cap_ + 2 * kGuard, 0x5A, &counters_[0], nullptr));
+    CUDA_OK(cudaMemcpy(&res, counters_, sizeof(res), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(res, 0u) << "bytes changed by rejected calls";
+}
+
+} // namespace
