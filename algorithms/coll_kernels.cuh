@@ -20,21 +20,24 @@
  *
  * MESH (pipelined through scratch with semaphores; large messages). CTA b works on
  * segments b, b+G, ... with its own scratch slot [IN n | OUT n pieces] and its own
- * semaphore per peer. Per segment:
- *   X  allreduce: piece p of the segment -> rank p's IN[me]; reduce_scatter: my input
- *      block p's piece -> rank p's IN[me]; reduce: my piece -> root's IN[me];
- *      allgather: my piece -> every peer's OUT[me]; broadcast: the root's piece -> every
- *      peer's OUT[root] (a rank's own piece goes straight to its output);
+ * semaphore per peer. A segment has one piece per "owner": allreduce n (rank j owns piece
+ * j), broadcast and reduce n-1 (the ranks after the root; the root owns none, so its links
+ * carry each byte once), allgather and reduce-scatter one piece of each rank's block.
+ *   X  allreduce, reduce: piece j -> owner j's IN[me]; broadcast: the root sends piece j
+ *      to owner j's IN[root]; reduce_scatter: my block p's piece -> rank p's IN[me];
+ *      allgather: my piece -> every peer's OUT[me] (my own straight to my output);
  *   barrier (signal every peer, wait for every peer);
- *   Y  allreduce: reduce IN[0..n) in rank order -> every rank's OUT[me];
- *      reduce_scatter, reduce (root): reduce IN[0..n) -> output;
- *      allgather, broadcast: OUT[q] -> output;
+ *   Y  allreduce: owner reduces IN[0..n) in rank order -> every rank's OUT[me]; reduce:
+ *      owner reduces -> the root's OUT[me]; broadcast: owner copies IN[root] -> every
+ *      non-root's OUT[me]; reduce_scatter: reduce IN[0..n) -> output; allgather: OUT[q]
+ *      -> output;
  *   barrier;
- *   Z  allreduce: OUT[0..n) -> output.
- *   Slot reuse without double buffering: X of segment k+1 writes a peer's IN or OUT only
- *   after barrier 2 of segment k, which the peer signals after its Y (the last read of
- *   IN, and of OUT except for allreduce); allreduce's Y of k+1 writes a peer's OUT only
- *   after barrier 1 of k+1, which the peer signals after its Z of k.
+ *   Z  allreduce everywhere, reduce on the root, broadcast off the root: every owner's
+ *      OUT piece -> output.
+ *   Slot reuse without double buffering: X of segment k+1 writes a peer's IN (or, for
+ *   allgather, OUT) only after barrier 2 of segment k, which the peer signals after its Y,
+ *   the last read of those; Y of k+1 writes a peer's OUT only after barrier 1 of k+1,
+ *   which the peer signals after its Z of k.
  */
 #ifndef MACO_COLL_KERNELS_CUH
 #define MACO_COLL_KERNELS_CUH
@@ -274,8 +277,11 @@ __global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
     const uint64_t esz = a.esz;
     const uint64_t P = a.piece_elems;
     const uint64_t C = a.count;
-    /* allreduce's segment has n pieces of the buffer; the others' one piece per block. */
-    const uint64_t seg_elems = coll == MACO_COLL_ALLREDUCE ? P * (uint64_t)n : P;
+    const bool rooted = coll == MACO_COLL_BROADCAST || coll == MACO_COLL_REDUCE;
+    /* Pieces per segment: allreduce n (owner j = rank j), broadcast and reduce n-1 (owner
+     * j = rank root+1+j), allgather and reduce-scatter one per rank block. */
+    const int m = coll == MACO_COLL_ALLREDUCE ? n : (rooted ? n - 1 : 1);
+    const uint64_t seg_elems = P * (uint64_t)m;
     const uint64_t nseg = (C + seg_elems - 1) / seg_elems;
     const uint64_t pmax = a.rsag_piece_max;
     const uint64_t slot = a.rsag_offset + (uint64_t)blockIdx.x * a.rsag_slot_bytes;
@@ -286,48 +292,63 @@ __global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
     const bool avg = a.avg != 0;
 #define MACO__IN(rank, q) (a.peer_buf[rank] + slot + (uint64_t)(q)*pmax)
 #define MACO__OUT(rank, q) (a.peer_buf[rank] + slot + ((uint64_t)n + (uint64_t)(q)) * pmax)
+/* Piece index of owner rank q (allreduce: q; broadcast, reduce: position after the root). */
+#define MACO__PIECE(q) (rooted ? ((q)-root - 1 + n) % n : (q))
 
     for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
         const uint64_t seg0 = seg * seg_elems;
-        /* Elements of this segment's piece in each block (all but allreduce). */
-        const uint64_t plen = seg0 < C ? min(P, C - seg0) : 0;
+        /* Elements of piece j of this segment. */
+#define MACO__PLEN(j)                                                                              \
+    (seg0 + (uint64_t)(j)*P < C ? min(P, C - seg0 - (uint64_t)(j)*P) : (uint64_t)0)
+        const uint64_t plen = MACO__PLEN(0); /* allgather, reduce_scatter */
 
         /* X. Rotating the first peer per CTA spreads the traffic over every NVLink. */
         for (int k = 0; k < n; k++) {
             const int p = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
-            if (coll == MACO_COLL_ALLREDUCE) {
-                uint64_t start = seg0 + (uint64_t)p * P;
-                uint64_t len = start < C ? min(P, C - start) : 0;
-                maco_copy(MACO__IN(p, r), in + start * esz, len * esz, tid, nthr);
+            const int j = MACO__PIECE(p);
+            if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && p != root) ||
+                (coll == MACO_COLL_BROADCAST && r == root && p != root)) {
+                maco_copy(MACO__IN(p, r), in + (seg0 + (uint64_t)j * P) * esz, MACO__PLEN(j) * esz,
+                          tid, nthr);
             } else if (coll == MACO_COLL_REDUCE_SCATTER) {
                 maco_copy(MACO__IN(p, r), in + ((uint64_t)p * C + seg0) * esz, plen * esz, tid,
                           nthr);
-            } else if (coll == MACO_COLL_REDUCE) {
-                if (p == root)
-                    maco_copy(MACO__IN(p, r), in + seg0 * esz, plen * esz, tid, nthr);
-            } else if (coll == MACO_COLL_ALLGATHER || r == root) {
-                /* allgather, broadcast from the root: my own piece straight to my output. */
-                char *own =
-                    out + ((coll == MACO_COLL_ALLGATHER ? (uint64_t)r * C : 0) + seg0) * esz;
+            } else if (coll == MACO_COLL_ALLGATHER) {
+                /* My own piece goes straight to my output. */
+                char *own = out + ((uint64_t)r * C + seg0) * esz;
                 if (p != r)
                     maco_copy(MACO__OUT(p, r), in + seg0 * esz, plen * esz, tid, nthr);
                 else if (own != in + seg0 * esz)
                     maco_copy(own, in + seg0 * esz, plen * esz, tid, nthr);
+            } else if (coll == MACO_COLL_BROADCAST && r == root && p == root &&
+                       out + seg0 * esz != in + seg0 * esz) {
+                uint64_t len = seg0 < C ? min(seg_elems, C - seg0) : 0;
+                maco_copy(out + seg0 * esz, in + seg0 * esz, len * esz, tid, nthr);
             }
         }
         if (maco__mesh_barrier(ch, waiter))
             return;
 
         /* Y. */
-        if (coll == MACO_COLL_ALLREDUCE) {
-            uint64_t start = seg0 + (uint64_t)r * P;
-            uint64_t len = start < C ? min(P, C - start) : 0;
+        const int my_j = MACO__PIECE(r);
+        const uint64_t my_len = MACO__PLEN(my_j);
+        if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r != root)) {
             char *dst[MACO__MAXR];
 #pragma unroll
             for (int p = 0; p < MACO__MAXR; p++)
                 dst[p] = p < n ? MACO__OUT(p, r) : nullptr;
-            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, dst, n, true, len * esz);
-        } else if (coll == MACO_COLL_REDUCE_SCATTER || (coll == MACO_COLL_REDUCE && r == root)) {
+            if (coll == MACO_COLL_REDUCE)
+                dst[0] = MACO__OUT(root, r);
+            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, dst,
+                                     coll == MACO_COLL_REDUCE ? 1 : n, true, my_len * esz);
+        } else if (coll == MACO_COLL_BROADCAST && r != root) {
+            for (int k = 0; k < n; k++) {
+                const int q = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
+                if (q != root)
+                    maco_copy(MACO__OUT(q, r), local + slot + (uint64_t)root * pmax, my_len * esz,
+                              tid, nthr);
+            }
+        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
             char *dst[1] = { out + seg0 * esz };
             maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, dst, 1, false, plen * esz);
         } else if (coll == MACO_COLL_ALLGATHER) {
@@ -335,25 +356,29 @@ __global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
                 if (q != r)
                     maco_copy(out + ((uint64_t)q * C + seg0) * esz, local + slot + (n + q) * pmax,
                               plen * esz, tid, nthr);
-        } else if (coll == MACO_COLL_BROADCAST && r != root) {
-            maco_copy(out + seg0 * esz, local + slot + (n + root) * pmax, plen * esz, tid, nthr);
         }
         if (maco__mesh_barrier(ch, waiter))
             return;
 
-        /* Z. */
-        if (coll == MACO_COLL_ALLREDUCE) {
+        /* Z. Every owner's piece to my output: allreduce everywhere, reduce on the root,
+         * broadcast off the root. */
+        if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r == root) ||
+            (coll == MACO_COLL_BROADCAST && r != root)) {
             for (int q = 0; q < n; q++) {
-                uint64_t start = seg0 + (uint64_t)q * P;
-                uint64_t len = start < C ? min(P, C - start) : 0;
-                maco_copy(out + start * esz, local + slot + ((uint64_t)n + (uint64_t)q) * pmax,
-                          len * esz, tid, nthr);
+                if (rooted && q == root)
+                    continue;
+                const int j = MACO__PIECE(q);
+                maco_copy(out + (seg0 + (uint64_t)j * P) * esz,
+                          local + slot + ((uint64_t)n + (uint64_t)q) * pmax, MACO__PLEN(j) * esz,
+                          tid, nthr);
             }
             __syncthreads();
         }
+#undef MACO__PLEN
     }
 #undef MACO__IN
 #undef MACO__OUT
+#undef MACO__PIECE
 }
 
 /* ------------------------------------------------------------------ instantiation */

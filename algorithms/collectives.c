@@ -253,7 +253,10 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
         size_t slots = (size_t)l->rsag_slots;
         if (slots > max_blocks)
             slots = max_blocks;
-        size_t per_seg = c->coll == MACO_COLL_ALLREDUCE ? n : 1;
+        /* Pieces per segment, as the mesh kernel splits them (coll_kernels.cuh). */
+        size_t per_seg = c->coll == MACO_COLL_ALLREDUCE                                    ? n
+                         : (c->coll == MACO_COLL_BROADCAST || c->coll == MACO_COLL_REDUCE) ? n - 1
+                                                                                           : 1;
         size_t piece = (unit + per_seg * slots - 1) / (per_seg * slots);
         piece = (piece + 15) / 16 * 16;
         if (piece < 4096)

@@ -304,7 +304,8 @@ static __host__ __device__ uint64_t perf_reduce_bits(uint64_t seed, int dt, int 
                 acc = u;
         } else
             acc += u;
-        acc = perf_int_bits((int64_t)acc, dt); /* wrap in the type's width */
+        /* Wrap in the type's width, keeping signed values sign-extended for min / max. */
+        acc = (uint64_t)perf_int_value(perf_int_bits((int64_t)acc, dt), dt);
     }
     if (op == MACO_AVG) {
         int64_t s = perf_int_value(acc, dt);
