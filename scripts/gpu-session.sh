@@ -44,6 +44,17 @@ if [ "${1:-}" = coll ]; then
     done
     [ -n "${COLL_N2:-}" ] && step "perf-$c-n2-g0" 150 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 --json "$OUT/perf-$c-n2-g0.json"
   done
+  if [ -n "${COLL_SWEEP:-}" ]; then
+    for ctas in 16 32 64 128; do
+      for c in allreduce allgather reduce_scatter; do
+        echo "## $c MACO_ALLREDUCE_RSAG_CTAS=$ctas"
+        MACO_ALLREDUCE_RSAG_CTAS=$ctas MACO_ALGO_ALLREDUCE=rsag MACO_ALGO_ALLGATHER=mesh \
+          MACO_ALGO_REDUCE_SCATTER=mesh "$B/tools/maco-run" -n 4 --timeout 100 "$B/tools/maco-perf" \
+          $c -b 256K -e 64M -f 2 -n 30 -w 5 -G 5
+      done
+    done > "$OUT/cta-sweep.txt" 2>&1
+    summary+=("cta-sweep          done")
+  fi
   [ -n "${COLL_TYPES:-}" ] && step perf-types-n4 200 "$B/tools/maco-run" -n 4 --timeout 190 "$B/tools/maco-perf" allreduce -b 1K -e 4M -f 64 -d all -o all -n 5 -w 1 -c 2
   echo "================ collective tests"
   for f in coll-tests-n4 coll-tests-n2; do
@@ -55,7 +66,13 @@ if [ "${1:-}" = coll ]; then
     sed 's/^\[[0-9]*\] //' "$f" | awk '/^ +[0-9]/ {printf "%11s %5s %9s %7s %3s | %9s %7s %5s | %s\n", $1, $4, $6, $8, $9, $10, $11, $12, $13} /^# (Wrong|Out)/' | head -n 40
     grep -E 'maco-perf:|ERROR|error' "$f" | head -n 6
   done
+  if [ -f "$OUT/cta-sweep.txt" ]; then
+    echo "================ cta sweep (busbw at 256K 512K 1M 2M 4M 8M 16M 32M 64M, graph)"
+    sed 's/^\[[0-9]*\] //' "$OUT/cta-sweep.txt" | awk '/^## / {if (line) print line; line=$2" "$3} /^ +[0-9]/ {line=line" "$8} /Wrong values/ {line=line" wrong="$5} END {print line}'
+  fi
   echo "================ summary"; printf '%s\n' "${summary[@]}"
+  # One archive: the device tool brings back a limited number of files.
+  (cd "$OUT" && tar czf ../coll-results.tgz . && rm -f ./* && mv ../coll-results.tgz .)
   exit 0
 fi
 step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
