@@ -203,9 +203,12 @@ __global__ void __launch_bounds__(512) maco__ll_kernel(maco__coll_args_t a)
             maco_copy(own, in, bytes, (uint32_t)tid, (uint32_t)nthr);
     }
 
-    /* 3. The last CTA to finish advances the flag for the next launch. */
+    /* 3. The last CTA to finish advances the flag for the next launch (the kernel's end
+     * orders the store before the next launch). A single CTA needs no counter. */
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && gridDim.x == 1) {
+        *(volatile uint32_t *)a.ll_flag = flag + 1u;
+    } else if (threadIdx.x == 0) {
         __threadfence();
         unsigned prev = atomicAdd(a.ll_done, 1u);
         if (prev == gridDim.x - 1) {
