@@ -8,7 +8,9 @@
 #   port: tests and the port-channel benchmark only;
 #   sweep: default plus rsag CTAs x scratch size and the algorithm crossover
 #   coll: the collective tests on 4 and 2 GPUs, then maco-perf of every collective on 4
-#     GPUs against NCCL (eager and graph-replayed) and on 2 GPUs; COLL_SIZES="-b .. -e .. -f .."
+#     GPUs against NCCL (eager and graph-replayed) and on 2 GPUs; COLL_SIZES="-b .. -e .. -f ..",
+#     COLL_GRAPH / COLL_N2 = the -G values (0 = eager) on 4 / 2 GPUs, COLL_SWEEP=1 sweeps CTAs,
+#     COLL_TYPES=1 checks every type and op, COLL_FILTER = the gtest filter
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -42,7 +44,10 @@ if [ "${1:-}" = coll ]; then
       gflag=""; [ "$g" != 0 ] && gflag="-G $g"
       n=4; step "perf-$c-n$n-g$g" 150 "$B/tools/maco-run" -n $n --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 $gflag --json "$OUT/perf-$c-n$n-g$g.json"
     done
-    [ -n "${COLL_N2:-}" ] && step "perf-$c-n2-g0" 150 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 --json "$OUT/perf-$c-n2-g0.json"
+    for g in ${COLL_N2:-}; do
+      gflag=""; [ "$g" != 0 ] && gflag="-G $g"
+      step "perf-$c-n2-g$g" 150 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 $gflag --json "$OUT/perf-$c-n2-g$g.json"
+    done
   done
   if [ -n "${COLL_SWEEP:-}" ]; then
     for ctas in 16 32 64 128; do

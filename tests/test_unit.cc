@@ -524,3 +524,44 @@ TEST_F(Unit, MacoRunSimulatedNodesGetDistinctHostIds)
 }
 
 } // namespace
+
+/* Threads of one process racing for the first process token all get the same one (ranks
+ * driving several GPUs from one process rely on it to recognise each other); a forked
+ * child starts without a token, so the race is real each time. */
+TEST(ProcessToken, ThreadsOfOneProcessAgreeAndAForkedChildDiffers)
+{
+    uint64_t parent = maco__process_token();
+    for (int round = 0; round < 20; round++) {
+        int fds[2];
+        ASSERT_EQ(pipe(fds), 0);
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            std::atomic<int> go{ 0 };
+            uint64_t got[8];
+            std::vector<std::thread> threads;
+            for (int t = 0; t < 8; t++)
+                threads.emplace_back([&, t] {
+                    while (go.load() == 0) {
+                    }
+                    got[t] = maco__process_token();
+                });
+            go.store(1);
+            for (auto &th : threads)
+                th.join();
+            int ok = 1;
+            for (int t = 1; t < 8; t++)
+                ok &= got[t] == got[0];
+            ok &= got[0] != parent;
+            ssize_t w = write(fds[1], &ok, sizeof(ok));
+            _exit(w == (ssize_t)sizeof(ok) ? 0 : 1);
+        }
+        close(fds[1]);
+        int ok = 0;
+        ASSERT_EQ(read(fds[0], &ok, sizeof(ok)), (ssize_t)sizeof(ok));
+        close(fds[0]);
+        int status = 0;
+        ASSERT_EQ(waitpid(pid, &status, 0), pid);
+        ASSERT_EQ(ok, 1) << "round " << round << ": threads saw different tokens";
+    }
+}

@@ -43,13 +43,18 @@ uint64_t maco__process_token(void)
 {
     static uint64_t token;
     static pid_t token_pid;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     pid_t pid = getpid();
-    /* A forked child is another process: it gets its own token. */
-    if (__atomic_load_n(&token_pid, __ATOMIC_ACQUIRE) != pid) {
+    /* A forked child is another process: it gets its own token. Under the lock, so that
+     * threads of one process (ranks driving several GPUs) never see two tokens. */
+    pthread_mutex_lock(&lock);
+    if (token_pid != pid) {
         token = maco__random_u64();
-        __atomic_store_n(&token_pid, pid, __ATOMIC_RELEASE);
+        token_pid = pid;
     }
-    return token;
+    uint64_t t = token;
+    pthread_mutex_unlock(&lock);
+    return t;
 }
 
 static socklen_t maco__fd_addr(uint32_t pid, uint64_t nonce, struct sockaddr_un *a)
