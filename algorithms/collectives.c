@@ -245,10 +245,6 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
          * (<= SMs) and at most 64. */
         size_t npkt = (unit + 7) / 8 * (c->coll == MACO_COLL_ALLGATHER ? n : 1);
         blocks = (npkt + threads - 1) / threads;
-        /* Up to two packets per thread stay in one CTA: a single CTA skips the cross-CTA
-         * done counter (about 1 us on H200: 4 KiB 4.0 us vs 8 KiB 5.0 us graph-replayed). */
-        if (npkt <= 2 * threads)
-            blocks = 1;
         if (blocks > 64)
             blocks = 64;
     } else {
