@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: install, build, then run maco-perf allreduce on every local GPU next to
-# NCCL. Arguments replace the default maco-perf arguments.
+# NCCL (when the system has it). Arguments replace the default maco-perf arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -10,6 +10,12 @@ ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$ngpus" -ge 1 ] || ngpus=1 # maco-perf then says that no GPU is visible
 export NCCL_NVLS_ENABLE=0
 if [ $# -eq 0 ]; then
-  set -- -b 8 -e 1G -f 2 -d bfloat16 --nccl
+  set -- -b 8 -e 1G -f 2 -d bfloat16
+  # Side by side with NCCL when the system has it (or MACO_NCCL_LIBRARY names it).
+  if [ -n "${MACO_NCCL_LIBRARY:-}" ] || ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+    set -- "$@" --nccl
+  else
+    echo "bench.sh: NCCL not found (libnccl.so.2); running MACO alone" >&2
+  fi
 fi
 exec "$build/tools/maco-run" -n "$ngpus" "$build/tools/maco-perf" allreduce "$@"
