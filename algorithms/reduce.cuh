@@ -85,45 +85,37 @@ template <class Bits, class Acc> struct maco__float_type {
     }
 };
 
+/* The bits of `v` as another type of the same size. */
+template <class To, class From> static __host__ __device__ __forceinline__ To maco__bit_cast(From v)
+{
+    static_assert(sizeof(To) == sizeof(From), "bit cast between equal sizes");
+    union {
+        From f;
+        To t;
+    } x;
+    x.f = v;
+    return x.t;
+}
+
 struct maco__t_f32 : maco__float_type<uint32_t, float> {
     static __host__ __device__ __forceinline__ float widen(uint32_t b)
     {
-        union {
-            uint32_t u;
-            float f;
-        } x;
-        x.u = b;
-        return x.f;
+        return maco__bit_cast<float>(b);
     }
     static __host__ __device__ __forceinline__ uint32_t narrow(float a)
     {
-        union {
-            uint32_t u;
-            float f;
-        } x;
-        x.f = a;
-        return x.u;
+        return maco__bit_cast<uint32_t>(a);
     }
 };
 
 struct maco__t_f64 : maco__float_type<uint64_t, double> {
     static __host__ __device__ __forceinline__ double widen(uint64_t b)
     {
-        union {
-            uint64_t u;
-            double f;
-        } x;
-        x.u = b;
-        return x.f;
+        return maco__bit_cast<double>(b);
     }
     static __host__ __device__ __forceinline__ uint64_t narrow(double a)
     {
-        union {
-            uint64_t u;
-            double f;
-        } x;
-        x.f = a;
-        return x.u;
+        return maco__bit_cast<uint64_t>(a);
     }
 };
 

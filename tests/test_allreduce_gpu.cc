@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_case.h"
 #include "maco_test.h"
 #include "perf_kernels.h"
 
@@ -27,26 +28,15 @@ using maco_test::Rank;
 
 constexpr size_t kGuard = 256;
 
-class Allreduce : public maco_test::Test
+class Allreduce : public maco_test::GpuCase
 {
   protected:
-    void SetUp() override
-    {
-        maco_test::Test::SetUp();
-        if (Rank() == 0)
-            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
-        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
-        CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        CUDA_OK(cudaMalloc(&counters_, 2 * sizeof(unsigned long long)));
-    }
     void TearDown() override
     {
         unsetenv("MACO_ALGO_ALLREDUCE");
         cudaFree(in_);
         cudaFree(out_);
-        cudaFree(counters_);
-        cudaStreamDestroy(stream_);
-        maco_test::Test::TearDown();
+        maco_test::GpuCase::TearDown();
     }
     void Reserve(size_t bytes)
     {
@@ -100,12 +90,9 @@ class Allreduce : public maco_test::Test
         }
     }
 
-    uint64_t seed_ = 0;
     int round_ = 0;
-    cudaStream_t stream_ = nullptr;
     char *in_ = nullptr, *out_ = nullptr;
     size_t cap_ = 0;
-    unsigned long long *counters_ = nullptr;
 };
 
 struct Case {

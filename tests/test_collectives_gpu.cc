@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_case.h"
 #include "maco_test.h"
 #include "perf_kernels.h"
 
@@ -68,26 +69,15 @@ struct Shape {
     int root;
 };
 
-class Collectives : public maco_test::Test
+class Collectives : public maco_test::GpuCase
 {
   protected:
-    void SetUp() override
-    {
-        maco_test::Test::SetUp();
-        if (Rank() == 0)
-            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
-        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
-        CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        CUDA_OK(cudaMalloc(&counters_, 2 * sizeof(unsigned long long)));
-    }
     void TearDown() override
     {
         for (int c = 0; c < MACO_COLLECTIVE_COUNT; c++)
             unsetenv(AlgoVar(static_cast<maco_collective_t>(c)));
         Release();
-        cudaFree(counters_);
-        cudaStreamDestroy(stream_);
-        maco_test::Test::TearDown();
+        maco_test::GpuCase::TearDown();
     }
     void Release()
     {
@@ -240,13 +230,10 @@ class Collectives : public maco_test::Test
         ASSERT_EQ(wrong, 0u) << Describe(s, algo);
     }
 
-    uint64_t seed_ = 0;
     int round_ = 0;
-    cudaStream_t stream_ = nullptr;
     char *in_ = nullptr, *out_ = nullptr;
     size_t cap_ = 0;
     bool registered_ = false;
-    unsigned long long *counters_ = nullptr;
 };
 
 const maco_collective_t kColls[] = { MACO_COLL_ALLREDUCE, MACO_COLL_ALLGATHER,
