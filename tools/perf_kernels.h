@@ -3,10 +3,8 @@
  * GPU tests. Independent of the library's kernels: the expected value of every element is
  * recomputed from the generator, not read from any buffer.
  *
- * Input of rank r, element i, for a seed: a pseudo-random float in [-1, 1) from a hash of
- * (seed, r, i), converted to the element type (round to nearest even). The expected
- * allreduce sum is: widen each rank's input to float32, add in rank order 0..n-1, convert
- * once to the type. Comparison is bitwise.
+ * Two generators: exact inputs for every collective, type and op (below), and random floats
+ * for the allreduce sum of float32 / bfloat16 (further below). Comparison is bitwise.
  */
 #ifndef MACO_PERF_KERNELS_H
 #define MACO_PERF_KERNELS_H
@@ -58,8 +56,11 @@ uint64_t maco_perf_expected_coll_host(size_t j, maco_collective_t coll, maco_dat
 
 /*
  * Random floats (allreduce sum of float32 and bfloat16 only): checks the rank-ordered
- * rounding, which exact inputs cannot.
- * dtype: 0 = float32, 1 = bfloat16 (the types allreduce implements). */
+ * rounding, which exact inputs cannot. Input of rank r, element i: a pseudo-random float in
+ * [-1, 1) from a hash of (seed, r, i), converted to the type (round to nearest even); the
+ * expected sum widens each rank's input to float32, adds in rank order 0..n-1 and converts
+ * once. dtype: 0 = float32, 1 = bfloat16.
+ */
 enum { MACO_PERF_F32 = 0, MACO_PERF_BF16 = 1 };
 
 /** Fills count elements of rank `rank`'s input for `seed`. */
