@@ -13,18 +13,38 @@
 /* Threads per CTA of both kernel families (their __launch_bounds__). */
 enum { MACO__COLL_THREADS = 512 };
 
-/* Per collective: the two algorithms' names (LL first) and the variable that forces one. */
+/* Per collective: the algorithms' names, indexed by kernel (MACO__KERNEL_*; NULL where a
+ * collective has no such kernel), and the variable that forces one. */
 static const struct {
     const char *name;
-    const char *algo[2];
+    const char *algo[3];
     maco__config_id_t force;
 } maco__colls[MACO_COLLECTIVE_COUNT] = {
-    { "allreduce", { "oneshot_ll", "rsag" }, MACO_CFG_ALGO_ALLREDUCE },
-    { "allgather", { "ll", "mesh" }, MACO_CFG_ALGO_ALLGATHER },
-    { "reduce_scatter", { "ll", "mesh" }, MACO_CFG_ALGO_REDUCE_SCATTER },
-    { "broadcast", { "ll", "mesh" }, MACO_CFG_ALGO_BROADCAST },
-    { "reduce", { "ll", "mesh" }, MACO_CFG_ALGO_REDUCE },
+    { "allreduce", { "oneshot_ll", "rsag", "twoshot_ll" }, MACO_CFG_ALGO_ALLREDUCE },
+    { "allgather", { "ll", "mesh", NULL }, MACO_CFG_ALGO_ALLGATHER },
+    { "reduce_scatter", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE_SCATTER },
+    { "broadcast", { "ll", "mesh", NULL }, MACO_CFG_ALGO_BROADCAST },
+    { "reduce", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE },
 };
+
+/*
+ * Allreduce sizes (bytes) up to which one-shot LL beats two-shot LL, placed by measurement
+ * on 4x H200 (docs/performance.md, "Allreduce algorithms"). Two-shot LL runs from there up
+ * to what its scratch holds (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
+ */
+#define MACO__ONESHOT_CUTOFF ((size_t)128 << 10)
+
+/* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole
+ * number of 8-byte packets), or 0 when two-shot cannot take the call: a block would be
+ * empty, or larger than the LL scratch slot's region (cap bytes). */
+static size_t maco__twoshot_block(size_t count, size_t esz, size_t n, size_t cap)
+{
+    size_t per = 8 / esz;
+    size_t b = ((count + n - 1) / n + per - 1) / per * per;
+    if ((n - 1) * b >= count || b * esz > cap)
+        return 0;
+    return b;
+}
 
 static const maco__coll_launcher_t maco__launchers[MACO_DATATYPE_COUNT] = {
     maco__launch_coll_int8,    maco__launch_coll_uint8,    maco__launch_coll_int32,
@@ -64,30 +84,47 @@ const char *maco_collective_name(maco_collective_t coll)
  * (MACO_ALLREDUCE_ONESHOT_MAX bytes per message) and mesh above. `unit_bytes` is the
  * collective's unit (algorithms.h).
  */
-static maco_status_t maco__select(maco_comm_t comm, maco_collective_t coll, size_t unit_bytes,
-                                  int *kernel_p)
+static maco_status_t maco__select(maco_comm_t comm, maco_collective_t coll, size_t count,
+                                  size_t esz, int *kernel_p)
 {
     size_t cap = comm->layout.oneshot_max;
-    size_t msg = unit_bytes; /* what one rank sends one peer */
+    size_t msg = count * esz; /* the unit: what one rank sends one peer */
+    size_t n = (size_t)comm->nranks;
+    int twoshot = coll == MACO_COLL_ALLREDUCE && maco__twoshot_block(count, esz, n, cap) != 0;
     const char *forced = maco__config_string(maco__colls[coll].force);
     if (forced[0] != '\0') {
-        for (int k = 0; k < 2; k++) {
-            if (strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
+        for (int k = 0; k < 3; k++) {
+            if (maco__colls[coll].algo[k] == NULL ||
+                strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
                 continue;
             if (k == MACO__KERNEL_LL && msg > cap)
                 return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                                    "%s=%s cannot take %zu bytes per rank: its scratch "
                                    "holds MACO_ALLREDUCE_ONESHOT_MAX=%zu",
                                    maco__config_name(maco__colls[coll].force), forced, msg, cap);
+            if (k == MACO__KERNEL_LL2 && !twoshot)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s cannot take %zu elements of %zu bytes: it needs at "
+                                   "least %zu bytes per rank and at most nranks * "
+                                   "MACO_ALLREDUCE_ONESHOT_MAX = %zu bytes",
+                                   maco__config_name(maco__colls[coll].force), forced, count, esz,
+                                   (size_t)8, n * cap);
             *kernel_p = k;
             return MACO_OK;
         }
-        return maco__error(
-            MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL, "%s='%s' is not a %s algorithm: use %s or %s",
-            maco__config_name(maco__colls[coll].force), forced, maco__colls[coll].name,
-            maco__colls[coll].algo[0], maco__colls[coll].algo[1]);
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                           "%s='%s' is not a %s algorithm: use %s, %s%s%s",
+                           maco__config_name(maco__colls[coll].force), forced,
+                           maco__colls[coll].name, maco__colls[coll].algo[0],
+                           maco__colls[coll].algo[1], maco__colls[coll].algo[2] ? " or " : "",
+                           maco__colls[coll].algo[2] ? maco__colls[coll].algo[2] : "");
     }
-    *kernel_p = msg <= cap ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
+    if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
+        *kernel_p = MACO__KERNEL_LL;
+    else if (twoshot)
+        *kernel_p = MACO__KERNEL_LL2;
+    else
+        *kernel_p = msg <= cap && coll != MACO_COLL_ALLREDUCE ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
     return MACO_OK;
 }
 
@@ -181,6 +218,63 @@ static maco_status_t maco__single_rank(const maco__call_t *c, maco_comm_t comm, 
     return MACO_OK;
 }
 
+/* A buffer's descriptor id (algorithms.h): `used` by the call on this rank, touched by
+ * peers (`remote`) in place. */
+static uint32_t maco__desc_id(maco_comm_t comm, const void *ptr, size_t bytes, int used, int remote,
+                              uint64_t *offset_p)
+{
+    *offset_p = 0;
+    if (!used)
+        return MACO__DESC_LOCAL;
+    if ((uintptr_t)ptr % 16 != 0)
+        return MACO__DESC_NONE;
+    if (!remote)
+        return MACO__DESC_LOCAL;
+    uint64_t off = 0;
+    uint32_t id = maco__registry_find(comm, ptr, bytes, &off);
+    if (id == 0)
+        return MACO__DESC_NONE;
+    *offset_p = off;
+    return id;
+}
+
+/*
+ * Fills the mesh kernel's descriptor: which of this rank's buffers peers may use in place
+ * (coll_kernels.cuh, maco__direct_body: allreduce reads every send and writes every receive
+ * buffer remotely; reduce-scatter reads send buffers; allgather writes receive buffers;
+ * broadcast reads the root's send buffer and writes the others' receive buffers; reduce
+ * reads send buffers and writes the root's receive buffer), after mapping the peers' new
+ * registrations.
+ */
+static void maco__describe(const maco__call_t *c, maco_comm_t comm, maco__coll_args_t *a)
+{
+    maco__coll_desc_t d;
+    memset(&d, 0, sizeof(d));
+    int me = comm->rank, n = comm->nranks;
+    int root = me == c->root;
+    size_t unit = c->count * maco_datatype_size(c->datatype);
+    size_t send_bytes = c->coll == MACO_COLL_REDUCE_SCATTER ? unit * (size_t)n : unit;
+    size_t recv_bytes = c->coll == MACO_COLL_ALLGATHER ? unit * (size_t)n : unit;
+    int send_used = c->coll != MACO_COLL_BROADCAST || root;
+    int recv_used = c->coll != MACO_COLL_REDUCE || root;
+    int send_remote = c->coll != MACO_COLL_ALLGATHER;
+    int recv_remote =
+        c->coll != MACO_COLL_REDUCE_SCATTER && !(c->coll == MACO_COLL_BROADCAST && root);
+    maco__registry_refresh(comm, d.seen);
+    d.send_id = maco__desc_id(comm, c->send, send_bytes, send_used, send_remote, &d.send_off);
+    d.recv_id = maco__desc_id(comm, c->recv, recv_bytes, recv_used, recv_remote, &d.recv_off);
+    /* Large allreduces are faster through scratch (MACO_ALLREDUCE_INPLACE_MAX's doc). */
+    int64_t inplace_max = 0;
+    if (c->coll == MACO_COLL_ALLREDUCE &&
+        (maco__config_int64(MACO_CFG_ALLREDUCE_INPLACE_MAX, &inplace_max) != MACO_OK ||
+         unit > (size_t)inplace_max))
+        d.send_id = MACO__DESC_NONE;
+    memcpy(a->desc, &d, sizeof(d));
+    a->desc_offset = comm->layout.desc_offset;
+    a->reg_table = maco__registry_table(comm);
+    a->reg_cache = maco__registry_cache(comm);
+}
+
 static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, maco_stream_t stream)
 {
     maco_status_t st = maco__check(c, comm);
@@ -205,7 +299,7 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     size_t esz = maco_datatype_size(c->datatype);
     size_t unit = c->count * esz;
     int kernel;
-    st = maco__select(comm, c->coll, unit, &kernel);
+    st = maco__select(comm, c->coll, c->count, esz, &kernel);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
 
@@ -233,6 +327,7 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     a.rsag_piece_max = l->rsag_piece_max;
     a.ll_flag = (uint32_t *)(comm->buf + l->counters_offset + MACO__CTR_LL_FLAG);
     a.ll_done = (uint32_t *)(comm->buf + l->counters_offset + MACO__CTR_LL_DONE);
+    a.paths = (unsigned long long *)(comm->buf + l->counters_offset + MACO__CTR_INPLACE);
     a.channels = comm->rsag_channels;
     a.bound = comm->bound;
 
@@ -240,7 +335,15 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     size_t threads = MACO__COLL_THREADS;
     size_t max_blocks = (size_t)comm->sm_count;
     size_t blocks;
-    if (kernel == MACO__KERNEL_LL) {
+    if (kernel == MACO__KERNEL_MESH)
+        maco__describe(c, comm, &a);
+    if (kernel == MACO__KERNEL_LL2) {
+        /* About one packet per thread, as LL. */
+        a.piece_elems = maco__twoshot_block(c->count, esz, n, l->oneshot_max);
+        blocks = ((unit + 7) / 8 + threads - 1) / threads;
+        if (blocks > 64)
+            blocks = 64;
+    } else if (kernel == MACO__KERNEL_LL) {
         /* About one packet per thread (allgather reads n messages); CTAs stay co-resident
          * (<= SMs) and at most 64. */
         size_t npkt = (unit + 7) / 8 * (c->coll == MACO_COLL_ALLGATHER ? n : 1);
@@ -356,10 +459,39 @@ maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t 
     if (st != MACO_OK)
         return st;
     int kernel;
-    st = maco__select(comm, coll, count * maco_datatype_size(datatype), &kernel);
+    st = maco__select(comm, coll, count, maco_datatype_size(datatype), &kernel);
     if (st != MACO_OK)
         return st;
     *name_p = maco__colls[coll].algo[kernel];
+    return MACO_OK;
+}
+
+maco_status_t maco_collective_get_stats(maco_comm_t comm, maco_collective_stats_t *stats_p)
+{
+    if (comm == NULL || stats_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_collective_get_stats: comm and stats_p must not be NULL");
+    maco_status_t st = maco__comm_require_gpu(comm, "maco_collective_get_stats");
+    if (st != MACO_OK)
+        return st;
+    unsigned long long v[2];
+    int prev = -1;
+    cudaError_t cerr = cudaGetDevice(&prev);
+    if (cerr == cudaSuccess)
+        cerr = cudaSetDevice(comm->cuda_device);
+    if (cerr == cudaSuccess)
+        cerr = cudaDeviceSynchronize();
+    if (cerr == cudaSuccess)
+        cerr = cudaMemcpy(v, comm->buf + comm->layout.counters_offset + MACO__CTR_INPLACE,
+                          sizeof(v), cudaMemcpyDeviceToHost);
+    if (prev >= 0)
+        cudaSetDevice(prev); /* the caller's device, as it was */
+    if (cerr != cudaSuccess)
+        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                                                   "maco_collective_get_stats: %s",
+                                                   cudaGetErrorString(cerr)));
+    stats_p->inplace_launches = v[0];
+    stats_p->scratch_launches = v[1];
     return MACO_OK;
 }
 

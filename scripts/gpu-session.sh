@@ -10,7 +10,8 @@
 #   coll: the collective tests on 4 and 2 GPUs, then maco-perf of every collective on 4
 #     GPUs against NCCL (eager and graph-replayed) and on 2 GPUs; COLL_SIZES="-b .. -e .. -f ..",
 #     COLL_GRAPH / COLL_N2 = the -G values (0 = eager) on 4 / 2 GPUs, COLL_SWEEP=1 sweeps CTAs,
-#     COLL_TYPES=1 checks every type and op, COLL_FILTER = the gtest filter
+#     COLL_TYPES=1 checks every type and op, COLL_FILTER = the gtest filter,
+#     COLL_LIST = the collectives to time, COLL_REG = the -R values (default 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -39,14 +40,16 @@ if [ "${1:-}" = coll ]; then
   step coll-tests-n4 300 "$B/tools/maco-run" -n 4 --timeout 290 "$B/tests/test_gpu_mp" --gtest_filter="$flt"
   step coll-tests-n2 200 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 190 "$B/tests/test_gpu_mp" --gtest_filter="$flt"
   sizes=${COLL_SIZES:--b 8 -e 1G -f 4}
-  for c in allreduce allgather reduce_scatter broadcast reduce; do
-    for g in ${COLL_GRAPH:-0 10}; do
-      gflag=""; [ "$g" != 0 ] && gflag="-G $g"
-      n=4; step "perf-$c-n$n-g$g" 150 "$B/tools/maco-run" -n $n --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 $gflag --json "$OUT/perf-$c-n$n-g$g.json"
-    done
-    for g in ${COLL_N2:-}; do
-      gflag=""; [ "$g" != 0 ] && gflag="-G $g"
-      step "perf-$c-n2-g$g" 150 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 $gflag --json "$OUT/perf-$c-n2-g$g.json"
+  for c in ${COLL_LIST:-allreduce allgather reduce_scatter broadcast reduce}; do
+    for R in ${COLL_REG:-0}; do
+      for g in ${COLL_GRAPH:-0 10}; do
+        gflag=""; [ "$g" != 0 ] && gflag="-G $g"
+        n=4; step "perf-$c-n$n-g$g-R$R" 150 "$B/tools/maco-run" -n $n --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 -R $R $gflag --json "$OUT/perf-$c-n$n-g$g-R$R.json"
+      done
+      for g in ${COLL_N2:-}; do
+        gflag=""; [ "$g" != 0 ] && gflag="-G $g"
+        step "perf-$c-n2-g$g-R$R" 150 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 140 "$B/tools/maco-perf" $c $sizes --nccl -n 20 -w 5 -R $R $gflag --json "$OUT/perf-$c-n2-g$g-R$R.json"
+      done
     done
   done
   if [ -n "${COLL_SWEEP:-}" ]; then

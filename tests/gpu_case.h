@@ -16,6 +16,16 @@
 namespace maco_test
 {
 
+/* Whether twoshot_ll takes `count` elements of `esz` bytes on n ranks (collectives.c:
+ * blocks of whole 8-byte packets, none empty, each within MACO_ALLREDUCE_ONESHOT_MAX's
+ * default of 256 KiB). */
+inline bool TwoShotFits(size_t count, size_t esz, int n)
+{
+    size_t per = 8 / esz, nn = static_cast<size_t>(n);
+    size_t b = ((count + nn - 1) / nn + per - 1) / per * per;
+    return (nn - 1) * b < count && b * esz <= 256 * 1024;
+}
+
 class GpuCase : public Test
 {
   protected:

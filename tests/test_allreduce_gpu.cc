@@ -118,7 +118,8 @@ TEST_F(Allreduce, EveryAlgorithmTypeSizePlacementAndAlignment)
                               ((size_t)3 << 20) + 5 };
     const Case cases[] = { { "", MACO_BFLOAT16 },           { "", MACO_FLOAT32 },
                            { "oneshot_ll", MACO_BFLOAT16 }, { "oneshot_ll", MACO_FLOAT32 },
-                           { "rsag", MACO_BFLOAT16 },       { "rsag", MACO_FLOAT32 } };
+                           { "rsag", MACO_BFLOAT16 },       { "rsag", MACO_FLOAT32 },
+                           { "twoshot_ll", MACO_BFLOAT16 }, { "twoshot_ll", MACO_FLOAT32 } };
     for (const Case &c : cases) {
         if (c.algo[0])
             setenv("MACO_ALGO_ALLREDUCE", c.algo, 1);
@@ -128,6 +129,9 @@ TEST_F(Allreduce, EveryAlgorithmTypeSizePlacementAndAlignment)
             size_t bytes = count * maco_datatype_size(c.dt);
             if (strcmp(c.algo, "oneshot_ll") == 0 && bytes > 256 * 1024)
                 continue; /* beyond MACO_ALLREDUCE_ONESHOT_MAX's default */
+            if (strcmp(c.algo, "twoshot_ll") == 0 &&
+                !maco_test::TwoShotFits(count, maco_datatype_size(c.dt), NRanks()))
+                continue;
             for (int inplace = 0; inplace < 2; inplace++) {
                 for (size_t skew : { (size_t)0, (size_t)1 }) {
                     unsigned long long wrong = 1;
@@ -184,7 +188,7 @@ TEST_F(Allreduce, BackToBackCallsStayInStep)
     const size_t count = 40000; /* 80 KB bf16: oneshot_ll by default */
     ASSERT_NO_FATAL_FAILURE(Reserve(count * 4 + 64));
     for (int i = 0; i < 50; i++) {
-        setenv("MACO_ALGO_ALLREDUCE", i % 3 == 2 ? "rsag" : "oneshot_ll", 1);
+        setenv("MACO_ALGO_ALLREDUCE", i % 3 == 2 ? "rsag" : i % 3 ? "twoshot_ll" : "oneshot_ll", 1);
         ASSERT_EQ(maco_allreduce(in_, out_, count, MACO_BFLOAT16, MACO_SUM, Comm(),
                                  (maco_stream_t)stream_),
                   MACO_OK);
@@ -201,7 +205,7 @@ TEST_F(Allreduce, BackToBackCallsStayInStep)
 /* Captured once, replayed many times: per-launch state lives on the device. */
 TEST_F(Allreduce, CudaGraphReplays)
 {
-    for (const char *algo : { "oneshot_ll", "rsag" }) {
+    for (const char *algo : { "oneshot_ll", "rsag", "twoshot_ll" }) {
         setenv("MACO_ALGO_ALLREDUCE", algo, 1);
         const size_t count = 12345;
         ASSERT_NO_FATAL_FAILURE(Reserve(count * 4 + 64));

@@ -111,6 +111,22 @@ class Collectives : public maco_test::GpuCase
         }
     }
 
+    /* Reserve, then wait until every rank has, so every rank's next call sees every
+     * peer's registrations. */
+    void ReserveRegistered(size_t bytes, bool registered)
+    {
+        ASSERT_NO_FATAL_FAILURE(Reserve(bytes, registered));
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    }
+
+    maco_collective_stats_t Stats()
+    {
+        maco_collective_stats_t st = {};
+        EXPECT_EQ(maco_collective_get_stats(Comm(), &st), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+        return st;
+    }
+
     maco_status_t Call(const Shape &s, const void *send, void *recv)
     {
         maco_stream_t st = reinterpret_cast<maco_stream_t>(stream_);
@@ -257,6 +273,16 @@ TEST_F(Collectives, EveryTypeOpPlacementAndKernel)
                         s.unit = unit;
                         ASSERT_NO_FATAL_FAILURE(Expect(s, LLName(coll)));
                         ASSERT_NO_FATAL_FAILURE(Expect(s, MeshName(coll)));
+                        if (coll == MACO_COLL_ALLREDUCE &&
+                            maco_test::TwoShotFits(unit, esz, NRanks())) {
+                            ASSERT_NO_FATAL_FAILURE(Expect(s, "twoshot_ll"));
+                        }
+                    }
+                    /* Two-shot LL with odd blocks. */
+                    s.unit = 100003;
+                    if (coll == MACO_COLL_ALLREDUCE &&
+                        maco_test::TwoShotFits(s.unit, esz, NRanks())) {
+                        ASSERT_NO_FATAL_FAILURE(Expect(s, "twoshot_ll"));
                     }
                     s.unit = (static_cast<size_t>(1) << 20) + 7;
                     if (esz <= 2 || op == MACO_SUM) {
@@ -274,7 +300,15 @@ TEST_F(Collectives, ThresholdsAndMisalignedPointers)
     for (maco_collective_t coll : kColls) {
         for (maco_datatype_t dt : { MACO_BFLOAT16, MACO_FLOAT32, MACO_INT8, MACO_FLOAT64 }) {
             size_t esz = maco_datatype_size(dt);
-            for (size_t unit : { kLLMax / esz - 1, kLLMax / esz, kLLMax / esz + 1 }) {
+            std::vector<size_t> units = { kLLMax / esz - 1, kLLMax / esz, kLLMax / esz + 1 };
+            if (coll == MACO_COLL_ALLREDUCE) {
+                /* one-shot / two-shot at 64 KiB, two-shot / rsag at nranks * 256 KiB. */
+                size_t twoshot_max = kLLMax * static_cast<size_t>(NRanks()) / esz;
+                for (size_t u : { 65536 / esz - 1, 65536 / esz + 1, twoshot_max - 1, twoshot_max,
+                                  twoshot_max + 1 })
+                    units.push_back(u);
+            }
+            for (size_t unit : units) {
                 for (size_t skew : { static_cast<size_t>(0), static_cast<size_t>(1),
                                      static_cast<size_t>(6), static_cast<size_t>(16) }) {
                     Shape s = { coll, dt, MACO_SUM, unit, skew == 6, skew, 0 };
@@ -306,53 +340,168 @@ TEST_F(Collectives, RegisteredBuffersAndEveryRoot)
     }
 }
 
-/* Captured once, replayed 100 times with inputs that change between replays. */
-TEST_F(Collectives, GraphReplayedWithChangingInputs)
+/* Registered buffers on every rank (maco_mem_alloc) are used in place by the mesh-family
+ * kernels: every collective, type and op, both placements, odd counts just above the LL
+ * sizes and large ones, every root; maco_collective_get_stats proves the path taken. */
+TEST_F(Collectives, RegisteredBuffersUsedInPlace)
 {
+    const size_t max_unit_bytes = (static_cast<size_t>(3) << 20) + 64;
+    ASSERT_NO_FATAL_FAILURE(ReserveRegistered(max_unit_bytes * NRanks() + 64, true));
+    maco_collective_stats_t before = Stats();
+    uint64_t calls = 0, misaligned = 0;
     for (maco_collective_t coll : kColls) {
-        for (size_t unit : { static_cast<size_t>(3000), static_cast<size_t>(600000) }) {
-            Shape s = { coll, MACO_BFLOAT16, MACO_SUM, unit, false, 0, NRanks() - 1 };
-            size_t esz = maco_datatype_size(s.dt);
-            ASSERT_NO_FATAL_FAILURE(Reserve(unit * esz * NRanks() + 64));
-            unsetenv(AlgoVar(coll));
-            char *send, *recv;
-            size_t send_elems, recv_elems, touched;
-            Place(s, &send, &recv, &send_elems, &recv_elems, &touched);
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-            maco_status_t st = Call(s, send, recv);
-            CUDA_OK(cudaStreamEndCapture(stream_, &graph));
-            ASSERT_EQ(st, MACO_OK) << maco_comm_get_last_error(Comm());
-            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-            for (int replay = 0; replay < 100; replay++) {
-                uint64_t seed = seed_ ^ (static_cast<uint64_t>(replay) << 32) ^ unit;
-                CUDA_OK(cudaMemsetAsync(recv, 0xFF, recv_elems * esz, stream_));
-                CUDA_OK(maco_perf_fill_coll(send, send_elems, s.dt, s.op, seed, Rank(), stream_));
-                /* Every rank's input must be in place before any rank's replay reads it. */
-                CUDA_OK(cudaStreamSynchronize(stream_));
-                ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
-                CUDA_OK(cudaGraphLaunch(exec, stream_));
-                unsigned long long init[2] = { 0, ~0ull }, res[2];
-                CUDA_OK(cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice,
-                                        stream_));
-                if (coll != MACO_COLL_REDUCE || Rank() == s.root) {
-                    CUDA_OK(maco_perf_check_coll(recv, recv_elems, s.coll, s.dt, s.op, s.root,
-                                                 s.unit, seed, Rank(), NRanks(), &counters_[0],
-                                                 &counters_[1], stream_));
+        for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
+            maco_datatype_t dt = static_cast<maco_datatype_t>(t);
+            size_t esz = maco_datatype_size(dt);
+            int nops = HasOp(coll) ? MACO_REDOP_COUNT : 1;
+            for (int op = 0; op < nops; op++) {
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    int root = (t + op) % NRanks();
+                    /* Above the LL kernels: allreduce's two-shot LL takes up to nranks
+                     * times kLLMax. */
+                    size_t base = (coll == MACO_COLL_ALLREDUCE ? kLLMax * NRanks() : kLLMax) / esz;
+                    Shape s = { coll, dt,  static_cast<maco_redop_t>(op), base + 1, inplace != 0,
+                                0,    root };
+                    /* Rank r's block of an allgather or reduce-scatter starts r * unit
+                     * bytes in: not 16-byte aligned for these odd units, so those calls go
+                     * through scratch. */
+                    bool blocks = coll == MACO_COLL_ALLGATHER || coll == MACO_COLL_REDUCE_SCATTER;
+                    for (size_t unit : { base + 1, base + 16 / esz, max_unit_bytes / esz - 3 }) {
+                        if (unit > base + 16 / esz && t != MACO_BFLOAT16 && t != MACO_FLOAT64 &&
+                            t != MACO_INT8)
+                            continue;
+                        s.unit = unit;
+                        ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+                        bool off = blocks && unit * esz % 16 != 0;
+                        (off ? misaligned : calls)++;
+                    }
                 }
-                CUDA_OK(
-                    cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
-                CUDA_OK(cudaStreamSynchronize(stream_));
-                ASSERT_EQ(res[0], 0u)
-                    << Describe(s, "") << " replay " << replay << ", first wrong " << res[1];
-                /* The next fill overwrites inputs peers may still read: wait for all. */
-                ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
             }
-            cudaGraphExecDestroy(exec);
-            cudaGraphDestroy(graph);
         }
     }
+    maco_collective_stats_t after = Stats();
+    EXPECT_EQ(after.inplace_launches - before.inplace_launches, calls);
+    EXPECT_EQ(after.scratch_launches - before.scratch_launches, misaligned);
+}
+
+/* In place needs every rank: buffers registered on rank 0 only, or misaligned, go through
+ * scratch on every rank, with the same results. */
+TEST_F(Collectives, PartlyRegisteredOrMisalignedGoesThroughScratch)
+{
+    const size_t unit = 300001;
+    ASSERT_NO_FATAL_FAILURE(ReserveRegistered(unit * 4 * NRanks() + 64, Rank() == 0));
+    maco_collective_stats_t before = Stats();
+    uint64_t calls = 0;
+    for (maco_collective_t coll : kColls) {
+        for (int inplace = 0; inplace < 2; inplace++) {
+            Shape s = { coll, MACO_FLOAT32, MACO_SUM, unit, inplace != 0, 0, 1 % NRanks() };
+            ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+            calls++;
+        }
+    }
+    maco_collective_stats_t mid = Stats();
+    EXPECT_EQ(mid.inplace_launches - before.inplace_launches, 0u);
+    EXPECT_EQ(mid.scratch_launches - before.scratch_launches, calls);
+    ASSERT_NO_FATAL_FAILURE(ReserveRegistered(unit * 4 * NRanks() + 64, true));
+    calls = 0;
+    for (maco_collective_t coll : kColls) {
+        /* Rank 1's pointers 4 bytes off 16-byte alignment. */
+        Shape s = { coll, MACO_FLOAT32, MACO_MAX, unit, false, Rank() == 1 ? 4u : 0u, 0 };
+        ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+        calls++;
+    }
+    maco_collective_stats_t after = Stats();
+    EXPECT_EQ(after.inplace_launches - mid.inplace_launches, 0u);
+    EXPECT_EQ(after.scratch_launches - mid.scratch_launches, calls);
+}
+
+/* cudaMalloc'ed buffers registered with maco_mem_register (exported over CUDA IPC) are
+ * used in place; after maco_mem_deregister they go through scratch again, and a new
+ * registration of the same memory is used in place again. */
+TEST_F(Collectives, MemRegisterAndDeregister)
+{
+    const size_t unit = 400000; /* 1.6 MB: above two-shot LL for allreduce */
+    ASSERT_NO_FATAL_FAILURE(Reserve(unit * 4 * NRanks() + 64));
+    Shape s = { MACO_COLL_ALLREDUCE, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 };
+    for (int round = 0; round < 2; round++) {
+        maco_mem_t rin = nullptr, rout = nullptr;
+        ASSERT_EQ(maco_mem_register(Comm(), in_, cap_ + 2 * kGuard, &rin), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+        ASSERT_EQ(maco_mem_register(Comm(), out_, cap_ + 2 * kGuard, &rout), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        maco_collective_stats_t before = Stats();
+        for (maco_collective_t coll : kColls) {
+            s.coll = coll;
+            ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+        }
+        maco_collective_stats_t mid = Stats();
+        EXPECT_EQ(mid.inplace_launches - before.inplace_launches, 5u) << "round " << round;
+        /* Every rank has finished with the buffers before any deregisters. */
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        ASSERT_EQ(maco_mem_deregister(rin), MACO_OK);
+        ASSERT_EQ(maco_mem_deregister(rout), MACO_OK);
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        for (maco_collective_t coll : kColls) {
+            s.coll = coll;
+            ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+        }
+        maco_collective_stats_t after = Stats();
+        EXPECT_EQ(after.inplace_launches - mid.inplace_launches, 0u) << "round " << round;
+        EXPECT_EQ(after.scratch_launches - mid.scratch_launches, 5u) << "round " << round;
+    }
+}
+
+/* Captured once, replayed 100 times with inputs that change between replays; unregistered
+ * and registered buffers. */
+TEST_F(Collectives, GraphReplayedWithChangingInputs)
+{
+    for (int reg = 0; reg < 2; reg++)
+        for (maco_collective_t coll : kColls) {
+            for (size_t unit : { static_cast<size_t>(3000), static_cast<size_t>(600000) }) {
+                Shape s = { coll, MACO_BFLOAT16, MACO_SUM, unit, false, 0, NRanks() - 1 };
+                size_t esz = maco_datatype_size(s.dt);
+                ASSERT_NO_FATAL_FAILURE(ReserveRegistered(600000 * esz * NRanks() + 64, reg != 0));
+                unsetenv(AlgoVar(coll));
+                char *send, *recv;
+                size_t send_elems, recv_elems, touched;
+                Place(s, &send, &recv, &send_elems, &recv_elems, &touched);
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+                maco_status_t st = Call(s, send, recv);
+                CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+                ASSERT_EQ(st, MACO_OK) << maco_comm_get_last_error(Comm());
+                CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+                for (int replay = 0; replay < 100; replay++) {
+                    uint64_t seed = seed_ ^ (static_cast<uint64_t>(replay) << 32) ^ unit;
+                    CUDA_OK(cudaMemsetAsync(recv, 0xFF, recv_elems * esz, stream_));
+                    CUDA_OK(
+                        maco_perf_fill_coll(send, send_elems, s.dt, s.op, seed, Rank(), stream_));
+                    /* Every rank's input must be in place before any rank's replay reads it. */
+                    CUDA_OK(cudaStreamSynchronize(stream_));
+                    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+                    CUDA_OK(cudaGraphLaunch(exec, stream_));
+                    unsigned long long init[2] = { 0, ~0ull }, res[2];
+                    CUDA_OK(cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice,
+                                            stream_));
+                    if (coll != MACO_COLL_REDUCE || Rank() == s.root) {
+                        CUDA_OK(maco_perf_check_coll(recv, recv_elems, s.coll, s.dt, s.op, s.root,
+                                                     s.unit, seed, Rank(), NRanks(), &counters_[0],
+                                                     &counters_[1], stream_));
+                    }
+                    CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost,
+                                            stream_));
+                    CUDA_OK(cudaStreamSynchronize(stream_));
+                    ASSERT_EQ(res[0], 0u)
+                        << Describe(s, "") << " replay " << replay << ", first wrong " << res[1];
+                    /* The next fill overwrites inputs peers may still read: wait for all. */
+                    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+                }
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+            }
+        }
 }
 
 /* Calls of every collective and kernel back to back, no host synchronisation between:

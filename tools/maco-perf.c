@@ -3,7 +3,7 @@
  *
  *   maco-run -n N maco-perf <allreduce|allgather|reduce_scatter|broadcast|reduce>
  *       -b MIN -e MAX -f FACTOR [-d type|all] [-o op|all] [-r root] [-n iters] [-w warmup]
- *       [-c checks] [-G graph-replays] [--inplace] [--nccl] [--json FILE]
+ *       [-c checks] [-G graph-replays] [-R 0|1] [--inplace] [--nccl] [--json FILE]
  *
  * Sizes follow nccl-tests: `size` is the largest buffer of the operation in bytes
  * (allgather: the receive buffer, nranks blocks; reduce_scatter: the send buffer; the
@@ -23,6 +23,9 @@
  * algbw = size / time; busbw = algbw * factor, nccl-tests' definitions (its
  * doc/PERFORMANCE.md): 2(n-1)/n for allreduce, (n-1)/n for allgather and reduce_scatter,
  * 1 for broadcast and reduce. GB/s are 1e9 bytes per second.
+ * Buffers: cudaMalloc by default, so MACO goes through its scratch buffer; with -R 1 they
+ * come from maco_mem_alloc (registered with the communicator), which MACO's mesh-family
+ * algorithms use in place. NCCL gets the same buffers either way, unregistered.
  * Exit status: 0 when no value was wrong, 1 when some were (or an error), 2 for bad usage
  * or no GPU.
  */
@@ -81,7 +84,7 @@ typedef struct perf_opts {
     int nops;
     int root;
     int iters, warmup, checks, graph;
-    int inplace, nccl;
+    int inplace, nccl, reg;
     const char *json_path;
 } perf_opts_t;
 
@@ -115,7 +118,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: maco-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR] [-d TYPE|all] [-o OP|all]\n"
             "                 [-r ROOT] [-n ITERS] [-w WARMUP] [-c CHECKS] [-G REPLAYS]\n"
-            "                 [--inplace] [--nccl] [--json FILE]\n"
+            "                 [-R 0|1] [--inplace] [--nccl] [--json FILE]\n"
             "  COLLECTIVE: allreduce, allgather, reduce_scatter, broadcast, reduce\n"
             "  Run under maco-run, one rank per GPU: maco-run -n 4 maco-perf allreduce ...\n"
             "  -b, -e   smallest and largest size in bytes, nccl-tests' meaning (K, M, G "
@@ -128,6 +131,8 @@ static void usage(FILE *f)
             "  -n, -w   timed and warm-up calls per size (default 20 and 5)\n"
             "  -c       checked calls per size and placement (default 1)\n"
             "  -G       capture the timed calls in a CUDA graph and replay it REPLAYS times\n"
+            "  -R       1: buffers from maco_mem_alloc (registered: used in place); 0: cudaMalloc "
+            "(default)\n"
             "  --inplace  also run in place (default: out of place only)\n"
             "  --nccl   also run the system NCCL (MACO_NCCL_LIBRARY names it)\n"
             "  --json   write one JSON object per size and placement to FILE (rank 0)\n");
@@ -255,7 +260,10 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
             bad = parse_int(v, 0, 1000000, &o->warmup);
         else if (strcmp(a, "-c") == 0)
             bad = parse_int(v, 0, 1000, &o->checks);
-        else if (strcmp(a, "-G") == 0)
+        else if (strcmp(a, "-R") == 0) {
+            o->reg = atoi(v);
+            bad = o->reg != 0 && o->reg != 1;
+        } else if (strcmp(a, "-G") == 0)
             bad = parse_int(v, 0, 1000000, &o->graph);
         else if (strcmp(a, "--json") == 0)
             o->json_path = v;
@@ -595,6 +603,8 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
     printf("# maco-perf %s: %d rank(s), %s, iters %d, warmup %d, checks %d, %s%s\n",
            maco_collective_name(o->coll), c->nranks, gpu, o->iters, o->warmup, o->checks,
            o->graph ? "graph-replayed" : "eager", o->nccl ? "" : ", no NCCL");
+    printf("# buffers: %s\n", o->reg ? "maco_mem_alloc (-R 1: registered, used in place)"
+                                     : "cudaMalloc (-R 0: unregistered, through scratch)");
     if (o->graph)
         printf("# -G %d: the %d timed calls are one CUDA graph, replayed %d times\n", o->graph,
                o->iters, o->graph);
@@ -663,8 +673,13 @@ int main(int argc, char **argv)
     PERF_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
     PERF_CUDA(cudaEventCreate(&c.start));
     PERF_CUDA(cudaEventCreate(&c.stop));
-    PERF_CUDA(cudaMalloc((void **)&c.in, o.max_bytes + PERF_GUARD));
-    PERF_CUDA(cudaMalloc((void **)&c.out, o.max_bytes + PERF_GUARD));
+    if (o.reg) {
+        PERF_MACO(c.comm, maco_mem_alloc(c.comm, o.max_bytes + PERF_GUARD, (void **)&c.in));
+        PERF_MACO(c.comm, maco_mem_alloc(c.comm, o.max_bytes + PERF_GUARD, (void **)&c.out));
+    } else {
+        PERF_CUDA(cudaMalloc((void **)&c.in, o.max_bytes + PERF_GUARD));
+        PERF_CUDA(cudaMalloc((void **)&c.out, o.max_bytes + PERF_GUARD));
+    }
     PERF_CUDA(cudaMalloc((void **)&c.counters, 3 * sizeof(unsigned long long)));
     c.seed_base = 0x4D41434F00000000ull ^ (uint64_t)o.min_bytes ^ ((uint64_t)o.max_bytes << 8);
     perf_nccl_t nccl;
@@ -745,15 +760,17 @@ int main(int argc, char **argv)
                 printf("  %s\n", algo);
                 fflush(stdout);
                 for (int ip = 0; ip < np && json != NULL; ip++) {
-                    fprintf(json,
-                            "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
-                            "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
-                            "\"graph\": %s, \"algorithm\": \"%s\", \"nranks\": %d, \"time_us\": "
-                            "%.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, \"wrong\": %llu",
-                            first_json ? "" : ",\n", maco_collective_name(o.coll), bytes, count,
-                            maco_datatype_name(dt), op_name, rooted ? o.root : -1,
-                            ip ? "true" : "false", o.graph ? "true" : "false", algo, c.nranks,
-                            t[ip], algbw[ip], busbw[ip], wrong[ip]);
+                    fprintf(
+                        json,
+                        "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
+                        "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
+                        "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", \"nranks\": %d, "
+                        "\"time_us\": %.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, \"wrong\": "
+                        "%llu",
+                        first_json ? "" : ",\n", maco_collective_name(o.coll), bytes, count,
+                        maco_datatype_name(dt), op_name, rooted ? o.root : -1,
+                        ip ? "true" : "false", o.graph ? "true" : "false", o.reg ? "true" : "false",
+                        algo, c.nranks, t[ip], algbw[ip], busbw[ip], wrong[ip]);
                     if (o.nccl && nt[ip] > 0)
                         fprintf(json, ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f", nt[ip],
                                 nbusbw[ip]);
@@ -777,8 +794,13 @@ int main(int argc, char **argv)
     }
     if (o.nccl)
         nccl.comm_destroy(nccl.comm);
-    cudaFree(c.in);
-    cudaFree(c.out);
+    if (o.reg) {
+        maco_mem_free(c.comm, c.in);
+        maco_mem_free(c.comm, c.out);
+    } else {
+        cudaFree(c.in);
+        cudaFree(c.out);
+    }
     cudaFree(c.counters);
     cudaStreamDestroy(c.stream);
     maco_comm_destroy(c.comm);

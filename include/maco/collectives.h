@@ -6,11 +6,19 @@
  * the operation. Every rank must make the same calls in the same order with the same
  * count, type, op and root.
  *
- * Buffers: device memory of the communicator's GPU, any alignment (16-byte aligned buffers
- * take the fast path), registered or not: the data always goes through the communicator's
- * registered scratch (MACO_SCRATCH_SIZE), so registering user buffers is never required.
- * (Using registered user buffers in place, without the scratch copy, is not implemented
- * yet.) Counts are in elements; count 0 returns MACO_OK and does nothing.
+ * Buffers: device memory of the communicator's GPU, any alignment, registered or not;
+ * registering is never required. Unregistered buffers go through the communicator's
+ * registered scratch (MACO_SCRATCH_SIZE). Registered buffers (maco_mem_register on this
+ * communicator, or memory from maco_mem_alloc, which registers itself) are used in place
+ * by the mesh-family algorithms (the ones above the LL sizes): peers read and write them
+ * directly over NVLink, with no scratch copies. That happens for a call when on every rank
+ * every buffer a peer touches is registered and 16-byte aligned and every peer has mapped
+ * it; otherwise the call goes through scratch, with the same results. A peer maps a new
+ * registration at its next mesh-family call (the first call after a registration may still
+ * go through scratch); mappings stay until the communicator is destroyed, and a buffer must
+ * stay registered until the operations using it have completed on every rank.
+ * maco_collective_get_stats() counts which path calls took. Counts are in elements;
+ * count 0 returns MACO_OK and does nothing.
  *
  * Results are bitwise identical on every rank and from run to run: each element is reduced
  * in rank order 0, 1, ..., n-1; float16, bfloat16, fp8 and float32 accumulate in float32
@@ -44,6 +52,7 @@
 #define MACO_COLLECTIVES_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "maco/comm.h"
 
@@ -103,11 +112,19 @@ MACO_API const char *maco_collective_name(maco_collective_t coll);
  * recvbuf[i] = op over ranks r of sendbuf_r[i], for i in [0, count), on every rank.
  * In place: sendbuf == recvbuf.
  * Algorithms (MACO_ALGO_ALLREDUCE forces one):
- *   oneshot_ll  up to MACO_ALLREDUCE_ONESHOT_MAX bytes: every rank writes its whole input
- *               as LL16 packets into every peer's scratch and reduces all of them itself;
+ *   oneshot_ll  up to 128 KiB (and MACO_ALLREDUCE_ONESHOT_MAX): every rank writes its
+ *               whole input as LL16 packets into every peer's scratch and reduces all of
+ *               them itself;
+ *   twoshot_ll  up to nranks * MACO_ALLREDUCE_ONESHOT_MAX bytes: rank q's block goes to
+ *               rank q as LL16 packets, q reduces it and sends it back to every rank as
+ *               packets, all in one launch (faster than oneshot_ll from 256 KiB on 4x H200,
+ *               and than rsag up to 1 MiB: docs/performance.md);
  *   rsag        larger: pieces are pushed to their owner rank, reduced there in rank order
  *               (reduce-scatter), and the reduced pieces pushed to every rank (allgather),
- *               pipelined through scratch with one semaphore per peer and CTA.
+ *               pipelined through scratch with one semaphore per peer and CTA; with
+ *               registered buffers (above) up to MACO_ALLREDUCE_INPLACE_MAX bytes, owner
+ *               j reads piece j of every rank's sendbuf, reduces it and writes it into
+ *               every rank's recvbuf, in one pass.
  */
 MACO_API maco_status_t maco_allreduce(const void *sendbuf, void *recvbuf, size_t count,
                                       maco_datatype_t datatype, maco_redop_t op, maco_comm_t comm,
@@ -161,6 +178,21 @@ MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t co
 MACO_API maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t coll,
                                                      size_t count, maco_datatype_t datatype,
                                                      const char **name_p);
+
+/** Mesh-family kernel launches of a communicator since its creation, by the path they
+ * took (counted on the device; graph replays count every replay). */
+typedef struct maco_collective_stats {
+    uint64_t inplace_launches; /* registered buffers used in place */
+    uint64_t scratch_launches; /* through the scratch buffer */
+} maco_collective_stats_t;
+
+/**
+ * Reads the counters above. Blocking: waits for the communicator's device to finish all
+ * work (cudaDeviceSynchronize), so it is for diagnostics and tests, not hot paths.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL), MACO_ERR_UNSUPPORTED (no GPU), MACO_ERR_CUDA.
+ */
+MACO_API maco_status_t maco_collective_get_stats(maco_comm_t comm,
+                                                 maco_collective_stats_t *stats_p);
 
 /** maco_collective_get_algorithm(comm, MACO_COLL_ALLREDUCE, ...). */
 MACO_API maco_status_t maco_allreduce_get_algorithm(maco_comm_t comm, size_t count,

@@ -175,8 +175,10 @@ static void maco__comm_layout(maco__comm_layout_t *l, int nranks, size_t oneshot
     l->sem_offset = 0;
     l->expected_offset = maco__align_up(l->sem_offset + MACO__NSEM * sizeof(uint64_t), 256);
     l->counters_offset = maco__align_up(l->expected_offset + MACO__NSEM * sizeof(uint64_t), 256);
-    l->ll_offset = l->counters_offset + 256;
-    l->ll_slot_bytes = 2 * oneshot_max;
+    l->desc_offset = l->counters_offset + 256;
+    l->ll_offset = maco__align_up(l->desc_offset + 2 * (size_t)nranks * MACO__DESC_BYTES, 256);
+    /* LL16 doubles the bytes; two-shot needs two regions of blocks up to oneshot_max. */
+    l->ll_slot_bytes = 4 * oneshot_max;
     l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
     /* rsag: per slot, n IN and n OUT pieces. */
     size_t piece = scratch_bytes / ((size_t)rsag_slots * 2 * (size_t)nranks);
@@ -293,6 +295,9 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     MACO_CUDA_GOTO(cudaMemcpy(comm->rsag_channels, chans,
                               (size_t)slots * (size_t)n * sizeof(*chans), cudaMemcpyHostToDevice),
                    st, out);
+    st = maco__registry_setup(comm);
+    if (st != MACO_OK)
+        goto out;
     MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, out);
     /* Nobody starts GPU traffic before every rank has mapped every peer. */
     st = maco_bootstrap_barrier(comm->bs);
@@ -311,6 +316,7 @@ static void maco__comm_free(maco_comm_t comm)
         cudaSetDevice(comm->cuda_device);
         cudaDeviceSynchronize();
     }
+    maco__registry_free(comm);
     if (comm->peer_buf_mem != NULL)
         for (int r = 0; r < comm->nranks; r++)
             maco_mem_deregister(comm->peer_buf_mem[r]);
@@ -465,6 +471,15 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
         return MACO_OK;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     const maco_device_error_t *e = comm->err_report;
+    if (e->what == MACO_DEVICE_ERR_REGISTRATION) {
+        maco__error_quiet((maco_status_t)status,
+                          "rank %d: rank %d's collective named its registration %d, which "
+                          "this rank has not mapped (deregistered while in use?)",
+                          comm->rank, (int)e->peer, (int)e->object);
+        maco__comm_record(comm, (maco_status_t)status);
+        *async_status_p = (maco_status_t)status;
+        return MACO_OK;
+    }
     maco__error_quiet((maco_status_t)status,
                       "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
                       "%d for value %llu, last saw %llu",

@@ -50,6 +50,7 @@ typedef struct maco__alloc {
     int is_host;
     CUmemGenericAllocationHandle handle; /* device */
     int fd;                              /* host: the memfd */
+    maco_mem_t reg;                      /* device: its registration, for collectives */
 } maco__alloc_t;
 
 /* One exported allocation, shared by every registration inside it. */
@@ -89,6 +90,7 @@ struct maco_mem {
     size_t alloc_bytes;
     maco__export_t *exp; /* registrations */
     maco__import_t *imp; /* imports from another process */
+    int published;       /* in the communicator's registry (registry.c) */
 };
 
 static pthread_mutex_t maco__mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -162,6 +164,14 @@ maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
     pthread_mutex_unlock(&maco__mem_lock);
     MACO_DEBUG(MACO_SUBSYS_MEM, "maco_mem_alloc: %zu bytes (%zu asked) at %p on device %d", size,
                bytes, a->base, dev);
+    /* Registered at once, so collectives use it in place (registry.c). */
+    if (comm->reg != NULL) {
+        st = maco_mem_register(comm, a->base, size, &a->reg);
+        if (st != MACO_OK) {
+            maco_mem_free(comm, a->base);
+            return st;
+        }
+    }
     *ptr_p = a->base;
     return MACO_OK;
 fail:
@@ -256,7 +266,7 @@ maco_status_t maco_mem_free(maco_comm_t comm, void *ptr)
                                                    "maco_mem_free: %p was not returned by "
                                                    "maco_mem_alloc or maco_mem_alloc_host",
                                                    ptr));
-    maco_status_t st = MACO_OK;
+    maco_status_t st = maco_mem_deregister(a->reg);
     if (a->is_host) {
         if (comm != NULL && comm->cuda_device >= 0 && cudaHostUnregister(a->base) != cudaSuccess)
             cudaGetLastError();
@@ -463,6 +473,8 @@ maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_
     mem->offset = offset;
     mem->alloc_bytes = alloc_bytes;
     mem->exp = e;
+    if (e->kind == MACO__KIND_CUDA_IPC || e->kind == MACO__KIND_POSIX_FD)
+        mem->published = maco__registry_publish(comm, mem, p, bytes);
     MACO_DEBUG(MACO_SUBSYS_MEM, "registered %zu bytes at %p (offset %zu in %zu, kind %d)", bytes,
                ptr, offset, alloc_bytes, e->kind);
     *mem_p = mem;
@@ -738,6 +750,11 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     return MACO_OK;
 }
 
+void maco__mem_unpublish(maco_mem_t mem)
+{
+    mem->published = 0;
+}
+
 int maco__mem_is_host(maco_mem_t mem)
 {
     return mem->kind == MACO__KIND_HOST_FD || mem->kind == MACO__KIND_LOCAL;
@@ -774,6 +791,8 @@ maco_status_t maco_mem_deregister(maco_mem_t mem)
 {
     if (mem == NULL)
         return MACO_OK;
+    if (mem->published)
+        maco__registry_withdraw(mem->comm, mem);
     pthread_mutex_lock(&maco__mem_lock);
     if (mem->imp != NULL && --mem->imp->refs == 0) {
         for (maco__import_t **pp = &maco__imports; *pp != NULL; pp = &(*pp)->next) {

@@ -30,10 +30,11 @@ extern "C" {
 #endif
 
 enum {
-    MACO_DEVICE_WAIT_SEMAPHORE = 1, /* a semaphore's next signal */
-    MACO_DEVICE_WAIT_PACKET = 2,    /* an LL packet's flag */
-    MACO_DEVICE_WAIT_FIFO = 3,      /* space in a proxy's trigger FIFO */
-    MACO_DEVICE_WAIT_FLUSH = 4,     /* a proxy's flush */
+    MACO_DEVICE_WAIT_SEMAPHORE = 1,   /* a semaphore's next signal */
+    MACO_DEVICE_WAIT_PACKET = 2,      /* an LL packet's flag */
+    MACO_DEVICE_WAIT_FIFO = 3,        /* space in a proxy's trigger FIFO */
+    MACO_DEVICE_WAIT_FLUSH = 4,       /* a proxy's flush */
+    MACO_DEVICE_ERR_REGISTRATION = 5, /* not a wait: a peer named a registration not mapped */
 };
 
 typedef struct maco_device_error {
