@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Markdown tables from maco-perf --json files (eager and -G runs of one collective).
 
-usage: scripts/perf_tables.py DIR COLLECTIVE NRANKS
-Reads DIR/perf-<collective>-n<N>-g0.json (eager) and -g10.json (graph-replayed) as written
-by scripts/gpu-session.sh coll, and prints one row per size: MACO and NCCL time in us,
+usage: scripts/perf_tables.py DIR COLLECTIVE NRANKS [SUFFIX]
+Reads DIR/perf-<collective>-n<N>-g0<SUFFIX>.json (eager) and -g10<SUFFIX>.json
+(graph-replayed, optional) as written by scripts/gpu-session.sh coll (SUFFIX: -R0 or -R1
+since -R was added), and prints one row per size: MACO and NCCL time in us,
 MACO and NCCL busbw in GB/s, and MACO/NCCL (time ratio below 64 KiB, busbw ratio above).
 """
 import json
+import os
 import sys
 
 
@@ -24,8 +26,10 @@ def size_text(b):
 
 def main():
     d, coll, n = sys.argv[1], sys.argv[2], sys.argv[3]
-    eager = load(f"{d}/perf-{coll}-n{n}-g0.json")
-    graph = load(f"{d}/perf-{coll}-n{n}-g10.json")
+    sfx = sys.argv[4] if len(sys.argv) > 4 else ""
+    eager = load(f"{d}/perf-{coll}-n{n}-g0{sfx}.json")
+    gpath = f"{d}/perf-{coll}-n{n}-g10{sfx}.json"
+    graph = load(gpath) if os.path.exists(gpath) else {}
     print("| size | algorithm | MACO us | NCCL us | MACO busbw | NCCL busbw | ratio "
           "| MACO us -G | NCCL us -G | ratio -G |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -36,7 +36,9 @@ typedef struct maco_mem *maco_mem_t;
 /**
  * Allocates `bytes` bytes (rounded up to the allocation granularity) of device memory on
  * the communicator's device with cuMem, exportable to local peers by POSIX file descriptor.
- * *ptr_p is the device address. Free with maco_mem_free(). Not collective.
+ * *ptr_p is the device address. Free with maco_mem_free(). Not collective. The memory is
+ * registered with the communicator at once (as by maco_mem_register over all of it), so
+ * collectives use it in place (maco/collectives.h); maco_mem_free ends that registration.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0), MACO_ERR_UNSUPPORTED (no GPU),
  * MACO_ERR_CUDA (the driver refused: out of memory, no VMM support; the message says).
  */
@@ -61,6 +63,9 @@ MACO_API maco_status_t maco_mem_free(maco_comm_t comm, void *ptr);
  * Registers `bytes` bytes at `ptr`: device memory of the communicator's device (cudaMalloc
  * or cuMem) or pinned host memory. The memory stays owned by the caller and must outlive
  * the registration. Not collective; not blocking. Thread-safe for different communicators.
+ * Device memory is also published to the communicator's peers, so collectives on it run in
+ * place (maco/collectives.h); peers keep their mapping of it until the communicator is
+ * destroyed.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0, memory of another device, memory CUDA
  * does not know (pageable or managed), a range that runs past the end of its allocation: the
  * message gives the sizes), MACO_ERR_UNSUPPORTED (no GPU; a cuMem allocation made without

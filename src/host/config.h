@@ -58,8 +58,8 @@ extern "C" {
     X(ALGO_REDUCE, STRING, "", "", "Force a reduce algorithm: ll or mesh.")                        \
     X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
       "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
-    X(ALLREDUCE_INPLACE_MAX, SIZE, "8M", "bytes",                                               \
-      "Largest allreduce that uses registered buffers in place (above it, through scratch: "      \
+    X(ALLREDUCE_INPLACE_MAX, SIZE, "8M", "bytes",                                                  \
+      "Largest allreduce that uses registered buffers in place (above it, through scratch: "       \
       "faster there on 4x H200, docs/performance.md).")                                            \
     X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \
       "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
