@@ -101,6 +101,39 @@ static __device__ __forceinline__ void maco__flag_advance(uint32_t *ll_flag, uin
     }
 }
 
+/* Word i (8 bytes, `valid` of them real) of every rank's message, reduced in rank order:
+ * mine from `mine`, each peer q's from packet i of its slot in my scratch half (LL kernel,
+ * and region A of the two-shot kernel). Returns false (*res unset) when a wait failed. */
+template <class T, int Op>
+static __device__ __forceinline__ bool
+maco__ll_reduce_word(const maco__coll_args_t &a, uint64_t half, uint32_t flag,
+                     const maco_device_wait_bound_t &bound, const char *mine, uint64_t i,
+                     uint32_t valid, maco__vec<8, typename T::bits> *res)
+{
+    typedef maco__vec<8, typename T::bits> V;
+    const int n = a.nranks, r = a.rank;
+    V v[MACO__MAXR];
+#pragma unroll
+    for (int q = 0; q < MACO__MAXR; q++) {
+        v[q].w[0] = v[q].w[1] = 0u;
+        if (q >= n)
+            continue;
+        if (q == r) {
+            v[q] = maco__load_part<8, V>(mine + 8 * i, valid);
+            continue;
+        }
+        const maco_ll16_packet_t *pk =
+            (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * a.ll_slot_bytes) + i;
+        uint2 d;
+        if (maco_ll16_load(pk, flag, &d, &bound, q, (int)(i & 0x7fffffff)) != MACO_OK)
+            return false;
+        v[q].w[0] = d.x;
+        v[q].w[1] = d.y;
+    }
+    maco__reduce_vec<T, Op, 8>(res, v, n, a.avg != 0);
+    return true;
+}
+
 template <class T, int Op>
 __global__ void __launch_bounds__(512) maco__ll_kernel(maco__coll_args_t a)
 {
@@ -160,32 +193,14 @@ __global__ void __launch_bounds__(512) maco__ll_kernel(maco__coll_args_t a)
     bool failed = false;
     if (reducing) {
         const char *mine = in + (coll == MACO_COLL_REDUCE_SCATTER ? (uint64_t)r * bytes : 0);
-        for (uint64_t i = tid; i < npkt && !failed; i += nthr) {
+        for (uint64_t i = tid; i < npkt; i += nthr) {
             uint64_t left = bytes - 8 * i;
             uint32_t valid = left < 8 ? (uint32_t)left : 8u;
-            V v[MACO__MAXR];
-#pragma unroll
-            for (int q = 0; q < MACO__MAXR; q++) {
-                v[q].w[0] = v[q].w[1] = 0u;
-                if (q >= n)
-                    continue;
-                if (q == r) {
-                    v[q] = maco__load_part<8, V>(mine + 8 * i, valid);
-                } else if (!failed) {
-                    const maco_ll16_packet_t *pk =
-                        (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * a.ll_slot_bytes) +
-                        i;
-                    uint2 d;
-                    if (maco_ll16_load(pk, flag, &d, &bound, q, (int)(i & 0x7fffffff)) != MACO_OK)
-                        failed = true;
-                    v[q].w[0] = d.x;
-                    v[q].w[1] = d.y;
-                }
-            }
-            if (failed)
-                break;
             V res;
-            maco__reduce_vec<T, Op, 8>(&res, v, n, a.avg != 0);
+            if (!maco__ll_reduce_word<T, Op>(a, half, flag, bound, mine, i, valid, &res)) {
+                failed = true;
+                break;
+            }
             maco__store_part<8, V>(out + 8 * i, res, valid);
         }
     } else {
@@ -276,32 +291,14 @@ __global__ void __launch_bounds__(512) maco__ll2_kernel(maco__coll_args_t a)
     {
         const uint64_t bytes = MACO__BLOCK_BYTES(r), npkt = (bytes + 7) / 8;
         const uint64_t off = (uint64_t)r * B * esz;
-        for (uint64_t i = tid; i < npkt && !failed; i += nthr) {
+        for (uint64_t i = tid; i < npkt; i += nthr) {
             uint64_t left = bytes - 8 * i;
             uint32_t valid = left < 8 ? (uint32_t)left : 8u;
-            V v[MACO__MAXR];
-#pragma unroll
-            for (int q = 0; q < MACO__MAXR; q++) {
-                v[q].w[0] = v[q].w[1] = 0u;
-                if (q >= n)
-                    continue;
-                if (q == r) {
-                    v[q] = maco__load_part<8, V>(in + off + 8 * i, valid);
-                } else if (!failed) {
-                    uint2 d;
-                    const maco_ll16_packet_t *pk =
-                        (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * a.ll_slot_bytes) +
-                        i;
-                    if (maco_ll16_load(pk, flag, &d, &bound, q, (int)(i & 0x7fffffff)) != MACO_OK)
-                        failed = true;
-                    v[q].w[0] = d.x;
-                    v[q].w[1] = d.y;
-                }
-            }
-            if (failed)
-                break;
             V res;
-            maco__reduce_vec<T, Op, 8>(&res, v, n, a.avg != 0);
+            if (!maco__ll_reduce_word<T, Op>(a, half, flag, bound, in + off, i, valid, &res)) {
+                failed = true;
+                break;
+            }
             maco__store_part<8, V>(out + off + 8 * i, res, valid);
             for (int k = 1; k < n; k++) {
                 const int q = (r + k) % n;

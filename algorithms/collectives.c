@@ -104,11 +104,11 @@ static maco_status_t maco__select(maco_comm_t comm, maco_collective_t coll, size
                                    maco__config_name(maco__colls[coll].force), forced, msg, cap);
             if (k == MACO__KERNEL_LL2 && !twoshot)
                 return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                   "%s=%s cannot take %zu elements of %zu bytes: it needs at "
-                                   "least %zu bytes per rank and at most nranks * "
-                                   "MACO_ALLREDUCE_ONESHOT_MAX = %zu bytes",
+                                   "%s=%s cannot take %zu elements of %zu bytes on %zu ranks: "
+                                   "it needs a non-empty block of whole 8-byte words per rank "
+                                   "and at most nranks * MACO_ALLREDUCE_ONESHOT_MAX = %zu bytes",
                                    maco__config_name(maco__colls[coll].force), forced, count, esz,
-                                   (size_t)8, n * cap);
+                                   n, n * cap);
             *kernel_p = k;
             return MACO_OK;
         }

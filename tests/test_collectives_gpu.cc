@@ -302,10 +302,11 @@ TEST_F(Collectives, ThresholdsAndMisalignedPointers)
             size_t esz = maco_datatype_size(dt);
             std::vector<size_t> units = { kLLMax / esz - 1, kLLMax / esz, kLLMax / esz + 1 };
             if (coll == MACO_COLL_ALLREDUCE) {
-                /* one-shot / two-shot at 64 KiB, two-shot / rsag at nranks * 256 KiB. */
+                /* one-shot / two-shot at 128 KiB (MACO__ONESHOT_CUTOFF), two-shot / rsag at
+                 * nranks * 256 KiB. */
                 size_t twoshot_max = kLLMax * static_cast<size_t>(NRanks()) / esz;
-                for (size_t u : { 65536 / esz - 1, 65536 / esz + 1, twoshot_max - 1, twoshot_max,
-                                  twoshot_max + 1 })
+                for (size_t u : { 131072 / esz - 1, 131072 / esz, 131072 / esz + 1, twoshot_max - 1,
+                                  twoshot_max, twoshot_max + 1 })
                     units.push_back(u);
             }
             for (size_t unit : units) {
