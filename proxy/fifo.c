@@ -11,7 +11,10 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_util.h"
 #include "log.h"
@@ -26,8 +29,59 @@ typedef struct maco__fifo_host_block {
     uint32_t pad[11];
 } maco__fifo_host_block_t;
 
+/*
+ * Pinned host memory mapped for the GPU, zeroed, its pages preferably on NUMA node `node`:
+ * mmap, mbind(MPOL_PREFERRED) when node >= 0, first touch, cudaHostRegister. (cudaHostAlloc
+ * places pages wherever the calling thread runs, which may be the other socket.) *map_bytes_p
+ * gets the mapped size, for maco__pinned_free.
+ */
+static maco_status_t maco__pinned_alloc(size_t bytes, int node, void **host_p, void **dev_p,
+                                        size_t *map_bytes_p)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    size_t map_bytes = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    void *mem = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "FIFO: mmap of %zu bytes: %s",
+                           map_bytes, strerror(errno));
+    if (node >= 0 && node < 64) {
+        unsigned long mask = 1ul << node;
+        /* MPOL_PREFERRED (1): this node if it has memory, else any. */
+        if (syscall(SYS_mbind, mem, map_bytes, 1, &mask, 64, 0) != 0)
+            MACO_DEBUG(MACO_SUBSYS_PROXY,
+                       "FIFO: mbind to NUMA node %d: %s (placement left to "
+                       "the kernel)",
+                       node, strerror(errno));
+    }
+    memset(mem, 0, map_bytes);
+    cudaError_t err = cudaHostRegister(mem, map_bytes, cudaHostRegisterMapped);
+    if (err == cudaSuccess)
+        err = cudaHostGetDevicePointer(dev_p, mem, 0);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        cudaHostUnregister(mem);
+        cudaGetLastError();
+        munmap(mem, map_bytes);
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
+                           "FIFO: pinning %zu bytes of host memory for the GPU: %s", map_bytes,
+                           cudaGetErrorString(err));
+    }
+    *host_p = mem;
+    *map_bytes_p = map_bytes;
+    return MACO_OK;
+}
+
+static void maco__pinned_free(void *mem, size_t map_bytes)
+{
+    if (mem == NULL)
+        return;
+    cudaHostUnregister(mem);
+    cudaGetLastError();
+    munmap(mem, map_bytes);
+}
+
 maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_device,
-                                const maco_device_wait_bound_t *bound)
+                                const maco_device_wait_bound_t *bound, int numa_node)
 {
     memset(f, 0, sizeof(*f));
     f->on_device = on_device;
@@ -37,10 +91,13 @@ maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_devic
     maco_trigger_t *ring_dev = NULL;
     if (on_device) {
         /* Ring and published words in mapped pinned memory, head and tail cache on the GPU. */
-        MACO_CUDA_GOTO(cudaHostAlloc((void **)&f->ring, ring_bytes, cudaHostAllocMapped), st, fail);
-        MACO_CUDA_GOTO(cudaHostAlloc((void **)&hb, sizeof(*hb), cudaHostAllocMapped), st, fail);
-        MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&ring_dev, f->ring, 0), st, fail);
-        MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&hb_dev, hb, 0), st, fail);
+        st = maco__pinned_alloc(ring_bytes, numa_node, (void **)&f->ring, (void **)&ring_dev,
+                                &f->ring_map_bytes);
+        if (st == MACO_OK)
+            st = maco__pinned_alloc(sizeof(*hb), numa_node, (void **)&hb, (void **)&hb_dev,
+                                    &f->block_map_bytes);
+        if (st != MACO_OK)
+            goto fail;
         MACO_CUDA_GOTO(cudaMalloc(&f->device_block, 2 * sizeof(uint64_t)), st, fail);
         MACO_CUDA_GOTO(cudaMemset(f->device_block, 0, 2 * sizeof(uint64_t)), st, fail);
         MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, fail);
@@ -84,10 +141,8 @@ fail:
 void maco__fifo_destroy(maco__fifo_t *f)
 {
     if (f->on_device) {
-        if (f->ring)
-            cudaFreeHost(f->ring);
-        if (f->host_block)
-            cudaFreeHost(f->host_block);
+        maco__pinned_free(f->ring, f->ring_map_bytes);
+        maco__pinned_free(f->host_block, f->block_map_bytes);
         if (f->device_block)
             cudaFree(f->device_block);
         cudaGetLastError();

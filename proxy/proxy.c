@@ -34,15 +34,17 @@ void maco__proxy_fail(struct maco_proxy *proxy, maco_status_t status)
 
 /* ------------------------------------------------------------------ CPU binding */
 
-/* Binds the calling thread to the CPUs of the GPU's NUMA node, as sysfs reports them. */
-static void maco__proxy_bind(maco_comm_t comm)
+/* The NUMA node of the communicator's GPU as sysfs reports it (PCI bus id -> numa_node), or
+ * -1 (no GPU, no sysfs entry, or a machine with one node). `bus` gets the bus id. */
+static int maco__gpu_numa_node(maco_comm_t comm, char *bus, size_t bus_bytes)
 {
+    bus[0] = '\0';
     if (comm->cuda_device < 0)
-        return;
-    char bus[64];
-    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), comm->cuda_device) != cudaSuccess) {
+        return -1;
+    if (cudaDeviceGetPCIBusId(bus, (int)bus_bytes, comm->cuda_device) != cudaSuccess) {
         cudaGetLastError();
-        return;
+        bus[0] = '\0';
+        return -1;
     }
     for (char *c = bus; *c; c++)
         *c = (char)tolower((unsigned char)*c);
@@ -55,12 +57,23 @@ static void maco__proxy_bind(maco_comm_t comm)
             node = -1;
         fclose(f);
     }
+    return node;
+}
+
+/* Binds the calling thread to the CPUs of the GPU's NUMA node, as sysfs reports them. */
+static void maco__proxy_bind(maco_comm_t comm)
+{
+    char bus[64];
+    int node = maco__gpu_numa_node(comm, bus, sizeof(bus));
     if (node < 0) {
-        MACO_DEBUG(MACO_SUBSYS_PROXY, "GPU %s: no NUMA node in sysfs; proxy thread not bound", bus);
+        if (bus[0] != '\0')
+            MACO_DEBUG(MACO_SUBSYS_PROXY, "GPU %s: no NUMA node in sysfs; proxy thread not bound",
+                       bus);
         return;
     }
+    char path[256];
     snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", node);
-    f = fopen(path, "r");
+    FILE *f = fopen(path, "r");
     if (f == NULL)
         return;
     char list[1024] = "";
@@ -266,11 +279,16 @@ maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "maco_proxy_create: no memory");
         goto fail;
     }
-    st = maco__fifo_create(&p->host_fifo, (uint64_t)fifo_size, 0, &bound);
+    st = maco__fifo_create(&p->host_fifo, (uint64_t)fifo_size, 0, &bound, -1);
     if (st != MACO_OK)
         goto fail;
     if (comm->gpu_unavailable[0] == '\0') {
-        st = maco__fifo_create(&p->device_fifo, (uint64_t)fifo_size, 1, &bound);
+        /* The device FIFO's host memory on the GPU's NUMA node, where the proxy thread runs:
+         * the GPU's reads of it (flush_done) and writes (triggers) then do not cross the
+         * link between sockets. */
+        char bus[64];
+        st = maco__fifo_create(&p->device_fifo, (uint64_t)fifo_size, 1, &bound,
+                               maco__gpu_numa_node(comm, bus, sizeof(bus)));
         if (st != MACO_OK)
             goto fail;
         p->has_device_fifo = 1;

@@ -41,13 +41,18 @@ typedef struct maco__fifo {
     volatile uint64_t *tail_pub;
     volatile uint64_t *flush_done;
     volatile uint32_t *state;
-    void *host_block;   /* tail, flush_done, state (one allocation) */
-    void *device_block; /* head and tail cache (device FIFO) */
+    void *host_block;                       /* tail, flush_done, state (one allocation) */
+    size_t ring_map_bytes, block_map_bytes; /* device FIFO: sizes of the two mappings */
+    void *device_block;                     /* head and tail cache (device FIFO) */
 } maco__fifo_t;
 
-/** Creates a FIFO of `capacity` triggers (a power of two) for GPU or host pushers. */
+/**
+ * Creates a FIFO of `capacity` triggers (a power of two) for GPU or host pushers. For GPU
+ * pushers, the ring and the words the proxy publishes are pinned host memory placed on NUMA
+ * node `numa_node` (preferred, not required; -1: wherever the kernel puts it).
+ */
 maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_device,
-                                const maco_device_wait_bound_t *bound);
+                                const maco_device_wait_bound_t *bound, int numa_node);
 void maco__fifo_destroy(maco__fifo_t *f);
 
 /** Host-side push (any thread); bounded by `timeout_ms`. *pos_p gets the position. */

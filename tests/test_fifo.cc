@@ -20,7 +20,7 @@ class Fifo : public maco_test::Test
     void Make(uint64_t capacity)
     {
         maco_device_wait_bound_t bound{};
-        ASSERT_EQ(maco__fifo_create(&f_, capacity, 0, &bound), MACO_OK);
+        ASSERT_EQ(maco__fifo_create(&f_, capacity, 0, &bound, -1), MACO_OK);
         made_ = true;
         *f_.state = MACO_PROXY_RUNNING;
     }

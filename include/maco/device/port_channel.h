@@ -100,8 +100,9 @@ static __device__ __forceinline__ maco_status_t
 maco_port_channel_flush(const maco_port_channel_device_t *ch)
 {
     maco_status_t st;
-    uint64_t pos =
-        maco_fifo_push(&ch->fifo, maco_trigger_make(MACO_TRIGGER_FLUSH, ch->channel, 0, 0, 0), &st);
+    /* A flush carries no data of this thread: the relaxed push saves the release's fence. */
+    uint64_t pos = maco_fifo_push_relaxed(
+        &ch->fifo, maco_trigger_make(MACO_TRIGGER_FLUSH, ch->channel, 0, 0, 0), &st);
     return st == MACO_OK ? maco_fifo_wait_flush(&ch->fifo, pos) : st;
 }
 
