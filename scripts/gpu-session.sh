@@ -5,7 +5,8 @@
 #   usage: scripts/gpu-session.sh [quick|benches|port|sweep]
 #   default: tests, compute-sanitizer, channel benchmarks, allreduce tables
 #   quick: tests and the allreduce tables; benches: default without compute-sanitizer;
-#   port: tests and the port-channel benchmark only;
+#   port: tests, memcheck of the port-channel tests, the port-channel benchmark (also
+#     --pieces) and the memory-channel benchmark;
 #   sweep: default plus rsag CTAs x scratch size and the algorithm crossover
 #   coll: the collective tests on 4 and 2 GPUs, then maco-perf of every collective on 4
 #     GPUs against NCCL (eager and graph-replayed) and on 2 GPUs; COLL_SIZES="-b .. -e .. -f ..",
@@ -85,8 +86,14 @@ if [ "${1:-}" = coll ]; then
 fi
 step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
 if [ "${1:-}" = port ]; then
+  step sanitize-port 240 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 230 \
+    compute-sanitizer --tool memcheck --error-exitcode 99 "$B/tests/test_gpu_mp" --gtest_filter='PortChannel*'
   step bench-port 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
     "$B/tests/bench_port_channel"
+  step bench-port-pieces 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
+    "$B/tests/bench_port_channel" --pieces
+  step bench-channel 180 env CUDA_VISIBLE_DEVICES=0,1 "$B/tools/maco-run" -n 2 --timeout 170 \
+    "$B/tests/bench_memory_channel"
 elif [ "${1:-}" != quick ]; then
   # compute-sanitizer on the 2-GPU suite, without the cases too slow under it.
   slow='-*UpTo256MiB*:*LargeMessages*:*PingPong*:*OverManyLaunches*:*EveryAlgorithm*'
@@ -134,12 +141,15 @@ echo "================ machine"; head -n 6 "$OUT/machine.txt"
 echo "================ gpu tests"
 grep -E '\[ +(OK|FAILED|SKIPPED) +\]|tests passed|\*\*\*|SKIP:|Failure|ping-pong' "$OUT/gpu-tests.txt" | grep -E '^[0-9]+: \[0\]|^[0-9]+: \[  |tests passed|\*\*\*|SKIP|Failure' | grep -vE ' OK \]' | head -n 30
 grep -cE ' OK \]' "$OUT/gpu-tests.txt" | sed 's/^/passing test cases (all ranks): /'
-for f in sanitize-memcheck sanitize-racecheck; do
+for f in sanitize-memcheck sanitize-racecheck sanitize-port; do
   [ -f "$OUT/$f.txt" ] || continue
   echo "================ $f"; grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|Invalid|Race' "$OUT/$f.txt" | sort | uniq -c | head -n 12
 done
 if [ -f "$OUT/bench-port.txt" ]; then
   echo "================ bench-port"; sed 's/^\[0\] //' "$OUT/bench-port.txt" | grep -v '^\[' | head -n 20
+fi
+if [ -f "$OUT/bench-port-pieces.txt" ]; then
+  echo "================ bench-port --pieces"; sed 's/^\[0\] //' "$OUT/bench-port-pieces.txt" | grep -v '^\[' | head -n 40
 fi
 if [ -f "$OUT/bench-channel.txt" ]; then
   echo "================ bench-channel"; sed 's/^\[0\] //' "$OUT/bench-channel.txt" | grep -v '^\[' | head -n 20

@@ -14,33 +14,11 @@
  *     (no bound), so the cost of the bound shows. One-way latency = round trip / 2.
  *  3. LL16 packet round trip inside one launch (one 16-byte packet each way, 100000 times).
  */
-#include <cuda_runtime.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
-#include "maco/maco.h"
+#include "bench_common.h"
 #include "maco/device/memory_channel.h"
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define MK(call)                                                                                   \
-    do {                                                                                           \
-        maco_status_t s_ = (call);                                                                 \
-        if (s_ != MACO_OK) {                                                                       \
-            fprintf(stderr, "%s failed: %s\n", #call, maco_status_string(s_));                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 __global__ void put_kernel(maco_memory_channel_device_t ch, uint64_t bytes)
 {
@@ -97,40 +75,16 @@ __global__ void ll16_ping_pong_kernel(maco_memory_channel_device_t ch, int iters
 
 int main(void)
 {
-    maco_comm_t comm;
-    MK(maco_comm_init_from_env(&comm));
-    int rank, n, dev;
-    maco_comm_get_rank(comm, &rank);
-    maco_comm_get_nranks(comm, &n);
-    maco_comm_get_cuda_device(comm, &dev);
-    if (n != 2) {
-        fprintf(stderr, "bench_memory_channel: run with 2 ranks (maco-run -n 2)\n");
-        return 2;
-    }
-    CK(cudaSetDevice(dev));
-    maco_bootstrap_t bs;
-    maco_comm_get_bootstrap(comm, &bs);
+    bench_pair pr;
     const size_t kMax = (size_t)1 << 30;
-    char *buf;
-    CK(cudaMalloc(&buf, kMax));
-    CK(cudaMemset(buf, 1, kMax));
-    maco_mem_t mine, theirs;
-    MK(maco_mem_register(comm, buf, kMax, &mine));
-    uint8_t h[2][MACO_MEM_HANDLE_BYTES];
-    MK(maco_mem_serialize(mine, h[rank]));
-    MK(maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES));
-    MK(maco_mem_import(comm, h[1 - rank], &theirs));
+    bench_pair_open("bench_memory_channel", kMax, &pr);
+    const int rank = pr.rank;
+    maco_bootstrap_t bs = pr.bs;
+    cudaStream_t s = pr.s;
     maco_memory_channel_t chan;
-    MK(maco_memory_channel_create(comm, 1 - rank, mine, theirs, &chan));
+    MK(maco_memory_channel_create(pr.comm, 1 - rank, pr.mine, pr.theirs, &chan));
     maco_memory_channel_device_t ch;
     MK(maco_memory_channel_get_device_handle(chan, &ch));
-    cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    int *status;
-    CK(cudaMalloc(&status, sizeof(int)));
 
     /* 1. Put bandwidth, rank 0 only (rank 1's buffer is the target). */
     const int ctas[] = { 1, 4, 16, 32, 64, 128 };
@@ -150,18 +104,15 @@ int main(void)
                     1, std::min<size_t>(10000, (size_t)(4e9 / 1e3) / bytes + 1));
                 std::vector<double> gbps;
                 for (int t = 0; t < 5; t++) {
-                    CK(cudaEventRecord(e0, s));
-                    for (int i = 0; i < reps; i++) {
-                        if (c < nctas)
-                            put_kernel<<<ctas[c], 512, 0, s>>>(ch, bytes);
-                        else
-                            CK(cudaMemcpyAsync(ch.remote, buf, bytes, cudaMemcpyDeviceToDevice, s));
-                    }
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    CK(cudaGetLastError());
-                    float ms = 0;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    float ms = bench_time_ms(s, [&] {
+                        for (int i = 0; i < reps; i++) {
+                            if (c < nctas)
+                                put_kernel<<<ctas[c], 512, 0, s>>>(ch, bytes);
+                            else
+                                CK(cudaMemcpyAsync(ch.remote, pr.buf, bytes,
+                                                   cudaMemcpyDeviceToDevice, s));
+                        }
+                    });
                     gbps.push_back((double)bytes * reps / (ms * 1e-3) / 1e9);
                 }
                 std::sort(gbps.begin(), gbps.end());
@@ -182,14 +133,9 @@ int main(void)
     const int iters = 100000;
     for (int bounded = 1; bounded >= 0; bounded--) {
         MK(maco_bootstrap_barrier(bs));
-        CK(cudaEventRecord(e0, s));
-        ping_pong_kernel<<<1, 1, 0, s>>>(ch, iters, rank == 0, bounded, status);
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        int st = -1;
-        CK(cudaMemcpy(&st, status, sizeof(int), cudaMemcpyDeviceToHost));
+        float ms = bench_time_ms(
+            s, [&] { ping_pong_kernel<<<1, 1, 0, s>>>(ch, iters, rank == 0, bounded, pr.status); });
+        int st = bench_pair_status(&pr);
         if (rank == 0)
             printf("# signal/wait %s: %d round trips in %.3f ms: %.3f us per round trip, %.3f us "
                    "one way (status %d)\n",
@@ -198,27 +144,18 @@ int main(void)
     }
 
     /* 3. LL16 round trips in one launch; packets in the first 32 bytes of each buffer. */
-    CK(cudaMemset(buf, 0, 64));
+    CK(cudaMemset(pr.buf, 0, 64));
     CK(cudaDeviceSynchronize());
     MK(maco_bootstrap_barrier(bs));
-    CK(cudaEventRecord(e0, s));
-    ll16_ping_pong_kernel<<<1, 1, 0, s>>>(ch, iters, rank == 0, 1u, status);
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    int st = -1;
-    CK(cudaMemcpy(&st, status, sizeof(int), cudaMemcpyDeviceToHost));
+    float ms = bench_time_ms(
+        s, [&] { ll16_ping_pong_kernel<<<1, 1, 0, s>>>(ch, iters, rank == 0, 1u, pr.status); });
+    int st = bench_pair_status(&pr);
     if (rank == 0)
         printf("# LL16 packet ping-pong: %d round trips in %.3f ms: %.3f us per round trip "
                "(status %d)\n",
                iters, ms, ms * 1e3 / iters, st);
     MK(maco_bootstrap_barrier(bs));
     maco_memory_channel_destroy(chan);
-    maco_mem_deregister(theirs);
-    maco_mem_deregister(mine);
-    MK(maco_bootstrap_barrier(bs));
-    cudaFree(buf);
-    maco_comm_destroy(comm);
+    bench_pair_close(&pr);
     return 0;
 }
