@@ -1,7 +1,11 @@
 /*
- * gpu_case.h - base fixture of the collective GPU tests: a random seed drawn by rank 0 and
- * shared by every rank (fresh per test), a non-blocking stream and two device counters
- * (wrong count, first wrong index) for the perf_kernels.h checkers.
+ * gpu_case.h - base fixtures of the multi-process GPU tests. Both draw a random seed on rank 0
+ * and share it with every rank (fresh per test).
+ *   GpuCase (collectives): a non-blocking stream and two device counters (wrong count, first
+ *     wrong index) for the perf_kernels.h checkers.
+ *   ChannelCase (memory and port channels): a device wrong-byte counter for
+ *     test_count_wrong_slot and one device status word per peer (at least 8) for the test
+ *     kernels to report in.
  */
 #ifndef MACO_GPU_CASE_H
 #define MACO_GPU_CASE_H
@@ -11,7 +15,14 @@
 #include <cstdint>
 #include <random>
 
+#include <vector>
+
 #include "maco_test.h"
+#include "test_kernels.h"
+
+#ifndef CUDA_OK
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+#endif
 
 namespace maco_test
 {
@@ -32,9 +43,7 @@ class GpuCase : public Test
     void SetUp() override
     {
         Test::SetUp();
-        if (Rank() == 0)
-            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
-        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
+        seed_ = maco_test::SharedSeed();
         ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
         ASSERT_EQ(cudaMalloc(&counters_, 2 * sizeof(unsigned long long)), cudaSuccess);
     }
@@ -48,6 +57,48 @@ class GpuCase : public Test
     uint64_t seed_ = 0;
     cudaStream_t stream_ = nullptr;
     unsigned long long *counters_ = nullptr;
+};
+
+class ChannelCase : public Test
+{
+  protected:
+    void SetUp() override
+    {
+        Test::SetUp();
+        seed_ = maco_test::SharedSeed();
+        CUDA_OK(cudaMalloc(&counter_, sizeof(unsigned long long)));
+        CUDA_OK(cudaMalloc(&status_, sizeof(int) * StatusWords()));
+    }
+    void TearDown() override
+    {
+        cudaFree(counter_);
+        cudaFree(status_);
+        Test::TearDown();
+    }
+
+    static size_t StatusWords()
+    {
+        return static_cast<size_t>(NRanks() < 8 ? 8 : NRanks());
+    }
+
+    /* Wrong bytes in a received slot (test_kernels.h, test_count_wrong_slot). */
+    unsigned long long CountWrong(const char *slot, size_t slot_bytes, size_t skew, size_t size,
+                                  uint64_t seed, uint64_t offset)
+    {
+        return test_count_wrong_slot(slot, slot_bytes, skew, size, seed, offset, counter_);
+    }
+
+    /* The status words the test kernels wrote, one per peer. */
+    std::vector<int> Statuses()
+    {
+        std::vector<int> st(StatusWords(), -1);
+        cudaMemcpy(st.data(), status_, st.size() * sizeof(int), cudaMemcpyDeviceToHost);
+        return st;
+    }
+
+    uint64_t seed_ = 0;
+    unsigned long long *counter_ = nullptr;
+    int *status_ = nullptr;
 };
 
 } // namespace maco_test

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,32 @@ maco_bootstrap_t Bootstrap();
 maco_comm_t Comm();
 int Rank();
 int NRanks();
+
+/** A fresh random seed drawn on rank 0 and broadcast, so every rank checks the same data. */
+uint64_t SharedSeed();
+
+/**
+ * Serializes `mine`, allgathers the handles and imports every peer's into (*peers)[q]
+ * (nullptr at this rank's index), checking each owner. Fatal gtest failures on error: call
+ * it inside ASSERT_NO_FATAL_FAILURE.
+ */
+void ExchangeMem(maco_comm_t comm, maco_mem_t mine, std::vector<maco_mem_t> *peers);
+
+/** A started proxy with a port channel of `transport` from `mine` to every peer's buffer. */
+struct PortChannels {
+    maco_proxy_t proxy = nullptr;
+    std::vector<maco_port_channel_t> chans; /* [nranks], nullptr at this rank */
+
+    /* Fatal gtest failures on error: call it inside ASSERT_NO_FATAL_FAILURE. */
+    void Create(maco_comm_t comm, maco_transport_t transport, maco_mem_t mine,
+                const std::vector<maco_mem_t> &peers);
+    /* Stops the proxy, destroys the channels and the proxy (also done on destruction). */
+    void Destroy();
+    ~PortChannels()
+    {
+        Destroy();
+    }
+};
 
 /** Exit code ctest reports as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt). */
 constexpr int kSkipExitCode = 77;

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 
 #include "maco_test.h"
 
@@ -30,6 +31,63 @@ int Rank()
 int NRanks()
 {
     return g_nranks;
+}
+
+uint64_t SharedSeed()
+{
+    uint64_t seed = 0;
+    if (Rank() == 0)
+        seed = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
+    EXPECT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed, sizeof(seed)), MACO_OK);
+    return seed;
+}
+
+void ExchangeMem(maco_comm_t comm, maco_mem_t mine, std::vector<maco_mem_t> *peers)
+{
+    std::vector<uint8_t> h(static_cast<size_t>(NRanks()) * MACO_MEM_HANDLE_BYTES);
+    ASSERT_EQ(maco_mem_serialize(mine, &h[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
+              MACO_OK);
+    ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), h.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
+    peers->assign(static_cast<size_t>(NRanks()), nullptr);
+    for (int q = 0; q < NRanks(); q++) {
+        if (q == Rank())
+            continue;
+        maco_mem_t *peer = &(*peers)[static_cast<size_t>(q)];
+        ASSERT_EQ(maco_mem_import(comm, &h[static_cast<size_t>(q) * MACO_MEM_HANDLE_BYTES], peer),
+                  MACO_OK)
+            << maco_comm_get_last_error(comm);
+        int owner = -1;
+        maco_mem_get_owner(*peer, &owner);
+        ASSERT_EQ(owner, q);
+    }
+}
+
+void PortChannels::Create(maco_comm_t comm, maco_transport_t transport, maco_mem_t mine,
+                          const std::vector<maco_mem_t> &peers)
+{
+    ASSERT_EQ(maco_proxy_create(comm, &proxy), MACO_OK) << maco_comm_get_last_error(comm);
+    ASSERT_EQ(maco_proxy_start(proxy), MACO_OK);
+    chans.assign(static_cast<size_t>(NRanks()), nullptr);
+    for (int q = 0; q < NRanks(); q++) {
+        if (q != Rank()) {
+            ASSERT_EQ(maco_port_channel_create(proxy, q, transport, mine,
+                                               peers[static_cast<size_t>(q)],
+                                               &chans[static_cast<size_t>(q)]),
+                      MACO_OK)
+                << maco_comm_get_last_error(comm);
+        }
+    }
+}
+
+void PortChannels::Destroy()
+{
+    if (proxy != nullptr)
+        maco_proxy_stop(proxy);
+    for (auto c : chans)
+        maco_port_channel_destroy(c);
+    chans.clear();
+    maco_proxy_destroy(proxy);
+    proxy = nullptr;
 }
 
 int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_one_gpu_per_rank)

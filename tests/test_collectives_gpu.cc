@@ -24,12 +24,7 @@
 namespace
 {
 
-using maco_test::Bootstrap;
-using maco_test::Comm;
-using maco_test::NRanks;
-using maco_test::Rank;
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using namespace maco_test;
 
 constexpr size_t kGuard = 256;
 /* MACO_ALLREDUCE_ONESHOT_MAX's default: the LL kernels' largest message. */

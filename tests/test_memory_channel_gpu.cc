@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_case.h"
 #include "maco/device/sync.h"
 #include "maco_test.h"
 #include "perf_kernels.h"
@@ -26,12 +27,7 @@
 namespace
 {
 
-using maco_test::Bootstrap;
-using maco_test::Comm;
-using maco_test::NRanks;
-using maco_test::Rank;
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using namespace maco_test;
 
 enum class Source { kCudaMalloc, kMacoAlloc, kCuMem };
 
@@ -125,28 +121,10 @@ struct Mesh {
         }
         ASSERT_EQ(maco_mem_register(comm, buf, bytes, &mine), MACO_OK)
             << maco_comm_get_last_error(comm);
-        std::vector<uint8_t> handles(static_cast<size_t>(NRanks()) * MACO_MEM_HANDLE_BYTES);
-        ASSERT_EQ(
-            maco_mem_serialize(mine, &handles[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
-            MACO_OK);
-        ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), handles.data(), MACO_MEM_HANDLE_BYTES),
-                  MACO_OK);
-        peers.assign(static_cast<size_t>(NRanks()), nullptr);
+        ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(comm, mine, &peers));
         chans.assign(static_cast<size_t>(NRanks()), nullptr);
         std::vector<maco_memory_channel_device_t> h(static_cast<size_t>(NRanks()));
         memset(h.data(), 0, h.size() * sizeof(h[0]));
-        for (int q = 0; q < NRanks(); q++) {
-            if (q == Rank())
-                continue;
-            ASSERT_EQ(maco_mem_import(comm,
-                                      &handles[static_cast<size_t>(q) * MACO_MEM_HANDLE_BYTES],
-                                      &peers[static_cast<size_t>(q)]),
-                      MACO_OK)
-                << maco_comm_get_last_error(comm);
-            int owner = -1;
-            maco_mem_get_owner(peers[static_cast<size_t>(q)], &owner);
-            EXPECT_EQ(owner, q);
-        }
         for (int q = 0; q < NRanks(); q++) {
             if (q == Rank())
                 continue;
@@ -181,38 +159,9 @@ struct Mesh {
     }
 };
 
-class MemoryChannel : public maco_test::Test
+class MemoryChannel : public maco_test::ChannelCase
 {
   protected:
-    void SetUp() override
-    {
-        maco_test::Test::SetUp();
-        if (Rank() == 0)
-            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
-        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
-        CUDA_OK(cudaMalloc(&counter_, sizeof(unsigned long long)));
-        CUDA_OK(cudaMalloc(&status_, sizeof(int) * static_cast<size_t>(NRanks())));
-    }
-    void TearDown() override
-    {
-        cudaFree(counter_);
-        cudaFree(status_);
-        maco_test::Test::TearDown();
-    }
-
-    unsigned long long CountWrong(const char *slot, size_t slot_bytes, size_t skew, size_t size,
-                                  uint64_t seed, uint64_t offset)
-    {
-        return test_count_wrong_slot(slot, slot_bytes, skew, size, seed, offset, counter_);
-    }
-
-    std::vector<int> Statuses()
-    {
-        std::vector<int> st(static_cast<size_t>(NRanks()), -1);
-        cudaMemcpy(st.data(), status_, st.size() * sizeof(int), cudaMemcpyDeviceToHost);
-        return st;
-    }
-
     /* Puts (or gets) of random sizes at random offsets, all pairs, for one buffer source. */
     void PutsAndGets(Source src, size_t slot, int rounds, bool get)
     {
@@ -274,10 +223,6 @@ class MemoryChannel : public maco_test::Test
             ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
         }
     }
-
-    uint64_t seed_ = 0;
-    unsigned long long *counter_ = nullptr;
-    int *status_ = nullptr;
 };
 
 TEST_F(MemoryChannel, PutsFromCudaMallocUpTo256MiB)

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_case.h"
 #include "maco_test.h"
 #include "perf_kernels.h"
 #include "test_kernels.h"
@@ -19,20 +20,14 @@
 namespace
 {
 
-using maco_test::Bootstrap;
-using maco_test::Comm;
-using maco_test::NRanks;
-using maco_test::Rank;
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using namespace maco_test;
 
 struct PortMesh {
     char *buf = nullptr;
     size_t bytes = 0;
     maco_mem_t mine = nullptr;
     std::vector<maco_mem_t> peers;
-    maco_proxy_t proxy = nullptr;
-    std::vector<maco_port_channel_t> chans;
+    maco_test::PortChannels port;
     maco_port_channel_device_t *dev = nullptr; /* [nranks] */
 
     void Setup(size_t size)
@@ -40,35 +35,16 @@ struct PortMesh {
         bytes = size;
         CUDA_OK(cudaMalloc(&buf, bytes));
         ASSERT_EQ(maco_mem_register(Comm(), buf, bytes, &mine), MACO_OK);
-        std::vector<uint8_t> h(static_cast<size_t>(NRanks()) * MACO_MEM_HANDLE_BYTES);
-        ASSERT_EQ(maco_mem_serialize(mine, &h[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
-                  MACO_OK);
-        ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), h.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
-        peers.assign(static_cast<size_t>(NRanks()), nullptr);
-        chans.assign(static_cast<size_t>(NRanks()), nullptr);
-        for (int q = 0; q < NRanks(); q++) {
-            if (q != Rank()) {
-                ASSERT_EQ(maco_mem_import(Comm(),
-                                          &h[static_cast<size_t>(q) * MACO_MEM_HANDLE_BYTES],
-                                          &peers[static_cast<size_t>(q)]),
-                          MACO_OK);
-            }
-        }
-        ASSERT_EQ(maco_proxy_create(Comm(), &proxy), MACO_OK) << maco_comm_get_last_error(Comm());
-        ASSERT_EQ(maco_proxy_start(proxy), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
+        ASSERT_NO_FATAL_FAILURE(port.Create(Comm(), MACO_TRANSPORT_CUDA_COPY, mine, peers));
         std::vector<maco_port_channel_device_t> hd(static_cast<size_t>(NRanks()));
         memset(hd.data(), 0, hd.size() * sizeof(hd[0]));
         for (int q = 0; q < NRanks(); q++) {
-            if (q == Rank())
-                continue;
-            ASSERT_EQ(maco_port_channel_create(proxy, q, MACO_TRANSPORT_CUDA_COPY, mine,
-                                               peers[static_cast<size_t>(q)],
-                                               &chans[static_cast<size_t>(q)]),
-                      MACO_OK)
-                << maco_comm_get_last_error(Comm());
-            ASSERT_EQ(maco_port_channel_get_device_handle(chans[static_cast<size_t>(q)],
-                                                          &hd[static_cast<size_t>(q)]),
-                      MACO_OK);
+            if (q != Rank()) {
+                ASSERT_EQ(maco_port_channel_get_device_handle(port.chans[static_cast<size_t>(q)],
+                                                              &hd[static_cast<size_t>(q)]),
+                          MACO_OK);
+            }
         }
         CUDA_OK(cudaMalloc(&dev, hd.size() * sizeof(hd[0])));
         CUDA_OK(cudaMemcpy(dev, hd.data(), hd.size() * sizeof(hd[0]), cudaMemcpyHostToDevice));
@@ -77,10 +53,7 @@ struct PortMesh {
     ~PortMesh()
     {
         cudaDeviceSynchronize();
-        maco_proxy_stop(proxy);
-        for (auto c : chans)
-            maco_port_channel_destroy(c);
-        maco_proxy_destroy(proxy);
+        port.Destroy();
         for (auto p : peers)
             maco_mem_deregister(p);
         maco_mem_deregister(mine);
@@ -90,51 +63,54 @@ struct PortMesh {
     }
 };
 
-class PortChannelGpu : public maco_test::Test
+class PortChannelGpu : public maco_test::ChannelCase
 {
   protected:
     void SetUp() override
     {
-        maco_test::Test::SetUp();
-        if (Rank() == 0)
-            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
-        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
-        CUDA_OK(cudaMalloc(&counter_, sizeof(unsigned long long)));
-        CUDA_OK(cudaMalloc(&status_, sizeof(int) * 8));
+        ChannelCase::SetUp();
         CUDA_OK(cudaMalloc(&aux_, sizeof(int) * 8));
     }
     void TearDown() override
     {
-        cudaFree(counter_);
-        cudaFree(status_);
         cudaFree(aux_);
-        maco_test::Test::TearDown();
+        ChannelCase::TearDown();
     }
 
-    unsigned long long CountWrong(const char *slot, size_t slot_bytes, size_t skew, size_t size,
-                                  uint64_t seed, uint64_t offset)
-    {
-        return test_count_wrong_slot(slot, slot_bytes, skew, size, seed, offset, counter_);
-    }
-    std::vector<int> Statuses()
-    {
-        std::vector<int> st(8, -1);
-        cudaMemcpy(st.data(), status_, st.size() * sizeof(int), cudaMemcpyDeviceToHost);
-        return st;
-    }
     /* Poisons the buffer, fills this rank's slot, and waits until every rank did. */
     void Prepare(PortMesh &m, size_t slot, uint64_t pseed)
     {
         CUDA_OK(cudaMemset(m.buf, 0xAB, m.bytes));
         CUDA_OK(test_fill_pattern(m.buf + static_cast<size_t>(Rank()) * slot, slot,
                                   pseed + static_cast<uint64_t>(Rank()), nullptr));
-        CUDA_OK(cudaMemset(status_, 0, sizeof(int) * 8));
+        CUDA_OK(cudaMemset(status_, 0, sizeof(int) * StatusWords()));
         CUDA_OK(cudaDeviceSynchronize());
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
-    uint64_t seed_ = 0;
-    unsigned long long *counter_ = nullptr;
-    int *status_ = nullptr;
+    /* Every peer's status word says MACO_OK. */
+    void ExpectStatusesOk(const std::string &what)
+    {
+        std::vector<int> st = Statuses();
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(st[static_cast<size_t>(q)], MACO_OK) << what << ", peer " << q;
+            }
+        }
+    }
+    /* Slot q of the buffer holds rank q's pattern (seed pseed + q, from pattern byte
+     * `offset`) at [skew, skew + size) and poison elsewhere, for every peer q. */
+    void ExpectEveryPeersData(const PortMesh &m, size_t slot, size_t skew, size_t size,
+                              uint64_t pseed, uint64_t offset, const std::string &what)
+    {
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(CountWrong(m.buf + static_cast<size_t>(q) * slot, slot, skew, size,
+                                     pseed + static_cast<uint64_t>(q), offset),
+                          0u)
+                    << what << ", from rank " << q << ", " << size << " bytes";
+            }
+        }
+    }
     int *aux_ = nullptr;
 };
 
@@ -156,16 +132,9 @@ TEST_F(PortChannelGpu, PutWithSignalOfRandomSizesReachesEveryPeer)
         CUDA_OK(test_port_put_all(m.dev, NRanks(), Rank(), base + sskew, base + dskew, size, 0,
                                   status_, nullptr));
         CUDA_OK(cudaDeviceSynchronize());
-        std::vector<int> st = Statuses();
-        for (int q = 0; q < NRanks(); q++) {
-            if (q == Rank())
-                continue;
-            ASSERT_EQ(st[static_cast<size_t>(q)], MACO_OK) << "round " << round << " peer " << q;
-            ASSERT_EQ(CountWrong(m.buf + static_cast<size_t>(q) * kSlot, kSlot, dskew, size,
-                                 pseed + static_cast<uint64_t>(q), sskew),
-                      0u)
-                << "round " << round << " from rank " << q << ", " << size << " bytes";
-        }
+        std::string what = "round " + std::to_string(round);
+        ASSERT_NO_FATAL_FAILURE(ExpectStatusesOk(what));
+        ASSERT_NO_FATAL_FAILURE(ExpectEveryPeersData(m, kSlot, dskew, size, pseed, sskew, what));
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
 }
@@ -180,16 +149,9 @@ TEST_F(PortChannelGpu, PutWithSignalAndFlushThenPoll)
     CUDA_OK(test_port_flush_and_poll(m.dev, NRanks(), Rank(), base + 3, base + 5, kSlot - 16,
                                      status_, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
-    std::vector<int> st = Statuses();
-    for (int q = 0; q < NRanks(); q++) {
-        if (q == Rank())
-            continue;
-        ASSERT_EQ(st[static_cast<size_t>(q)], MACO_OK) << "peer " << q;
-        EXPECT_EQ(CountWrong(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 5, kSlot - 16,
-                             (seed_ ^ 0x5151) + static_cast<uint64_t>(q), 3),
-                  0u)
-            << "from rank " << q;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectStatusesOk("put_with_signal_and_flush"));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectEveryPeersData(m, kSlot, 5, kSlot - 16, seed_ ^ 0x5151, 3, "flush then poll"));
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
@@ -206,16 +168,9 @@ TEST_F(PortChannelGpu, ManyCtasPushAtOnce)
                                     kSlot, 96, reinterpret_cast<unsigned *>(aux_), status_,
                                     nullptr));
         CUDA_OK(cudaDeviceSynchronize());
-        std::vector<int> st = Statuses();
-        for (int q = 0; q < NRanks(); q++) {
-            if (q == Rank())
-                continue;
-            ASSERT_EQ(st[static_cast<size_t>(q)], MACO_OK) << "peer " << q;
-            ASSERT_EQ(CountWrong(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
-                                 pseed + static_cast<uint64_t>(q), 0),
-                      0u)
-                << "from rank " << q;
-        }
+        std::string what = "96 CTAs, round " + std::to_string(round);
+        ASSERT_NO_FATAL_FAILURE(ExpectStatusesOk(what));
+        ASSERT_NO_FATAL_FAILURE(ExpectEveryPeersData(m, kSlot, 0, kSlot, pseed, 0, what));
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
 }
@@ -229,21 +184,10 @@ TEST_F(PortChannelGpu, DeviceFlushMeansTheDataHasLanded)
     size_t base = static_cast<size_t>(Rank()) * kSlot;
     CUDA_OK(test_port_put_all(m.dev, NRanks(), Rank(), base, base, kSlot, 1, status_, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
-    std::vector<int> st = Statuses();
-    for (int q = 0; q < NRanks(); q++) {
-        if (q != Rank()) {
-            ASSERT_EQ(st[static_cast<size_t>(q)], MACO_OK) << "flush towards " << q;
-        }
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectStatusesOk("put then flush"));
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK); /* every rank's flush returned */
-    for (int q = 0; q < NRanks(); q++) {
-        if (q != Rank()) {
-            EXPECT_EQ(CountWrong(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
-                                 seed_ + static_cast<uint64_t>(q), 0),
-                      0u)
-                << "from rank " << q;
-        }
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectEveryPeersData(m, kSlot, 0, kSlot, seed_, 0, "after every peer's flush"));
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
@@ -261,7 +205,7 @@ TEST_F(PortChannelGpu, ProxyStoppedWhileAKernelWaits)
     CUDA_OK(test_port_flush_loop(m.dev + peer, 1 << 30, 4096, status_, aux_, s));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto t0 = std::chrono::steady_clock::now();
-    ASSERT_EQ(maco_proxy_stop(m.proxy), MACO_OK) << maco_comm_get_last_error(Comm());
+    ASSERT_EQ(maco_proxy_stop(m.port.proxy), MACO_OK) << maco_comm_get_last_error(Comm());
     CUDA_OK(cudaStreamSynchronize(s));
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int st = 0, rounds = 0;

@@ -29,8 +29,7 @@ struct HostMesh {
     size_t bytes = 0;
     maco_mem_t mine = nullptr;
     std::vector<maco_mem_t> peers;
-    maco_proxy_t proxy = nullptr;
-    std::vector<maco_port_channel_t> chans;
+    maco_test::PortChannels port;
 
     void Setup(size_t size)
     {
@@ -42,39 +41,13 @@ struct HostMesh {
         memset(buf, 0xAB, bytes);
         ASSERT_EQ(maco_mem_register(comm, buf, bytes, &mine), MACO_OK)
             << maco_comm_get_last_error(comm);
-        std::vector<uint8_t> h(static_cast<size_t>(NRanks()) * MACO_MEM_HANDLE_BYTES);
-        ASSERT_EQ(maco_mem_serialize(mine, &h[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
-                  MACO_OK);
-        ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), h.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
-        peers.assign(static_cast<size_t>(NRanks()), nullptr);
-        chans.assign(static_cast<size_t>(NRanks()), nullptr);
-        for (int q = 0; q < NRanks(); q++) {
-            if (q != Rank()) {
-                ASSERT_EQ(maco_mem_import(comm, &h[static_cast<size_t>(q) * MACO_MEM_HANDLE_BYTES],
-                                          &peers[static_cast<size_t>(q)]),
-                          MACO_OK)
-                    << maco_comm_get_last_error(comm);
-            }
-        }
-        ASSERT_EQ(maco_proxy_create(comm, &proxy), MACO_OK) << maco_comm_get_last_error(comm);
-        ASSERT_EQ(maco_proxy_start(proxy), MACO_OK);
-        for (int q = 0; q < NRanks(); q++) {
-            if (q != Rank()) {
-                ASSERT_EQ(maco_port_channel_create(proxy, q, MACO_TRANSPORT_HOST_MEMORY, mine,
-                                                   peers[static_cast<size_t>(q)],
-                                                   &chans[static_cast<size_t>(q)]),
-                          MACO_OK)
-                    << maco_comm_get_last_error(comm);
-            }
-        }
+        ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(comm, mine, &peers));
+        ASSERT_NO_FATAL_FAILURE(port.Create(comm, MACO_TRANSPORT_HOST_MEMORY, mine, peers));
     }
 
     ~HostMesh()
     {
-        maco_proxy_stop(proxy);
-        for (auto c : chans)
-            maco_port_channel_destroy(c);
-        maco_proxy_destroy(proxy);
+        port.Destroy();
         for (auto p : peers)
             maco_mem_deregister(p);
         maco_mem_deregister(mine);
@@ -91,9 +64,7 @@ class PortChannelHost : public maco_test::Test
     void SetUp() override
     {
         maco_test::Test::SetUp();
-        if (Rank() == 0)
-            seed_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
-        ASSERT_EQ(maco_bootstrap_broadcast(Bootstrap(), 0, &seed_, sizeof(seed_)), MACO_OK);
+        seed_ = maco_test::SharedSeed();
     }
     uint64_t seed_ = 0;
 };
@@ -131,7 +102,7 @@ TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
         size_t base = static_cast<size_t>(Rank()) * kSlot;
         for (int q = 0; q < NRanks(); q++) {
             if (q != Rank()) {
-                ASSERT_EQ(maco_port_channel_put_with_signal(m.chans[static_cast<size_t>(q)],
+                ASSERT_EQ(maco_port_channel_put_with_signal(m.port.chans[static_cast<size_t>(q)],
                                                             base + dst_skew, base + src_skew, size),
                           MACO_OK);
             }
@@ -139,7 +110,7 @@ TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
         for (int q = 0; q < NRanks(); q++) {
             if (q == Rank())
                 continue;
-            ASSERT_EQ(maco_port_channel_wait(m.chans[static_cast<size_t>(q)], 20000), MACO_OK)
+            ASSERT_EQ(maco_port_channel_wait(m.port.chans[static_cast<size_t>(q)], 20000), MACO_OK)
                 << maco_comm_get_last_error(m.comm);
             size_t wrong = CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, dst_skew,
                                           size, pseed + static_cast<uint64_t>(q), src_skew);
@@ -162,13 +133,14 @@ TEST_F(PortChannelHost, FlushMeansTheDataHasLanded)
     size_t base = static_cast<size_t>(Rank()) * kSlot;
     for (int q = 0; q < NRanks(); q++) {
         if (q != Rank()) {
-            ASSERT_EQ(maco_port_channel_put(m.chans[static_cast<size_t>(q)], base, base, kSlot),
-                      MACO_OK);
+            ASSERT_EQ(
+                maco_port_channel_put(m.port.chans[static_cast<size_t>(q)], base, base, kSlot),
+                MACO_OK);
         }
     }
     /* No signal: the flush alone says the data is in the peers' memory. */
     int any = (Rank() + 1) % NRanks();
-    ASSERT_EQ(maco_port_channel_flush(m.chans[static_cast<size_t>(any)]), MACO_OK);
+    ASSERT_EQ(maco_port_channel_flush(m.port.chans[static_cast<size_t>(any)]), MACO_OK);
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     for (int q = 0; q < NRanks(); q++) {
         if (q != Rank()) {
@@ -200,7 +172,7 @@ TEST_F(PortChannelHost, ManyThreadsPushAtOnce)
             for (size_t off = static_cast<size_t>(t) * piece; off < kSlot; off += 4 * piece)
                 for (int q = 0; q < NRanks(); q++) {
                     if (q != Rank() &&
-                        maco_port_channel_put(m.chans[static_cast<size_t>(q)], base + off,
+                        maco_port_channel_put(m.port.chans[static_cast<size_t>(q)], base + off,
                                               base + off, piece) != MACO_OK)
                         failures++;
                 }
@@ -211,13 +183,13 @@ TEST_F(PortChannelHost, ManyThreadsPushAtOnce)
     ASSERT_EQ(failures.load(), 0);
     for (int q = 0; q < NRanks(); q++) {
         if (q != Rank()) {
-            ASSERT_EQ(maco_port_channel_signal(m.chans[static_cast<size_t>(q)]), MACO_OK);
+            ASSERT_EQ(maco_port_channel_signal(m.port.chans[static_cast<size_t>(q)]), MACO_OK);
         }
     }
     for (int q = 0; q < NRanks(); q++) {
         if (q == Rank())
             continue;
-        ASSERT_EQ(maco_port_channel_wait(m.chans[static_cast<size_t>(q)], 30000), MACO_OK);
+        ASSERT_EQ(maco_port_channel_wait(m.port.chans[static_cast<size_t>(q)], 30000), MACO_OK);
         EXPECT_EQ(CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
                                  seed_ + static_cast<uint64_t>(q), 0),
                   0u)
@@ -232,7 +204,7 @@ TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
     HostMesh m;
     ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
     int peer = (Rank() + 1) % NRanks();
-    maco_port_channel_t ch = m.chans[static_cast<size_t>(peer)];
+    maco_port_channel_t ch = m.port.chans[static_cast<size_t>(peer)];
     maco_test::AllowLog("does not fit");
     EXPECT_EQ(maco_port_channel_put(ch, m.bytes - 10, 0, 11), MACO_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(maco_port_channel_put(ch, 0, m.bytes, 1), MACO_ERR_INVALID_ARGUMENT);
@@ -248,7 +220,7 @@ TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
     std::string msg = maco_comm_get_last_error(m.comm);
     EXPECT_NE(msg.find("rank " + std::to_string(peer)), std::string::npos) << msg;
     /* A stopped proxy fails a flush at once instead of leaving the caller waiting. */
-    ASSERT_EQ(maco_proxy_stop(m.proxy), MACO_OK);
+    ASSERT_EQ(maco_proxy_stop(m.port.proxy), MACO_OK);
     maco_test::AllowLog("the proxy stopped before completing it");
     t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(maco_port_channel_flush(ch), MACO_ERR_REMOTE);
@@ -257,7 +229,7 @@ TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
     if (maco_comm_get_cuda_device(m.comm, &ndev) == MACO_OK && ndev < 0) {
         maco_test::AllowLog("needs GPUs");
         maco_port_channel_t cuda_ch = nullptr;
-        EXPECT_EQ(maco_port_channel_create(m.proxy, peer, MACO_TRANSPORT_CUDA_COPY, m.mine,
+        EXPECT_EQ(maco_port_channel_create(m.port.proxy, peer, MACO_TRANSPORT_CUDA_COPY, m.mine,
                                            m.peers[static_cast<size_t>(peer)], &cuda_ch),
                   MACO_ERR_UNSUPPORTED);
         EXPECT_EQ(cuda_ch, nullptr);
