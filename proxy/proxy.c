@@ -558,6 +558,10 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
         maco_port_channel_device_t *d = &ch->device;
         d->fifo = p->device_fifo.view;
         d->channel = ch->id;
+        /* A put on the CUDA copy transport is read by this GPU's copy engines: a GPU-scope
+         * fence orders the source data before it. Host memory: the proxy's CPU reads it. */
+        d->put_order =
+            transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
         uint64_t *dev_inbound = transport == MACO_TRANSPORT_CUDA_COPY
                                     ? (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot
                                     : NULL;

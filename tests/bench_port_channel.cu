@@ -7,8 +7,9 @@
  * Rank 0 prints:
  *  1. FIFO round trip: one GPU thread pushes a flush trigger and waits until the proxy has
  *     taken it and published the flush as done (no copy outstanding), 20000 times in one
- *     launch; time per round trip. Then the FIFO's pipelined cost: 200000 triggers that ask
- *     for nothing, pushed back to back (waiting only when the ring is full), and one flush.
+ *     launch; time per round trip. Then the FIFO's pipelined cost: 200000 pushes back to back
+ *     (waiting only when the ring is full) and one flush, as puts of 0 bytes and as pushes
+ *     with a system-scope release (what a signal costs).
  *  2. put_with_signal ping-pong: rank 0 puts 8 bytes with a signal and waits for rank 1's
  *     put_with_signal back, 10000 round trips in one launch.
  *  3. bandwidth rank 0 -> rank 1, 1 KiB .. 1 GiB: one GPU thread pushes put + flush per
@@ -44,13 +45,19 @@ __global__ void fifo_round_trip(maco_port_channel_device_t ch, int iters, int *s
     *status = st;
 }
 
-/* Pushes `iters` triggers that ask for nothing (type 0) with the release push a put uses,
- * waiting only when the ring is full, then one flush: the FIFO's pipelined cost per trigger. */
-__global__ void fifo_throughput(maco_port_channel_device_t ch, int iters, int *status)
+/* Pushes `iters` triggers, waiting only when the ring is full, then one flush: the FIFO's
+ * pipelined cost per trigger. put_path: puts of 0 bytes (the proxy skips them), pushed as a
+ * put is; else triggers that ask for nothing pushed with a system-scope release (as a signal
+ * is). */
+__global__ void fifo_throughput(maco_port_channel_device_t ch, int iters, int put_path, int *status)
 {
     maco_status_t st = MACO_OK;
-    for (int i = 0; i < iters && st == MACO_OK; i++)
-        maco_fifo_push(&ch.fifo, maco_trigger_make(0, ch.channel, 0, 0, 0), &st);
+    for (int i = 0; i < iters && st == MACO_OK; i++) {
+        if (put_path)
+            st = maco_port_channel_put(&ch, 0, 0, 0);
+        else
+            maco_fifo_push(&ch.fifo, maco_trigger_make(0, ch.channel, 0, 0, 0), &st);
+    }
     if (st == MACO_OK)
         st = maco_port_channel_flush(&ch);
     *status = st;
@@ -105,7 +112,15 @@ __global__ void piece_host_read(const uint64_t *word, uint64_t zero, int kind, i
     *sink = acc;
 }
 
-enum { kStRelease = 0, kStRelaxed = 1, kFenceSc = 2, kFenceAcqRel = 3, kStReleaseAfterLoad = 4 };
+enum {
+    kStRelease = 0,
+    kStRelaxed = 1,
+    kFenceSc = 2,
+    kFenceAcqRel = 3,
+    kStReleaseAfterLoad = 4,
+    kFenceGpuStRelaxed = 5,
+    kFenceGpu = 6
+};
 
 /* Stores 16 bytes per iteration into successive slots of a host ring of 4096 (nobody reads
  * them), or fences alone. kStReleaseAfterLoad: each release store follows a host read, as in
@@ -125,6 +140,12 @@ __global__ void piece_host_store(uint64_t *ring, const uint64_t *word, int kind,
             asm volatile("fence.sc.sys;" ::: "memory");
         } else if (kind == kFenceAcqRel) {
             asm volatile("fence.acq_rel.sys;" ::: "memory");
+        } else if (kind == kFenceGpuStRelaxed) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(a), "l"(b)
+                         : "memory");
+        } else if (kind == kFenceGpu) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
         } else {
             uint64_t v;
             asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(word) : "memory");
@@ -278,20 +299,32 @@ __global__ void piece_flush_breakdown(maco_port_channel_device_t ch, int iters, 
     *status = st;
 }
 
-/* Ping-pong variants: 0 put_with_signal of 8 bytes, 1 signal only. */
+/* Ping-pong variants: 0 put_with_signal of 8 bytes, 1 signal only, 2 put_with_signal of 8
+ * bytes pushed after a GPU-scope fence instead of with a system-scope release. */
+static __device__ maco_status_t piece_send(const maco_port_channel_device_t *ch, int variant)
+{
+    if (variant == 1)
+        return maco_port_channel_signal(ch);
+    if (variant == 0)
+        return maco_port_channel_put_with_signal(ch, 0, 0, 8);
+    maco_status_t st;
+    maco__fifo_push(
+        &ch->fifo, maco_trigger_make(MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL, ch->channel, 0, 0, 8),
+        MACO__PUSH_FENCE_GPU, &st);
+    return st;
+}
+
 __global__ void piece_ping_pong(maco_port_channel_device_t ch, int variant, int iters,
                                 int initiator, int *status)
 {
     maco_status_t st = MACO_OK;
     for (int i = 0; i < iters && st == MACO_OK; i++) {
         if (initiator)
-            st = variant == 0 ? maco_port_channel_put_with_signal(&ch, 0, 0, 8)
-                              : maco_port_channel_signal(&ch);
+            st = piece_send(&ch, variant);
         if (st == MACO_OK)
             st = maco_port_channel_wait(&ch);
         if (!initiator && st == MACO_OK)
-            st = variant == 0 ? maco_port_channel_put_with_signal(&ch, 0, 0, 8)
-                              : maco_port_channel_signal(&ch);
+            st = piece_send(&ch, variant);
     }
     *status = st;
 }
@@ -334,9 +367,11 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
             printf("# piece: GPU read of host memory, %-15s %7.3f us each\n", ld_names[k],
                    ms * 1e3 / n);
         }
-        const char *st_names[] = { "st.release.sys.v2", "st.relaxed.sys.v2", "fence.sc.sys",
-                                   "fence.acq_rel.sys", "ld.acquire+st.release" };
-        for (int k = 0; k < 5; k++) {
+        const char *st_names[] = { "st.release.sys.v2",     "st.relaxed.sys.v2",
+                                   "fence.sc.sys",          "fence.acq_rel.sys",
+                                   "ld.acquire+st.release", "fence.gpu+st.relaxed.sys",
+                                   "fence.acq_rel.gpu" };
+        for (int k = 0; k < 7; k++) {
             float ms =
                 bench_time_ms(s, [&] { piece_host_store<<<1, 1, 0, s>>>(ring, host, k, n); });
             printf("# piece: GPU %-22s to host memory %7.3f us each\n", st_names[k], ms * 1e3 / n);
@@ -559,8 +594,9 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
         cudaFree(sink);
     }
     MK(maco_bootstrap_barrier(bs));
-    const char *pp_names[] = { "put_with_signal 8 B", "signal only" };
-    for (int k = 0; k < 2; k++) {
+    const char *pp_names[] = { "put_with_signal 8 B", "signal only",
+                               "put_with_signal 8 B, gpu fence" };
+    for (int k = 0; k < 3; k++) {
         const int iters = 10000;
         float ms = bench_time_ms(
             s, [&] { piece_ping_pong<<<1, 1, 0, s>>>(ch, k, iters, rank == 0, status); });
@@ -600,10 +636,14 @@ int main(int argc, char **argv)
         printf("# FIFO round trip (push a flush, proxy takes it, GPU sees it done): %d in %.3f ms: "
                "%.3f us each (status %d)\n",
                iters, ms, ms * 1e3 / iters, bench_pair_status(&pr));
-        ms = bench_time_ms(s, [&] { fifo_throughput<<<1, 1, 0, s>>>(ch, 10 * iters, status); });
-        printf("# FIFO push throughput (one GPU thread pushes, waits only on a full ring): %d in "
-               "%.3f ms: %.3f us per trigger (status %d)\n",
-               10 * iters, ms, ms * 1e3 / (10 * iters), bench_pair_status(&pr));
+        for (int put_path = 1; put_path >= 0; put_path--) {
+            ms = bench_time_ms(
+                s, [&] { fifo_throughput<<<1, 1, 0, s>>>(ch, 10 * iters, put_path, status); });
+            printf("# FIFO push throughput, %s (one GPU thread pushes, waits only on a full ring): "
+                   "%d in %.3f ms: %.3f us per trigger (status %d)\n",
+                   put_path ? "puts (GPU-scope fence)" : "system-scope release pushes", 10 * iters,
+                   ms, ms * 1e3 / (10 * iters), bench_pair_status(&pr));
+        }
     }
     MK(maco_bootstrap_barrier(bs));
     if (!pieces) {

@@ -440,3 +440,83 @@ extern "C" cudaError_t test_port_flush_and_poll(const maco_port_channel_device_t
                                                                bytes, status);
     return cudaGetLastError();
 }
+
+__device__ __forceinline__ uint8_t test_pattern_byte_dev(uint64_t seed, uint64_t i)
+{
+    uint64_t x = (seed ^ (i * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+    return (uint8_t)((x >> 29) ^ (x >> 47));
+}
+
+__global__ void test_port_write_put_rounds_kernel(const maco_port_channel_device_t *handles,
+                                                  int nranks, int rank, char *buf, uint64_t slot,
+                                                  uint64_t bytes, int rounds, uint64_t seed,
+                                                  unsigned long long *wrong, int *status)
+{
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    maco_port_channel_device_t to_next = handles[next], to_prev = handles[prev];
+    char *mine = buf + (uint64_t)rank * slot;
+    const char *from_prev = buf + (uint64_t)prev * slot;
+    uint64_t off = (uint64_t)rank * slot;
+    __shared__ int st_sh;
+    if (threadIdx.x == 0)
+        st_sh = MACO_OK;
+    unsigned long long bad = 0;
+    for (int r = 0; r < rounds; r++) {
+        uint64_t s_me = seed + (uint64_t)r * 64 + (uint64_t)rank;
+        uint64_t s_prev = seed + (uint64_t)r * 64 + (uint64_t)prev;
+        for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
+            mine[i] = (char)test_pattern_byte_dev(s_me, i);
+        __syncthreads(); /* every thread's bytes before thread 0's push */
+        if (threadIdx.x == 0) {
+            maco_status_t st = MACO_OK;
+            if (r % 3 == 0) {
+                st = maco_port_channel_put_with_signal(&to_next, off, off, bytes);
+            } else if (r % 3 == 1) {
+                st = maco_port_channel_put(&to_next, off, off, bytes);
+                if (st == MACO_OK)
+                    st = maco_port_channel_signal(&to_next);
+            } else {
+                uint64_t q = bytes / 4 / 16 * 16;
+                for (int k = 0; k < 4 && st == MACO_OK; k++) {
+                    uint64_t o = (uint64_t)k * q, n = k == 3 ? bytes - o : q;
+                    st = maco_port_channel_put(&to_next, off + o, off + o, n);
+                }
+                if (st == MACO_OK)
+                    st = maco_port_channel_signal(&to_next);
+            }
+            if (st == MACO_OK)
+                st = maco_port_channel_wait(&to_prev); /* prev's data has landed */
+            st_sh = (int)st;
+        }
+        __syncthreads();
+        if (st_sh != MACO_OK)
+            break;
+        for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
+            bad += (uint8_t)from_prev[i] != test_pattern_byte_dev(s_prev, i);
+        __syncthreads(); /* every thread checked before the acknowledgement */
+        if (threadIdx.x == 0) {
+            maco_status_t st = maco_port_channel_signal(&to_prev);
+            if (st == MACO_OK)
+                st = maco_port_channel_wait(&to_next); /* next checked mine: reuse the source */
+            st_sh = (int)st;
+        }
+        __syncthreads();
+        if (st_sh != MACO_OK)
+            break;
+    }
+    if (bad)
+        atomicAdd(wrong, bad);
+    if (threadIdx.x == 0)
+        *status = st_sh;
+}
+
+extern "C" cudaError_t test_port_write_put_rounds(const maco_port_channel_device_t *handles,
+                                                  int nranks, int rank, char *buf, uint64_t slot,
+                                                  uint64_t bytes, int rounds, uint64_t seed,
+                                                  unsigned long long *wrong, int *status,
+                                                  cudaStream_t stream)
+{
+    test_port_write_put_rounds_kernel<<<1, 512, 0, stream>>>(handles, nranks, rank, buf, slot,
+                                                             bytes, rounds, seed, wrong, status);
+    return cudaGetLastError();
+}

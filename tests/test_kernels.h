@@ -143,6 +143,20 @@ cudaError_t test_port_flush_and_poll(const maco_port_channel_device_t *handles, 
                                      int rank, uint64_t src_off, uint64_t dst_off, uint64_t bytes,
                                      int *status, cudaStream_t stream);
 
+/**
+ * Port channels in a ring, one CTA of 512 threads per rank, `rounds` rounds: every thread
+ * writes its share of a fresh pattern (seed + 64 * round + rank) into this rank's slot of
+ * `buf`; thread 0 pushes it to the next rank's buffer (same offset) as a put_with_signal, a
+ * put and a signal, or four puts and a signal (round % 3), then waits for the previous
+ * rank's signal; every thread checks the previous rank's slot, thread 0 acknowledges with a
+ * signal and waits for the next rank's acknowledgement before the source is written again.
+ * Adds wrong bytes to *wrong; *status gets the first failure or MACO_OK.
+ */
+cudaError_t test_port_write_put_rounds(const maco_port_channel_device_t *handles, int nranks,
+                                       int rank, char *buf, uint64_t slot, uint64_t bytes,
+                                       int rounds, uint64_t seed, unsigned long long *wrong,
+                                       int *status, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -191,6 +191,33 @@ TEST_F(PortChannelGpu, DeviceFlushMeansTheDataHasLanded)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
+/* Data written by the kernel's threads just before thread 0 pushes it: the push orders it
+ * before the copy (a put alone with its GPU-scope fence, a signal with its release), round
+ * after round with the source rewritten each time. */
+TEST_F(PortChannelGpu, DataWrittenInTheKernelThenPut)
+{
+    const size_t kSlot = (64 << 10) + 64, kBytes = (64 << 10) + 13;
+    const int kRounds = 300;
+    PortMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    CUDA_OK(cudaMemset(m.buf, 0xAB, m.bytes));
+    CUDA_OK(cudaMemset(status_, 0x7F, sizeof(int)));
+    unsigned long long *wrong = nullptr;
+    CUDA_OK(cudaMalloc(&wrong, sizeof(*wrong)));
+    CUDA_OK(cudaMemset(wrong, 0, sizeof(*wrong)));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    CUDA_OK(test_port_write_put_rounds(m.dev, NRanks(), Rank(), m.buf, kSlot, kBytes, kRounds,
+                                       seed_, wrong, status_, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    unsigned long long bad = ~0ull;
+    CUDA_OK(cudaMemcpy(&bad, wrong, sizeof(bad), cudaMemcpyDeviceToHost));
+    cudaFree(wrong);
+    EXPECT_EQ(Statuses()[0], MACO_OK);
+    EXPECT_EQ(bad, 0u) << "wrong bytes received over " << kRounds << " rounds";
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
 /* The proxy is stopped while a kernel pushes and flushes in a loop: the kernel's next wait
  * fails and the kernel exits; nothing hangs. */
 TEST_F(PortChannelGpu, ProxyStoppedWhileAKernelWaits)

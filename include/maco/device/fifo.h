@@ -138,16 +138,23 @@ typedef struct maco_fifo_device {
 
 enum { MACO_PROXY_STOPPED = 0, MACO_PROXY_RUNNING = 1 };
 
+/* How a push orders the pushing thread's earlier writes before the trigger. */
+enum {
+    MACO__PUSH_RELAXED = 0,     /* not at all (the trigger carries no data of this thread) */
+    MACO__PUSH_RELEASE_SYS = 1, /* st.release.sys: visible to the CPU and every GPU */
+    MACO__PUSH_FENCE_GPU = 2    /* fence.acq_rel.gpu, then a relaxed store: visible in this
+                                   GPU's memory system (its copy engines read there) */
+};
+
 #ifdef __cplusplus
 }
 #endif
 
 #if defined(__CUDACC__)
 
-/* The push; `release` selects the store that publishes the trigger (see maco_fifo_push and
- * maco_fifo_push_relaxed). */
+/* The push; `order` is a MACO__PUSH_* (see maco_fifo_push and maco_fifo_push_relaxed). */
 static __device__ __forceinline__ uint64_t maco__fifo_push(const maco_fifo_device_t *f,
-                                                           maco_trigger_t t, int release,
+                                                           maco_trigger_t t, int order,
                                                            maco_status_t *status_p)
 {
     uint64_t pos = atomicAdd((unsigned long long *)f->head, 1ull);
@@ -176,14 +183,17 @@ static __device__ __forceinline__ uint64_t maco__fifo_push(const maco_fifo_devic
     uint64_t snd = t.snd | maco_fifo_parity(pos, f->capacity);
     /* One 128-bit store at system scope: the proxy sees both words at once. Release: also
      * after everything this thread wrote (and observed) before, e.g. the data of a put. */
-    if (release)
+    if (order == MACO__PUSH_RELEASE_SYS) {
         asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
                      "l"(snd)
                      : "memory");
-    else
+    } else {
+        if (order == MACO__PUSH_FENCE_GPU)
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
                      "l"(snd)
                      : "memory");
+    }
     *status_p = MACO_OK;
     return pos;
 }
@@ -198,7 +208,7 @@ static __device__ __forceinline__ uint64_t maco__fifo_push(const maco_fifo_devic
 static __device__ __forceinline__ uint64_t maco_fifo_push(const maco_fifo_device_t *f,
                                                           maco_trigger_t t, maco_status_t *status_p)
 {
-    return maco__fifo_push(f, t, 1, status_p);
+    return maco__fifo_push(f, t, MACO__PUSH_RELEASE_SYS, status_p);
 }
 
 /**
@@ -211,7 +221,7 @@ static __device__ __forceinline__ uint64_t maco_fifo_push_relaxed(const maco_fif
                                                                   maco_trigger_t t,
                                                                   maco_status_t *status_p)
 {
-    return maco__fifo_push(f, t, 0, status_p);
+    return maco__fifo_push(f, t, MACO__PUSH_RELAXED, status_p);
 }
 
 /** Waits (bounded) until the proxy completed every trigger up to and including `pos`. */
