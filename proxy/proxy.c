@@ -167,7 +167,34 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                                         p->comm->rank, id));
         return;
     }
-    if (type & MACO_TRIGGER_DATA) {
+    int signalled = 0;
+    uint32_t inline_bytes = maco_trigger_inline_bytes(t);
+    if ((type & MACO_TRIGGER_DATA) && inline_bytes != 0) {
+        /* The value travels in the trigger (maco/device/fifo.h). */
+        uint64_t dst = maco_trigger_dst_offset(t);
+        if (ch->ops->put_value == NULL) {
+            maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                            "port channel %u to rank %d: an inline put on the "
+                                            "%s transport, which takes none (a corrupt "
+                                            "trigger); skipped",
+                                            id, ch->peer, ch->ops->name));
+        } else if (dst > ch->dst_bytes || inline_bytes > ch->dst_bytes - dst) {
+            maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                                            "port channel %u to rank %d: a put of %u bytes to "
+                                            "offset %llu leaves the destination (%llu bytes); "
+                                            "skipped",
+                                            id, ch->peer, inline_bytes, (unsigned long long)dst,
+                                            (unsigned long long)ch->dst_bytes));
+        } else {
+            int with_signal = (type & MACO_TRIGGER_SIGNAL) != 0;
+            maco_status_t st = ch->ops->put_value(ch, dst, t.fst, inline_bytes, with_signal);
+            if (st != MACO_OK)
+                maco__proxy_fail(p, st);
+            signalled = st == MACO_OK && with_signal;
+            if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
+                p->cuda_work_since_marker = 1;
+        }
+    } else if (type & MACO_TRIGGER_DATA) {
         uint64_t dst = maco_trigger_dst_offset(t), src = maco_trigger_src_offset(t);
         uint64_t size = maco_trigger_size(t);
         if (src > ch->src_bytes || size > ch->src_bytes - src || dst > ch->dst_bytes ||
@@ -188,7 +215,7 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                 p->cuda_work_since_marker = 1;
         }
     }
-    if (type & MACO_TRIGGER_SIGNAL) {
+    if ((type & MACO_TRIGGER_SIGNAL) && !signalled) {
         maco_status_t st = ch->ops->signal(ch);
         if (st != MACO_OK)
             maco__proxy_fail(p, st);
@@ -558,10 +585,14 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
         maco_port_channel_device_t *d = &ch->device;
         d->fifo = p->device_fifo.view;
         d->channel = ch->id;
-        /* A put on the CUDA copy transport is read by this GPU's copy engines: a GPU-scope
-         * fence orders the source data before it. Host memory: the proxy's CPU reads it. */
-        d->put_order =
+        /* CUDA copy: puts are read by this GPU's copy engines, signals written by them after
+         * the data: a GPU-scope fence orders what they need (maco/device/port_channel.h).
+         * Host memory: the proxy's CPU reads the source, a system-scope release. */
+        d->push_order =
             transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
+        /* Puts of 4 or 8 bytes travel inline on the CUDA copy transport (fifo.h). */
+        d->src = transport == MACO_TRANSPORT_CUDA_COPY ? ch->src : NULL;
+        d->src_bytes = transport == MACO_TRANSPORT_CUDA_COPY ? ch->src_bytes : 0;
         uint64_t *dev_inbound = transport == MACO_TRANSPORT_CUDA_COPY
                                     ? (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot
                                     : NULL;

@@ -105,6 +105,11 @@ struct maco__transport_ops {
     maco_status_t (*mark)(struct maco_proxy *proxy, void **marker_p);
     int (*marker_done)(struct maco_proxy *proxy, void *marker);
     void (*marker_free)(struct maco_proxy *proxy, void *marker);
+    /* An inline put: `bytes` (4 or 8) of `value` (little-endian) to dst_offset, then, with
+     * `with_signal`, the channel's signal after it. NULL: the transport gets no inline
+     * triggers. */
+    maco_status_t (*put_value)(struct maco_port_channel *ch, uint64_t dst_offset, uint64_t value,
+                               uint32_t bytes, int with_signal);
 };
 
 extern const maco__transport_ops_t maco__transport_cuda_ops;

@@ -9,9 +9,12 @@
  * (CUDA driver API, cuStreamWriteValue64). Where stream memory operations are unavailable, the
  * count is staged in pinned host memory and copied on the stream (a ring of staging slots,
  * each reused only after the event recorded after its copy has passed).
+ * put_value (an inline put of 4 or 8 bytes, maco/device/fifo.h): the value and the signal
+ * written by stream memory operations in one cuStreamBatchMemOp, no copy.
  * Flush markers are events recorded on the stream.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_driver.h"
 #include "log.h"
@@ -45,7 +48,10 @@ static maco_status_t maco__cuda_put(struct maco_port_channel *ch, uint64_t dst_o
     return MACO_OK;
 }
 
-static maco_status_t maco__cuda_signal_staged(struct maco_port_channel *ch, uint64_t value)
+/* Writes `bytes` (4 or 8) of `value` to device address `dst` in stream order through a
+ * pinned staging slot and a copy (where stream memory operations are unavailable). */
+static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void *dst,
+                                             uint64_t value, uint32_t bytes)
 {
     struct maco_proxy *p = ch->proxy;
     if (p->staging == NULL) {
@@ -67,15 +73,15 @@ static maco_status_t maco__cuda_signal_staged(struct maco_port_channel *ch, uint
     }
     cudaEventSynchronize(p->staging_events[slot]); /* its previous copy has run */
     p->staging[slot] = value;
-    cudaError_t err = cudaMemcpyAsync(ch->remote_inbound, &p->staging[slot], sizeof(uint64_t),
-                                      cudaMemcpyHostToDevice, p->stream);
+    cudaError_t err =
+        cudaMemcpyAsync(dst, &p->staging[slot], bytes, cudaMemcpyHostToDevice, p->stream);
     if (err == cudaSuccess)
         err = cudaEventRecord(p->staging_events[slot], p->stream);
     if (err != cudaSuccess) {
         cudaGetLastError();
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
-                           "port channel %u to rank %d: signal copy failed: %s", ch->id, ch->peer,
-                           cudaGetErrorString(err));
+                           "port channel %u to rank %d: staged write of %u bytes failed: %s",
+                           ch->id, ch->peer, bytes, cudaGetErrorString(err));
     }
     return MACO_OK;
 }
@@ -102,7 +108,61 @@ static maco_status_t maco__cuda_signal(struct maco_port_channel *ch)
                                      "copies");
         p->stream_writes = -1;
     }
-    return maco__cuda_signal_staged(ch, value);
+    return maco__cuda_write_staged(ch, ch->remote_inbound, value, 8);
+}
+
+/*
+ * An inline put: the value (and, with_signal, the next signal count after it) written by
+ * stream memory operations in one cuStreamBatchMemOp call, in stream order after earlier
+ * copies. Each write's default flags put a memory barrier before it, so the peer sees the
+ * count only after the value. One driver call instead of a copy and a write: about 3 us less
+ * per put on H200 (bench_port_channel --pieces).
+ */
+static maco_status_t maco__cuda_put_value(struct maco_port_channel *ch, uint64_t dst_offset,
+                                          uint64_t value, uint32_t bytes, int with_signal)
+{
+    struct maco_proxy *p = ch->proxy;
+    if (p->stream_writes >= 0 && maco__cu()->cuStreamBatchMemOp != NULL) {
+        CUstreamBatchMemOpParams ops[2];
+        memset(ops, 0, sizeof(ops));
+        ops[0].writeValue.operation =
+            bytes == 4 ? CU_STREAM_MEM_OP_WRITE_VALUE_32 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
+        ops[0].writeValue.address = (CUdeviceptr)(uintptr_t)(ch->dst + dst_offset);
+        if (bytes == 4)
+            ops[0].writeValue.value = (cuuint32_t)value;
+        else
+            ops[0].writeValue.value64 = value;
+        ops[0].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        if (with_signal) {
+            ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+            ops[1].writeValue.address = (CUdeviceptr)(uintptr_t)ch->remote_inbound;
+            ops[1].writeValue.value64 = ch->signals_sent + 1;
+            ops[1].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        }
+        CUresult res =
+            maco__cu()->cuStreamBatchMemOp((CUstream)p->stream, with_signal ? 2u : 1u, ops, 0);
+        if (res == CUDA_SUCCESS) {
+            p->stream_writes = 1;
+            if (with_signal)
+                ch->signals_sent++;
+            return MACO_OK;
+        }
+        if (p->stream_writes == 1) {
+            char text[160];
+            return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
+                               "port channel %u to rank %d: cuStreamBatchMemOp (a put of %u "
+                               "bytes%s) failed: %s",
+                               ch->id, ch->peer, bytes, with_signal ? " and a signal" : "",
+                               maco__cu_error_text(res, text, sizeof(text)));
+        }
+        MACO_INFO(MACO_SUBSYS_PROXY, "stream memory operations unavailable; small puts and "
+                                     "signals are staged copies");
+        p->stream_writes = -1;
+    }
+    maco_status_t st = maco__cuda_write_staged(ch, ch->dst + dst_offset, value, bytes);
+    if (st == MACO_OK && with_signal)
+        st = maco__cuda_signal(ch);
+    return st;
 }
 
 static maco_status_t maco__cuda_mark(struct maco_proxy *p, void **marker_p)
@@ -149,4 +209,5 @@ const maco__transport_ops_t maco__transport_cuda_ops = {
     .mark = maco__cuda_mark,
     .marker_done = maco__cuda_marker_done,
     .marker_free = maco__cuda_marker_free,
+    .put_value = maco__cuda_put_value,
 };

@@ -11,7 +11,9 @@
  *     (waiting only when the ring is full) and one flush, as puts of 0 bytes and as pushes
  *     with a system-scope release (what a signal costs).
  *  2. put_with_signal ping-pong: rank 0 puts 8 bytes with a signal and waits for rank 1's
- *     put_with_signal back, 10000 round trips in one launch.
+ *     put_with_signal back, 10000 round trips in one launch, median of 3 launches; 8 bytes
+ *     travel inline (a stream memory operation), so the same with 64 bytes (a copy-engine
+ *     copy) follows.
  *  3. bandwidth rank 0 -> rank 1, 1 KiB .. 1 GiB: one GPU thread pushes put + flush per
  *     iteration (the proxy's copy through the copy engines), against cudaMemcpyAsync of the
  *     same bytes into the same mapped peer buffer (what cudaMemcpyPeer does). Median of 5.
@@ -63,16 +65,17 @@ __global__ void fifo_throughput(maco_port_channel_device_t ch, int iters, int pu
     *status = st;
 }
 
-__global__ void ping_pong(maco_port_channel_device_t ch, int iters, int initiator, int *status)
+__global__ void ping_pong(maco_port_channel_device_t ch, int iters, uint64_t bytes, int initiator,
+                          int *status)
 {
     maco_status_t st = MACO_OK;
     for (int i = 0; i < iters && st == MACO_OK; i++) {
         if (initiator)
-            st = maco_port_channel_put_with_signal(&ch, 0, 0, 8);
+            st = maco_port_channel_put_with_signal(&ch, 0, 0, bytes);
         if (st == MACO_OK)
             st = maco_port_channel_wait(&ch);
         if (!initiator && st == MACO_OK)
-            st = maco_port_channel_put_with_signal(&ch, 0, 0, 8);
+            st = maco_port_channel_put_with_signal(&ch, 0, 0, bytes);
     }
     *status = st;
 }
@@ -299,15 +302,26 @@ __global__ void piece_flush_breakdown(maco_port_channel_device_t ch, int iters, 
     *status = st;
 }
 
-/* Ping-pong variants: 0 put_with_signal of 8 bytes, 1 signal only, 2 put_with_signal of 8
- * bytes pushed after a GPU-scope fence instead of with a system-scope release. */
+/* Ping-pong variants: 0 put_with_signal of 8 bytes (inline), 1 signal only, 2 put_with_signal
+ * of 8 bytes as a copy, pushed after a GPU-scope fence instead of with a system-scope
+ * release, 3 put_with_signal of 64 bytes (a copy), 4 as 0 but pushed after a GPU-scope fence. */
 static __device__ maco_status_t piece_send(const maco_port_channel_device_t *ch, int variant)
 {
     if (variant == 1)
         return maco_port_channel_signal(ch);
     if (variant == 0)
         return maco_port_channel_put_with_signal(ch, 0, 0, 8);
+    if (variant == 3)
+        return maco_port_channel_put_with_signal(ch, 0, 0, 64);
     maco_status_t st;
+    if (variant == 4) { /* inline, as the library does, but after a GPU-scope fence */
+        uint64_t v = *(const volatile uint64_t *)ch->src;
+        maco__fifo_push(
+            &ch->fifo,
+            maco_trigger_make_inline(MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL, ch->channel, 0, v, 8),
+            MACO__PUSH_FENCE_GPU, &st);
+        return st;
+    }
     maco__fifo_push(
         &ch->fifo, maco_trigger_make(MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL, ch->channel, 0, 0, 8),
         MACO__PUSH_FENCE_GPU, &st);
@@ -494,7 +508,8 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
                     { "cuMemcpyDtoHAsync 8 B to host memory", 1 },
                     { "DtoD 8 B to the peer + WriteValue64 to host", 2 },
                     { "DtoD 8 B to the peer + DtoH 8 B to host", 3 },
-                    { "DtoD 8 B to the peer, event polled", 4 } };
+                    { "DtoD 8 B to the peer, event polled", 4 },
+                    { "one batch: WriteValue64 to the peer + to host", 5 } };
         int prio_lo = 0, prio_hi = 0;
         CK(cudaDeviceGetStreamPriorityRange(&prio_lo, &prio_hi));
         cudaStream_t hs;
@@ -511,8 +526,18 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
                 double sum = 0, best = 1e9;
                 for (int i = 1; i <= m && ok; i++) {
                     double a = bench_now_us();
-                    if (l.kind >= 2)
+                    if (l.kind >= 2 && l.kind <= 4)
                         DK(cuMemcpyDtoDAsync(dst, src, 8, cs));
+                    if (l.kind == 5) {
+                        CUstreamBatchMemOpParams ops[2];
+                        memset(ops, 0, sizeof(ops));
+                        ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+                        ops[0].writeValue.address = dst + 128;
+                        ops[0].writeValue.value64 = (cuuint64_t)i;
+                        ops[1] = ops[0];
+                        ops[1].writeValue.address = hword;
+                        DK(cuStreamBatchMemOp(cs, 2, ops, 0));
+                    }
                     if (l.kind == 1 || l.kind == 3)
                         DK(cuMemcpyDtoHAsync((void *)(host + 8), src + 4096 + 8 * (size_t)i, 8,
                                              cs));
@@ -594,9 +619,11 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
         cudaFree(sink);
     }
     MK(maco_bootstrap_barrier(bs));
-    const char *pp_names[] = { "put_with_signal 8 B", "signal only",
-                               "put_with_signal 8 B, gpu fence" };
-    for (int k = 0; k < 3; k++) {
+    const char *pp_names[] = { "put_with_signal 8 B (inline)", "signal only",
+                               "put_with_signal 8 B copied, gpu fence",
+                               "put_with_signal 64 B (copied)",
+                               "put_with_signal 8 B inline, gpu fence" };
+    for (int k = 0; k < 5; k++) {
         const int iters = 10000;
         float ms = bench_time_ms(
             s, [&] { piece_ping_pong<<<1, 1, 0, s>>>(ch, k, iters, rank == 0, status); });
@@ -646,16 +673,30 @@ int main(int argc, char **argv)
         }
     }
     MK(maco_bootstrap_barrier(bs));
-    if (!pieces) {
+    for (uint64_t bytes : { 8ull, 64ull }) {
+        if (pieces)
+            break;
+        /* Three launches of 10000 round trips; the median, and all three. */
         const int iters = 10000;
-        float ms =
-            bench_time_ms(s, [&] { ping_pong<<<1, 1, 0, s>>>(ch, iters, rank == 0, status); });
-        int st = bench_pair_status(&pr);
+        std::vector<double> us;
+        int st = MACO_OK;
+        for (int rep = 0; rep < 3; rep++) {
+            MK(maco_bootstrap_barrier(bs));
+            float ms = bench_time_ms(
+                s, [&] { ping_pong<<<1, 1, 0, s>>>(ch, iters, bytes, rank == 0, status); });
+            us.push_back(ms * 1e3 / iters);
+            if (st == MACO_OK)
+                st = bench_pair_status(&pr);
+        }
+        std::vector<double> sorted = us;
+        std::sort(sorted.begin(), sorted.end());
         if (rank == 0)
-            printf(
-                "# put_with_signal ping-pong (8 bytes each way): %d round trips in %.3f ms: %.3f "
-                "us per round trip (status %d)\n",
-                iters, ms, ms * 1e3 / iters, st);
+            printf("# put_with_signal ping-pong (%llu bytes each way, %s): %.3f us per round trip "
+                   "(median of 3 launches of %d: %.3f %.3f %.3f; status %d)\n",
+                   (unsigned long long)bytes,
+                   bytes == 8 ? "inline: a stream memory operation" : "a copy-engine copy",
+                   sorted[1], iters, us[0], us[1], us[2], st);
+        MK(maco_bootstrap_barrier(bs));
     }
     MK(maco_bootstrap_barrier(bs));
     if (rank == 0 && !pieces) {

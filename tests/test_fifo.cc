@@ -54,6 +54,29 @@ TEST_F(Fifo, TriggerFieldsRoundTripAtTheirWidths)
     EXPECT_EQ(maco_fifo_parity(16, 8), 1ull << 63);
 }
 
+TEST_F(Fifo, InlineTriggersCarryTheirValue)
+{
+    const uint64_t max_off = MACO_TRIGGER_MAX_OFFSET;
+    maco_trigger_t t = maco_trigger_make_inline(MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL, 4095,
+                                                max_off & ~7ull, 0xFEDCBA9876543210ull, 8);
+    EXPECT_EQ(maco_trigger_inline_bytes(t), 8u);
+    EXPECT_EQ(t.fst, 0xFEDCBA9876543210ull) << "the value is fst, all 64 bits";
+    EXPECT_EQ(maco_trigger_dst_offset(t), max_off & ~7ull);
+    EXPECT_EQ(maco_trigger_channel(t), 4095u);
+    EXPECT_EQ(maco_trigger_type(t), MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL);
+    EXPECT_EQ(t.snd >> 63, 0u) << "the parity bit is the push's";
+    maco_trigger_t w = maco_trigger_make_inline(MACO_TRIGGER_DATA, 7, 12, 0x1122334455667788ull, 4);
+    EXPECT_EQ(maco_trigger_inline_bytes(w), 4u);
+    EXPECT_EQ(w.fst, 0x55667788ull) << "a 4-byte value keeps its low 32 bits";
+    EXPECT_EQ(maco_trigger_dst_offset(w), 12u);
+    /* An ordinary trigger, even at full widths, is not inline. */
+    maco_trigger_t d = maco_trigger_make(MACO_TRIGGER_DATA, 4095, max_off, max_off, 0xFFFFFFFFull);
+    EXPECT_EQ(maco_trigger_inline_bytes(d), 0u);
+    /* The parity bit does not disturb the inline bits. */
+    w.snd |= maco_fifo_parity(0, 8);
+    EXPECT_EQ(maco_trigger_inline_bytes(w), 4u);
+}
+
 TEST_F(Fifo, WrapsAroundManyLaps)
 {
     ASSERT_NO_FATAL_FAILURE(Make(8));

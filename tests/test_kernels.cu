@@ -520,3 +520,44 @@ extern "C" cudaError_t test_port_write_put_rounds(const maco_port_channel_device
                                                              bytes, rounds, seed, wrong, status);
     return cudaGetLastError();
 }
+
+__global__ void test_port_small_puts_kernel(const maco_port_channel_device_t *handles, int rank,
+                                            char *buf, uint64_t slot, uint64_t seed, int *status)
+{
+    int q = blockIdx.x;
+    if (q == rank || threadIdx.x != 0)
+        return;
+    maco_port_channel_device_t ch = handles[q];
+    uint64_t region = (uint64_t)rank * slot + (uint64_t)q * TEST_SMALL_REGION;
+    maco_status_t st = MACO_OK;
+    for (int k = 0; k < TEST_SMALL_CELLS && st == MACO_OK; k++) {
+        uint64_t v = test_small_value(seed, rank, q, k);
+        uint64_t cell = region + 16ull * (uint64_t)k;
+        int kind = k % 4;
+        uint64_t at = cell + (kind == 0 ? 0 : kind == 1 ? 4 : kind == 2 ? 1 : 8);
+        uint64_t bytes = (kind == 1 || kind == 3) ? 4 : 8;
+        for (uint64_t b = 0; b < bytes; b++) /* byte stores: `at` may be misaligned */
+            buf[at + b] = (char)(v >> (8 * b));
+        st = maco_port_channel_put(&ch, at, at, bytes);
+        if (kind != 2) /* inline: the value was taken at the push */
+            for (uint64_t b = 0; b < bytes; b++)
+                buf[at + b] = (char)~(v >> (8 * b));
+    }
+    if (st == MACO_OK) {
+        uint64_t at = region + 16ull * TEST_SMALL_CELLS;
+        *(uint64_t *)(buf + at) = test_small_value(seed, rank, q, TEST_SMALL_CELLS);
+        st = maco_port_channel_put_with_signal(&ch, at, at, 8);
+        *(uint64_t *)(buf + at) = 0;
+    }
+    if (st == MACO_OK)
+        st = maco_port_channel_wait(&ch);
+    status[q] = (int)st;
+}
+
+extern "C" cudaError_t test_port_small_puts(const maco_port_channel_device_t *handles, int nranks,
+                                            int rank, char *buf, uint64_t slot, uint64_t seed,
+                                            int *status, cudaStream_t stream)
+{
+    test_port_small_puts_kernel<<<nranks, 32, 0, stream>>>(handles, rank, buf, slot, seed, status);
+    return cudaGetLastError();
+}

@@ -21,6 +21,19 @@ static inline uint8_t test_pattern_byte(uint64_t seed, uint64_t i)
     return (uint8_t)((x >> 29) ^ (x >> 47));
 }
 
+/** The 64-bit value rank `from` sends rank `to` in cell k of test_port_small_puts. */
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    static inline uint64_t
+    test_small_value(uint64_t seed, int from, int to, int k)
+{
+    uint64_t x = seed ^ ((uint64_t)from * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)to << 40) ^
+                 ((uint64_t)k * 0xD6E8FEB86659FD93ull);
+    x = (x ^ (x >> 31)) * 0xBF58476D1CE4E5B9ull;
+    return x ^ (x >> 29);
+}
+
 cudaError_t test_fill_pattern(char *dst, size_t bytes, uint64_t seed, cudaStream_t stream);
 
 /**
@@ -156,6 +169,25 @@ cudaError_t test_port_write_put_rounds(const maco_port_channel_device_t *handles
                                        int rank, char *buf, uint64_t slot, uint64_t bytes,
                                        int rounds, uint64_t seed, unsigned long long *wrong,
                                        int *status, cudaStream_t stream);
+
+/* Cells of test_port_small_puts: TEST_SMALL_CELLS cells of 16 bytes, then the final 8-byte
+ * put_with_signal, in a region of TEST_SMALL_REGION bytes. */
+#define TEST_SMALL_CELLS 28
+#define TEST_SMALL_REGION 512
+
+/**
+ * Small port-channel puts, one CTA per peer q != rank, thread 0. Rank r's region for q is at
+ * q_off = r * slot + q * TEST_SMALL_REGION in both buffers (source here, destination at q).
+ * Cell k (16 bytes at q_off + 16 k) gets test_small_value(seed, r, q, k) as: k % 4 == 0, 8
+ * bytes at +0; 1, its low 4 bytes at +4; 2, 8 bytes at +1 (misaligned: a copy); 3, its low 4
+ * bytes at +8. Thread 0 writes each value into the source just before its put and, for the
+ * aligned (inline) puts, overwrites the source right after the call. Then an 8-byte
+ * put_with_signal of test_small_value(seed, r, q, TEST_SMALL_CELLS) at q_off + 16 *
+ * TEST_SMALL_CELLS, and a wait for q's signal. status[q] gets the result.
+ */
+cudaError_t test_port_small_puts(const maco_port_channel_device_t *handles, int nranks, int rank,
+                                 char *buf, uint64_t slot, uint64_t seed, int *status,
+                                 cudaStream_t stream);
 
 #ifdef __cplusplus
 }

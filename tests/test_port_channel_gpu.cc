@@ -191,9 +191,9 @@ TEST_F(PortChannelGpu, DeviceFlushMeansTheDataHasLanded)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
-/* Data written by the kernel's threads just before thread 0 pushes it: the push orders it
- * before the copy (a put alone with its GPU-scope fence, a signal with its release), round
- * after round with the source rewritten each time. */
+/* Data written by the kernel's threads just before thread 0 pushes it: the push (after a
+ * GPU-scope fence on this transport) orders it before the copy, round after round with the
+ * source rewritten each time. */
 TEST_F(PortChannelGpu, DataWrittenInTheKernelThenPut)
 {
     const size_t kSlot = (64 << 10) + 64, kBytes = (64 << 10) + 13;
@@ -216,6 +216,53 @@ TEST_F(PortChannelGpu, DataWrittenInTheKernelThenPut)
     EXPECT_EQ(Statuses()[0], MACO_OK);
     EXPECT_EQ(bad, 0u) << "wrong bytes received over " << kRounds << " rounds";
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+/* Puts of 4 and 8 aligned bytes travel inside their trigger: the value is taken when the
+ * thread pushes (the source is overwritten right after each call), and lands in order with
+ * copies (misaligned 8-byte puts) and the final put_with_signal. Every byte of each region
+ * is checked, poison included. */
+TEST_F(PortChannelGpu, SmallPutsTravelInTheirTrigger)
+{
+    const size_t kSlot = static_cast<size_t>(TEST_SMALL_REGION) * 8;
+    ASSERT_LE(NRanks(), 8);
+    PortMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    for (int round = 0; round < 3; round++) {
+        uint64_t seed = seed_ ^ (static_cast<uint64_t>(round) << 48);
+        CUDA_OK(cudaMemset(m.buf, 0xAB, m.bytes));
+        CUDA_OK(cudaMemset(status_, 0x7F, sizeof(int) * StatusWords()));
+        CUDA_OK(cudaDeviceSynchronize());
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        CUDA_OK(
+            test_port_small_puts(m.dev, NRanks(), Rank(), m.buf, kSlot, seed, status_, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        ASSERT_NO_FATAL_FAILURE(ExpectStatusesOk("small puts, round " + std::to_string(round)));
+        std::vector<uint8_t> got(m.bytes);
+        CUDA_OK(cudaMemcpy(got.data(), m.buf, m.bytes, cudaMemcpyDeviceToHost));
+        for (int q = 0; q < NRanks(); q++) {
+            if (q == Rank())
+                continue;
+            size_t region =
+                static_cast<size_t>(q) * kSlot + static_cast<size_t>(Rank()) * TEST_SMALL_REGION;
+            std::vector<uint8_t> want(TEST_SMALL_REGION, 0xAB);
+            for (int k = 0; k <= TEST_SMALL_CELLS; k++) {
+                uint64_t v = test_small_value(seed, q, Rank(), k);
+                int kind = k == TEST_SMALL_CELLS ? 0 : k % 4;
+                size_t at = 16 * static_cast<size_t>(k) + (kind == 0   ? 0
+                                                           : kind == 1 ? 4
+                                                           : kind == 2 ? 1
+                                                                       : 8);
+                size_t bytes = (kind == 1 || kind == 3) ? 4 : 8;
+                for (size_t b = 0; b < bytes; b++)
+                    want[at + b] = static_cast<uint8_t>(v >> (8 * b));
+            }
+            for (size_t i = 0; i < want.size(); i++)
+                ASSERT_EQ(got[region + i], want[i]) << "round " << round << ", from rank " << q
+                                                    << ", byte " << i << " (cell " << i / 16 << ")";
+        }
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    }
 }
 
 /* The proxy is stopped while a kernel pushes and flushes in a loop: the kernel's next wait

@@ -35,6 +35,7 @@ extern "C" {
     X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)                         \
     X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)   \
     X(cuStreamWriteValue64, PFN_cuStreamWriteValue64_v11070)                                       \
+    X(cuStreamBatchMemOp, PFN_cuStreamBatchMemOp_v11070)                                           \
     X(cuMemcpyDtoDAsync, PFN_cuMemcpyDtoDAsync_v3020)
 
 typedef struct maco__cu_table {

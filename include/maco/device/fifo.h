@@ -6,7 +6,9 @@
  * add on the head counter (device memory when GPUs push), waits (bounded) while the ring is
  * full (pos - tail >= capacity, `tail` being the proxy's published position), then publishes
  * the trigger at slot pos % capacity with ONE 128-bit store at system scope, with release
- * semantics (relaxed for a flush alone, which carries no data: maco_fifo_push_relaxed). The
+ * semantics (maco_fifo_push), or after a GPU-scope fence where the reader of the data is this
+ * GPU's copy engine (port channels of the CUDA copy transport, maco/device/port_channel.h),
+ * or relaxed where the trigger carries no data (a flush alone: maco_fifo_push_relaxed). The
  * trigger's top bit carries the lap parity ((pos / capacity) & 1) ^ 1, so a slot never needs
  * clearing: the proxy, expecting position `tail`, polls the slot's second word until its top bit
  * equals that lap's parity, reads the first word after it (acquire), handles the trigger, and
@@ -22,8 +24,15 @@
  *   snd bits 48..50  type         MACO_TRIGGER_DATA | _SIGNAL | _FLUSH (any combination)
  *   snd bits 51..54  size[28..31] high 4 bits of the size (size < 4 GiB per trigger; the
  *                                 device and host put calls split larger transfers)
- *   snd bits 55..62  reserved, zero
+ *   snd bit  55      inline       the data travels in the trigger: fst is the value itself
+ *                                 (little-endian, zero-extended), not an offset and size
+ *   snd bit  56      inline32     with inline: the value is 4 bytes (else 8)
+ *   snd bits 57..62  reserved, zero
  *   snd bit  63      lap parity (written by the push; callers pass it as zero)
+ *
+ * Inline triggers: a device put of 4 or 8 naturally aligned bytes on a CUDA copy channel
+ * reads the value when it pushes and sends it in fst; the proxy writes it with a stream
+ * memory operation (cuStreamWriteValue32/64) in place of a copy (maco/device/port_channel.h).
  */
 #ifndef MACO_DEVICE_FIFO_H
 #define MACO_DEVICE_FIFO_H
@@ -48,6 +57,8 @@ extern "C" {
 #define MACO_TRIGGER_MAX_OFFSET ((1ull << MACO_TRIGGER_OFFSET_BITS) - 1)
 #define MACO_TRIGGER_MAX_SIZE ((1ull << MACO_TRIGGER_SIZE_BITS) - 1)
 #define MACO_TRIGGER_MAX_CHANNELS (1u << MACO_TRIGGER_CHANNEL_BITS)
+#define MACO_TRIGGER_INLINE_BIT 55
+#define MACO_TRIGGER_INLINE32_BIT 56
 
 typedef struct maco_trigger {
     uint64_t fst;
@@ -58,9 +69,12 @@ typedef struct maco_trigger {
 static_assert(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
 static_assert(MACO_TRIGGER_OFFSET_BITS + 28 == 64, "fst is full");
 static_assert(MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS + 4 +
-                      8 + 1 ==
+                      2 + 6 + 1 ==
                   64,
               "snd is full");
+static_assert(MACO_TRIGGER_INLINE_BIT ==
+                  MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS + 4,
+              "the inline bit follows the size's high bits");
 static_assert((1ull << MACO_TRIGGER_OFFSET_BITS) >= (64ull << 30), "offsets reach 64 GiB");
 static_assert(MACO_TRIGGER_MAX_CHANNELS >= 4096, "at least 4096 channels per proxy");
 #else
@@ -85,7 +99,7 @@ __host__ __device__
     return t;
 }
 
-/* Field readers (parity ignored). */
+/* Field readers (parity ignored; src_offset and size mean nothing in an inline trigger). */
 #if defined(__CUDACC__)
 #define MACO__HD __host__ __device__
 #else
@@ -110,6 +124,26 @@ static inline MACO__HD uint32_t maco_trigger_channel(maco_trigger_t t)
 static inline MACO__HD uint32_t maco_trigger_type(maco_trigger_t t)
 {
     return (uint32_t)((t.snd >> 48) & 7u);
+}
+/** 0, or the size (4 or 8 bytes) of the value an inline trigger carries in fst. */
+static inline MACO__HD uint32_t maco_trigger_inline_bytes(maco_trigger_t t)
+{
+    if (((t.snd >> MACO_TRIGGER_INLINE_BIT) & 1u) == 0)
+        return 0;
+    return ((t.snd >> MACO_TRIGGER_INLINE32_BIT) & 1u) ? 4u : 8u;
+}
+/** Builds an inline trigger: `value` (4 or 8 bytes per `bytes`) goes to dst_offset. */
+static inline MACO__HD maco_trigger_t maco_trigger_make_inline(uint32_t type, uint32_t channel,
+                                                               uint64_t dst_offset, uint64_t value,
+                                                               uint32_t bytes)
+{
+    maco_trigger_t t;
+    t.fst = bytes == 4 ? (value & 0xFFFFFFFFull) : value;
+    t.snd = (dst_offset & MACO_TRIGGER_MAX_OFFSET) |
+            ((uint64_t)(channel & (MACO_TRIGGER_MAX_CHANNELS - 1)) << 36) |
+            ((uint64_t)(type & 7u) << 48) | (1ull << MACO_TRIGGER_INLINE_BIT) |
+            ((uint64_t)(bytes == 4) << MACO_TRIGGER_INLINE32_BIT);
+    return t;
 }
 /** The lap parity a trigger at `pos` carries in a ring of `capacity` (a power of two). */
 static inline MACO__HD uint64_t maco_fifo_parity(uint64_t pos, uint64_t capacity)
