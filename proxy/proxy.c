@@ -590,9 +590,13 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
          * Host memory: the proxy's CPU reads the source, a system-scope release. */
         d->push_order =
             transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
-        /* Puts of 4 or 8 bytes travel inline on the CUDA copy transport (fifo.h). */
-        d->src = transport == MACO_TRANSPORT_CUDA_COPY ? ch->src : NULL;
-        d->src_bytes = transport == MACO_TRANSPORT_CUDA_COPY ? ch->src_bytes : 0;
+        /* Puts of 4 or 8 bytes travel inline on the CUDA copy transport (fifo.h), where both
+         * buffers start 8-byte aligned: the device checks the offsets' alignment, and the
+         * stream memory operations need naturally aligned addresses. */
+        int inline_ok = transport == MACO_TRANSPORT_CUDA_COPY &&
+                        (((uintptr_t)ch->src | (uintptr_t)ch->dst) & 7u) == 0;
+        d->src = inline_ok ? ch->src : NULL;
+        d->src_bytes = inline_ok ? ch->src_bytes : 0;
         uint64_t *dev_inbound = transport == MACO_TRANSPORT_CUDA_COPY
                                     ? (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot
                                     : NULL;

@@ -522,7 +522,8 @@ extern "C" cudaError_t test_port_write_put_rounds(const maco_port_channel_device
 }
 
 __global__ void test_port_small_puts_kernel(const maco_port_channel_device_t *handles, int rank,
-                                            char *buf, uint64_t slot, uint64_t seed, int *status)
+                                            char *buf, uint64_t slot, uint64_t seed, int clobber,
+                                            int *status)
 {
     int q = blockIdx.x;
     if (q == rank || threadIdx.x != 0)
@@ -539,15 +540,19 @@ __global__ void test_port_small_puts_kernel(const maco_port_channel_device_t *ha
         for (uint64_t b = 0; b < bytes; b++) /* byte stores: `at` may be misaligned */
             buf[at + b] = (char)(v >> (8 * b));
         st = maco_port_channel_put(&ch, at, at, bytes);
-        if (kind != 2) /* inline: the value was taken at the push */
+        if (clobber && kind != 2) /* inline: the value was taken at the push */
             for (uint64_t b = 0; b < bytes; b++)
                 buf[at + b] = (char)~(v >> (8 * b));
     }
     if (st == MACO_OK) {
         uint64_t at = region + 16ull * TEST_SMALL_CELLS;
-        *(uint64_t *)(buf + at) = test_small_value(seed, rank, q, TEST_SMALL_CELLS);
+        uint64_t v = test_small_value(seed, rank, q, TEST_SMALL_CELLS);
+        for (int b = 0; b < 8; b++) /* byte stores: the buffer may start misaligned */
+            buf[at + b] = (char)(v >> (8 * b));
         st = maco_port_channel_put_with_signal(&ch, at, at, 8);
-        *(uint64_t *)(buf + at) = 0;
+        if (clobber)
+            for (int b = 0; b < 8; b++)
+                buf[at + b] = 0;
     }
     if (st == MACO_OK)
         st = maco_port_channel_wait(&ch);
@@ -556,8 +561,9 @@ __global__ void test_port_small_puts_kernel(const maco_port_channel_device_t *ha
 
 extern "C" cudaError_t test_port_small_puts(const maco_port_channel_device_t *handles, int nranks,
                                             int rank, char *buf, uint64_t slot, uint64_t seed,
-                                            int *status, cudaStream_t stream)
+                                            int clobber, int *status, cudaStream_t stream)
 {
-    test_port_small_puts_kernel<<<nranks, 32, 0, stream>>>(handles, rank, buf, slot, seed, status);
+    test_port_small_puts_kernel<<<nranks, 32, 0, stream>>>(handles, rank, buf, slot, seed, clobber,
+                                                           status);
     return cudaGetLastError();
 }

@@ -180,13 +180,14 @@ cudaError_t test_port_write_put_rounds(const maco_port_channel_device_t *handles
  * q_off = r * slot + q * TEST_SMALL_REGION in both buffers (source here, destination at q).
  * Cell k (16 bytes at q_off + 16 k) gets test_small_value(seed, r, q, k) as: k % 4 == 0, 8
  * bytes at +0; 1, its low 4 bytes at +4; 2, 8 bytes at +1 (misaligned: a copy); 3, its low 4
- * bytes at +8. Thread 0 writes each value into the source just before its put and, for the
- * aligned (inline) puts, overwrites the source right after the call. Then an 8-byte
+ * bytes at +8. Thread 0 writes each value into the source just before its put and, with
+ * `clobber`, for the aligned (inline) puts, overwrites the source right after the call. Then
+ * an 8-byte
  * put_with_signal of test_small_value(seed, r, q, TEST_SMALL_CELLS) at q_off + 16 *
  * TEST_SMALL_CELLS, and a wait for q's signal. status[q] gets the result.
  */
 cudaError_t test_port_small_puts(const maco_port_channel_device_t *handles, int nranks, int rank,
-                                 char *buf, uint64_t slot, uint64_t seed, int *status,
+                                 char *buf, uint64_t slot, uint64_t seed, int clobber, int *status,
                                  cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -23,6 +23,7 @@ namespace
 using namespace maco_test;
 
 struct PortMesh {
+    char *alloc = nullptr; /* cudaMalloc'd; the registered buffer starts `skew` bytes in */
     char *buf = nullptr;
     size_t bytes = 0;
     maco_mem_t mine = nullptr;
@@ -30,10 +31,11 @@ struct PortMesh {
     maco_test::PortChannels port;
     maco_port_channel_device_t *dev = nullptr; /* [nranks] */
 
-    void Setup(size_t size)
+    void Setup(size_t size, size_t skew = 0)
     {
         bytes = size;
-        CUDA_OK(cudaMalloc(&buf, bytes));
+        CUDA_OK(cudaMalloc(&alloc, bytes + skew));
+        buf = alloc + skew;
         ASSERT_EQ(maco_mem_register(Comm(), buf, bytes, &mine), MACO_OK);
         ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
         ASSERT_NO_FATAL_FAILURE(port.Create(Comm(), MACO_TRANSPORT_CUDA_COPY, mine, peers));
@@ -59,7 +61,7 @@ struct PortMesh {
         maco_mem_deregister(mine);
         maco_bootstrap_barrier(Bootstrap());
         cudaFree(dev);
-        cudaFree(buf);
+        cudaFree(alloc);
     }
 };
 
@@ -222,20 +224,30 @@ TEST_F(PortChannelGpu, DataWrittenInTheKernelThenPut)
  * thread pushes (the source is overwritten right after each call), and lands in order with
  * copies (misaligned 8-byte puts) and the final put_with_signal. Every byte of each region
  * is checked, poison included. */
-TEST_F(PortChannelGpu, SmallPutsTravelInTheirTrigger)
+class PortChannelSmallPuts : public PortChannelGpu, public ::testing::WithParamInterface<size_t>
 {
+};
+
+TEST_P(PortChannelSmallPuts, ArriveWhole)
+{
+    /* Skew 0: buffers 8-byte aligned, small puts inline (the source is overwritten right
+     * after each call, which only an inline put tolerates). Skew 4: buffers registered 4
+     * bytes into their allocation, so no put may travel inline (an 8-byte load or stream
+     * write there would fault); everything is copied, and the source is left alone. */
+    const size_t skew = GetParam();
+    const int clobber = skew == 0;
     const size_t kSlot = static_cast<size_t>(TEST_SMALL_REGION) * 8;
     ASSERT_LE(NRanks(), 8);
     PortMesh m;
-    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks()), skew));
     for (int round = 0; round < 3; round++) {
         uint64_t seed = seed_ ^ (static_cast<uint64_t>(round) << 48);
         CUDA_OK(cudaMemset(m.buf, 0xAB, m.bytes));
         CUDA_OK(cudaMemset(status_, 0x7F, sizeof(int) * StatusWords()));
         CUDA_OK(cudaDeviceSynchronize());
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
-        CUDA_OK(
-            test_port_small_puts(m.dev, NRanks(), Rank(), m.buf, kSlot, seed, status_, nullptr));
+        CUDA_OK(test_port_small_puts(m.dev, NRanks(), Rank(), m.buf, kSlot, seed, clobber, status_,
+                                     nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         ASSERT_NO_FATAL_FAILURE(ExpectStatusesOk("small puts, round " + std::to_string(round)));
         std::vector<uint8_t> got(m.bytes);
@@ -258,12 +270,15 @@ TEST_F(PortChannelGpu, SmallPutsTravelInTheirTrigger)
                     want[at + b] = static_cast<uint8_t>(v >> (8 * b));
             }
             for (size_t i = 0; i < want.size(); i++)
-                ASSERT_EQ(got[region + i], want[i]) << "round " << round << ", from rank " << q
-                                                    << ", byte " << i << " (cell " << i / 16 << ")";
+                ASSERT_EQ(got[region + i], want[i])
+                    << "skew " << skew << ", round " << round << ", from rank " << q << ", byte "
+                    << i << " (cell " << i / 16 << ")";
         }
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(PortChannelGpu, PortChannelSmallPuts, ::testing::Values(0, 4));
 
 /* The proxy is stopped while a kernel pushes and flushes in a loop: the kernel's next wait
  * fails and the kernel exits; nothing hangs. */

@@ -25,12 +25,13 @@
  * - host memory: a system-scope release (the proxy's CPU reads the source).
  * - flush alone: no ordering (it carries no data).
  *
- * Small puts: on a CUDA copy channel a put (with or without signal) of exactly 4 or 8 bytes
- * whose source and destination offsets are multiples of its size travels inside its
- * trigger: the calling thread reads the value when it pushes (so the source may be changed
- * right after the call), and the proxy writes it with a stream memory operation, in the same
- * stream order as copies, instead of starting a copy (about 3 us less per put on H200,
- * docs/performance.md). Other sizes and alignments, and host-memory channels, use the copy.
+ * Small puts: on a CUDA copy channel whose buffers start 8-byte aligned (cudaMalloc and
+ * maco_mem_alloc buffers do), a put (with or without signal) of exactly 4 or 8 bytes whose
+ * source and destination offsets are multiples of its size travels inside its trigger: the calling
+ * thread reads the value when it pushes (so the source may be changed right after the call), and
+ * the proxy writes it with a stream memory operation, in the same stream order as copies, instead
+ * of starting a copy (about 3 us less per put on H200, docs/performance.md). Other sizes and
+ * alignments, and host-memory channels, use the copy.
  *
  * All waits are bounded (MACO_DEVICE_TIMEOUT) and return MACO_ERR_TIMEOUT with a device
  * error report, or MACO_ERR_REMOTE when the proxy has stopped or another wait failed.
@@ -55,7 +56,8 @@ typedef struct maco_port_channel_device {
     uint32_t push_order;               /**< how puts and signals are pushed (MACO__PUSH_*
                                             of maco/device/fifo.h), set by the transport */
     const char *src;    /**< the source buffer (device address) when puts of 4 or 8 bytes
-                             travel inside their trigger (CUDA copy channels), else NULL */
+                             travel inside their trigger (CUDA copy channels whose source and
+                             destination start 8-byte aligned), else NULL */
     uint64_t src_bytes; /**< its size in bytes */
 } maco_port_channel_device_t;
 
