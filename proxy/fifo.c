@@ -46,8 +46,9 @@ static maco_status_t maco__pinned_alloc(size_t bytes, int node, void **host_p, v
                            map_bytes, strerror(errno));
     if (node >= 0 && node < 64) {
         unsigned long mask = 1ul << node;
-        /* MPOL_PREFERRED (1): this node if it has memory, else any. */
-        if (syscall(SYS_mbind, mem, map_bytes, 1, &mask, 64, 0) != 0)
+        /* MPOL_PREFERRED (1): this node if it has memory, else any. maxnode 65: the kernel
+         * reads maxnode - 1 bits of the mask (mbind(2), NOTES). */
+        if (syscall(SYS_mbind, mem, map_bytes, 1, &mask, 65, 0) != 0)
             MACO_DEBUG(MACO_SUBSYS_PROXY,
                        "FIFO: mbind to NUMA node %d: %s (placement left to "
                        "the kernel)",

@@ -178,11 +178,12 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                                             "%s transport, which takes none (a corrupt "
                                             "trigger); skipped",
                                             id, ch->peer, ch->ops->name));
-        } else if (dst > ch->dst_bytes || inline_bytes > ch->dst_bytes - dst) {
+        } else if (dst > ch->dst_bytes || inline_bytes > ch->dst_bytes - dst ||
+                   ((uintptr_t)(ch->dst + dst) & (inline_bytes - 1)) != 0) {
             maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
-                                            "port channel %u to rank %d: a put of %u bytes to "
-                                            "offset %llu leaves the destination (%llu bytes); "
-                                            "skipped",
+                                            "port channel %u to rank %d: an inline put of %u "
+                                            "bytes to offset %llu leaves the destination (%llu "
+                                            "bytes) or is misaligned; skipped",
                                             id, ch->peer, inline_bytes, (unsigned long long)dst,
                                             (unsigned long long)ch->dst_bytes));
         } else {
@@ -190,7 +191,7 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
             maco_status_t st = ch->ops->put_value(ch, dst, t.fst, inline_bytes, with_signal);
             if (st != MACO_OK)
                 maco__proxy_fail(p, st);
-            signalled = st == MACO_OK && with_signal;
+            signalled = with_signal; /* put_value's job, also when it failed */
             if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
                 p->cuda_work_since_marker = 1;
         }
@@ -321,6 +322,11 @@ maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
         p->has_device_fifo = 1;
         MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, fail);
         MACO_CUDA_GOTO(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking), st, fail);
+        int64_t memops = 1;
+        st = maco__config_int64(MACO_CFG_PROXY_STREAM_MEMOPS, &memops);
+        if (st != MACO_OK)
+            goto fail;
+        p->stream_writes = p->batch_ops = memops ? 0 : -1;
     }
     void *sems = NULL;
     st = maco_mem_alloc_host(comm, MACO__HOST_SEMS * sizeof(uint64_t), &sems);

@@ -145,7 +145,8 @@ struct maco_proxy {
     uint64_t *staging; /* fallback signal values when stream writes are unavailable */
     uint32_t staging_next;
     cudaEvent_t *staging_events;
-    int stream_writes; /* cuStreamWriteValue64 usable */
+    int stream_writes; /* cuStreamWriteValue64: 0 untried, 1 works, -1 staged copies instead */
+    int batch_ops;     /* cuStreamBatchMemOp: the same */
     maco__pending_flush_t *pending_head, *pending_tail;
     int64_t timeout_ms;
 };

@@ -521,6 +521,12 @@ extern "C" cudaError_t test_port_write_put_rounds(const maco_port_channel_device
     return cudaGetLastError();
 }
 
+__device__ void test_store_bytes(char *p, uint64_t v, int bytes)
+{
+    for (int b = 0; b < bytes; b++) /* byte stores: the address may be misaligned */
+        p[b] = (char)(v >> (8 * b));
+}
+
 __global__ void test_port_small_puts_kernel(const maco_port_channel_device_t *handles, int rank,
                                             char *buf, uint64_t slot, uint64_t seed, int clobber,
                                             int *status)
@@ -534,25 +540,42 @@ __global__ void test_port_small_puts_kernel(const maco_port_channel_device_t *ha
     for (int k = 0; k < TEST_SMALL_CELLS && st == MACO_OK; k++) {
         uint64_t v = test_small_value(seed, rank, q, k);
         uint64_t cell = region + 16ull * (uint64_t)k;
-        int kind = k % 4;
-        uint64_t at = cell + (kind == 0 ? 0 : kind == 1 ? 4 : kind == 2 ? 1 : 8);
-        uint64_t bytes = (kind == 1 || kind == 3) ? 4 : 8;
-        for (uint64_t b = 0; b < bytes; b++) /* byte stores: `at` may be misaligned */
-            buf[at + b] = (char)(v >> (8 * b));
-        st = maco_port_channel_put(&ch, at, at, bytes);
-        if (clobber && kind != 2) /* inline: the value was taken at the push */
-            for (uint64_t b = 0; b < bytes; b++)
-                buf[at + b] = (char)~(v >> (8 * b));
+        uint64_t scratch = region + TEST_SMALL_SCRATCH + 8ull * (uint64_t)k;
+        int kind = k % 7;
+        if (kind <= 3) {
+            uint64_t at = cell + (kind == 0 ? 0 : kind == 1 ? 4 : kind == 2 ? 1 : 8);
+            int bytes = (kind == 1 || kind == 3) ? 4 : 8;
+            test_store_bytes(buf + at, v, bytes);
+            st = maco_port_channel_put(&ch, at, at, (uint64_t)bytes);
+            if (clobber && kind != 2)
+                test_store_bytes(buf + at, ~v, bytes);
+        } else if (kind == 6) {
+            test_store_bytes(buf + cell + 8, v, 8);
+            st = maco_port_channel_put(&ch, cell + 4, cell + 8, 8);
+        } else {
+            for (int b = 0; b < 16; b++)
+                buf[cell + b] = (char)test_small_pattern(seed, rank, q, k, b);
+            test_store_bytes(buf + scratch, v, 8);
+            if (kind == 4) {
+                st = maco_port_channel_put(&ch, cell, cell, 16);
+                if (st == MACO_OK)
+                    st = maco_port_channel_put(&ch, cell, scratch, 8);
+            } else {
+                st = maco_port_channel_put(&ch, cell, scratch, 8);
+                if (st == MACO_OK)
+                    st = maco_port_channel_put(&ch, cell, cell, 16);
+            }
+            if (clobber)
+                test_store_bytes(buf + scratch, ~v, 8);
+        }
     }
     if (st == MACO_OK) {
         uint64_t at = region + 16ull * TEST_SMALL_CELLS;
         uint64_t v = test_small_value(seed, rank, q, TEST_SMALL_CELLS);
-        for (int b = 0; b < 8; b++) /* byte stores: the buffer may start misaligned */
-            buf[at + b] = (char)(v >> (8 * b));
+        test_store_bytes(buf + at, v, 8);
         st = maco_port_channel_put_with_signal(&ch, at, at, 8);
         if (clobber)
-            for (int b = 0; b < 8; b++)
-                buf[at + b] = 0;
+            test_store_bytes(buf + at, 0, 8);
     }
     if (st == MACO_OK)
         st = maco_port_channel_wait(&ch);

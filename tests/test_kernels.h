@@ -171,20 +171,40 @@ cudaError_t test_port_write_put_rounds(const maco_port_channel_device_t *handles
                                        int *status, cudaStream_t stream);
 
 /* Cells of test_port_small_puts: TEST_SMALL_CELLS cells of 16 bytes, then the final 8-byte
- * put_with_signal, in a region of TEST_SMALL_REGION bytes. */
+ * put_with_signal, then (at TEST_SMALL_SCRATCH) sources of inline values, in a region of
+ * TEST_SMALL_REGION bytes. */
 #define TEST_SMALL_CELLS 28
-#define TEST_SMALL_REGION 512
+#define TEST_SMALL_SCRATCH 512
+#define TEST_SMALL_REGION 1024
+
+/** Byte b (0..15) of the 16-byte pattern cell k of test_port_small_puts copies. */
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    static inline uint8_t
+    test_small_pattern(uint64_t seed, int from, int to, int k, int b)
+{
+    uint64_t w = test_small_value(seed, from, to, 1000 + k);
+    return (uint8_t)((w >> (8 * (b & 7))) ^ (b >= 8 ? 0x5Au : 0u));
+}
 
 /**
  * Small port-channel puts, one CTA per peer q != rank, thread 0. Rank r's region for q is at
- * q_off = r * slot + q * TEST_SMALL_REGION in both buffers (source here, destination at q).
- * Cell k (16 bytes at q_off + 16 k) gets test_small_value(seed, r, q, k) as: k % 4 == 0, 8
- * bytes at +0; 1, its low 4 bytes at +4; 2, 8 bytes at +1 (misaligned: a copy); 3, its low 4
- * bytes at +8. Thread 0 writes each value into the source just before its put and, with
- * `clobber`, for the aligned (inline) puts, overwrites the source right after the call. Then
- * an 8-byte
- * put_with_signal of test_small_value(seed, r, q, TEST_SMALL_CELLS) at q_off + 16 *
- * TEST_SMALL_CELLS, and a wait for q's signal. status[q] gets the result.
+ * r * slot + q * TEST_SMALL_REGION in both buffers (source here, destination at q). Cell k
+ * (16 bytes at region + 16 k) and v = test_small_value(seed, r, q, k), by k % 7:
+ *   0  8 bytes of v at +0            (inline)
+ *   1  the low 4 bytes of v at +4    (inline)
+ *   2  8 bytes of v at +1            (misaligned: copied)
+ *   3  the low 4 bytes of v at +8    (inline)
+ *   4  the 16-byte pattern copied to +0, then v put over its first 8 bytes from the scratch
+ *      source at TEST_SMALL_SCRATCH + 8 k (order: copy, then inline value)
+ *   5  v put at +0 from the scratch source, then the pattern copied over the 16 bytes
+ *   6  8 bytes of v from source +8 to destination +4 (destination not 8-aligned: copied)
+ * Thread 0 writes each source just before its put; with `clobber`, it overwrites the source
+ * of every 4- or 8-byte put whose offsets allow the inline path right after the call (which
+ * only an inline put tolerates). Then an 8-byte put_with_signal of test_small_value(seed, r,
+ * q, TEST_SMALL_CELLS) at 16 * TEST_SMALL_CELLS, and a wait for q's signal. status[q] gets
+ * the result.
  */
 cudaError_t test_port_small_puts(const maco_port_channel_device_t *handles, int nranks, int rank,
                                  char *buf, uint64_t slot, uint64_t seed, int clobber, int *status,

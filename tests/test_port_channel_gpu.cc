@@ -193,9 +193,12 @@ TEST_F(PortChannelGpu, DeviceFlushMeansTheDataHasLanded)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
-/* Data written by the kernel's threads just before thread 0 pushes it: the push (after a
- * GPU-scope fence on this transport) orders it before the copy, round after round with the
- * source rewritten each time. */
+/* Data written by the kernel's 512 threads just before thread 0 pushes it (a __syncthreads,
+ * then the push with its GPU-scope fence), checked by every thread of the receiving kernel
+ * right after its wait, round after round with the source rewritten each time and the three
+ * push patterns. It shows the path works end to end; it cannot show that the fence is
+ * needed (the trip through the CPU and the driver takes microseconds, far longer than the
+ * writes take to land). */
 TEST_F(PortChannelGpu, DataWrittenInTheKernelThenPut)
 {
     const size_t kSlot = (64 << 10) + 64, kBytes = (64 << 10) + 13;
@@ -220,26 +223,37 @@ TEST_F(PortChannelGpu, DataWrittenInTheKernelThenPut)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
-/* Puts of 4 and 8 aligned bytes travel inside their trigger: the value is taken when the
- * thread pushes (the source is overwritten right after each call), and lands in order with
- * copies (misaligned 8-byte puts) and the final put_with_signal. Every byte of each region
- * is checked, poison included. */
-class PortChannelSmallPuts : public PortChannelGpu, public ::testing::WithParamInterface<size_t>
+/* Small puts (test_kernels.h, test_port_small_puts): 4- and 8-byte puts that may travel
+ * inside their trigger, misaligned ones that are copied, inline values and copies to the same
+ * bytes in both orders, and a final put_with_signal. Every byte of each region is checked,
+ * poison included. Parameters: the skew of the registered buffers in their allocation and
+ * whether stream memory operations are used (MACO_PROXY_STREAM_MEMOPS). */
+struct SmallPutsCase {
+    size_t skew;
+    bool memops;
+};
+
+class PortChannelSmallPuts : public PortChannelGpu,
+                             public ::testing::WithParamInterface<SmallPutsCase>
 {
 };
 
-TEST_P(PortChannelSmallPuts, ArriveWhole)
+TEST_P(PortChannelSmallPuts, ArriveWholeAndInOrder)
 {
-    /* Skew 0: buffers 8-byte aligned, small puts inline (the source is overwritten right
-     * after each call, which only an inline put tolerates). Skew 4: buffers registered 4
+    /* Skew 0: buffers 8-byte aligned, small puts inline, their sources overwritten right
+     * after each call (which only an inline put tolerates). Skew 4: buffers registered 4
      * bytes into their allocation, so no put may travel inline (an 8-byte load or stream
-     * write there would fault); everything is copied, and the source is left alone. */
-    const size_t skew = GetParam();
-    const int clobber = skew == 0;
+     * write there would fault): everything is copied and the sources are left alone.
+     * Without stream memory operations, inline values and signals are staged copies. */
+    const SmallPutsCase c = GetParam();
+    const int clobber = c.skew == 0;
+    if (!c.memops)
+        setenv("MACO_PROXY_STREAM_MEMOPS", "0", 1);
     const size_t kSlot = static_cast<size_t>(TEST_SMALL_REGION) * 8;
     ASSERT_LE(NRanks(), 8);
     PortMesh m;
-    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks()), skew));
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks()), c.skew));
+    unsetenv("MACO_PROXY_STREAM_MEMOPS"); /* read when the proxy was created */
     for (int round = 0; round < 3; round++) {
         uint64_t seed = seed_ ^ (static_cast<uint64_t>(round) << 48);
         CUDA_OK(cudaMemset(m.buf, 0xAB, m.bytes));
@@ -258,27 +272,43 @@ TEST_P(PortChannelSmallPuts, ArriveWhole)
             size_t region =
                 static_cast<size_t>(q) * kSlot + static_cast<size_t>(Rank()) * TEST_SMALL_REGION;
             std::vector<uint8_t> want(TEST_SMALL_REGION, 0xAB);
-            for (int k = 0; k <= TEST_SMALL_CELLS; k++) {
-                uint64_t v = test_small_value(seed, q, Rank(), k);
-                int kind = k == TEST_SMALL_CELLS ? 0 : k % 4;
-                size_t at = 16 * static_cast<size_t>(k) + (kind == 0   ? 0
-                                                           : kind == 1 ? 4
-                                                           : kind == 2 ? 1
-                                                                       : 8);
-                size_t bytes = (kind == 1 || kind == 3) ? 4 : 8;
+            auto put = [&](size_t at, uint64_t v, size_t bytes) {
                 for (size_t b = 0; b < bytes; b++)
                     want[at + b] = static_cast<uint8_t>(v >> (8 * b));
+            };
+            for (int k = 0; k < TEST_SMALL_CELLS; k++) {
+                uint64_t v = test_small_value(seed, q, Rank(), k);
+                size_t cell = 16 * static_cast<size_t>(k);
+                int kind = k % 7;
+                if (kind == 0 || kind == 4) /* kind 4: the pattern, then v over its start */
+                    put(cell, v, 8);
+                if (kind == 1)
+                    put(cell + 4, v, 4);
+                if (kind == 2)
+                    put(cell + 1, v, 8);
+                if (kind == 3)
+                    put(cell + 8, v, 4);
+                if (kind == 6)
+                    put(cell + 4, v, 8);
+                if (kind == 4 || kind == 5)
+                    for (int b = kind == 4 ? 8 : 0; b < 16; b++)
+                        want[cell + static_cast<size_t>(b)] =
+                            test_small_pattern(seed, q, Rank(), k, b);
             }
-            for (size_t i = 0; i < want.size(); i++)
+            put(16 * TEST_SMALL_CELLS, test_small_value(seed, q, Rank(), TEST_SMALL_CELLS), 8);
+            for (size_t i = 0; i < want.size(); i++) /* the scratch area stays poisoned */
                 ASSERT_EQ(got[region + i], want[i])
-                    << "skew " << skew << ", round " << round << ", from rank " << q << ", byte "
-                    << i << " (cell " << i / 16 << ")";
+                    << "skew " << c.skew << ", memops " << c.memops << ", round " << round
+                    << ", from rank " << q << ", byte " << i << " (cell " << i / 16 << ", kind "
+                    << (i / 16) % 7 << ")";
         }
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(PortChannelGpu, PortChannelSmallPuts, ::testing::Values(0, 4));
+INSTANTIATE_TEST_SUITE_P(PortChannelGpu, PortChannelSmallPuts,
+                         ::testing::Values(SmallPutsCase{ 0, true }, SmallPutsCase{ 4, true },
+                                           SmallPutsCase{ 0, false }));
 
 /* The proxy is stopped while a kernel pushes and flushes in a loop: the kernel's next wait
  * fails and the kernel exits; nothing hangs. */

@@ -66,6 +66,9 @@ extern "C" {
       "slot and semaphores.")                                                                      \
     X(PROXY_FIFO_SIZE, INT, "1024", "triggers",                                                    \
       "Slots of each proxy trigger FIFO (a power of two, 2..65536).")                              \
+    X(PROXY_STREAM_MEMOPS, BOOL, "1", "",                                                          \
+      "Port-channel signals and small puts as CUDA stream memory operations; 0: as staged "        \
+      "copies (slower; for drivers without them).")                                                \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
       "Path or name of the NCCL library maco-perf --nccl dlopens.")
 

@@ -12,9 +12,15 @@
  * trigger's top bit carries the lap parity ((pos / capacity) & 1) ^ 1, so a slot never needs
  * clearing: the proxy, expecting position `tail`, polls the slot's second word until its top bit
  * equals that lap's parity, reads the first word after it (acquire), handles the trigger, and
- * publishes tail + 1 with a release store. The release store of the trigger pairs with the proxy's
- * acquire load: whatever the pusher wrote before pushing (the data of a put) is visible to the
- * proxy, and to the copy it starts, when it sees the trigger.
+ * publishes tail + 1 with a release store. With a release push, the trigger's store pairs with
+ * the proxy's acquire load: whatever the pusher wrote before pushing (the data of a put) is
+ * visible to the proxy, and to the copy it starts, when it sees the trigger. A push after a
+ * GPU-scope fence makes the pusher's writes visible in this GPU's memory system before the
+ * trigger leaves the SM; that the copy engine then reads them is how the hardware behaves
+ * (the engines read through the same L2), not something the PTX memory model states, which
+ * has no copy engines and no CPU in GPU scope. The ring relies on the 16-byte store reaching
+ * host memory whole (one PCIe write), as MSCCL++'s FIFO does; PTX itself only promises the
+ * two 8-byte halves.
  *
  * Trigger layout (two little-endian 64-bit words, `fst` then `snd`):
  *   fst bits  0..35  src_offset   bytes into the channel's source buffer   (36 bits: 64 GiB)
@@ -31,8 +37,9 @@
  *   snd bit  63      lap parity (written by the push; callers pass it as zero)
  *
  * Inline triggers: a device put of 4 or 8 naturally aligned bytes on a CUDA copy channel
- * reads the value when it pushes and sends it in fst; the proxy writes it with a stream
- * memory operation (cuStreamWriteValue32/64) in place of a copy (maco/device/port_channel.h).
+ * reads the value when it pushes and sends it in fst; the proxy writes it (and a signal after
+ * it) with stream memory operations in one cuStreamBatchMemOp call in place of a copy, or as
+ * staged copies where those are unavailable (maco/device/port_channel.h).
  */
 #ifndef MACO_DEVICE_FIFO_H
 #define MACO_DEVICE_FIFO_H
@@ -174,10 +181,11 @@ enum { MACO_PROXY_STOPPED = 0, MACO_PROXY_RUNNING = 1 };
 
 /* How a push orders the pushing thread's earlier writes before the trigger. */
 enum {
-    MACO__PUSH_RELAXED = 0,     /* not at all (the trigger carries no data of this thread) */
-    MACO__PUSH_RELEASE_SYS = 1, /* st.release.sys: visible to the CPU and every GPU */
-    MACO__PUSH_FENCE_GPU = 2    /* fence.acq_rel.gpu, then a relaxed store: visible in this
+    MACO__PUSH_RELEASE_SYS = 0, /* st.release.sys: visible to the CPU and every GPU (zero, so
+                                   a zeroed handle gets the strongest order) */
+    MACO__PUSH_FENCE_GPU = 1,   /* fence.acq_rel.gpu, then a relaxed store: visible in this
                                    GPU's memory system (its copy engines read there) */
+    MACO__PUSH_RELAXED = 2      /* not at all (the trigger carries no data of this thread) */
 };
 
 #ifdef __cplusplus

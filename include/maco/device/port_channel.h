@@ -18,10 +18,12 @@
  *   the data of every earlier put of this FIFO (stream order). It does NOT order writes this
  *   thread made to OTHER GPUs' memory or to host memory (memory-channel puts, mapped host
  *   buffers): call __threadfence_system() before the signal when the peer relies on those,
- *   as with NVSHMEM's signal operations. The fence costs 0.2 us where a system-scope release
- *   costs 0.6-1.5 us on H200: an 8-byte put_with_signal ping-pong takes 13.9 us instead of
- *   16.7 us, and a thread pushes puts at 0.68 us instead of 1.83 us back to back
- *   (docs/performance.md).
+ *   as with NVSHMEM's signal operations. That the copy engines see what the fence made
+ *   visible is how the hardware behaves (same L2), not a promise of the PTX memory model
+ *   (maco/device/fifo.h). The fence costs 0.2 us where a system-scope release costs 0.6-1.5
+ *   us on H200: on 2x H200 an 8-byte put_with_signal ping-pong takes 13.7-15.2 us instead
+ *   of 16.6-16.8 us, and a thread pushes puts at 0.67 us instead of 1.84-1.94 us back to
+ *   back (docs/performance.md).
  * - host memory: a system-scope release (the proxy's CPU reads the source).
  * - flush alone: no ordering (it carries no data).
  *
@@ -68,8 +70,7 @@ typedef struct maco_port_channel_device {
 #if defined(__CUDACC__)
 
 /* Pushes `type` triggers covering [offsets, +bytes), split below 4 GiB; the last trigger
- * carries `last_extra` too. Triggers are pushed with the channel's push_order, except an
- * inline put without a signal, which carries its data and needs no ordering. A data trigger
+ * carries `last_extra` too. Triggers are pushed with the channel's push_order. A data trigger
  * of 4 or 8 naturally aligned bytes on a channel with `src` carries its value inline.
  * *pos_p gets the last position pushed (~0 on failure). */
 static __device__ __forceinline__ maco_status_t
@@ -82,8 +83,7 @@ maco__port_push(const maco_port_channel_device_t *ch, uint32_t type, uint64_t ds
         ((dst_offset | src_offset) & (bytes - 1)) == 0 && ch->src_bytes >= bytes &&
         src_offset <= ch->src_bytes - bytes) {
         /* Inline: the value goes in the trigger, read now at GPU scope (what this GPU's
-         * threads made visible to it; the source may be reused at once). The trigger then
-         * orders nothing of this thread unless it carries a signal. */
+         * threads made visible to it; the source may be reused at once). */
         const char *p = ch->src + src_offset;
         uint64_t v;
         if (bytes == 8) {
@@ -94,7 +94,7 @@ maco__port_push(const maco_port_channel_device_t *ch, uint32_t type, uint64_t ds
             v = w;
         }
         uint32_t t = type | last_extra;
-        int order = (t & MACO_TRIGGER_SIGNAL) ? (int)ch->push_order : MACO__PUSH_RELAXED;
+        int order = (int)ch->push_order; /* like any put: the peer may read what came before */
         pos = maco__fifo_push(
             &ch->fifo, maco_trigger_make_inline(t, ch->channel, dst_offset, v, (uint32_t)bytes),
             order, &st);
