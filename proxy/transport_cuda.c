@@ -74,10 +74,12 @@ static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void 
         cudaGetLastError();
         p->staging_events[slot] = NULL;
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
-                           "staged write: cudaEventCreate failed");
+                           "port channel %u to rank %d: staged write: cudaEventCreate failed",
+                           ch->id, ch->peer);
     }
-    /* Its previous copy has run (the slot is free): an event recorded on the proxy's stream,
-     * which the device timeout bounds like any stream work. */
+    /* The slot's previous copy has run: an event recorded after a copy of at most 8 bytes,
+     * MACO__STAGING_SLOTS writes ago, on the proxy's stream, which holds only copies and
+     * stream writes (nothing there waits on kernels), so this returns. */
     cudaError_t err = cudaEventSynchronize(p->staging_events[slot]);
     if (err == cudaSuccess) {
         p->staging[slot] = value; /* little-endian: a 4-byte copy takes the low bytes */

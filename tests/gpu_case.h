@@ -54,6 +54,19 @@ class GpuCase : public Test
         Test::TearDown();
     }
 
+    /* The two counters (wrong count, first wrong index) once the stream's work is done;
+     * asserts the communicator has no asynchronous error. Fatal failures: call it
+     * inside ASSERT_NO_FATAL_FAILURE. */
+    void ReadCounters(unsigned long long res[2])
+    {
+        CUDA_OK(
+            cudaMemcpyAsync(res, counters_, 2 * sizeof(res[0]), cudaMemcpyDeviceToHost, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t async_st;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
+        ASSERT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(Comm());
+    }
+
     uint64_t seed_ = 0;
     cudaStream_t stream_ = nullptr;
     unsigned long long *counters_ = nullptr;

@@ -70,11 +70,7 @@ class Allreduce : public maco_test::GpuCase
             maco_perf_check_bytes(out_, kGuard + skew_elems * esz, 0xFF, &counters_[0], stream_));
         CUDA_OK(maco_perf_check_bytes(out + bytes, kGuard, 0xFF, &counters_[0], stream_));
         unsigned long long res[2];
-        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
-        CUDA_OK(cudaStreamSynchronize(stream_));
-        maco_status_t async_st;
-        ASSERT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
-        ASSERT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(Comm());
+        ASSERT_NO_FATAL_FAILURE(ReadCounters(res));
         *wrong = res[0];
         if (res[0] != 0 && res[1] != ~0ull) {
             uint32_t want = maco_perf_expected_bits_host(res[1], code, seed, NRanks());
@@ -222,8 +218,7 @@ TEST_F(Allreduce, CudaGraphReplays)
                 cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice, stream_));
             CUDA_OK(maco_perf_check_sum(out_, count, MACO_PERF_F32, seed, NRanks(), &counters_[0],
                                         &counters_[1], stream_));
-            CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
-            CUDA_OK(cudaStreamSynchronize(stream_));
+            ASSERT_NO_FATAL_FAILURE(ReadCounters(res));
             ASSERT_EQ(res[0], 0u) << algo << " replay " << replay << ", first wrong " << res[1];
         }
         cudaGraphExecDestroy(exec);

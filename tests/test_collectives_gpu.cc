@@ -191,11 +191,7 @@ class Collectives : public maco_test::GpuCase
         CUDA_OK(maco_perf_check_bytes(out_, kGuard + s.skew, 0xFF, &counters_[0], stream_));
         CUDA_OK(maco_perf_check_bytes(region + touched, kGuard, 0xFF, &counters_[0], stream_));
         unsigned long long res[2];
-        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
-        CUDA_OK(cudaStreamSynchronize(stream_));
-        maco_status_t async_st;
-        ASSERT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
-        ASSERT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(Comm());
+        ASSERT_NO_FATAL_FAILURE(ReadCounters(res));
         *wrong = res[0];
         if (res[0] != 0 && res[1] != ~0ull) {
             uint64_t want = maco_perf_expected_coll_host(res[1], s.coll, s.dt, s.op, s.root, s.unit,
@@ -486,9 +482,7 @@ TEST_F(Collectives, GraphReplayedWithChangingInputs)
                                                      s.unit, seed, Rank(), NRanks(), &counters_[0],
                                                      &counters_[1], stream_));
                     }
-                    CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost,
-                                            stream_));
-                    CUDA_OK(cudaStreamSynchronize(stream_));
+                    ASSERT_NO_FATAL_FAILURE(ReadCounters(res));
                     ASSERT_EQ(res[0], 0u)
                         << Describe(s, "") << " replay " << replay << ", first wrong " << res[1];
                     /* The next fill overwrites inputs peers may still read: wait for all. */

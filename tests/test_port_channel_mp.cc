@@ -45,6 +45,32 @@ struct HostMesh {
         ASSERT_NO_FATAL_FAILURE(port.Create(comm, MACO_TRANSPORT_HOST_MEMORY, mine, peers));
     }
 
+    /* Rank r's data lives in its slot r: fills this rank's slot of `slot` bytes with the
+     * pattern of seed + rank. */
+    void FillMySlot(size_t slot, uint64_t seed)
+    {
+        char *p = buf + static_cast<size_t>(Rank()) * slot;
+        for (size_t i = 0; i < slot; i++)
+            p[i] = static_cast<char>(test_pattern_byte(seed + static_cast<uint64_t>(Rank()), i));
+    }
+
+    /* Wrong bytes in slot q, which should hold rank q's pattern (seed + q, from pattern byte
+     * `offset`) at [skew, skew + size) and the poison 0xAB elsewhere. */
+    size_t CountWrongFrom(int q, size_t slot, size_t skew, size_t size, uint64_t seed,
+                          uint64_t offset) const
+    {
+        const char *p = buf + static_cast<size_t>(q) * slot;
+        uint64_t qseed = seed + static_cast<uint64_t>(q);
+        size_t wrong = 0;
+        for (size_t i = 0; i < slot; i++) {
+            uint8_t want = 0xAB;
+            if (i >= skew && i < skew + size)
+                want = test_pattern_byte(qseed, i - skew + offset);
+            wrong += static_cast<uint8_t>(p[i]) != want;
+        }
+        return wrong;
+    }
+
     ~HostMesh()
     {
         port.Destroy();
@@ -69,20 +95,6 @@ class PortChannelHost : public maco_test::Test
     uint64_t seed_ = 0;
 };
 
-/* Rank r's data lives in its slot r; a put to q lands in q's slot r. */
-size_t CountWrongSlot(const char *slot, size_t slot_bytes, size_t skew, size_t size, uint64_t seed,
-                      uint64_t pattern_offset)
-{
-    size_t wrong = 0;
-    for (size_t i = 0; i < slot_bytes; i++) {
-        uint8_t want = 0xAB;
-        if (i >= skew && i < skew + size)
-            want = test_pattern_byte(seed, i - skew + pattern_offset);
-        wrong += static_cast<uint8_t>(slot[i]) != want;
-    }
-    return wrong;
-}
-
 TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
 {
     const size_t kSlot = (1 << 20) + 7;
@@ -94,10 +106,7 @@ TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
         size_t src_skew = rng() % 17, dst_skew = rng() % 17;
         uint64_t pseed = seed_ ^ (static_cast<uint64_t>(round) << 40);
         memset(m.buf, 0xAB, m.bytes);
-        char *mine = m.buf + static_cast<size_t>(Rank()) * kSlot;
-        for (size_t i = 0; i < kSlot; i++)
-            mine[i] =
-                static_cast<char>(test_pattern_byte(pseed + static_cast<uint64_t>(Rank()), i));
+        m.FillMySlot(kSlot, pseed);
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK); /* all poisoned before any put */
         size_t base = static_cast<size_t>(Rank()) * kSlot;
         for (int q = 0; q < NRanks(); q++) {
@@ -112,10 +121,8 @@ TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
                 continue;
             ASSERT_EQ(maco_port_channel_wait(m.port.chans[static_cast<size_t>(q)], 20000), MACO_OK)
                 << maco_comm_get_last_error(m.comm);
-            size_t wrong = CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, dst_skew,
-                                          size, pseed + static_cast<uint64_t>(q), src_skew);
-            ASSERT_EQ(wrong, 0u) << "round " << round << " from rank " << q << ", " << size
-                                 << " bytes";
+            ASSERT_EQ(m.CountWrongFrom(q, kSlot, dst_skew, size, pseed, src_skew), 0u)
+                << "round " << round << " from rank " << q << ", " << size << " bytes";
         }
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
@@ -126,9 +133,7 @@ TEST_F(PortChannelHost, FlushMeansTheDataHasLanded)
     const size_t kSlot = 65536;
     HostMesh m;
     ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
-    char *mine = m.buf + static_cast<size_t>(Rank()) * kSlot;
-    for (size_t i = 0; i < kSlot; i++)
-        mine[i] = static_cast<char>(test_pattern_byte(seed_ + static_cast<uint64_t>(Rank()), i));
+    m.FillMySlot(kSlot, seed_);
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     size_t base = static_cast<size_t>(Rank()) * kSlot;
     for (int q = 0; q < NRanks(); q++) {
@@ -144,10 +149,7 @@ TEST_F(PortChannelHost, FlushMeansTheDataHasLanded)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     for (int q = 0; q < NRanks(); q++) {
         if (q != Rank()) {
-            EXPECT_EQ(CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
-                                     seed_ + static_cast<uint64_t>(q), 0),
-                      0u)
-                << "from rank " << q;
+            EXPECT_EQ(m.CountWrongFrom(q, kSlot, 0, kSlot, seed_, 0), 0u) << "from rank " << q;
         }
     }
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
@@ -159,9 +161,7 @@ TEST_F(PortChannelHost, ManyThreadsPushAtOnce)
     const size_t kSlot = 4 << 20;
     HostMesh m;
     ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
-    char *mine = m.buf + static_cast<size_t>(Rank()) * kSlot;
-    for (size_t i = 0; i < kSlot; i++)
-        mine[i] = static_cast<char>(test_pattern_byte(seed_ + static_cast<uint64_t>(Rank()), i));
+    m.FillMySlot(kSlot, seed_);
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     std::atomic<int> failures{ 0 };
     std::vector<std::thread> threads;
@@ -190,10 +190,7 @@ TEST_F(PortChannelHost, ManyThreadsPushAtOnce)
         if (q == Rank())
             continue;
         ASSERT_EQ(maco_port_channel_wait(m.port.chans[static_cast<size_t>(q)], 30000), MACO_OK);
-        EXPECT_EQ(CountWrongSlot(m.buf + static_cast<size_t>(q) * kSlot, kSlot, 0, kSlot,
-                                 seed_ + static_cast<uint64_t>(q), 0),
-                  0u)
-            << "from rank " << q;
+        EXPECT_EQ(m.CountWrongFrom(q, kSlot, 0, kSlot, seed_, 0), 0u) << "from rank " << q;
     }
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
