@@ -26,7 +26,10 @@ if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
   mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
 fi
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-{ nvidia-smi -L; nvidia-smi topo -m; "$B/tools/maco-info"; } > "$OUT/machine.txt" 2>&1
+{ nvidia-smi -L; nvidia-smi topo -m; "$B/tools/maco-info"
+  # GDRCopy's kernel module would let the proxy write GPU memory (docs/performance.md).
+  ls -l /dev/gdrdrv 2>&1; grep -c '^gdrdrv ' /proc/modules | sed 's/^/gdrdrv modules loaded: /'
+} > "$OUT/machine.txt" 2>&1
 summary=()
 step() { # name timeout command...
   local name=$1 t=$2; shift 2

@@ -253,9 +253,47 @@ __global__ void piece_bare_round_trip(uint64_t *slot, const uint64_t *ack, int i
     *status = st;
 }
 
+/* The bare round trip again, but the CPU writes its ack to K words `stride` words apart and
+ * the GPU keeps K relaxed loads in flight, one per word, issued `gap` cycles apart: reads of
+ * one address are served in order, reads of different lines need not be, so K words can
+ * sample the ack K times per PCIe read latency. */
+template <int K>
+__global__ void piece_bare_mirrored(uint64_t *slot, const uint64_t *ack, int stride, int iters,
+                                    long long gap, int *status)
+{
+    int st = 0;
+    for (int i = 1; i <= iters && st == 0; i++) {
+        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(slot), "l"((uint64_t)i)
+                     : "memory");
+        uint64_t v[K];
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            v[j] = ld_relaxed_sys(ack + j * stride);
+            long long t = clock64();
+            while (j + 1 < K && clock64() - t < gap) {
+            }
+        }
+        int seen = -1;
+        for (long spins = 0; seen < 0 && spins < (1l << 24); spins++) {
+#pragma unroll
+            for (int j = 0; j < K; j++) {
+                if (seen < 0 && v[j] >= (uint64_t)i)
+                    seen = j;
+                if (seen < 0)
+                    v[j] = ld_relaxed_sys(ack + j * stride);
+            }
+        }
+        if (seen < 0)
+            st = 1;
+        else
+            (void)maco_load_acquire_sys_u64(ack + seen * stride);
+    }
+    *status = st;
+}
+
 /* The library's flush, piece by piece, in SM cycles summed over the iterations: [0] the head
- * reservation (atomicAdd + tail cache read), [1] the relaxed store, [2] the wait for
- * flush_done; [3] the whole loop. gap > 0: the wait polls with poll_staggered. */
+ * reservation (atomicAdd + tail cache read), [1] the relaxed store, [2] the
+ * wait for flush_done; [3] the whole loop. gap > 0: the wait polls with poll_staggered. */
 __global__ void piece_flush_breakdown(maco_port_channel_device_t ch, int iters, long long gap,
                                       unsigned long long *cyc, int *status)
 {
@@ -414,9 +452,9 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
                    ms * 1e3 / n);
             cudaFree(word);
             uint64_t *bare;
-            CK(cudaHostAlloc((void **)&bare, 4096, cudaHostAllocMapped));
+            CK(cudaHostAlloc((void **)&bare, 4 * 4096 + 4096, cudaHostAllocMapped));
             for (long long gap : { 0ll, 600ll, 1100ll, 1600ll }) {
-                memset(bare, 0, 4096);
+                memset(bare, 0, 5 * 4096);
                 volatile uint64_t *slot = bare, *ack = bare + 16;
                 std::thread cpu([&] {
                     for (int i = 1; i <= n; i++) {
@@ -435,6 +473,44 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
                 printf("# piece: bare GPU->CPU->GPU round trip (CPU thread spins), gap %4lld "
                        "cycles: %7.3f us (status %d)\n",
                        gap, bms * 1e3 / n, st);
+            }
+            /* K ack words: K loads in flight on different lines (or pages). */
+            for (int stride : { 16, 512 }) {
+                for (int k : { 1, 2, 4 }) {
+                    for (long long gap : { 0ll, 2000ll / k }) {
+                        if (k == 1 && gap > 0)
+                            continue;
+                        memset(bare, 0, 5 * 4096);
+                        volatile uint64_t *slot = bare;
+                        std::thread cpu([&] {
+                            for (int i = 1; i <= n; i++) {
+                                double t0 = bench_now_us();
+                                while (*slot < (uint64_t)i)
+                                    if (bench_now_us() - t0 > 1e6)
+                                        return;
+                                for (int j = 0; j < k; j++)
+                                    __atomic_store_n(bare + 16 + j * stride, (uint64_t)i,
+                                                     __ATOMIC_RELEASE);
+                            }
+                        });
+                        float bms = bench_time_ms(s, [&] {
+                            if (k == 1)
+                                piece_bare_mirrored<1>
+                                    <<<1, 1, 0, s>>>(bare, bare + 16, stride, n, gap, status);
+                            else if (k == 2)
+                                piece_bare_mirrored<2>
+                                    <<<1, 1, 0, s>>>(bare, bare + 16, stride, n, gap, status);
+                            else
+                                piece_bare_mirrored<4>
+                                    <<<1, 1, 0, s>>>(bare, bare + 16, stride, n, gap, status);
+                        });
+                        cpu.join();
+                        CK(cudaMemcpy(&st, status, sizeof(int), cudaMemcpyDeviceToHost));
+                        printf("# piece: bare round trip, %d ack words %4d B apart, gap %4lld "
+                               "cycles: %7.3f us (status %d)\n",
+                               k, stride * 8, gap, bms * 1e3 / n, st);
+                    }
+                }
             }
             cudaFreeHost(bare);
             unsigned long long *cyc, hc[4];
