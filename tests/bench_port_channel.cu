@@ -381,6 +381,30 @@ __global__ void piece_ping_pong(maco_port_channel_device_t ch, int variant, int 
     *status = st;
 }
 
+/* Times `launch` (n GPU->CPU->GPU round trips) against a CPU thread that waits for each
+ * value the GPU stores at bare[0] and answers it at the k words bare[16 + j * stride]
+ * (5 pages of host-mapped memory, zeroed here). Returns milliseconds. */
+template <typename Launch>
+static float time_bare_round_trip(cudaStream_t s, uint64_t *bare, int n, int k, int stride,
+                                  Launch launch)
+{
+    memset(bare, 0, 5 * 4096);
+    volatile uint64_t *slot = bare;
+    std::thread cpu([&] {
+        for (int i = 1; i <= n; i++) {
+            double t0 = bench_now_us();
+            while (*slot < (uint64_t)i)
+                if (bench_now_us() - t0 > 1e6)
+                    return;
+            for (int j = 0; j < k; j++)
+                __atomic_store_n(bare + 16 + j * stride, (uint64_t)i, __ATOMIC_RELEASE);
+        }
+    });
+    float ms = bench_time_ms(s, launch);
+    cpu.join();
+    return ms;
+}
+
 #define DK(call)                                                                                   \
     do {                                                                                           \
         CUresult r_ = (call);                                                                      \
@@ -454,21 +478,9 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
             uint64_t *bare;
             CK(cudaHostAlloc((void **)&bare, 4 * 4096 + 4096, cudaHostAllocMapped));
             for (long long gap : { 0ll, 600ll, 1100ll, 1600ll }) {
-                memset(bare, 0, 5 * 4096);
-                volatile uint64_t *slot = bare, *ack = bare + 16;
-                std::thread cpu([&] {
-                    for (int i = 1; i <= n; i++) {
-                        double t0 = bench_now_us();
-                        while (*slot < (uint64_t)i)
-                            if (bench_now_us() - t0 > 1e6)
-                                return;
-                        __atomic_store_n((uint64_t *)ack, (uint64_t)i, __ATOMIC_RELEASE);
-                    }
-                });
-                float bms = bench_time_ms(s, [&] {
+                float bms = time_bare_round_trip(s, bare, n, 1, 0, [&] {
                     piece_bare_round_trip<<<1, 1, 0, s>>>(bare, bare + 16, n, gap, status);
                 });
-                cpu.join();
                 CK(cudaMemcpy(&st, status, sizeof(int), cudaMemcpyDeviceToHost));
                 printf("# piece: bare GPU->CPU->GPU round trip (CPU thread spins), gap %4lld "
                        "cycles: %7.3f us (status %d)\n",
@@ -480,20 +492,7 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
                     for (long long gap : { 0ll, 2000ll / k }) {
                         if (k == 1 && gap > 0)
                             continue;
-                        memset(bare, 0, 5 * 4096);
-                        volatile uint64_t *slot = bare;
-                        std::thread cpu([&] {
-                            for (int i = 1; i <= n; i++) {
-                                double t0 = bench_now_us();
-                                while (*slot < (uint64_t)i)
-                                    if (bench_now_us() - t0 > 1e6)
-                                        return;
-                                for (int j = 0; j < k; j++)
-                                    __atomic_store_n(bare + 16 + j * stride, (uint64_t)i,
-                                                     __ATOMIC_RELEASE);
-                            }
-                        });
-                        float bms = bench_time_ms(s, [&] {
+                        float bms = time_bare_round_trip(s, bare, n, k, stride, [&] {
                             if (k == 1)
                                 piece_bare_mirrored<1>
                                     <<<1, 1, 0, s>>>(bare, bare + 16, stride, n, gap, status);
@@ -504,7 +503,6 @@ static void run_pieces(int rank, maco_bootstrap_t bs, maco_port_channel_device_t
                                 piece_bare_mirrored<4>
                                     <<<1, 1, 0, s>>>(bare, bare + 16, stride, n, gap, status);
                         });
-                        cpu.join();
                         CK(cudaMemcpy(&st, status, sizeof(int), cudaMemcpyDeviceToHost));
                         printf("# piece: bare round trip, %d ack words %4d B apart, gap %4lld "
                                "cycles: %7.3f us (status %d)\n",
