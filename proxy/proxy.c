@@ -401,7 +401,7 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
      * bound. */
     maco_status_t st = MACO_OK;
     int64_t now = maco__now_ms();
-    int64_t deadline = now + (p->timeout_ms > 0 ? p->timeout_ms : 60000);
+    int64_t deadline = now + maco__proxy_host_bound_ms(p);
     int64_t quiet_since = now;
     if (p->comm->cuda_device >= 0)
         cudaSetDevice(p->comm->cuda_device);

@@ -148,8 +148,15 @@ struct maco_proxy {
     int stream_writes; /* cuStreamWriteValue64: 0 untried, 1 works, -1 staged copies instead */
     int batch_ops;     /* cuStreamBatchMemOp: the same */
     maco__pending_flush_t *pending_head, *pending_tail;
-    int64_t timeout_ms;
+    int64_t timeout_ms; /* MACO_DEVICE_TIMEOUT in ms (0: device waits unbounded) */
 };
+
+/* The bound of the proxy's own host waits, in ms: MACO_DEVICE_TIMEOUT, or 60 s where that is
+ * 0 (unbounded), so that no proxy wait on the CPU is ever without a deadline. */
+static inline int64_t maco__proxy_host_bound_ms(const struct maco_proxy *p)
+{
+    return p->timeout_ms > 0 ? p->timeout_ms : 60000;
+}
 
 enum { MACO__HOST_SEMS = 4096, MACO__STAGING_SLOTS = 1024 };
 

@@ -13,12 +13,14 @@
  * written by stream memory operations in one cuStreamBatchMemOp, no copy.
  * Flush markers are events recorded on the stream.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_driver.h"
 #include "log.h"
 #include "proxy_internal.h"
+#include "socket.h"
 
 static maco_status_t maco__cuda_put(struct maco_port_channel *ch, uint64_t dst_offset,
                                     uint64_t src_offset, uint64_t bytes)
@@ -79,8 +81,21 @@ static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void 
     }
     /* The slot's previous copy has run: an event recorded after a copy of at most 8 bytes,
      * MACO__STAGING_SLOTS writes ago, on the proxy's stream, which holds only copies and
-     * stream writes (nothing there waits on kernels), so this returns. */
-    cudaError_t err = cudaEventSynchronize(p->staging_events[slot]);
+     * stream writes (nothing there waits on kernels), so it passes at once unless a copy
+     * engine is stuck; the wait is bounded all the same. */
+    int64_t deadline = maco__now_ms() + maco__proxy_host_bound_ms(p);
+    cudaError_t err;
+    while ((err = cudaEventQuery(p->staging_events[slot])) == cudaErrorNotReady) {
+        if (maco__now_ms() > deadline) {
+            cudaGetLastError();
+            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
+                               "port channel %u to rank %d: staged write: the copy %u writes "
+                               "earlier had not completed after %lld ms",
+                               ch->id, ch->peer, (unsigned)MACO__STAGING_SLOTS,
+                               (long long)maco__proxy_host_bound_ms(p));
+        }
+        sched_yield();
+    }
     if (err == cudaSuccess) {
         p->staging[slot] = value; /* little-endian: a 4-byte copy takes the low bytes */
         err = cudaMemcpyAsync(dst, &p->staging[slot], bytes, cudaMemcpyHostToDevice, p->stream);

@@ -10,8 +10,7 @@ __global__ void test_fill_pattern_kernel(char *dst, size_t bytes, uint64_t seed)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < bytes;
          i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t x = (seed ^ (i * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
-        dst[i] = (char)(uint8_t)((x >> 29) ^ (x >> 47));
+        dst[i] = (char)test_pattern_byte(seed, i);
     }
 }
 
@@ -31,8 +30,7 @@ __global__ void test_mismatch_kernel(const char *p, size_t bytes, uint64_t seed,
     unsigned long long bad = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < bytes;
          i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t x = (seed ^ ((i + off) * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
-        bad += (uint8_t)p[i] != (uint8_t)((x >> 29) ^ (x >> 47));
+        bad += (uint8_t)p[i] != test_pattern_byte(seed, i + off);
     }
     for (int o = 16; o > 0; o >>= 1)
         bad += __shfl_down_sync(0xffffffffu, bad, o);
@@ -441,12 +439,6 @@ extern "C" cudaError_t test_port_flush_and_poll(const maco_port_channel_device_t
     return cudaGetLastError();
 }
 
-__device__ __forceinline__ uint8_t test_pattern_byte_dev(uint64_t seed, uint64_t i)
-{
-    uint64_t x = (seed ^ (i * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
-    return (uint8_t)((x >> 29) ^ (x >> 47));
-}
-
 __global__ void test_port_write_put_rounds_kernel(const maco_port_channel_device_t *handles,
                                                   int nranks, int rank, char *buf, uint64_t slot,
                                                   uint64_t bytes, int rounds, uint64_t seed,
@@ -465,7 +457,7 @@ __global__ void test_port_write_put_rounds_kernel(const maco_port_channel_device
         uint64_t s_me = seed + (uint64_t)r * 64 + (uint64_t)rank;
         uint64_t s_prev = seed + (uint64_t)r * 64 + (uint64_t)prev;
         for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
-            mine[i] = (char)test_pattern_byte_dev(s_me, i);
+            mine[i] = (char)test_pattern_byte(s_me, i);
         __syncthreads(); /* every thread's bytes before thread 0's push */
         if (threadIdx.x == 0) {
             maco_status_t st = MACO_OK;
@@ -492,7 +484,7 @@ __global__ void test_port_write_put_rounds_kernel(const maco_port_channel_device
         if (st_sh != MACO_OK)
             break;
         for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
-            bad += (uint8_t)from_prev[i] != test_pattern_byte_dev(s_prev, i);
+            bad += (uint8_t)from_prev[i] != test_pattern_byte(s_prev, i);
         __syncthreads(); /* every thread checked before the acknowledgement */
         if (threadIdx.x == 0) {
             maco_status_t st = maco_port_channel_signal(&to_prev);

@@ -15,7 +15,11 @@ extern "C" {
 #endif
 
 /** Byte i of the pattern for `seed` (the same function on host and device). */
-static inline uint8_t test_pattern_byte(uint64_t seed, uint64_t i)
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    static inline uint8_t
+    test_pattern_byte(uint64_t seed, uint64_t i)
 {
     uint64_t x = (seed ^ (i * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
     return (uint8_t)((x >> 29) ^ (x >> 47));

@@ -236,6 +236,12 @@ struct SmallPutsCase {
 class PortChannelSmallPuts : public PortChannelGpu,
                              public ::testing::WithParamInterface<SmallPutsCase>
 {
+  protected:
+    void TearDown() override
+    {
+        unsetenv("MACO_PROXY_STREAM_MEMOPS"); /* also when the test stopped before it did */
+        PortChannelGpu::TearDown();
+    }
 };
 
 TEST_P(PortChannelSmallPuts, ArriveWholeAndInOrder)

@@ -70,11 +70,22 @@ MACO_API maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_
 MACO_API const char *maco_comm_get_last_error(maco_comm_t comm);
 
 /**
- * Reports whether device work of this communicator failed asynchronously (a bounded
- * device wait timed out). *async_status_p is MACO_OK, or the failure's status
- * (MACO_ERR_TIMEOUT), and then maco_comm_get_last_error() names the peer rank, the
- * semaphore or packet slot, and the expected and observed values. Does not block and does
- * not synchronise with the device. Thread-safe.
+ * Reports whether work of this communicator failed asynchronously, on the device or on a
+ * proxy thread. *async_status_p is MACO_OK or the first failure's status, and then
+ * maco_comm_get_last_error() says what failed, naming the peer rank where there is one:
+ * - MACO_ERR_TIMEOUT: a bounded device wait timed out (the semaphore, packet slot, FIFO or
+ *   flush position, expected and observed values), a proxy's staged write found an
+ *   earlier copy unfinished past the bound, or maco_proxy_stop's drain ran past it (device
+ *   waits that end because their proxy stopped return MACO_ERR_REMOTE to the kernel only);
+ * - MACO_ERR_INVALID_ARGUMENT: a proxy skipped a device put whose offsets and size leave
+ *   the channel's buffers, or an inline put to a misaligned destination (its signal is
+ *   still sent, so the peer does not hang);
+ * - MACO_ERR_INVALID_USAGE: a proxy got a trigger for a channel that does not exist or that
+ *   its transport cannot carry (a corrupt trigger), or a collective kernel met a peer's
+ *   registration this rank has not mapped (deregistered while in use);
+ * - MACO_ERR_CUDA: a proxy's copy, stream write or event failed.
+ * The status stays set for the communicator's lifetime. Does not block and does not
+ * synchronise with the device. Thread-safe.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL).
  */
 MACO_API maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p);
