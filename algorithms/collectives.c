@@ -333,7 +333,9 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
 
     size_t n = (size_t)comm->nranks;
     size_t threads = MACO__COLL_THREADS;
-    size_t max_blocks = (size_t)comm->sm_count;
+    /* Every kernel here waits on peers: its CTAs must be co-resident with theirs, also
+     * when ranks share a GPU (comm_internal.h, coresident_ctas). */
+    size_t max_blocks = (size_t)comm->coresident_ctas;
     size_t blocks;
     if (kernel == MACO__KERNEL_MESH)
         maco__describe(c, comm, &a);

@@ -2,7 +2,7 @@
 # Runs on a lent GPU machine over a build made elsewhere and carried along (build/): the GPU
 # tests, then maco-perf allreduce against NCCL on 4 (if present) and 2 GPUs, and an
 # algorithm sweep. Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: scripts/gpu-session.sh [quick|benches|port|sweep]
+#   usage: scripts/gpu-session.sh [quick|benches|port|sweep|coll|shared]
 #   default: tests, compute-sanitizer, channel benchmarks, allreduce tables
 #   quick: tests and the allreduce tables; benches: default without compute-sanitizer;
 #   port: tests, memcheck of the port-channel tests, the port-channel benchmark (also
@@ -13,6 +13,9 @@
 #     COLL_GRAPH / COLL_N2 = the -G values (0 = eager) on 4 / 2 GPUs, COLL_SWEEP=1 sweeps CTAs,
 #     COLL_TYPES=1 checks every type and op, COLL_FILTER = the gtest filter,
 #     COLL_LIST = the collectives to time, COLL_REG = the -R values (default 0)
+#   shared: one GPU, ranks sharing it under MPS: ctest -L gpu (SHARED_ROUNDS times) and
+#     maco-run -n 4 maco-perf COLL -b 8 -e 64M -f 4 -d all -o all -c 1 for each collective
+#     (SHARED_COLLS, SHARED_TEST_TIMEOUT, SHARED_PERF_TIMEOUT in seconds)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -20,6 +23,8 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-15s}
 B=build
+# The build folder travels as gpu-bundle/build (scripts/gpu-bundle.sh) when it is too large.
+if [ ! -e "$B" ] && [ -d gpu-bundle/build ]; then ln -s gpu-bundle/build "$B"; fi
 # ctest files hold the build machine's absolute paths: make them resolve here.
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
 if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
@@ -39,6 +44,35 @@ step() { # name timeout command...
   summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
   return 0
 }
+if [ "${1:-}" = shared ]; then
+  # One GPU, ranks sharing it through MPS (maco-run starts it): the GPU suite with 2 and 4
+  # ranks (SHARED_ROUNDS times), then every collective with every type and op checked.
+  nvidia-smi -q | grep -iE 'compute mode|product name' >> "$OUT/machine.txt" 2>&1
+  for round in $(seq 1 "${SHARED_ROUNDS:-1}"); do
+    step "gpu-tests-$round" "${SHARED_TEST_TIMEOUT:-300}" ctest --test-dir "$B" -L gpu -V
+  done
+  for c in ${SHARED_COLLS:-allreduce allgather reduce_scatter broadcast reduce}; do
+    step "perf-$c" "${SHARED_PERF_TIMEOUT:-100}" "$B/tools/maco-run" -n 4 \
+      --timeout $(( ${SHARED_PERF_TIMEOUT:-100} - 5 )) "$B/tools/maco-perf" $c -b 8 -e 64M -f 4 \
+      -d all -o all -c 1
+  done
+  { echo "MPS processes left: $(pgrep -c -f nvidia-cuda-mps || true)"; pgrep -a -f nvidia-cuda-mps; \
+    ls -d /tmp/maco-mps-* 2>&1; } > "$OUT/leftovers.txt" 2>&1
+  echo "================ machine"; cat "$OUT/machine.txt" | head -n 12
+  for f in "$OUT"/gpu-tests-*.txt; do
+    echo "================ $(basename "$f" .txt)"
+    grep -E 'Test +#|tests passed|SKIP:|Failure|FAILED|maco-run:' "$f" | head -n 40
+    grep -cE ' OK \]' "$f" | sed 's/^/passing test cases (all ranks): /'
+  done
+  for f in "$OUT"/perf-*.txt; do
+    echo "================ $(basename "$f" .txt)"
+    grep -E 'share each GPU|Wrong values|Out of bounds|maco-perf:|error|FAILED' "$f" | head -n 8
+  done
+  echo "================ leftovers"; cat "$OUT/leftovers.txt"
+  echo "================ summary"; printf '%s\n' "${summary[@]}"
+  (cd "$OUT" && tar czf ../shared-results.tgz . && rm -f ./* && mv ../shared-results.tgz .)
+  exit 0
+fi
 if [ "${1:-}" = coll ]; then
   flt="${COLL_FILTER:-Collectives.*:Allreduce.*}"
   step coll-tests-n4 300 "$B/tools/maco-run" -n 4 --timeout 290 "$B/tests/test_gpu_mp" --gtest_filter="$flt"

@@ -5,7 +5,7 @@
  * warning or an error that the test did not announce with AllowLog() (STYLE.md, rule 8).
  * MultiProcessMain() is main() for binaries started by maco-run: it joins the job from the
  * environment, optionally creates a communicator, and skips (exit 77, reason printed) when
- * the machine lacks the GPUs the binary needs.
+ * the machine has no GPU or its ranks cannot share the GPUs it has.
  */
 #ifndef MACO_TEST_H
 #define MACO_TEST_H
@@ -69,7 +69,9 @@ struct PortChannels {
 /** Exit code ctest reports as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt). */
 constexpr int kSkipExitCode = 77;
 
-int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_one_gpu_per_rank);
+/* needs_gpu: skip (exit 77, reason printed) without a GPU, or when the ranks cannot share
+ * the GPUs there are (no MPS and MACO_SHARED_GPU unset; with_comm must be true). */
+int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_gpu);
 
 } // namespace maco_test
 

@@ -90,7 +90,7 @@ void PortChannels::Destroy()
     proxy = nullptr;
 }
 
-int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_one_gpu_per_rank)
+int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_gpu)
 {
     ::testing::InitGoogleTest(&argc, argv);
     const char *rank = getenv("MACO_RANK");
@@ -99,15 +99,13 @@ int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_one_gpu_p
         fprintf(stderr, "run this test under maco-run, e.g. maco-run -n 2 %s\n", argv[0]);
         return 2;
     }
-    if (needs_one_gpu_per_rank) {
+    if (needs_gpu) {
         int ndev = 0;
         cudaError_t err = cudaGetDeviceCount(&ndev);
-        if (err != cudaSuccess || ndev < atoi(world)) {
+        if (err != cudaSuccess || ndev < 1) {
             if (atoi(rank) == 0)
-                printf("SKIP: this test needs %s GPUs on this machine and %d are visible "
-                       "(%s)\n",
-                       world, err == cudaSuccess ? ndev : 0,
-                       err == cudaSuccess ? "ok" : cudaGetErrorString(err));
+                printf("SKIP: this test needs a GPU and none is visible (%s)\n",
+                       err == cudaSuccess ? "device count 0" : cudaGetErrorString(err));
             return kSkipExitCode;
         }
     }
@@ -128,6 +126,22 @@ int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_one_gpu_p
         maco_comm_get_cuda_device(g_comm, &dev);
         if (dev >= 0)
             cudaSetDevice(dev); /* this binary's CUDA runtime, not only libmaco's */
+        /* Fewer GPUs than ranks: the communicator says whether the ranks may share them
+         * (MPS, MACO_SHARED_GPU) and, if not, why; every rank reaches the same verdict. */
+        int gpu_ranks = 0;
+        maco_comm_get_gpu_ranks(g_comm, &gpu_ranks);
+        if (needs_gpu && gpu_ranks == 0) {
+            maco_collective_stats_t stats;
+            maco_status_t why = maco_collective_get_stats(g_comm, &stats);
+            if (g_rank == 0)
+                printf("SKIP: the ranks cannot run GPU work together (%s): %s\n",
+                       maco_status_string(why), maco_comm_get_last_error(g_comm));
+            maco_comm_destroy(g_comm);
+            maco_bootstrap_destroy(g_bs);
+            return kSkipExitCode;
+        }
+        if (g_rank == 0 && gpu_ranks > 1)
+            printf("note: %d ranks share each GPU (MPS or MACO_SHARED_GPU=1)\n", gpu_ranks);
     }
     int rc = RUN_ALL_TESTS();
     /* Ranks agree on the outcome before leaving, so one rank's failure is not mistaken by

@@ -383,9 +383,12 @@ struct LocalBound {
 TEST_F(MemoryChannel, GridBarrierOrdersEveryCta)
 {
     LocalBound lb;
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    int nblocks = std::min(sms, 64);
+    /* Every CTA waits for every other: they must be co-resident, also next to the kernels of
+     * the ranks that share this GPU (maco_comm_get_coresident_ctas). */
+    int ctas = 0;
+    ASSERT_EQ(maco_comm_get_coresident_ctas(Comm(), &ctas), MACO_OK);
+    ASSERT_GE(ctas, 1);
+    int nblocks = std::min(ctas, 64);
     void *barrier;
     uint32_t *slots;
     CUDA_OK(cudaMalloc(&barrier, sizeof(maco_grid_barrier_t)));
@@ -403,6 +406,42 @@ TEST_F(MemoryChannel, GridBarrierOrdersEveryCta)
     EXPECT_EQ(errors, 0u) << "CTAs saw slots of another round";
     cudaFree(barrier);
     cudaFree(slots);
+}
+
+/* The communicator counts the ranks on this rank's GPU (equal UUIDs, read here from CUDA) and
+ * gives kernels that wait on peers min over ranks of SMs / ranks per GPU CTAs (comm.h). */
+TEST_F(MemoryChannel, ReportsGpuSharingAndCoresidentCtas)
+{
+    struct Info {
+        unsigned char uuid[16];
+        int32_t sms;
+        int32_t pad;
+    };
+    std::vector<Info> all(static_cast<size_t>(NRanks()));
+    int dev = -1;
+    ASSERT_EQ(maco_comm_get_cuda_device(Comm(), &dev), MACO_OK);
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, dev));
+    Info &mine = all[static_cast<size_t>(Rank())];
+    memcpy(mine.uuid, &prop.uuid, 16);
+    CUDA_OK(cudaDeviceGetAttribute(&mine.sms, cudaDevAttrMultiProcessorCount, dev));
+    ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), all.data(), sizeof(Info)), MACO_OK);
+    int expect_ranks = 0, expect_ctas = 1 << 30;
+    for (const Info &r : all) {
+        int sharers = 0;
+        for (const Info &q : all)
+            sharers += memcmp(r.uuid, q.uuid, 16) == 0;
+        if (memcmp(r.uuid, mine.uuid, 16) == 0)
+            expect_ranks++;
+        expect_ctas = std::min(expect_ctas, std::max(1, r.sms / sharers));
+    }
+    int gpu_ranks = -1, ctas = -1;
+    ASSERT_EQ(maco_comm_get_gpu_ranks(Comm(), &gpu_ranks), MACO_OK);
+    ASSERT_EQ(maco_comm_get_coresident_ctas(Comm(), &ctas), MACO_OK);
+    EXPECT_EQ(gpu_ranks, expect_ranks);
+    EXPECT_EQ(ctas, expect_ctas);
+    maco_test::AllowLog("maco_comm_get_gpu_ranks: NULL argument");
+    EXPECT_EQ(maco_comm_get_gpu_ranks(Comm(), nullptr), MACO_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(MemoryChannel, DeviceSemaphoreGivesMutualExclusion)

@@ -343,6 +343,7 @@ typedef struct perf_ctx {
     maco_comm_t comm;
     maco_bootstrap_t bs;
     int rank, nranks;
+    int gpu_ranks; /* ranks on each GPU (maco_comm_get_gpu_ranks); > 1 when they share */
     cudaStream_t stream;
     cudaEvent_t start, stop;
     char *in, *out;
@@ -603,6 +604,10 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
     printf("# maco-perf %s: %d rank(s), %s, iters %d, warmup %d, checks %d, %s%s\n",
            maco_collective_name(o->coll), c->nranks, gpu, o->iters, o->warmup, o->checks,
            o->graph ? "graph-replayed" : "eager", o->nccl ? "" : ", no NCCL");
+    if (c->gpu_ranks > 1)
+        printf("# %d ranks share each GPU (MPS, or MACO_SHARED_GPU=1): these times measure "
+               "ranks sharing one GPU, not NVLink\n",
+               c->gpu_ranks);
     printf("# buffers: %s\n", o->reg ? "maco_mem_alloc (-R 1: registered, used in place)"
                                      : "cudaMalloc (-R 0: unregistered, through scratch)");
     if (o->graph)
@@ -668,6 +673,13 @@ int main(int argc, char **argv)
     int dev;
     maco_comm_get_cuda_device(c.comm, &dev);
     PERF_CUDA(cudaSetDevice(dev));
+    maco_comm_get_gpu_ranks(c.comm, &c.gpu_ranks);
+    if (o.nccl && c.gpu_ranks > 1) {
+        /* NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). */
+        if (c.rank == 0)
+            printf("# --nccl skipped: NCCL does not run ranks that share a GPU\n");
+        o.nccl = 0;
+    }
     struct cudaDeviceProp prop;
     PERF_CUDA(cudaGetDeviceProperties(&prop, dev));
     PERF_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));

@@ -59,6 +59,26 @@ MACO_API maco_status_t maco_comm_get_node(maco_comm_t comm, int *node_p);
 MACO_API maco_status_t maco_comm_get_nnodes(maco_comm_t comm, int *nnodes_p);
 /** This rank's CUDA device, or -1 when the communicator has none. */
 MACO_API maco_status_t maco_comm_get_cuda_device(maco_comm_t comm, int *device_p);
+/**
+ * Number of ranks of this communicator whose CUDA device is this rank's GPU (same UUID),
+ * this rank included: 1 when the GPU is this rank's alone, 0 when the communicator has no
+ * usable GPU. Ranks share a GPU as clients of one MPS server (maco-run starts one when a node
+ * has fewer GPUs than ranks) or, slowly, by time slices with MACO_SHARED_GPU=1 (README,
+ * "Several ranks on one GPU").
+ */
+MACO_API maco_status_t maco_comm_get_gpu_ranks(maco_comm_t comm, int *gpu_ranks_p);
+/**
+ * The most CTAs a kernel on this communicator may launch when any of its CTAs waits for
+ * another rank (semaphore, LL packet, port-channel flush) or for other CTAs of its own grid
+ * (grid barrier): every CTA waited for must be resident at the same time, on every rank that
+ * shares the GPU, or the wait can only time out. The value is, over all ranks,
+ * min(floor(SM count of the rank's CUDA context / ranks on its GPU)), at least 1: one CTA per
+ * SM always fits, so launching at most this many (any block size the kernel can launch with)
+ * is safe. Under MPS the SM count is what the client context reports (lower with
+ * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); with one GPU per rank it is the smallest SM count of any
+ * rank. MACO's collectives follow it. 0 when the communicator has no usable GPU.
+ */
+MACO_API maco_status_t maco_comm_get_coresident_ctas(maco_comm_t comm, int *ctas_p);
 /** The bootstrap the communicator uses (borrowed). */
 MACO_API maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_t *bs_p);
 

@@ -10,17 +10,30 @@
 #include "config.h"
 #include "cuda_util.h"
 #include "log.h"
+#include "wire.h"
 
 /* What every rank tells the others at creation (fixed layout, sent by allgather). */
 typedef struct maco__rank_info {
     int32_t has_gpu;
     int32_t cuda_device;
-    int32_t sm_count;
+    int32_t sm_count; /* as this rank's CUDA context reports it (MPS may lower it) */
     int32_t rsag_ctas;
     uint64_t oneshot_max;
     uint64_t scratch_bytes;
     uint8_t uuid[16];
+    int32_t mps;           /* the context is an MPS client (cudaDevAttrMpsEnabled) */
+    int32_t shared_forced; /* MACO_SHARED_GPU=1 */
+    uint64_t mps_pipe;     /* FNV-1a of the MPS pipe directory: which MPS server */
 } maco__rank_info_t;
+_Static_assert(sizeof(maco__rank_info_t) == 64, "rank info is 64 bytes on every rank");
+
+/* The MPS pipe directory a client of this process connects to (nvidia-cuda-mps-control's
+ * default when CUDA_MPS_PIPE_DIRECTORY is unset). Equal directories mean one MPS server. */
+static const char *maco__mps_pipe_directory(void)
+{
+    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    return dir != NULL && dir[0] != '\0' ? dir : "/tmp/nvidia-mps";
+}
 
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
 {
@@ -105,14 +118,108 @@ static maco_status_t maco__comm_probe_gpu(maco_comm_t comm, int cuda_device,
                            ndev);
     int dev = cuda_device >= 0 ? cuda_device : comm->local_rank % ndev;
     MACO_CUDA_RETURN(cudaSetDevice(dev));
+    /* Create the context first: under MPS, the SM count and the MPS attribute are the
+     * context's (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE lowers the former). */
+    MACO_CUDA_RETURN(cudaFree(NULL));
     struct cudaDeviceProp prop;
     MACO_CUDA_RETURN(cudaGetDeviceProperties(&prop, dev));
+    int sms = 0, mps = 0;
+    MACO_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, dev) != cudaSuccess) {
+        cudaGetLastError(); /* a driver without the attribute: no MPS detection */
+        mps = 0;
+    }
+    int64_t forced = 0;
+    maco_status_t st = maco__config_int64(MACO_CFG_SHARED_GPU, &forced);
+    if (st != MACO_OK)
+        return st;
     comm->cuda_device = dev;
     info->has_gpu = 1;
     info->cuda_device = dev;
-    info->sm_count = prop.multiProcessorCount;
+    info->sm_count = sms;
+    info->mps = mps != 0;
+    info->shared_forced = forced != 0;
+    info->mps_pipe = maco__fnv1a(maco__mps_pipe_directory());
     memcpy(info->uuid, &prop.uuid, sizeof(info->uuid));
     return MACO_OK;
+}
+
+/*
+ * Ranks that use the same GPU (equal UUIDs). They may share it when all of them are clients
+ * of one MPS server (kernels of different ranks then run at the same time), or when each
+ * sets MACO_SHARED_GPU=1 (kernels time-slice: correct, but every hand-off between the ranks
+ * waits for a time slice). Writes comm->gpu_ranks (ranks on this rank's GPU) and
+ * comm->coresident_ctas (comm_internal.h), or the reason sharing is refused to `why`.
+ */
+static void maco__comm_check_sharing(maco_comm_t comm, const maco__rank_info_t *all, char *why,
+                                     size_t cap)
+{
+    const int n = comm->nranks, me = comm->rank;
+    int ctas = 1 << 30, forced_pair = -1;
+    for (int r = 0; r < n; r++) {
+        int sharers = 0;
+        for (int q = 0; q < n; q++) {
+            if (memcmp(all[r].uuid, all[q].uuid, 16) != 0)
+                continue;
+            sharers++;
+            if (q >= r)
+                continue;
+            int same_server = all[r].mps && all[q].mps && all[r].mps_pipe == all[q].mps_pipe;
+            if (same_server)
+                continue;
+            if (all[r].shared_forced && all[q].shared_forced) {
+                if (r == me || q == me)
+                    forced_pair = r == me ? q : r;
+                continue;
+            }
+            if (all[r].mps && all[q].mps)
+                snprintf(why, cap,
+                         "ranks %d and %d use the same GPU through different MPS servers "
+                         "(CUDA_MPS_PIPE_DIRECTORY differs); run them under one MPS control "
+                         "daemon, or set MACO_SHARED_GPU=1 on every rank to share the GPU by "
+                         "time slices (slow)",
+                         q, r);
+            else if (all[q].mps || all[r].mps)
+                snprintf(why, cap,
+                         "ranks %d and %d use the same GPU but rank %d is not an MPS client; "
+                         "start every rank under the same MPS control daemon, or set "
+                         "MACO_SHARED_GPU=1 on every rank to share the GPU by time slices (slow)",
+                         q, r, all[q].mps ? r : q);
+            else
+                snprintf(why, cap,
+                         "ranks %d and %d use the same GPU and neither is an MPS client; run the "
+                         "ranks under MPS (maco-run starts a private MPS daemon when a node has "
+                         "fewer GPUs than ranks: --mps auto, the default), set MACO_SHARED_GPU=1 "
+                         "on every rank to share the GPU by time slices (slow), or give each "
+                         "rank its own GPU (CUDA_VISIBLE_DEVICES, maco_comm_create's "
+                         "cuda_device)",
+                         q, r);
+            return;
+        }
+        if (r == me)
+            comm->gpu_ranks = sharers;
+        if (all[r].sm_count / sharers < ctas)
+            ctas = all[r].sm_count / sharers;
+    }
+    comm->coresident_ctas = ctas < 1 ? 1 : ctas;
+    if (comm->gpu_ranks > 1) {
+        MACO_INFO(MACO_SUBSYS_INIT,
+                  "rank %d shares GPU %d with %d other rank(s) %s; kernels that wait on peers "
+                  "launch at most %d CTAs (SM count / ranks per GPU, minimum over ranks)",
+                  me, comm->cuda_device, comm->gpu_ranks - 1,
+                  all[me].mps ? "as clients of one MPS server (cudaDevAttrMpsEnabled = 1, same "
+                                "CUDA_MPS_PIPE_DIRECTORY)"
+                              : "by time slices (MACO_SHARED_GPU=1)",
+                  comm->coresident_ctas);
+    }
+    static int warned;
+    if (forced_pair >= 0 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        MACO_WARN(MACO_SUBSYS_INIT,
+                  "rank %d shares its GPU with rank %d without MPS (MACO_SHARED_GPU=1): their "
+                  "kernels time-slice, so every hand-off between them waits for a time slice "
+                  "(a round trip took 4.2-4.5 ms on an H100, against 1.9-2.0 us under MPS); "
+                  "run the ranks under MPS for speed (maco-run --mps auto)",
+                  me, forced_pair);
 }
 
 /* Checks that all ranks can run collectives together; fills comm->gpu_unavailable if not. */
@@ -120,15 +227,12 @@ static void maco__comm_check_peers(maco_comm_t comm, const maco__rank_info_t *al
 {
     char *why = comm->gpu_unavailable;
     size_t cap = sizeof(comm->gpu_unavailable);
-    comm->sm_count = 1 << 30;
     for (int r = 0; r < comm->nranks; r++) {
         if (!all[r].has_gpu) {
             if (why[0] == '\0')
                 snprintf(why, cap, "rank %d has no CUDA device", r);
             return;
         }
-        if (all[r].sm_count < comm->sm_count)
-            comm->sm_count = all[r].sm_count;
     }
     if (comm->nnodes > 1) {
         snprintf(why, cap,
@@ -141,16 +245,10 @@ static void maco__comm_check_peers(maco_comm_t comm, const maco__rank_info_t *al
                  MACO__MAX_LOCAL_RANKS);
         return;
     }
+    maco__comm_check_sharing(comm, all, why, cap);
+    if (why[0] != '\0')
+        return;
     for (int r = 0; r < comm->nranks; r++) {
-        for (int q = 0; q < r; q++) {
-            if (memcmp(all[r].uuid, all[q].uuid, 16) == 0) {
-                snprintf(why, cap,
-                         "ranks %d and %d use the same GPU; MACO needs one GPU per rank (set "
-                         "CUDA_VISIBLE_DEVICES or pass distinct devices)",
-                         q, r);
-                return;
-            }
-        }
         if (all[r].oneshot_max != all[0].oneshot_max ||
             all[r].scratch_bytes != all[0].scratch_bytes || all[r].rsag_ctas != all[0].rsag_ctas) {
             snprintf(why, cap,
@@ -382,6 +480,10 @@ maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t
                   comm->gpu_unavailable);
     }
     free(all);
+    if (comm->gpu_unavailable[0] != '\0') {
+        comm->gpu_ranks = 0; /* the getters' documented value without a usable GPU */
+        comm->coresident_ctas = 0;
+    }
     MACO_INFO(MACO_SUBSYS_INIT,
               "communicator: rank %d of %d, local rank %d of %d, node %d of %d, device %d",
               comm->rank, comm->nranks, comm->local_rank, comm->local_nranks, comm->node,
@@ -437,6 +539,8 @@ MACO__COMM_GETTER(local_nranks, local_nranks)
 MACO__COMM_GETTER(node, node)
 MACO__COMM_GETTER(nnodes, nnodes)
 MACO__COMM_GETTER(cuda_device, cuda_device)
+MACO__COMM_GETTER(gpu_ranks, gpu_ranks)
+MACO__COMM_GETTER(coresident_ctas, coresident_ctas)
 
 maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_t *bs_p)
 {

@@ -67,7 +67,7 @@ struct maco_comm {
     int rank, nranks;
     int local_rank, local_nranks, node, nnodes;
     int cuda_device;           /* -1: none */
-    char gpu_unavailable[256]; /* why GPU operations are unsupported ("" when they work) */
+    char gpu_unavailable[640]; /* why GPU operations are unsupported ("" when they work) */
 
     pthread_mutex_t error_lock;
     volatile int32_t host_async_status; /* first asynchronous error of a proxy, 0 = none */
@@ -75,7 +75,12 @@ struct maco_comm {
     char first_error[1024];
 
     /* GPU resources (valid when gpu_unavailable is ""). */
-    int sm_count; /* smallest multiprocessor count over all ranks */
+    int gpu_ranks; /* ranks on this rank's GPU, this one included (1: not shared) */
+    /* The most CTAs a kernel that waits on peers or on its own grid may launch: over all
+     * ranks, min(SM count its context reports / ranks on its GPU), at least 1. One CTA per
+     * SM always fits, so every CTA of every rank sharing a GPU is resident at once
+     * (maco_comm_get_coresident_ctas in maco/comm.h). */
+    int coresident_ctas;
     uint64_t timeout_ns;
     maco__comm_layout_t layout;
     char *buf;                           /* this rank's comm buffer */

@@ -48,6 +48,9 @@ extern "C" {
       "reaches rank 0.")                                                                           \
     X(DEVICE_TIMEOUT, DURATION, "60s", "ms",                                                       \
       "Deadline of every device-side wait (semaphores, LL packets); 0 disables it.")               \
+    X(SHARED_GPU, BOOL, "0", "",                                                                   \
+      "Let ranks share a GPU without MPS (correct, but kernels time-slice: each hand-off "         \
+      "between ranks costs a time slice, about 4 ms). Under MPS sharing needs no setting.")        \
     X(SCRATCH_SIZE, SIZE, "32M", "bytes",                                                          \
       "Scratch buffer per rank for collectives on unregistered buffers.")                          \
     X(ALGO_ALLREDUCE, STRING, "", "",                                                              \
