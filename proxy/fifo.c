@@ -176,7 +176,7 @@ maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t
                                "the FIFO is full (position %llu) and its proxy is not running",
                                (unsigned long long)pos);
         if (deadline == 0)
-            deadline = maco__now_ms() + timeout_ms;
+            deadline = maco__deadline_ms(timeout_ms);
         else if (timeout_ms > 0 && maco__now_ms() > deadline)
             return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
                                "the proxy's FIFO stayed full for %lld ms (position %llu, proxy at "
@@ -195,7 +195,7 @@ maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t
 maco_status_t maco__fifo_host_wait_flush(const maco_fifo_device_t *f, uint64_t pos,
                                          int64_t timeout_ms)
 {
-    int64_t deadline = maco__now_ms() + timeout_ms;
+    int64_t deadline = maco__deadline_ms(timeout_ms);
     uint32_t spins = 0;
     while (__atomic_load_n(f->flush_done, __ATOMIC_ACQUIRE) <= pos) {
         if (__atomic_load_n(f->proxy_state, __ATOMIC_ACQUIRE) != MACO_PROXY_RUNNING &&

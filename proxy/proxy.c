@@ -302,7 +302,7 @@ maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
     p->timeout_ms = timeout_ms;
     p->peer_host_sems = (maco_mem_t *)calloc((size_t)comm->nranks, sizeof(maco_mem_t));
     maco_device_wait_bound_t bound = comm->bound;
-    bound.timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+    bound.timeout_ns = maco__timeout_ns(timeout_ms);
     if (p->peer_host_sems == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "maco_proxy_create: no memory");
         goto fail;
@@ -751,7 +751,7 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
         bounded = timeout_ms > 0;
     }
     uint64_t want = ch->host_expected + 1;
-    int64_t deadline = maco__now_ms() + timeout_ms;
+    int64_t deadline = maco__deadline_ms(timeout_ms);
     uint32_t spins = 0;
     uint64_t seen;
     while ((seen = __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE)) < want) {

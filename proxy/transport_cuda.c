@@ -83,7 +83,7 @@ static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void 
      * MACO__STAGING_SLOTS writes ago, on the proxy's stream, which holds only copies and
      * stream writes (nothing there waits on kernels), so it passes at once unless a copy
      * engine is stuck; the wait is bounded all the same. */
-    int64_t deadline = maco__now_ms() + maco__proxy_host_bound_ms(p);
+    int64_t deadline = maco__deadline_ms(maco__proxy_host_bound_ms(p));
     cudaError_t err;
     while ((err = cudaEventQuery(p->staging_events[slot])) == cudaErrorNotReady) {
         if (maco__now_ms() > deadline) {

@@ -16,10 +16,17 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <random>
+
+#include "bootstrap_internal.h"
+#include "fork_ranks.h"
 #include "log.h"
 #include "maco/bootstrap.h"
-#include "fork_ranks.h"
 #include "maco_test.h"
+#include "socket.h"
 
 namespace
 {
@@ -27,6 +34,8 @@ namespace
 using Clock = std::chrono::steady_clock;
 
 using maco_test::ForkRanks;
+using maco_test::ForkRanksWithEnv;
+using maco_test::FreePort;
 
 /* Child exit codes. */
 enum { kOk = 0, kWrongStatus = 10, kWrongMessage = 11, kTooSlow = 12, kSetupFailed = 13 };
@@ -100,6 +109,252 @@ TEST_F(BootstrapFaults, DuplicateRankFailsTheJobClearly)
 TEST_F(BootstrapFaults, WorldSizeMismatchFailsTheJobClearly)
 {
     ExpectSetupRejected({ { 0, 2 }, { 1, 3 } });
+}
+
+/*
+ * Every process of a job that cannot form learns the cause from rank 0, whenever it starts
+ * (random start delays of up to 0.4 s, fresh each round): none times out, reads a reset
+ * connection or fails to connect. (Regression: ranks not yet joined when rank 0 found the
+ * error got "connection reset", "could not connect to rank 0" or their whole timeout.)
+ */
+void ExpectEveryoneToldWhy(const std::vector<std::pair<int, int>> &ranks, const char *cause,
+                           int rounds)
+{
+    for (int round = 0; round < rounds; round++) {
+        uint32_t seed = std::random_device{}();
+        auto t0 = Clock::now();
+        std::vector<int> codes = ForkRanks(ranks, [&](int rank) {
+            std::mt19937 rng(seed ^ static_cast<uint32_t>(getpid()) ^ static_cast<uint32_t>(rank));
+            usleep(rng() % 400000);
+            maco_bootstrap_t bs;
+            maco_status_t st = maco_bootstrap_create_from_env(&bs);
+            if (st == MACO_OK) {
+                maco_bootstrap_destroy(bs);
+                return static_cast<int>(kWrongStatus);
+            }
+            std::string msg = maco__last_error();
+            if (msg.find(cause) == std::string::npos) {
+                fprintf(stderr, "rank %d was not told why: %s\n", rank, msg.c_str());
+                return static_cast<int>(kWrongMessage);
+            }
+            return static_cast<int>(kOk);
+        });
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        for (size_t i = 0; i < codes.size(); i++)
+            EXPECT_EQ(codes[i], kOk) << "round " << round << ", process " << i << " (rank "
+                                     << ranks[i].first << " of " << ranks[i].second << ")";
+        EXPECT_LT(s, 10.0) << "round " << round;
+    }
+}
+
+TEST_F(BootstrapFaults, EveryRankIsToldOfAWorldSizeMismatch)
+{
+    ExpectEveryoneToldWhy({ { 0, 4 }, { 1, 4 }, { 2, 4 }, { 3, 5 } }, "world size mismatch", 6);
+}
+
+TEST_F(BootstrapFaults, EveryRankIsToldOfADuplicateRank)
+{
+    /* Rank 3 never comes, so setup cannot complete before the duplicate is seen. */
+    ExpectEveryoneToldWhy({ { 0, 4 }, { 1, 4 }, { 2, 4 }, { 2, 4 } }, "joined twice", 3);
+}
+
+/*
+ * A job whose nonce is 0 (MACO_BOOTSTRAP_NONCE=0 or a unique id holding 0) sets up normally,
+ * and rank 0 leaves descriptor 0 alone. (Regression: 0 marked an empty slot of rank 0's
+ * listening sockets, so rank 0 took descriptor 0 (stdin) as its listener and closed it.)
+ */
+TEST_F(BootstrapFaults, NonceZeroIsAValidNonce)
+{
+    std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 0, 2 }, { 1, 2 } },
+        [&](int rank, int world) {
+            setenv("MACO_RANK", std::to_string(rank).c_str(), 1);
+            setenv("MACO_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("MACO_BOOTSTRAP_ADDR", addr.c_str(), 1);
+            setenv("MACO_BOOTSTRAP_NONCE", "0", 1);
+        },
+        [](int) {
+            int fds[2];
+            if (pipe(fds) != 0 || dup2(fds[0], 0) != 0)
+                return 20;
+            struct stat before, after;
+            fstat(0, &before);
+            maco_bootstrap_t bs;
+            if (maco_bootstrap_create_from_env(&bs) != MACO_OK)
+                return static_cast<int>(kSetupFailed);
+            int v = 1;
+            maco_status_t st = maco_bootstrap_allgather(bs, &v, 0);
+            maco_bootstrap_destroy(bs);
+            if (st != MACO_OK)
+                return static_cast<int>(kWrongStatus);
+            if (fstat(0, &after) != 0 || after.st_ino != before.st_ino)
+                return 21; /* descriptor 0 was closed or replaced */
+            return static_cast<int>(kOk);
+        });
+    EXPECT_EQ(codes[0], kOk) << "rank 0";
+    EXPECT_EQ(codes[1], kOk) << "rank 1";
+}
+
+/*
+ * 300 silent connections to rank 0's port, opened as it starts listening and held, do not
+ * delay setup: every connection is accepted at once and strangers that say nothing are
+ * dropped after a short deadline. (Regression: only 64 were kept pending, each for up to 5 s,
+ * with the ranks queued behind them; 200 stretched setup from 1.4 s to 16 s.)
+ */
+TEST_F(BootstrapFaults, SilentConnectionsDoNotDelaySetup)
+{
+    const int port = FreePort();
+    const std::string addr = "127.0.0.1:" + std::to_string(port);
+    pid_t flooder = fork();
+    ASSERT_GE(flooder, 0);
+    if (flooder == 0) {
+        std::vector<int> fds;
+        sockaddr_in a;
+        memset(&a, 0, sizeof(a));
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        for (int tries = 0; tries < 20000 && fds.size() < 300; tries++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0) {
+                fds.push_back(fd);
+            } else {
+                close(fd);
+                usleep(1000);
+            }
+        }
+        sleep(15);
+        _exit(fds.size() == 300 ? 0 : 1);
+    }
+    auto t0 = Clock::now();
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 0, 3 }, { 1, 3 }, { 2, 3 } },
+        [&](int rank, int world) {
+            setenv("MACO_RANK", std::to_string(rank).c_str(), 1);
+            setenv("MACO_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("MACO_BOOTSTRAP_ADDR", addr.c_str(), 1);
+            setenv("MACO_LOG_LEVEL", "error", 1); /* the dropped strangers are warned about */
+        },
+        [](int rank) {
+            if (rank > 0)
+                usleep(300000); /* the silent crowd is there first */
+            maco_bootstrap_t bs;
+            if (maco_bootstrap_create_from_env(&bs) != MACO_OK)
+                return static_cast<int>(kSetupFailed);
+            maco_status_t st = maco_bootstrap_barrier(bs);
+            maco_bootstrap_destroy(bs);
+            return st == MACO_OK ? static_cast<int>(kOk) : static_cast<int>(kWrongStatus);
+        });
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (size_t i = 0; i < codes.size(); i++)
+        EXPECT_EQ(codes[i], kOk) << "rank " << i;
+    EXPECT_LT(s, 5.0) << "setup took " << s << " s behind 300 silent connections";
+    kill(flooder, SIGKILL);
+    int status = 0;
+    waitpid(flooder, &status, 0);
+}
+
+/*
+ * torchrun-style start (no MACO_BOOTSTRAP_NONCE): the nonce mixes TORCHELASTIC_RUN_ID into
+ * the address hash, so a local process that knows only the address cannot join. A stranger
+ * claiming rank 1 first is refused; the real rank 1 joins. (Regression: the nonce was the
+ * hash of the address text alone; the stranger took rank 1 and the job failed.)
+ */
+TEST_F(BootstrapFaults, StrangerWithoutTheRunIdCannotJoin)
+{
+    const int port = FreePort();
+    std::vector<std::pair<int, int>> ranks = { { 0, 2 }, { 1, 2 }, { 1, 2 } };
+    std::vector<pid_t> pids;
+    for (size_t i = 0; i < ranks.size(); i++) {
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            for (const char *v :
+                 { "MACO_RANK", "MACO_WORLD_SIZE", "MACO_BOOTSTRAP_ADDR", "MACO_BOOTSTRAP_NONCE" })
+                unsetenv(v);
+            setenv("RANK", std::to_string(ranks[i].first).c_str(), 1);
+            setenv("WORLD_SIZE", "2", 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+            setenv("MACO_LOG_LEVEL", "error", 1);
+            setenv("MACO_BOOTSTRAP_TIMEOUT", i == 2 ? "5s" : "20s", 1);
+            if (i < 2) /* the job; process 2 is the stranger, without the run id */
+                setenv("TORCHELASTIC_RUN_ID", "3f1c9a52-7d2e-4b7e-9a51-6c0d8e2b4f17", 1);
+            else
+                unsetenv("TORCHELASTIC_RUN_ID");
+            alarm(60);
+            if (i == 1)
+                usleep(500000); /* the stranger knocks first */
+            maco_bootstrap_t bs;
+            if (maco_bootstrap_create_from_env(&bs) != MACO_OK)
+                _exit(kSetupFailed);
+            maco_status_t st = maco_bootstrap_barrier(bs);
+            maco_bootstrap_destroy(bs);
+            _exit(st == MACO_OK ? kOk : kWrongStatus);
+        }
+        pids.push_back(pid);
+    }
+    std::vector<int> got;
+    for (pid_t pid : pids) {
+        int status = 0;
+        waitpid(pid, &status, 0);
+        got.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
+    EXPECT_EQ(got[0], kOk) << "rank 0";
+    EXPECT_EQ(got[1], kOk) << "the real rank 1";
+    EXPECT_EQ(got[2], kSetupFailed) << "the stranger must not join";
+}
+
+/* What the nonce is made of, and what MACO_BOOTSTRAP_NONCE accepts (regression: "-1" was
+ * accepted and wrapped by strtoull). */
+TEST_F(BootstrapFaults, NonceTextAndDerivation)
+{
+    uint64_t n = 7;
+    EXPECT_EQ(maco__parse_nonce("0", &n), 0);
+    EXPECT_EQ(n, 0u);
+    EXPECT_EQ(maco__parse_nonce("ffffffffFFFFFFFF", &n), 0);
+    EXPECT_EQ(n, ~0ull);
+    for (const char *bad : { "-1", "", "0x10", "+5", "12345678901234567", "12 ", "g" })
+        EXPECT_NE(maco__parse_nonce(bad, &n), 0) << bad;
+    const char *addr = "10.0.0.1:29500";
+    EXPECT_NE(maco__derive_nonce(addr, "run-a"), maco__derive_nonce(addr, "run-b"));
+    EXPECT_NE(maco__derive_nonce(addr, "run-a"), maco__derive_nonce(addr, nullptr));
+    EXPECT_EQ(maco__derive_nonce(addr, "none"), maco__derive_nonce(addr, nullptr));
+    EXPECT_EQ(maco__derive_nonce(addr, ""), maco__derive_nonce(addr, nullptr));
+    EXPECT_NE(maco__derive_nonce("10.0.0.1:29501", nullptr), maco__derive_nonce(addr, nullptr));
+}
+
+/* Huge timeouts saturate instead of overflowing into the past (regression:
+ * MACO_BOOTSTRAP_TIMEOUT=9223372036854775807 failed at once). */
+TEST_F(BootstrapFaults, HugeTimeoutsMeanPracticallyNever)
+{
+    EXPECT_EQ(maco__deadline_ms(INT64_MAX), INT64_MAX);
+    EXPECT_GT(maco__deadline_ms(INT64_MAX - 5), maco__now_ms());
+    EXPECT_EQ(maco__timeout_ns(INT64_MAX), UINT64_MAX);
+    EXPECT_EQ(maco__timeout_ns(60000), 60000000000ull);
+    EXPECT_EQ(maco__timeout_ns(0), 0u);
+    std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 0, 2 }, { 1, 2 } },
+        [&](int rank, int world) {
+            setenv("MACO_RANK", std::to_string(rank).c_str(), 1);
+            setenv("MACO_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("MACO_BOOTSTRAP_ADDR", addr.c_str(), 1);
+            setenv("MACO_BOOTSTRAP_TIMEOUT", "9223372036854775807", 1);
+        },
+        [](int rank) {
+            if (rank == 1)
+                usleep(200000);
+            maco_bootstrap_t bs;
+            if (maco_bootstrap_create_from_env(&bs) != MACO_OK)
+                return static_cast<int>(kSetupFailed);
+            maco_status_t st = maco_bootstrap_barrier(bs);
+            maco_bootstrap_destroy(bs);
+            return st == MACO_OK ? static_cast<int>(kOk) : static_cast<int>(kWrongStatus);
+        });
+    EXPECT_EQ(codes[0], kOk);
+    EXPECT_EQ(codes[1], kOk);
 }
 
 } // namespace

@@ -60,8 +60,15 @@ enum {
     /* HELLO: magic(4) version(2) kind(2) nonce(8) rank(4) nranks(4) addr(24) host id(128). */
     MACO__HELLO_BYTES = 24 + MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
     MACO__TABLE_ENTRY_BYTES = MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
-    /* How long an accepted connection may take to send its hello before it is dropped. */
-    MACO__HELLO_WAIT_MS = 5000,
+    /* How long an accepted connection may take to send its hello before it is dropped. A
+     * rank writes its hello right after connecting, so this only bounds silent strangers. */
+    MACO__HELLO_WAIT_MS = 2000,
+    /* Connections whose hello is still arriving, at most; when more arrive, the oldest is
+     * dropped (it had the longest time to speak), so strangers cannot crowd out ranks. */
+    MACO__PENDING_MAX = 1024,
+    /* After a job error during setup (world size mismatch, duplicate or out-of-range rank),
+     * how long rank 0 keeps answering newcomers with the error before it gives up. */
+    MACO__ERROR_LINGER_MS = 3000,
     /* After a connection ends unexpectedly, how long to keep reading the others before
      * failing: a peer that failed because of a third rank's death says so (ABORT) before
      * closing, so the error can name the rank that actually died. */
@@ -130,6 +137,7 @@ struct maco_bootstrap {
     struct pollfd *pfds;  /* scratch for poll, [nranks] */
     int *pfd_rank;        /* [nranks] */
     uint8_t *setup_table; /* during setup: [nranks] x (listen address, host id) */
+    int setup_error_told; /* rank 0: every rank it could reach was sent the setup error */
     maco_status_t failed; /* sticky: once a peer failed, every call returns this */
     int failed_culprit;   /* rank the failure is blamed on, or -1 */
     char failed_text[MACO__ABORT_TEXT_BYTES];
@@ -197,7 +205,10 @@ void maco__topology_compute(const char *const *ids, int nranks, int rank, maco__
 /* ------------------------------------------------------------------ unique id */
 
 static pthread_mutex_t maco__root_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Listening sockets of unique ids this process created, until their rank 0 takes them. Any
+ * nonce is valid (0 too), so a slot says whether it is used with its own flag. */
 static struct {
+    int used;
     uint64_t nonce;
     int fd;
 } maco__root_sockets[16];
@@ -246,9 +257,10 @@ maco_status_t maco_unique_id_create(maco_unique_id_t *id_p)
     pthread_mutex_lock(&maco__root_lock);
     int slot = -1;
     for (int i = 0; i < 16 && slot < 0; i++)
-        if (maco__root_sockets[i].nonce == 0)
+        if (!maco__root_sockets[i].used)
             slot = i;
     if (slot >= 0) {
+        maco__root_sockets[slot].used = 1;
         maco__root_sockets[slot].nonce = nonce;
         maco__root_sockets[slot].fd = fd;
     }
@@ -269,9 +281,10 @@ static int maco__take_root_socket(uint64_t nonce)
     int fd = -1;
     pthread_mutex_lock(&maco__root_lock);
     for (int i = 0; i < 16; i++) {
-        if (maco__root_sockets[i].nonce == nonce) {
+        if (maco__root_sockets[i].used && maco__root_sockets[i].nonce == nonce) {
             fd = maco__root_sockets[i].fd;
-            maco__root_sockets[i].nonce = 0;
+            maco__root_sockets[i].used = 0;
+            maco__root_sockets[i].fd = -1;
             break;
         }
     }
@@ -772,7 +785,7 @@ typedef struct maco__op {
 
 static maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const char *what)
 {
-    int64_t deadline = maco__now_ms() + bs->timeout_ms;
+    int64_t deadline = maco__deadline_ms(bs->timeout_ms);
     maco_status_t st = MACO_OK;
     for (;;) {
         int pending = 0;
@@ -1197,6 +1210,19 @@ typedef struct maco__pending {
     uint8_t hello[MACO__HELLO_BYTES];
 } maco__pending_t;
 
+static maco_status_t maco__send_setup_frame(int fd, uint16_t kind, const void *payload, size_t len,
+                                            int64_t deadline, const char *what);
+
+/* Rank 0: sends the setup error `text` to a connection that presented a hello as `rank`
+ * (bounded: a rank that does not read it gets its connection closed). */
+static void maco__tell_setup_error(int fd, const char *text, int rank)
+{
+    char what[32];
+    snprintf(what, sizeof(what), "rank %d", rank);
+    maco__send_setup_frame(fd, MACO__FRAME_INIT_ERROR, text, strlen(text), maco__deadline_ms(500),
+                           what);
+}
+
 /* Checks a received hello's identity fields: 0 when it belongs to this job. */
 static int maco__hello_is_ours(const uint8_t *h, uint16_t kind, uint64_t nonce)
 {
@@ -1215,19 +1241,30 @@ typedef maco_status_t (*maco__on_hello_t)(maco_bootstrap_t bs, int rank, int fd,
 static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char *expect,
                                         int nexpect, int64_t deadline, maco__on_hello_t on_hello)
 {
-    maco__pending_t pend[64];
+    /* Every connection is accepted at once and read without blocking, each with its own
+     * short hello deadline: silent or slow strangers cost a slot, never a rank's time. */
+    maco__pending_t *pend = (maco__pending_t *)calloc(MACO__PENDING_MAX, sizeof(maco__pending_t));
     int npend = 0;
     maco_status_t st = MACO_OK;
-    struct pollfd *pfds = (struct pollfd *)calloc((size_t)(65 + bs->nranks), sizeof(*pfds));
-    int *pfd_rank = (int *)calloc((size_t)(65 + bs->nranks), sizeof(int));
-    if (pfds == NULL || pfd_rank == NULL) {
+    size_t npfd = (size_t)(1 + MACO__PENDING_MAX + bs->nranks);
+    struct pollfd *pfds = (struct pollfd *)calloc(npfd, sizeof(*pfds));
+    int *pfd_rank = (int *)calloc(npfd, sizeof(int));
+    if (pend == NULL || pfds == NULL || pfd_rank == NULL) {
+        free(pend);
         free(pfds);
         free(pfd_rank);
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
     }
-    while (nexpect > 0) {
+    /* Rank 0 only: which ranks were told a job error (told[r]), and until when it lingers. */
+    char job_error[MACO__ABORT_TEXT_BYTES] = "";
+    maco_status_t job_status = MACO_OK;
+    char *told = kind == MACO__KIND_HELLO ? (char *)calloc((size_t)bs->nranks, 1) : NULL;
+    int ntold = 0;
+    int64_t linger_until = 0;
+    while (job_error[0] != '\0' ? ntold < bs->nranks - 1 && maco__now_ms() < linger_until
+                                : nexpect > 0) {
         int64_t now = maco__now_ms();
-        if (now >= deadline) {
+        if (job_error[0] == '\0' && now >= deadline) {
             char missing[256] = "";
             size_t used = 0;
             int listed = 0;
@@ -1241,8 +1278,8 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                 used += (size_t)snprintf(missing + used, sizeof(missing) - used, " %d", r);
             }
             st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
-                             "rank %d: setup timed out after %lld ms waiting for %d rank(s) to "
-                             "connect:%s (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
+                             "rank %d: setup timed out after %lld ms: no valid hello yet from %d "
+                             "rank(s):%s (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
                              bs->rank, (long long)bs->timeout_ms, nexpect, missing);
             break;
         }
@@ -1270,8 +1307,8 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
             break;
         }
         /* Established links: any readable event now is a closed connection or an error
-         * report from rank 0. */
-        for (int i = 0; i < n && st == MACO_OK; i++) {
+         * report from rank 0 (after a job error they close as told: not a new failure). */
+        for (int i = 0; i < n && st == MACO_OK && job_error[0] == '\0'; i++) {
             if (pfd_rank[i] < 0 || pfds[i].revents == 0)
                 continue;
             int r = pfd_rank[i];
@@ -1285,10 +1322,15 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
         }
         if (st != MACO_OK)
             break;
-        /* Pending connections: read hellos; drop slow or stray ones. */
+        /* Pending connections (pfds[1 .. npend] in pend's order): read hellos where data
+         * arrived; drop slow or stray ones. */
+        int polled = npend;
         for (int i = 0; i < npend && st == MACO_OK; i++) {
             maco__pending_t *pc = &pend[i];
-            ssize_t got = recv(pc->fd, pc->hello + pc->got, MACO__HELLO_BYTES - pc->got, 0);
+            ssize_t got = -1;
+            errno = EAGAIN;
+            if (i < polled && pfds[1 + i].revents != 0)
+                got = recv(pc->fd, pc->hello + pc->got, MACO__HELLO_BYTES - pc->got, 0);
             if (got > 0)
                 pc->got += (size_t)got;
             int drop = 0;
@@ -1316,7 +1358,14 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                 } else {
                     int rank = (int)maco__get_u32(pc->hello + 16);
                     int nranks = (int)maco__get_u32(pc->hello + 20);
-                    if (nranks != bs->nranks) {
+                    if (job_error[0] != '\0') {
+                        /* Setup already failed: tell this newcomer why. */
+                        maco__tell_setup_error(pc->fd, job_error, rank);
+                        if (rank > 0 && rank < bs->nranks && !told[rank]) {
+                            told[rank] = 1;
+                            ntold++;
+                        }
+                    } else if (nranks != bs->nranks) {
                         st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                                          "world size mismatch: rank %d was started with %d "
                                          "ranks but rank %d (from %s) with %d",
@@ -1338,6 +1387,32 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                             pc->fd = -1; /* now owned by the peer table */
                         }
                     }
+                    if (st != MACO_OK && told != NULL && job_error[0] == '\0' &&
+                        st == MACO_ERR_INVALID_ARGUMENT) {
+                        /* A job error: the offender, every rank that joined, and every rank
+                         * that still arrives (for a while) is told, so none is left waiting
+                         * for its deadline or reading a reset connection. */
+                        snprintf(job_error, sizeof(job_error), "%s", maco__last_error());
+                        job_status = st;
+                        st = MACO_OK;
+                        maco__tell_setup_error(pc->fd, job_error, rank);
+                        if (rank > 0 && rank < bs->nranks && !told[rank]) {
+                            told[rank] = 1;
+                            ntold++;
+                        }
+                        for (int r = 1; r < bs->nranks; r++) {
+                            if (bs->peers[r].fd >= 0) {
+                                maco__tell_setup_error(bs->peers[r].fd, job_error, r);
+                                if (!told[r]) {
+                                    told[r] = 1;
+                                    ntold++;
+                                }
+                            }
+                        }
+                        linger_until = maco__deadline_ms(MACO__ERROR_LINGER_MS);
+                        if (linger_until > deadline)
+                            linger_until = deadline;
+                    }
                     drop = 1;
                 }
             } else if (maco__now_ms() - pc->since_ms > MACO__HELLO_WAIT_MS) {
@@ -1350,19 +1425,39 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
             if (drop) {
                 if (pc->fd >= 0)
                     close(pc->fd);
+                /* Keep pend and its poll results in step: move the last of both here. */
                 pend[i] = pend[--npend];
+                if (npend < polled) {
+                    pfds[1 + i] = pfds[1 + npend];
+                    polled--;
+                }
                 i--;
             }
         }
         if (st != MACO_OK)
             break;
-        /* New connections. */
-        while (npend < 64) {
+        /* New connections: all of them; when the table is full, the oldest pending one
+         * makes room. */
+        for (;;) {
             int fd;
             maco__sockaddr_t from;
             st = maco__socket_accept(bs->listen_fd, &fd, &from);
             if (st != MACO_OK || fd < 0)
                 break;
+            if (npend == MACO__PENDING_MAX) {
+                int oldest = 0;
+                for (int i = 1; i < npend; i++)
+                    if (pend[i].since_ms < pend[oldest].since_ms)
+                        oldest = i;
+                char old_from[96];
+                maco__sockaddr_format(&pend[oldest].from, old_from, sizeof(old_from));
+                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                          "rank %d: %d connections are waiting to say hello; dropped the oldest "
+                          "(from %s)",
+                          bs->rank, MACO__PENDING_MAX, old_from);
+                close(pend[oldest].fd);
+                pend[oldest] = pend[--npend];
+            }
             pend[npend].fd = fd;
             pend[npend].got = 0;
             pend[npend].since_ms = maco__now_ms();
@@ -1374,8 +1469,16 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
     }
     for (int i = 0; i < npend; i++)
         close(pend[i].fd);
+    free(pend);
     free(pfds);
     free(pfd_rank);
+    free(told);
+    if (job_error[0] != '\0') {
+        bs->setup_error_told = 1;
+        /* The job error is this call's error (its text is still the thread's last error
+         * unless something failed since; then that is reported instead). */
+        return st != MACO_OK ? st : maco__error_quiet(job_status, "%s", job_error);
+    }
     return st;
 }
 
@@ -1438,7 +1541,8 @@ static maco_status_t maco__setup_root(maco_bootstrap_t bs, int64_t deadline)
                                           maco__root_on_hello);
     free(expect);
     if (st != MACO_OK) {
-        maco__root_broadcast_error(bs, maco__last_error());
+        if (!bs->setup_error_told)
+            maco__root_broadcast_error(bs, maco__last_error());
         return st;
     }
     return MACO_OK;
@@ -1469,7 +1573,7 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
                            "no host memory for a bootstrap of %d ranks", nranks);
     }
     maco__log_set_rank(rank);
-    int64_t deadline = maco__now_ms() + timeout_ms;
+    int64_t deadline = maco__deadline_ms(timeout_ms);
     maco_status_t st = MACO_OK;
     char root_text[96];
     maco__sockaddr_format(root, root_text, sizeof(root_text));
@@ -1637,6 +1741,42 @@ maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nr
     return maco__bootstrap_setup(&root, nonce, rank, nranks, timeout, listen_fd, bs_p);
 }
 
+int maco__parse_nonce(const char *text, uint64_t *nonce_p)
+{
+    uint64_t v = 0;
+    size_t n = 0;
+    for (; text[n] != '\0'; n++) {
+        char c = text[n];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0 || n == 16)
+            return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (n == 0)
+        return -1;
+    *nonce_p = v;
+    return 0;
+}
+
+uint64_t maco__derive_nonce(const char *addr_text, const char *run_id)
+{
+    /* The world size stays out: ranks that disagree on it must meet and be told so. */
+    char text[768];
+    int secret = run_id != NULL && run_id[0] != '\0' && strcmp(run_id, "none") != 0;
+    snprintf(text, sizeof(text), "%s\n%s", addr_text, secret ? run_id : "");
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "job nonce derived from the rank-0 address%s; %s",
+                  secret ? " and TORCHELASTIC_RUN_ID" : "",
+                  secret ? "processes that cannot read this job's environment cannot join it"
+                         : "any local process can compute it: set MACO_BOOTSTRAP_NONCE to a "
+                           "random value shared by the ranks (README, bootstrap security)");
+    return maco__fnv1a(text);
+}
+
 /* Reads an integer variable, MACO's name first, then torchrun's. */
 static maco_status_t maco__env_int(const char *maco_name, const char *torch_name, int *value_p,
                                    int required)
@@ -1697,17 +1837,13 @@ maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
     uint64_t nonce;
     if (maco__config_is_set(MACO_CFG_BOOTSTRAP_NONCE)) {
         const char *text = maco__config_string(MACO_CFG_BOOTSTRAP_NONCE);
-        char *end;
-        errno = 0;
-        nonce = strtoull(text, &end, 16);
-        if (end == text || *end != '\0' || errno != 0)
+        if (maco__parse_nonce(text, &nonce) != 0)
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                               "MACO_BOOTSTRAP_NONCE='%s' is invalid: it accepts up to 16 hex "
-                               "digits",
+                               "MACO_BOOTSTRAP_NONCE='%s' is invalid: it accepts 1 to 16 hex "
+                               "digits (no sign, no 0x)",
                                text);
     } else {
-        /* Not the world size: ranks that disagree on it must meet and be told so. */
-        nonce = maco__fnv1a(addr_text);
+        nonce = maco__derive_nonce(addr_text, getenv("TORCHELASTIC_RUN_ID"));
     }
     maco_unique_id_t id;
     maco__id_encode(&id, nonce, &root);

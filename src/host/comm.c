@@ -10,6 +10,7 @@
 #include "config.h"
 #include "cuda_util.h"
 #include "log.h"
+#include "socket.h"
 #include "wire.h"
 
 /* What every rank tells the others at creation (fixed layout, sent by allgather). */
@@ -324,7 +325,7 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     st = maco__config_int64(MACO_CFG_DEVICE_TIMEOUT, &timeout_ms);
     if (st != MACO_OK)
         return st;
-    comm->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+    comm->timeout_ns = maco__timeout_ns(timeout_ms);
     maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes, all[0].rsag_ctas);
     const int slots = all[0].rsag_ctas;
     const maco__comm_layout_t *l = &comm->layout;

@@ -36,6 +36,22 @@ int64_t maco__now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int64_t maco__deadline_ms(int64_t timeout_ms)
+{
+    int64_t now = maco__now_ms();
+    if (timeout_ms <= 0)
+        return now;
+    return timeout_ms > INT64_MAX - now ? INT64_MAX : now + timeout_ms;
+}
+
+uint64_t maco__timeout_ns(int64_t timeout_ms)
+{
+    if (timeout_ms <= 0)
+        return 0;
+    return (uint64_t)timeout_ms > UINT64_MAX / 1000000u ? UINT64_MAX
+                                                        : (uint64_t)timeout_ms * 1000000u;
+}
+
 /*
  * Wire layout (24 bytes, little-endian):
  *   0  u16 family (4 = IPv4, 6 = IPv6, 0 = none)

@@ -68,6 +68,15 @@ maco_status_t maco__socket_local_address(int fd, maco__sockaddr_t *addr);
 int64_t maco__now_ms(void);
 
 /**
+ * maco__now_ms() + timeout_ms, saturated at INT64_MAX (a huge timeout means "practically
+ * never", not an overflow into the past); a negative timeout counts as 0.
+ */
+int64_t maco__deadline_ms(int64_t timeout_ms);
+
+/** timeout_ms in nanoseconds for device waits, saturated at UINT64_MAX (never). */
+uint64_t maco__timeout_ns(int64_t timeout_ms);
+
+/**
  * A random non-zero 64-bit value (getrandom; clock and pid mixed when no entropy source is
  * available): job nonces, descriptor tokens, process tokens.
  */
