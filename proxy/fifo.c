@@ -167,23 +167,39 @@ static void maco__cpu_relax(uint32_t spins)
 maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t,
                                    int64_t timeout_ms, uint64_t *pos_p)
 {
-    uint64_t pos = __atomic_fetch_add(f->head, 1, __ATOMIC_RELAXED);
+    /*
+     * A position is reserved (compare-and-swap on head) only while the proxy runs and the
+     * ring has room for it, so every reserved slot is published: a push that fails leaves
+     * nothing behind. (Reserving first with fetch_add and failing while waiting for room
+     * left an unpublished slot the proxy stopped at forever.) Host pushers are CPU threads,
+     * where a CAS loop costs nothing that matters; device pushers keep their atomicAdd
+     * (maco/device/fifo.h says what a device push that gives up leaves behind).
+     */
+    uint64_t pos = __atomic_load_n(f->head, __ATOMIC_RELAXED);
     int64_t deadline = 0;
     uint32_t spins = 0;
-    while (pos >= __atomic_load_n(f->tail, __ATOMIC_ACQUIRE) + f->capacity) {
+    for (;;) {
         if (__atomic_load_n(f->proxy_state, __ATOMIC_ACQUIRE) != MACO_PROXY_RUNNING)
             return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
-                               "the FIFO is full (position %llu) and its proxy is not running",
-                               (unsigned long long)pos);
+                               "the proxy is not running (never started, or stopped): the "
+                               "trigger was not queued");
+        uint64_t tail = __atomic_load_n(f->tail, __ATOMIC_ACQUIRE);
+        if (pos < tail + f->capacity) {
+            if (__atomic_compare_exchange_n(f->head, &pos, pos + 1, 1, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED))
+                break;
+            continue; /* another thread took it: pos now holds the current head */
+        }
         if (deadline == 0)
             deadline = maco__deadline_ms(timeout_ms);
         else if (timeout_ms > 0 && maco__now_ms() > deadline)
             return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
-                               "the proxy's FIFO stayed full for %lld ms (position %llu, proxy at "
-                               "%llu of %llu slots)",
+                               "the proxy's FIFO stayed full for %lld ms (next position %llu, "
+                               "proxy at %llu of %llu slots); nothing was queued",
                                (long long)timeout_ms, (unsigned long long)pos,
-                               (unsigned long long)*f->tail, (unsigned long long)f->capacity);
+                               (unsigned long long)tail, (unsigned long long)f->capacity);
         maco__cpu_relax(spins++);
+        pos = __atomic_load_n(f->head, __ATOMIC_RELAXED);
     }
     maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
     __atomic_store_n(&slot->fst, t.fst, __ATOMIC_RELAXED);
@@ -230,4 +246,15 @@ void maco__fifo_pop(maco__fifo_t *f)
 {
     f->tail++;
     __atomic_store_n(f->tail_pub, f->tail, __ATOMIC_RELEASE);
+}
+
+uint64_t maco__fifo_unpublished(const maco__fifo_t *f, uint64_t head)
+{
+    uint64_t cap = f->view.capacity, missing = 0;
+    for (uint64_t pos = f->tail; pos < head && pos < f->tail + cap; pos++) {
+        const maco_trigger_t *slot = f->ring + (pos & (cap - 1));
+        uint64_t snd = __atomic_load_n(&slot->snd, __ATOMIC_ACQUIRE);
+        missing += (snd & (1ull << 63)) != maco_fifo_parity(pos, cap);
+    }
+    return missing + (head > f->tail + cap ? head - f->tail - cap : 0);
 }

@@ -352,6 +352,30 @@ maco_status_t maco_proxy_start(maco_proxy_t p)
     if (p->running)
         return maco__comm_record(p->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
                                                       "maco_proxy_start: the proxy runs already"));
+    if (p->started_before && p->has_device_fifo) {
+        /* A device push that gave up (its proxy stopped, or its wait timed out) leaves a
+         * reserved position unpublished (maco/device/fifo.h); the proxy would stop there
+         * for good, so a restart over one is refused. */
+        uint64_t head = 0;
+        cudaError_t cerr =
+            cudaMemcpy(&head, p->device_fifo.view.head, sizeof(head), cudaMemcpyDeviceToHost);
+        if (cerr != cudaSuccess) {
+            cudaGetLastError();
+            return maco__comm_record(p->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
+                                                          "maco_proxy_start: reading the device "
+                                                          "FIFO's head: %s",
+                                                          cudaGetErrorString(cerr)));
+        }
+        uint64_t holes = maco__fifo_unpublished(&p->device_fifo, head);
+        if (holes > 0)
+            return maco__comm_record(
+                p->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                     "maco_proxy_start: %llu device FIFO position(s) were "
+                                     "reserved by kernels that gave up (the proxy was stopped "
+                                     "or their wait timed out) and will never be published; "
+                                     "destroy this proxy and its channels and create new ones",
+                                     (unsigned long long)holes));
+    }
     p->stop_requested = 0;
     p->draining = 0;
     __atomic_store_n(p->host_fifo.state, MACO_PROXY_RUNNING, __ATOMIC_RELEASE);
@@ -367,6 +391,7 @@ maco_status_t maco_proxy_start(maco_proxy_t p)
                                                       strerror(err)));
     }
     p->running = 1;
+    p->started_before = 1;
     return MACO_OK;
 }
 
@@ -432,6 +457,24 @@ maco_status_t maco_proxy_destroy(maco_proxy_t p)
 {
     if (p == NULL)
         return MACO_OK;
+    /* Channels point at their proxy: freeing it under them would let a later
+     * maco_port_channel_destroy write freed memory. */
+    char ids[160] = "";
+    size_t used = 0;
+    uint32_t live = 0;
+    for (uint32_t id = 0; id < p->nchannels; id++) {
+        if (__atomic_load_n(&p->channels[id], __ATOMIC_ACQUIRE) == NULL)
+            continue;
+        if (live++ < 8 && used < sizeof(ids))
+            used += (size_t)snprintf(ids + used, sizeof(ids) - used, " %u", id);
+    }
+    if (live > 0)
+        return maco__comm_record(p->comm,
+                                 maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                             "maco_proxy_destroy: the proxy still has %u live "
+                                             "port channel(s) (ids%s%s); destroy them first "
+                                             "(nothing was freed)",
+                                             live, ids, live > 8 ? " ..." : ""));
     maco_proxy_stop(p);
     while (p->pending_head != NULL) {
         maco__pending_flush_t *pf = p->pending_head;
@@ -676,15 +719,27 @@ static maco_status_t maco__port_host_push(maco_port_channel_t ch, uint32_t type,
     }
     const maco_fifo_device_t *f = &ch->proxy->host_fifo.view;
     maco_status_t st = MACO_OK;
+    uint64_t total = bytes, queued = 0;
     do {
         uint64_t n = bytes > MACO_TRIGGER_MAX_SIZE ? (MACO_TRIGGER_MAX_SIZE & ~15ull) : bytes;
         uint32_t t = type | (n == bytes ? last_extra : 0u);
         st = maco__fifo_host_push(f, maco_trigger_make(t, ch->id, dst_offset, src_offset, n),
                                   ch->proxy->timeout_ms, pos_p);
+        if (st == MACO_OK)
+            queued += n;
         dst_offset += n;
         src_offset += n;
         bytes -= n;
     } while (bytes > 0 && st == MACO_OK);
+    if (st != MACO_OK && queued > 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", maco__last_error());
+        st = maco__error(st, MACO_SUBSYS_PROXY,
+                         "port channel %u to rank %d: %llu of the put's %llu bytes were queued "
+                         "before: %s",
+                         ch->id, ch->peer, (unsigned long long)queued, (unsigned long long)total,
+                         why);
+    }
     return maco__comm_record(ch->proxy->comm, st);
 }
 
@@ -751,11 +806,18 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
         bounded = timeout_ms > 0;
     }
     uint64_t want = ch->host_expected + 1;
+    int64_t start = maco__now_ms();
     int64_t deadline = maco__deadline_ms(timeout_ms);
+    int64_t next_check = start + 100;
     uint32_t spins = 0;
     uint64_t seen;
+    /* Spin briefly (a signal usually comes within microseconds), then yield, then sleep
+     * with a growing pause up to 1 ms, so a long wait does not hold a core. Every 100 ms the
+     * peer's bootstrap link is looked at: a dead peer fails the wait within a fraction of a
+     * second, also when the wait has no bound (MACO_DEVICE_TIMEOUT=0). */
     while ((seen = __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE)) < want) {
-        if (bounded && maco__now_ms() >= deadline)
+        int64_t now = maco__now_ms();
+        if (bounded && now >= deadline)
             return maco__comm_record(
                 ch->proxy->comm,
                 maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
@@ -763,8 +825,31 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
                             "signal %llu, saw %llu)",
                             ch->id, ch->peer, (long long)timeout_ms, (unsigned long long)want,
                             (unsigned long long)seen));
-        if (++spins > 1000)
+        if (now >= next_check) {
+            next_check = now + 100;
+            if (maco__bootstrap_peer_alive(ch->proxy->comm->bs, ch->peer) != MACO_OK &&
+                __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE) < want) {
+                char why[512];
+                snprintf(why, sizeof(why), "%s", maco__last_error());
+                return maco__comm_record(
+                    ch->proxy->comm,
+                    maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
+                                "port channel %u: waited %lld ms for signal %llu from rank %d, "
+                                "which can no longer send it: %s",
+                                ch->id, (long long)(now - start), (unsigned long long)want,
+                                ch->peer, why));
+            }
+        }
+        spins++;
+        if (spins < 1000) {
+            maco__cpu_pause();
+        } else if (spins < 2000) {
             sched_yield();
+        } else {
+            long us = spins < 2100 ? 50 : spins < 2200 ? 200 : 1000;
+            struct timespec ts = { 0, us * 1000 };
+            nanosleep(&ts, NULL);
+        }
     }
     ch->host_expected = want;
     return MACO_OK;

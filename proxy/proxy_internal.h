@@ -69,6 +69,12 @@ int maco__fifo_peek(maco__fifo_t *f, maco_trigger_t *t);
 /** Consumer: done with the trigger at f->tail; publishes the new tail. */
 void maco__fifo_pop(maco__fifo_t *f);
 
+/**
+ * Positions in [f->tail, head) whose slot was never published (pushers that reserved a
+ * position and gave up). Call only while no consumer runs.
+ */
+uint64_t maco__fifo_unpublished(const maco__fifo_t *f, uint64_t head);
+
 /* ------------------------------------------------------------------ channels, transports */
 
 typedef struct maco__transport_ops maco__transport_ops_t;
@@ -149,6 +155,7 @@ struct maco_proxy {
     int batch_ops;     /* cuStreamBatchMemOp: the same */
     maco__pending_flush_t *pending_head, *pending_tail;
     int64_t timeout_ms; /* MACO_DEVICE_TIMEOUT in ms (0: device waits unbounded) */
+    int started_before; /* maco_proxy_start ran once: a restart checks the device FIFO */
 };
 
 /* The bound of the proxy's own host waits, in ms: MACO_DEVICE_TIMEOUT, or 60 s where that is

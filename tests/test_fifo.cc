@@ -198,4 +198,39 @@ TEST_F(Fifo, FullRingTimesOutOrFailsWhenTheProxyStopped)
     EXPECT_EQ(maco__fifo_host_wait_flush(&f_.view, 0, 60000), MACO_ERR_REMOTE);
 }
 
+/* A push that fails (ring full past its bound, or the proxy stopped) leaves no unpublished
+ * slot behind: once there is room the next push lands right after the earlier triggers.
+ * (Regression: the failed push had reserved a position it never published, and the
+ * consumer stopped there forever.) */
+TEST_F(Fifo, AFailedPushLeavesNoHole)
+{
+    ASSERT_NO_FATAL_FAILURE(Make(2));
+    uint64_t pos;
+    for (int i = 0; i < 2; i++)
+        ASSERT_EQ(maco__fifo_host_push(&f_.view, maco_trigger_make(MACO_TRIGGER_DATA, 0, 0, 0, 1),
+                                       100, &pos),
+                  MACO_OK);
+    maco_test::AllowLog("stayed full");
+    EXPECT_EQ(
+        maco__fifo_host_push(&f_.view, maco_trigger_make(MACO_TRIGGER_DATA, 0, 0, 0, 2), 100, &pos),
+        MACO_ERR_TIMEOUT);
+    maco_test::AllowLog("proxy is not running");
+    *f_.state = MACO_PROXY_STOPPED;
+    EXPECT_EQ(
+        maco__fifo_host_push(&f_.view, maco_trigger_make(MACO_TRIGGER_DATA, 0, 0, 0, 3), 100, &pos),
+        MACO_ERR_REMOTE);
+    *f_.state = MACO_PROXY_RUNNING;
+    maco_trigger_t t;
+    for (int i = 0; i < 2; i++) {
+        ASSERT_TRUE(maco__fifo_peek(&f_, &t));
+        maco__fifo_pop(&f_);
+    }
+    ASSERT_EQ(
+        maco__fifo_host_push(&f_.view, maco_trigger_make(MACO_TRIGGER_DATA, 0, 0, 0, 7), 100, &pos),
+        MACO_OK);
+    EXPECT_EQ(pos, 2u);
+    ASSERT_TRUE(maco__fifo_peek(&f_, &t)) << "the consumer is stuck at a slot nobody published";
+    EXPECT_EQ(maco_trigger_size(t), 7u);
+}
+
 } // namespace

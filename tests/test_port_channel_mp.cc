@@ -12,6 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "fork_ranks.h"
 #include "maco_test.h"
 #include "test_kernels.h"
 
@@ -216,12 +220,21 @@ TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
     EXPECT_LT(s, 5.0);
     std::string msg = maco_comm_get_last_error(m.comm);
     EXPECT_NE(msg.find("rank " + std::to_string(peer)), std::string::npos) << msg;
-    /* A stopped proxy fails a flush at once instead of leaving the caller waiting. */
+    /* A stopped proxy fails a flush at once instead of leaving the caller waiting, and a put
+     * after the stop is an error, not silently dropped (regression: it returned MACO_OK). */
     ASSERT_EQ(maco_proxy_stop(m.port.proxy), MACO_OK);
-    maco_test::AllowLog("the proxy stopped before completing it");
+    maco_test::AllowLog("the proxy is not running");
     t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(maco_port_channel_flush(ch), MACO_ERR_REMOTE);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    EXPECT_EQ(maco_port_channel_put(ch, 0, 0, 8), MACO_ERR_REMOTE);
+    EXPECT_EQ(maco_port_channel_signal(ch), MACO_ERR_REMOTE);
+    /* The proxy outlives its channels (regression: destroy returned MACO_OK and freed it, and
+     * a later maco_port_channel_destroy wrote freed memory). */
+    maco_test::AllowLog("live port channel");
+    EXPECT_EQ(maco_proxy_destroy(m.port.proxy), MACO_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(maco_test::LoggedProblems().back()).find("ids 0"), std::string::npos)
+        << maco_test::LoggedProblems().back();
     int ndev = 0;
     if (maco_comm_get_cuda_device(m.comm, &ndev) == MACO_OK && ndev < 0) {
         maco_test::AllowLog("needs GPUs");
@@ -232,6 +245,74 @@ TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
         EXPECT_EQ(cuda_ch, nullptr);
     }
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+/*
+ * A host-side wait whose peer dies fails with MACO_ERR_REMOTE naming it within about a
+ * second, even with no bound (MACO_DEVICE_TIMEOUT=0), and the waiting thread sleeps instead
+ * of spinning a core. Runs its own 2-process job (forked, separate bootstrap). (Regression:
+ * the wait spun until MACO_DEVICE_TIMEOUT, or forever with 0.)
+ */
+TEST_F(PortChannelHost, WaitForADeadPeerFailsFastWithoutSpinning)
+{
+    if (Rank() != 0)
+        GTEST_SKIP() << "rank 0 runs this test's own job";
+    std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [](int rank) {
+        setenv("MACO_DEVICE_TIMEOUT", "0", 1);
+        setenv("MACO_LOG_LEVEL", "error", 1);
+        maco_bootstrap_t bs;
+        maco_comm_t comm;
+        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
+            maco_comm_create(bs, -1, &comm) != MACO_OK)
+            return 10;
+        void *buf = nullptr;
+        maco_mem_t mine = nullptr, peer = nullptr;
+        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
+        if (maco_mem_alloc_host(comm, 4096, &buf) != MACO_OK ||
+            maco_mem_register(comm, buf, 4096, &mine) != MACO_OK ||
+            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
+            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
+            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
+            return 11;
+        maco_proxy_t proxy;
+        maco_port_channel_t ch;
+        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
+            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_HOST_MEMORY, mine, peer,
+                                     &ch) != MACO_OK ||
+            maco_bootstrap_barrier(bs) != MACO_OK)
+            return 12;
+        if (rank == 1) {
+            usleep(300000); /* rank 0 is waiting by now */
+            _exit(0);       /* dies without signalling or saying goodbye */
+        }
+        struct rusage r0, r1;
+        getrusage(RUSAGE_THREAD, &r0);
+        auto t0 = std::chrono::steady_clock::now();
+        maco_status_t st = maco_port_channel_wait(ch, -1);
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        getrusage(RUSAGE_THREAD, &r1);
+        double cpu = static_cast<double>(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec +
+                                         r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+                     static_cast<double>(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec +
+                                         r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) *
+                         1e-6;
+        std::string msg = maco_comm_get_last_error(comm);
+        if (st != MACO_ERR_REMOTE) {
+            fprintf(stderr, "wait returned %s: %s\n", maco_status_string(st), msg.c_str());
+            return 13;
+        }
+        if (msg.find("rank 1") == std::string::npos) {
+            fprintf(stderr, "the peer is not named: %s\n", msg.c_str());
+            return 14;
+        }
+        if (s > 3.0 || cpu > 0.5 * s) {
+            fprintf(stderr, "the wait took %.2f s and %.2f s of CPU\n", s, cpu);
+            return 15;
+        }
+        return 0;
+    });
+    EXPECT_EQ(codes[0], 0) << "the surviving rank";
+    EXPECT_EQ(codes[1], 0) << "the rank that dies";
 }
 
 } // namespace

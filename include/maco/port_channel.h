@@ -50,7 +50,12 @@ typedef enum maco_transport {
  */
 MACO_API maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p);
 
-/** Starts the proxy thread. MACO_ERR_INVALID_USAGE if it runs already. */
+/**
+ * Starts the proxy thread. MACO_ERR_INVALID_USAGE if it runs already, or when restarting it
+ * after kernels gave up pushing into its device FIFO (it was stopped, or their wait timed
+ * out): their reserved positions are never published and the proxy would stop at them
+ * (maco/device/fifo.h); create a new proxy then.
+ */
 MACO_API maco_status_t maco_proxy_start(maco_proxy_t proxy);
 
 /**
@@ -64,7 +69,11 @@ MACO_API maco_status_t maco_proxy_start(maco_proxy_t proxy);
  */
 MACO_API maco_status_t maco_proxy_stop(maco_proxy_t proxy);
 
-/** Stops the proxy if it runs and frees it. Its channels must be destroyed first. */
+/**
+ * Stops the proxy if it runs and frees it. Its channels must be destroyed first:
+ * MACO_ERR_INVALID_USAGE naming the live channels otherwise, and nothing is freed. NULL is
+ * ignored.
+ */
 MACO_API maco_status_t maco_proxy_destroy(maco_proxy_t proxy);
 
 /**
@@ -97,9 +106,11 @@ MACO_API maco_status_t maco_port_channel_destroy(maco_port_channel_t ch);
  * Host-side pushes: queue a put of `bytes` bytes from src[src_offset..] to dst[dst_offset..]
  * (split into triggers of < 4 GiB), a signal, or both; they return once queued (waiting,
  * bounded by MACO_DEVICE_TIMEOUT, only while the ring is full). Offsets and sizes are checked
- * against both buffers. Errors: MACO_ERR_INVALID_ARGUMENT (range outside a buffer: the
- * message gives offset, size and buffer size), MACO_ERR_TIMEOUT (ring full), MACO_ERR_REMOTE
- * (the proxy is stopped).
+ * against both buffers. A push that fails queues nothing (no part of it reaches the ring).
+ * Errors: MACO_ERR_INVALID_ARGUMENT (range outside a buffer: the message gives offset, size
+ * and buffer size), MACO_ERR_TIMEOUT (ring full), MACO_ERR_REMOTE (the proxy is not running:
+ * never started, or stopped). A put split into several triggers can fail after its first
+ * parts were queued; the message says how much was.
  */
 MACO_API maco_status_t maco_port_channel_put(maco_port_channel_t ch, uint64_t dst_offset,
                                              uint64_t src_offset, uint64_t bytes);
@@ -119,8 +130,11 @@ MACO_API maco_status_t maco_port_channel_flush(maco_port_channel_t ch);
  * Waits for the peer's next signal on this channel, host side (host-memory transport only),
  * at most `timeout_ms` milliseconds: 0 looks once without waiting; negative uses
  * MACO_DEVICE_TIMEOUT (where 0 means no bound). Data the peer put before signalling is then
- * visible. Errors: MACO_ERR_TIMEOUT (naming the peer), MACO_ERR_UNSUPPORTED
- * (a CUDA-copy channel: wait on the device).
+ * visible. The calling thread spins for about a thousand polls, then yields, then sleeps up
+ * to 1 ms between polls. Errors: MACO_ERR_TIMEOUT (naming the peer), MACO_ERR_REMOTE (the
+ * peer exited, crashed or left the job without sending the signal: noticed within about
+ * 100 ms through its bootstrap link, bounded or not), MACO_ERR_UNSUPPORTED (a CUDA-copy
+ * channel: wait on the device).
  */
 MACO_API maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms);
 

@@ -1069,6 +1069,32 @@ maco_status_t maco_bootstrap_get_host_id(maco_bootstrap_t bs, int rank, const ch
     return MACO_OK;
 }
 
+maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
+{
+    if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank)
+        return MACO_OK;
+    maco_status_t failed = (maco_status_t)__atomic_load_n((int *)&bs->failed, __ATOMIC_ACQUIRE);
+    if (failed != MACO_OK)
+        return maco__error_quiet(failed, "the job failed: %s", bs->failed_text);
+    int state = __atomic_load_n(&bs->peers[peer].state, __ATOMIC_ACQUIRE);
+    int fd = __atomic_load_n(&bs->peers[peer].fd, __ATOMIC_ACQUIRE);
+    if (state == MACO__PEER_BYE || state == MACO__PEER_CLOSED)
+        return maco__error_quiet(MACO_ERR_REMOTE,
+                                 "rank %d left the job (it destroyed its bootstrap)", peer);
+    int lost = state == MACO__PEER_LOST || fd < 0;
+    if (!lost) {
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        lost = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    if (lost)
+        return maco__error_quiet(MACO_ERR_REMOTE,
+                                 "rank %d's connection ended without goodbye (it exited or "
+                                 "crashed)",
+                                 peer);
+    return MACO_OK;
+}
+
 int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs)
 {
     return bs->timeout_ms;

@@ -23,6 +23,17 @@ maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, 
 maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
                                    size_t bytes);
 
+/**
+ * Whether rank `peer` is still in the job, as far as its link shows without blocking:
+ * MACO_OK, or MACO_ERR_REMOTE (message naming the peer) when its connection ended, it left
+ * the job, or the bootstrap already failed. Reads only the link's descriptor (recv with
+ * MSG_PEEK | MSG_DONTWAIT), so any thread may call it while another uses the bootstrap; a
+ * peer that died right after sending data not yet read shows as alive until it is read.
+ * Host waits that depend on a peer (port channels) call it to fail fast instead of waiting
+ * for their bound.
+ */
+maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer);
+
 /** The bootstrap's timeout in milliseconds. */
 int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs);
 
