@@ -1,16 +1,24 @@
 /*
- * test_maco_run.cc - maco-run's MPS handling (--mps auto|on|off), on the CPU, with a fake
- * nvidia-cuda-mps-control first on PATH.
+ * test_maco_run.cc - maco-run on the CPU: the processes a job leaves behind, the descriptor
+ * limit, and its MPS handling (--mps auto|on|off) with a fake nvidia-cuda-mps-control first on
+ * PATH.
  *
- * The fake logs every call (arguments, CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY and
- * whether both folders exist) and each command it reads on standard input. `-d` starts a
- * "daemon": a background process named nvidia-cuda-mps-control that sleeps, whose pid goes to
- * the pipe folder; `get_server_list` succeeds while it lives; `quit` ends it. FAKE_MPS_FAIL=1
- * makes `-d` fail. The tests check what maco-run promises: the daemon starts only when asked
- * (auto: fewer GPUs than ranks), the ranks get its environment, and it is stopped and its
- * folder removed on every way the job can end.
+ * Stray processes: kStrayRank is a rank that starts two processes which call setsid (leaving
+ * the rank's process group, so killing the group misses them) and prints their pids: one keeps
+ * the rank's stdout and stderr open, the other ignores SIGTERM. Whichever way the job ends,
+ * both must be gone (ended and reaped) when maco-run returns, promptly.
+ *
+ * The fake MPS control logs every call (arguments, CUDA_MPS_PIPE_DIRECTORY,
+ * CUDA_MPS_LOG_DIRECTORY and whether both folders exist) and each command it reads on standard
+ * input. `-d` starts a "daemon": a background sleep whose pid goes to the pipe folder (a plain
+ * sleep: /bin/sh may be dash, whose exec has no -a to rename it, and the daemon then died at
+ * once); `get_server_list` succeeds while it lives; `quit` ends it and logs "stopped".
+ * FAKE_MPS_FAIL=1 makes `-d` fail. The tests check what maco-run promises: the daemon starts
+ * only when asked (auto: fewer GPUs than ranks), the ranks get its environment, and it is
+ * stopped and its folder removed on every way the job can end.
  */
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,11 +30,109 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "maco_test.h"
 
 namespace
 {
+
+/* Runs `cmd` with /bin/sh, its stdout into *out; returns its exit status (128 + signal). */
+int RunShell(const std::string &cmd, std::string *out)
+{
+    FILE *p = popen(cmd.c_str(), "r");
+    if (p == nullptr)
+        return -1;
+    char buf[4096];
+    size_t n;
+    out->clear();
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0)
+        out->append(buf, n);
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* A rank that leaves two processes outside its process group (setsid), prints
+ * "strays PID PID", waits until every rank has done so, then ends as $1 says: ok (exit 0),
+ * fail (rank 1 exits 7, the others sleep), hang (print "ready" and sleep). The first stray
+ * keeps the rank's stdout and stderr open; the second ignores SIGTERM. */
+const char kStrayRank[] = R"SH(#!/bin/sh
+dir=$(dirname "$0")
+r=$MACO_RANK
+setsid sh -c 'echo $$ > "$1"; exec sleep 60' sh "$dir/open.$r" &
+setsid sh -c 'trap "" TERM; echo $$ > "$1"; exec sleep 60' sh "$dir/deaf.$r" \
+  </dev/null >/dev/null 2>&1 &
+for f in open deaf; do
+  i=0
+  while [ ! -s "$dir/$f.$r" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+done
+echo "strays $(cat "$dir/open.$r") $(cat "$dir/deaf.$r")"
+touch "$dir/done.$r"
+i=0
+while [ "$(ls "$dir" | grep -c '^done\.')" -lt "$MACO_WORLD_SIZE" ] && [ $i -lt 200 ]; do
+  sleep 0.05; i=$((i + 1))
+done
+case "$1" in
+fail) [ "$r" = 1 ] && exit 7; sleep 60 ;;
+hang) echo ready; sleep 60 ;;
+esac
+exit 0
+)SH";
+
+/* Writes kStrayRank to `dir`/rank.sh; returns its path. */
+std::string WriteStrayRank(const std::string &dir)
+{
+    std::string path = dir + "/rank.sh";
+    std::ofstream(path) << kStrayRank;
+    EXPECT_EQ(chmod(path.c_str(), 0700), 0);
+    return path;
+}
+
+/* The stray pids the ranks printed ("[r] strays PID PID"). */
+std::vector<int> StrayPids(const std::string &out)
+{
+    std::vector<int> pids;
+    for (size_t at = out.find("] strays "); at != std::string::npos;
+         at = out.find("] strays ", at + 1)) {
+        std::istringstream line(out.substr(at + 9, out.find('\n', at) - at - 9));
+        int pid;
+        while (line >> pid)
+            pids.push_back(pid);
+    }
+    return pids;
+}
+
+/* The state letter of `pid` from /proc (Z: a zombie), or "" when there is no such process. */
+std::string ProcessState(int pid)
+{
+    std::string state;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    if (stat) {
+        std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        size_t close = all.rfind(')');
+        if (close != std::string::npos && close + 2 < all.size())
+            state = all.substr(close + 2, 1);
+    }
+    return state;
+}
+
+/* Fails unless each of `pids` is gone: ended and reaped (not even a zombie). */
+void ExpectGone(const std::vector<int> &pids)
+{
+    for (int pid : pids)
+        EXPECT_EQ(ProcessState(pid), "") << "stray process " << pid << " is still there";
+}
+
+/* Kills those of `pids` still sleeping, so a failed test leaves nothing behind. */
+void KillLeftovers(const std::vector<int> &pids)
+{
+    for (int pid : pids) {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::string name;
+        if (comm >> name && name == "sleep" && ProcessState(pid) != "Z")
+            kill(pid, SIGKILL);
+    }
+}
 
 const char kFakeControl[] = R"(#!/bin/sh
 log="$FAKE_MPS_LOG"
@@ -37,7 +143,7 @@ dirs=no
 echo "call [$*] pipe=$p log=$l dirs=$dirs" >> "$log"
 if [ "$1" = "-d" ]; then
   if [ -n "$FAKE_MPS_FAIL" ]; then echo "fake: cannot start" >&2; exit 1; fi
-  sh -c 'exec -a nvidia-cuda-mps-control sleep 300' </dev/null >/dev/null 2>&1 &
+  sleep 300 </dev/null >/dev/null 2>&1 &
   echo $! > "$p/fake.pid"
   echo "started $!" >> "$log"
   exit 0
@@ -90,7 +196,7 @@ class MacoRunMps : public maco_test::Test
         return ss.str();
     }
     /* True when maco-run left nothing behind: no folder in its TMPDIR, and the fake
-     * daemon's process (its pid from the log) gone. */
+     * daemon's process (its pid from the log) gone, ended by `quit` (not killed earlier). */
     void ExpectCleanedUp()
     {
         std::string calls = Calls();
@@ -98,32 +204,17 @@ class MacoRunMps : public maco_test::Test
         ASSERT_NE(at, std::string::npos) << calls;
         int pid = atoi(calls.c_str() + at + 8);
         ASSERT_GT(pid, 0);
-        /* The daemon is maco-run's grandchild, reparented to init; a zombie counts as gone. */
-        std::string state;
-        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-        if (stat) {
-            std::string tok;
-            stat >> tok >> tok >> state;
-        }
+        /* The daemon is maco-run's grandchild, reparented to maco-run (a child subreaper),
+         * which reaps it; a zombie counts as gone. */
+        std::string state = ProcessState(pid);
         EXPECT_TRUE(state.empty() || state == "Z") << "the MPS daemon (pid " << pid << ") runs on";
         EXPECT_NE(calls.find("cmd quit"), std::string::npos) << calls;
+        EXPECT_NE(calls.find("stopped " + std::to_string(pid)), std::string::npos)
+            << "quit did not find the daemon alive\n"
+            << calls;
         std::string left;
-        Run("ls -A '" + tmp_ + "'", &left);
+        RunShell("ls -A '" + tmp_ + "'", &left);
         EXPECT_EQ(left, "") << "maco-run left its MPS folder behind";
-    }
-
-    static int Run(const std::string &cmd, std::string *out)
-    {
-        FILE *p = popen(cmd.c_str(), "r");
-        if (p == nullptr)
-            return -1;
-        char buf[4096];
-        size_t n;
-        out->clear();
-        while ((n = fread(buf, 1, sizeof(buf), p)) > 0)
-            out->append(buf, n);
-        int status = pclose(p);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
 
     std::string dir_, bin_, log_, tmp_;
@@ -134,10 +225,10 @@ class MacoRunMps : public maco_test::Test
 TEST_F(MacoRunMps, AutoStartsAPrivateDaemonWhenRanksOutnumberGpus)
 {
     std::string out;
-    int rc = Run(Env() + MACO_RUN_PATH +
-                     " -n 3 --gpus 1 sh -c 'echo \"pipe=$CUDA_MPS_PIPE_DIRECTORY "
-                     "log=$CUDA_MPS_LOG_DIRECTORY\"' 2>&1",
-                 &out);
+    int rc = RunShell(Env() + MACO_RUN_PATH +
+                          " -n 3 --gpus 1 sh -c 'echo \"pipe=$CUDA_MPS_PIPE_DIRECTORY "
+                          "log=$CUDA_MPS_LOG_DIRECTORY\"' 2>&1",
+                      &out);
     ASSERT_EQ(rc, 0) << out;
     std::string calls = Calls();
     size_t d = calls.find("call [-d] pipe=");
@@ -162,7 +253,8 @@ TEST_F(MacoRunMps, AutoStartsAPrivateDaemonWhenRanksOutnumberGpus)
 TEST_F(MacoRunMps, StoppedWhenARankFails)
 {
     std::string out;
-    int rc = Run(Env() + MACO_RUN_PATH +
+    int rc =
+        RunShell(Env() + MACO_RUN_PATH +
                      " -n 2 --gpus 1 sh -c 'if [ $MACO_RANK = 1 ]; then exit 7; fi; sleep 60' 2>&1",
                  &out);
     EXPECT_EQ(rc, 7) << out;
@@ -172,7 +264,7 @@ TEST_F(MacoRunMps, StoppedWhenARankFails)
 TEST_F(MacoRunMps, StoppedOnTimeout)
 {
     std::string out;
-    int rc = Run(Env() + MACO_RUN_PATH + " -n 2 --gpus 1 --timeout 1 sleep 60 2>&1", &out);
+    int rc = RunShell(Env() + MACO_RUN_PATH + " -n 2 --gpus 1 --timeout 1 sleep 60 2>&1", &out);
     EXPECT_EQ(rc, 124) << out;
     ASSERT_NO_FATAL_FAILURE(ExpectCleanedUp());
 }
@@ -183,13 +275,13 @@ TEST_F(MacoRunMps, StoppedOnSigintAndSigterm)
     for (const char *sig : { "INT", "TERM" }) {
         SCOPED_TRACE(sig);
         std::string out;
-        Run("rm -f '" + log_ + "'", &out);
+        RunShell("rm -f '" + log_ + "'", &out);
         std::string cmd = Env() + MACO_RUN_PATH +
                           " -n 2 --gpus 1 sh -c 'echo ready; while :; do sleep 0.05; done' 2>&1 & "
                           "pid=$!; for i in $(seq 100); do grep -q 'cmd get_server_list' '" +
                           log_ + "' 2>/dev/null && break; sleep 0.1; done; sleep 0.5; kill -" +
                           sig + " $pid; wait $pid; echo \"rc=$?\"";
-        Run(cmd, &out);
+        RunShell(cmd, &out);
         std::string want = std::string("rc=") + (sig[0] == 'I' ? "130" : "143");
         EXPECT_NE(out.find(want), std::string::npos) << out;
         ASSERT_NO_FATAL_FAILURE(ExpectCleanedUp());
@@ -199,9 +291,10 @@ TEST_F(MacoRunMps, StoppedOnSigintAndSigterm)
 TEST_F(MacoRunMps, NotStartedWhenEveryRankHasAGpuOrWhenOff)
 {
     std::string out;
-    ASSERT_EQ(Run(Env() + MACO_RUN_PATH + " -n 2 --gpus 2 true 2>&1", &out), 0) << out;
-    ASSERT_EQ(Run(Env() + MACO_RUN_PATH + " -n 2 --gpus 0 true 2>&1", &out), 0) << out;
-    ASSERT_EQ(Run(Env() + MACO_RUN_PATH + " -n 4 --gpus 1 --mps off true 2>&1", &out), 0) << out;
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 2 --gpus 2 true 2>&1", &out), 0) << out;
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 2 --gpus 0 true 2>&1", &out), 0) << out;
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 4 --gpus 1 --mps off true 2>&1", &out), 0)
+        << out;
     EXPECT_EQ(Calls(), "") << "nvidia-cuda-mps-control was called";
 }
 
@@ -210,29 +303,30 @@ TEST_F(MacoRunMps, NotStartedWhenEveryRankHasAGpuOrWhenOff)
 TEST_F(MacoRunMps, OnStartsAlwaysAndFailsClearly)
 {
     std::string out;
-    ASSERT_EQ(Run(Env() + MACO_RUN_PATH + " -n 1 --gpus 4 --mps on true 2>&1", &out), 0) << out;
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 1 --gpus 4 --mps on true 2>&1", &out), 0)
+        << out;
     ASSERT_NO_FATAL_FAILURE(ExpectCleanedUp());
 
-    int rc = Run("FAKE_MPS_FAIL=1 " + Env() + MACO_RUN_PATH +
-                     " -n 2 --mps on sh -c 'echo rank-ran' 2>&1",
-                 &out);
+    int rc = RunShell("FAKE_MPS_FAIL=1 " + Env() + MACO_RUN_PATH +
+                          " -n 2 --mps on sh -c 'echo rank-ran' 2>&1",
+                      &out);
     EXPECT_EQ(rc, 1) << out;
     EXPECT_EQ(out.find("rank-ran"), std::string::npos) << out;
     EXPECT_NE(out.find("'nvidia-cuda-mps-control -d' failed"), std::string::npos) << out;
     EXPECT_NE(out.find("fake: cannot start"), std::string::npos) << out;
     std::string left;
-    Run("ls -A '" + tmp_ + "'", &left);
+    RunShell("ls -A '" + tmp_ + "'", &left);
     EXPECT_EQ(left, "") << "maco-run left its MPS folder behind";
 
-    rc = Run(Env(false) + MACO_RUN_PATH + " -n 2 --mps on true 2>&1", &out);
+    rc = RunShell(Env(false) + MACO_RUN_PATH + " -n 2 --mps on true 2>&1", &out);
     EXPECT_EQ(rc, 1) << out;
     EXPECT_NE(out.find("nvidia-cuda-mps-control is not on PATH"), std::string::npos) << out;
     /* auto without the tool: the ranks run, with a note saying what sharing needs. */
-    rc = Run(Env(false) + MACO_RUN_PATH + " -n 2 --gpus 1 sh -c 'echo rank-ran' 2>&1", &out);
+    rc = RunShell(Env(false) + MACO_RUN_PATH + " -n 2 --gpus 1 sh -c 'echo rank-ran' 2>&1", &out);
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("rank-ran"), std::string::npos) << out;
     EXPECT_NE(out.find("MACO_SHARED_GPU=1"), std::string::npos) << out;
-    rc = Run(Env() + MACO_RUN_PATH + " -n 2 --mps sometimes true 2>&1", &out);
+    rc = RunShell(Env() + MACO_RUN_PATH + " -n 2 --mps sometimes true 2>&1", &out);
     EXPECT_EQ(rc, 2) << out;
     EXPECT_NE(out.find("--mps 'sometimes' is invalid"), std::string::npos) << out;
 }
@@ -245,18 +339,153 @@ TEST_F(MacoRunMps, AnExistingDaemonIsUsedAndLeftRunning)
     std::string out;
     std::string env =
         "CUDA_MPS_PIPE_DIRECTORY='" + pipe + "' CUDA_MPS_LOG_DIRECTORY='" + pipe + "' " + Env();
-    ASSERT_EQ(Run(env + "nvidia-cuda-mps-control -d", &out), 0) << out;
-    ASSERT_EQ(
-        Run(env + MACO_RUN_PATH + " -n 2 --gpus 1 sh -c 'echo pipe=$CUDA_MPS_PIPE_DIRECTORY' 2>&1",
-            &out),
-        0)
+    ASSERT_EQ(RunShell(env + "nvidia-cuda-mps-control -d", &out), 0) << out;
+    ASSERT_EQ(RunShell(env + MACO_RUN_PATH +
+                           " -n 2 --gpus 1 sh -c 'echo pipe=$CUDA_MPS_PIPE_DIRECTORY' 2>&1",
+                       &out),
+              0)
         << out;
     EXPECT_NE(out.find("[1] pipe=" + pipe), std::string::npos) << out;
     EXPECT_NE(out.find("it is left running"), std::string::npos) << out;
     std::string calls = Calls();
     EXPECT_EQ(calls.find("cmd quit"), std::string::npos) << calls;
     EXPECT_EQ(calls.find("call [-d]", calls.find("started")), std::string::npos) << calls;
-    Run("echo quit | " + env + "nvidia-cuda-mps-control", &out); /* this test's own daemon */
+    RunShell("echo quit | " + env + "nvidia-cuda-mps-control", &out); /* this test's own daemon */
+}
+
+/* Processes the ranks left behind carry the private daemon's pipe folder in their
+ * environment too: they are ended when the job ends, the daemon is not (quit stops it). */
+TEST_F(MacoRunMps, StraysAreEndedButNotThePrivateDaemon)
+{
+    std::string rank = WriteStrayRank(dir_);
+    std::string out;
+    auto start = std::chrono::steady_clock::now();
+    int rc = RunShell(Env() + MACO_RUN_PATH + " -n 2 --gpus 1 " + rank + " ok 2>&1", &out);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<int> strays = StrayPids(out);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(strays.size(), 4u) << out;
+    EXPECT_NE(out.find("maco-run: ended 4 process(es) the ranks left behind"), std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("still running"), std::string::npos) << out;
+    EXPECT_LT(secs, 15.0) << out;
+    ExpectGone(strays);
+    KillLeftovers(strays);
+    ASSERT_NO_FATAL_FAILURE(ExpectCleanedUp());
+}
+
+/* Whichever way the job ends, every process the ranks started is ended and reaped before
+ * maco-run returns, including those that called setsid and keep the ranks' output open. */
+class MacoRunStrays : public maco_test::Test
+{
+  protected:
+    void SetUp() override
+    {
+        maco_test::Test::SetUp();
+        char tmpl[] = "/tmp/maco-run-stray-test-XXXXXX";
+        ASSERT_NE(mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+        rank_ = WriteStrayRank(dir_);
+    }
+    void TearDown() override
+    {
+        KillLeftovers(strays_);
+        std::string cmd = "rm -rf '" + dir_ + "'";
+        EXPECT_EQ(system(cmd.c_str()), 0);
+        maco_test::Test::TearDown();
+    }
+
+    /* Runs `shell`, a command line in which RANK stands for the stray rank's path; records
+     * the strays the ranks printed, checks they are gone and that maco-run said it ended
+     * `want` of them, all within `max_secs`. Returns the command's exit status. */
+    int RunJob(std::string shell, size_t want, double max_secs, std::string *out)
+    {
+        shell.replace(shell.find("RANK"), 4, rank_);
+        auto start = std::chrono::steady_clock::now();
+        int rc = RunShell(shell, out);
+        double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::vector<int> strays = StrayPids(*out);
+        strays_.insert(strays_.end(), strays.begin(), strays.end());
+        EXPECT_EQ(strays.size(), want) << *out;
+        ExpectGone(strays);
+        EXPECT_NE(out->find("maco-run: ended " + std::to_string(want) +
+                            " process(es) the ranks left behind"),
+                  std::string::npos)
+            << *out;
+        EXPECT_LT(secs, max_secs) << *out;
+        std::string ignored;
+        RunShell("rm -f '" + dir_ + "'/open.* '" + dir_ + "'/deaf.* '" + dir_ + "'/done.*",
+                 &ignored);
+        return rc;
+    }
+
+    std::string dir_, rank_;
+    std::vector<int> strays_;
+};
+
+TEST_F(MacoRunStrays, EndedWhenTheJobSucceeds)
+{
+    std::string out;
+    /* 3 s reading the strays' output after the ranks exited, 2 s of grace for SIGTERM. */
+    EXPECT_EQ(RunJob(std::string(MACO_RUN_PATH) + " -n 2 --mps off RANK ok 2>&1", 4, 15, &out), 0)
+        << out;
+}
+
+TEST_F(MacoRunStrays, EndedWhenARankFailsOrOnTimeout)
+{
+    std::string out;
+    EXPECT_EQ(RunJob(std::string(MACO_RUN_PATH) + " -n 2 --mps off RANK fail 2>&1", 4, 15, &out), 7)
+        << out;
+    EXPECT_EQ(RunJob(std::string(MACO_RUN_PATH) + " -n 1 --mps off --timeout 3 RANK hang 2>&1", 2,
+                     20, &out),
+              124)
+        << out;
+}
+
+TEST_F(MacoRunStrays, EndedOnSigterm)
+{
+    std::string out;
+    std::string log = dir_ + "/job.txt";
+    std::string cmd = std::string(MACO_RUN_PATH) + " -n 2 --mps off RANK hang >'" + log +
+                      "' 2>&1 & pid=$!; for i in $(seq 200); do [ \"$(grep -c ready '" + log +
+                      "')\" = 2 ] && break; sleep 0.05; done; kill -TERM $pid; wait $pid; "
+                      "echo \"rc=$?\"; cat '" +
+                      log + "'";
+    RunJob(cmd, 4, 25, &out);
+    EXPECT_NE(out.find("rc=143"), std::string::npos) << out;
+}
+
+/* maco-run holds two pipes per rank: it raises its soft descriptor limit to the hard one
+ * (the ranks still start with the soft limit they were given) ... */
+TEST(MacoRunLimits, RaisesTheSoftDescriptorLimitForManyRanks)
+{
+    struct rlimit lim;
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < 1024)
+        GTEST_SKIP() << "the hard descriptor limit is " << lim.rlim_max
+                     << "; 300 ranks need about 610";
+    std::string out;
+    int rc = RunShell(std::string("ulimit -Sn 256 && exec ") + MACO_RUN_PATH +
+                          " -n 300 --mps off sh -c 'ulimit -n' 2>&1",
+                      &out);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("[0] 256\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("[299] 256\n"), std::string::npos) << out;
+}
+
+/* ... and when even the hard limit is too low, it fails before starting any rank. */
+TEST(MacoRunLimits, FailsBeforeStartingRanksWhenTheHardLimitIsTooLow)
+{
+    std::string out;
+    int rc = RunShell(std::string("ulimit -Sn 64 && ulimit -Hn 64 && exec ") + MACO_RUN_PATH +
+                          " -n 100 --mps off sh -c 'echo rank-ran' 2>&1",
+                      &out);
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("maco-run: -n 100 needs about "), std::string::npos) << out;
+    EXPECT_NE(out.find(" file descriptors but the limit is 64 (ulimit -n)"), std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("rank-ran"), std::string::npos) << out;
 }
 
 } // namespace

@@ -16,6 +16,21 @@
  * same way and maco-run exits 124. SIGINT and SIGTERM sent to maco-run are forwarded to
  * every rank's process group.
  *
+ * Leftover processes: maco-run is a child subreaper (PR_SET_CHILD_SUBREAPER), so descendants
+ * of the ranks whose parents exit are reparented to it, even those that left the ranks'
+ * process groups (setsid). Output the ranks' streams still carry is read for 3 s after the
+ * last rank exited. Then, however the job ended (success, a failing rank, timeout,
+ * SIGINT/SIGTERM, a rank that could not be started), every remaining descendant of maco-run,
+ * found through the parent pids in /proc/PID/stat, gets SIGTERM and, 2 s later, SIGKILL, and
+ * is reaped; maco-run prints how many it ended. The private MPS daemon below and what it
+ * started are left to mps_stop: they hold its CUDA_MPS_PIPE_DIRECTORY but not this job's
+ * MACO_BOOTSTRAP_NONCE, which every rank and its descendants inherit.
+ *
+ * Descriptors: maco-run holds two pipes per rank, so it raises its soft RLIMIT_NOFILE to the
+ * hard limit (the ranks are started with the limits maco-run was given). When even the hard
+ * limit is below about 2 per rank plus a margin, it exits 1 before starting anything, naming
+ * the number needed and the limit.
+ *
  * MPS (several ranks on one GPU): with --mps auto (the default), when this machine has fewer
  * visible GPUs than ranks (and at least one) and nvidia-cuda-mps-control is on PATH,
  * maco-run starts a private MPS control daemon: its pipe and log folders live in a temporary
@@ -40,7 +55,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <dirent.h>
 #include <dlfcn.h>
@@ -67,6 +84,17 @@ typedef struct rank_proc {
 
 static volatile sig_atomic_t g_forward_signal;
 
+/* The descriptor limit maco-run was started with; the ranks and the MPS daemon get it back
+ * before exec (raise_fd_limit raised maco-run's own soft limit). */
+static struct rlimit g_nofile_at_start;
+static int g_nofile_saved;
+
+static void restore_fd_limit(void)
+{
+    if (g_nofile_saved)
+        setrlimit(RLIMIT_NOFILE, &g_nofile_at_start);
+}
+
 static void on_signal(int sig)
 {
     g_forward_signal = sig;
@@ -91,7 +119,9 @@ static void usage(FILE *f)
                "(default) when\n"
                "                       there are fewer GPUs than ranks, on always, off never\n"
                "  --gpus G             assume G visible GPUs instead of asking the CUDA "
-               "driver\n");
+               "driver\n"
+               "When the job ends, every process the ranks left behind (in their process "
+               "groups or not) gets\nSIGTERM, then SIGKILL 2 s later.\n");
 }
 
 static int parse_positive(const char *text, long max, long *out)
@@ -152,6 +182,14 @@ static void kill_all(rank_proc_t *ranks, int n, int sig)
     for (int r = 0; r < n; r++)
         if (ranks[r].running)
             kill(-ranks[r].pid, sig);
+}
+
+/* Reaps every child of maco-run that has exited: descendants reparented to it (a child
+ * subreaper) and the MPS daemon's processes; supervise reaps the ranks itself. */
+static void reap_exited(void)
+{
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
 }
 
 /* ------------------------------------------------------------------ MPS */
@@ -229,6 +267,7 @@ static int run_mps_control(const char *const *args, const char *input, const cha
         return -1;
     }
     if (pid == 0) {
+        restore_fd_limit();
         dup2(in[0], 0);
         int out = out_path != NULL ? open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0600)
                                    : open("/dev/null", O_WRONLY);
@@ -302,6 +341,31 @@ static void remove_tree(const char *dir)
     rmdir(dir);
 }
 
+/* True when the environment of process `pid` holds `entry` ("NAME=value") exactly; false
+ * when it does not, or cannot be read (a zombie's, another user's). */
+static int environ_has(pid_t pid, const char *entry)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    static char buf[1 << 16];
+    ssize_t got = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (got <= 0)
+        return 0;
+    buf[got] = '\0';
+    size_t elen = strlen(entry);
+    for (ssize_t i = 0; i < got;) {
+        size_t len = strnlen(buf + i, (size_t)(got - i));
+        if (len == elen && memcmp(buf + i, entry, elen) == 0)
+            return 1;
+        i += (ssize_t)len + 1;
+    }
+    return 0;
+}
+
 /* Pids of processes (other than maco-run) whose environment holds `entry` exactly
  * ("CUDA_MPS_PIPE_DIRECTORY=<our folder>"): the daemon, its server, and stray clients. */
 static int find_processes_with_env(const char *entry, pid_t *pids, int max)
@@ -311,31 +375,13 @@ static int find_processes_with_env(const char *entry, pid_t *pids, int max)
     if (proc == NULL)
         return 0;
     struct dirent *e;
-    size_t elen = strlen(entry);
     while ((e = readdir(proc)) != NULL && n < max) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
         if (*end != '\0' || pid <= 0 || pid == (long)getpid())
             continue;
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%ld/environ", pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        static char buf[1 << 16];
-        ssize_t got = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (got <= 0)
-            continue;
-        buf[got] = '\0';
-        for (ssize_t i = 0; i < got;) {
-            size_t len = strnlen(buf + i, (size_t)(got - i));
-            if (len == elen && memcmp(buf + i, entry, elen) == 0) {
-                pids[n++] = (pid_t)pid;
-                break;
-            }
-            i += (ssize_t)len + 1;
-        }
+        if (environ_has((pid_t)pid, entry))
+            pids[n++] = (pid_t)pid;
     }
     closedir(proc);
     return n;
@@ -418,6 +464,7 @@ static void mps_stop(mps_t *m)
     pid_t pids[64];
     int n = 0;
     for (int64_t deadline = now_ms() + 10000; now_ms() < deadline; usleep(50000)) {
+        reap_exited(); /* its processes may be maco-run's children (a subreaper) */
         n = find_processes_with_env(entry, pids, 64);
         if (n == 0)
             break;
@@ -432,86 +479,252 @@ static void mps_stop(mps_t *m)
     remove_tree(m->root);
 }
 
-/* Starts the ranks and runs the job to its end (the contract at the top of this file). */
-static int run_ranks(long nranks, long timeout_s, long sim_nodes, char **prog)
-{
-    int port = pick_port();
-    if (port < 0) {
-        fprintf(stderr, "maco-run: cannot find a free TCP port on 127.0.0.1: %s\n",
-                strerror(errno));
-        return 1;
-    }
-    uint64_t nonce = 0;
-    if (getrandom(&nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce))
-        nonce = (uint64_t)now_ms() ^ ((uint64_t)getpid() << 32);
-    char addr[64], nonce_text[32], nranks_text[16];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-    snprintf(nonce_text, sizeof(nonce_text), "%016llx", (unsigned long long)nonce);
-    snprintf(nranks_text, sizeof(nranks_text), "%ld", nranks);
+/* ------------------------------------------------------------------ leftover processes */
 
-    rank_proc_t *ranks = calloc((size_t)nranks, sizeof(*ranks));
-    if (ranks == NULL) {
-        fprintf(stderr, "maco-run: out of memory\n");
-        return 1;
+typedef struct proc_entry {
+    pid_t pid;
+    pid_t ppid;
+    char state; /* from /proc/PID/stat: R, S, D, T, Z (zombie), ... */
+    int kind;   /* KIND_*, filled by classify */
+} proc_entry_t;
+
+enum {
+    KIND_UNKNOWN = 0,
+    KIND_JOB,   /* a descendant of maco-run that the sweep ends */
+    KIND_MPS,   /* the private MPS daemon or one of its descendants: mps_stop stops those */
+    KIND_OTHER, /* not a descendant of maco-run */
+};
+
+static int compare_pid(const void *a, const void *b)
+{
+    pid_t x = ((const proc_entry_t *)a)->pid, y = ((const proc_entry_t *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* Reads pid, state and parent pid of every process from /proc/PID/stat into *table_p
+ * (sorted by pid, malloc'd, the caller frees it). Returns the count (0 when /proc cannot be
+ * read). Processes that end meanwhile are simply missing. */
+static int read_process_table(proc_entry_t **table_p)
+{
+    *table_p = NULL;
+    DIR *proc = opendir("/proc");
+    if (proc == NULL)
+        return 0;
+    proc_entry_t *t = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(proc)) != NULL) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || pid <= 0)
+            continue;
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t got = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (got <= 0)
+            continue;
+        buf[got] = '\0';
+        /* "pid (comm) state ppid ...": comm may hold spaces and ')', so the last ')' ends it. */
+        char *close_paren = strrchr(buf, ')');
+        char state;
+        int ppid;
+        if (close_paren == NULL || sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2)
+            continue;
+        if (n == cap) {
+            int grown = cap > 0 ? cap * 2 : 256;
+            proc_entry_t *bigger = realloc(t, (size_t)grown * sizeof(*t));
+            if (bigger == NULL)
+                break;
+            t = bigger;
+            cap = grown;
+        }
+        t[n++] = (proc_entry_t){ (pid_t)pid, (pid_t)ppid, state, KIND_UNKNOWN };
     }
-    long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
+    closedir(proc);
+    if (n > 0)
+        qsort(t, (size_t)n, sizeof(*t), compare_pid);
+    *table_p = t;
+    return n;
+}
+
+/*
+ * Which processes the sweep ends: descendants of maco-run (parent pids lead back to it),
+ * except the private MPS daemon maco-run started and whatever it started (its server). The
+ * daemon is told apart by its environment: it holds `mps_entry`
+ * ("CUDA_MPS_PIPE_DIRECTORY=<our folder>") but not `nonce_entry` ("MACO_BOOTSTRAP_NONCE=<this
+ * job's nonce>"); the ranks and their descendants inherit both, so they are not mistaken for
+ * it. `mps_entry` is NULL when maco-run started no daemon. Memoized in t[i].kind; `depth`
+ * bounds the walk where a snapshot taken while processes come and go holds a cycle.
+ */
+static int classify(proc_entry_t *t, int n, int i, int depth, const char *mps_entry,
+                    const char *nonce_entry)
+{
+    if (t[i].kind != KIND_UNKNOWN)
+        return t[i].kind;
+    int kind = KIND_OTHER;
+    if (t[i].ppid == getpid()) {
+        kind = KIND_JOB;
+    } else if (depth < 4096) {
+        proc_entry_t key = { .pid = t[i].ppid };
+        proc_entry_t *parent = bsearch(&key, t, (size_t)n, sizeof(*t), compare_pid);
+        if (parent != NULL)
+            kind = classify(t, n, (int)(parent - t), depth + 1, mps_entry, nonce_entry);
+    }
+    if (kind == KIND_JOB && mps_entry != NULL && environ_has(t[i].pid, mps_entry) &&
+        !environ_has(t[i].pid, nonce_entry))
+        kind = KIND_MPS;
+    t[i].kind = kind;
+    return kind;
+}
+
+/* True when `pid` is one of the `n` pids in `pids`. */
+static int pid_in(const pid_t *pids, size_t n, pid_t pid)
+{
+    for (size_t i = 0; i < n; i++)
+        if (pids[i] == pid)
+            return 1;
+    return 0;
+}
+
+/*
+ * Ends every process the job left behind (see classify for which), before mps_stop: maco-run
+ * is a child subreaper, so descendants that left the ranks' process groups (setsid) and lost
+ * their parents are reparented to it and still found. Each gets SIGTERM (and SIGCONT, should
+ * it be stopped); those still running 2 s later get SIGKILL; all are reaped. Gives up, saying
+ * so, 4 s after it began. Prints how many processes it ended, ranks not counted (they have
+ * normally been reaped by then).
+ */
+static void end_leftovers(const rank_proc_t *ranks, long nranks, const char *mps_entry,
+                          const char *nonce_entry)
+{
+    pid_t *ended = NULL;
+    size_t n_ended = 0, cap = 0;
+    int64_t kill_at = now_ms() + 2000, give_up_at = kill_at + 2000;
+    for (;;) {
+        reap_exited();
+        proc_entry_t *t;
+        int n = read_process_table(&t);
+        int left = 0;
+        int64_t now = now_ms();
+        for (int i = 0; i < n; i++) {
+            if (classify(t, n, i, 0, mps_entry, nonce_entry) != KIND_JOB)
+                continue;
+            left++; /* a zombie too: it goes once its parent (maco-run in the end) reaps it */
+            if (t[i].state == 'Z')
+                continue;
+            int known = pid_in(ended, n_ended, t[i].pid);
+            if (now < kill_at && known)
+                continue;
+            int sig = now >= kill_at ? SIGKILL : SIGTERM;
+            if (kill(t[i].pid, sig) != 0)
+                continue;
+            if (sig == SIGTERM)
+                kill(t[i].pid, SIGCONT);
+            if (!known) {
+                if (n_ended == cap) {
+                    size_t grown = cap > 0 ? cap * 2 : 16;
+                    pid_t *bigger = realloc(ended, grown * sizeof(*ended));
+                    if (bigger == NULL)
+                        continue;
+                    ended = bigger;
+                    cap = grown;
+                }
+                ended[n_ended++] = t[i].pid;
+            }
+        }
+        free(t);
+        if (left == 0)
+            break;
+        if (now >= give_up_at) {
+            fprintf(stderr,
+                    "maco-run: %d process(es) the ranks left behind did not end within 4 s "
+                    "(SIGKILL sent)\n",
+                    left);
+            break;
+        }
+        usleep(20000);
+    }
+    int strays = 0;
+    for (size_t i = 0; i < n_ended; i++) {
+        int is_rank = 0;
+        for (long r = 0; r < nranks && !is_rank; r++)
+            is_rank = ranks[r].pid == ended[i];
+        strays += !is_rank;
+    }
+    if (strays > 0)
+        fprintf(stderr, "maco-run: ended %d process(es) the ranks left behind\n", strays);
+    free(ended);
+}
+
+/* ------------------------------------------------------------------ descriptors */
+
+/* Descriptors open in maco-run besides 0, 1 and 2: inherited ones use up the limit too. */
+static long count_extra_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return 0;
+    long n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] != '\0' && *end == '\0' && fd > 2 && fd != dirfd(d))
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/*
+ * maco-run holds two pipes per rank (its stdout and stderr) for the whole job. Raises the
+ * soft RLIMIT_NOFILE to the hard limit (the ranks get the limit back: restore_fd_limit) and
+ * returns 0; returns -1, message printed, when even the hard limit is too low for `nranks`.
+ */
+static int raise_fd_limit(long nranks)
+{
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0)
+        return 0; /* cannot tell: pipe() says so if descriptors run out */
+    g_nofile_at_start = lim;
+    g_nofile_saved = 1;
+    /* 2 per rank, those open already, and a margin: the port probe, MPS control pipes, /proc. */
+    long need = 2 * nranks + 10 + count_extra_fds();
+    if (lim.rlim_cur != lim.rlim_max) {
+        struct rlimit raised = { lim.rlim_max, lim.rlim_max };
+        /* RLIM_INFINITY is above fs.nr_open, which setrlimit refuses: then ask for `need`. */
+        if (setrlimit(RLIMIT_NOFILE, &raised) != 0 && lim.rlim_cur < (rlim_t)need &&
+            lim.rlim_max >= (rlim_t)need)
+            raised.rlim_cur = (rlim_t)need;
+        if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+            lim = raised;
+    }
+    if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < (rlim_t)need) {
+        fprintf(stderr,
+                "maco-run: -n %ld needs about %ld file descriptors but the limit is %llu "
+                "(ulimit -n); no rank was started\n",
+                nranks, need, (unsigned long long)lim.rlim_cur);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the job */
+
+/*
+ * Runs the started job to its end: passes the ranks' output on, reaps them, stops them all
+ * when one fails, on timeout and on SIGINT/SIGTERM (the contract at the top of this file).
+ * `pfds` and `owner` have room for two entries per rank. Returns maco-run's exit status.
+ */
+static int supervise(rank_proc_t *ranks, long nranks, long timeout_s, struct pollfd *pfds,
+                     int *owner)
+{
     int exit_code = 0;
     int first_failure = -1;
-    for (long r = 0; r < nranks; r++) {
-        int out_pipe[2], err_pipe[2];
-        if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-            fprintf(stderr, "maco-run: pipe: %s\n", strerror(errno));
-            kill_all(ranks, (int)r, SIGKILL);
-            return 1;
-        }
-        pid_t pid = fork();
-        if (pid < 0) {
-            fprintf(stderr, "maco-run: fork: %s\n", strerror(errno));
-            kill_all(ranks, (int)r, SIGKILL);
-            return 1;
-        }
-        if (pid == 0) {
-            setpgid(0, 0);
-            signal(SIGPIPE, SIG_DFL);
-            signal(SIGINT, SIG_DFL);
-            signal(SIGTERM, SIG_DFL);
-            dup2(out_pipe[1], 1);
-            dup2(err_pipe[1], 2);
-            char rank_text[24], local_text[24], host_text[96];
-            snprintf(rank_text, sizeof(rank_text), "%ld", r);
-            snprintf(local_text, sizeof(local_text), "%ld", r % per_node);
-            setenv("MACO_RANK", rank_text, 1);
-            setenv("MACO_WORLD_SIZE", nranks_text, 1);
-            setenv("MACO_LOCAL_RANK", local_text, 1);
-            setenv("MACO_BOOTSTRAP_ADDR", addr, 1);
-            setenv("MACO_BOOTSTRAP_NONCE", nonce_text, 1);
-            if (sim_nodes > 0) {
-                char host[48] = "localhost";
-                gethostname(host, sizeof(host));
-                host[sizeof(host) - 1] = '\0';
-                snprintf(host_text, sizeof(host_text), "%s/simulated-node-%ld", host, r / per_node);
-                setenv("MACO_HOST_ID", host_text, 1);
-            }
-            execvp(prog[0], prog);
-            fprintf(stderr, "maco-run: cannot run %s: %s\n", prog[0], strerror(errno));
-            _exit(127);
-        }
-        setpgid(pid, pid); /* also here, so kill(-pid) works even before the child runs */
-        close(out_pipe[1]);
-        close(err_pipe[1]);
-        ranks[r].pid = pid;
-        ranks[r].running = 1;
-        ranks[r].streams[0] = (stream_t){ out_pipe[0], 1, malloc(MAX_LINE), 0 };
-        ranks[r].streams[1] = (stream_t){ err_pipe[0], 2, malloc(MAX_LINE), 0 };
-        if (ranks[r].streams[0].buf == NULL || ranks[r].streams[1].buf == NULL) {
-            fprintf(stderr, "maco-run: out of memory\n");
-            kill_all(ranks, (int)r + 1, SIGKILL);
-            return 1;
-        }
-    }
-
-    struct pollfd *pfds = calloc((size_t)nranks * 2, sizeof(*pfds));
-    int *owner = calloc((size_t)nranks * 2, sizeof(int));
     int64_t deadline = timeout_s > 0 ? now_ms() + timeout_s * 1000 : INT64_MAX;
     int64_t kill_at = INT64_MAX; /* when SIGTERM'd ranks get SIGKILL */
     int open_streams = (int)nranks * 2, running = (int)nranks;
@@ -569,17 +782,22 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, char **prog)
                 open_streams--;
             }
         }
-        for (int r = 0; r < nranks; r++) {
-            if (!ranks[r].running)
-                continue;
+        /* Any child: a rank, or a descendant reparented to maco-run (a subreaper) that
+         * ended, which is only reaped here so that zombies do not pile up. */
+        for (;;) {
             int status;
-            pid_t w = waitpid(ranks[r].pid, &status, WNOHANG);
-            if (w != ranks[r].pid)
+            pid_t w = waitpid(-1, &status, WNOHANG);
+            if (w <= 0)
+                break;
+            int r = 0;
+            while (r < nranks && ranks[r].pid != w)
+                r++;
+            if (r == nranks || !ranks[r].running)
                 continue;
             ranks[r].running = 0;
             ranks[r].status = status;
             running--;
-            /* Reap any grandchildren the rank left in its group. */
+            /* End whatever the rank left in its group (end_leftovers finds the rest). */
             kill(-ranks[r].pid, SIGKILL);
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             if (code != 0 && first_failure < 0 && !timed_out && exit_code == 0) {
@@ -614,7 +832,124 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, char **prog)
                     }
         }
     }
-    for (int r = 0; r < nranks; r++) {
+    return exit_code;
+}
+
+/* Starts the ranks and runs the job to its end (the contract at the top of this file);
+ * `mps_pipe_dir` is the private MPS daemon's pipe folder, NULL when maco-run started none. */
+static int run_ranks(long nranks, long timeout_s, long sim_nodes, char **prog,
+                     const char *mps_pipe_dir)
+{
+    int port = pick_port();
+    if (port < 0) {
+        fprintf(stderr, "maco-run: cannot find a free TCP port on 127.0.0.1: %s\n",
+                strerror(errno));
+        return 1;
+    }
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce))
+        nonce = (uint64_t)now_ms() ^ ((uint64_t)getpid() << 32);
+    char addr[64], nonce_text[32], nranks_text[16];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    snprintf(nonce_text, sizeof(nonce_text), "%016llx", (unsigned long long)nonce);
+    snprintf(nranks_text, sizeof(nranks_text), "%ld", nranks);
+    char nonce_entry[64], mps_entry[400];
+    snprintf(nonce_entry, sizeof(nonce_entry), "MACO_BOOTSTRAP_NONCE=%s", nonce_text);
+    if (mps_pipe_dir != NULL)
+        snprintf(mps_entry, sizeof(mps_entry), "CUDA_MPS_PIPE_DIRECTORY=%s", mps_pipe_dir);
+
+    rank_proc_t *ranks = calloc((size_t)nranks, sizeof(*ranks));
+    struct pollfd *pfds = calloc((size_t)nranks * 2, sizeof(*pfds));
+    int *owner = calloc((size_t)nranks * 2, sizeof(int));
+    if (ranks == NULL || pfds == NULL || owner == NULL) {
+        fprintf(stderr, "maco-run: out of memory\n");
+        free(ranks);
+        free(pfds);
+        free(owner);
+        return 1;
+    }
+    long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
+    int exit_code;
+    long started = 0; /* ranks[0..started) hold a process and two streams */
+    int launched = 1;
+    for (long r = 0; r < nranks && launched; r++) {
+        int out_pipe[2], err_pipe[2];
+        if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+            fprintf(stderr, "maco-run: pipe for rank %ld: %s\n", r, strerror(errno));
+            launched = 0;
+            break;
+        }
+        if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+            fprintf(stderr, "maco-run: pipe for rank %ld: %s\n", r, strerror(errno));
+            close(out_pipe[0]);
+            close(out_pipe[1]);
+            launched = 0;
+            break;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "maco-run: fork: %s\n", strerror(errno));
+            close(out_pipe[0]);
+            close(out_pipe[1]);
+            close(err_pipe[0]);
+            close(err_pipe[1]);
+            launched = 0;
+            break;
+        }
+        if (pid == 0) {
+            setpgid(0, 0);
+            signal(SIGPIPE, SIG_DFL);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            restore_fd_limit();
+            dup2(out_pipe[1], 1);
+            dup2(err_pipe[1], 2);
+            char rank_text[24], local_text[24], host_text[96];
+            snprintf(rank_text, sizeof(rank_text), "%ld", r);
+            snprintf(local_text, sizeof(local_text), "%ld", r % per_node);
+            setenv("MACO_RANK", rank_text, 1);
+            setenv("MACO_WORLD_SIZE", nranks_text, 1);
+            setenv("MACO_LOCAL_RANK", local_text, 1);
+            setenv("MACO_BOOTSTRAP_ADDR", addr, 1);
+            setenv("MACO_BOOTSTRAP_NONCE", nonce_text, 1);
+            if (sim_nodes > 0) {
+                char host[48] = "localhost";
+                gethostname(host, sizeof(host));
+                host[sizeof(host) - 1] = '\0';
+                snprintf(host_text, sizeof(host_text), "%s/simulated-node-%ld", host, r / per_node);
+                setenv("MACO_HOST_ID", host_text, 1);
+            }
+            execvp(prog[0], prog);
+            fprintf(stderr, "maco-run: cannot run %s: %s\n", prog[0], strerror(errno));
+            _exit(127);
+        }
+        setpgid(pid, pid); /* also here, so kill(-pid) works even before the child runs */
+        close(out_pipe[1]);
+        close(err_pipe[1]);
+        ranks[r].pid = pid;
+        ranks[r].running = 1;
+        ranks[r].streams[0] = (stream_t){ out_pipe[0], 1, malloc(MAX_LINE), 0 };
+        ranks[r].streams[1] = (stream_t){ err_pipe[0], 2, malloc(MAX_LINE), 0 };
+        started = r + 1;
+        if (ranks[r].streams[0].buf == NULL || ranks[r].streams[1].buf == NULL) {
+            fprintf(stderr, "maco-run: out of memory\n");
+            launched = 0;
+        }
+    }
+
+    if (launched) {
+        exit_code = supervise(ranks, nranks, timeout_s, pfds, owner);
+    } else {
+        exit_code = 1;
+        kill_all(ranks, (int)started, SIGKILL);
+        for (long r = 0; r < started; r++)
+            for (int k = 0; k < 2; k++)
+                if (ranks[r].streams[k].fd >= 0)
+                    close(ranks[r].streams[k].fd);
+    }
+    /* Every way the job ends comes here, before main's mps_stop. */
+    end_leftovers(ranks, started, mps_pipe_dir != NULL ? mps_entry : NULL, nonce_entry);
+    for (long r = 0; r < started; r++) {
         free(ranks[r].streams[0].buf);
         free(ranks[r].streams[1].buf);
     }
@@ -701,6 +1036,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "maco-run: --simulate-nodes %ld is more than -n %ld\n", sim_nodes, nranks);
         return 2;
     }
+    if (raise_fd_limit(nranks) != 0)
+        return 1;
+    /* Orphaned descendants of the ranks (and of the MPS daemon) are reparented to maco-run,
+     * so that end_leftovers finds every process the job started. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        fprintf(stderr,
+                "maco-run: cannot become a child subreaper (%s): processes that leave the "
+                "ranks' process groups and lose their parents may outlive the job\n",
+                strerror(errno));
     /* Installed before MPS starts, so a signal never leaves its daemon behind. */
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
@@ -742,7 +1086,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    int rc = run_ranks(nranks, timeout_s, sim_nodes, argv + argi);
+    int rc =
+        run_ranks(nranks, timeout_s, sim_nodes, argv + argi, mps.started ? mps.pipe_dir : NULL);
     mps_stop(&mps);
+    reap_exited();
     return rc;
 }
