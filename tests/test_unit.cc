@@ -36,7 +36,8 @@ class Unit : public maco_test::Test
     {
         for (const char *v :
              { "MACO_LOG_LEVEL", "MACO_LOG_SUBSYS", "MACO_LOG_FILE", "MACO_BOOTSTRAP_TIMEOUT",
-               "MACO_SCRATCH_SIZE", "MACO_SCRATCH_SIZ", "MACO_HOST_ID" })
+               "MACO_SCRATCH_SIZE", "MACO_SCRATCH_SIZ", "MACO_HOST_ID", "MACO_DEVICE_TIMEOUT",
+               "MACO_SHARED_GPU", "MACO_PROXY_FIFO_SIZE", "MACO_BOOTSTRAP_ADDR" })
             unsetenv(v);
         maco__log_reset();
         maco_test::Test::TearDown();
@@ -110,6 +111,94 @@ TEST_F(Unit, ParsesBooleansAndInts)
     ASSERT_EQ(maco__parse_int("-42", &i), 0);
     EXPECT_EQ(i, -42);
     EXPECT_EQ(maco__parse_int("4x", &i), -1);
+}
+
+/* Values beyond int64 (or, for durations, beyond what converts to nanoseconds) are
+ * rejected, never wrapped: "9223372036854775807us" used to come out negative. */
+TEST_F(Unit, ParsersRejectOverflowInsteadOfWrapping)
+{
+    int64_t v = 77;
+    for (const char *bad : { "1e99", "99999999999999999999", "-99999999999999999999" }) {
+        EXPECT_EQ(maco__parse_int(bad, &v), -1) << bad;
+        EXPECT_EQ(maco__parse_size(bad, &v), -1) << bad;
+        EXPECT_EQ(maco__parse_duration_ms(bad, &v), -1) << bad;
+    }
+    for (const char *bad :
+         { "9223372036854775807us", "9223372036854775000us", "9223372036854775807",
+           "9223372036854775ms", "9223372036855s", "153722867281m", "9223372036855" })
+        EXPECT_EQ(maco__parse_duration_ms(bad, &v), -1) << bad;
+    EXPECT_EQ(v, 77) << "a failed parse must not write the output";
+    ASSERT_EQ(maco__parse_duration_ms("9223372036854", &v), 0);
+    EXPECT_EQ(v, MACO__DURATION_MAX_MS);
+    ASSERT_EQ(maco__parse_duration_ms("9223372036854000us", &v), 0);
+    EXPECT_EQ(v, MACO__DURATION_MAX_MS);
+    ASSERT_EQ(maco__parse_duration_ms("1001us", &v), 0);
+    EXPECT_EQ(v, 2);
+    ASSERT_EQ(maco__parse_int("9223372036854775807", &v), 0);
+    EXPECT_EQ(v, INT64_MAX);
+}
+
+/* What maco-info --env marks: each value checked with the parser the library uses. */
+TEST_F(Unit, ConfigValidateMarksInvalidValuesWithWhatTheyAccept)
+{
+    struct Case {
+        maco__config_id_t id;
+        const char *value;
+        const char *why; /* nullptr: valid */
+    } cases[] = {
+        { MACO_CFG_SCRATCH_SIZE, "64Q", "K, M, G or T suffix" },
+        { MACO_CFG_SCRATCH_SIZE, "99999999999999999999", "K, M, G or T suffix" },
+        { MACO_CFG_SCRATCH_SIZE, "64M", nullptr },
+        { MACO_CFG_BOOTSTRAP_TIMEOUT, "1e99", "us, ms, s or m" },
+        { MACO_CFG_DEVICE_TIMEOUT, "9223372036854775807us", "us, ms, s or m" },
+        { MACO_CFG_DEVICE_TIMEOUT, "0", nullptr },
+        { MACO_CFG_SHARED_GPU, "maybe", "true/false" },
+        { MACO_CFG_SHARED_GPU, "on", nullptr },
+        { MACO_CFG_PROXY_FIFO_SIZE, "12x", "decimal integer" },
+        { MACO_CFG_LOG_LEVEL, "loud", "error, warn, info, debug or trace" },
+        { MACO_CFG_LOG_LEVEL, "DEBUG", nullptr },
+        { MACO_CFG_LOG_SUBSYS, "bootstrp,mem", "unknown subsystem 'bootstrp'" },
+        { MACO_CFG_LOG_SUBSYS, "^ proxy , coll", nullptr },
+        { MACO_CFG_BOOTSTRAP_ADDR, "anything", nullptr },
+    };
+    for (const Case &c : cases) {
+        const char *name = maco__config_name(c.id);
+        setenv(name, c.value, 1);
+        char why[512] = "untouched";
+        maco_status_t st = maco__config_validate(c.id, why, sizeof(why));
+        maco_status_t pub = maco_config_validate(static_cast<int>(c.id), nullptr, 0);
+        EXPECT_EQ(pub, st) << name << "=" << c.value;
+        if (c.why == nullptr) {
+            EXPECT_EQ(st, MACO_OK) << name << "=" << c.value << ": " << why;
+        } else {
+            EXPECT_EQ(st, MACO_ERR_INVALID_ARGUMENT) << name << "=" << c.value;
+            EXPECT_NE(std::string(why).find("accepts: "), std::string::npos) << why;
+            EXPECT_NE(std::string(why).find(c.why), std::string::npos) << why;
+        }
+        unsetenv(name);
+    }
+    /* Unset variables take their defaults, and every default is valid. */
+    for (int i = 0; i < MACO_CFG_COUNT; i++) {
+        char why[256] = "";
+        EXPECT_EQ(maco_config_validate(i, why, sizeof(why)), MACO_OK)
+            << maco__config_name(static_cast<maco__config_id_t>(i)) << ": " << why;
+        maco_config_info_t info;
+        ASSERT_EQ(maco_config_describe(i, &info), MACO_OK);
+        int64_t v;
+        if (strcmp(info.type, "string") != 0 && info.default_value[0] != '\0') {
+            EXPECT_EQ(maco__config_int64(static_cast<maco__config_id_t>(i), &v), MACO_OK)
+                << info.name;
+        }
+    }
+    maco_test::AllowLog("maco_config_validate: index");
+    EXPECT_EQ(maco_config_validate(MACO_CFG_COUNT, nullptr, 0), MACO_ERR_INVALID_ARGUMENT);
+    /* A misspelled name finds the closest one, as communicator init's warning does. */
+    int closest = -1;
+    EXPECT_EQ(maco_config_lookup("MACO_SCRATCH_SIZ", &closest), -1);
+    EXPECT_EQ(closest, static_cast<int>(MACO_CFG_SCRATCH_SIZE));
+    EXPECT_EQ(maco_config_lookup("MACO_DEVICE_TIMEOUT", &closest),
+              static_cast<int>(MACO_CFG_DEVICE_TIMEOUT));
+    EXPECT_EQ(maco_config_lookup(nullptr, nullptr), -1);
 }
 
 TEST_F(Unit, ConfigBadValueNamesTheVariableAndWhatItAccepts)
@@ -202,6 +291,133 @@ TEST_F(Unit, LogLevelFiltersBySeverityAndSubsystem)
     maco__log_reset();
     EXPECT_TRUE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_INIT)) << "default is warn";
     EXPECT_FALSE(maco__log_enabled(MACO_LOG_INFO, MACO_SUBSYS_INIT));
+}
+
+/* Lines logged at warn or error that contain `needle`. */
+static std::vector<std::string> ProblemsWith(const std::string &needle)
+{
+    std::vector<std::string> out;
+    for (const std::string &line : maco_test::LoggedProblems())
+        if (line.find(needle) != std::string::npos)
+            out.push_back(line);
+    return out;
+}
+
+/* "bootstrp" used to select no subsystem at all, so nothing was logged, errors included. */
+TEST_F(Unit, LogSubsysUnknownNameWarnsAndTheOthersStillApply)
+{
+    maco_test::AllowLog("MACO_LOG_SUBSYS=");
+    setenv("MACO_LOG_SUBSYS", "bootstrp, mem", 1);
+    maco__log_reset();
+    std::vector<std::string> warned = ProblemsWith("MACO_LOG_SUBSYS=");
+    ASSERT_EQ(warned.size(), 1u);
+    EXPECT_NE(warned[0].find(" WARN "), std::string::npos) << warned[0];
+    EXPECT_NE(warned[0].find("unknown subsystem 'bootstrp'"), std::string::npos) << warned[0];
+    EXPECT_NE(warned[0].find("init, bootstrap, mem, channel, coll, proxy, tool or all"),
+              std::string::npos)
+        << warned[0];
+    EXPECT_NE(warned[0].find("^"), std::string::npos) << warned[0];
+    EXPECT_TRUE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_MEM)) << "mem still applies";
+    EXPECT_FALSE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_BOOTSTRAP));
+
+    /* Nothing known is left: every subsystem shows, as when the variable is unset. */
+    setenv("MACO_LOG_SUBSYS", "bootstrp", 1);
+    maco__log_reset();
+    EXPECT_EQ(ProblemsWith("MACO_LOG_SUBSYS='bootstrp'").size(), 1u);
+    EXPECT_TRUE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_BOOTSTRAP));
+    EXPECT_TRUE(maco__log_enabled(MACO_LOG_ERROR, MACO_SUBSYS_BOOTSTRAP));
+    setenv("MACO_LOG_SUBSYS", "^bootstrp,proxy", 1);
+    maco__log_reset();
+    EXPECT_EQ(ProblemsWith("MACO_LOG_SUBSYS='^bootstrp,proxy'").size(), 1u);
+    EXPECT_FALSE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_PROXY));
+    EXPECT_TRUE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_COLL));
+}
+
+TEST_F(Unit, ErrorsPassTheSubsystemFilter)
+{
+    maco_test::AllowLog("boom in bootstrap");
+    for (const char *filter : { "mem", "^bootstrap" }) {
+        setenv("MACO_LOG_SUBSYS", filter, 1);
+        maco__log_reset();
+        EXPECT_FALSE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_BOOTSTRAP)) << filter;
+        EXPECT_TRUE(maco__log_enabled(MACO_LOG_ERROR, MACO_SUBSYS_BOOTSTRAP)) << filter;
+        maco__error(MACO_ERR_INTERNAL, MACO_SUBSYS_BOOTSTRAP, "boom in bootstrap (%s)", filter);
+        EXPECT_EQ(ProblemsWith(std::string("boom in bootstrap (") + filter).size(), 1u) << filter;
+    }
+}
+
+/* An invalid level used to be reported past the handler, without the line's tid field. */
+TEST_F(Unit, LogLevelInvalidWarnsNamingTheAcceptedLevels)
+{
+    maco_test::AllowLog("MACO_LOG_LEVEL='loud'");
+    setenv("MACO_LOG_LEVEL", "loud", 1);
+    maco__log_reset();
+    std::vector<std::string> warned = ProblemsWith("MACO_LOG_LEVEL='loud' is invalid");
+    ASSERT_EQ(warned.size(), 1u);
+    EXPECT_NE(warned[0].find("error, warn, info, debug or trace"), std::string::npos) << warned[0];
+    EXPECT_NE(warned[0].find(":" + std::to_string(getpid()) + ":"), std::string::npos)
+        << "the usual host:pid:tid prefix: " << warned[0];
+    EXPECT_TRUE(maco__log_enabled(MACO_LOG_WARN, MACO_SUBSYS_INIT)) << "falls back to warn";
+    EXPECT_FALSE(maco__log_enabled(MACO_LOG_INFO, MACO_SUBSYS_INIT));
+}
+
+/* A log file that cannot be opened used to send the log to stderr without a word. */
+TEST_F(Unit, LogFileThatCannotBeOpenedWarnsOnStderr)
+{
+    char captured[] = "/tmp/maco-stderr-XXXXXX";
+    int cap_fd = mkstemp(captured);
+    ASSERT_GE(cap_fd, 0);
+    maco_test::AllowLog("MACO_LOG_FILE=");
+    maco_test::AllowLog("after the bad file");
+    setenv("MACO_LOG_FILE", "/nonexistent-maco-dir/log.%p", 1);
+    fflush(stderr);
+    int saved = dup(2);
+    ASSERT_GE(saved, 0);
+    dup2(cap_fd, 2);
+    maco__log_reset();
+    maco__log(MACO_LOG_WARN, MACO_SUBSYS_TOOL, "after the bad file");
+    dup2(saved, 2);
+    close(saved);
+    std::string path = "/nonexistent-maco-dir/log." + std::to_string(getpid());
+    std::vector<std::string> warned = ProblemsWith("MACO_LOG_FILE=");
+    ASSERT_EQ(warned.size(), 1u);
+    EXPECT_NE(warned[0].find("'/nonexistent-maco-dir/log.%p'"), std::string::npos) << warned[0];
+    EXPECT_NE(warned[0].find("cannot open " + path + ": " + strerror(ENOENT)), std::string::npos)
+        << warned[0];
+    std::string err;
+    char buf[4096];
+    ssize_t n;
+    while ((n = pread(cap_fd, buf, sizeof(buf), static_cast<off_t>(err.size()))) > 0)
+        err.append(buf, static_cast<size_t>(n));
+    close(cap_fd);
+    unlink(captured);
+    EXPECT_NE(err.find("cannot open " + path), std::string::npos) << "stderr: " << err;
+    EXPECT_NE(err.find("WARN tool: after the bad file"), std::string::npos) << "stderr: " << err;
+}
+
+/* Outside any call a thread's lines show the process's rank; a scope overrides it until it
+ * ends. */
+TEST_F(Unit, LogRankScopeOverridesTheProcessRankUntilItEnds)
+{
+    maco_test::AllowLog("scope-test");
+    maco__log_set_rank(7);
+    std::thread t([] {
+        maco__log(MACO_LOG_WARN, MACO_SUBSYS_TOOL, "scope-test before");
+        {
+            MACO__LOG_RANK_SCOPE(3);
+            maco__log(MACO_LOG_WARN, MACO_SUBSYS_TOOL, "scope-test inside");
+        }
+        maco__log(MACO_LOG_WARN, MACO_SUBSYS_TOOL, "scope-test after");
+    });
+    t.join();
+    maco__log_set_rank(-1);
+    maco__log_swap_thread_rank(MACO__LOG_RANK_UNSET); /* this thread follows the process again */
+    for (const char *what : { "before", "inside", "after" }) {
+        std::vector<std::string> lines = ProblemsWith(std::string("scope-test ") + what);
+        ASSERT_EQ(lines.size(), 1u) << what;
+        const char *want = strcmp(what, "inside") == 0 ? " [3] " : " [7] ";
+        EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
+    }
 }
 
 TEST_F(Unit, LogFileExpandsPidAndKeepsErrno)
@@ -304,6 +520,28 @@ TEST_F(Unit, ThreadsShareAJobThroughAUniqueId)
                     return MACO_ERR_INTERNAL;
         return maco_bootstrap_barrier(bs);
     });
+}
+
+/* Two bootstraps in one process, one per thread: every line of a call carries that call's
+ * rank. With one process-wide rank, both threads' lines carried the last bootstrap's. */
+TEST_F(Unit, LogLinesCarryTheRankOfTheCallThatLogs)
+{
+    maco_test::AllowLog("maco_bootstrap_broadcast: root");
+    RunThreads(2, [](maco_bootstrap_t bs, int r) -> maco_status_t {
+        maco_status_t st = maco_bootstrap_barrier(bs); /* both setups are done */
+        if (st != MACO_OK)
+            return st;
+        int v = 0;
+        if (maco_bootstrap_broadcast(bs, 100 + r, &v, sizeof(v)) != MACO_ERR_INVALID_ARGUMENT)
+            return MACO_ERR_INTERNAL;
+        return maco_bootstrap_barrier(bs);
+    });
+    for (int r = 0; r < 2; r++) {
+        std::vector<std::string> lines = ProblemsWith("root " + std::to_string(100 + r) + " is");
+        ASSERT_EQ(lines.size(), 1u) << "rank " << r;
+        EXPECT_NE(lines[0].find(" [" + std::to_string(r) + "] ERROR "), std::string::npos)
+            << lines[0];
+    }
 }
 
 TEST_F(Unit, StrayClientIsRefusedAndTheJobGoesOn)

@@ -2,7 +2,11 @@
  * maco-info - what MACO sees on this machine.
  *
  *   maco-info          version, CUDA devices and peer access between them
- *   maco-info --env    every MACO_* variable: type, default, current value, description
+ *   maco-info --env    every MACO_* variable: type, default, current value, description;
+ *                      a current value the library would reject is marked INVALID with what
+ *                      the variable accepts, and a MACO_* variable the library does not know
+ *                      is named with the closest known one. Exit status 1 when there is
+ *                      either, else 0.
  */
 #include <stdio.h>
 #include <string.h>
@@ -11,8 +15,12 @@
 
 #include "maco/maco.h"
 
-static void print_env(void)
+extern char **environ;
+
+/* Prints the table; returns how many values are invalid or variables unknown. */
+static int print_env(void)
 {
+    int problems = 0;
     printf("%-28s %-9s %-14s %-16s %s\n", "variable", "type", "default", "current", "description");
     for (int i = 0; i < maco_config_count(); i++) {
         maco_config_info_t info;
@@ -21,7 +29,29 @@ static void print_env(void)
         printf("%-28s %-9s %-14s %-16s %s\n", info.name, info.type,
                info.default_value[0] ? info.default_value : "-",
                info.current ? info.current : "(unset)", info.doc);
+        char why[512];
+        if (maco_config_validate(i, why, sizeof(why)) != MACO_OK) {
+            printf("  ^ %s='%s' is INVALID (%s)\n", info.name, info.current ? info.current : "",
+                   why);
+            problems++;
+        }
     }
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+        if (strncmp(*e, "MACO_", 5) != 0)
+            continue;
+        char name[128];
+        size_t len = strcspn(*e, "=");
+        snprintf(name, sizeof(name), "%.*s", (int)(len < sizeof(name) ? len : sizeof(name) - 1),
+                 *e);
+        int closest = 0;
+        maco_config_info_t near;
+        if (maco_config_lookup(name, &closest) >= 0 ||
+            maco_config_describe(closest, &near) != MACO_OK)
+            continue;
+        printf("%s: unknown variable, MACO ignores it (did you mean %s?)\n", name, near.name);
+        problems++;
+    }
+    return problems;
 }
 
 static int print_devices(void)
@@ -68,10 +98,8 @@ static int print_devices(void)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--env") == 0) {
-        print_env();
-        return 0;
-    }
+    if (argc > 1 && strcmp(argv[1], "--env") == 0)
+        return print_env() > 0 ? 1 : 0;
     if (argc > 1) {
         fprintf(stderr, "usage: maco-info [--env]\n");
         return argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) ? 0 : 2;

@@ -906,6 +906,7 @@ static maco_status_t maco__check_p2p(maco_bootstrap_t bs, const char *fn, int pe
 maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
                                    size_t bytes)
 {
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     maco_status_t st = maco__check_p2p(bs, "maco_bootstrap_send", peer, data, bytes);
     if (st != MACO_OK)
         return st;
@@ -920,6 +921,7 @@ maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, 
 maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
                                    size_t bytes)
 {
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     maco_status_t st = maco__check_p2p(bs, "maco_bootstrap_recv", peer, data, bytes);
     if (st != MACO_OK)
         return st;
@@ -935,6 +937,7 @@ maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, 
 maco_status_t maco_bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
                                   size_t bytes)
 {
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     if (tag >= MACO_BOOTSTRAP_MAX_USER_TAG)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_send: tag 0x%x is reserved (user tags are below 0x%x)",
@@ -945,6 +948,7 @@ maco_status_t maco_bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, c
 maco_status_t maco_bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
                                   size_t bytes)
 {
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     if (tag >= MACO_BOOTSTRAP_MAX_USER_TAG)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_recv: tag 0x%x is reserved (user tags are below 0x%x)",
@@ -954,6 +958,7 @@ maco_status_t maco_bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, v
 
 maco_status_t maco_bootstrap_allgather(maco_bootstrap_t bs, void *buffer, size_t bytes_per_rank)
 {
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     maco_status_t st = maco__bs_check(bs, "maco_bootstrap_allgather");
     if (st != MACO_OK)
         return st;
@@ -1001,6 +1006,7 @@ maco_status_t maco_bootstrap_barrier(maco_bootstrap_t bs)
 
 maco_status_t maco_bootstrap_broadcast(maco_bootstrap_t bs, int root, void *buffer, size_t bytes)
 {
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     maco_status_t st = maco__bs_check(bs, "maco_bootstrap_broadcast");
     if (st != MACO_OK)
         return st;
@@ -1751,6 +1757,7 @@ maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nr
     if (rank < 0 || rank >= nranks)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create: rank %d is outside [0, %d)", rank, nranks);
+    MACO__LOG_RANK_SCOPE(rank);
     uint64_t nonce = 0;
     maco__sockaddr_t root;
     maco_status_t st = maco__id_decode(id, &nonce, &root);
@@ -1880,6 +1887,7 @@ maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
 {
     if (bs == NULL)
         return MACO_OK;
+    MACO__LOG_RANK_SCOPE(bs->rank);
     /* Goodbye frames: tiny, so they fit the socket buffers; bounded anyway. Unsent data
      * of abandoned calls was already dequeued. */
     uint8_t bye[MACO__FRAME_HDR_BYTES];

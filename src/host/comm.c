@@ -452,6 +452,7 @@ maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t
     comm->cuda_device = -1;
     maco_bootstrap_get_rank(bs, &comm->rank);
     maco_bootstrap_get_nranks(bs, &comm->nranks);
+    MACO__LOG_RANK_SCOPE(comm->rank);
     maco__rank_info_t *all = NULL;
     maco_status_t st = maco__comm_topology(comm);
     if (st != MACO_OK)
@@ -519,6 +520,7 @@ maco_status_t maco_comm_init_from_env(maco_comm_t *comm_p)
 
 maco_status_t maco_comm_destroy(maco_comm_t comm)
 {
+    MACO__LOG_RANK_SCOPE(comm != NULL ? comm->rank : -1);
     maco__comm_free(comm);
     return MACO_OK;
 }

@@ -38,7 +38,8 @@ static const char *maco__config_accepts(maco__config_type_t type)
     case MACO_CONFIG_SIZE:
         return "a byte count with an optional K, M, G or T suffix (e.g. 4096, 64M)";
     case MACO_CONFIG_DURATION:
-        return "a duration: an integer with us, ms, s or m (e.g. 500ms, 30s); bare = ms";
+        return "a duration: an integer with us, ms, s or m (e.g. 500ms, 30s), bare = ms, "
+               "at most 9223372036854 ms";
     case MACO_CONFIG_BOOL:
         return "1/0, true/false, yes/no or on/off";
     case MACO_CONFIG_STRING:
@@ -156,22 +157,26 @@ int maco__parse_duration_ms(const char *text, int64_t *ms_p)
     if (maco__parse_int_prefix(text, &v, &rest) != 0 || v < 0)
         return -1;
     size_t unit_len = (size_t)(end - rest);
-    int64_t ms;
-    if (unit_len == 0 || (unit_len == 2 && strncasecmp(rest, "ms", 2) == 0)) {
-        ms = v;
-    } else if (unit_len == 2 && strncasecmp(rest, "us", 2) == 0) {
-        ms = (v + 999) / 1000; /* round up: a non-zero deadline never becomes 0 */
-    } else if (unit_len == 1 && (*rest == 's' || *rest == 'S')) {
-        if (v > INT64_MAX / 1000)
-            return -1;
-        ms = v * 1000;
-    } else if (unit_len == 1 && (*rest == 'm' || *rest == 'M')) {
-        if (v > INT64_MAX / 60000)
-            return -1;
-        ms = v * 60000;
-    } else {
+    int64_t scale; /* ms per unit; 0: microseconds */
+    if (unit_len == 0 || (unit_len == 2 && strncasecmp(rest, "ms", 2) == 0))
+        scale = 1;
+    else if (unit_len == 2 && strncasecmp(rest, "us", 2) == 0)
+        scale = 0;
+    else if (unit_len == 1 && (*rest == 's' || *rest == 'S'))
+        scale = 1000;
+    else if (unit_len == 1 && (*rest == 'm' || *rest == 'M'))
+        scale = 60000;
+    else
         return -1;
-    }
+    int64_t ms;
+    if (scale == 0) /* round up: a non-zero deadline never becomes 0 (v + 999 could overflow) */
+        ms = v / 1000 + (v % 1000 != 0);
+    else if (v <= MACO__DURATION_MAX_MS / scale)
+        ms = v * scale;
+    else
+        return -1;
+    if (ms > MACO__DURATION_MAX_MS)
+        return -1;
     *ms_p = ms;
     return 0;
 }
@@ -198,13 +203,9 @@ int maco__parse_bool(const char *text, int *value_p)
     return -1;
 }
 
-maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p)
+/* Parses `text` as a value of a numeric row; returns 0, or -1 on bad text or a STRING row. */
+static int maco__config_parse(const maco__config_row_t *row, const char *text, int64_t *value_p)
 {
-    if ((unsigned)id >= MACO_CFG_COUNT || value_p == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                           "config id %d out of range or null output", (int)id);
-    const maco__config_row_t *row = &maco__config_rows[id];
-    const char *text = maco__config_string(id);
     int64_t v = 0;
     int rc = -1;
     switch (row->type) {
@@ -224,10 +225,25 @@ maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p)
         break;
     }
     case MACO_CONFIG_STRING:
+        break;
+    }
+    if (rc == 0)
+        *value_p = v;
+    return rc;
+}
+
+maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p)
+{
+    if ((unsigned)id >= MACO_CFG_COUNT || value_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "config id %d out of range or null output", (int)id);
+    const maco__config_row_t *row = &maco__config_rows[id];
+    if (row->type == MACO_CONFIG_STRING)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "%s is a string variable, not a number", row->name);
-    }
-    if (rc != 0) {
+    const char *text = maco__config_string(id);
+    int64_t v = 0;
+    if (maco__config_parse(row, text, &v) != 0) {
         if (text[0] == '\0')
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                                "%s is not set and has no default", row->name);
@@ -280,6 +296,23 @@ static int maco__first_warning(const char *name)
     return first;
 }
 
+int maco__config_lookup(const char *name, int *closest_p)
+{
+    int best = INT_MAX, closest = 0;
+    for (int i = 0; i < MACO_CFG_COUNT; i++) {
+        if (strcmp(name, maco__config_rows[i].name) == 0)
+            return i;
+        int d = maco__edit_distance(name, maco__config_rows[i].name);
+        if (d < best) {
+            best = d;
+            closest = i;
+        }
+    }
+    if (closest_p != NULL)
+        *closest_p = closest;
+    return -1;
+}
+
 int maco__config_check_environment(void)
 {
     int unknown = 0;
@@ -293,29 +326,51 @@ int maco__config_check_environment(void)
             len = sizeof(name) - 1;
         memcpy(name, *e, len);
         name[len] = '\0';
-        int known = 0, best = INT_MAX;
-        const char *closest = NULL;
-        for (int i = 0; i < MACO_CFG_COUNT && !known; i++) {
-            if (strcmp(name, maco__config_rows[i].name) == 0) {
-                known = 1;
-                break;
-            }
-            int d = maco__edit_distance(name, maco__config_rows[i].name);
-            if (d < best) {
-                best = d;
-                closest = maco__config_rows[i].name;
-            }
-        }
-        if (!known) {
+        int closest = 0;
+        if (maco__config_lookup(name, &closest) < 0) {
             unknown++;
             if (maco__first_warning(name))
                 MACO_WARN(MACO_SUBSYS_INIT,
                           "unknown variable %s (did you mean %s?); maco-info --env "
                           "lists every variable",
-                          name, closest ? closest : "?");
+                          name, maco__config_rows[closest].name);
         }
     }
     return unknown;
+}
+
+maco_status_t maco__config_validate(maco__config_id_t id, char *why, size_t cap)
+{
+    if ((unsigned)id >= MACO_CFG_COUNT) {
+        if (cap > 0)
+            snprintf(why, cap, "no such variable (id %d)", (int)id);
+        return MACO_ERR_INVALID_ARGUMENT;
+    }
+    const maco__config_row_t *row = &maco__config_rows[id];
+    if (!maco__config_is_set(id))
+        return MACO_OK; /* the default, which is valid (a unit test checks every one) */
+    const char *text = maco__config_string(id);
+    int64_t v;
+    unsigned mask;
+    char bad[256];
+    if (id == MACO_CFG_LOG_LEVEL) {
+        if (maco__log_parse_level(text) >= 0)
+            return MACO_OK;
+        if (cap > 0)
+            snprintf(why, cap, "accepts: " MACO__LOG_LEVEL_ACCEPTS);
+    } else if (id == MACO_CFG_LOG_SUBSYS) {
+        int nbad = maco__log_parse_subsys(text, &mask, bad, sizeof(bad));
+        if (nbad == 0)
+            return MACO_OK;
+        if (cap > 0)
+            snprintf(why, cap, "unknown subsystem%s %s; accepts: " MACO__LOG_SUBSYS_ACCEPTS,
+                     nbad > 1 ? "s" : "", bad);
+    } else if (row->type == MACO_CONFIG_STRING || maco__config_parse(row, text, &v) == 0) {
+        return MACO_OK;
+    } else if (cap > 0) {
+        snprintf(why, cap, "accepts: %s", maco__config_accepts(row->type));
+    }
+    return MACO_ERR_INVALID_ARGUMENT;
 }
 
 int maco_config_count(void)
@@ -340,4 +395,27 @@ maco_status_t maco_config_describe(int index, maco_config_info_t *info_p)
     info_p->doc = row->doc;
     info_p->current = getenv(row->name);
     return MACO_OK;
+}
+
+maco_status_t maco_config_validate(int index, char *why, size_t cap)
+{
+    if (index < 0 || index >= MACO_CFG_COUNT)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_config_validate: index %d is outside [0, %d)", index,
+                           MACO_CFG_COUNT);
+    if (why == NULL && cap > 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_config_validate: why is NULL but cap is %zu", cap);
+    return maco__config_validate((maco__config_id_t)index, why, cap);
+}
+
+int maco_config_lookup(const char *name, int *closest_p)
+{
+    if (name == NULL)
+        return -1;
+    int closest = 0;
+    int index = maco__config_lookup(name, &closest);
+    if (index < 0 && closest_p != NULL)
+        *closest_p = closest;
+    return index;
 }

@@ -11,12 +11,16 @@
  *   INT       a decimal integer
  *   SIZE      bytes: an integer with an optional K, M, G or T suffix (binary: 64M = 64 MiB)
  *   DURATION  milliseconds: an integer with a unit us, ms, s or m (30s, 500ms); a bare
- *             integer means milliseconds
+ *             integer means milliseconds. At most MACO__DURATION_MAX_MS (about 292 years),
+ *             so a duration converts to nanoseconds, or adds to a clock, without overflow
+ * A value out of int64's range is invalid (never wrapped). MACO_LOG_LEVEL and
+ * MACO_LOG_SUBSYS are checked by the logger's own parsers (log.h).
  *   BOOL      1/0, true/false, yes/no, on/off (any case)
  */
 #ifndef MACO_CONFIG_INTERNAL_H
 #define MACO_CONFIG_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "maco/status.h"
@@ -26,11 +30,14 @@ extern "C" {
 #endif
 
 #define MACO_CONFIG_TABLE(X)                                                                       \
-    X(LOG_LEVEL, STRING, "warn", "", "Log level: error, warn, info, debug or trace.")              \
+    X(LOG_LEVEL, STRING, "warn", "",                                                               \
+      "Log level: error, warn, info, debug or trace (another value: warned, warn is used).")       \
     X(LOG_SUBSYS, STRING, "all", "",                                                               \
-      "Subsystems to log (init,bootstrap,mem,channel,coll,proxy,tool,all); ^ inverts.")            \
+      "Subsystems to log (init,bootstrap,mem,channel,coll,proxy,tool,all); ^ inverts. Errors "     \
+      "are logged whatever it says; an unknown name is warned about and ignored.")                 \
     X(LOG_FILE, STRING, "", "",                                                                    \
-      "Log file path; %h expands to the host name, %p to the pid. Empty: standard error.")         \
+      "Log file path; %h expands to the host name, %p to the pid. Empty: standard error "          \
+      "(also when the file cannot be opened, with a warning there).")                              \
     X(RANK, INT, "", "", "This process's rank, for initialisation from the environment.")          \
     X(WORLD_SIZE, INT, "", "", "Number of ranks, for initialisation from the environment.")        \
     X(LOCAL_RANK, INT, "", "", "Rank among the ranks of this node (default: derived).")            \
@@ -107,11 +114,28 @@ int maco__config_is_set(maco__config_id_t id);
  */
 maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p);
 
-/** Parsers shared with the tools and tests; they return 0 on success, -1 on bad text. */
+/** Longest DURATION in ms: its nanoseconds still fit int64. */
+#define MACO__DURATION_MAX_MS (INT64_MAX / 1000000)
+
+/**
+ * Parsers shared with the tools and tests; they return 0 on success, -1 on bad text (and on
+ * a value out of range: nothing wraps); a failed parse does not write the output.
+ */
 int maco__parse_size(const char *text, int64_t *bytes_p);
 int maco__parse_duration_ms(const char *text, int64_t *ms_p);
 int maco__parse_bool(const char *text, int *value_p);
 int maco__parse_int(const char *text, int64_t *value_p);
+
+/**
+ * Checks the environment's value of `id` with the parser the library reads it with (the
+ * typed parsers above; the logger's for MACO_LOG_LEVEL and MACO_LOG_SUBSYS). Returns MACO_OK
+ * when it is unset, empty or valid; else MACO_ERR_INVALID_ARGUMENT with `why` (cap bytes)
+ * saying what is wrong and what the variable accepts ("accepts: ..."). Logs nothing.
+ */
+maco_status_t maco__config_validate(maco__config_id_t id, char *why, size_t cap);
+
+/** The index of variable `name`, or -1 with *closest_p (when not NULL) the nearest name's. */
+int maco__config_lookup(const char *name, int *closest_p);
 
 /**
  * Warns once per process about each MACO_* variable of the environment that is not in the

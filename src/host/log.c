@@ -19,6 +19,7 @@ static int maco__log_level = MACO_LOG_WARN;
 static unsigned maco__log_mask = ~0u;
 static int maco__log_fd = 2;
 static int maco__log_rank = -1;
+static _Thread_local int maco__log_thread_rank = MACO__LOG_RANK_UNSET;
 static char maco__log_host[64];
 static maco_log_handler_t maco__log_handler;
 static void *maco__log_handler_user;
@@ -67,38 +68,99 @@ static void maco__expand_log_path(const char *pattern, char *out, size_t cap)
     out[n] = '\0';
 }
 
-/* Reads the MACO_LOG_* variables; called with maco__log_lock held. */
-static void maco__log_configure_locked(void)
+int maco__log_parse_level(const char *text)
 {
+    if (text == NULL)
+        return -1;
+    for (int i = 0; i < 5; i++)
+        if (strcasecmp(text, maco__level_names[i]) == 0)
+            return i;
+    if (strcasecmp(text, "warning") == 0)
+        return MACO_LOG_WARN;
+    return -1;
+}
+
+int maco__log_parse_subsys(const char *text, unsigned *mask_p, char *bad, size_t cap)
+{
+    if (cap > 0)
+        bad[0] = '\0';
+    if (text == NULL)
+        text = "";
+    int invert = text[0] == '^';
+    int known = 0, unknown = 0;
+    size_t bad_len = 0;
+    unsigned mask = 0;
+    const char *p = text + invert;
+    while (*p != '\0') {
+        const char *comma = strchr(p, ',');
+        const char *end = comma ? comma : p + strlen(p);
+        const char *next = comma ? comma + 1 : end;
+        while (p < end && (*p == ' ' || *p == '\t'))
+            p++;
+        while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+            end--;
+        size_t len = (size_t)(end - p);
+        int found = len == 3 && strncasecmp(p, "all", 3) == 0;
+        if (found)
+            mask = ~0u;
+        for (int i = 0; i < MACO__NSUBSYS && !found; i++) {
+            if (strlen(maco__subsys_names[i].name) == len &&
+                strncasecmp(p, maco__subsys_names[i].name, len) == 0) {
+                mask |= maco__subsys_names[i].bit;
+                found = 1;
+            }
+        }
+        if (found) {
+            known++;
+        } else if (len > 0) {
+            unknown++;
+            if (bad_len < cap) {
+                int n = snprintf(bad + bad_len, cap - bad_len, "%s'%.*s'", bad_len ? ", " : "",
+                                 (int)len, p);
+                bad_len = n > 0 ? bad_len + (size_t)n : bad_len;
+            }
+        }
+        p = next;
+    }
+    if (known == 0) /* nothing usable is left: as if unset */
+        mask = invert ? 0u : ~0u;
+    *mask_p = invert ? ~mask : mask;
+    return unknown;
+}
+
+/* Problems of the MACO_LOG_* values, found with the lock held and logged after it. */
+typedef struct maco__log_notes {
+    int n;
+    char text[3][1024];
+} maco__log_notes_t;
+
+/* Reads the MACO_LOG_* variables; called with maco__log_lock held. */
+static void maco__log_configure_locked(maco__log_notes_t *notes)
+{
+    notes->n = 0;
     if (gethostname(maco__log_host, sizeof(maco__log_host)) != 0)
         snprintf(maco__log_host, sizeof(maco__log_host), "unknown");
     maco__log_host[sizeof(maco__log_host) - 1] = '\0';
 
     const char *level = maco__config_string(MACO_CFG_LOG_LEVEL);
-    int parsed = -1;
-    for (int i = 0; i < 5; i++)
-        if (strcasecmp(level, maco__level_names[i]) == 0)
-            parsed = i;
-    if (strcasecmp(level, "warning") == 0)
-        parsed = MACO_LOG_WARN;
+    int parsed = maco__log_parse_level(level);
     maco__log_level = parsed >= 0 ? parsed : MACO_LOG_WARN;
+    if (parsed < 0)
+        snprintf(notes->text[notes->n++], sizeof(notes->text[0]),
+                 "MACO_LOG_LEVEL='%s' is invalid: it accepts " MACO__LOG_LEVEL_ACCEPTS
+                 "; using warn",
+                 level);
 
     const char *subsys = maco__config_string(MACO_CFG_LOG_SUBSYS);
-    int invert = subsys[0] == '^';
-    unsigned mask = 0;
-    const char *p = subsys + invert;
-    while (*p != '\0') {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len == 3 && strncasecmp(p, "all", 3) == 0)
-            mask = ~0u;
-        for (int i = 0; i < MACO__NSUBSYS; i++)
-            if (strlen(maco__subsys_names[i].name) == len &&
-                strncasecmp(p, maco__subsys_names[i].name, len) == 0)
-                mask |= maco__subsys_names[i].bit;
-        p += len + (comma != NULL);
-    }
-    maco__log_mask = invert ? ~mask : mask;
+    unsigned mask = ~0u;
+    char bad[256];
+    int nbad = maco__log_parse_subsys(subsys, &mask, bad, sizeof(bad));
+    maco__log_mask = mask;
+    if (nbad > 0)
+        snprintf(notes->text[notes->n++], sizeof(notes->text[0]),
+                 "MACO_LOG_SUBSYS='%s': unknown subsystem%s %s, ignored%s: it "
+                 "accepts " MACO__LOG_SUBSYS_ACCEPTS,
+                 subsys, nbad > 1 ? "s" : "", bad, mask == ~0u ? " (showing every subsystem)" : "");
 
     if (maco__log_fd > 2)
         close(maco__log_fd);
@@ -110,42 +172,61 @@ static void maco__log_configure_locked(void)
         int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (fd >= 0)
             maco__log_fd = fd;
+        else
+            snprintf(notes->text[notes->n++], sizeof(notes->text[0]),
+                     "MACO_LOG_FILE='%.256s': cannot open %.512s: %.128s; logging to standard "
+                     "error",
+                     file, path, strerror(errno));
     }
-    maco__log_ready = 1;
+    __atomic_store_n(&maco__log_ready, 1, __ATOMIC_RELEASE);
+}
 
-    /* Report a bad level once the logger is usable (after the fields above are set). */
-    if (parsed < 0) {
-        char line[256];
-        int len = snprintf(line, sizeof(line),
-                           "%s:%d [-] WARN init: MACO_LOG_LEVEL='%s' is invalid: it accepts "
-                           "error, warn, info, debug or trace; using warn\n",
-                           maco__log_host, (int)getpid(), level);
-        if (len > 0 && write(maco__log_fd, line, (size_t)len) < 0) {
-            /* Nothing sensible to do when the log itself cannot be written. */
-        }
-    }
+/* Logs the problems found in MACO_LOG_*, past the filters: they are about the filters. */
+static void maco__log_report(const maco__log_notes_t *notes)
+{
+    for (int i = 0; i < notes->n; i++)
+        maco__log(MACO_LOG_WARN, MACO_SUBSYS_INIT, "%s", notes->text[i]);
 }
 
 static void maco__log_ensure(void)
 {
     if (__atomic_load_n(&maco__log_ready, __ATOMIC_ACQUIRE))
         return;
+    int saved_errno = errno;
+    maco__log_notes_t notes = { 0 };
     pthread_mutex_lock(&maco__log_lock);
     if (!maco__log_ready)
-        maco__log_configure_locked();
+        maco__log_configure_locked(&notes);
     pthread_mutex_unlock(&maco__log_lock);
+    maco__log_report(&notes);
+    errno = saved_errno;
 }
 
 void maco__log_reset(void)
 {
+    maco__log_notes_t notes = { 0 };
     pthread_mutex_lock(&maco__log_lock);
-    maco__log_configure_locked();
+    maco__log_configure_locked(&notes);
     pthread_mutex_unlock(&maco__log_lock);
+    maco__log_report(&notes);
 }
 
 void maco__log_set_rank(int rank)
 {
     __atomic_store_n(&maco__log_rank, rank, __ATOMIC_RELAXED);
+    maco__log_thread_rank = rank;
+}
+
+int maco__log_swap_thread_rank(int rank)
+{
+    int previous = maco__log_thread_rank;
+    maco__log_thread_rank = rank;
+    return previous;
+}
+
+void maco__log_restore_thread_rank(const int *saved)
+{
+    maco__log_thread_rank = *saved;
 }
 
 maco_status_t maco_log_set_handler(maco_log_handler_t handler, void *user)
@@ -158,7 +239,9 @@ maco_status_t maco_log_set_handler(maco_log_handler_t handler, void *user)
 int maco__log_enabled(maco__log_level_t level, maco__subsys_t subsys)
 {
     maco__log_ensure();
-    return (int)level <= maco__log_level && (maco__log_mask & (unsigned)subsys) != 0;
+    /* Errors pass every subsystem filter: a filter chooses what to watch, not what fails. */
+    return (int)level <= maco__log_level &&
+           (level == MACO_LOG_ERROR || (maco__log_mask & (unsigned)subsys) != 0);
 }
 
 void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt, va_list ap)
@@ -166,7 +249,9 @@ void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt,
     int saved_errno = errno;
     maco__log_ensure();
     char line[2048];
-    int rank = __atomic_load_n(&maco__log_rank, __ATOMIC_RELAXED);
+    int rank = maco__log_thread_rank;
+    if (rank == MACO__LOG_RANK_UNSET)
+        rank = __atomic_load_n(&maco__log_rank, __ATOMIC_RELAXED);
     char rank_text[16];
     if (rank >= 0)
         snprintf(rank_text, sizeof(rank_text), "%d", rank);
