@@ -38,8 +38,8 @@ static const char *maco__config_accepts(maco__config_type_t type)
     case MACO_CONFIG_SIZE:
         return "a byte count with an optional K, M, G or T suffix (e.g. 4096, 64M)";
     case MACO_CONFIG_DURATION:
-        return "a duration: an integer with us, ms, s or m (e.g. 500ms, 30s), bare = ms, "
-               "at most 9223372036854 ms";
+        return "a duration: an integer with us, ms, s or m (e.g. 500ms, 30s), bare = ms; "
+               "longer than 9223372036854 ms counts as that";
     case MACO_CONFIG_BOOL:
         return "1/0, true/false, yes/no or on/off";
     case MACO_CONFIG_STRING:
@@ -174,9 +174,11 @@ int maco__parse_duration_ms(const char *text, int64_t *ms_p)
     else if (v <= MACO__DURATION_MAX_MS / scale)
         ms = v * scale;
     else
-        return -1;
+        ms = MACO__DURATION_MAX_MS;
+    /* Longer than the cap: saturated, not refused (a huge timeout means "practically
+     * never"; only text outside int64's range is invalid). */
     if (ms > MACO__DURATION_MAX_MS)
-        return -1;
+        ms = MACO__DURATION_MAX_MS;
     *ms_p = ms;
     return 0;
 }

@@ -11,8 +11,9 @@
  *   INT       a decimal integer
  *   SIZE      bytes: an integer with an optional K, M, G or T suffix (binary: 64M = 64 MiB)
  *   DURATION  milliseconds: an integer with a unit us, ms, s or m (30s, 500ms); a bare
- *             integer means milliseconds. At most MACO__DURATION_MAX_MS (about 292 years),
- *             so a duration converts to nanoseconds, or adds to a clock, without overflow
+ *             integer means milliseconds. Longer values saturate at MACO__DURATION_MAX_MS
+ *             (about 292 years), so a duration converts to nanoseconds, or adds to a clock,
+ *             without overflow
  * A value out of int64's range is invalid (never wrapped). MACO_LOG_LEVEL and
  * MACO_LOG_SUBSYS are checked by the logger's own parsers (log.h).
  *   BOOL      1/0, true/false, yes/no, on/off (any case)
