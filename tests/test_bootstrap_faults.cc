@@ -306,6 +306,80 @@ TEST_F(BootstrapFaults, StrangerWithoutTheRunIdCannotJoin)
     EXPECT_EQ(got[2], kSetupFailed) << "the stranger must not join";
 }
 
+/* The largest virtual size this process ever had (VmPeak), in bytes. */
+uint64_t VmPeakBytes()
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f != nullptr && fgets(line, sizeof(line), f) != nullptr)
+        if (sscanf(line, "VmPeak: %llu kB", reinterpret_cast<unsigned long long *>(&kb)) == 1)
+            break;
+    if (f != nullptr)
+        fclose(f);
+    return kb * 1024;
+}
+
+/*
+ * A peer announcing a 76 GiB frame and sending 4 KiB of it before dying costs the receiver
+ * memory only for what arrived, and the receiver reports the dead peer. (Regression: the
+ * receiver allocated the announced length before any payload came: 76 GiB, or a failure.)
+ */
+TEST_F(BootstrapFaults, AHugeFrameAnnouncementCostsNoMemory)
+{
+    std::vector<int> codes = ForkRanks({ { 0, 2 }, { 1, 2 } }, [](int rank) {
+        maco_bootstrap_t bs;
+        if (maco_bootstrap_create_from_env(&bs) != MACO_OK || maco_bootstrap_barrier(bs) != MACO_OK)
+            return static_cast<int>(kSetupFailed);
+        if (rank == 1) {
+            uint8_t frame[16 + 4096];
+            memset(frame, 0x5A, sizeof(frame));
+            const uint64_t len = 76ull << 30;
+            uint8_t hdr[16] = { 0, 0, 0, 0, 0x77, 0, 0, 0 }; /* DATA, tag 0x77 */
+            for (int i = 0; i < 8; i++)
+                hdr[8 + i] = static_cast<uint8_t>(len >> (8 * i));
+            memcpy(frame, hdr, sizeof(hdr));
+            int fd = maco__bootstrap_link_fd(bs, 0);
+            if (fd < 0 || write(fd, frame, sizeof(frame)) != static_cast<ssize_t>(sizeof(frame)))
+                return 30;
+            usleep(300000);
+            _exit(0); /* dies mid-frame */
+        }
+        uint64_t before = VmPeakBytes();
+        int v = 0;
+        maco_status_t st = maco_bootstrap_recv(bs, 1, 0x78, &v, sizeof(v));
+        uint64_t grew = VmPeakBytes() - before;
+        if (st != MACO_ERR_REMOTE) {
+            fprintf(stderr, "recv returned %s: %s\n", maco_status_string(st), maco__last_error());
+            return static_cast<int>(kWrongStatus);
+        }
+        if (grew > (256ull << 20)) {
+            fprintf(stderr, "the receiver's peak virtual size grew by %llu MiB\n",
+                    static_cast<unsigned long long>(grew >> 20));
+            return 31;
+        }
+        return static_cast<int>(kOk);
+    });
+    EXPECT_EQ(codes[0], kOk) << "the receiver";
+    EXPECT_EQ(codes[1], kOk) << "the sender";
+}
+
+/* A connection nobody accepts is reported as refused, not as timed out. (Regression: the
+ * last attempt, cut short by the deadline, replaced "Connection refused" with "Connection
+ * timed out".) */
+TEST_F(BootstrapFaults, RefusedConnectionsAreReportedAsRefused)
+{
+    maco__sockaddr_t addr;
+    std::string text = "127.0.0.1:" + std::to_string(FreePort());
+    ASSERT_EQ(maco__sockaddr_parse(text.c_str(), "test", &addr), MACO_OK);
+    maco_test::AllowLog("could not connect");
+    int fd = -1;
+    EXPECT_EQ(maco__socket_connect(&addr, maco__deadline_ms(400), "rank 0", &fd), MACO_ERR_TIMEOUT);
+    std::string msg = maco__last_error();
+    EXPECT_NE(msg.find("refused"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("timed out"), std::string::npos) << msg;
+}
+
 /* What the nonce is made of, and what MACO_BOOTSTRAP_NONCE accepts (regression: "-1" was
  * accepted and wrapped by strtoull). */
 TEST_F(BootstrapFaults, NonceTextAndDerivation)

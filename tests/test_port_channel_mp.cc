@@ -244,6 +244,97 @@ TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
                   MACO_ERR_UNSUPPORTED);
         EXPECT_EQ(cuda_ch, nullptr);
     }
+    /* A size whose page round-up would wrap (regression: it failed as "mmap(0)"). */
+    maco_test::AllowLog("larger than the 4 PiB");
+    void *huge = nullptr;
+    EXPECT_EQ(maco_mem_alloc_host(m.comm, SIZE_MAX, &huge), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(huge, nullptr);
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+/* Patches the little-endian u64 at `off` of a serialized handle. */
+void PutU64(uint8_t *h, size_t off, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        h[off + static_cast<size_t>(i)] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+/*
+ * A damaged or forged memory handle is refused with MACO_ERR_INVALID_ARGUMENT before
+ * anything is mapped or touched; the genuine one still imports. (Regression: a handle
+ * claiming 1 GiB over a 4 KiB buffer imported, and reading its end raised SIGSEGV; an
+ * allocation size beyond the memfd's raised SIGBUS; a put inside the claimed range killed
+ * the proxy.)
+ */
+TEST_F(PortChannelHost, ForgedHandlesAreRefused)
+{
+    const size_t kSlot = 4096;
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    std::vector<uint8_t> all(static_cast<size_t>(NRanks()) * MACO_MEM_HANDLE_BYTES);
+    ASSERT_EQ(maco_mem_serialize(m.mine, &all[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
+              MACO_OK);
+    ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), all.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
+    int peer = (Rank() + 1) % NRanks();
+    const uint8_t *genuine = &all[static_cast<size_t>(peer) * MACO_MEM_HANDLE_BYTES];
+    const uint64_t gib = 1ull << 30;
+    struct Forgery {
+        const char *what;
+        size_t off;
+        uint64_t value, value2; /* value2 goes to offset 32 (allocation size) when non-zero */
+        const char *says;
+    } forgeries[] = {
+        { "1 GiB over the buffer", 16, gib, 0, "inconsistent" },
+        { "allocation larger than the memfd", 16, gib, gib, "but the memory it names has" },
+        { "offset past the allocation", 24, m.bytes + 1, 0, "inconsistent" },
+        { "offset + bytes wrapping", 24, ~0ull - 8, 0, "inconsistent" },
+        { "zero bytes", 16, 0, 0, "inconsistent" },
+    };
+    maco_test::AllowLog("maco_mem_import");
+    for (const Forgery &f : forgeries) {
+        uint8_t h[MACO_MEM_HANDLE_BYTES];
+        memcpy(h, genuine, sizeof(h));
+        PutU64(h, f.off, f.value);
+        if (f.value2 != 0)
+            PutU64(h, 32, f.value2);
+        maco_mem_t imported = nullptr;
+        EXPECT_EQ(maco_mem_import(m.comm, h, &imported), MACO_ERR_INVALID_ARGUMENT) << f.what;
+        EXPECT_EQ(imported, nullptr) << f.what;
+        std::vector<std::string> logged = maco_test::LoggedProblems();
+        ASSERT_FALSE(logged.empty());
+        EXPECT_NE(logged.back().find(f.says), std::string::npos) << f.what << ": " << logged.back();
+    }
+    /* Memory not mapped here yet: its size is checked against the memfd's (fstat). */
+    void *extra = nullptr;
+    maco_mem_t extra_mem = nullptr;
+    ASSERT_EQ(maco_mem_alloc_host(m.comm, 4096, &extra), MACO_OK);
+    ASSERT_EQ(maco_mem_register(m.comm, extra, 4096, &extra_mem), MACO_OK);
+    std::vector<uint8_t> extras(all.size());
+    ASSERT_EQ(
+        maco_mem_serialize(extra_mem, &extras[static_cast<size_t>(Rank()) * MACO_MEM_HANDLE_BYTES]),
+        MACO_OK);
+    ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), extras.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
+    {
+        uint8_t h[MACO_MEM_HANDLE_BYTES];
+        memcpy(h, &extras[static_cast<size_t>(peer) * MACO_MEM_HANDLE_BYTES], sizeof(h));
+        PutU64(h, 16, gib);
+        PutU64(h, 32, gib);
+        maco_mem_t imported = nullptr;
+        EXPECT_EQ(maco_mem_import(m.comm, h, &imported), MACO_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(maco_test::LoggedProblems().back().find("bytes of host memory but the memory"),
+                  std::string::npos)
+            << maco_test::LoggedProblems().back();
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    maco_mem_deregister(extra_mem);
+    ASSERT_EQ(maco_mem_free(m.comm, extra), MACO_OK);
+    uint8_t h[MACO_MEM_HANDLE_BYTES];
+    memcpy(h, genuine, sizeof(h));
+    h[8] = static_cast<uint8_t>(NRanks()); /* owner: not a rank */
+    maco_mem_t imported = nullptr;
+    EXPECT_EQ(maco_mem_import(m.comm, h, &imported), MACO_ERR_INVALID_ARGUMENT);
+    ASSERT_EQ(maco_mem_import(m.comm, genuine, &imported), MACO_OK) << "the genuine handle";
+    maco_mem_deregister(imported);
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 

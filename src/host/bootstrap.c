@@ -74,6 +74,10 @@ enum {
      * closing, so the error can name the rank that actually died. */
     MACO__LOST_GRACE_MS = 250,
     MACO__ABORT_TEXT_BYTES = 512,
+    /* A message nobody posted a receive for is buffered in pieces that grow as its bytes
+     * arrive (from 1 MiB, doubling): a frame header announcing a huge length costs memory
+     * only for what the peer really sends. */
+    MACO__RX_FIRST_CHUNK = 1 << 20,
 };
 
 /* ------------------------------------------------------------------ data structures */
@@ -115,6 +119,7 @@ typedef struct maco__peer {
     uint16_t kind;
     uint32_t tag;
     size_t payload_len, payload_got;
+    size_t payload_cap;         /* bytes payload_dst can hold now (grows for rx_msg) */
     uint8_t *payload_dst;       /* where the payload goes */
     maco__rx_post_t *rx_target; /* posted receive being filled, or NULL */
     maco__msg_t *rx_msg;        /* unexpected message being filled, or NULL */
@@ -412,6 +417,7 @@ static maco_status_t maco__rx_frame_start(maco_bootstrap_t bs, int src, maco__pe
         m->data = data;
         p->rx_msg = m;
         p->payload_dst = data;
+        p->payload_cap = p->payload_len;
         return MACO_OK;
     }
     if (p->kind != MACO__FRAME_DATA || len > ((uint64_t)1 << 40))
@@ -427,6 +433,7 @@ static maco_status_t maco__rx_frame_start(maco_bootstrap_t bs, int src, maco__pe
             if (post->len == p->payload_len) {
                 p->rx_target = post;
                 p->payload_dst = (uint8_t *)post->buf;
+                p->payload_cap = p->payload_len;
                 post->buf = NULL; /* claimed */
                 if (p->payload_len == 0) {
                     post->done = 1;
@@ -439,8 +446,9 @@ static maco_status_t maco__rx_frame_start(maco_bootstrap_t bs, int src, maco__pe
         }
     }
     maco__msg_t *m = (maco__msg_t *)calloc(1, sizeof(*m));
-    uint8_t *data = p->payload_len ? (uint8_t *)malloc(p->payload_len) : NULL;
-    if (m == NULL || (p->payload_len && data == NULL)) {
+    size_t first = p->payload_len < MACO__RX_FIRST_CHUNK ? p->payload_len : MACO__RX_FIRST_CHUNK;
+    uint8_t *data = first ? (uint8_t *)malloc(first) : NULL;
+    if (m == NULL || (first && data == NULL)) {
         free(m);
         free(data);
         return maco__bs_fail(bs, MACO_ERR_NO_MEMORY,
@@ -452,6 +460,7 @@ static maco_status_t maco__rx_frame_start(maco_bootstrap_t bs, int src, maco__pe
     m->data = data;
     p->rx_msg = m;
     p->payload_dst = data;
+    p->payload_cap = first;
     if (p->payload_len == 0)
         p->in_payload = 0;
     return MACO_OK;
@@ -499,7 +508,22 @@ static maco_status_t maco__peer_read(maco_bootstrap_t bs, int src)
         if (!p->in_payload) {
             n = recv(p->fd, p->hdr + p->hdr_got, MACO__FRAME_HDR_BYTES - p->hdr_got, 0);
         } else {
-            size_t want = p->payload_len - p->payload_got;
+            if (p->payload_got == p->payload_cap && p->rx_msg != NULL) {
+                /* The buffered message's piece is full: grow it for the bytes to come. */
+                size_t cap = p->payload_cap * 2;
+                if (cap > p->payload_len || cap < p->payload_cap)
+                    cap = p->payload_len;
+                uint8_t *grown = (uint8_t *)realloc(p->rx_msg->data, cap);
+                if (grown == NULL)
+                    return maco__bs_fail(bs, MACO_ERR_NO_MEMORY,
+                                         "no host memory to buffer %zu of the %zu bytes rank %d "
+                                         "is sending",
+                                         cap, p->payload_len, src);
+                p->rx_msg->data = grown;
+                p->payload_dst = grown;
+                p->payload_cap = cap;
+            }
+            size_t want = p->payload_cap - p->payload_got;
             n = recv(p->fd, p->payload_dst + p->payload_got, want, 0);
         }
         if (n < 0) {
@@ -1099,6 +1123,11 @@ maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
                                  "crashed)",
                                  peer);
     return MACO_OK;
+}
+
+int maco__bootstrap_link_fd(maco_bootstrap_t bs, int peer)
+{
+    return bs == NULL || peer < 0 || peer >= bs->nranks ? -1 : bs->peers[peer].fd;
 }
 
 int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs)

@@ -34,6 +34,9 @@ maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, 
  */
 maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer);
 
+/** For tests: the socket of the link to `peer` (-1 if none). */
+int maco__bootstrap_link_fd(maco_bootstrap_t bs, int peer);
+
 /** The bootstrap's timeout in milliseconds. */
 int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs);
 

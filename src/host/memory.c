@@ -1,17 +1,6 @@
 /*
- * memory.c - allocation, registration, export and import of memory peers can map.
- *
- * Serialized handle (MACO_MEM_HANDLE_BYTES = 128 bytes, little-endian):
- *    0 u32 magic 'MMEM'         4 u16 version (2)          6 u16 kind (below)
- *    8 i32 owner rank          12 i32 owner CUDA device (-1: host memory)
- *   16 u64 bytes               24 u64 offset of the buffer in its allocation
- *   32 u64 allocation size     40 u64 owner node hash (FNV-1a of the host id)
- *   48 u64 owner process token 56 u64 buffer address in the owner process
- *   64 kind-specific, 64 bytes:
- *        CUDA_IPC: cudaIpcMemHandle_t of the allocation
- *        POSIX_FD, HOST_FD: u32 server pid, u32 zero, u64 server nonce, u64 token
- *                           (where to fetch the descriptor: fd_server.h)
- *        LOCAL: nothing (usable only inside the owner's process)
+ * memory.c - allocation, registration, export and import of memory peers can map. The
+ * serialized handle's layout and its decoder are in mem_handle.h.
  */
 #include "maco/memory.h"
 
@@ -20,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bootstrap_internal.h"
@@ -28,19 +18,10 @@
 #include "cuda_util.h"
 #include "fd_server.h"
 #include "log.h"
+#include "mem_handle.h"
 #include "wire.h"
 
-#define MACO__MEM_MAGIC 0x4D454D4Du /* "MMEM" */
-#define MACO__MEM_VERSION 2u
-
-enum {
-    MACO__KIND_CUDA_IPC = 1,
-    MACO__KIND_POSIX_FD = 2,
-    MACO__KIND_HOST_FD = 3,
-    MACO__KIND_LOCAL = 4,
-};
-
-_Static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
+_Static_assert(sizeof(cudaIpcMemHandle_t) == MACO__MEM_IPC_BYTES, "cudaIpcMemHandle_t is 64 bytes");
 
 /* MACO's own allocations (maco_mem_alloc, maco_mem_alloc_host). */
 typedef struct maco__alloc {
@@ -192,6 +173,11 @@ maco_status_t maco_mem_alloc_host(maco_comm_t comm, size_t bytes, void **ptr_p)
                                                    "not be NULL and bytes (%zu) must not be 0",
                                                    bytes));
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes > ((size_t)1 << 52))
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: bytes (%zu) is larger "
+                                                   "than the 4 PiB MACO handles",
+                                                   bytes));
     size_t size = (bytes + page - 1) / page * page;
     int fd = memfd_create("maco-host", MFD_CLOEXEC);
     if (fd < 0)
@@ -570,6 +556,20 @@ static maco_status_t maco__import_map(maco_comm_t comm, int owner, int kind, con
                                owner, cudaGetErrorName(cerr), cudaGetErrorString(cerr),
                                comm->cuda_device, owner);
         }
+        /* The handle's sizes were checked against each other; now against the allocation
+         * the driver really mapped. */
+        CUdeviceptr range_base = 0;
+        size_t range = 0;
+        if (maco__cu()->cuMemGetAddressRange(&range_base, &range, (CUdeviceptr)(uintptr_t)base) !=
+                CUDA_SUCCESS ||
+            range < alloc_bytes) {
+            cudaIpcCloseMemHandle(base);
+            cudaGetLastError();
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                               "maco_mem_import: rank %d's handle claims a %zu-byte allocation but "
+                               "the one it names has %zu bytes; the handle was damaged or forged",
+                               owner, alloc_bytes, range);
+        }
         imp->base = (char *)base;
         return MACO_OK;
     }
@@ -579,6 +579,16 @@ static maco_status_t maco__import_map(maco_comm_t comm, int owner, int kind, con
     if (st != MACO_OK)
         return st;
     if (kind == MACO__KIND_HOST_FD) {
+        /* Mapping past the memfd's end would raise SIGBUS on access: check its real size. */
+        struct stat sb;
+        if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size < alloc_bytes) {
+            close(fd);
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                               "maco_mem_import: rank %d's handle claims %zu bytes of host memory "
+                               "but the memory it names has %lld; the handle was damaged or "
+                               "forged",
+                               owner, alloc_bytes, (long long)sb.st_size);
+        }
         void *m = mmap(NULL, alloc_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
         if (m == MAP_FAILED)
@@ -605,7 +615,16 @@ static maco_status_t maco__import_map(maco_comm_t comm, int owner, int kind, con
     imported = 1;
     MACO_CU_GOTO(st, fail, what, cuMemAddressReserve, &va, alloc_bytes, 0, 0, 0);
     reserved = 1;
-    MACO_CU_GOTO(st, fail, what, cuMemMap, va, alloc_bytes, 0, h, 0);
+    CUresult mres = maco__cu()->cuMemMap(va, alloc_bytes, 0, h, 0);
+    if (mres != CUDA_SUCCESS) {
+        /* Most likely the handle claims more than the allocation holds. */
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                         "maco_mem_import: mapping rank %d's allocation as %zu bytes failed "
+                         "(CUDA error %d): the handle does not match the memory it names "
+                         "(damaged or forged?)",
+                         owner, alloc_bytes, (int)mres);
+        goto fail;
+    }
     mapped = 1;
     CUmemAccessDesc access = maco__rw_access(comm->cuda_device);
     MACO_CU_GOTO(st, fail, what, cuMemSetAccess, va, alloc_bytes, &access, 1);
@@ -647,36 +666,24 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_import: NULL argument"));
     const uint8_t *p = (const uint8_t *)handle;
-    /* Shared host memory maps without a GPU; everything else needs one. */
-    maco_status_t st = maco__get_u16(p + 6) == MACO__KIND_HOST_FD
-                           ? MACO_OK
-                           : maco__comm_require_gpu(comm, "maco_mem_import");
+    maco__mem_handle_t h;
+    maco_status_t st = maco__mem_handle_decode(handle, comm->nranks, comm->rank, &h);
     if (st != MACO_OK)
-        return st;
-    if (maco__get_u32(p) != MACO__MEM_MAGIC || maco__get_u16(p + 4) != MACO__MEM_VERSION)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_import: not a MACO memory handle "
-                                                   "of version %u (magic 0x%08x, version %u)",
-                                                   MACO__MEM_VERSION, maco__get_u32(p),
-                                                   maco__get_u16(p + 4)));
-    int kind = maco__get_u16(p + 6);
-    int owner = (int)maco__get_u32(p + 8);
-    int owner_device = (int)maco__get_u32(p + 12);
-    size_t bytes = (size_t)maco__get_u64(p + 16);
-    size_t offset = (size_t)maco__get_u64(p + 24);
-    size_t alloc_bytes = (size_t)maco__get_u64(p + 32);
-    uint64_t owner_token = maco__get_u64(p + 48);
-    char *owner_ptr = (char *)(uintptr_t)maco__get_u64(p + 56);
-    if (kind < MACO__KIND_CUDA_IPC || kind > MACO__KIND_LOCAL)
-        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
-                                                   "maco_mem_import: handle kind %d is not "
-                                                   "supported",
-                                                   kind));
-    if (owner < 0 || owner >= comm->nranks || owner == comm->rank)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_import: the handle's owner is "
-                                                   "rank %d; expected another rank of [0, %d)",
-                                                   owner, comm->nranks));
+        return maco__comm_record(comm, st);
+    /* Shared host memory maps without a GPU; everything else needs one. */
+    if (h.kind != MACO__KIND_HOST_FD) {
+        st = maco__comm_require_gpu(comm, "maco_mem_import");
+        if (st != MACO_OK)
+            return st;
+    }
+    int kind = h.kind;
+    int owner = (int)h.owner;
+    int owner_device = (int)h.owner_device;
+    size_t bytes = (size_t)h.bytes;
+    size_t offset = (size_t)h.offset;
+    size_t alloc_bytes = (size_t)h.alloc_bytes;
+    uint64_t owner_token = h.owner_token;
+    char *owner_ptr = (char *)(uintptr_t)h.owner_ptr;
     maco_mem_t mem = (maco_mem_t)calloc(1, sizeof(*mem));
     if (mem == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM,
@@ -714,7 +721,16 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
         for (maco__import_t *it = maco__imports; it != NULL; it = it->next)
             if (it->owner_token == owner_token && it->key == key && it->kind == kind)
                 imp = it;
-        if (imp != NULL) {
+        if (imp != NULL && alloc_bytes > imp->bytes) {
+            /* Already mapped, smaller than this handle claims: using its claim would reach
+             * past the mapping. */
+            st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                             "maco_mem_import: rank %d's handle claims a %zu-byte allocation but "
+                             "the memory it names has %zu bytes (mapped already); the handle "
+                             "was damaged or forged",
+                             owner, alloc_bytes, imp->bytes);
+            imp = NULL;
+        } else if (imp != NULL) {
             imp->refs++;
         } else {
             imp = (maco__import_t *)calloc(1, sizeof(*imp));

@@ -283,7 +283,8 @@ maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadlin
     char text[96];
     maco__sockaddr_format(addr, text, sizeof(text));
     int backoff_ms = 5;
-    int last_err = 0;
+    int last_err = 0; /* the last attempt's own error (not our deadline cutting it short) */
+    int refused = 0, attempts = 0;
     for (;;) {
         int fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
@@ -301,7 +302,8 @@ maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadlin
                 rc = err == 0 ? 0 : -1;
                 errno = err;
             } else {
-                int err = rc == 0 ? ETIMEDOUT : errno;
+                /* Our own deadline cut the attempt short: it says nothing about the peer. */
+                int err = rc == 0 ? (left > 0 ? ETIMEDOUT : 0) : errno;
                 rc = -1;
                 errno = err;
             }
@@ -315,8 +317,13 @@ maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadlin
             *fd_p = fd;
             return MACO_OK;
         }
-        last_err = errno;
+        int err = errno;
         close(fd);
+        if (err == 0)
+            break; /* the deadline passed during this attempt */
+        last_err = err;
+        attempts++;
+        refused += last_err == ECONNREFUSED;
         if (last_err != ECONNREFUSED && last_err != ETIMEDOUT && last_err != EHOSTUNREACH &&
             last_err != ENETUNREACH && last_err != ECONNRESET && last_err != EAGAIN &&
             last_err != EINTR)
@@ -331,10 +338,18 @@ maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadlin
         if (backoff_ms < 200)
             backoff_ms *= 2;
     }
+    if (attempts > 0 && refused == attempts)
+        return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
+                           "could not connect to %s at %s before the deadline: all %d attempts "
+                           "were refused (Connection refused: nothing listens there; is it "
+                           "running, and is the port right?) (MACO_BOOTSTRAP_TIMEOUT sets the "
+                           "deadline)",
+                           what, text, attempts);
     return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
-                       "could not connect to %s at %s before the deadline (last error: %s); is "
-                       "it running and reachable? (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
-                       what, text, strerror(last_err));
+                       "could not connect to %s at %s before the deadline after %d attempt(s) "
+                       "(last error: %s); is it running and reachable? (MACO_BOOTSTRAP_TIMEOUT "
+                       "sets the deadline)",
+                       what, text, attempts, last_err ? strerror(last_err) : "none finished");
 }
 
 maco_status_t maco__socket_accept(int listen_fd, int *fd_p, maco__sockaddr_t *peer)
