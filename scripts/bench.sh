@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 build=${BUILD_DIR:-build}
 ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-[ "$ngpus" -ge 1 ] || ngpus=1 # maco-perf then says that no GPU is visible
+[ "$ngpus" -ge 1 ] || ngpus=1 # maco-perf then says why no GPU is usable (no driver, ...)
 export NCCL_NVLS_ENABLE=0
 if [ $# -eq 0 ]; then
   set -- -b 8 -e 1G -f 2 -d bfloat16

@@ -11,8 +11,8 @@ export CUDA_MPS_PIPE_DIRECTORY=/nonexistent/maco-no-mps
 fail() { echo "FAIL: $1"; echo "$2" | tail -n 40; exit 1; }
 
 out=$("$run" -n 2 --mps off --timeout 120 "$perf" allreduce -b 8 -e 8 -n 1 -w 0 2>&1)
-if grep -q "no CUDA device is visible" <<<"$out"; then
-  echo "SKIP: no GPU visible ($(grep -m1 'no CUDA device' <<<"$out" | sed 's/^\[[0-9]*\] //'))"
+if grep -q "no usable CUDA device" <<<"$out"; then
+  echo "SKIP: $(grep -m1 'no usable CUDA device' <<<"$out" | sed 's/^\[[0-9]*\] //')"
   exit 77
 fi
 grep -q "use the same GPU and neither is an MPS client" <<<"$out" ||

@@ -100,12 +100,10 @@ int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_gpu)
         return 2;
     }
     if (needs_gpu) {
-        int ndev = 0;
-        cudaError_t err = cudaGetDeviceCount(&ndev);
-        if (err != cudaSuccess || ndev < 1) {
+        char why[400];
+        if (maco_cuda_device_count(why, sizeof(why)) < 1) {
             if (atoi(rank) == 0)
-                printf("SKIP: this test needs a GPU and none is visible (%s)\n",
-                       err == cudaSuccess ? "device count 0" : cudaGetErrorString(err));
+                printf("SKIP: this test needs a GPU: %s\n", why);
             return kSkipExitCode;
         }
     }

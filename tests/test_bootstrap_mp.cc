@@ -2,6 +2,7 @@
  * test_bootstrap_mp.cc - the bootstrap and a GPU-less communicator among real processes.
  * Run under maco-run with 1, 2, 4 and 8 ranks (and 4 ranks as 2 simulated nodes).
  */
+#include <dlfcn.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -179,19 +180,25 @@ TEST_F(BootstrapMp, CommunicatorTopology)
         EXPECT_EQ(nlocal, NRanks());
     }
     EXPECT_EQ(atoi(getenv("MACO_LOCAL_RANK")), local);
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        /* Without a GPU, GPU operations say why instead of failing obscurely. */
+    char why[400];
+    if (maco_cuda_device_count(why, sizeof(why)) == 0) {
+        /* Without a GPU, GPU operations say why, and what they say is true: no driver is
+         * "no NVIDIA driver", never the runtime's "driver version is insufficient". */
         int dev = 0;
         ASSERT_EQ(maco_comm_get_cuda_device(comm, &dev), MACO_OK);
         EXPECT_EQ(dev, -1);
-        maco_test::AllowLog("no CUDA device is visible");
+        maco_test::AllowLog("has no usable CUDA device");
         float x = 0;
         EXPECT_EQ(maco_allreduce(&x, &x, 1, MACO_FLOAT32, MACO_SUM, comm, nullptr),
                   MACO_ERR_UNSUPPORTED);
-        EXPECT_NE(std::string(maco_comm_get_last_error(comm)).find("no CUDA device is visible"),
-                  std::string::npos)
-            << maco_comm_get_last_error(comm);
+        std::string msg = maco_comm_get_last_error(comm);
+        EXPECT_NE(msg.find(why), std::string::npos) << msg;
+        EXPECT_EQ(msg.find("insufficient"), std::string::npos) << msg;
+        void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (driver == nullptr)
+            EXPECT_NE(msg.find("no NVIDIA driver: libcuda.so.1"), std::string::npos) << msg;
+        else
+            dlclose(driver);
     }
     ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
 }

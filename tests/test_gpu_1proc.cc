@@ -159,9 +159,11 @@ TEST_F(OneProcessTwoGpus, ChannelsAndAllreduceBetweenThreads)
 int main(int argc, char **argv)
 {
     ::testing::InitGoogleTest(&argc, argv);
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
-        printf("SKIP: this test needs 2 GPUs in one process and %d are visible\n", ndev);
+    char why[400];
+    int ndev = maco_cuda_device_count(why, sizeof(why));
+    if (ndev < 2) {
+        printf("SKIP: this test needs 2 GPUs in one process and %d %s visible%s%s\n", ndev,
+               ndev == 1 ? "is" : "are", ndev == 0 ? ": " : "", why);
         return maco_test::kSkipExitCode;
     }
     return RUN_ALL_TESTS();

@@ -56,11 +56,10 @@ static int print_env(void)
 
 static int print_devices(void)
 {
-    int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess || n == 0) {
-        printf("CUDA devices: none visible (%s)\n",
-               err != cudaSuccess ? cudaGetErrorString(err) : "count 0");
+    char why[400];
+    int n = maco_cuda_device_count(why, sizeof(why));
+    if (n == 0) {
+        printf("CUDA devices: none usable: %s\n", why);
         return 0;
     }
     int driver = 0, runtime = 0;

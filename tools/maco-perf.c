@@ -642,12 +642,11 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &o);
     const char *rank_env = getenv("MACO_RANK");
     int quiet_rank = rank_env != NULL && rank_env[0] != '\0' && strcmp(rank_env, "0") != 0;
-    int ndev = 0;
-    cudaError_t cerr = cudaGetDeviceCount(&ndev);
-    if (cerr != cudaSuccess || ndev == 0) {
+    char why[400];
+    int ndev = maco_cuda_device_count(why, sizeof(why));
+    if (ndev == 0) {
         if (!quiet_rank)
-            fprintf(stderr, "maco-perf: no CUDA device is visible (%s); nothing to measure\n",
-                    cerr != cudaSuccess ? cudaGetErrorString(cerr) : "0 devices");
+            fprintf(stderr, "maco-perf: no usable CUDA device: %s; nothing to measure\n", why);
         return 2;
     }
     perf_ctx_t c;

@@ -20,6 +20,15 @@ extern "C" {
 typedef struct maco_comm *maco_comm_t;
 
 /**
+ * Number of CUDA devices this process can use (CUDA_VISIBLE_DEVICES applies). When it is 0,
+ * `why` (if not NULL) gets a sentence saying what is true: no NVIDIA driver (libcuda.so.1
+ * not found), a driver older than the CUDA runtime MACO was built with (both versions), or no
+ * device visible; "" when devices exist. `why_bytes` should be at least 256. Does not create a
+ * CUDA context. Thread-safe.
+ */
+MACO_API int maco_cuda_device_count(char *why, size_t why_bytes);
+
+/**
  * Creates a communicator over an existing bootstrap. Collective over all ranks of `bs`.
  * `cuda_device` is the CUDA device of this rank, or -1 to use local_rank modulo the number
  * of visible devices; the call makes it the calling thread's current device. On a machine

@@ -99,13 +99,11 @@ static maco_status_t maco__comm_probe_gpu(maco_comm_t comm, int cuda_device,
                                           maco__rank_info_t *info)
 {
     memset(info, 0, sizeof(*info));
-    int ndev = 0;
-    cudaError_t cerr = cudaGetDeviceCount(&ndev);
-    if (cerr != cudaSuccess || ndev == 0) {
-        cudaGetLastError();
+    char why[400];
+    int ndev = maco_cuda_device_count(why, sizeof(why));
+    if (ndev == 0) {
         snprintf(comm->gpu_unavailable, sizeof(comm->gpu_unavailable),
-                 "no CUDA device is visible to rank %d (%s)", comm->rank,
-                 cerr == cudaSuccess ? "device count 0" : cudaGetErrorString(cerr));
+                 "rank %d has no usable CUDA device: %s", comm->rank, why);
         if (cuda_device >= 0)
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                                "maco_comm_create: cuda_device %d was asked for but %s", cuda_device,

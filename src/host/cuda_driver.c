@@ -1,10 +1,14 @@
 /* cuda_driver.c - see cuda_driver.h. */
 #include "cuda_driver.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <cuda_runtime_api.h>
+
+#include "maco/comm.h"
 
 static maco__cu_table_t maco__cu_table;
 static pthread_once_t maco__cu_once = PTHREAD_ONCE_INIT;
@@ -29,6 +33,52 @@ const maco__cu_table_t *maco__cu(void)
 {
     pthread_once(&maco__cu_once, maco__cu_load);
     return &maco__cu_table;
+}
+
+int maco_cuda_device_count(char *why, size_t why_bytes)
+{
+    char local[8];
+    if (why == NULL || why_bytes == 0) {
+        why = local;
+        why_bytes = sizeof(local);
+    }
+    why[0] = '\0';
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err == cudaSuccess && n > 0)
+        return n;
+    cudaGetLastError();
+    /* The runtime says "driver version is insufficient" also when there is no driver at all;
+     * ask the driver library itself what is true. */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *dl = dlerror();
+        snprintf(why, why_bytes,
+                 "no NVIDIA driver: libcuda.so.1 is not installed or not on the loader path (%s)",
+                 dl != NULL ? dl : "dlopen failed");
+        return 0;
+    }
+    int driver = 0;
+    int (*get_version)(int *) = (int (*)(int *))dlsym(lib, "cuDriverGetVersion");
+    if (get_version == NULL || get_version(&driver) != 0)
+        driver = 0;
+    dlclose(lib);
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (driver > 0 && driver < CUDART_VERSION)
+        snprintf(why, why_bytes,
+                 "the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d runtime MACO "
+                 "was built with: update the driver",
+                 driver / 1000, (driver % 1000) / 10, CUDART_VERSION / 1000,
+                 (CUDART_VERSION % 1000) / 10);
+    else if (err == cudaSuccess || err == cudaErrorNoDevice)
+        snprintf(why, why_bytes, "no CUDA device is visible (driver CUDA %d.%d%s%s%s)",
+                 driver / 1000, (driver % 1000) / 10,
+                 visible != NULL ? ", CUDA_VISIBLE_DEVICES='" : "", visible != NULL ? visible : "",
+                 visible != NULL ? "'" : "");
+    else
+        snprintf(why, why_bytes, "the CUDA runtime found no usable device: %s (driver CUDA %d.%d)",
+                 cudaGetErrorString(err), driver / 1000, (driver % 1000) / 10);
+    return 0;
 }
 
 const char *maco__cu_error_text(CUresult res, char *buf, size_t cap)
