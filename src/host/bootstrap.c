@@ -61,8 +61,10 @@ enum {
     MACO__HELLO_BYTES = 24 + MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
     MACO__TABLE_ENTRY_BYTES = MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
     /* How long an accepted connection may take to send its hello before it is dropped. A
-     * rank writes its hello right after connecting, so this only bounds silent strangers. */
-    MACO__HELLO_WAIT_MS = 2000,
+     * rank writes its hello right after connecting, but 256 ranks on 2 cores can leave one
+     * unscheduled for seconds (2 s dropped real ranks there); strangers cost only a pending
+     * slot meanwhile. */
+    MACO__HELLO_WAIT_MS = 10000,
     /* Connections whose hello is still arriving, at most; when more arrive, the oldest is
      * dropped (it had the longest time to speak), so strangers cannot crowd out ranks. */
     MACO__PENDING_MAX = 1024,

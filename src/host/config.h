@@ -62,7 +62,7 @@ extern "C" {
     X(SCRATCH_SIZE, SIZE, "32M", "bytes",                                                          \
       "Scratch buffer per rank for collectives on unregistered buffers.")                          \
     X(ALGO_ALLREDUCE, STRING, "", "",                                                              \
-      "Force an allreduce algorithm: oneshot_ll or rsag. Default: chosen by size.")                \
+      "Force an allreduce algorithm: oneshot_ll, twoshot_ll or rsag. Default: chosen by size.")    \
     X(ALGO_ALLGATHER, STRING, "", "", "Force an allgather algorithm: ll or mesh.")                 \
     X(ALGO_REDUCE_SCATTER, STRING, "", "", "Force a reduce-scatter algorithm: ll or mesh.")        \
     X(ALGO_BROADCAST, STRING, "", "", "Force a broadcast algorithm: ll or mesh.")                  \
