@@ -50,6 +50,7 @@ typedef struct maco__coll_args {
     uint32_t esz;   /* bytes per element */
     int32_t coll;   /* maco_collective_t */
     int32_t avg;    /* sum, then divide by nranks */
+    int32_t op;     /* MACO__OP_SUM/PROD/MIN/MAX (reduce.cuh): what MACO__OP_RUNTIME kernels do */
     int32_t root;   /* broadcast, reduce */
     int32_t rank;
     int32_t nranks;

@@ -130,7 +130,7 @@ maco__ll_reduce_word(const maco__coll_args_t &a, uint64_t half, uint32_t flag,
         v[q].w[0] = d.x;
         v[q].w[1] = d.y;
     }
-    maco__reduce_vec<T, Op, 8>(res, v, n, a.avg != 0);
+    maco__reduce_vec<T, Op, 8>(res, v, n, a.avg != 0, a.op);
     return true;
 }
 
@@ -353,8 +353,8 @@ static __device__ __forceinline__ bool maco__mesh_barrier(maco_memory_channel_de
  * unless the destination is scratch too, `dst_scratch`). */
 template <class T, int Op>
 static __device__ __forceinline__ void maco__mesh_reduce(const char *in_base, uint64_t pmax, int n,
-                                                         bool avg, char *const *dst, int ndst,
-                                                         bool dst_scratch, uint64_t len)
+                                                         bool avg, int rop, char *const *dst,
+                                                         int ndst, bool dst_scratch, uint64_t len)
 {
     typedef maco__vec<16, typename T::bits> V;
     const uint64_t nvec = (len + 15) / 16;
@@ -371,7 +371,7 @@ static __device__ __forceinline__ void maco__mesh_reduce(const char *in_base, ui
             x[q].w[3] = u.w;
         }
         V res;
-        maco__reduce_vec<T, Op, 16>(&res, x, n, avg);
+        maco__reduce_vec<T, Op, 16>(&res, x, n, avg, rop);
         uint64_t left = len - 16 * v;
         uint32_t valid = dst_scratch || left >= 16 ? 16u : (uint32_t)left;
 #pragma unroll
@@ -454,7 +454,7 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
                 dst[p] = p < n ? MACO__OUT(p, r) : nullptr;
             if (coll == MACO_COLL_REDUCE)
                 dst[0] = MACO__OUT(root, r);
-            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, dst,
+            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst,
                                      coll == MACO_COLL_REDUCE ? 1 : n, true, my_len * esz);
         } else if (coll == MACO_COLL_BROADCAST && r != root) {
             for (int k = 0; k < n; k++) {
@@ -465,7 +465,7 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
             }
         } else if (coll == MACO_COLL_REDUCE_SCATTER) {
             char *dst[1] = { out + seg0 * esz };
-            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, dst, 1, false, plen * esz);
+            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst, 1, false, plen * esz);
         } else if (coll == MACO_COLL_ALLGATHER) {
             for (int q = 0; q < n; q++)
                 if (q != r)
@@ -605,8 +605,8 @@ static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t
             r0 = x0[0];
             r1 = x1[0];
         } else {
-            maco__reduce_vec<T, Op, 16>(&r0, x0, nsrc, avg);
-            maco__reduce_vec<T, Op, 16>(&r1, x1, nsrc, avg);
+            maco__reduce_vec<T, Op, 16>(&r0, x0, nsrc, avg, a.op);
+            maco__reduce_vec<T, Op, 16>(&r1, x1, nsrc, avg, a.op);
         }
 #pragma unroll
         for (int d = 0; d < MACO__MAXR; d++)
@@ -630,7 +630,7 @@ static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t
         if (nsrc == 1)
             res = x[0];
         else
-            maco__reduce_vec<T, Op, 16>(&res, x, nsrc, avg);
+            maco__reduce_vec<T, Op, 16>(&res, x, nsrc, avg, a.op);
 #pragma unroll
         for (int d = 0; d < MACO__MAXR; d++)
             if (dst[d] != nullptr)
@@ -759,16 +759,10 @@ static cudaError_t maco__launch_one(const maco__coll_args_t *args, int kernel, i
                                                     int op, int blocks, int threads,               \
                                                     cudaStream_t stream)                           \
     {                                                                                              \
-        switch (op) {                                                                              \
-        case MACO_PROD:                                                                            \
-            return maco__launch_one<T, MACO__OP_PROD>(args, kernel, blocks, threads, stream);      \
-        case MACO_MIN:                                                                             \
-            return maco__launch_one<T, MACO__OP_MIN>(args, kernel, blocks, threads, stream);       \
-        case MACO_MAX:                                                                             \
-            return maco__launch_one<T, MACO__OP_MAX>(args, kernel, blocks, threads, stream);       \
-        default: /* sum, avg */                                                                    \
-            return maco__launch_one<T, MACO__OP_SUM>(args, kernel, blocks, threads, stream);       \
-        }                                                                                          \
+        /* prod, min, max: one kernel reading args->op (reduce.cuh, ops). */                       \
+        if (op == MACO_PROD || op == MACO_MIN || op == MACO_MAX)                                   \
+            return maco__launch_one<T, MACO__OP_RUNTIME>(args, kernel, blocks, threads, stream);   \
+        return maco__launch_one<T, MACO__OP_SUM>(args, kernel, blocks, threads, stream);           \
     }
 
 #endif /* MACO_COLL_KERNELS_CUH */

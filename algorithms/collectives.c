@@ -10,6 +10,10 @@
 #include "cuda_util.h"
 #include "log.h"
 
+/* The kernels' op codes (reduce.cuh: SUM 0, PROD 1, MIN 2, MAX 3) are these public values. */
+_Static_assert(MACO_SUM == 0 && MACO_PROD == 1 && MACO_MIN == 2 && MACO_MAX == 3,
+               "maco_redop_t matches the kernels' op codes");
+
 /* Threads per CTA of both kernel families (their __launch_bounds__). */
 enum { MACO__COLL_THREADS = 512 };
 
@@ -313,6 +317,8 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     a.esz = (uint32_t)esz;
     a.coll = (int32_t)c->coll;
     a.avg = reducing && c->op == MACO_AVG;
+    /* maco_redop_t's sum, prod, min and max are reduce.cuh's MACO__OP_* values. */
+    a.op = reducing && c->op != MACO_AVG ? (int32_t)c->op : 0;
     a.root = c->root;
     a.rank = comm->rank;
     a.nranks = comm->nranks;

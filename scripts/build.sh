@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds MACO into ${BUILD_DIR:-build}. Extra CMake arguments come from
 # CMAKE_ARGS; CUDAARCHS (e.g. 90) picks the CUDA architectures, otherwise the GPU of
-# this machine or, without one, Ampere and Hopper.
+# this machine or, without one, Hopper (90, with PTX).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
