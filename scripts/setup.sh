@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing MACO needs, where it is missing: a C/C++ compiler,
-# CMake >= 3.25, Ninja and GoogleTest (Debian/Ubuntu packages). The CUDA toolkit (nvcc) must
-# already be installed; this script says so when it is not.
+# CMake >= 3.25, Ninja, make, pkg-config and GoogleTest (Debian/Ubuntu packages). The CUDA
+# toolkit (nvcc) must already be installed; this script says so when it is not.
 set -euo pipefail
 
 need=()
@@ -9,6 +9,8 @@ command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v readelf >/dev/null 2>&1 || need+=(binutils)
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 if ! command -v cmake >/dev/null 2>&1; then
   need+=(cmake)
 fi
