@@ -469,6 +469,35 @@ TEST_F(Unit, UniqueIdCarriesMagicVersionAndAddress)
     }
 }
 
+TEST_F(Unit, UniqueIdDecodeWritesNothingOnFailure)
+{
+    maco__sockaddr_t root;
+    memset(&root, 0, sizeof(root));
+    struct sockaddr_in *in = reinterpret_cast<struct sockaddr_in *>(&root.ss);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(29500);
+    ASSERT_EQ(inet_pton(AF_INET, "127.0.0.1", &in->sin_addr), 1);
+    root.len = sizeof(*in);
+    maco_unique_id_t id;
+    maco__unique_id_encode(&id, 0x1122334455667788ull, &root);
+    uint64_t nonce = 0;
+    maco__sockaddr_t got;
+    ASSERT_EQ(maco__unique_id_decode(&id, &nonce, &got), MACO_OK);
+    EXPECT_EQ(nonce, 0x1122334455667788ull);
+    EXPECT_EQ(maco__sockaddr_port(&got), 29500);
+    /* A valid magic and version but no address family: the decoder used to write the nonce
+     * (and clear the address) before it found the address invalid (tests/fuzz). */
+    id.bytes[16] = 5;
+    maco__sockaddr_t canary;
+    memset(&canary, 0xA5, sizeof(canary));
+    got = canary;
+    nonce = 7;
+    maco_test::AllowLog("no valid root address");
+    EXPECT_EQ(maco__unique_id_decode(&id, &nonce, &got), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(nonce, 7u);
+    EXPECT_EQ(memcmp(&got, &canary, sizeof(got)), 0);
+}
+
 TEST_F(Unit, BootstrapRejectsBadArguments)
 {
     maco_unique_id_t id;

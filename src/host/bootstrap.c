@@ -220,7 +220,7 @@ static struct {
     int fd;
 } maco__root_sockets[16];
 
-static void maco__id_encode(maco_unique_id_t *id, uint64_t nonce, const maco__sockaddr_t *root)
+void maco__unique_id_encode(maco_unique_id_t *id, uint64_t nonce, const maco__sockaddr_t *root)
 {
     memset(id, 0, sizeof(*id));
     maco__put_u32(id->bytes, MACO__ID_MAGIC);
@@ -229,7 +229,7 @@ static void maco__id_encode(maco_unique_id_t *id, uint64_t nonce, const maco__so
     maco__sockaddr_to_wire(root, id->bytes + 16);
 }
 
-static maco_status_t maco__id_decode(const maco_unique_id_t *id, uint64_t *nonce,
+maco_status_t maco__unique_id_decode(const maco_unique_id_t *id, uint64_t *nonce,
                                      maco__sockaddr_t *root)
 {
     if (maco__get_u32(id->bytes) != MACO__ID_MAGIC)
@@ -240,10 +240,12 @@ static maco_status_t maco__id_decode(const maco_unique_id_t *id, uint64_t *nonce
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "the unique id has version %u; this MACO reads version %u",
                            maco__get_u16(id->bytes + 4), MACO__ID_VERSION);
-    *nonce = maco__get_u64(id->bytes + 8);
-    if (maco__sockaddr_from_wire(id->bytes + 16, root) != 0)
+    maco__sockaddr_t addr;
+    if (maco__sockaddr_from_wire(id->bytes + 16, &addr) != 0)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "the unique id holds no valid root address");
+    *nonce = maco__get_u64(id->bytes + 8);
+    *root = addr;
     return MACO_OK;
 }
 
@@ -278,7 +280,7 @@ maco_status_t maco_unique_id_create(maco_unique_id_t *id_p)
                            "maco_unique_id_create: 16 unique ids of this process are waiting "
                            "for their rank 0 to call maco_bootstrap_create; use some first");
     }
-    maco__id_encode(id_p, nonce, &addr);
+    maco__unique_id_encode(id_p, nonce, &addr);
     return MACO_OK;
 }
 
@@ -1791,7 +1793,7 @@ maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nr
     MACO__LOG_RANK_SCOPE(rank);
     uint64_t nonce = 0;
     maco__sockaddr_t root;
-    maco_status_t st = maco__id_decode(id, &nonce, &root);
+    maco_status_t st = maco__unique_id_decode(id, &nonce, &root);
     if (st != MACO_OK)
         return st;
     int64_t timeout = timeout_ms;
@@ -1910,7 +1912,7 @@ maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
         nonce = maco__derive_nonce(addr_text, getenv("TORCHELASTIC_RUN_ID"));
     }
     maco_unique_id_t id;
-    maco__id_encode(&id, nonce, &root);
+    maco__unique_id_encode(&id, nonce, &root);
     return maco_bootstrap_create(&id, rank, nranks, -1, bs_p);
 }
 
@@ -1952,4 +1954,103 @@ maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
     }
     maco__bs_free(bs);
     return MACO_OK;
+}
+
+/* ------------------------------------------------------------------ test support */
+
+/* Writes what the socket takes of data[0, len) without blocking. */
+static void maco__fuzz_feed(int fd, const uint8_t *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = send(fd, data, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n <= 0)
+            return;
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Runs the receive path on peer 1's link until it would block, ends, or the bootstrap fails. */
+static void maco__fuzz_read(maco_bootstrap_t bs)
+{
+    if (bs->failed == MACO_OK && bs->peers[1].fd >= 0)
+        (void)maco__peer_read(bs, 1);
+}
+
+/* Posts receive `i` of the fuzz input (tag and size from its prefix) on peer 1's link. */
+static maco_status_t maco__fuzz_post(maco_bootstrap_t bs, const uint8_t *data,
+                                     maco__rx_post_t *posts, void **bufs, int i)
+{
+    size_t bytes = maco__get_u16(data + 2 + 3 * i);
+    bufs[i] = bytes ? malloc(bytes) : NULL; /* exactly `bytes`: ASan sees any overrun */
+    if (bytes && bufs[i] == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "fuzz: no memory");
+    maco__bs_post(bs, 1, &posts[i], data[1 + 3 * i], bufs[i], bytes);
+    return MACO_OK;
+}
+
+/* The receive path's invariants once the link has ended: NULL when they hold. */
+static const char *maco__fuzz_broken(maco_bootstrap_t bs, const maco__rx_post_t *posts, int n)
+{
+    const maco__peer_t *p = &bs->peers[1];
+    if (bs->failed == MACO_OK && p->fd >= 0)
+        return "the link is still open after its peer closed";
+    if (p->in_payload && p->payload_got > p->payload_len)
+        return "more payload was read than the frame holds";
+    const maco__msg_t *last = NULL;
+    for (const maco__msg_t *m = p->unexpected_head; m != NULL; m = m->next)
+        last = m;
+    if (last != p->unexpected_tail)
+        return "the unexpected-message list's tail is not its last message";
+    for (int i = 0; i < n; i++) {
+        const maco__rx_post_t *r = &posts[i];
+        if (r->done ? r->buf != NULL : r->buf == NULL && p->rx_target != r)
+            return "a receive is done but still claimable, or unclaimed and not waiting";
+    }
+    return NULL;
+}
+
+maco_status_t maco__bootstrap_fuzz_link(const uint8_t *data, size_t len)
+{
+    enum { PREFIX = 12 };
+    if (len < PREFIX)
+        return MACO_OK;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "fuzz: socketpair: %s",
+                           strerror(errno));
+    maco_bootstrap_t bs = maco__bs_alloc(0, 2, 0, 0);
+    if (bs == NULL) {
+        close(sv[0]);
+        close(sv[1]);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "fuzz: no memory");
+    }
+    bs->peers[1].fd = sv[0];
+    maco__rx_post_t posts[3];
+    void *bufs[3] = { NULL, NULL, NULL };
+    int early = (data[0] & 3) == 3 ? 2 : data[0] & 3, nposts = 0;
+    const uint8_t *stream = data + PREFIX;
+    size_t stream_len = len - PREFIX, split = maco__get_u16(data + 10);
+    split = split < stream_len ? split : stream_len;
+    maco_status_t st = MACO_OK;
+    while (st == MACO_OK && nposts < early)
+        st = maco__fuzz_post(bs, data, posts, bufs, nposts++);
+    maco__fuzz_feed(sv[1], stream, split);
+    maco__fuzz_read(bs);
+    if (st == MACO_OK && (data[0] & 4))
+        st = maco__fuzz_post(bs, data, posts, bufs, nposts++);
+    maco__fuzz_feed(sv[1], stream + split, stream_len - split);
+    close(sv[1]);
+    maco__fuzz_read(bs);
+    const char *broken = st == MACO_OK ? maco__fuzz_broken(bs, posts, nposts) : NULL;
+    if (broken != NULL)
+        st = maco__error(MACO_ERR_INTERNAL, MACO_SUBSYS_BOOTSTRAP, "fuzz: %s", broken);
+    else if (st == MACO_OK)
+        st = bs->failed;
+    for (int i = 0; i < nposts; i++)
+        maco__bs_unpost(bs, 1, &posts[i]);
+    maco__bs_free(bs);
+    for (int i = 0; i < nposts; i++)
+        free(bufs[i]);
+    return st;
 }

@@ -2,7 +2,11 @@
 #ifndef MACO_BOOTSTRAP_INTERNAL_H
 #define MACO_BOOTSTRAP_INTERNAL_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "maco/bootstrap.h"
+#include "socket.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +55,40 @@ int maco__parse_nonce(const char *text, uint64_t *nonce_p);
  * the info log says once.
  */
 uint64_t maco__derive_nonce(const char *addr_text, const char *run_id);
+
+/**
+ * Writes the unique id of a job whose rank 0 listens at `root`, with job nonce `nonce`
+ * (layout: u32 magic "MACO", u16 version, u16 zero, u64 nonce, the 24-byte wire address of
+ * socket.h, zeros up to MACO_UNIQUE_ID_BYTES; little-endian).
+ */
+void maco__unique_id_encode(maco_unique_id_t *id, uint64_t nonce, const maco__sockaddr_t *root);
+
+/**
+ * Decodes a unique id that came from another process: checks its magic, its version and its
+ * address family. On success writes the job nonce and rank 0's address; on failure logs why
+ * and returns MACO_ERR_INVALID_ARGUMENT, writing nothing. Reads exactly MACO_UNIQUE_ID_BYTES.
+ * Thread-safe. Fuzzed by tests/fuzz/fuzz_unique_id.c.
+ */
+maco_status_t maco__unique_id_decode(const maco_unique_id_t *id, uint64_t *nonce,
+                                     maco__sockaddr_t *root);
+
+/**
+ * Test support for tests/fuzz/fuzz_link_frames.c, not used by the library: runs the link-frame
+ * receive path (maco__peer_read) of an in-memory 2-rank bootstrap (this side rank 0) over a
+ * socketpair standing for peer 1's link. Input: u8 flags (bits 0-1: receives posted before any
+ * data, 0 to 2, 3 counts as 2; bit 2: one more receive posted after the stream's first part
+ * was read), 3 x {u8 tag, u16 bytes} (the receives, in posting order), u16 split (the first
+ * part's length), then the byte stream peer 1 sends. It writes what the socket takes of each
+ * part without blocking (keep inputs under 64 KiB), closes peer 1's end after the second and
+ * reads until the link ends, then frees everything. Touches no network and no global state
+ * but the log. Returns MACO_OK when the receive path accepted the stream (a link that ends
+ * without goodbye is reported later, by the progress engine, so it is MACO_OK here), the
+ * bootstrap's failure status (MACO_ERR_REMOTE) when it rejected the stream, MACO_ERR_INTERNAL
+ * (logged) when one of the receive path's invariants does not hold afterwards, MACO_ERR_SYSTEM
+ * or MACO_ERR_NO_MEMORY when the test setup failed. Inputs shorter than the 12-byte prefix are
+ * ignored (MACO_OK).
+ */
+maco_status_t maco__bootstrap_fuzz_link(const uint8_t *data, size_t len);
 
 /** This rank's own host id string (never NULL). */
 const char *maco__host_id(void);

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds MACO's libFuzzer harnesses (tests/fuzz/fuzz_*.c) with clang, ASan and UBSan, from
+# the CPU-only sources of src/host (no CUDA, no CMake): tests/fuzz/build.sh [OUT_DIR]
+# OUT_DIR (default build-fuzz, relative to the repository root) gets one binary per harness
+# and make_corpus, which writes the seed corpus.
+# CC overrides the compiler (default clang); JOBS how many files compile at once (default 2);
+# MACO_WERROR=1 turns warnings into errors (CI).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${1:-build-fuzz}"
+case "$out" in /*) ;; *) out="$root/$out" ;; esac
+cc="${CC:-clang}"
+jobs="${JOBS:-2}"
+mkdir -p "$out/obj"
+
+# The library sources the harnesses need: the CPU core, without CUDA or the fd server.
+lib_sources=(status.c log.c config.c socket.c bootstrap.c mem_handle.c)
+harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config)
+# shellcheck disable=SC2054 # the commas are inside -fsanitize=, not between elements
+cflags=(-std=c11 -g -O1 -Wall -Wextra -D_GNU_SOURCE -DMACO_BUILDING_LIBRARY
+  "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include" -I"$root/src/host"
+  -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+if [[ "${MACO_WERROR:-0}" == 1 ]]; then
+  cflags+=(-Werror)
+fi
+
+# Library objects are instrumented for coverage, without libFuzzer's main.
+pids=()
+objs=()
+for src in "${lib_sources[@]}"; do
+  obj="$out/obj/${src%.c}.o"
+  objs+=("$obj")
+  "$cc" "${cflags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/host/$src" -o "$obj" &
+  pids+=($!)
+  if (( ${#pids[@]} >= jobs )); then
+    wait "${pids[0]}"
+    pids=("${pids[@]:1}")
+  fi
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+
+for name in "${harnesses[@]}"; do
+  "$cc" "${cflags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/$name.c" "${objs[@]}" -lpthread \
+    -o "$out/$name"
+done
+# The seed corpus writer (make_corpus tests/fuzz/corpus regenerates the committed seeds).
+"$cc" "${cflags[@]}" -fsanitize=fuzzer-no-link "$root/tests/fuzz/make_corpus.c" "${objs[@]}" \
+  -lpthread -o "$out/make_corpus"
+echo "fuzz: built ${harnesses[*]} in $out"
