@@ -11,7 +11,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "config.h"
 
 static pthread_mutex_t maco__log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int maco__log_ready;
@@ -134,6 +133,15 @@ typedef struct maco__log_notes {
     char text[3][1024];
 } maco__log_notes_t;
 
+/* A MACO_LOG_* variable's text, or `def` when unset or empty. The logger reads its three
+ * variables itself, by the names and defaults of config.h's table, so that it sits below the
+ * configuration code, which logs (docs/design.md, layers). */
+static const char *maco__log_env(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : def;
+}
+
 /* Reads the MACO_LOG_* variables; called with maco__log_lock held. */
 static void maco__log_configure_locked(maco__log_notes_t *notes)
 {
@@ -142,7 +150,7 @@ static void maco__log_configure_locked(maco__log_notes_t *notes)
         snprintf(maco__log_host, sizeof(maco__log_host), "unknown");
     maco__log_host[sizeof(maco__log_host) - 1] = '\0';
 
-    const char *level = maco__config_string(MACO_CFG_LOG_LEVEL);
+    const char *level = maco__log_env("MACO_LOG_LEVEL", "warn");
     int parsed = maco__log_parse_level(level);
     maco__log_level = parsed >= 0 ? parsed : MACO_LOG_WARN;
     if (parsed < 0)
@@ -151,7 +159,7 @@ static void maco__log_configure_locked(maco__log_notes_t *notes)
                  "; using warn",
                  level);
 
-    const char *subsys = maco__config_string(MACO_CFG_LOG_SUBSYS);
+    const char *subsys = maco__log_env("MACO_LOG_SUBSYS", "all");
     unsigned mask = ~0u;
     char bad[256];
     int nbad = maco__log_parse_subsys(subsys, &mask, bad, sizeof(bad));
@@ -165,7 +173,7 @@ static void maco__log_configure_locked(maco__log_notes_t *notes)
     if (maco__log_fd > 2)
         close(maco__log_fd);
     maco__log_fd = 2;
-    const char *file = maco__config_string(MACO_CFG_LOG_FILE);
+    const char *file = maco__log_env("MACO_LOG_FILE", "");
     if (file[0] != '\0') {
         char path[4096];
         maco__expand_log_path(file, path, sizeof(path));
