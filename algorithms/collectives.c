@@ -2,6 +2,7 @@
 #include "maco/collectives.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -17,120 +18,12 @@ _Static_assert(MACO_SUM == 0 && MACO_PROD == 1 && MACO_MIN == 2 && MACO_MAX == 3
 /* Threads per CTA of both kernel families (their __launch_bounds__). */
 enum { MACO__COLL_THREADS = 512 };
 
-/* Per collective: the algorithms' names, indexed by kernel (MACO__KERNEL_*; NULL where a
- * collective has no such kernel), and the variable that forces one. */
-static const struct {
-    const char *name;
-    const char *algo[3];
-    maco__config_id_t force;
-} maco__colls[MACO_COLLECTIVE_COUNT] = {
-    { "allreduce", { "oneshot_ll", "rsag", "twoshot_ll" }, MACO_CFG_ALGO_ALLREDUCE },
-    { "allgather", { "ll", "mesh", NULL }, MACO_CFG_ALGO_ALLGATHER },
-    { "reduce_scatter", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE_SCATTER },
-    { "broadcast", { "ll", "mesh", NULL }, MACO_CFG_ALGO_BROADCAST },
-    { "reduce", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE },
-};
-
-/*
- * Allreduce sizes (bytes) up to which one-shot LL beats two-shot LL, placed by measurement
- * on 4x H200 (docs/performance.md, "Allreduce algorithms"). Two-shot LL runs from there up
- * to what its scratch holds (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
- */
-#define MACO__ONESHOT_CUTOFF ((size_t)128 << 10)
-
-/* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole
- * number of 8-byte packets), or 0 when two-shot cannot take the call: a block would be
- * empty, or larger than the LL scratch slot's region (cap bytes). */
-static size_t maco__twoshot_block(size_t count, size_t esz, size_t n, size_t cap)
-{
-    size_t per = 8 / esz;
-    size_t b = ((count + n - 1) / n + per - 1) / per * per;
-    if ((n - 1) * b >= count || b * esz > cap)
-        return 0;
-    return b;
-}
-
 static const maco__coll_launcher_t maco__launchers[MACO_DATATYPE_COUNT] = {
     maco__launch_coll_int8,    maco__launch_coll_uint8,    maco__launch_coll_int32,
     maco__launch_coll_uint32,  maco__launch_coll_int64,    maco__launch_coll_uint64,
     maco__launch_coll_float16, maco__launch_coll_bfloat16, maco__launch_coll_float32,
     maco__launch_coll_float64, maco__launch_coll_fp8_e4m3, maco__launch_coll_fp8_e5m2,
 };
-
-size_t maco_datatype_size(maco_datatype_t datatype)
-{
-    static const size_t sizes[MACO_DATATYPE_COUNT] = { 1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1 };
-    return (unsigned)datatype < MACO_DATATYPE_COUNT ? sizes[datatype] : 0;
-}
-
-const char *maco_datatype_name(maco_datatype_t datatype)
-{
-    static const char *names[MACO_DATATYPE_COUNT] = {
-        "int8",    "uint8",    "int32",   "uint32",  "int64",    "uint64",
-        "float16", "bfloat16", "float32", "float64", "fp8_e4m3", "fp8_e5m2"
-    };
-    return (unsigned)datatype < MACO_DATATYPE_COUNT ? names[datatype] : "unknown";
-}
-
-const char *maco_redop_name(maco_redop_t op)
-{
-    static const char *names[MACO_REDOP_COUNT] = { "sum", "prod", "min", "max", "avg" };
-    return (unsigned)op < MACO_REDOP_COUNT ? names[op] : "unknown";
-}
-
-const char *maco_collective_name(maco_collective_t coll)
-{
-    return (unsigned)coll < MACO_COLLECTIVE_COUNT ? maco__colls[coll].name : "unknown";
-}
-
-/*
- * Picks the kernel: MACO_ALGO_<COLLECTIVE> if set, else LL up to the LL scratch's capacity
- * (MACO_ALLREDUCE_ONESHOT_MAX bytes per message) and mesh above. `unit_bytes` is the
- * collective's unit (algorithms.h).
- */
-static maco_status_t maco__select(maco_comm_t comm, maco_collective_t coll, size_t count,
-                                  size_t esz, int *kernel_p)
-{
-    size_t cap = comm->layout.oneshot_max;
-    size_t msg = count * esz; /* the unit: what one rank sends one peer */
-    size_t n = (size_t)comm->nranks;
-    int twoshot = coll == MACO_COLL_ALLREDUCE && maco__twoshot_block(count, esz, n, cap) != 0;
-    const char *forced = maco__config_string(maco__colls[coll].force);
-    if (forced[0] != '\0') {
-        for (int k = 0; k < 3; k++) {
-            if (maco__colls[coll].algo[k] == NULL ||
-                strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
-                continue;
-            if (k == MACO__KERNEL_LL && msg > cap)
-                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                   "%s=%s cannot take %zu bytes per rank: its scratch "
-                                   "holds MACO_ALLREDUCE_ONESHOT_MAX=%zu",
-                                   maco__config_name(maco__colls[coll].force), forced, msg, cap);
-            if (k == MACO__KERNEL_LL2 && !twoshot)
-                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                   "%s=%s cannot take %zu elements of %zu bytes on %zu ranks: "
-                                   "it needs a non-empty block of whole 8-byte words per rank "
-                                   "and at most nranks * MACO_ALLREDUCE_ONESHOT_MAX = %zu bytes",
-                                   maco__config_name(maco__colls[coll].force), forced, count, esz,
-                                   n, n * cap);
-            *kernel_p = k;
-            return MACO_OK;
-        }
-        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                           "%s='%s' is not a %s algorithm: use %s, %s%s%s",
-                           maco__config_name(maco__colls[coll].force), forced,
-                           maco__colls[coll].name, maco__colls[coll].algo[0],
-                           maco__colls[coll].algo[1], maco__colls[coll].algo[2] ? " or " : "",
-                           maco__colls[coll].algo[2] ? maco__colls[coll].algo[2] : "");
-    }
-    if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
-        *kernel_p = MACO__KERNEL_LL;
-    else if (twoshot)
-        *kernel_p = MACO__KERNEL_LL2;
-    else
-        *kernel_p = msg <= cap && coll != MACO_COLL_ALLREDUCE ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
-    return MACO_OK;
-}
 
 /* True when [a, a+na) and [b, b+nb) share a byte. */
 static int maco__overlap(const void *a, size_t na, const void *b, size_t nb)
@@ -250,7 +143,8 @@ static uint32_t maco__desc_id(maco_comm_t comm, const void *ptr, size_t bytes, i
  * reads send buffers and writes the root's receive buffer), after mapping the peers' new
  * registrations.
  */
-static void maco__describe(const maco__call_t *c, maco_comm_t comm, maco__coll_args_t *a)
+static void maco__describe(const maco__call_t *c, maco_comm_t comm, const maco__coll_t *coll,
+                           maco__coll_args_t *a)
 {
     maco__coll_desc_t d;
     memset(&d, 0, sizeof(d));
@@ -268,13 +162,10 @@ static void maco__describe(const maco__call_t *c, maco_comm_t comm, maco__coll_a
     d.send_id = maco__desc_id(comm, c->send, send_bytes, send_used, send_remote, &d.send_off);
     d.recv_id = maco__desc_id(comm, c->recv, recv_bytes, recv_used, recv_remote, &d.recv_off);
     /* Large allreduces are faster through scratch (MACO_ALLREDUCE_INPLACE_MAX's doc). */
-    int64_t inplace_max = 0;
-    if (c->coll == MACO_COLL_ALLREDUCE &&
-        (maco__config_int64(MACO_CFG_ALLREDUCE_INPLACE_MAX, &inplace_max) != MACO_OK ||
-         unit > (size_t)inplace_max))
+    if (c->coll == MACO_COLL_ALLREDUCE && unit > (size_t)coll->inplace_max)
         d.send_id = MACO__DESC_NONE;
     memcpy(a->desc, &d, sizeof(d));
-    a->desc_offset = comm->layout.desc_offset;
+    a->desc_offset = coll->layout.desc_offset;
     a->reg_table = maco__registry_table(comm);
     a->reg_cache = maco__registry_cache(comm);
 }
@@ -284,7 +175,8 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     maco_status_t st = maco__check(c, comm);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__comm_require_gpu(comm, c->fn);
+    maco__coll_t *coll_state = NULL;
+    st = maco__coll_require(comm, c->fn, &coll_state);
     if (st != MACO_OK)
         return st;
     maco_status_t async_st;
@@ -303,7 +195,7 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     size_t esz = maco_datatype_size(c->datatype);
     size_t unit = c->count * esz;
     int kernel;
-    st = maco__select(comm, c->coll, c->count, esz, &kernel);
+    st = maco__coll_select(comm, coll_state, c->coll, c->count, esz, &kernel);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
 
@@ -322,19 +214,19 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     a.root = c->root;
     a.rank = comm->rank;
     a.nranks = comm->nranks;
-    a.buf = comm->buf;
+    a.buf = coll_state->buf;
     for (int r = 0; r < comm->nranks; r++)
-        a.peer_buf[r] = comm->peer_buf[r];
-    const maco__comm_layout_t *l = &comm->layout;
+        a.peer_buf[r] = coll_state->peer_buf[r];
+    const maco__coll_layout_t *l = &coll_state->layout;
     a.ll_offset = l->ll_offset;
     a.ll_slot_bytes = l->ll_slot_bytes;
     a.rsag_offset = l->rsag_offset;
     a.rsag_slot_bytes = l->rsag_slot_bytes;
     a.rsag_piece_max = l->rsag_piece_max;
-    a.ll_flag = (uint32_t *)(comm->buf + l->counters_offset + MACO__CTR_LL_FLAG);
-    a.ll_done = (uint32_t *)(comm->buf + l->counters_offset + MACO__CTR_LL_DONE);
-    a.paths = (unsigned long long *)(comm->buf + l->counters_offset + MACO__CTR_INPLACE);
-    a.channels = comm->rsag_channels;
+    a.ll_flag = (uint32_t *)(coll_state->buf + MACO__CTR_LL_FLAG);
+    a.ll_done = (uint32_t *)(coll_state->buf + MACO__CTR_LL_DONE);
+    a.paths = (unsigned long long *)(coll_state->buf + MACO__CTR_INPLACE);
+    a.channels = coll_state->rsag_channels;
     a.bound = comm->bound;
 
     size_t n = (size_t)comm->nranks;
@@ -344,10 +236,10 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
     size_t max_blocks = (size_t)comm->coresident_ctas;
     size_t blocks;
     if (kernel == MACO__KERNEL_MESH)
-        maco__describe(c, comm, &a);
+        maco__describe(c, comm, coll_state, &a);
     if (kernel == MACO__KERNEL_LL2) {
         /* About one packet per thread, as LL. */
-        a.piece_elems = maco__twoshot_block(c->count, esz, n, l->oneshot_max);
+        a.piece_elems = maco__coll_twoshot_block(c->count, esz, n, l->oneshot_max);
         blocks = ((unit + 7) / 8 + threads - 1) / threads;
         if (blocks > 64)
             blocks = 64;
@@ -389,11 +281,11 @@ static maco_status_t maco__collective(const maco__call_t *c, maco_comm_t comm, m
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                                              "%s: launching %s for %zu bytes failed: %s (%s)",
-                                             c->fn, maco__colls[c->coll].algo[kernel], unit,
+                                             c->fn, maco__coll_algorithm(c->coll, kernel), unit,
                                              cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
-    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: %s", maco__colls[c->coll].name, unit,
+    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: %s", maco__coll_name(c->coll), unit,
                maco_datatype_name(c->datatype), maco_redop_name(c->op),
-               maco__colls[c->coll].algo[kernel]);
+               maco__coll_algorithm(c->coll, kernel));
     return MACO_OK;
 }
 
@@ -450,36 +342,13 @@ maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t count,
     return maco__collective(&c, comm, stream);
 }
 
-maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t coll, size_t count,
-                                            maco_datatype_t datatype, const char **name_p)
-{
-    if (comm == NULL || name_p == NULL || (unsigned)datatype >= MACO_DATATYPE_COUNT ||
-        (unsigned)coll >= MACO_COLLECTIVE_COUNT)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_collective_get_algorithm: NULL comm or name_p, or collective "
-                           "%d / datatype %d out of range",
-                           (int)coll, (int)datatype);
-    if (comm->nranks == 1) {
-        *name_p = "copy";
-        return MACO_OK;
-    }
-    maco_status_t st = maco__comm_require_gpu(comm, "maco_collective_get_algorithm");
-    if (st != MACO_OK)
-        return st;
-    int kernel;
-    st = maco__select(comm, coll, count, maco_datatype_size(datatype), &kernel);
-    if (st != MACO_OK)
-        return st;
-    *name_p = maco__colls[coll].algo[kernel];
-    return MACO_OK;
-}
-
 maco_status_t maco_collective_get_stats(maco_comm_t comm, maco_collective_stats_t *stats_p)
 {
     if (comm == NULL || stats_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                            "maco_collective_get_stats: comm and stats_p must not be NULL");
-    maco_status_t st = maco__comm_require_gpu(comm, "maco_collective_get_stats");
+    maco__coll_t *coll = NULL;
+    maco_status_t st = maco__coll_require(comm, "maco_collective_get_stats", &coll);
     if (st != MACO_OK)
         return st;
     unsigned long long v[2];
@@ -490,8 +359,7 @@ maco_status_t maco_collective_get_stats(maco_comm_t comm, maco_collective_stats_
     if (cerr == cudaSuccess)
         cerr = cudaDeviceSynchronize();
     if (cerr == cudaSuccess)
-        cerr = cudaMemcpy(v, comm->buf + comm->layout.counters_offset + MACO__CTR_INPLACE,
-                          sizeof(v), cudaMemcpyDeviceToHost);
+        cerr = cudaMemcpy(v, coll->buf + MACO__CTR_INPLACE, sizeof(v), cudaMemcpyDeviceToHost);
     if (prev >= 0)
         cudaSetDevice(prev); /* the caller's device, as it was */
     if (cerr != cudaSuccess)
@@ -507,4 +375,63 @@ maco_status_t maco_allreduce_get_algorithm(maco_comm_t comm, size_t count, maco_
                                            const char **name_p)
 {
     return maco_collective_get_algorithm(comm, MACO_COLL_ALLREDUCE, count, datatype, name_p);
+}
+
+maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t coll, size_t count,
+                                            maco_datatype_t datatype, const char **name_p)
+{
+    if (comm == NULL || name_p == NULL || (unsigned)datatype >= MACO_DATATYPE_COUNT ||
+        (unsigned)coll >= MACO_COLLECTIVE_COUNT)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_collective_get_algorithm: NULL comm or name_p, or collective "
+                           "%d / datatype %d out of range",
+                           (int)coll, (int)datatype);
+    if (comm->nranks == 1) {
+        *name_p = "copy";
+        return MACO_OK;
+    }
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, "maco_collective_get_algorithm", &c);
+    if (st != MACO_OK)
+        return st;
+    int kernel;
+    st = maco__coll_select(comm, c, coll, count, maco_datatype_size(datatype), &kernel);
+    if (st != MACO_OK)
+        return st;
+    *name_p = maco__coll_algorithm(coll, kernel);
+    return MACO_OK;
+}
+
+maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_collective_t coll,
+                                            const char *name)
+{
+    if (comm == NULL || (unsigned)coll >= MACO_COLLECTIVE_COUNT)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_collective_set_algorithm: comm is NULL or collective %d is "
+                           "outside [0, %d)",
+                           (int)coll, MACO_COLLECTIVE_COUNT);
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, "maco_collective_set_algorithm", &c);
+    if (st != MACO_OK)
+        return st;
+    if (name == NULL || name[0] == '\0') {
+        c->forced[coll][0] = '\0';
+        return MACO_OK;
+    }
+    for (int k = 0; k < 3; k++) {
+        const char *algo = maco__coll_algorithm(coll, k);
+        if (strcmp(algo, "?") != 0 && strcasecmp(name, algo) == 0) {
+            snprintf(c->forced[coll], sizeof(c->forced[coll]), "%s", algo);
+            return MACO_OK;
+        }
+    }
+    const char *third = maco__coll_algorithm(coll, 2);
+    int has_third = strcmp(third, "?") != 0;
+    return maco__comm_record(
+        comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                          "maco_collective_set_algorithm: '%s' is not a %s algorithm: use %s, "
+                          "%s%s%s (or NULL for the choice by size)",
+                          name, maco__coll_name(coll), maco__coll_algorithm(coll, 0),
+                          maco__coll_algorithm(coll, 1), has_third ? " or " : "",
+                          has_third ? third : ""));
 }

@@ -18,7 +18,7 @@
 
 #include "cuda_util.h"
 #include "log.h"
-#include "proxy_internal.h"
+#include "fifo.h"
 #include "socket.h"
 
 /* Host memory the proxy writes and GPUs read: tail, flush_done, state. */

@@ -13,67 +13,13 @@
 #include <cuda_runtime_api.h>
 
 #include "comm_internal.h"
+#include "fifo.h"
 #include "maco/device/fifo.h"
 #include "maco/port_channel.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A pause hint for busy-wait loops (the CPU's spin-loop instruction). */
-static inline void maco__cpu_pause(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ volatile("yield");
-#endif
-}
-
-/* ------------------------------------------------------------------ FIFO (host side) */
-
-typedef struct maco__fifo {
-    maco_fifo_device_t view; /* what pushers use (device addresses for a device FIFO) */
-    int on_device;           /* head in device memory, ring in mapped pinned memory */
-    uint64_t tail;           /* the consumer's next position (proxy thread only) */
-    /* Host addresses of what the proxy writes. */
-    maco_trigger_t *ring;
-    volatile uint64_t *tail_pub;
-    volatile uint64_t *flush_done;
-    volatile uint32_t *state;
-    void *host_block;                       /* tail, flush_done, state (one allocation) */
-    size_t ring_map_bytes, block_map_bytes; /* device FIFO: sizes of the two mappings */
-    void *device_block;                     /* head and tail cache (device FIFO) */
-} maco__fifo_t;
-
-/**
- * Creates a FIFO of `capacity` triggers (a power of two) for GPU or host pushers. For GPU
- * pushers, the ring and the words the proxy publishes are pinned host memory placed on NUMA
- * node `numa_node` (preferred, not required; -1: wherever the kernel puts it).
- */
-maco_status_t maco__fifo_create(maco__fifo_t *f, uint64_t capacity, int on_device,
-                                const maco_device_wait_bound_t *bound, int numa_node);
-void maco__fifo_destroy(maco__fifo_t *f);
-
-/** Host-side push (any thread); bounded by `timeout_ms`. *pos_p gets the position. */
-maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t,
-                                   int64_t timeout_ms, uint64_t *pos_p);
-
-/** Host-side wait for a flush at `pos` (flush_done > pos), bounded. */
-maco_status_t maco__fifo_host_wait_flush(const maco_fifo_device_t *f, uint64_t pos,
-                                         int64_t timeout_ms);
-
-/** Consumer: 1 and *t when the trigger at f->tail has been published, else 0. */
-int maco__fifo_peek(maco__fifo_t *f, maco_trigger_t *t);
-
-/** Consumer: done with the trigger at f->tail; publishes the new tail. */
-void maco__fifo_pop(maco__fifo_t *f);
-
-/**
- * Positions in [f->tail, head) whose slot was never published (pushers that reserved a
- * position and gave up). Call only while no consumer runs.
- */
-uint64_t maco__fifo_unpublished(const maco__fifo_t *f, uint64_t head);
 
 /* ------------------------------------------------------------------ channels, transports */
 
@@ -168,7 +114,10 @@ static inline int64_t maco__proxy_host_bound_ms(const struct maco_proxy *p)
 enum { MACO__HOST_SEMS = 4096, MACO__STAGING_SLOTS = 1024 };
 
 /** Records an error found on the proxy thread as the communicator's asynchronous error. */
-void maco__proxy_fail(struct maco_proxy *proxy, maco_status_t status);
+static inline void maco__proxy_fail(struct maco_proxy *proxy, maco_status_t status)
+{
+    maco__comm_set_async_error(proxy->comm, status);
+}
 
 #ifdef __cplusplus
 }

@@ -19,13 +19,16 @@ import sys
 
 # Lowest first: a file may call files of its own layer or of layers below (listed earlier).
 LAYERS = [
-    ("base", r"^src/host/(common/|status\.c|log\.c|config\.c|wire\.h)"),
-    ("os", r"^src/host/(net/|socket\.c|fd_server\.c)"),
-    ("cuda", r"^src/host/(cuda/|cuda_driver\.c)"),
-    ("bootstrap", r"^src/host/bootstrap"),
-    ("comm", r"^src/host/(comm|memory|registry|mem_handle|channel)"),
+    ("base", r"^src/host/base/"),
+    ("os", r"^src/host/os/"),
+    ("cuda", r"^src/host/cuda/"),
+    ("bootstrap", r"^src/host/bootstrap/"),
+    ("comm-base", r"^src/host/comm/comm_base\.c"),
+    ("memory", r"^src/host/memory/"),
+    ("comm", r"^src/host/comm/"),
+    ("channel", r"^src/host/channel/"),
     ("proxy", r"^proxy/"),
-    ("algorithms", r"^algorithms/"),
+    ("algorithms", r"^(algorithms|src/device)/"),
 ]
 
 
@@ -37,14 +40,20 @@ def layer_of(path):
 
 
 def objects(build):
+    """The library's object files of the current build (compile_commands.json), so stale
+    objects of moved or deleted sources are not counted."""
+    import json
+    with open(os.path.join(build, "compile_commands.json")) as fh:
+        cmds = json.load(fh)
     out = []
-    for root, _, files in os.walk(build):
-        if not ("maco_core.dir" in root or "maco_gpu.dir" in root):
-            continue
-        for f in files:
-            if f.endswith(".o"):
-                out.append(os.path.join(root, f))
-    return sorted(out)
+    for c in cmds:
+        m = re.search(r"\s-o\s+(\S+)", c.get("command", ""))
+        o = c.get("output") or (m.group(1) if m else "")
+        if "maco_core.dir" in o or "maco_gpu.dir" in o:
+            path = o if os.path.isabs(o) else os.path.join(c.get("directory", build), o)
+            if os.path.exists(path):
+                out.append(path)
+    return sorted(set(out))
 
 
 def source_of(obj):
@@ -97,7 +106,7 @@ def sccs(nodes, edges):
 
 def include_graph(src):
     edges, nodes = {}, set()
-    roots = ["src", "proxy", "algorithms"]
+    roots = ["src", "proxy", "algorithms", "include"]
     files = []
     for r in roots:
         for root, _, names in os.walk(os.path.join(src, r)):

@@ -28,7 +28,7 @@ class Allreduce : public maco_test::GpuCase
   protected:
     void TearDown() override
     {
-        unsetenv("MACO_ALGO_ALLREDUCE");
+        maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, nullptr);
         cudaFree(in_);
         cudaFree(out_);
         maco_test::GpuCase::TearDown();
@@ -113,9 +113,9 @@ TEST_F(Allreduce, EveryAlgorithmTypeSizePlacementAndAlignment)
                            { "twoshot_ll", MACO_BFLOAT16 }, { "twoshot_ll", MACO_FLOAT32 } };
     for (const Case &c : cases) {
         if (c.algo[0])
-            setenv("MACO_ALGO_ALLREDUCE", c.algo, 1);
+            ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, c.algo), MACO_OK);
         else
-            unsetenv("MACO_ALGO_ALLREDUCE");
+            ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, nullptr), MACO_OK);
         for (size_t count : counts) {
             size_t bytes = count * maco_datatype_size(c.dt);
             if (strcmp(c.algo, "oneshot_ll") == 0 && bytes > 256 * 1024)
@@ -179,13 +179,17 @@ TEST_F(Allreduce, BackToBackCallsStayInStep)
     const size_t count = 40000; /* 80 KB bf16: oneshot_ll by default */
     ASSERT_NO_FATAL_FAILURE(Reserve(count * 4 + 64));
     for (int i = 0; i < 50; i++) {
-        setenv("MACO_ALGO_ALLREDUCE", i % 3 == 2 ? "rsag" : i % 3 ? "twoshot_ll" : "oneshot_ll", 1);
+        ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE,
+                                                i % 3 == 2 ? "rsag"
+                                                : i % 3    ? "twoshot_ll"
+                                                           : "oneshot_ll"),
+                  MACO_OK);
         ASSERT_EQ(maco_allreduce(in_, out_, count, MACO_BFLOAT16, MACO_SUM, Comm(),
                                  (maco_stream_t)stream_),
                   MACO_OK);
     }
     CUDA_OK(cudaStreamSynchronize(stream_));
-    unsetenv("MACO_ALGO_ALLREDUCE");
+    ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, nullptr), MACO_OK);
     for (int i = 0; i < 3; i++) {
         unsigned long long wrong = 1;
         ASSERT_NO_FATAL_FAILURE(RunOne(MACO_BFLOAT16, count, i == 1, 0, &wrong));
@@ -197,7 +201,7 @@ TEST_F(Allreduce, BackToBackCallsStayInStep)
 TEST_F(Allreduce, CudaGraphReplays)
 {
     for (const char *algo : { "oneshot_ll", "rsag", "twoshot_ll" }) {
-        setenv("MACO_ALGO_ALLREDUCE", algo, 1);
+        ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, algo), MACO_OK);
         const size_t count = 12345;
         ASSERT_NO_FATAL_FAILURE(Reserve(count * 4 + 64));
         uint64_t seed = seed_ ^ 0x6772617068ull;
@@ -241,13 +245,20 @@ TEST_F(Allreduce, BadArgumentsAreRejectedBeforeAnythingRuns)
     EXPECT_EQ(
         maco_allreduce(in_, out_, 4, MACO_FLOAT32, static_cast<maco_redop_t>(-1), Comm(), nullptr),
         MACO_ERR_INVALID_ARGUMENT);
-    setenv("MACO_ALGO_ALLREDUCE", "ring", 1);
-    EXPECT_EQ(maco_allreduce(in_, out_, 4, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
+    maco_test::AllowLog("maco_collective_set_algorithm");
+    EXPECT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, "ring"),
               MACO_ERR_UNSUPPORTED);
-    setenv("MACO_ALGO_ALLREDUCE", "oneshot_ll", 1);
+    /* MACO_ALGO_* is read when the communicator is created, not on every call. */
+    const char *name = nullptr;
+    setenv("MACO_ALGO_ALLREDUCE", "rsag", 1);
+    EXPECT_EQ(maco_collective_get_algorithm(Comm(), MACO_COLL_ALLREDUCE, 4, MACO_FLOAT32, &name),
+              MACO_OK);
+    EXPECT_STREQ(name, "oneshot_ll");
+    unsetenv("MACO_ALGO_ALLREDUCE");
+    ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, "oneshot_ll"), MACO_OK);
     EXPECT_EQ(maco_allreduce(in_, out_, 1 << 20, MACO_FLOAT32, MACO_SUM, Comm(), nullptr),
               MACO_ERR_INVALID_ARGUMENT);
-    unsetenv("MACO_ALGO_ALLREDUCE");
+    ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, nullptr), MACO_OK);
     EXPECT_EQ(maco_allreduce(in_, out_, 0, MACO_FLOAT32, MACO_SUM, Comm(), nullptr), MACO_OK);
 }
 

@@ -30,14 +30,6 @@ constexpr size_t kGuard = 256;
 /* MACO_ALLREDUCE_ONESHOT_MAX's default: the LL kernels' largest message. */
 constexpr size_t kLLMax = 256 * 1024;
 
-const char *AlgoVar(maco_collective_t coll)
-{
-    static const char *vars[] = { "MACO_ALGO_ALLREDUCE", "MACO_ALGO_ALLGATHER",
-                                  "MACO_ALGO_REDUCE_SCATTER", "MACO_ALGO_BROADCAST",
-                                  "MACO_ALGO_REDUCE" };
-    return vars[coll];
-}
-
 const char *LLName(maco_collective_t coll)
 {
     return coll == MACO_COLL_ALLREDUCE ? "oneshot_ll" : "ll";
@@ -70,7 +62,7 @@ class Collectives : public maco_test::GpuCase
     void TearDown() override
     {
         for (int c = 0; c < MACO_COLLECTIVE_COUNT; c++)
-            unsetenv(AlgoVar(static_cast<maco_collective_t>(c)));
+            maco_collective_set_algorithm(Comm(), static_cast<maco_collective_t>(c), nullptr);
         Release();
         maco_test::GpuCase::TearDown();
     }
@@ -229,9 +221,9 @@ class Collectives : public maco_test::GpuCase
     void Expect(const Shape &s, const char *algo)
     {
         if (algo[0] != '\0')
-            setenv(AlgoVar(s.coll), algo, 1);
+            ASSERT_EQ(maco_collective_set_algorithm(Comm(), s.coll, algo), MACO_OK);
         else
-            unsetenv(AlgoVar(s.coll));
+            ASSERT_EQ(maco_collective_set_algorithm(Comm(), s.coll, nullptr), MACO_OK);
         unsigned long long wrong = 1;
         ASSERT_NO_FATAL_FAILURE(RunOne(s, &wrong));
         ASSERT_EQ(wrong, 0u) << Describe(s, algo);
@@ -454,7 +446,7 @@ TEST_F(Collectives, GraphReplayedWithChangingInputs)
                 Shape s = { coll, MACO_BFLOAT16, MACO_SUM, unit, false, 0, NRanks() - 1 };
                 size_t esz = maco_datatype_size(s.dt);
                 ASSERT_NO_FATAL_FAILURE(ReserveRegistered(600000 * esz * NRanks() + 64, reg != 0));
-                unsetenv(AlgoVar(coll));
+                ASSERT_EQ(maco_collective_set_algorithm(Comm(), coll, nullptr), MACO_OK);
                 char *send, *recv;
                 size_t send_elems, recv_elems, touched;
                 Place(s, &send, &recv, &send_elems, &recv_elems, &touched);
@@ -502,7 +494,9 @@ TEST_F(Collectives, MixedCallsBackToBack)
     ASSERT_NO_FATAL_FAILURE(Reserve(unit * 4 * NRanks() + 64));
     for (int i = 0; i < 60; i++) {
         maco_collective_t coll = kColls[i % 5];
-        setenv(AlgoVar(coll), (i / 5) % 2 ? MeshName(coll) : LLName(coll), 1);
+        ASSERT_EQ(maco_collective_set_algorithm(Comm(), coll,
+                                                (i / 5) % 2 ? MeshName(coll) : LLName(coll)),
+                  MACO_OK);
         Shape s = { coll, MACO_FLOAT32, MACO_MIN, unit, false, 0, i % NRanks() };
         ASSERT_EQ(Call(s, in_, out_), MACO_OK) << maco_comm_get_last_error(Comm());
     }

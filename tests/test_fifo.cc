@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "proxy_internal.h"
+#include "fifo.h"
 
 namespace
 {

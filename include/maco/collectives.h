@@ -179,6 +179,20 @@ MACO_API maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_coll
                                                      size_t count, maco_datatype_t datatype,
                                                      const char **name_p);
 
+/**
+ * Forces `coll` to run the algorithm `name` on this communicator (the names
+ * MACO_ALGO_<COLLECTIVE> accepts, any case), or restores the choice by size with NULL or "".
+ * MACO_ALGO_<COLLECTIVE> and MACO_ALLREDUCE_INPLACE_MAX are read once, when the communicator
+ * is created; this call overrides the former. Not collective, but a collective call runs the
+ * same algorithm on every rank only if every rank forced the same one before it. Not
+ * thread-safe with collective calls on the same communicator.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL comm, collective out of range),
+ * MACO_ERR_UNSUPPORTED (no usable GPU, or `name` is not an algorithm of `coll`: the message
+ * lists them).
+ */
+MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_collective_t coll,
+                                                     const char *name);
+
 /** Mesh-family kernel launches of a communicator since its creation, by the path they
  * took (counted on the device; graph replays count every replay). */
 typedef struct maco_collective_stats {

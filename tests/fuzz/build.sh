@@ -14,11 +14,15 @@ jobs="${JOBS:-2}"
 mkdir -p "$out/obj"
 
 # The library sources the harnesses need: the CPU core, without CUDA or the fd server.
-lib_sources=(status.c log.c config.c socket.c bootstrap.c mem_handle.c)
+lib_sources=(base/status.c base/log.c base/config.c os/socket.c bootstrap/host_id.c bootstrap/object.c
+  bootstrap/unique_id.c bootstrap/link.c bootstrap/calls.c bootstrap/setup.c bootstrap/env.c
+  memory/mem_handle.c)
 harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config)
 # shellcheck disable=SC2054 # the commas are inside -fsanitize=, not between elements
 cflags=(-std=c11 -g -O1 -Wall -Wextra -D_GNU_SOURCE -DMACO_BUILDING_LIBRARY
-  "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include" -I"$root/src/host"
+  "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include"
+  -I"$root/src/host/base" -I"$root/src/host/os" -I"$root/src/host/bootstrap"
+  -I"$root/src/host/memory"
   -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 if [[ "${MACO_WERROR:-0}" == 1 ]]; then
   cflags+=(-Werror)
@@ -28,7 +32,7 @@ fi
 pids=()
 objs=()
 for src in "${lib_sources[@]}"; do
-  obj="$out/obj/${src%.c}.o"
+  obj="$out/obj/$(basename "${src%.c}").o"
   objs+=("$obj")
   "$cc" "${cflags[@]}" -fsanitize=fuzzer-no-link -c "$root/src/host/$src" -o "$obj" &
   pids+=($!)

@@ -17,69 +17,34 @@
 
 /* Acquire load, system scope: later reads of this thread see everything the releasing
  * writer (any GPU or CPU) wrote before its matching release. */
-static __device__ __forceinline__ uint64_t maco_load_acquire_sys_u64(const uint64_t *p)
-{
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+static __device__ __forceinline__ uint64_t maco_load_acquire_sys_u64(const uint64_t *p);
 
 /* Relaxed load, system scope: a coherent read with no ordering of other accesses. */
-static __device__ __forceinline__ uint64_t maco_load_relaxed_sys_u64(const uint64_t *p)
-{
-    uint64_t v;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+static __device__ __forceinline__ uint64_t maco_load_relaxed_sys_u64(const uint64_t *p);
 
 /* Acquire load, GPU scope (32-bit): pairs with a gpu-scope release on this GPU. */
-static __device__ __forceinline__ uint32_t maco_load_acquire_gpu_u32(const uint32_t *p)
-{
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+static __device__ __forceinline__ uint32_t maco_load_acquire_gpu_u32(const uint32_t *p);
 
 /* Release add, system scope, no return value: every earlier write of this thread (and,
  * by cumulativity, writes it observed, e.g. other threads' writes ordered before a
  * __syncthreads() that preceded this call) is visible to a thread that acquires the
  * new value. This is the semaphore signal. */
-static __device__ __forceinline__ void maco_red_add_release_sys_u64(uint64_t *p, uint64_t v)
-{
-    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+static __device__ __forceinline__ void maco_red_add_release_sys_u64(uint64_t *p, uint64_t v);
 
 /* Relaxed add, system scope: increments atomically but orders nothing else. */
-static __device__ __forceinline__ void maco_red_add_relaxed_sys_u64(uint64_t *p, uint64_t v)
-{
-    asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+static __device__ __forceinline__ void maco_red_add_relaxed_sys_u64(uint64_t *p, uint64_t v);
 
 /* Release store, system scope (32-bit). */
-static __device__ __forceinline__ void maco_store_release_sys_u32(uint32_t *p, uint32_t v)
-{
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+static __device__ __forceinline__ void maco_store_release_sys_u32(uint32_t *p, uint32_t v);
 
 /* Acquire-release fetch-add, GPU scope (32-bit): the grid barrier's arrival. */
-static __device__ __forceinline__ uint32_t maco_fetch_add_acq_rel_gpu_u32(uint32_t *p, uint32_t v)
-{
-    uint32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
-                 : "=r"(old)
-                 : "l"(p), "r"(v)
-                 : "memory");
-    return old;
-}
+static __device__ __forceinline__ uint32_t maco_fetch_add_acq_rel_gpu_u32(uint32_t *p, uint32_t v);
 
 /* Nanoseconds from the GPU's global timer (%globaltimer; resolution about 1 us on
  * Hopper). Used only to bound waits, never for measurements. */
-static __device__ __forceinline__ uint64_t maco_globaltimer_ns(void)
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+static __device__ __forceinline__ uint64_t maco_globaltimer_ns(void);
+
+#include "maco/device/impl/atomics.h"
 
 #endif /* __CUDACC__ */
 

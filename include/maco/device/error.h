@@ -22,6 +22,8 @@
 
 #include <stdint.h>
 
+#include "maco/device/macros.h"
+
 #include "maco/device/atomics.h"
 #include "maco/status.h"
 
@@ -46,11 +48,9 @@ typedef struct maco_device_error {
     volatile uint64_t observed;
 } maco_device_error_t;
 
-#ifdef __cplusplus
-static_assert(sizeof(maco_device_error_t) == 32, "maco_device_error_t layout is 32 bytes");
-#else
-_Static_assert(sizeof(maco_device_error_t) == 32, "maco_device_error_t layout is 32 bytes");
-#endif
+/* Host-mapped, written by the GPU, read by the host: 4 x i32/u32 then 2 x u64, 32 bytes. */
+MACO_STATIC_ASSERT(sizeof(maco_device_error_t) == 32, "maco_device_error_t is 32 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_device_error_t) == 8, "maco_device_error_t is 8-byte aligned");
 
 /** Where and how long device waits of one communicator may wait; POD, copied freely. */
 typedef struct maco_device_wait_bound {
@@ -58,6 +58,11 @@ typedef struct maco_device_wait_bound {
     int32_t *claim;              /**< device-memory claim word */
     uint64_t timeout_ns;         /**< 0: wait forever (MACO_DEVICE_TIMEOUT=0) */
 } maco_device_wait_bound_t;
+
+/* Filled by the host, copied into every device handle: 2 pointers and a u64, 24 bytes. */
+MACO_STATIC_ASSERT(sizeof(maco_device_wait_bound_t) == 24, "maco_device_wait_bound_t is 24 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_device_wait_bound_t) == 8,
+                   "maco_device_wait_bound_t alignment");
 
 #ifdef __cplusplus
 }
@@ -68,25 +73,10 @@ typedef struct maco_device_wait_bound {
 /* Records a failed wait; only the first caller per communicator writes the report. */
 static __device__ __forceinline__ void
 maco_device_error_record(const maco_device_wait_bound_t *b, maco_status_t status, int peer,
-                         int object, uint32_t what, uint64_t expected, uint64_t observed)
-{
-    if (b->claim == 0 || atomicCAS((int *)b->claim, 0, 1) != 0)
-        return;
-    b->report->peer = peer;
-    b->report->object = object;
-    b->report->what = what;
-    b->report->expected = expected;
-    b->report->observed = observed;
-    __threadfence_system();
-    b->report->status = (int32_t)status;
-    __threadfence_system();
-}
+                         int object, uint32_t what, uint64_t expected, uint64_t observed);
 
 /* True once any wait of this communicator has failed (checked while spinning). */
-static __device__ __forceinline__ int maco_device_error_claimed(const maco_device_wait_bound_t *b)
-{
-    return b->claim != 0 && *(volatile int32_t *)b->claim != 0;
-}
+static __device__ __forceinline__ int maco_device_error_claimed(const maco_device_wait_bound_t *b);
 
 /*
  * Spin-loop helper: call once per iteration with state zero-initialised before the loop.
@@ -101,21 +91,9 @@ typedef struct maco_spin_state {
 } maco_spin_state_t;
 
 static __device__ __forceinline__ maco_status_t maco_spin_check(const maco_device_wait_bound_t *b,
-                                                                maco_spin_state_t *s)
-{
-    if ((++s->iterations & 1023u) != 0)
-        return MACO_OK;
-    if (maco_device_error_claimed(b))
-        return MACO_ERR_REMOTE;
-    uint64_t now = maco_globaltimer_ns();
-    if (s->start_ns == 0) {
-        s->start_ns = now;
-        return MACO_OK;
-    }
-    if (b->timeout_ns != 0 && now - s->start_ns > b->timeout_ns)
-        return MACO_ERR_TIMEOUT;
-    return MACO_OK;
-}
+                                                                maco_spin_state_t *s);
+
+#include "maco/device/impl/error.h"
 
 #endif /* __CUDACC__ */
 

@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "maco/device/atomics.h"
+#include "maco/device/macros.h"
 #include "maco/device/error.h"
 
 #ifdef __cplusplus
@@ -72,31 +73,23 @@ typedef struct maco_trigger {
     uint64_t snd;
 } maco_trigger_t;
 
-#ifdef __cplusplus
-static_assert(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
-static_assert(MACO_TRIGGER_OFFSET_BITS + 28 == 64, "fst is full");
-static_assert(MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS + 4 +
-                      2 + 6 + 1 ==
-                  64,
-              "snd is full");
-static_assert(MACO_TRIGGER_INLINE_BIT ==
-                  MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS + 4,
-              "the inline bit follows the size's high bits");
-static_assert((1ull << MACO_TRIGGER_OFFSET_BITS) >= (64ull << 30), "offsets reach 64 GiB");
-static_assert(MACO_TRIGGER_MAX_CHANNELS >= 4096, "at least 4096 channels per proxy");
-#else
-_Static_assert(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
-_Static_assert((1ull << MACO_TRIGGER_OFFSET_BITS) >= (64ull << 30), "offsets reach 64 GiB");
-_Static_assert(MACO_TRIGGER_MAX_CHANNELS >= 4096, "at least 4096 channels per proxy");
-#endif
+MACO_STATIC_ASSERT(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_trigger_t) == 8, "a trigger is 8-byte aligned (ring: 16)");
+MACO_STATIC_ASSERT(MACO_TRIGGER_OFFSET_BITS + 28 == 64, "fst is full");
+MACO_STATIC_ASSERT(MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS +
+                           4 + 2 + 6 + 1 ==
+                       64,
+                   "snd is full");
+MACO_STATIC_ASSERT(MACO_TRIGGER_INLINE_BIT == MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS +
+                                                  MACO_TRIGGER_TYPE_BITS + 4,
+                   "the inline bit follows the size's high bits");
+MACO_STATIC_ASSERT((1ull << MACO_TRIGGER_OFFSET_BITS) >= (64ull << 30), "offsets reach 64 GiB");
+MACO_STATIC_ASSERT(MACO_TRIGGER_MAX_CHANNELS >= 4096, "at least 4096 channels per proxy");
 
 /** Builds a trigger (lap parity zero). Arguments beyond their widths are masked. */
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-    static inline maco_trigger_t
-    maco_trigger_make(uint32_t type, uint32_t channel, uint64_t dst_offset, uint64_t src_offset,
-                      uint64_t size)
+static inline MACO_HOST_DEVICE maco_trigger_t maco_trigger_make(uint32_t type, uint32_t channel,
+                                                                uint64_t dst_offset,
+                                                                uint64_t src_offset, uint64_t size)
 {
     maco_trigger_t t;
     t.fst = (src_offset & MACO_TRIGGER_MAX_OFFSET) | ((size & 0xFFFFFFFull) << 36);
@@ -107,42 +100,36 @@ __host__ __device__
 }
 
 /* Field readers (parity ignored; src_offset and size mean nothing in an inline trigger). */
-#if defined(__CUDACC__)
-#define MACO__HD __host__ __device__
-#else
-#define MACO__HD
-#endif
-static inline MACO__HD uint64_t maco_trigger_src_offset(maco_trigger_t t)
+static inline MACO_HOST_DEVICE uint64_t maco_trigger_src_offset(maco_trigger_t t)
 {
     return t.fst & MACO_TRIGGER_MAX_OFFSET;
 }
-static inline MACO__HD uint64_t maco_trigger_dst_offset(maco_trigger_t t)
+static inline MACO_HOST_DEVICE uint64_t maco_trigger_dst_offset(maco_trigger_t t)
 {
     return t.snd & MACO_TRIGGER_MAX_OFFSET;
 }
-static inline MACO__HD uint64_t maco_trigger_size(maco_trigger_t t)
+static inline MACO_HOST_DEVICE uint64_t maco_trigger_size(maco_trigger_t t)
 {
     return (t.fst >> 36) | (((t.snd >> 51) & 0xFull) << 28);
 }
-static inline MACO__HD uint32_t maco_trigger_channel(maco_trigger_t t)
+static inline MACO_HOST_DEVICE uint32_t maco_trigger_channel(maco_trigger_t t)
 {
     return (uint32_t)((t.snd >> 36) & (MACO_TRIGGER_MAX_CHANNELS - 1));
 }
-static inline MACO__HD uint32_t maco_trigger_type(maco_trigger_t t)
+static inline MACO_HOST_DEVICE uint32_t maco_trigger_type(maco_trigger_t t)
 {
     return (uint32_t)((t.snd >> 48) & 7u);
 }
 /** 0, or the size (4 or 8 bytes) of the value an inline trigger carries in fst. */
-static inline MACO__HD uint32_t maco_trigger_inline_bytes(maco_trigger_t t)
+static inline MACO_HOST_DEVICE uint32_t maco_trigger_inline_bytes(maco_trigger_t t)
 {
     if (((t.snd >> MACO_TRIGGER_INLINE_BIT) & 1u) == 0)
         return 0;
     return ((t.snd >> MACO_TRIGGER_INLINE32_BIT) & 1u) ? 4u : 8u;
 }
 /** Builds an inline trigger: `value` (4 or 8 bytes per `bytes`) goes to dst_offset. */
-static inline MACO__HD maco_trigger_t maco_trigger_make_inline(uint32_t type, uint32_t channel,
-                                                               uint64_t dst_offset, uint64_t value,
-                                                               uint32_t bytes)
+static inline MACO_HOST_DEVICE maco_trigger_t maco_trigger_make_inline(
+    uint32_t type, uint32_t channel, uint64_t dst_offset, uint64_t value, uint32_t bytes)
 {
     maco_trigger_t t;
     t.fst = bytes == 4 ? (value & 0xFFFFFFFFull) : value;
@@ -153,11 +140,10 @@ static inline MACO__HD maco_trigger_t maco_trigger_make_inline(uint32_t type, ui
     return t;
 }
 /** The lap parity a trigger at `pos` carries in a ring of `capacity` (a power of two). */
-static inline MACO__HD uint64_t maco_fifo_parity(uint64_t pos, uint64_t capacity)
+static inline MACO_HOST_DEVICE uint64_t maco_fifo_parity(uint64_t pos, uint64_t capacity)
 {
     return (((pos / capacity) & 1u) ^ 1u) << 63;
 }
-#undef MACO__HD
 
 /**
  * Device view of a FIFO (plain data). `proxy_state` is MACO_PROXY_RUNNING while the proxy
@@ -177,6 +163,11 @@ typedef struct maco_fifo_device {
     maco_device_wait_bound_t bound;
 } maco_fifo_device_t;
 
+/* Filled by the host (proxy.c), read by pushing GPU threads: 6 pointers (48), the capacity
+ * (8), the wait bound (24): 80 bytes, 8-byte aligned. */
+MACO_STATIC_ASSERT(sizeof(maco_fifo_device_t) == 80, "maco_fifo_device_t is 80 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_fifo_device_t) == 8, "maco_fifo_device_t alignment");
+
 enum { MACO_PROXY_STOPPED = 0, MACO_PROXY_RUNNING = 1 };
 
 /* How a push orders the pushing thread's earlier writes before the trigger. */
@@ -194,52 +185,6 @@ enum {
 
 #if defined(__CUDACC__)
 
-/* The push; `order` is a MACO__PUSH_* (see maco_fifo_push and maco_fifo_push_relaxed). */
-static __device__ __forceinline__ uint64_t maco__fifo_push(const maco_fifo_device_t *f,
-                                                           maco_trigger_t t, int order,
-                                                           maco_status_t *status_p)
-{
-    uint64_t pos = atomicAdd((unsigned long long *)f->head, 1ull);
-    maco_spin_state_t spin = { 0, 0 };
-    uint64_t tail = f->tail_cache ? *(volatile uint64_t *)f->tail_cache : *f->tail;
-    while (pos >= tail + f->capacity) {
-        tail = *f->tail;
-        if (f->tail_cache)
-            atomicMax((unsigned long long *)f->tail_cache, (unsigned long long)tail);
-        if (pos < tail + f->capacity)
-            break;
-        maco_status_t st = MACO_OK;
-        if (*f->proxy_state != MACO_PROXY_RUNNING)
-            st = MACO_ERR_REMOTE;
-        else
-            st = maco_spin_check(&f->bound, &spin);
-        if (st != MACO_OK) {
-            if (st == MACO_ERR_TIMEOUT)
-                maco_device_error_record(&f->bound, st, -1, -1, MACO_DEVICE_WAIT_FIFO,
-                                         pos - f->capacity + 1, *f->tail);
-            *status_p = st;
-            return ~0ull;
-        }
-    }
-    maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
-    uint64_t snd = t.snd | maco_fifo_parity(pos, f->capacity);
-    /* One 128-bit store at system scope: the proxy sees both words at once. Release: also
-     * after everything this thread wrote (and observed) before, e.g. the data of a put. */
-    if (order == MACO__PUSH_RELEASE_SYS) {
-        asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
-                     "l"(snd)
-                     : "memory");
-    } else {
-        if (order == MACO__PUSH_FENCE_GPU)
-            asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
-                     "l"(snd)
-                     : "memory");
-    }
-    *status_p = MACO_OK;
-    return pos;
-}
-
 /**
  * Reserves a position and publishes `t` there with a release store at system scope: the
  * proxy, and the copies it starts, see everything this thread wrote before the push. Returns
@@ -248,10 +193,8 @@ static __device__ __forceinline__ uint64_t maco__fifo_push(const maco_fifo_devic
  * it.
  */
 static __device__ __forceinline__ uint64_t maco_fifo_push(const maco_fifo_device_t *f,
-                                                          maco_trigger_t t, maco_status_t *status_p)
-{
-    return maco__fifo_push(f, t, MACO__PUSH_RELEASE_SYS, status_p);
-}
+                                                          maco_trigger_t t,
+                                                          maco_status_t *status_p);
 
 /**
  * As maco_fifo_push, but the trigger is published with a relaxed store: it orders none of
@@ -261,42 +204,13 @@ static __device__ __forceinline__ uint64_t maco_fifo_push(const maco_fifo_device
  */
 static __device__ __forceinline__ uint64_t maco_fifo_push_relaxed(const maco_fifo_device_t *f,
                                                                   maco_trigger_t t,
-                                                                  maco_status_t *status_p)
-{
-    return maco__fifo_push(f, t, MACO__PUSH_RELAXED, status_p);
-}
+                                                                  maco_status_t *status_p);
 
 /** Waits (bounded) until the proxy completed every trigger up to and including `pos`. */
 static __device__ __forceinline__ maco_status_t maco_fifo_wait_flush(const maco_fifo_device_t *f,
-                                                                     uint64_t pos)
-{
-    maco_spin_state_t spin = { 0, 0 };
-    uint32_t polls = 0; /* its own count: maco_spin_check advances spin.iterations */
-    /* Each read here crosses PCIe (about a microsecond): poll flush_done alone, and look at
-     * the proxy's state only every 64 polls. The polls are relaxed (an acquire read of host
-     * memory takes about 0.08 us longer on H200); the acquire load after them pairs with the
-     * proxy's release store of flush_done, which follows the completion of the copies: this
-     * thread's later accesses (reusing the source buffer, reading the peer's) come after
-     * them. No fence after it: a fence.sc.sys costs about 0.6 us on H200 and orders nothing
-     * more. */
-    const uint64_t *done = (const uint64_t *)f->flush_done;
-    while (maco_load_relaxed_sys_u64(done) <= pos) {
-        maco_status_t st = MACO_OK;
-        if ((++polls & 63u) == 0 && *f->proxy_state != MACO_PROXY_RUNNING &&
-            maco_load_relaxed_sys_u64(done) <= pos)
-            st = MACO_ERR_REMOTE;
-        else
-            st = maco_spin_check(&f->bound, &spin);
-        if (st != MACO_OK) {
-            if (st == MACO_ERR_TIMEOUT)
-                maco_device_error_record(&f->bound, st, -1, -1, MACO_DEVICE_WAIT_FLUSH, pos + 1,
-                                         *f->flush_done);
-            return st;
-        }
-    }
-    (void)maco_load_acquire_sys_u64(done);
-    return MACO_OK;
-}
+                                                                     uint64_t pos);
+
+#include "maco/device/impl/fifo.h"
 
 #endif /* __CUDACC__ */
 

@@ -22,6 +22,8 @@
 
 #include <stdint.h>
 
+#include "maco/device/macros.h"
+
 #include "maco/device/copy.h"
 #include "maco/device/packet.h"
 #include "maco/device/semaphore.h"
@@ -38,6 +40,13 @@ typedef struct maco_memory_channel_device {
     uint64_t remote_bytes; /**< size of the remote buffer */
 } maco_memory_channel_device_t;
 
+/* Filled by the host (maco_memory_channel_get_device_handle): the semaphore (56), 2 pointers
+ * and 2 u64 sizes (32): 88 bytes, 8-byte aligned. */
+MACO_STATIC_ASSERT(sizeof(maco_memory_channel_device_t) == 88,
+                   "maco_memory_channel_device_t is 88 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_memory_channel_device_t) == 8,
+                   "maco_memory_channel_device_t alignment");
+
 #ifdef __cplusplus
 }
 #endif
@@ -47,46 +56,28 @@ typedef struct maco_memory_channel_device {
 /** Copies local[src_offset..+bytes) to remote[dst_offset..). Cooperative. */
 static __device__ __forceinline__ void
 maco_memory_channel_put(const maco_memory_channel_device_t *ch, uint64_t dst_offset,
-                        uint64_t src_offset, uint64_t bytes, uint32_t tid, uint32_t nthreads)
-{
-    maco_copy(ch->remote + dst_offset, ch->local + src_offset, bytes, tid, nthreads);
-}
+                        uint64_t src_offset, uint64_t bytes, uint32_t tid, uint32_t nthreads);
 
 /** Copies remote[src_offset..+bytes) to local[dst_offset..). Cooperative. */
 static __device__ __forceinline__ void
 maco_memory_channel_get(const maco_memory_channel_device_t *ch, uint64_t dst_offset,
-                        uint64_t src_offset, uint64_t bytes, uint32_t tid, uint32_t nthreads)
-{
-    maco_copy(ch->local + dst_offset, ch->remote + src_offset, bytes, tid, nthreads);
-}
+                        uint64_t src_offset, uint64_t bytes, uint32_t tid, uint32_t nthreads);
 
 /*
  * One element through the mapping, by one thread: read from the peer's buffer, write to it.
  * `offset` is in bytes and must be aligned to the element's size.
  */
 static __device__ __forceinline__ uint32_t
-maco_memory_channel_read_u32(const maco_memory_channel_device_t *ch, uint64_t offset)
-{
-    return *(const volatile uint32_t *)(ch->remote + offset);
-}
+maco_memory_channel_read_u32(const maco_memory_channel_device_t *ch, uint64_t offset);
 
 static __device__ __forceinline__ uint64_t
-maco_memory_channel_read_u64(const maco_memory_channel_device_t *ch, uint64_t offset)
-{
-    return *(const volatile uint64_t *)(ch->remote + offset);
-}
+maco_memory_channel_read_u64(const maco_memory_channel_device_t *ch, uint64_t offset);
 
 static __device__ __forceinline__ void
-maco_memory_channel_write_u32(const maco_memory_channel_device_t *ch, uint64_t offset, uint32_t v)
-{
-    *(volatile uint32_t *)(ch->remote + offset) = v;
-}
+maco_memory_channel_write_u32(const maco_memory_channel_device_t *ch, uint64_t offset, uint32_t v);
 
 static __device__ __forceinline__ void
-maco_memory_channel_write_u64(const maco_memory_channel_device_t *ch, uint64_t offset, uint64_t v)
-{
-    *(volatile uint64_t *)(ch->remote + offset) = v;
-}
+maco_memory_channel_write_u64(const maco_memory_channel_device_t *ch, uint64_t offset, uint64_t v);
 
 /*
  * LL packets through the channel. put_packets reads `src_bytes` bytes of local[src_offset..)
@@ -101,128 +92,45 @@ maco_memory_channel_write_u64(const maco_memory_channel_device_t *ch, uint64_t o
  * Packet p is written and read by thread p % nthreads, so use the same thread numbering on
  * both sides only if you need a packet's writer and reader to be the same thread.
  */
-static __device__ __forceinline__ uint32_t maco__load_bytes_u32(const char *p, uint64_t valid)
-{
-    if (valid >= 4 && ((uintptr_t)p & 3u) == 0)
-        return *(const uint32_t *)p;
-    uint32_t w = 0;
-    for (uint64_t k = 0; k < valid && k < 4; k++)
-        w |= (uint32_t)(uint8_t)p[k] << (8 * k);
-    return w;
-}
-
-static __device__ __forceinline__ void maco__store_bytes_u32(char *p, uint32_t w, uint64_t valid)
-{
-    if (valid >= 4 && ((uintptr_t)p & 3u) == 0) {
-        *(uint32_t *)p = w;
-        return;
-    }
-    for (uint64_t k = 0; k < valid && k < 4; k++)
-        p[k] = (char)(w >> (8 * k));
-}
-
 static __device__ __forceinline__ void
 maco_memory_channel_put_packets_ll16(const maco_memory_channel_device_t *ch, uint64_t dst_offset,
                                      uint64_t src_offset, uint64_t src_bytes, uint32_t tid,
-                                     uint32_t nthreads, uint32_t flag)
-{
-    const char *src = ch->local + src_offset;
-    maco_ll16_packet_t *dst = (maco_ll16_packet_t *)(ch->remote + dst_offset);
-    uint64_t npkt = (src_bytes + 7) / 8;
-    for (uint64_t i = tid; i < npkt; i += nthreads) {
-        uint64_t left = src_bytes - 8 * i;
-        uint2 d;
-        d.x = maco__load_bytes_u32(src + 8 * i, left);
-        d.y = left > 4 ? maco__load_bytes_u32(src + 8 * i + 4, left - 4) : 0u;
-        maco_ll16_store(dst + i, d, flag);
-    }
-}
+                                     uint32_t nthreads, uint32_t flag);
 
 static __device__ __forceinline__ maco_status_t maco_memory_channel_unpack_packets_ll16(
     const maco_memory_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset,
-    uint64_t dst_bytes, uint32_t tid, uint32_t nthreads, uint32_t flag)
-{
-    const maco_ll16_packet_t *src = (const maco_ll16_packet_t *)(ch->local + src_offset);
-    char *dst = ch->local + dst_offset;
-    uint64_t npkt = (dst_bytes + 7) / 8;
-    for (uint64_t i = tid; i < npkt; i += nthreads) {
-        uint2 d;
-        maco_status_t st = maco_ll16_load(src + i, flag, &d, &ch->semaphore.bound,
-                                          ch->semaphore.peer, (int)(i & 0x7fffffff));
-        if (st != MACO_OK)
-            return st;
-        uint64_t left = dst_bytes - 8 * i;
-        maco__store_bytes_u32(dst + 8 * i, d.x, left);
-        if (left > 4)
-            maco__store_bytes_u32(dst + 8 * i + 4, d.y, left - 4);
-    }
-    return MACO_OK;
-}
+    uint64_t dst_bytes, uint32_t tid, uint32_t nthreads, uint32_t flag);
 
 static __device__ __forceinline__ void
 maco_memory_channel_put_packets_ll8(const maco_memory_channel_device_t *ch, uint64_t dst_offset,
                                     uint64_t src_offset, uint64_t src_bytes, uint32_t tid,
-                                    uint32_t nthreads, uint32_t flag)
-{
-    const char *src = ch->local + src_offset;
-    maco_ll8_packet_t *dst = (maco_ll8_packet_t *)(ch->remote + dst_offset);
-    uint64_t npkt = (src_bytes + 3) / 4;
-    for (uint64_t i = tid; i < npkt; i += nthreads)
-        maco_ll8_store(dst + i, maco__load_bytes_u32(src + 4 * i, src_bytes - 4 * i), flag);
-}
+                                    uint32_t nthreads, uint32_t flag);
 
 static __device__ __forceinline__ maco_status_t maco_memory_channel_unpack_packets_ll8(
     const maco_memory_channel_device_t *ch, uint64_t dst_offset, uint64_t src_offset,
-    uint64_t dst_bytes, uint32_t tid, uint32_t nthreads, uint32_t flag)
-{
-    const maco_ll8_packet_t *src = (const maco_ll8_packet_t *)(ch->local + src_offset);
-    char *dst = ch->local + dst_offset;
-    uint64_t npkt = (dst_bytes + 3) / 4;
-    for (uint64_t i = tid; i < npkt; i += nthreads) {
-        uint32_t d;
-        maco_status_t st = maco_ll8_load(src + i, flag, &d, &ch->semaphore.bound,
-                                         ch->semaphore.peer, (int)(i & 0x7fffffff));
-        if (st != MACO_OK)
-            return st;
-        maco__store_bytes_u32(dst + 4 * i, d, dst_bytes - 4 * i);
-    }
-    return MACO_OK;
-}
+    uint64_t dst_bytes, uint32_t tid, uint32_t nthreads, uint32_t flag);
 
 /** Signals the peer (release). One thread. */
 static __device__ __forceinline__ void
-maco_memory_channel_signal(const maco_memory_channel_device_t *ch)
-{
-    maco_semaphore_signal(&ch->semaphore);
-}
+maco_memory_channel_signal(const maco_memory_channel_device_t *ch);
 
 /** Signals the peer without ordering earlier writes. One thread. */
 static __device__ __forceinline__ void
-maco_memory_channel_relaxed_signal(const maco_memory_channel_device_t *ch)
-{
-    maco_semaphore_relaxed_signal(&ch->semaphore);
-}
+maco_memory_channel_relaxed_signal(const maco_memory_channel_device_t *ch);
 
 /** Waits for the peer's next signal (acquire, bounded). One thread. See semaphore.h. */
 static __device__ __forceinline__ maco_status_t
-maco_memory_channel_wait(const maco_memory_channel_device_t *ch)
-{
-    return maco_semaphore_wait(&ch->semaphore);
-}
+maco_memory_channel_wait(const maco_memory_channel_device_t *ch);
 
 /** Relaxed wait: execution ordering only. One thread. */
 static __device__ __forceinline__ maco_status_t
-maco_memory_channel_relaxed_wait(const maco_memory_channel_device_t *ch)
-{
-    return maco_semaphore_relaxed_wait(&ch->semaphore);
-}
+maco_memory_channel_relaxed_wait(const maco_memory_channel_device_t *ch);
 
 /** Non-blocking: true (consuming the signal) when the peer's next signal has arrived. */
 static __device__ __forceinline__ int
-maco_memory_channel_poll(const maco_memory_channel_device_t *ch)
-{
-    return maco_semaphore_poll(&ch->semaphore);
-}
+maco_memory_channel_poll(const maco_memory_channel_device_t *ch);
+
+#include "maco/device/impl/memory_channel.h"
 
 #endif /* __CUDACC__ */
 

@@ -40,46 +40,18 @@ static_assert(sizeof(maco_ll8_packet_t) == 8, "LL8 packet is 8 bytes");
 
 /** Stores 8 payload bytes with `flag` as one 16-byte volatile store (one thread). */
 static __device__ __forceinline__ void maco_ll16_store(maco_ll16_packet_t *p, uint2 data,
-                                                       uint32_t flag)
-{
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(data.x),
-                 "r"(flag), "r"(data.y), "r"(flag)
-                 : "memory");
-}
+                                                       uint32_t flag);
 
 /** Stores 4 payload bytes with `flag` as one 8-byte volatile store (one thread). */
 static __device__ __forceinline__ void maco_ll8_store(maco_ll8_packet_t *p, uint32_t data,
-                                                      uint32_t flag)
-{
-    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(data), "r"(flag)
-                 : "memory");
-}
+                                                      uint32_t flag);
 
 /** One attempt: true and *data set when the packet carries `flag`. */
 static __device__ __forceinline__ int maco_ll16_try_load(const maco_ll16_packet_t *p, uint32_t flag,
-                                                         uint2 *data)
-{
-    uint32_t d0, f0, d1, f1;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                 : "l"(p)
-                 : "memory");
-    data->x = d0;
-    data->y = d1;
-    return f0 == flag && f1 == flag;
-}
+                                                         uint2 *data);
 
 static __device__ __forceinline__ int maco_ll8_try_load(const maco_ll8_packet_t *p, uint32_t flag,
-                                                        uint32_t *data)
-{
-    uint32_t d, f;
-    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(d), "=r"(f)
-                 : "l"(p)
-                 : "memory");
-    *data = d;
-    return f == flag;
-}
+                                                        uint32_t *data);
 
 /**
  * Spins until the LL16 packet carries `flag`, then returns its payload in *data.
@@ -89,39 +61,15 @@ static __device__ __forceinline__ int maco_ll8_try_load(const maco_ll8_packet_t 
 static __device__ __forceinline__ maco_status_t maco_ll16_load(const maco_ll16_packet_t *p,
                                                                uint32_t flag, uint2 *data,
                                                                const maco_device_wait_bound_t *b,
-                                                               int peer, int slot)
-{
-    maco_spin_state_t spin = { 0, 0 };
-    while (!maco_ll16_try_load(p, flag, data)) {
-        maco_status_t st = maco_spin_check(b, &spin);
-        if (st != MACO_OK) {
-            if (st == MACO_ERR_TIMEOUT)
-                maco_device_error_record(b, st, peer, slot, MACO_DEVICE_WAIT_PACKET, flag,
-                                         ((const volatile uint32_t *)p)[1]);
-            return st;
-        }
-    }
-    return MACO_OK;
-}
+                                                               int peer, int slot);
 
 /** LL8 counterpart of maco_ll16_load(). */
 static __device__ __forceinline__ maco_status_t maco_ll8_load(const maco_ll8_packet_t *p,
                                                               uint32_t flag, uint32_t *data,
                                                               const maco_device_wait_bound_t *b,
-                                                              int peer, int slot)
-{
-    maco_spin_state_t spin = { 0, 0 };
-    while (!maco_ll8_try_load(p, flag, data)) {
-        maco_status_t st = maco_spin_check(b, &spin);
-        if (st != MACO_OK) {
-            if (st == MACO_ERR_TIMEOUT)
-                maco_device_error_record(b, st, peer, slot, MACO_DEVICE_WAIT_PACKET, flag,
-                                         ((const volatile uint32_t *)p)[1]);
-            return st;
-        }
-    }
-    return MACO_OK;
-}
+                                                              int peer, int slot);
+
+#include "maco/device/impl/packet.h"
 
 #endif /* __CUDACC__ */
 

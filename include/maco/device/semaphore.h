@@ -18,6 +18,8 @@
 
 #include <stdint.h>
 
+#include "maco/device/macros.h"
+
 #include "maco/device/atomics.h"
 #include "maco/device/error.h"
 
@@ -35,6 +37,11 @@ typedef struct maco_semaphore_device {
     int32_t id;   /**< semaphore id on this rank, for error reports */
 } maco_semaphore_device_t;
 
+/* Filled by the host (maco__memory_channels_setup, port channels): 3 pointers (24), the wait
+ * bound (24), peer and id (8): 56 bytes, 8-byte aligned. */
+MACO_STATIC_ASSERT(sizeof(maco_semaphore_device_t) == 56, "maco_semaphore_device_t is 56 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_semaphore_device_t) == 8, "maco_semaphore_device_t alignment");
+
 #ifdef __cplusplus
 }
 #endif
@@ -42,48 +49,14 @@ typedef struct maco_semaphore_device {
 #if defined(__CUDACC__)
 
 /** Signals the peer: release add of 1 on its counter. One thread. */
-static __device__ __forceinline__ void maco_semaphore_signal(const maco_semaphore_device_t *s)
-{
-    maco_red_add_release_sys_u64(s->remote_inbound, 1);
-}
+static __device__ __forceinline__ void maco_semaphore_signal(const maco_semaphore_device_t *s);
 
 /** Signals without ordering earlier writes (an execution barrier only). One thread. */
 static __device__ __forceinline__ void
-maco_semaphore_relaxed_signal(const maco_semaphore_device_t *s)
-{
-    maco_red_add_relaxed_sys_u64(s->remote_inbound, 1);
-}
+maco_semaphore_relaxed_signal(const maco_semaphore_device_t *s);
 
 /** True (and consumes one signal) when the next expected signal has arrived. One thread. */
-static __device__ __forceinline__ int maco_semaphore_poll(const maco_semaphore_device_t *s)
-{
-    uint64_t want = *s->expected + 1;
-    if (maco_load_acquire_sys_u64(s->inbound) < want)
-        return 0;
-    *s->expected = want;
-    return 1;
-}
-
-static __device__ __forceinline__ maco_status_t
-maco__semaphore_wait(const maco_semaphore_device_t *s, int acquire)
-{
-    uint64_t want = *s->expected + 1;
-    *s->expected = want;
-    maco_spin_state_t spin = { 0, 0 };
-    for (;;) {
-        uint64_t seen =
-            acquire ? maco_load_acquire_sys_u64(s->inbound) : maco_load_relaxed_sys_u64(s->inbound);
-        if (seen >= want)
-            return MACO_OK;
-        maco_status_t st = maco_spin_check(&s->bound, &spin);
-        if (st != MACO_OK) {
-            if (st == MACO_ERR_TIMEOUT)
-                maco_device_error_record(&s->bound, st, s->peer, s->id, MACO_DEVICE_WAIT_SEMAPHORE,
-                                         want, seen);
-            return st;
-        }
-    }
-}
+static __device__ __forceinline__ int maco_semaphore_poll(const maco_semaphore_device_t *s);
 
 /**
  * Waits for the next signal with acquire ordering. One thread. Returns MACO_OK;
@@ -93,17 +66,13 @@ maco__semaphore_wait(const maco_semaphore_device_t *s, int acquire)
  * be destroyed.
  */
 static __device__ __forceinline__ maco_status_t
-maco_semaphore_wait(const maco_semaphore_device_t *s)
-{
-    return maco__semaphore_wait(s, 1);
-}
+maco_semaphore_wait(const maco_semaphore_device_t *s);
 
 /** As maco_semaphore_wait() but relaxed: no data ordering, only "the peer got here". */
 static __device__ __forceinline__ maco_status_t
-maco_semaphore_relaxed_wait(const maco_semaphore_device_t *s)
-{
-    return maco__semaphore_wait(s, 0);
-}
+maco_semaphore_relaxed_wait(const maco_semaphore_device_t *s);
+
+#include "maco/device/impl/semaphore.h"
 
 #endif /* __CUDACC__ */
 

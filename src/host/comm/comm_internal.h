@@ -1,19 +1,21 @@
 /*
- * comm_internal.h - the communicator's insides, shared by src/host and algorithms/.
+ * comm_internal.h - the communicator's insides, shared by src/host, proxy/ and algorithms/.
  *
  * Each rank with a GPU owns one "comm buffer" (one cudaMalloc, exported over CUDA IPC and
- * mapped by every peer of the node). Its layout is identical on every rank:
+ * mapped by every peer of the node) holding what every channel needs. Its layout is identical
+ * on every rank:
  *
  *   sem_offset      u64[MACO__NSEM]  semaphore counters peers signal (never reset)
  *   expected_offset u64[MACO__NSEM]  this rank's expected counts (peers never touch them)
- *   counters_offset                  u32 ll_flag, u32 ll_done, i32 error_claim
- *   desc_offset     descriptors:     [parity 2][source rank n][MACO__DESC_BYTES] (LL16)
- *   ll_offset       LL16 scratch:    [parity 2][source rank n][ll_slot_bytes]
- *   rsag_offset     rsag scratch:    [slot rsag_slots][IN n | OUT n][piece_max bytes]
+ *   counters_offset                  256 bytes: i32 error_claim at MACO__CTR_ERROR_CLAIM
  *
- * Offsets are multiples of 256 bytes. The sizes come from MACO_ALLREDUCE_ONESHOT_MAX,
- * MACO_SCRATCH_SIZE and MACO_ALLREDUCE_RSAG_CTAS, which must agree on all ranks (checked at
- * creation).
+ * Offsets are multiples of 256 bytes. The collectives keep their scratch (LL packets,
+ * descriptors, mesh pieces) in a buffer of their own, set up through the extension below
+ * (algorithms/setup.c); the communicator knows nothing of it.
+ *
+ * Layers (docs/design.md): comm_base.c (errors, the GPU check, the extension) is a leaf that
+ * every file above the bootstrap may call; comm.c calls memory (its buffer) and never the
+ * collectives, which reach it only through the extension they install.
  */
 #ifndef MACO_COMM_INTERNAL_H
 #define MACO_COMM_INTERNAL_H
@@ -32,34 +34,43 @@ extern "C" {
 #endif
 
 enum {
-    MACO__NSEM = 4096,          /* semaphores per rank */
-    MACO__MAX_LOCAL_RANKS = 8,  /* collectives support up to this many ranks per node */
-    MACO__RSAG_MAX_SLOTS = 128, /* most rsag CTAs (each: own scratch slot, semaphores) */
-    MACO__REG_MAX = 1024,       /* registrations per rank collectives can use in place */
-    MACO__DESC_BYTES = 128,     /* one rank's in-place descriptor as LL16 packets */
+    MACO__NSEM = 4096,         /* semaphores per rank */
+    MACO__MAX_LOCAL_RANKS = 8, /* collectives support up to this many ranks per node */
 };
 
-/* Registrations published to peers for in-place collectives (registry.c). */
-typedef struct maco__registry maco__registry_t;
-
-/* Byte offsets of the fixed counters inside the counters block. */
+/* Byte offsets of the fixed counters inside the comm buffer's counters block. */
 enum {
-    MACO__CTR_LL_FLAG = 0,
-    MACO__CTR_LL_DONE = 4,
-    MACO__CTR_ERROR_CLAIM = 8,
-    MACO__CTR_INPLACE = 16, /* u64: mesh launches in place (maco_collective_get_stats) */
-    MACO__CTR_SCRATCH = 24, /* u64: mesh launches through scratch */
+    MACO__CTR_ERROR_CLAIM = 8, /* i32: the first device-side error claims it */
 };
 
 typedef struct maco__comm_layout {
     size_t sem_offset, expected_offset, counters_offset;
-    size_t desc_offset;              /* in-place descriptors (algorithms.h) */
-    size_t ll_offset, ll_slot_bytes; /* 4 * oneshot_max: two-shot's two LL16 regions */
-    size_t rsag_offset, rsag_piece_max, rsag_slot_bytes;
-    int rsag_slots; /* MACO_ALLREDUCE_RSAG_CTAS */
     size_t total_bytes;
-    size_t oneshot_max; /* bytes per rank */
 } maco__comm_layout_t;
+
+/*
+ * What a layer above the communicator adds to every communicator (the collectives do, from
+ * algorithms/setup.c, when the library loads). All calls are optional (NULL: nothing to do).
+ *   setup:         collective over the communicator's ranks, at creation, once the
+ *                  communicator's own GPU resources exist; may call maco__comm_set_unavailable
+ *                  and return MACO_OK (the communicator then stays bootstrap-only).
+ *   destroy:       at maco_comm_destroy (also after a failed setup), before the comm buffer
+ *                  is freed; the device is idle.
+ *   on_register:   a device-memory registration of this rank was made: returns 1 if the
+ *                  extension took note of it (then on_deregister follows), else 0.
+ *   on_deregister: that registration is going away.
+ */
+typedef struct maco__comm_ext {
+    maco_status_t (*setup)(maco_comm_t comm);
+    void (*destroy)(maco_comm_t comm);
+    int (*on_register)(maco_comm_t comm, maco_mem_t mem, const void *ptr, size_t bytes);
+    void (*on_deregister)(maco_comm_t comm, maco_mem_t mem);
+} maco__comm_ext_t;
+
+/** Installs the extension (one; a later call replaces it). From a library constructor. */
+void maco__comm_set_extension(const maco__comm_ext_t *ext);
+/** The installed extension, or NULL. */
+const maco__comm_ext_t *maco__comm_extension(void);
 
 struct maco_comm {
     maco_bootstrap_t bs;
@@ -91,8 +102,7 @@ struct maco_comm {
     maco_device_error_t *err_report;     /* host address (mapped pinned) */
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
-    maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][nranks] */
-    maco__registry_t *reg;                       /* NULL without a GPU */
+    void *coll; /* the extension's state (algorithms/setup.c: maco__coll_t), or NULL */
 };
 
 /** Copies this thread's last error into the communicator if it has none yet. */
@@ -110,6 +120,9 @@ int maco__mem_is_host(maco_mem_t mem);
 /** MACO_OK when the communicator can run GPU work; else MACO_ERR_UNSUPPORTED with why. */
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn);
 
+/** Makes GPU operations unsupported from now on, saying `why` (the first reason is kept). */
+void maco__comm_set_unavailable(maco_comm_t comm, const char *why);
+
 /**
  * Creates `count` channel device handles to `peer` over `local` and `remote`, taking
  * `count` semaphores from the pool and exchanging their ids with the peer (pairwise,
@@ -119,26 +132,7 @@ maco_status_t maco__memory_channels_setup(maco_comm_t comm, int peer, maco_mem_t
                                           maco_mem_t remote, int count,
                                           maco_memory_channel_device_t *handles);
 
-/* ---- registry.c (its file comment has the protocol) ---- */
-
-/** Creates this rank's directory and maps every peer's (collective; at creation). */
-maco_status_t maco__registry_setup(maco_comm_t comm);
-/** Unmaps everything the registry mapped; live registrations stay registered. */
-void maco__registry_free(maco_comm_t comm);
-/** Publishes a device-memory registration of this rank; returns 1 if published. */
-int maco__registry_publish(maco_comm_t comm, maco_mem_t mem, const void *ptr, size_t bytes);
-/** Marks a published registration dead (at deregistration). */
-void maco__registry_withdraw(maco_comm_t comm, maco_mem_t mem);
-/** Id (1-based) of a live published registration holding [ptr, ptr+bytes), 0 if none;
- * *offset_p: ptr's offset inside it. */
-uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, uint64_t *offset_p);
-/** Maps peers' new entries and writes seen[0..nranks) (entries looked at, per peer). */
-void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p);
-/** Device addresses of the mapped-address table and the kernels' cache of it
- * ([nranks][MACO__REG_MAX] u64 each), NULL without a registry. */
-const uint64_t *maco__registry_table(maco_comm_t comm);
-uint64_t *maco__registry_cache(maco_comm_t comm);
-/** memory.c: forget that `mem` is published (its communicator is going away). */
+/** memory (register.c): forget that `mem` is published (its communicator is going away). */
 void maco__mem_unpublish(maco_mem_t mem);
 
 #ifdef __cplusplus

@@ -11,7 +11,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-
 static pthread_mutex_t maco__log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int maco__log_ready;
 static int maco__log_level = MACO_LOG_WARN;

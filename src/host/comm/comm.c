@@ -18,9 +18,8 @@ typedef struct maco__rank_info {
     int32_t has_gpu;
     int32_t cuda_device;
     int32_t sm_count; /* as this rank's CUDA context reports it (MPS may lower it) */
-    int32_t rsag_ctas;
-    uint64_t oneshot_max;
-    uint64_t scratch_bytes;
+    int32_t reserved0;
+    uint64_t reserved[2];
     uint8_t uuid[16];
     int32_t mps;           /* the context is an MPS client (cudaDevAttrMpsEnabled) */
     int32_t shared_forced; /* MACO_SHARED_GPU=1 */
@@ -34,36 +33,6 @@ static const char *maco__mps_pipe_directory(void)
 {
     const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
     return dir != NULL && dir[0] != '\0' ? dir : "/tmp/nvidia-mps";
-}
-
-maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
-{
-    if (comm == NULL || status == MACO_OK)
-        return status;
-    pthread_mutex_lock(&comm->error_lock);
-    if (comm->first_status == MACO_OK) {
-        comm->first_status = status;
-        snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
-    }
-    pthread_mutex_unlock(&comm->error_lock);
-    return status;
-}
-
-void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
-{
-    if (comm == NULL || status == MACO_OK)
-        return;
-    maco__comm_record(comm, status);
-    __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 }, (int32_t)status, 0,
-                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
-}
-
-maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn)
-{
-    if (comm->gpu_unavailable[0] == '\0')
-        return MACO_OK;
-    return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_INIT, "%s: %s", fn,
-                                               comm->gpu_unavailable));
 }
 
 static size_t maco__align_up(size_t v, size_t a)
@@ -247,75 +216,19 @@ static void maco__comm_check_peers(maco_comm_t comm, const maco__rank_info_t *al
     maco__comm_check_sharing(comm, all, why, cap);
     if (why[0] != '\0')
         return;
-    for (int r = 0; r < comm->nranks; r++) {
-        if (all[r].oneshot_max != all[0].oneshot_max ||
-            all[r].scratch_bytes != all[0].scratch_bytes || all[r].rsag_ctas != all[0].rsag_ctas) {
-            snprintf(why, cap,
-                     "MACO_ALLREDUCE_ONESHOT_MAX, MACO_SCRATCH_SIZE or MACO_ALLREDUCE_RSAG_CTAS "
-                     "differs between rank 0 (%llu, %llu, %d) and rank %d (%llu, %llu, %d); set "
-                     "them alike on all ranks",
-                     (unsigned long long)all[0].oneshot_max,
-                     (unsigned long long)all[0].scratch_bytes, (int)all[0].rsag_ctas, r,
-                     (unsigned long long)all[r].oneshot_max,
-                     (unsigned long long)all[r].scratch_bytes, (int)all[r].rsag_ctas);
-            return;
-        }
-    }
 }
 
-static void maco__comm_layout(maco__comm_layout_t *l, int nranks, size_t oneshot_max,
-                              size_t scratch_bytes, int rsag_slots)
+static void maco__comm_layout(maco__comm_layout_t *l)
 {
     memset(l, 0, sizeof(*l));
-    l->rsag_slots = rsag_slots;
-    l->oneshot_max = oneshot_max;
     l->sem_offset = 0;
     l->expected_offset = maco__align_up(l->sem_offset + MACO__NSEM * sizeof(uint64_t), 256);
     l->counters_offset = maco__align_up(l->expected_offset + MACO__NSEM * sizeof(uint64_t), 256);
-    l->desc_offset = l->counters_offset + 256;
-    l->ll_offset = maco__align_up(l->desc_offset + 2 * (size_t)nranks * MACO__DESC_BYTES, 256);
-    /* LL16 doubles the bytes; two-shot needs two regions of blocks up to oneshot_max. */
-    l->ll_slot_bytes = 4 * oneshot_max;
-    l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
-    /* rsag: per slot, n IN and n OUT pieces. */
-    size_t piece = scratch_bytes / ((size_t)rsag_slots * 2 * (size_t)nranks);
-    piece = piece / 256 * 256;
-    if (piece < 256)
-        piece = 256;
-    l->rsag_piece_max = piece;
-    l->rsag_slot_bytes = 2 * (size_t)nranks * piece;
-    l->total_bytes = l->rsag_offset + (size_t)rsag_slots * l->rsag_slot_bytes;
+    l->total_bytes = l->counters_offset + 256;
 }
 
-/* Reads the sizes that shape the comm buffer. */
-static maco_status_t maco__comm_read_sizes(maco__rank_info_t *info)
-{
-    int64_t oneshot, scratch, ctas;
-    maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_ONESHOT_MAX, &oneshot);
-    if (st == MACO_OK)
-        st = maco__config_int64(MACO_CFG_SCRATCH_SIZE, &scratch);
-    if (st == MACO_OK)
-        st = maco__config_int64(MACO_CFG_ALLREDUCE_RSAG_CTAS, &ctas);
-    if (st != MACO_OK)
-        return st;
-    if (ctas < 1 || ctas > MACO__RSAG_MAX_SLOTS)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                           "MACO_ALLREDUCE_RSAG_CTAS=%lld is outside [1, %d]", (long long)ctas,
-                           MACO__RSAG_MAX_SLOTS);
-    info->rsag_ctas = (int32_t)ctas;
-    if (oneshot < 16 || oneshot > ((int64_t)64 << 20))
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                           "MACO_ALLREDUCE_ONESHOT_MAX=%lld is outside [16, 64M] bytes",
-                           (long long)oneshot);
-    if (scratch < ((int64_t)1 << 20) || scratch > ((int64_t)16 << 30))
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                           "MACO_SCRATCH_SIZE=%lld is outside [1M, 16G] bytes", (long long)scratch);
-    info->oneshot_max = maco__align_up((size_t)oneshot, 16);
-    info->scratch_bytes = (uint64_t)scratch;
-    return MACO_OK;
-}
-
-static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_info_t *all)
+/* The comm buffer (comm_internal.h): allocated, registered, and mapped by every peer. */
+static maco_status_t maco__comm_gpu_setup(maco_comm_t comm)
 {
     maco_status_t st = MACO_OK;
     int n = comm->nranks;
@@ -324,15 +237,11 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     if (st != MACO_OK)
         return st;
     comm->timeout_ns = maco__timeout_ns(timeout_ms);
-    maco__comm_layout(&comm->layout, n, all[0].oneshot_max, all[0].scratch_bytes, all[0].rsag_ctas);
-    const int slots = all[0].rsag_ctas;
+    maco__comm_layout(&comm->layout);
     const maco__comm_layout_t *l = &comm->layout;
 
     MACO_CUDA_RETURN(cudaMalloc((void **)&comm->buf, l->total_bytes));
     MACO_CUDA_RETURN(cudaMemset(comm->buf, 0, l->total_bytes));
-    uint32_t one = 1;
-    MACO_CUDA_RETURN(cudaMemcpy(comm->buf + l->counters_offset + MACO__CTR_LL_FLAG, &one,
-                                sizeof(one), cudaMemcpyHostToDevice));
     MACO_CUDA_RETURN(cudaHostAlloc((void **)&comm->err_report, sizeof(maco_device_error_t),
                                    cudaHostAllocMapped));
     memset((void *)comm->err_report, 0, sizeof(maco_device_error_t));
@@ -347,12 +256,7 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
     uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
     comm->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
     comm->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
-    maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)slots * (size_t)n, sizeof(maco_memory_channel_device_t));
-    maco_memory_channel_device_t *peer_chans =
-        (maco_memory_channel_device_t *)calloc((size_t)slots, sizeof(maco_memory_channel_device_t));
-    if (handles == NULL || comm->peer_buf == NULL || comm->peer_buf_mem == NULL || chans == NULL ||
-        peer_chans == NULL) {
+    if (handles == NULL || comm->peer_buf == NULL || comm->peer_buf_mem == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "comm setup: no host memory");
         goto out;
     }
@@ -374,34 +278,18 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm, const maco__rank_inf
         maco_mem_get_pointer(comm->peer_buf_mem[r], &p);
         comm->peer_buf[r] = (char *)p;
     }
-    /* rsag channels: for every peer in rank order, one channel per slot. The pairwise
-     * exchanges happen in the same global order on all ranks, so none waits in a cycle. */
-    for (int p = 0; p < n; p++) {
-        if (p == comm->rank)
-            continue;
-        st = maco__memory_channels_setup(comm, p, comm->buf_mem, comm->peer_buf_mem[p], slots,
-                                         peer_chans);
+    /* What the layers above add (the collectives' buffers and channels), then: nobody starts
+     * GPU traffic before every rank has mapped every peer. */
+    const maco__comm_ext_t *ext = maco__comm_extension();
+    if (ext != NULL && ext->setup != NULL) {
+        st = ext->setup(comm);
         if (st != MACO_OK)
             goto out;
-        for (int b = 0; b < slots; b++)
-            chans[(size_t)b * (size_t)n + (size_t)p] = peer_chans[b];
     }
-    MACO_CUDA_GOTO(
-        cudaMalloc((void **)&comm->rsag_channels, (size_t)slots * (size_t)n * sizeof(*chans)), st,
-        out);
-    MACO_CUDA_GOTO(cudaMemcpy(comm->rsag_channels, chans,
-                              (size_t)slots * (size_t)n * sizeof(*chans), cudaMemcpyHostToDevice),
-                   st, out);
-    st = maco__registry_setup(comm);
-    if (st != MACO_OK)
-        goto out;
     MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, out);
-    /* Nobody starts GPU traffic before every rank has mapped every peer. */
     st = maco_bootstrap_barrier(comm->bs);
 out:
     free(handles);
-    free(chans);
-    free(peer_chans);
     return st;
 }
 
@@ -413,13 +301,13 @@ static void maco__comm_free(maco_comm_t comm)
         cudaSetDevice(comm->cuda_device);
         cudaDeviceSynchronize();
     }
-    maco__registry_free(comm);
+    const maco__comm_ext_t *ext = maco__comm_extension();
+    if (ext != NULL && ext->destroy != NULL)
+        ext->destroy(comm);
     if (comm->peer_buf_mem != NULL)
         for (int r = 0; r < comm->nranks; r++)
             maco_mem_deregister(comm->peer_buf_mem[r]);
     maco_mem_deregister(comm->buf_mem);
-    if (comm->rsag_channels)
-        cudaFree(comm->rsag_channels);
     if (comm->buf)
         cudaFree(comm->buf);
     if (comm->err_report)
@@ -457,8 +345,6 @@ maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t
         goto fail;
     maco__rank_info_t info;
     st = maco__comm_probe_gpu(comm, cuda_device, &info);
-    if (st == MACO_OK)
-        st = maco__comm_read_sizes(&info);
     if (st != MACO_OK)
         goto fail;
     all = (maco__rank_info_t *)calloc((size_t)comm->nranks, sizeof(*all));
@@ -472,7 +358,7 @@ maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t
         goto fail;
     maco__comm_check_peers(comm, all);
     if (comm->gpu_unavailable[0] == '\0') {
-        st = maco__comm_gpu_setup(comm, all);
+        st = maco__comm_gpu_setup(comm);
         if (st != MACO_OK)
             goto fail;
     } else if (info.has_gpu) {
@@ -549,54 +435,5 @@ maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_t *bs_p)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "maco_comm_get_bootstrap: NULL argument");
     *bs_p = comm->bs;
-    return MACO_OK;
-}
-
-const char *maco_comm_get_last_error(maco_comm_t comm)
-{
-    return comm == NULL ? "" : comm->first_error;
-}
-
-maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p)
-{
-    if (comm == NULL || async_status_p == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                           "maco_comm_get_async_error: NULL argument");
-    *async_status_p = MACO_OK;
-    int32_t host_status = __atomic_load_n(&comm->host_async_status, __ATOMIC_ACQUIRE);
-    if (host_status != 0) {
-        /* A proxy's error: its text is the communicator's first error. */
-        *async_status_p = (maco_status_t)host_status;
-        return MACO_OK;
-    }
-    if (comm->err_report == NULL)
-        return MACO_OK;
-    int32_t status = comm->err_report->status;
-    if (status == 0)
-        return MACO_OK;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    const maco_device_error_t *e = comm->err_report;
-    if (e->what == MACO_DEVICE_ERR_REGISTRATION) {
-        maco__error_quiet((maco_status_t)status,
-                          "rank %d: rank %d's collective named its registration %d, which "
-                          "this rank has not mapped (deregistered while in use?)",
-                          comm->rank, (int)e->peer, (int)e->object);
-        maco__comm_record(comm, (maco_status_t)status);
-        *async_status_p = (maco_status_t)status;
-        return MACO_OK;
-    }
-    maco__error_quiet((maco_status_t)status,
-                      "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
-                      "%d for value %llu, last saw %llu",
-                      comm->rank, status == MACO_ERR_TIMEOUT ? "timed out" : "failed",
-                      (unsigned long long)(comm->timeout_ns / 1000000ull), (int)e->peer,
-                      e->what == MACO_DEVICE_WAIT_PACKET  ? "LL packet slot"
-                      : e->what == MACO_DEVICE_WAIT_FIFO  ? "proxy FIFO space at position"
-                      : e->what == MACO_DEVICE_WAIT_FLUSH ? "proxy flush of position"
-                                                          : "semaphore",
-                      (int)e->object, (unsigned long long)e->expected,
-                      (unsigned long long)e->observed);
-    maco__comm_record(comm, (maco_status_t)status);
-    *async_status_p = (maco_status_t)status;
     return MACO_OK;
 }

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm_internal.h"
+#include "algorithms.h"
 #include "cuda_util.h"
 #include "log.h"
 
@@ -85,7 +85,7 @@ maco_status_t maco__registry_setup(maco_comm_t comm)
     pthread_mutex_init(&g->lock, NULL);
     g->n = n;
     g->rank = comm->rank;
-    comm->reg = g; /* freed by maco__registry_free on any failure below */
+    maco__coll_of(comm)->reg = g; /* freed by maco__registry_free on any failure below */
     g->peer = (maco__dir_t **)calloc((size_t)n, sizeof(*g->peer));
     g->peer_mem = (maco_mem_t *)calloc((size_t)n, sizeof(*g->peer_mem));
     g->seen = (uint32_t *)calloc((size_t)n, sizeof(*g->seen));
@@ -131,10 +131,10 @@ out:
 
 void maco__registry_free(maco_comm_t comm)
 {
-    maco__registry_t *g = comm->reg;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
     if (g == NULL)
         return;
-    comm->reg = NULL;
+    maco__coll_of(comm)->reg = NULL;
     for (uint32_t i = 0; i < g->nlocal; i++)
         if (g->local[i].live)
             maco__mem_unpublish(g->local[i].mem);
@@ -162,7 +162,7 @@ void maco__registry_free(maco_comm_t comm)
 
 int maco__registry_publish(maco_comm_t comm, maco_mem_t mem, const void *ptr, size_t bytes)
 {
-    maco__registry_t *g = comm->reg;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
     if (g == NULL || g->dir == NULL)
         return 0;
     pthread_mutex_lock(&g->lock);
@@ -197,7 +197,7 @@ int maco__registry_publish(maco_comm_t comm, maco_mem_t mem, const void *ptr, si
 
 void maco__registry_withdraw(maco_comm_t comm, maco_mem_t mem)
 {
-    maco__registry_t *g = comm->reg;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
     if (g == NULL)
         return;
     pthread_mutex_lock(&g->lock);
@@ -212,7 +212,7 @@ void maco__registry_withdraw(maco_comm_t comm, maco_mem_t mem)
 
 uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, uint64_t *offset_p)
 {
-    maco__registry_t *g = comm->reg;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
     if (g == NULL)
         return 0;
     const char *p = (const char *)ptr;
@@ -232,7 +232,7 @@ uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, ui
 
 void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p)
 {
-    maco__registry_t *g = comm->reg;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
     if (g == NULL) {
         memset(seen_p, 0, (size_t)comm->nranks * sizeof(*seen_p));
         return;
@@ -279,10 +279,12 @@ void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p)
 
 const uint64_t *maco__registry_table(maco_comm_t comm)
 {
-    return comm->reg != NULL ? comm->reg->table_dev : NULL;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
+    return g != NULL ? g->table_dev : NULL;
 }
 
 uint64_t *maco__registry_cache(maco_comm_t comm)
 {
-    return comm->reg != NULL ? comm->reg->cache : NULL;
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
+    return g != NULL ? g->cache : NULL;
 }

@@ -1,0 +1,438 @@
+/*
+ * mesh.cuh - the MESH kernel: registered buffers used in place, else pipelined through
+ * scratch with per-CTA semaphores; and its descriptor exchange (uses the LL flag of ll.cuh).
+ *
+ * MESH (pipelined through scratch with semaphores; large messages). CTA b works on
+ * segments b, b+G, ... with its own scratch slot [IN n | OUT n pieces] and its own
+ * semaphore per peer. A segment has one piece per "owner": allreduce n (rank j owns piece
+ * j), broadcast and reduce n-1 (the ranks after the root; the root owns none, so its links
+ * carry each byte once), allgather and reduce-scatter one piece of each rank's block.
+ *   X  allreduce, reduce: piece j -> owner j's IN[me]; broadcast: the root sends piece j
+ *      to owner j's IN[root]; reduce_scatter: my block p's piece -> rank p's IN[me];
+ *      allgather: my piece -> every peer's OUT[me] (my own straight to my output);
+ *   barrier (signal every peer, wait for every peer);
+ *   Y  allreduce: owner reduces IN[0..n) in rank order -> every rank's OUT[me]; reduce:
+ *      owner reduces -> the root's OUT[me]; broadcast: owner copies IN[root] -> every
+ *      non-root's OUT[me]; reduce_scatter: reduce IN[0..n) -> output; allgather: OUT[q]
+ *      -> output;
+ *   barrier;
+ *   Z  allreduce everywhere, reduce on the root, broadcast off the root: every owner's
+ *      OUT piece -> output.
+ *   Slot reuse without double buffering: X of segment k+1 writes a peer's IN (or, for
+ *   allgather, OUT) only after barrier 2 of segment k, which the peer signals after its Y,
+ *   the last read of those; Y of k+1 writes a peer's OUT only after barrier 1 of k+1,
+ *   which the peer signals after its Z of k.
+ */
+#ifndef MACO_ALGO_MESH_CUH
+#define MACO_ALGO_MESH_CUH
+
+#include "ll.cuh"
+#include "maco/device/memory_channel.h"
+
+/* ------------------------------------------------------------------ MESH */
+
+/* Signals every peer and waits for every peer (threads 0..n-1 of the CTA, one per peer).
+ * Returns true, in every thread, when a wait failed. */
+static __device__ __forceinline__ bool maco__mesh_barrier(maco_memory_channel_device_t *ch,
+                                                          bool waiter)
+{
+    __syncthreads();
+    if (waiter)
+        maco_memory_channel_signal(&ch[threadIdx.x]);
+    int bad = waiter ? maco_memory_channel_wait(&ch[threadIdx.x]) != MACO_OK : 0;
+    return __syncthreads_or(bad) != 0;
+}
+
+/* Reduces `len` bytes of IN[0..n) (16-byte aligned scratch) in rank order and stores the
+ * result at dst[0..ndst) (dst[k] + len bytes each; any alignment). Whole 16-byte words
+ * are reduced (the scratch beyond len holds stale bytes whose results are not stored
+ * unless the destination is scratch too, `dst_scratch`). */
+template <class T, int Op>
+static __device__ __forceinline__ void maco__mesh_reduce(const char *in_base, uint64_t pmax, int n,
+                                                         bool avg, int rop, char *const *dst,
+                                                         int ndst, bool dst_scratch, uint64_t len)
+{
+    typedef maco__vec<16, typename T::bits> V;
+    const uint64_t nvec = (len + 15) / 16;
+    for (uint64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        V x[MACO__MAXR];
+#pragma unroll
+        for (int q = 0; q < MACO__MAXR; q++) {
+            uint4 u = make_uint4(0u, 0u, 0u, 0u);
+            if (q < n)
+                u = ((const uint4 *)(in_base + (uint64_t)q * pmax))[v];
+            x[q].w[0] = u.x;
+            x[q].w[1] = u.y;
+            x[q].w[2] = u.z;
+            x[q].w[3] = u.w;
+        }
+        V res;
+        maco__reduce_vec<T, Op, 16>(&res, x, n, avg, rop);
+        uint64_t left = len - 16 * v;
+        uint32_t valid = dst_scratch || left >= 16 ? 16u : (uint32_t)left;
+#pragma unroll
+        for (int p = 0; p < MACO__MAXR; p++)
+            if (p < ndst)
+                maco__store_part<16, V>(dst[p] + 16 * v, res, valid);
+    }
+}
+
+/* The scratch path of the mesh kernel (the file comment's X / barrier / Y / barrier / Z). */
+template <class T, int Op>
+static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &a,
+                                                       maco_memory_channel_device_t *ch)
+{
+    const int n = a.nranks, r = a.rank, root = a.root, coll = a.coll;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+
+    const uint64_t esz = a.esz;
+    const uint64_t P = a.piece_elems;
+    const uint64_t C = a.count;
+    const bool rooted = coll == MACO_COLL_BROADCAST || coll == MACO_COLL_REDUCE;
+    /* Pieces per segment: allreduce n (owner j = rank j), broadcast and reduce n-1 (owner
+     * j = rank root+1+j), allgather and reduce-scatter one per rank block. */
+    const int m = coll == MACO_COLL_ALLREDUCE ? n : (rooted ? n - 1 : 1);
+    const uint64_t seg_elems = P * (uint64_t)m;
+    const uint64_t nseg = (C + seg_elems - 1) / seg_elems;
+    const uint64_t pmax = a.rsag_piece_max;
+    const uint64_t slot = a.rsag_offset + (uint64_t)blockIdx.x * a.rsag_slot_bytes;
+    const char *in = (const char *)a.input;
+    char *out = (char *)a.output;
+    char *local = a.buf;
+    const bool waiter = tid < (uint32_t)n && tid != (uint32_t)r;
+    const bool avg = a.avg != 0;
+#define MACO__IN(rank, q) (a.peer_buf[rank] + slot + (uint64_t)(q)*pmax)
+#define MACO__OUT(rank, q) (a.peer_buf[rank] + slot + ((uint64_t)n + (uint64_t)(q)) * pmax)
+/* Piece index of owner rank q (allreduce: q; broadcast, reduce: position after the root). */
+#define MACO__PIECE(q) (rooted ? ((q)-root - 1 + n) % n : (q))
+
+    for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
+        const uint64_t seg0 = seg * seg_elems;
+        /* Elements of piece j of this segment. */
+#define MACO__PLEN(j)                                                                              \
+    (seg0 + (uint64_t)(j)*P < C ? min(P, C - seg0 - (uint64_t)(j)*P) : (uint64_t)0)
+        const uint64_t plen = MACO__PLEN(0); /* allgather, reduce_scatter */
+
+        /* X. Rotating the first peer per CTA spreads the traffic over every NVLink. */
+        for (int k = 0; k < n; k++) {
+            const int p = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
+            const int j = MACO__PIECE(p);
+            if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && p != root) ||
+                (coll == MACO_COLL_BROADCAST && r == root && p != root)) {
+                maco_copy(MACO__IN(p, r), in + (seg0 + (uint64_t)j * P) * esz, MACO__PLEN(j) * esz,
+                          tid, nthr);
+            } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+                maco_copy(MACO__IN(p, r), in + ((uint64_t)p * C + seg0) * esz, plen * esz, tid,
+                          nthr);
+            } else if (coll == MACO_COLL_ALLGATHER) {
+                /* My own piece goes straight to my output. */
+                char *own = out + ((uint64_t)r * C + seg0) * esz;
+                if (p != r)
+                    maco_copy(MACO__OUT(p, r), in + seg0 * esz, plen * esz, tid, nthr);
+                else if (own != in + seg0 * esz)
+                    maco_copy(own, in + seg0 * esz, plen * esz, tid, nthr);
+            } else if (coll == MACO_COLL_BROADCAST && r == root && p == root &&
+                       out + seg0 * esz != in + seg0 * esz) {
+                uint64_t len = seg0 < C ? min(seg_elems, C - seg0) : 0;
+                maco_copy(out + seg0 * esz, in + seg0 * esz, len * esz, tid, nthr);
+            }
+        }
+        if (maco__mesh_barrier(ch, waiter))
+            return;
+
+        /* Y. */
+        const int my_j = MACO__PIECE(r);
+        const uint64_t my_len = MACO__PLEN(my_j);
+        if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r != root)) {
+            char *dst[MACO__MAXR];
+#pragma unroll
+            for (int p = 0; p < MACO__MAXR; p++)
+                dst[p] = p < n ? MACO__OUT(p, r) : nullptr;
+            if (coll == MACO_COLL_REDUCE)
+                dst[0] = MACO__OUT(root, r);
+            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst,
+                                     coll == MACO_COLL_REDUCE ? 1 : n, true, my_len * esz);
+        } else if (coll == MACO_COLL_BROADCAST && r != root) {
+            for (int k = 0; k < n; k++) {
+                const int q = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
+                if (q != root)
+                    maco_copy(MACO__OUT(q, r), local + slot + (uint64_t)root * pmax, my_len * esz,
+                              tid, nthr);
+            }
+        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+            char *dst[1] = { out + seg0 * esz };
+            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst, 1, false, plen * esz);
+        } else if (coll == MACO_COLL_ALLGATHER) {
+            for (int q = 0; q < n; q++)
+                if (q != r)
+                    maco_copy(out + ((uint64_t)q * C + seg0) * esz, local + slot + (n + q) * pmax,
+                              plen * esz, tid, nthr);
+        }
+        if (maco__mesh_barrier(ch, waiter))
+            return;
+
+        /* Z. Every owner's piece to my output: allreduce everywhere, reduce on the root,
+         * broadcast off the root. */
+        if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r == root) ||
+            (coll == MACO_COLL_BROADCAST && r != root)) {
+            for (int q = 0; q < n; q++) {
+                if (rooted && q == root)
+                    continue;
+                const int j = MACO__PIECE(q);
+                maco_copy(out + (seg0 + (uint64_t)j * P) * esz,
+                          local + slot + ((uint64_t)n + (uint64_t)q) * pmax, MACO__PLEN(j) * esz,
+                          tid, nthr);
+            }
+            __syncthreads();
+        }
+#undef MACO__PLEN
+    }
+#undef MACO__IN
+#undef MACO__OUT
+#undef MACO__PIECE
+}
+
+/*
+ * The in-place path of the mesh kernel: every rank's buffers are registered and mapped
+ * here (ins[q], outs[q]: rank q's send and receive buffers, 16-byte aligned; NULL where
+ * unused). The data is split into pieces as in the scratch path, and each owner computes its
+ * piece straight from the peers' buffers into the peers' buffers, every CTA and thread of the
+ * grid taking 16-byte words in turn:
+ *   allreduce       owner j: reduce piece j of every input (rank order) -> every output
+ *   reduce          owner j (non-root): reduce piece j of every input -> the root's output
+ *   broadcast       owner j (non-root): piece j of the root's input -> every non-root output
+ *   reduce_scatter  rank r: reduce block r of every input -> its output
+ *   allgather       rank r: its input -> block r of every output
+ * No rank writes a byte another rank reads, so in place needs no care. A peer's buffers are
+ * ready and free once its descriptor arrived (its kernel started, so its earlier stream work
+ * is done); the closing barrier (every CTA signals and waits for the same CTA of every peer)
+ * keeps each rank in the kernel until no peer reads its input or writes its output.
+ */
+
+template <class T, int Op>
+static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t &a,
+                                                         char *const *ins, char *const *outs,
+                                                         maco_memory_channel_device_t *ch)
+{
+    typedef maco__vec<16, typename T::bits> V;
+    const int n = a.nranks, r = a.rank, root = a.root, coll = a.coll;
+    const uint64_t esz = a.esz, C = a.count;
+    const bool rooted = coll == MACO_COLL_BROADCAST || coll == MACO_COLL_REDUCE;
+    const int m = coll == MACO_COLL_ALLREDUCE ? n : (rooted ? n - 1 : 1);
+    /* Elements per piece: a whole number of 16-byte words. */
+    const uint64_t per_word = 16 / esz;
+    const uint64_t P = ((C + m - 1) / m + per_word - 1) / per_word * per_word;
+    const int j = coll == MACO_COLL_ALLREDUCE ? r
+                  : rooted                    ? (r == root ? -1 : (r - root - 1 + n) % n)
+                                              : 0;
+    const uint64_t lo = j < 0 ? C : min(C, (uint64_t)j * P);
+    const uint64_t len = (rooted || coll == MACO_COLL_ALLREDUCE) ? min(P, C - lo) * esz : C * esz;
+    /* Sources in rank order (reducing) or one source; NULL destinations are skipped.
+     * Indexed by compile-time q only, so the pointers stay in registers. */
+    const bool one_src = coll == MACO_COLL_BROADCAST || coll == MACO_COLL_ALLGATHER;
+    const int nsrc = one_src ? 1 : n;
+    const uint64_t blk = (uint64_t)r * C * esz; /* my block (reduce_scatter, allgather) */
+    const char *src[MACO__MAXR];
+    char *dst[MACO__MAXR];
+#pragma unroll
+    for (int q = 0; q < MACO__MAXR; q++) {
+        src[q] = nullptr;
+        dst[q] = nullptr;
+        if (q >= n)
+            continue;
+        switch (coll) {
+        case MACO_COLL_ALLREDUCE:
+            src[q] = ins[q] + lo * esz;
+            dst[q] = outs[q] + lo * esz;
+            break;
+        case MACO_COLL_REDUCE:
+            src[q] = ins[q] + lo * esz;
+            if (q == 0)
+                dst[0] = outs[root] + lo * esz;
+            break;
+        case MACO_COLL_BROADCAST:
+            if (q == 0)
+                src[0] = ins[root] + lo * esz;
+            if (q != root)
+                dst[q] = outs[q] + lo * esz;
+            break;
+        case MACO_COLL_REDUCE_SCATTER:
+            src[q] = ins[q] + blk;
+            if (q == 0)
+                dst[0] = outs[r];
+            break;
+        default: /* allgather */
+            if (q == 0)
+                src[0] = ins[r];
+            if (q != r || outs[q] + blk != ins[q])
+                dst[q] = outs[q] + blk;
+            break;
+        }
+    }
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t gthr = (uint64_t)gridDim.x * blockDim.x;
+    /* The root of an out-of-place broadcast copies its own data. */
+    if (coll == MACO_COLL_BROADCAST && r == root && outs[r] != ins[r])
+        maco_copy(outs[r], ins[r], C * esz, (uint32_t)gtid, (uint32_t)gthr);
+    const bool avg = a.avg != 0;
+    const uint64_t nvec = j < 0 ? 0 : (len + 15) / 16;
+    const uint64_t nfull = j < 0 ? 0 : len / 16;
+    uint64_t v = gtid;
+    /* Two whole words per thread per step: twice the remote loads in flight. */
+    for (; v + gthr < nfull; v += 2 * gthr) {
+        V x0[MACO__MAXR], x1[MACO__MAXR];
+#pragma unroll
+        for (int q = 0; q < MACO__MAXR; q++) {
+            uint4 u0 = make_uint4(0u, 0u, 0u, 0u), u1 = u0;
+            if (q < nsrc) {
+                u0 = ((const uint4 *)src[q])[v];
+                u1 = ((const uint4 *)src[q])[v + gthr];
+            }
+            x0[q].w[0] = u0.x;
+            x0[q].w[1] = u0.y;
+            x0[q].w[2] = u0.z;
+            x0[q].w[3] = u0.w;
+            x1[q].w[0] = u1.x;
+            x1[q].w[1] = u1.y;
+            x1[q].w[2] = u1.z;
+            x1[q].w[3] = u1.w;
+        }
+        V r0, r1;
+        if (nsrc == 1) {
+            r0 = x0[0];
+            r1 = x1[0];
+        } else {
+            maco__reduce_vec<T, Op, 16>(&r0, x0, nsrc, avg, a.op);
+            maco__reduce_vec<T, Op, 16>(&r1, x1, nsrc, avg, a.op);
+        }
+#pragma unroll
+        for (int d = 0; d < MACO__MAXR; d++)
+            if (dst[d] != nullptr) {
+                ((uint4 *)dst[d])[v] = make_uint4(r0.w[0], r0.w[1], r0.w[2], r0.w[3]);
+                ((uint4 *)dst[d])[v + gthr] = make_uint4(r1.w[0], r1.w[1], r1.w[2], r1.w[3]);
+            }
+    }
+    for (; v < nvec; v += gthr) {
+        const uint64_t left = len - 16 * v;
+        const uint32_t valid = left >= 16 ? 16u : (uint32_t)left;
+        V x[MACO__MAXR];
+#pragma unroll
+        for (int q = 0; q < MACO__MAXR; q++) {
+            if (q < nsrc)
+                x[q] = maco__load_part<16, V>(src[q] + 16 * v, valid);
+            else
+                x[q].w[0] = x[q].w[1] = x[q].w[2] = x[q].w[3] = 0u;
+        }
+        V res;
+        if (nsrc == 1)
+            res = x[0];
+        else
+            maco__reduce_vec<T, Op, 16>(&res, x, nsrc, avg, a.op);
+#pragma unroll
+        for (int d = 0; d < MACO__MAXR; d++)
+            if (dst[d] != nullptr)
+                maco__store_part<16, V>(dst[d] + 16 * v, res, valid);
+    }
+    maco__mesh_barrier(ch, threadIdx.x < (uint32_t)n && threadIdx.x != (uint32_t)r);
+}
+
+/*
+ * MESH kernel: first every rank sends its descriptor (algorithms.h) to every peer as LL16
+ * packets (CTA 0) and every CTA reads all of them; all ranks then take the same path: in
+ * place when every buffer a peer touches is registered, mapped by that peer and 16-byte
+ * aligned, else through scratch. The descriptors use the LL kernel's packet flag and its
+ * two halves by parity, and every rank sends to and reads from every peer, so the LL
+ * kernel's argument (coll_kernels.cuh, top) keeps a half from being overwritten while it is
+ * read, across LL and mesh launches alike.
+ */
+template <class T, int Op>
+__global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
+{
+    __shared__ maco_memory_channel_device_t ch[MACO__MAXR];
+    __shared__ uint32_t desc[MACO__MAXR][MACO__DESC_WORDS];
+    __shared__ char *ins[MACO__MAXR], *outs[MACO__MAXR];
+    __shared__ int direct, bad;
+    const int n = a.nranks, r = a.rank;
+    const uint32_t tid = threadIdx.x;
+    if (tid < (uint32_t)n && tid != (uint32_t)r)
+        ch[tid] = a.channels[(uint64_t)blockIdx.x * (uint64_t)n + tid];
+    if (tid == 0)
+        bad = 0;
+    const uint32_t flag = *(volatile uint32_t *)a.ll_flag;
+    const uint64_t half = a.desc_offset + (uint64_t)(flag & 1u) * (uint64_t)n * MACO__DESC_BYTES;
+    const maco_device_wait_bound_t bound = a.bound;
+    __syncthreads();
+
+    const int q = (int)(tid / MACO__DESC_PKTS), k = (int)(tid % MACO__DESC_PKTS);
+    if (q < n) {
+        uint2 d = make_uint2(a.desc[2 * k], a.desc[2 * k + 1]);
+        if (q != r && blockIdx.x == 0)
+            maco_ll16_store(
+                (maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * MACO__DESC_BYTES) + k,
+                d, flag);
+        if (q != r &&
+            maco_ll16_load(
+                (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * MACO__DESC_BYTES) + k,
+                flag, &d, &bound, q, k) != MACO_OK)
+            bad = 1;
+        desc[q][2 * k] = d.x;
+        desc[q][2 * k + 1] = d.y;
+    }
+    __syncthreads();
+    if (bad)
+        return;
+    if (tid == 0) {
+        /* Every rank's block of an allgather or reduce-scatter must be 16-byte aligned too. */
+        bool ok = !((a.coll == MACO_COLL_ALLGATHER || a.coll == MACO_COLL_REDUCE_SCATTER) &&
+                    (a.count * a.esz) % 16 != 0);
+        for (int p = 0; p < n; p++)
+            for (int w = 0; w < 2; w++) {
+                const uint32_t id = desc[p][w];
+                if (id == MACO__DESC_NONE)
+                    ok = false;
+                else if (id != MACO__DESC_LOCAL)
+                    for (int o = 0; o < n; o++)
+                        if (o != p && desc[o][6 + p] < id)
+                            ok = false;
+            }
+        direct = ok;
+        if (blockIdx.x == 0)
+            atomicAdd(&a.paths[ok ? 0 : 1], 1ull);
+    }
+    __syncthreads();
+    if (direct) {
+        /* Thread 2p + w finds rank p's send (w 0) or receive (w 1) buffer. */
+        if (tid < 2u * (uint32_t)n) {
+            const int p = (int)(tid >> 1), w = (int)(tid & 1u);
+            const uint32_t id = desc[p][w];
+            char *ptr = nullptr;
+            if (p == r) {
+                ptr = w ? (char *)a.output : (char *)a.input;
+            } else if (id != MACO__DESC_LOCAL) {
+                const uint64_t i = (uint64_t)p * MACO__REG_MAX + id - 1;
+                uint64_t v = a.reg_cache[i];
+                if (v == 0) {
+                    v = *(const volatile uint64_t *)&a.reg_table[i];
+                    a.reg_cache[i] = v;
+                }
+                if (v == 0) {
+                    maco_device_error_record(&bound, MACO_ERR_INVALID_USAGE, p, (int)id,
+                                             MACO_DEVICE_ERR_REGISTRATION, 0, 0);
+                    bad = 1;
+                }
+                const uint64_t off = ((uint64_t)desc[p][3 + 2 * w] << 32) | desc[p][2 + 2 * w];
+                ptr = (char *)v + off;
+            }
+            (w ? outs : ins)[p] = ptr;
+        }
+        __syncthreads();
+        if (bad)
+            return;
+        maco__direct_body<T, Op>(a, ins, outs, ch);
+    } else {
+        maco__mesh_body<T, Op>(a, ch);
+    }
+    maco__flag_advance(a.ll_flag, a.ll_done, flag);
+}
+
+#endif /* MACO_ALGO_MESH_CUH */

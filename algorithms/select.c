@@ -1,0 +1,122 @@
+/*
+ * select.c - which algorithm a collective call runs: the names of each collective's
+ * algorithms, the forced choice (MACO_ALGO_<COLLECTIVE>, read once when the communicator is
+ * created, or maco_collective_set_algorithm), and the choice by size, whose thresholds were
+ * placed by measurement (docs/performance.md).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "algorithms.h"
+#include "config.h"
+#include "log.h"
+
+/* Per collective: the algorithms' names, indexed by kernel (MACO__KERNEL_*; NULL where a
+ * collective has no such kernel), and the variable that forces one. */
+static const struct {
+    const char *name;
+    const char *algo[3];
+    maco__config_id_t force;
+} maco__colls[MACO_COLLECTIVE_COUNT] = {
+    { "allreduce", { "oneshot_ll", "rsag", "twoshot_ll" }, MACO_CFG_ALGO_ALLREDUCE },
+    { "allgather", { "ll", "mesh", NULL }, MACO_CFG_ALGO_ALLGATHER },
+    { "reduce_scatter", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE_SCATTER },
+    { "broadcast", { "ll", "mesh", NULL }, MACO_CFG_ALGO_BROADCAST },
+    { "reduce", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE },
+};
+
+/*
+ * Allreduce sizes (bytes) up to which one-shot LL beats two-shot LL, placed by measurement
+ * on 4x H200 (docs/performance.md, "Allreduce algorithms"). Two-shot LL runs from there up
+ * to what its scratch holds (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
+ */
+#define MACO__ONESHOT_CUTOFF ((size_t)128 << 10)
+
+/* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole
+ * number of 8-byte packets), or 0 when two-shot cannot take the call: a block would be
+ * empty, or larger than the LL scratch slot's region (cap bytes). */
+size_t maco__coll_twoshot_block(size_t count, size_t esz, size_t n, size_t cap)
+{
+    size_t per = 8 / esz;
+    size_t b = ((count + n - 1) / n + per - 1) / per * per;
+    if ((n - 1) * b >= count || b * esz > cap)
+        return 0;
+    return b;
+}
+
+const char *maco__coll_name(maco_collective_t coll)
+{
+    return (unsigned)coll < MACO_COLLECTIVE_COUNT ? maco__colls[coll].name : "unknown";
+}
+
+const char *maco__coll_algorithm(maco_collective_t coll, int kernel)
+{
+    if ((unsigned)coll >= MACO_COLLECTIVE_COUNT || kernel < 0 || kernel > 2 ||
+        maco__colls[coll].algo[kernel] == NULL)
+        return "?";
+    return maco__colls[coll].algo[kernel];
+}
+
+maco_status_t maco__coll_read_settings(maco__coll_t *c)
+{
+    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
+        const char *v = maco__config_string(maco__colls[k].force);
+        if (strlen(v) >= sizeof(c->forced[k]))
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                               "%s='%s' is too long to be an algorithm name",
+                               maco__config_name(maco__colls[k].force), v);
+        snprintf(c->forced[k], sizeof(c->forced[k]), "%s", v);
+    }
+    return maco__config_int64(MACO_CFG_ALLREDUCE_INPLACE_MAX, &c->inplace_max);
+}
+
+/*
+ * Picks the kernel: the forced algorithm if any (MACO_ALGO_<COLLECTIVE> at creation, or
+ * maco_collective_set_algorithm), else LL up to the LL scratch's capacity
+ * (MACO_ALLREDUCE_ONESHOT_MAX bytes per message) and mesh above. `unit_bytes` is the
+ * collective's unit (algorithms.h).
+ */
+maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_collective_t coll,
+                                size_t count, size_t esz, int *kernel_p)
+{
+    size_t cap = c->layout.oneshot_max;
+    size_t msg = count * esz; /* the unit: what one rank sends one peer */
+    size_t n = (size_t)comm->nranks;
+    int twoshot = coll == MACO_COLL_ALLREDUCE && maco__coll_twoshot_block(count, esz, n, cap) != 0;
+    const char *forced = c->forced[coll];
+    if (forced[0] != '\0') {
+        for (int k = 0; k < 3; k++) {
+            if (maco__colls[coll].algo[k] == NULL ||
+                strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
+                continue;
+            if (k == MACO__KERNEL_LL && msg > cap)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s cannot take %zu bytes per rank: its scratch "
+                                   "holds MACO_ALLREDUCE_ONESHOT_MAX=%zu",
+                                   maco__config_name(maco__colls[coll].force), forced, msg, cap);
+            if (k == MACO__KERNEL_LL2 && !twoshot)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s cannot take %zu elements of %zu bytes on %zu ranks: "
+                                   "it needs a non-empty block of whole 8-byte words per rank "
+                                   "and at most nranks * MACO_ALLREDUCE_ONESHOT_MAX = %zu bytes",
+                                   maco__config_name(maco__colls[coll].force), forced, count, esz,
+                                   n, n * cap);
+            *kernel_p = k;
+            return MACO_OK;
+        }
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                           "%s='%s' is not a %s algorithm: use %s, %s%s%s",
+                           maco__config_name(maco__colls[coll].force), forced,
+                           maco__colls[coll].name, maco__colls[coll].algo[0],
+                           maco__colls[coll].algo[1], maco__colls[coll].algo[2] ? " or " : "",
+                           maco__colls[coll].algo[2] ? maco__colls[coll].algo[2] : "");
+    }
+    if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
+        *kernel_p = MACO__KERNEL_LL;
+    else if (twoshot)
+        *kernel_p = MACO__KERNEL_LL2;
+    else
+        *kernel_p = msg <= cap && coll != MACO_COLL_ALLREDUCE ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
+    return MACO_OK;
+}

@@ -1,0 +1,248 @@
+/*
+ * setup.c - the collectives' resources on a communicator: their buffer (layout in
+ * algorithms.h), mapped by every peer, the rsag CTAs' memory channels, the registry of
+ * buffers usable in place, and their settings.
+ *
+ * The communicator knows nothing of collectives: this file installs an extension
+ * (comm_internal.h) when the library loads, and the communicator calls it at creation and
+ * destruction and when memory is registered. So src/host never calls into algorithms/, and
+ * a program linked with libmaco.a that uses no collective carries none of this.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms.h"
+#include "config.h"
+#include "cuda_util.h"
+#include "log.h"
+
+/* The sizes that shape the buffer; every rank must have the same (fixed layout). */
+typedef struct maco__coll_sizes {
+    uint64_t oneshot_max;
+    uint64_t scratch_bytes;
+    int32_t rsag_ctas;
+    int32_t pad;
+} maco__coll_sizes_t;
+
+static size_t maco__align_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+static void maco__coll_layout(maco__coll_layout_t *l, int nranks, size_t oneshot_max,
+                              size_t scratch_bytes, int rsag_slots)
+{
+    memset(l, 0, sizeof(*l));
+    l->rsag_slots = rsag_slots;
+    l->oneshot_max = oneshot_max;
+    l->desc_offset = 256; /* after the counters */
+    l->ll_offset = maco__align_up(l->desc_offset + 2 * (size_t)nranks * MACO__DESC_BYTES, 256);
+    /* LL16 doubles the bytes; two-shot needs two regions of blocks up to oneshot_max. */
+    l->ll_slot_bytes = 4 * oneshot_max;
+    l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
+    /* rsag: per slot, n IN and n OUT pieces. */
+    size_t piece = scratch_bytes / ((size_t)rsag_slots * 2 * (size_t)nranks);
+    piece = piece / 256 * 256;
+    if (piece < 256)
+        piece = 256;
+    l->rsag_piece_max = piece;
+    l->rsag_slot_bytes = 2 * (size_t)nranks * piece;
+    l->total_bytes = l->rsag_offset + (size_t)rsag_slots * l->rsag_slot_bytes;
+}
+
+/* Reads and checks the sizes that shape the buffer. */
+static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
+{
+    int64_t oneshot, scratch, ctas;
+    maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_ONESHOT_MAX, &oneshot);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_SCRATCH_SIZE, &scratch);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_ALLREDUCE_RSAG_CTAS, &ctas);
+    if (st != MACO_OK)
+        return st;
+    if (ctas < 1 || ctas > MACO__RSAG_MAX_SLOTS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_ALLREDUCE_RSAG_CTAS=%lld is outside [1, %d]", (long long)ctas,
+                           MACO__RSAG_MAX_SLOTS);
+    if (oneshot < 16 || oneshot > ((int64_t)64 << 20))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_ALLREDUCE_ONESHOT_MAX=%lld is outside [16, 64M] bytes",
+                           (long long)oneshot);
+    if (scratch < ((int64_t)1 << 20) || scratch > ((int64_t)16 << 30))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_SCRATCH_SIZE=%lld is outside [1M, 16G] bytes", (long long)scratch);
+    memset(z, 0, sizeof(*z));
+    z->rsag_ctas = (int32_t)ctas;
+    z->oneshot_max = maco__align_up((size_t)oneshot, 16);
+    z->scratch_bytes = (uint64_t)scratch;
+    return MACO_OK;
+}
+
+static void maco__coll_destroy(maco_comm_t comm)
+{
+    maco__coll_t *c = maco__coll_of(comm);
+    if (c == NULL)
+        return;
+    maco__registry_free(comm);
+    if (c->peer_buf_mem != NULL)
+        for (int r = 0; r < comm->nranks; r++)
+            maco_mem_deregister(c->peer_buf_mem[r]);
+    maco_mem_deregister(c->buf_mem);
+    if (c->rsag_channels)
+        cudaFree(c->rsag_channels);
+    if (c->buf)
+        cudaFree(c->buf);
+    cudaGetLastError();
+    free(c->peer_buf);
+    free(c->peer_buf_mem);
+    free(c);
+    comm->coll = NULL;
+}
+
+static maco_status_t maco__coll_setup(maco_comm_t comm)
+{
+    const int n = comm->nranks;
+    maco__coll_sizes_t mine;
+    maco_status_t st = maco__coll_read_sizes(&mine);
+    if (st != MACO_OK)
+        return st;
+    maco__coll_sizes_t *all = (maco__coll_sizes_t *)calloc((size_t)n, sizeof(*all));
+    if (all == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+    all[comm->rank] = mine;
+    st = maco_bootstrap_allgather(comm->bs, all, sizeof(*all));
+    for (int r = 0; st == MACO_OK && r < n; r++) {
+        if (all[r].oneshot_max == all[0].oneshot_max &&
+            all[r].scratch_bytes == all[0].scratch_bytes && all[r].rsag_ctas == all[0].rsag_ctas)
+            continue;
+        char why[400];
+        snprintf(why, sizeof(why),
+                 "MACO_ALLREDUCE_ONESHOT_MAX, MACO_SCRATCH_SIZE or MACO_ALLREDUCE_RSAG_CTAS "
+                 "differs between rank 0 (%llu, %llu, %d) and rank %d (%llu, %llu, %d); set them "
+                 "alike on all ranks",
+                 (unsigned long long)all[0].oneshot_max, (unsigned long long)all[0].scratch_bytes,
+                 (int)all[0].rsag_ctas, r, (unsigned long long)all[r].oneshot_max,
+                 (unsigned long long)all[r].scratch_bytes, (int)all[r].rsag_ctas);
+        maco__comm_set_unavailable(comm, why);
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: GPU operations unavailable: %s", comm->rank, why);
+        free(all);
+        return MACO_OK; /* every rank saw the same sizes and decided alike */
+    }
+    free(all);
+    if (st != MACO_OK)
+        return st;
+
+    maco__coll_t *c = (maco__coll_t *)calloc(1, sizeof(*c));
+    if (c == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+    comm->coll = c; /* from here on, maco__coll_destroy frees what exists */
+    st = maco__coll_read_settings(c);
+    if (st != MACO_OK)
+        return st;
+    maco__coll_layout(&c->layout, n, mine.oneshot_max, mine.scratch_bytes, mine.rsag_ctas);
+    const maco__coll_layout_t *l = &c->layout;
+    const int slots = l->rsag_slots;
+    MACO_CUDA_RETURN(cudaMalloc((void **)&c->buf, l->total_bytes));
+    MACO_CUDA_RETURN(cudaMemset(c->buf, 0, l->total_bytes));
+    uint32_t one = 1;
+    MACO_CUDA_RETURN(
+        cudaMemcpy(c->buf + MACO__CTR_LL_FLAG, &one, sizeof(one), cudaMemcpyHostToDevice));
+    st = maco_mem_register(comm, c->buf, l->total_bytes, &c->buf_mem);
+    if (st != MACO_OK)
+        return st;
+    uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
+    c->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
+    c->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
+    maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
+        (size_t)slots * (size_t)n, sizeof(maco_memory_channel_device_t));
+    maco_memory_channel_device_t *peer_chans =
+        (maco_memory_channel_device_t *)calloc((size_t)slots, sizeof(maco_memory_channel_device_t));
+    if (handles == NULL || c->peer_buf == NULL || c->peer_buf_mem == NULL || chans == NULL ||
+        peer_chans == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+        goto out;
+    }
+    st = maco_mem_serialize(c->buf_mem, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
+    if (st == MACO_OK)
+        st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
+    if (st != MACO_OK)
+        goto out;
+    for (int r = 0; r < n; r++) {
+        if (r == comm->rank) {
+            c->peer_buf[r] = c->buf;
+            continue;
+        }
+        st =
+            maco_mem_import(comm, handles + (size_t)r * MACO_MEM_HANDLE_BYTES, &c->peer_buf_mem[r]);
+        if (st != MACO_OK)
+            goto out;
+        void *p;
+        maco_mem_get_pointer(c->peer_buf_mem[r], &p);
+        c->peer_buf[r] = (char *)p;
+    }
+    /* rsag channels: for every peer in rank order, one channel per slot. The pairwise
+     * exchanges happen in the same global order on all ranks, so none waits in a cycle. */
+    for (int p = 0; p < n; p++) {
+        if (p == comm->rank)
+            continue;
+        st =
+            maco__memory_channels_setup(comm, p, c->buf_mem, c->peer_buf_mem[p], slots, peer_chans);
+        if (st != MACO_OK)
+            goto out;
+        for (int b = 0; b < slots; b++)
+            chans[(size_t)b * (size_t)n + (size_t)p] = peer_chans[b];
+    }
+    MACO_CUDA_GOTO(
+        cudaMalloc((void **)&c->rsag_channels, (size_t)slots * (size_t)n * sizeof(*chans)), st,
+        out);
+    MACO_CUDA_GOTO(cudaMemcpy(c->rsag_channels, chans, (size_t)slots * (size_t)n * sizeof(*chans),
+                              cudaMemcpyHostToDevice),
+                   st, out);
+    st = maco__registry_setup(comm);
+out:
+    free(handles);
+    free(chans);
+    free(peer_chans);
+    return st;
+}
+
+maco_status_t maco__coll_require(maco_comm_t comm, const char *fn, maco__coll_t **c_p)
+{
+    maco_status_t st = maco__comm_require_gpu(comm, fn);
+    if (st != MACO_OK)
+        return st;
+    maco__coll_t *c = maco__coll_of(comm);
+    if (c == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                                                   "%s: the collectives were not set up on this "
+                                                   "communicator",
+                                                   fn));
+    *c_p = c;
+    return MACO_OK;
+}
+
+static int maco__coll_on_register(maco_comm_t comm, maco_mem_t mem, const void *ptr, size_t bytes)
+{
+    return maco__coll_of(comm) != NULL ? maco__registry_publish(comm, mem, ptr, bytes) : 0;
+}
+
+static void maco__coll_on_deregister(maco_comm_t comm, maco_mem_t mem)
+{
+    if (maco__coll_of(comm) != NULL)
+        maco__registry_withdraw(comm, mem);
+}
+
+static const maco__comm_ext_t maco__coll_ext = {
+    maco__coll_setup,
+    maco__coll_destroy,
+    maco__coll_on_register,
+    maco__coll_on_deregister,
+};
+
+/* Installed when the library (or, from libmaco.a, this object) is loaded. */
+__attribute__((constructor)) static void maco__coll_install(void)
+{
+    maco__comm_set_extension(&maco__coll_ext);
+}

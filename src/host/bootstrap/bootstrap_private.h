@@ -1,0 +1,183 @@
+/*
+ * bootstrap_private.h - the TCP bootstrap's insides, shared by the files of src/host/bootstrap:
+ *   host_id.c (host identity, topology), unique_id.c (the 128-byte id, rank 0's socket),
+ *   link.c (frames, the progress engine, failures), calls.c (the public calls), setup.c (the
+ *   setup protocol), env.c (starting from the environment).
+ *
+ * TCP bootstrap: setup through rank 0, then a full mesh of connections.
+ *
+ * Setup protocol (all integers little-endian, every message starts with magic + version):
+ *   1. Every rank r > 0 opens a listening socket, connects to rank 0 and sends HELLO
+ *      {magic, version, kind=HELLO, nonce, rank, nranks, listen address, host id}.
+ *   2. Rank 0 checks each HELLO: a wrong magic, version or nonce is a stray client, refused
+ *      with a warning; a rank out of range, a duplicate rank or another world size fails the
+ *      job, and rank 0 tells every joined rank why (INIT_ERROR frame). When all nranks-1
+ *      ranks have joined, rank 0 sends everyone the TABLE of listen addresses and host ids.
+ *      These connections stay as the mesh links between rank 0 and each rank.
+ *   3. Rank r connects to every rank q in [1, r) and sends PEER_HELLO {magic, version,
+ *      kind, nonce, rank, nranks}; it accepts one connection from every rank in (r, nranks).
+ *
+ * After setup, every link carries frames: {u16 kind, u16 reserved, u32 tag, u64 length}
+ * and `length` payload bytes. DATA frames carry user and MACO messages; a BYE frame says the
+ * sender is leaving on purpose, so the end of its stream is not a failure.
+ *
+ * One progress engine serves every call: it polls all links, reads what arrives into posted
+ * receives (or keeps it as unexpected messages), writes queued sends, and notices links
+ * that end without BYE. A call loops on it until its own work is done, the deadline passes
+ * (MACO_ERR_TIMEOUT naming what is missing) or a peer fails (MACO_ERR_REMOTE naming it).
+ */
+#ifndef MACO_BOOTSTRAP_PRIVATE_H
+#define MACO_BOOTSTRAP_PRIVATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bootstrap_internal.h"
+#include "maco/bootstrap.h"
+#include "socket.h"
+
+#define MACO__ID_MAGIC 0x4F43414Du /* "MACO" read as little-endian u32 */
+#define MACO__ID_VERSION 1u
+#define MACO__HOST_ID_BYTES 128
+
+enum {
+    MACO__KIND_HELLO = 1,
+    MACO__KIND_PEER_HELLO = 2,
+};
+
+/* Frame kinds on established links. */
+enum {
+    MACO__FRAME_DATA = 0,
+    MACO__FRAME_BYE = 1,
+    MACO__FRAME_TABLE = 2,
+    MACO__FRAME_INIT_ERROR = 3,
+    MACO__FRAME_ABORT = 4, /* payload: u32 culprit rank (or ~0), i32 status, text */
+};
+
+enum {
+    MACO__FRAME_HDR_BYTES = 16,
+    /* HELLO: magic(4) version(2) kind(2) nonce(8) rank(4) nranks(4) addr(24) host id(128). */
+    MACO__HELLO_BYTES = 24 + MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
+    MACO__TABLE_ENTRY_BYTES = MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
+    /* How long an accepted connection may take to send its hello before it is dropped. A
+     * rank writes its hello right after connecting, but 256 ranks on 2 cores can leave one
+     * unscheduled for seconds (2 s dropped real ranks there); strangers cost only a pending
+     * slot meanwhile. */
+    MACO__HELLO_WAIT_MS = 10000,
+    /* Connections whose hello is still arriving, at most; when more arrive, the oldest is
+     * dropped (it had the longest time to speak), so strangers cannot crowd out ranks. */
+    MACO__PENDING_MAX = 1024,
+    /* After a job error during setup (world size mismatch, duplicate or out-of-range rank),
+     * how long rank 0 keeps answering newcomers with the error before it gives up. */
+    MACO__ERROR_LINGER_MS = 3000,
+    /* After a connection ends unexpectedly, how long to keep reading the others before
+     * failing: a peer that failed because of a third rank's death says so (ABORT) before
+     * closing, so the error can name the rank that actually died. */
+    MACO__LOST_GRACE_MS = 250,
+    MACO__ABORT_TEXT_BYTES = 512,
+    /* A message nobody posted a receive for is buffered in pieces that grow as its bytes
+     * arrive (from 1 MiB, doubling): a frame header announcing a huge length costs memory
+     * only for what the peer really sends. */
+    MACO__RX_FIRST_CHUNK = 1 << 20,
+};
+
+/* ------------------------------------------------------------------ data structures */
+
+typedef struct maco__msg {
+    struct maco__msg *next;
+    uint32_t tag;
+    size_t len;
+    uint8_t *data;
+} maco__msg_t;
+
+typedef struct maco__rx_post {
+    struct maco__rx_post *next;
+    uint32_t tag;
+    void *buf;
+    size_t len;
+    int done;
+    maco_status_t status;
+} maco__rx_post_t;
+
+typedef struct maco__tx {
+    struct maco__tx *next;
+    uint8_t hdr[MACO__FRAME_HDR_BYTES];
+    size_t hdr_sent;
+    const uint8_t *data;
+    size_t len;
+    size_t sent;
+} maco__tx_t;
+
+enum { MACO__PEER_OPEN = 0, MACO__PEER_BYE = 1, MACO__PEER_CLOSED = 2, MACO__PEER_LOST = 3 };
+
+typedef struct maco__peer {
+    int fd;
+    int state;
+    /* Receive side: the frame being read. */
+    uint8_t hdr[MACO__FRAME_HDR_BYTES];
+    size_t hdr_got;
+    int in_payload;
+    uint16_t kind;
+    uint32_t tag;
+    size_t payload_len, payload_got;
+    size_t payload_cap;         /* bytes payload_dst can hold now (grows for rx_msg) */
+    uint8_t *payload_dst;       /* where the payload goes */
+    maco__rx_post_t *rx_target; /* posted receive being filled, or NULL */
+    maco__msg_t *rx_msg;        /* unexpected message being filled, or NULL */
+    /* Completed unexpected messages and posted receives, in order. */
+    maco__msg_t *unexpected_head, *unexpected_tail;
+    maco__rx_post_t *posts_head, *posts_tail;
+    /* Queued sends, in order. */
+    maco__tx_t *tx_head, *tx_tail;
+    int tx_broken; /* a frame was abandoned half-sent: nothing more may be sent */
+} maco__peer_t;
+
+struct maco_bootstrap {
+    int rank;
+    int nranks;
+    uint64_t nonce;
+    int64_t timeout_ms;
+    int listen_fd;
+    maco__peer_t *peers; /* [nranks]; peers[rank] unused */
+    char (*host_ids)[MACO__HOST_ID_BYTES];
+    struct pollfd *pfds;  /* scratch for poll, [nranks] */
+    int *pfd_rank;        /* [nranks] */
+    uint8_t *setup_table; /* during setup: [nranks] x (listen address, host id) */
+    int setup_error_told; /* rank 0: every rank it could reach was sent the setup error */
+    maco_status_t failed; /* sticky: once a peer failed, every call returns this */
+    int failed_culprit;   /* rank the failure is blamed on, or -1 */
+    char failed_text[MACO__ABORT_TEXT_BYTES];
+    /* Connections that ended without BYE, awaiting the grace period. */
+    int64_t lost_at_ms; /* when the first ended; 0 when none */
+    int first_lost;
+};
+
+/*
+ * Runs a set of sends and receives to completion. `what` names the operation for messages.
+ * Every queued frame and post is removed again before returning, also on failure.
+ */
+typedef struct maco__op {
+    int peer;
+    int is_send;
+    maco__tx_t tx;
+    maco__rx_post_t rx;
+} maco__op_t;
+
+/* ---- functions the bootstrap's files share: object.c defines maco__bs_alloc, maco__bs_free
+ * and maco__peer_close_fd (the object), unique_id.c maco__take_root_socket, setup.c
+ * maco__write_all, link.c the rest (posting, queueing and running sends and receives; the
+ * sticky failure). The files call each other one way: object < link < setup < calls. */
+maco_bootstrap_t maco__bs_alloc(int rank, int nranks, uint64_t nonce, int64_t timeout_ms);
+void maco__bs_free(maco_bootstrap_t bs);
+void maco__peer_close_fd(maco__peer_t *p);
+void maco__bs_post(maco_bootstrap_t bs, int src, maco__rx_post_t *post, uint32_t tag, void *buf,
+                   size_t len);
+void maco__bs_queue(maco_bootstrap_t bs, int dst, maco__tx_t *t, uint16_t kind, uint32_t tag,
+                    const void *data, size_t len);
+maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const char *what);
+maco_status_t maco__bs_sticky(maco_bootstrap_t bs);
+int maco__take_root_socket(uint64_t nonce);
+maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
+                              const char *what);
+
+#endif /* MACO_BOOTSTRAP_PRIVATE_H */

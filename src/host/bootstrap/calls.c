@@ -1,0 +1,295 @@
+/* calls.c - the public bootstrap calls after setup: send, recv, allgather, barrier,
+ * broadcast, queries, destroy; and the internal liveness and tag-free calls. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bootstrap_private.h"
+#include "config.h"
+#include "log.h"
+#include "wire.h"
+
+/* ------------------------------------------------------------------ public calls */
+
+static maco_status_t maco__bs_check(maco_bootstrap_t bs, const char *fn)
+{
+    if (bs == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP, "%s: bs is NULL", fn);
+    if (bs->failed != MACO_OK)
+        return maco__bs_sticky(bs);
+    return MACO_OK;
+}
+
+static maco_status_t maco__check_peer(maco_bootstrap_t bs, const char *fn, int peer)
+{
+    if (peer < 0 || peer >= bs->nranks || peer == bs->rank)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s: peer %d is not another rank of this job (rank %d of %d)", fn, peer,
+                           bs->rank, bs->nranks);
+    return MACO_OK;
+}
+
+/* Arguments of a point-to-point call: a usable bootstrap, another rank, data for bytes. */
+static maco_status_t maco__check_p2p(maco_bootstrap_t bs, const char *fn, int peer,
+                                     const void *data, size_t bytes)
+{
+    maco_status_t st = maco__bs_check(bs, fn);
+    if (st == MACO_OK)
+        st = maco__check_peer(bs, fn, peer);
+    if (st == MACO_OK && data == NULL && bytes > 0)
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                         "%s: data is NULL but bytes is %zu", fn, bytes);
+    return st;
+}
+
+maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
+                                   size_t bytes)
+{
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
+    maco_status_t st = maco__check_p2p(bs, "maco_bootstrap_send", peer, data, bytes);
+    if (st != MACO_OK)
+        return st;
+    maco__op_t op;
+    memset(&op, 0, sizeof(op));
+    op.peer = peer;
+    op.is_send = 1;
+    maco__bs_queue(bs, peer, &op.tx, MACO__FRAME_DATA, tag, data, bytes);
+    return maco__bs_run(bs, &op, 1, "send");
+}
+
+maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
+                                   size_t bytes)
+{
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
+    maco_status_t st = maco__check_p2p(bs, "maco_bootstrap_recv", peer, data, bytes);
+    if (st != MACO_OK)
+        return st;
+    maco__op_t op;
+    memset(&op, 0, sizeof(op));
+    op.peer = peer;
+    maco__bs_post(bs, peer, &op.rx, tag, data, bytes);
+    char what[64];
+    snprintf(what, sizeof(what), "receive (tag 0x%x)", tag);
+    return maco__bs_run(bs, &op, 1, what);
+}
+
+maco_status_t maco_bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
+                                  size_t bytes)
+{
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
+    if (tag >= MACO_BOOTSTRAP_MAX_USER_TAG)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_send: tag 0x%x is reserved (user tags are below 0x%x)",
+                           tag, MACO_BOOTSTRAP_MAX_USER_TAG);
+    return maco__bootstrap_send(bs, peer, tag, data, bytes);
+}
+
+maco_status_t maco_bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
+                                  size_t bytes)
+{
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
+    if (tag >= MACO_BOOTSTRAP_MAX_USER_TAG)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_recv: tag 0x%x is reserved (user tags are below 0x%x)",
+                           tag, MACO_BOOTSTRAP_MAX_USER_TAG);
+    return maco__bootstrap_recv(bs, peer, tag, data, bytes);
+}
+
+maco_status_t maco_bootstrap_allgather(maco_bootstrap_t bs, void *buffer, size_t bytes_per_rank)
+{
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
+    maco_status_t st = maco__bs_check(bs, "maco_bootstrap_allgather");
+    if (st != MACO_OK)
+        return st;
+    if (buffer == NULL && bytes_per_rank > 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_allgather: buffer is NULL but bytes_per_rank is %zu",
+                           bytes_per_rank);
+    if (bs->nranks == 1)
+        return MACO_OK;
+    int nops = 2 * (bs->nranks - 1);
+    maco__op_t *ops = (maco__op_t *)calloc((size_t)nops, sizeof(*ops));
+    if (ops == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "allgather: no memory");
+    uint8_t *base = (uint8_t *)buffer;
+    const uint8_t *mine = base ? base + (size_t)bs->rank * bytes_per_rank : NULL;
+    int k = 0;
+    /* Receives first, so data can land in place as soon as it arrives. */
+    for (int r = 0; r < bs->nranks; r++) {
+        if (r == bs->rank)
+            continue;
+        ops[k].peer = r;
+        maco__bs_post(bs, r, &ops[k].rx, MACO__TAG_ALLGATHER,
+                      base ? base + (size_t)r * bytes_per_rank : NULL, bytes_per_rank);
+        k++;
+    }
+    /* Send to ranks after this one first, so the load spreads instead of all ranks
+     * writing to rank 0 at once. */
+    for (int i = 1; i < bs->nranks; i++) {
+        int r = (bs->rank + i) % bs->nranks;
+        ops[k].peer = r;
+        ops[k].is_send = 1;
+        maco__bs_queue(bs, r, &ops[k].tx, MACO__FRAME_DATA, MACO__TAG_ALLGATHER, mine,
+                       bytes_per_rank);
+        k++;
+    }
+    st = maco__bs_run(bs, ops, nops, "allgather");
+    free(ops);
+    return st;
+}
+
+maco_status_t maco_bootstrap_barrier(maco_bootstrap_t bs)
+{
+    return maco_bootstrap_allgather(bs, NULL, 0);
+}
+
+maco_status_t maco_bootstrap_broadcast(maco_bootstrap_t bs, int root, void *buffer, size_t bytes)
+{
+    MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
+    maco_status_t st = maco__bs_check(bs, "maco_bootstrap_broadcast");
+    if (st != MACO_OK)
+        return st;
+    if (root < 0 || root >= bs->nranks)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_broadcast: root %d is outside [0, %d)", root,
+                           bs->nranks);
+    if (buffer == NULL && bytes > 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_broadcast: buffer is NULL but bytes is %zu", bytes);
+    if (bs->nranks == 1)
+        return MACO_OK;
+    if (bs->rank != root) {
+        maco__op_t op;
+        memset(&op, 0, sizeof(op));
+        op.peer = root;
+        maco__bs_post(bs, root, &op.rx, MACO__TAG_BROADCAST, buffer, bytes);
+        return maco__bs_run(bs, &op, 1, "broadcast");
+    }
+    int nops = bs->nranks - 1;
+    maco__op_t *ops = (maco__op_t *)calloc((size_t)nops, sizeof(*ops));
+    if (ops == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "broadcast: no memory");
+    int k = 0;
+    for (int r = 0; r < bs->nranks; r++) {
+        if (r == root)
+            continue;
+        ops[k].peer = r;
+        ops[k].is_send = 1;
+        maco__bs_queue(bs, r, &ops[k].tx, MACO__FRAME_DATA, MACO__TAG_BROADCAST, buffer, bytes);
+        k++;
+    }
+    st = maco__bs_run(bs, ops, nops, "broadcast");
+    free(ops);
+    return st;
+}
+
+maco_status_t maco_bootstrap_get_rank(maco_bootstrap_t bs, int *rank_p)
+{
+    if (bs == NULL || rank_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_get_rank: NULL argument");
+    *rank_p = bs->rank;
+    return MACO_OK;
+}
+
+maco_status_t maco_bootstrap_get_nranks(maco_bootstrap_t bs, int *nranks_p)
+{
+    if (bs == NULL || nranks_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_get_nranks: NULL argument");
+    *nranks_p = bs->nranks;
+    return MACO_OK;
+}
+
+maco_status_t maco_bootstrap_get_host_id(maco_bootstrap_t bs, int rank, const char **host_id_p)
+{
+    if (bs == NULL || host_id_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_get_host_id: NULL argument");
+    if (rank < 0 || rank >= bs->nranks)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_get_host_id: rank %d is outside [0, %d)", rank,
+                           bs->nranks);
+    *host_id_p = bs->host_ids[rank];
+    return MACO_OK;
+}
+
+maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
+{
+    if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank)
+        return MACO_OK;
+    maco_status_t failed = (maco_status_t)__atomic_load_n((int *)&bs->failed, __ATOMIC_ACQUIRE);
+    if (failed != MACO_OK)
+        return maco__error_quiet(failed, "the job failed: %s", bs->failed_text);
+    int state = __atomic_load_n(&bs->peers[peer].state, __ATOMIC_ACQUIRE);
+    int fd = __atomic_load_n(&bs->peers[peer].fd, __ATOMIC_ACQUIRE);
+    if (state == MACO__PEER_BYE || state == MACO__PEER_CLOSED)
+        return maco__error_quiet(MACO_ERR_REMOTE,
+                                 "rank %d left the job (it destroyed its bootstrap)", peer);
+    int lost = state == MACO__PEER_LOST || fd < 0;
+    if (!lost) {
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        lost = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    if (lost)
+        return maco__error_quiet(MACO_ERR_REMOTE,
+                                 "rank %d's connection ended without goodbye (it exited or "
+                                 "crashed)",
+                                 peer);
+    return MACO_OK;
+}
+
+int maco__bootstrap_link_fd(maco_bootstrap_t bs, int peer)
+{
+    return bs == NULL || peer < 0 || peer >= bs->nranks ? -1 : bs->peers[peer].fd;
+}
+
+int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs)
+{
+    return bs->timeout_ms;
+}
+
+maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
+{
+    if (bs == NULL)
+        return MACO_OK;
+    MACO__LOG_RANK_SCOPE(bs->rank);
+    /* Goodbye frames: tiny, so they fit the socket buffers; bounded anyway. Unsent data
+     * of abandoned calls was already dequeued. */
+    uint8_t bye[MACO__FRAME_HDR_BYTES];
+    memset(bye, 0, sizeof(bye));
+    maco__put_u16(bye, MACO__FRAME_BYE);
+    int64_t deadline = maco__now_ms() + 1000;
+    for (int r = 0; r < bs->nranks; r++) {
+        maco__peer_t *p = &bs->peers[r];
+        if (r == bs->rank || p->fd < 0)
+            continue;
+        char what[32];
+        snprintf(what, sizeof(what), "rank %d", r);
+        if (p->tx_broken || p->tx_head != NULL || p->state != MACO__PEER_OPEN) {
+            /* Out of frame or gone: say nothing. */
+        } else if (bs->failed == MACO_OK) {
+            (void)maco__write_all(p->fd, bye, sizeof(bye), deadline, what);
+        } else {
+            /* Tell the peer why this rank stops, naming the rank it blames. */
+            size_t tlen = strlen(bs->failed_text);
+            uint8_t frame[MACO__FRAME_HDR_BYTES + 8 + MACO__ABORT_TEXT_BYTES];
+            memset(frame, 0, MACO__FRAME_HDR_BYTES);
+            maco__put_u16(frame, MACO__FRAME_ABORT);
+            maco__put_u64(frame + 8, 8 + tlen);
+            maco__put_u32(frame + MACO__FRAME_HDR_BYTES,
+                          bs->failed_culprit >= 0 ? (uint32_t)bs->failed_culprit : 0xFFFFFFFFu);
+            maco__put_u32(frame + MACO__FRAME_HDR_BYTES + 4, (uint32_t)bs->failed);
+            memcpy(frame + MACO__FRAME_HDR_BYTES + 8, bs->failed_text, tlen);
+            (void)maco__write_all(p->fd, frame, MACO__FRAME_HDR_BYTES + 8 + tlen, deadline, what);
+        }
+        shutdown(p->fd, SHUT_WR);
+    }
+    maco__bs_free(bs);
+    return MACO_OK;
+}

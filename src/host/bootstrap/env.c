@@ -1,0 +1,123 @@
+/* env.c - starting a bootstrap from the environment (MACO_* or torchrun's variables):
+ * the rank-0 address, the job nonce (given, or derived), the world size. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bootstrap_private.h"
+#include "config.h"
+#include "log.h"
+#include "wire.h"
+
+int maco__parse_nonce(const char *text, uint64_t *nonce_p)
+{
+    uint64_t v = 0;
+    size_t n = 0;
+    for (; text[n] != '\0'; n++) {
+        char c = text[n];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0 || n == 16)
+            return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (n == 0)
+        return -1;
+    *nonce_p = v;
+    return 0;
+}
+
+uint64_t maco__derive_nonce(const char *addr_text, const char *run_id)
+{
+    /* The world size stays out: ranks that disagree on it must meet and be told so. */
+    char text[768];
+    int secret = run_id != NULL && run_id[0] != '\0' && strcmp(run_id, "none") != 0;
+    snprintf(text, sizeof(text), "%s\n%s", addr_text, secret ? run_id : "");
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "job nonce derived from the rank-0 address%s; %s",
+                  secret ? " and TORCHELASTIC_RUN_ID" : "",
+                  secret ? "processes that cannot read this job's environment cannot join it"
+                         : "any local process can compute it: set MACO_BOOTSTRAP_NONCE to a "
+                           "random value shared by the ranks (README, bootstrap security)");
+    return maco__fnv1a(text);
+}
+
+/* Reads an integer variable, MACO's name first, then torchrun's. */
+static maco_status_t maco__env_int(const char *maco_name, const char *torch_name, int *value_p,
+                                   int required)
+{
+    const char *name = maco_name;
+    const char *v = getenv(maco_name);
+    if (v == NULL || v[0] == '\0') {
+        name = torch_name;
+        v = getenv(torch_name);
+    }
+    if (v == NULL || v[0] == '\0') {
+        if (!required)
+            return MACO_OK;
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "neither %s nor %s is set: initialisation from the environment "
+                           "needs both the rank and the world size (maco-run sets them)",
+                           maco_name, torch_name);
+    }
+    int64_t x;
+    if (maco__parse_int(v, &x) != 0 || x < 0 || x > 0x7fffffff)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s='%s' is not a non-negative integer", name, v);
+    *value_p = (int)x;
+    return MACO_OK;
+}
+
+maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
+{
+    if (bs_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_create_from_env: bs_p is NULL");
+    int rank = -1, nranks = -1;
+    maco_status_t st = maco__env_int("MACO_RANK", "RANK", &rank, 1);
+    if (st == MACO_OK)
+        st = maco__env_int("MACO_WORLD_SIZE", "WORLD_SIZE", &nranks, 1);
+    if (st != MACO_OK)
+        return st;
+    char addr_text[512];
+    const char *what = "MACO_BOOTSTRAP_ADDR";
+    if (maco__config_is_set(MACO_CFG_BOOTSTRAP_ADDR)) {
+        snprintf(addr_text, sizeof(addr_text), "%s", maco__config_string(MACO_CFG_BOOTSTRAP_ADDR));
+    } else {
+        const char *host = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+        if (host == NULL || port == NULL || !host[0] || !port[0])
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                               "MACO_BOOTSTRAP_ADDR is not set, nor are MASTER_ADDR and "
+                               "MASTER_PORT: rank 0's address is unknown");
+        if (strchr(host, ':') != NULL && host[0] != '[')
+            snprintf(addr_text, sizeof(addr_text), "[%s]:%s", host, port);
+        else
+            snprintf(addr_text, sizeof(addr_text), "%s:%s", host, port);
+        what = "MASTER_ADDR:MASTER_PORT";
+    }
+    maco__sockaddr_t root;
+    st = maco__sockaddr_parse(addr_text, what, &root);
+    if (st != MACO_OK)
+        return st;
+    uint64_t nonce;
+    if (maco__config_is_set(MACO_CFG_BOOTSTRAP_NONCE)) {
+        const char *text = maco__config_string(MACO_CFG_BOOTSTRAP_NONCE);
+        if (maco__parse_nonce(text, &nonce) != 0)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                               "MACO_BOOTSTRAP_NONCE='%s' is invalid: it accepts 1 to 16 hex "
+                               "digits (no sign, no 0x)",
+                               text);
+    } else {
+        nonce = maco__derive_nonce(addr_text, getenv("TORCHELASTIC_RUN_ID"));
+    }
+    maco_unique_id_t id;
+    maco__unique_id_encode(&id, nonce, &root);
+    return maco_bootstrap_create(&id, rank, nranks, -1, bs_p);
+}

@@ -1,0 +1,626 @@
+/* setup.c - the setup protocol (bootstrap_private.h, top): hellos, rank 0 accepting and
+ * checking every rank, the table of addresses, the mesh of links, and setup errors told to
+ * every rank. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bootstrap_private.h"
+#include "config.h"
+#include "log.h"
+#include "wire.h"
+
+maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
+                              const char *what)
+{
+    const uint8_t *p = (const uint8_t *)buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP, "sending to %s: %s", what,
+                               strerror(errno));
+        int64_t left = deadline_ms - maco__now_ms();
+        if (left <= 0)
+            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP, "sending to %s timed out",
+                               what);
+        struct pollfd pfd = { .fd = fd, .events = POLLOUT, .revents = 0 };
+        poll(&pfd, 1, (int)(left > 1000 ? 1000 : left));
+    }
+    return MACO_OK;
+}
+
+/* Reads exactly `len` bytes from a non-blocking socket before the deadline. */
+static maco_status_t maco__read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
+                                    const char *what)
+{
+    uint8_t *p = (uint8_t *)buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                               "%s closed the connection during setup", what);
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP, "receiving from %s: %s",
+                               what, strerror(errno));
+        int64_t left = deadline_ms - maco__now_ms();
+        if (left <= 0)
+            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
+                               "waiting for %s timed out (MACO_BOOTSTRAP_TIMEOUT sets the "
+                               "deadline)",
+                               what);
+        struct pollfd pfd = { .fd = fd, .events = POLLIN, .revents = 0 };
+        poll(&pfd, 1, (int)(left > 1000 ? 1000 : left));
+    }
+    return MACO_OK;
+}
+
+static void maco__hello_encode(uint8_t *out, uint16_t kind, uint64_t nonce, int rank, int nranks,
+                               const maco__sockaddr_t *listen_addr, const char *host_id)
+{
+    memset(out, 0, MACO__HELLO_BYTES);
+    maco__put_u32(out, MACO__ID_MAGIC);
+    maco__put_u16(out + 4, MACO__ID_VERSION);
+    maco__put_u16(out + 6, kind);
+    maco__put_u64(out + 8, nonce);
+    maco__put_u32(out + 16, (uint32_t)rank);
+    maco__put_u32(out + 20, (uint32_t)nranks);
+    if (listen_addr)
+        maco__sockaddr_to_wire(listen_addr, out + 24);
+    if (host_id)
+        snprintf((char *)out + 24 + MACO__WIRE_ADDR_BYTES, MACO__HOST_ID_BYTES, "%s", host_id);
+}
+
+/* A connection accepted during setup whose hello is still arriving. */
+typedef struct maco__pending {
+    int fd;
+    size_t got;
+    int64_t since_ms;
+    maco__sockaddr_t from;
+    uint8_t hello[MACO__HELLO_BYTES];
+} maco__pending_t;
+
+static maco_status_t maco__send_setup_frame(int fd, uint16_t kind, const void *payload, size_t len,
+                                            int64_t deadline, const char *what);
+
+/* Rank 0: sends the setup error `text` to a connection that presented a hello as `rank`
+ * (bounded: a rank that does not read it gets its connection closed). */
+static void maco__tell_setup_error(int fd, const char *text, int rank)
+{
+    char what[32];
+    snprintf(what, sizeof(what), "rank %d", rank);
+    maco__send_setup_frame(fd, MACO__FRAME_INIT_ERROR, text, strlen(text), maco__deadline_ms(500),
+                           what);
+}
+
+/* Checks a received hello's identity fields: 0 when it belongs to this job. */
+static int maco__hello_is_ours(const uint8_t *h, uint16_t kind, uint64_t nonce)
+{
+    return maco__get_u32(h) == MACO__ID_MAGIC && maco__get_u16(h + 4) == MACO__ID_VERSION &&
+           maco__get_u16(h + 6) == kind && maco__get_u64(h + 8) == nonce;
+}
+
+/*
+ * Accepts connections on bs->listen_fd until every rank in `expect` (a bitmap over ranks,
+ * cleared as they arrive) has presented a valid hello of `kind`. For each, `on_hello` is
+ * called; a non-OK return fails setup. Strays are refused with a warning.
+ */
+typedef maco_status_t (*maco__on_hello_t)(maco_bootstrap_t bs, int rank, int fd,
+                                          const uint8_t *hello, const maco__sockaddr_t *from);
+
+static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char *expect,
+                                        int nexpect, int64_t deadline, maco__on_hello_t on_hello)
+{
+    /* Every connection is accepted at once and read without blocking, each with its own
+     * short hello deadline: silent or slow strangers cost a slot, never a rank's time. */
+    maco__pending_t *pend = (maco__pending_t *)calloc(MACO__PENDING_MAX, sizeof(maco__pending_t));
+    int npend = 0;
+    maco_status_t st = MACO_OK;
+    size_t npfd = (size_t)(1 + MACO__PENDING_MAX + bs->nranks);
+    struct pollfd *pfds = (struct pollfd *)calloc(npfd, sizeof(*pfds));
+    int *pfd_rank = (int *)calloc(npfd, sizeof(int));
+    if (pend == NULL || pfds == NULL || pfd_rank == NULL) {
+        free(pend);
+        free(pfds);
+        free(pfd_rank);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
+    }
+    /* Rank 0 only: which ranks were told a job error (told[r]), and until when it lingers. */
+    char job_error[MACO__ABORT_TEXT_BYTES] = "";
+    maco_status_t job_status = MACO_OK;
+    char *told = kind == MACO__KIND_HELLO ? (char *)calloc((size_t)bs->nranks, 1) : NULL;
+    int ntold = 0;
+    int64_t linger_until = 0;
+    while (job_error[0] != '\0' ? ntold < bs->nranks - 1 && maco__now_ms() < linger_until
+                                : nexpect > 0) {
+        int64_t now = maco__now_ms();
+        if (job_error[0] == '\0' && now >= deadline) {
+            char missing[256] = "";
+            size_t used = 0;
+            int listed = 0;
+            for (int r = 0; r < bs->nranks && used + 16 < sizeof(missing); r++) {
+                if (!expect[r])
+                    continue;
+                if (listed++ == 16) {
+                    used += (size_t)snprintf(missing + used, sizeof(missing) - used, " ...");
+                    break;
+                }
+                used += (size_t)snprintf(missing + used, sizeof(missing) - used, " %d", r);
+            }
+            st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
+                             "rank %d: setup timed out after %lld ms: no valid hello yet from %d "
+                             "rank(s):%s (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
+                             bs->rank, (long long)bs->timeout_ms, nexpect, missing);
+            break;
+        }
+        int n = 0;
+        pfds[n].fd = bs->listen_fd;
+        pfds[n].events = POLLIN;
+        pfd_rank[n++] = -1;
+        for (int i = 0; i < npend; i++) {
+            pfds[n].fd = pend[i].fd;
+            pfds[n].events = POLLIN;
+            pfd_rank[n++] = -2 - i;
+        }
+        /* Watch established links too: a peer dying during setup fails it at once. */
+        for (int r = 0; r < bs->nranks; r++) {
+            if (r != bs->rank && bs->peers[r].fd >= 0) {
+                pfds[n].fd = bs->peers[r].fd;
+                pfds[n].events = POLLIN;
+                pfd_rank[n++] = r;
+            }
+        }
+        int64_t left = deadline - now;
+        int rc = poll(pfds, (nfds_t)n, (int)(left > 200 ? 200 : left));
+        if (rc < 0 && errno != EINTR) {
+            st = maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "poll: %s", strerror(errno));
+            break;
+        }
+        /* Established links: any readable event now is a closed connection or an error
+         * report from rank 0 (after a job error they close as told: not a new failure). */
+        for (int i = 0; i < n && st == MACO_OK && job_error[0] == '\0'; i++) {
+            if (pfd_rank[i] < 0 || pfds[i].revents == 0)
+                continue;
+            int r = pfd_rank[i];
+            char c;
+            ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK);
+            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                                 "rank %d: rank %d closed its connection during setup (did it "
+                                 "fail or crash?)",
+                                 bs->rank, r);
+        }
+        if (st != MACO_OK)
+            break;
+        /* Pending connections (pfds[1 .. npend] in pend's order): read hellos where data
+         * arrived; drop slow or stray ones. */
+        int polled = npend;
+        for (int i = 0; i < npend && st == MACO_OK; i++) {
+            maco__pending_t *pc = &pend[i];
+            ssize_t got = -1;
+            errno = EAGAIN;
+            if (i < polled && pfds[1 + i].revents != 0)
+                got = recv(pc->fd, pc->hello + pc->got, MACO__HELLO_BYTES - pc->got, 0);
+            if (got > 0)
+                pc->got += (size_t)got;
+            int drop = 0;
+            char from[96];
+            maco__sockaddr_format(&pc->from, from, sizeof(from));
+            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                          "rank %d: a connection from %s closed before sending a complete "
+                          "hello; ignored",
+                          bs->rank, from);
+                drop = 1;
+            } else if (pc->got >= 4 && maco__get_u32(pc->hello) != MACO__ID_MAGIC) {
+                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                          "rank %d: refused a connection from %s: it did not present MACO's "
+                          "magic (a port scanner or another program?)",
+                          bs->rank, from);
+                drop = 1;
+            } else if (pc->got == MACO__HELLO_BYTES) {
+                if (!maco__hello_is_ours(pc->hello, kind, bs->nonce)) {
+                    MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                              "rank %d: refused a connection from %s: wrong version, kind or "
+                              "job nonce (a stale job on the same port?)",
+                              bs->rank, from);
+                    drop = 1;
+                } else {
+                    int rank = (int)maco__get_u32(pc->hello + 16);
+                    int nranks = (int)maco__get_u32(pc->hello + 20);
+                    if (job_error[0] != '\0') {
+                        /* Setup already failed: tell this newcomer why. */
+                        maco__tell_setup_error(pc->fd, job_error, rank);
+                        if (rank > 0 && rank < bs->nranks && !told[rank]) {
+                            told[rank] = 1;
+                            ntold++;
+                        }
+                    } else if (nranks != bs->nranks) {
+                        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                                         "world size mismatch: rank %d was started with %d "
+                                         "ranks but rank %d (from %s) with %d",
+                                         bs->rank, bs->nranks, rank, from, nranks);
+                    } else if (rank < 0 || rank >= bs->nranks) {
+                        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                                         "a process at %s joined as rank %d, outside [0, %d)", from,
+                                         rank, bs->nranks);
+                    } else if (!expect[rank]) {
+                        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                                         "rank %d joined twice (again from %s): two processes "
+                                         "were given the same rank",
+                                         rank, from);
+                    } else {
+                        st = on_hello(bs, rank, pc->fd, pc->hello, &pc->from);
+                        if (st == MACO_OK) {
+                            expect[rank] = 0;
+                            nexpect--;
+                            pc->fd = -1; /* now owned by the peer table */
+                        }
+                    }
+                    if (st != MACO_OK && told != NULL && job_error[0] == '\0' &&
+                        st == MACO_ERR_INVALID_ARGUMENT) {
+                        /* A job error: the offender, every rank that joined, and every rank
+                         * that still arrives (for a while) is told, so none is left waiting
+                         * for its deadline or reading a reset connection. */
+                        snprintf(job_error, sizeof(job_error), "%s", maco__last_error());
+                        job_status = st;
+                        st = MACO_OK;
+                        maco__tell_setup_error(pc->fd, job_error, rank);
+                        if (rank > 0 && rank < bs->nranks && !told[rank]) {
+                            told[rank] = 1;
+                            ntold++;
+                        }
+                        for (int r = 1; r < bs->nranks; r++) {
+                            if (bs->peers[r].fd >= 0) {
+                                maco__tell_setup_error(bs->peers[r].fd, job_error, r);
+                                if (!told[r]) {
+                                    told[r] = 1;
+                                    ntold++;
+                                }
+                            }
+                        }
+                        linger_until = maco__deadline_ms(MACO__ERROR_LINGER_MS);
+                        if (linger_until > deadline)
+                            linger_until = deadline;
+                    }
+                    drop = 1;
+                }
+            } else if (maco__now_ms() - pc->since_ms > MACO__HELLO_WAIT_MS) {
+                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                          "rank %d: dropped a connection from %s that sent no hello within "
+                          "%d ms",
+                          bs->rank, from, MACO__HELLO_WAIT_MS);
+                drop = 1;
+            }
+            if (drop) {
+                if (pc->fd >= 0)
+                    close(pc->fd);
+                /* Keep pend and its poll results in step: move the last of both here. */
+                pend[i] = pend[--npend];
+                if (npend < polled) {
+                    pfds[1 + i] = pfds[1 + npend];
+                    polled--;
+                }
+                i--;
+            }
+        }
+        if (st != MACO_OK)
+            break;
+        /* New connections: all of them; when the table is full, the oldest pending one
+         * makes room. */
+        for (;;) {
+            int fd;
+            maco__sockaddr_t from;
+            st = maco__socket_accept(bs->listen_fd, &fd, &from);
+            if (st != MACO_OK || fd < 0)
+                break;
+            if (npend == MACO__PENDING_MAX) {
+                int oldest = 0;
+                for (int i = 1; i < npend; i++)
+                    if (pend[i].since_ms < pend[oldest].since_ms)
+                        oldest = i;
+                char old_from[96];
+                maco__sockaddr_format(&pend[oldest].from, old_from, sizeof(old_from));
+                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                          "rank %d: %d connections are waiting to say hello; dropped the oldest "
+                          "(from %s)",
+                          bs->rank, MACO__PENDING_MAX, old_from);
+                close(pend[oldest].fd);
+                pend[oldest] = pend[--npend];
+            }
+            pend[npend].fd = fd;
+            pend[npend].got = 0;
+            pend[npend].since_ms = maco__now_ms();
+            pend[npend].from = from;
+            npend++;
+        }
+        if (st != MACO_OK)
+            break;
+    }
+    for (int i = 0; i < npend; i++)
+        close(pend[i].fd);
+    free(pend);
+    free(pfds);
+    free(pfd_rank);
+    free(told);
+    if (job_error[0] != '\0') {
+        bs->setup_error_told = 1;
+        /* The job error is this call's error (its text is still the thread's last error
+         * unless something failed since; then that is reported instead). */
+        return st != MACO_OK ? st : maco__error_quiet(job_status, "%s", job_error);
+    }
+    return st;
+}
+
+static maco_status_t maco__root_on_hello(maco_bootstrap_t bs, int rank, int fd,
+                                         const uint8_t *hello, const maco__sockaddr_t *from)
+{
+    (void)from;
+    bs->peers[rank].fd = fd;
+    /* The hello carries (listen address, host id) in exactly a table entry's layout. */
+    memcpy(bs->setup_table + (size_t)rank * MACO__TABLE_ENTRY_BYTES, hello + 24,
+           MACO__TABLE_ENTRY_BYTES);
+    return MACO_OK;
+}
+
+static maco_status_t maco__peer_on_hello(maco_bootstrap_t bs, int rank, int fd,
+                                         const uint8_t *hello, const maco__sockaddr_t *from)
+{
+    (void)hello;
+    (void)from;
+    bs->peers[rank].fd = fd;
+    return MACO_OK;
+}
+
+/* Sends a setup frame (TABLE or INIT_ERROR) on a link, bounded. */
+static maco_status_t maco__send_setup_frame(int fd, uint16_t kind, const void *payload, size_t len,
+                                            int64_t deadline, const char *what)
+{
+    uint8_t hdr[MACO__FRAME_HDR_BYTES];
+    memset(hdr, 0, sizeof(hdr));
+    maco__put_u16(hdr, kind);
+    maco__put_u64(hdr + 8, (uint64_t)len);
+    maco_status_t st = maco__write_all(fd, hdr, sizeof(hdr), deadline, what);
+    if (st == MACO_OK && len > 0)
+        st = maco__write_all(fd, payload, len, deadline, what);
+    return st;
+}
+
+/* Rank 0: tells every joined rank why setup failed, so none waits for its deadline. */
+static void maco__root_broadcast_error(maco_bootstrap_t bs, const char *text)
+{
+    int64_t deadline = maco__now_ms() + 1000;
+    for (int r = 1; r < bs->nranks; r++) {
+        if (bs->peers[r].fd >= 0) {
+            char what[32];
+            snprintf(what, sizeof(what), "rank %d", r);
+            maco__send_setup_frame(bs->peers[r].fd, MACO__FRAME_INIT_ERROR, text, strlen(text),
+                                   deadline, what);
+        }
+    }
+}
+
+static maco_status_t maco__setup_root(maco_bootstrap_t bs, int64_t deadline)
+{
+    char *expect = (char *)calloc((size_t)bs->nranks, 1);
+    if (expect == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
+    for (int r = 1; r < bs->nranks; r++)
+        expect[r] = 1;
+    maco_status_t st = maco__accept_ranks(bs, MACO__KIND_HELLO, expect, bs->nranks - 1, deadline,
+                                          maco__root_on_hello);
+    free(expect);
+    if (st != MACO_OK) {
+        if (!bs->setup_error_told)
+            maco__root_broadcast_error(bs, maco__last_error());
+        return st;
+    }
+    return MACO_OK;
+}
+
+static void maco__apply_table(maco_bootstrap_t bs, const uint8_t *table)
+{
+    for (int r = 0; r < bs->nranks; r++) {
+        memcpy(bs->host_ids[r], table + (size_t)r * MACO__TABLE_ENTRY_BYTES + MACO__WIRE_ADDR_BYTES,
+               MACO__HOST_ID_BYTES);
+        bs->host_ids[r][MACO__HOST_ID_BYTES - 1] = '\0';
+    }
+}
+
+/*
+ * Common setup. `listen_fd` is rank 0's already-open root socket, or -1 (rank 0 then
+ * binds `root` itself; other ranks always open their own listener).
+ */
+static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_t nonce, int rank,
+                                           int nranks, int64_t timeout_ms, int listen_fd,
+                                           maco_bootstrap_t *bs_p)
+{
+    maco_bootstrap_t bs = maco__bs_alloc(rank, nranks, nonce, timeout_ms);
+    if (bs == NULL) {
+        if (listen_fd >= 0)
+            close(listen_fd);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP,
+                           "no host memory for a bootstrap of %d ranks", nranks);
+    }
+    maco__log_set_rank(rank);
+    int64_t deadline = maco__deadline_ms(timeout_ms);
+    maco_status_t st = MACO_OK;
+    char root_text[96];
+    maco__sockaddr_format(root, root_text, sizeof(root_text));
+    size_t table_bytes = (size_t)nranks * MACO__TABLE_ENTRY_BYTES;
+    uint8_t *table = (uint8_t *)calloc(1, table_bytes);
+    if (table == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
+        goto fail;
+    }
+    bs->setup_table = table;
+
+    if (rank == 0) {
+        if (listen_fd >= 0) {
+            bs->listen_fd = listen_fd;
+            listen_fd = -1;
+        } else {
+            maco__sockaddr_t addr = *root;
+            st = maco__socket_listen(&addr, &bs->listen_fd);
+            if (st != MACO_OK)
+                goto fail;
+        }
+        MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "rank 0 listening on %s for %d ranks", root_text, nranks);
+        /* Rank 0's own entry; the others arrive with their hellos. */
+        maco__sockaddr_to_wire(root, table);
+        snprintf((char *)table + MACO__WIRE_ADDR_BYTES, MACO__HOST_ID_BYTES, "%s", maco__host_id());
+        if (nranks > 1) {
+            st = maco__setup_root(bs, deadline);
+            if (st != MACO_OK)
+                goto fail;
+        }
+        maco__apply_table(bs, table);
+        for (int r = 1; r < nranks && st == MACO_OK; r++) {
+            char what[32];
+            snprintf(what, sizeof(what), "rank %d", r);
+            st = maco__send_setup_frame(bs->peers[r].fd, MACO__FRAME_TABLE, table, table_bytes,
+                                        deadline, what);
+        }
+        if (st != MACO_OK)
+            goto fail;
+    } else {
+        int fd;
+        st = maco__socket_connect(root, deadline, "rank 0", &fd);
+        if (st != MACO_OK)
+            goto fail;
+        bs->peers[0].fd = fd;
+        maco__sockaddr_t mine;
+        st = maco__socket_local_address(fd, &mine);
+        if (st != MACO_OK)
+            goto fail;
+        if (maco__config_is_set(MACO_CFG_SOCKET_IFNAME)) {
+            st = maco__socket_default_address(&mine);
+            if (st != MACO_OK)
+                goto fail;
+        }
+        maco__sockaddr_set_port(&mine, 0);
+        st = maco__socket_listen(&mine, &bs->listen_fd);
+        if (st != MACO_OK)
+            goto fail;
+        uint8_t hello[MACO__HELLO_BYTES];
+        maco__hello_encode(hello, MACO__KIND_HELLO, nonce, rank, nranks, &mine, maco__host_id());
+        st = maco__write_all(fd, hello, sizeof(hello), deadline, "rank 0");
+        if (st != MACO_OK)
+            goto fail;
+        uint8_t hdr[MACO__FRAME_HDR_BYTES];
+        st = maco__read_all(fd, hdr, sizeof(hdr), deadline, "rank 0 (setup table)");
+        if (st != MACO_OK)
+            goto fail;
+        uint16_t kind = maco__get_u16(hdr);
+        uint64_t len = maco__get_u64(hdr + 8);
+        if (kind == MACO__FRAME_INIT_ERROR && len < 4096) {
+            char text[4096];
+            st = maco__read_all(fd, text, (size_t)len, deadline, "rank 0 (setup error)");
+            text[st == MACO_OK ? len : 0] = '\0';
+            st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                             "rank 0 failed the job's setup: %s", text);
+            goto fail;
+        }
+        if (kind != MACO__FRAME_TABLE || len != table_bytes) {
+            st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                             "rank 0 sent an unexpected setup frame (kind %u, %llu bytes, "
+                             "expected %zu): a different MACO version?",
+                             (unsigned)kind, (unsigned long long)len, table_bytes);
+            goto fail;
+        }
+        st = maco__read_all(fd, table, table_bytes, deadline, "rank 0 (setup table)");
+        if (st != MACO_OK)
+            goto fail;
+        maco__apply_table(bs, table);
+        /* Mesh: connect to lower ranks (except 0), then accept the higher ones. */
+        for (int q = 1; q < rank; q++) {
+            maco__sockaddr_t addr;
+            if (maco__sockaddr_from_wire(table + (size_t)q * MACO__TABLE_ENTRY_BYTES, &addr) != 0) {
+                st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                                 "rank 0's table has no address for rank %d", q);
+                goto fail;
+            }
+            char what[32];
+            snprintf(what, sizeof(what), "rank %d", q);
+            st = maco__socket_connect(&addr, deadline, what, &fd);
+            if (st != MACO_OK)
+                goto fail;
+            bs->peers[q].fd = fd;
+            maco__hello_encode(hello, MACO__KIND_PEER_HELLO, nonce, rank, nranks, NULL, NULL);
+            st = maco__write_all(fd, hello, sizeof(hello), deadline, what);
+            if (st != MACO_OK)
+                goto fail;
+        }
+        if (rank + 1 < nranks) {
+            char *expect = (char *)calloc((size_t)nranks, 1);
+            if (expect == NULL) {
+                st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
+                goto fail;
+            }
+            for (int q = rank + 1; q < nranks; q++)
+                expect[q] = 1;
+            st = maco__accept_ranks(bs, MACO__KIND_PEER_HELLO, expect, nranks - 1 - rank, deadline,
+                                    maco__peer_on_hello);
+            free(expect);
+            if (st != MACO_OK)
+                goto fail;
+        }
+    }
+    /* The listening socket has done its work. */
+    close(bs->listen_fd);
+    bs->listen_fd = -1;
+    bs->setup_table = NULL;
+    free(table);
+    MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "rank %d of %d connected (root %s)", rank, nranks, root_text);
+    *bs_p = bs;
+    return MACO_OK;
+fail:
+    bs->setup_table = NULL;
+    free(table);
+    if (listen_fd >= 0)
+        close(listen_fd);
+    maco__bs_free(bs);
+    return st;
+}
+
+maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nranks,
+                                    int timeout_ms, maco_bootstrap_t *bs_p)
+{
+    if (id == NULL || bs_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_create: id and bs_p must not be NULL");
+    if (nranks < 1)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_create: nranks is %d; it must be at least 1", nranks);
+    if (rank < 0 || rank >= nranks)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_create: rank %d is outside [0, %d)", rank, nranks);
+    MACO__LOG_RANK_SCOPE(rank);
+    uint64_t nonce = 0;
+    maco__sockaddr_t root;
+    maco_status_t st = maco__unique_id_decode(id, &nonce, &root);
+    if (st != MACO_OK)
+        return st;
+    int64_t timeout = timeout_ms;
+    if (timeout_ms < 0) {
+        st = maco__config_int64(MACO_CFG_BOOTSTRAP_TIMEOUT, &timeout);
+        if (st != MACO_OK)
+            return st;
+    }
+    maco__config_check_environment();
+    int listen_fd = rank == 0 ? maco__take_root_socket(nonce) : -1;
+    return maco__bootstrap_setup(&root, nonce, rank, nranks, timeout, listen_fd, bs_p);
+}

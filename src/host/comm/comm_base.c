@@ -1,0 +1,109 @@
+/*
+ * comm_base.c - what every layer above the bootstrap may call on a communicator: its errors
+ * (the first error's message, asynchronous errors of proxies and device-side waits), the "no
+ * usable GPU" answer, and the extension the collectives install (comm_internal.h). A leaf: it
+ * calls only the logger (docs/design.md, layers).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm_internal.h"
+#include "log.h"
+
+maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
+{
+    if (comm == NULL || status == MACO_OK)
+        return status;
+    pthread_mutex_lock(&comm->error_lock);
+    if (comm->first_status == MACO_OK) {
+        comm->first_status = status;
+        snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
+    }
+    pthread_mutex_unlock(&comm->error_lock);
+    return status;
+}
+
+void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
+{
+    if (comm == NULL || status == MACO_OK)
+        return;
+    maco__comm_record(comm, status);
+    __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 }, (int32_t)status, 0,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn)
+{
+    if (comm->gpu_unavailable[0] == '\0')
+        return MACO_OK;
+    return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_INIT, "%s: %s", fn,
+                                               comm->gpu_unavailable));
+}
+
+const char *maco_comm_get_last_error(maco_comm_t comm)
+{
+    return comm == NULL ? "" : comm->first_error;
+}
+
+maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p)
+{
+    if (comm == NULL || async_status_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "maco_comm_get_async_error: NULL argument");
+    *async_status_p = MACO_OK;
+    int32_t host_status = __atomic_load_n(&comm->host_async_status, __ATOMIC_ACQUIRE);
+    if (host_status != 0) {
+        /* A proxy's error: its text is the communicator's first error. */
+        *async_status_p = (maco_status_t)host_status;
+        return MACO_OK;
+    }
+    if (comm->err_report == NULL)
+        return MACO_OK;
+    int32_t status = comm->err_report->status;
+    if (status == 0)
+        return MACO_OK;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    const maco_device_error_t *e = comm->err_report;
+    if (e->what == MACO_DEVICE_ERR_REGISTRATION) {
+        maco__error_quiet((maco_status_t)status,
+                          "rank %d: rank %d's collective named its registration %d, which "
+                          "this rank has not mapped (deregistered while in use?)",
+                          comm->rank, (int)e->peer, (int)e->object);
+        maco__comm_record(comm, (maco_status_t)status);
+        *async_status_p = (maco_status_t)status;
+        return MACO_OK;
+    }
+    maco__error_quiet((maco_status_t)status,
+                      "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
+                      "%d for value %llu, last saw %llu",
+                      comm->rank, status == MACO_ERR_TIMEOUT ? "timed out" : "failed",
+                      (unsigned long long)(comm->timeout_ns / 1000000ull), (int)e->peer,
+                      e->what == MACO_DEVICE_WAIT_PACKET  ? "LL packet slot"
+                      : e->what == MACO_DEVICE_WAIT_FIFO  ? "proxy FIFO space at position"
+                      : e->what == MACO_DEVICE_WAIT_FLUSH ? "proxy flush of position"
+                                                          : "semaphore",
+                      (int)e->object, (unsigned long long)e->expected,
+                      (unsigned long long)e->observed);
+    maco__comm_record(comm, (maco_status_t)status);
+    *async_status_p = (maco_status_t)status;
+    return MACO_OK;
+}
+
+void maco__comm_set_unavailable(maco_comm_t comm, const char *why)
+{
+    if (comm->gpu_unavailable[0] == '\0')
+        snprintf(comm->gpu_unavailable, sizeof(comm->gpu_unavailable), "%s", why);
+}
+
+static const maco__comm_ext_t *maco__comm_ext;
+
+void maco__comm_set_extension(const maco__comm_ext_t *ext)
+{
+    __atomic_store_n(&maco__comm_ext, ext, __ATOMIC_RELEASE);
+}
+
+const maco__comm_ext_t *maco__comm_extension(void)
+{
+    return __atomic_load_n(&maco__comm_ext, __ATOMIC_ACQUIRE);
+}

@@ -1,0 +1,201 @@
+/* alloc.c - memory MACO allocates: device memory through cuMem, exportable as a POSIX file
+ * descriptor (maco_mem_alloc), and host memory in a memfd that peers map (maco_mem_alloc_host). */
+#include "maco/memory.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bootstrap_internal.h"
+#include "comm_internal.h"
+#include "cuda_driver.h"
+#include "cuda_util.h"
+#include "fd_server.h"
+#include "log.h"
+#include "memory_private.h"
+#include "wire.h"
+
+/* ------------------------------------------------------------------ allocation */
+
+static CUmemAllocationProp maco__vmm_prop(int device)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return prop;
+}
+
+maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
+{
+    if (comm == NULL || ptr_p == NULL || bytes == 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc: comm and ptr_p must not be "
+                                                   "NULL and bytes (%zu) must not be 0",
+                                                   bytes));
+    maco_status_t st = maco__comm_require_gpu(comm, "maco_mem_alloc");
+    if (st != MACO_OK)
+        return st;
+    int dev = comm->cuda_device;
+    CUmemAllocationProp prop = maco__vmm_prop(dev);
+    size_t gran = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    int created = 0, reserved = 0, mapped = 0;
+    maco__alloc_t *a = NULL;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemGetAllocationGranularity, &gran, &prop,
+                 CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    size_t size = (bytes + gran - 1) / gran * gran;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemCreate, &h, size, &prop, 0);
+    created = 1;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemAddressReserve, &va, size, gran, 0, 0);
+    reserved = 1;
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemMap, va, size, 0, h, 0);
+    mapped = 1;
+    CUmemAccessDesc access = maco__rw_access(dev);
+    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemSetAccess, va, size, &access, 1);
+    a = (maco__alloc_t *)calloc(1, sizeof(*a));
+    if (a == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "maco_mem_alloc: no host memory");
+        goto fail;
+    }
+    a->base = (char *)(uintptr_t)va;
+    a->bytes = size;
+    a->handle = h;
+    a->fd = -1;
+    pthread_mutex_lock(&maco__mem_lock);
+    a->next = maco__allocs;
+    maco__allocs = a;
+    pthread_mutex_unlock(&maco__mem_lock);
+    MACO_DEBUG(MACO_SUBSYS_MEM, "maco_mem_alloc: %zu bytes (%zu asked) at %p on device %d", size,
+               bytes, a->base, dev);
+    /* Registered at once, so collectives use it in place (algorithms/registry.c), when the
+     * communicator has them (its extension took note of registrations: comm_internal.h). */
+    if (comm->coll != NULL) {
+        st = maco_mem_register(comm, a->base, size, &a->reg);
+        if (st != MACO_OK) {
+            maco_mem_free(comm, a->base);
+            return st;
+        }
+    }
+    *ptr_p = a->base;
+    return MACO_OK;
+fail:
+    if (mapped)
+        maco__cu()->cuMemUnmap(va, (bytes + gran - 1) / gran * gran);
+    if (reserved)
+        maco__cu()->cuMemAddressFree(va, (bytes + gran - 1) / gran * gran);
+    if (created)
+        maco__cu()->cuMemRelease(h);
+    return maco__comm_record(comm, st);
+}
+
+maco_status_t maco_mem_alloc_host(maco_comm_t comm, size_t bytes, void **ptr_p)
+{
+    if (comm == NULL || ptr_p == NULL || bytes == 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: comm and ptr_p must "
+                                                   "not be NULL and bytes (%zu) must not be 0",
+                                                   bytes));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes > ((size_t)1 << 52))
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: bytes (%zu) is larger "
+                                                   "than the 4 PiB MACO handles",
+                                                   bytes));
+    size_t size = (bytes + page - 1) / page * page;
+    int fd = memfd_create("maco-host", MFD_CLOEXEC);
+    if (fd < 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: memfd_create: %s",
+                                                   strerror(errno)));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int err = errno;
+        close(fd);
+        return maco__comm_record(comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: ftruncate(%zu): %s", size,
+                                                   strerror(err)));
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        close(fd);
+        return maco__comm_record(comm, maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: mmap(%zu): %s", size,
+                                                   strerror(err)));
+    }
+    if (comm->cuda_device >= 0) {
+        cudaError_t cerr =
+            cudaHostRegister(p, size, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        if (cerr != cudaSuccess) {
+            cudaGetLastError();
+            munmap(p, size);
+            close(fd);
+            return maco__comm_record(
+                comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                                  "maco_mem_alloc_host: cudaHostRegister(%zu bytes): %s", size,
+                                  cudaGetErrorString(cerr)));
+        }
+    }
+    maco__alloc_t *a = (maco__alloc_t *)calloc(1, sizeof(*a));
+    if (a == NULL) {
+        if (comm->cuda_device >= 0)
+            cudaHostUnregister(p);
+        munmap(p, size);
+        close(fd);
+        return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc_host: no host memory"));
+    }
+    a->base = (char *)p;
+    a->bytes = size;
+    a->is_host = 1;
+    a->fd = fd;
+    pthread_mutex_lock(&maco__mem_lock);
+    a->next = maco__allocs;
+    maco__allocs = a;
+    pthread_mutex_unlock(&maco__mem_lock);
+    *ptr_p = p;
+    return MACO_OK;
+}
+
+maco_status_t maco_mem_free(maco_comm_t comm, void *ptr)
+{
+    if (ptr == NULL)
+        return MACO_OK;
+    pthread_mutex_lock(&maco__mem_lock);
+    maco__alloc_t **pp = &maco__allocs, *a = NULL;
+    for (; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->base == (char *)ptr) {
+            a = *pp;
+            *pp = a->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&maco__mem_lock);
+    if (a == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_free: %p was not returned by "
+                                                   "maco_mem_alloc or maco_mem_alloc_host",
+                                                   ptr));
+    maco_status_t st = maco_mem_deregister(a->reg);
+    if (a->is_host) {
+        if (comm != NULL && comm->cuda_device >= 0 && cudaHostUnregister(a->base) != cudaSuccess)
+            cudaGetLastError();
+        munmap(a->base, a->bytes);
+        close(a->fd);
+    } else {
+        CUdeviceptr va = (CUdeviceptr)(uintptr_t)a->base;
+        MACO_CU_GOTO(st, out, "maco_mem_free", cuMemUnmap, va, a->bytes);
+        MACO_CU_GOTO(st, out, "maco_mem_free", cuMemAddressFree, va, a->bytes);
+        MACO_CU_GOTO(st, out, "maco_mem_free", cuMemRelease, a->handle);
+    }
+out:
+    free(a);
+    return maco__comm_record(comm, st);
+}
