@@ -1,6 +1,6 @@
 # Every public header compiles on its own, in C (C11) and C++ (C++17) with warnings as errors,
 # and every device header also with nvcc: no header depends on what another included first
-# (STYLE.md: rdma-core's rule). Arguments: -DSRC=<source dir> -DWORK=<scratch dir>
+# (docs/design.md, rules). Arguments: -DSRC=<source dir> -DWORK=<scratch dir>
 # -DCC=<C compiler> -DCXX=<C++ compiler> -DNVCC=<CUDA compiler> -DCUDA_INCLUDE=<toolkit include>
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})

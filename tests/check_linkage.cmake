@@ -1,5 +1,5 @@
 # Fails when libmaco.so has a link-time (DT_NEEDED) dependency on the CUDA driver,
-# libibverbs or NCCL: the library must load on machines without them (DESIGN.md), and
+# libibverbs or NCCL: the library must load on machines without them (docs/design.md, rules), and
 # when it exports anything but the public maco_* API.
 execute_process(COMMAND readelf -d --wide ${LIB} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)

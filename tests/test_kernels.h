@@ -1,4 +1,4 @@
-/* test_kernels.h - GPU kernels of the tests, behind C launchers (STYLE.md rule 8). */
+/* test_kernels.h - GPU kernels of the tests, behind C launchers (small C launchers). */
 #ifndef MACO_TEST_KERNELS_H
 #define MACO_TEST_KERNELS_H
 

@@ -293,7 +293,7 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
 
 static void nccl_load(perf_nccl_t *nc)
 {
-    /* NVLink multicast stays off (it can disturb shared machines; DESIGN.md). */
+    /* NVLink multicast stays off (it can disturb shared machines; docs/design.md, rules). */
     setenv("NCCL_NVLS_ENABLE", "0", 1);
     const char *path = getenv("MACO_NCCL_LIBRARY");
     if (path == NULL || path[0] == '\0')

@@ -1,7 +1,7 @@
 /*
  * maco/device/fifo.h - the trigger FIFO between device code (or host threads) and a proxy.
  *
- * Protocol (DESIGN.md, "FIFO"): a power-of-two ring of 128-bit triggers in host memory
+ * Protocol (docs/design.md, "Trigger FIFO"): a power-of-two ring of 128-bit triggers in host memory
  * (host-mapped pinned memory when GPUs push). A pusher reserves position `pos` with an atomic
  * add on the head counter (device memory when GPUs push), waits (bounded) while the ring is
  * full (pos - tail >= capacity, `tail` being the proxy's published position), then publishes

@@ -1,7 +1,7 @@
 /*
  * maco/device/packet.h - LL ("low latency") packets: data and a flag in one store.
  *
- * Protocol (DESIGN.md, "Packets"): the writer stores data together with a flag in a single
+ * Protocol (docs/design.md, "LL packets"): the writer stores data together with a flag in a single
  * vector store; the reader spins until the flag(s) equal the value it expects, then uses
  * the data. No semaphore and no fence are needed because one aligned vector store is
  * observed whole (MSCCL++ and NCCL's LL protocol rely on the same property of 8- and

@@ -1,7 +1,7 @@
 /*
  * maco/device/semaphore.h - device-to-device semaphores between two ranks.
  *
- * Protocol (DESIGN.md, "Semaphores"): a semaphore is a monotonic 64-bit counter in the
+ * Protocol (docs/design.md, "Semaphores"): a semaphore is a monotonic 64-bit counter in the
  * waiter's GPU memory, never reset. The signaller does a system-scope release add of 1 on
  * the peer's counter (through the peer mapping); the waiter keeps its own expected count,
  * adds 1 per wait and spins with system-scope acquire loads until counter >= expected.

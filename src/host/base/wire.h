@@ -3,7 +3,7 @@
  *
  * Everything that crosses a process boundary (unique id, hellos, frames, memory handles) is
  * written with these, byte by byte, so the format does not depend on the host's byte order
- * or struct padding (DESIGN.md, "Wire formats are versioned").
+ * or struct padding (docs/design.md, "Bootstrap wire formats").
  */
 #ifndef MACO_WIRE_H
 #define MACO_WIRE_H
