@@ -2,10 +2,10 @@
  * maco_test.h - helpers shared by MACO's test binaries.
  *
  * maco_test::Test is the base fixture of every test: it fails a test in which MACO logged a
- * warning or an error that the test did not announce with AllowLog() (every test fails on an unannounced problem).
- * MultiProcessMain() is main() for binaries started by maco-run: it joins the job from the
- * environment, optionally creates a communicator, and skips (exit 77, reason printed) when
- * the machine has no GPU or its ranks cannot share the GPUs it has.
+ * warning or an error that the test did not announce with AllowLog() (every test fails on an
+ * unannounced problem). MultiProcessMain() is main() for binaries started by maco-run: it joins the
+ * job from the environment, optionally creates a communicator, and skips (exit 77, reason printed)
+ * when the machine has no GPU or its ranks cannot share the GPUs it has.
  */
 #ifndef MACO_TEST_H
 #define MACO_TEST_H

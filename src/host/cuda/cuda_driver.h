@@ -3,8 +3,8 @@
  *
  * One X-macro table names each symbol and its prototype (cudaTypedefs.h); the pointers are
  * filled once through cudaGetDriverEntryPointByVersion(), so libmaco.so loads on machines
- * with no driver at all (docs/design.md, rules). A missing symbol leaves its pointer NULL; callers go
- * through maco__cu() which reports that as MACO_ERR_CUDA.
+ * with no driver at all (docs/design.md, rules). A missing symbol leaves its pointer NULL; callers
+ * go through maco__cu() which reports that as MACO_ERR_CUDA.
  */
 #ifndef MACO_CUDA_DRIVER_H
 #define MACO_CUDA_DRIVER_H
