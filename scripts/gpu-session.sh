@@ -44,6 +44,36 @@ step() { # name timeout command...
   summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
   return 0
 }
+if [ "${1:-}" = verify2 ]; then
+  # Two GPUs, one rank per GPU (and 4 ranks sharing them under MPS): the GPU suite, memcheck
+  # of the channel and collective suites, every collective with every type and op checked up
+  # to 1 GiB, and the eager tables against NCCL with -R 0 and -R 1.
+  step gpu-tests 300 ctest --test-dir "$B" -L gpu -V
+  slow='-*UpTo256MiB*:*LargeMessages*:*PingPong*:*OverManyLaunches*:*EveryAlgorithm*'
+  step memcheck-n2 200 "$B/tools/maco-run" -n 2 --timeout 190 \
+    compute-sanitizer --tool memcheck --error-exitcode 99 "$B/tests/test_gpu_mp" --gtest_filter="$slow"
+  for c in allreduce allgather reduce_scatter broadcast reduce; do
+    step "check-$c" 100 "$B/tools/maco-run" -n 2 --timeout 95 "$B/tools/maco-perf" $c -b 8 -e 1G \
+      -f 4 -d all -o all -c 1 -n 1 -w 0
+  done
+  for c in allreduce allgather reduce_scatter broadcast reduce; do
+    for R in 0 1; do
+      step "perf-$c-n2-R$R" 60 "$B/tools/maco-run" -n 2 --timeout 55 "$B/tools/maco-perf" $c \
+        -b 8 -e 1G -f 4 --nccl -n 20 -w 5 -R $R --json "$OUT/perf-$c-n2-R$R.json"
+    done
+  done
+  echo "================ gpu tests"; grep -E 'Test +#|tests passed' "$OUT/gpu-tests.txt"
+  grep -cE ' OK \]' "$OUT/gpu-tests.txt" | sed 's/^/passing test cases (all ranks): /'
+  echo "================ memcheck"; grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/memcheck-n2.txt" | sort | uniq -c
+  for f in "$OUT"/check-*.txt; do echo "== $(basename "$f" .txt): $(grep -E 'Wrong values' "$f" | head -1)"; done
+  for f in "$OUT"/perf-*.txt; do
+    echo "== $(basename "$f" .txt) (size, MACO us, busbw | NCCL us, busbw, ratio)"
+    sed 's/^\[[0-9]*\] //' "$f" | awk '/^ +[0-9]/ {printf "%11s %9s %7s | %9s %7s %5s\n", $1, $6, $8, $10, $11, $12} /Wrong values/'
+  done
+  echo "================ summary"; printf '%s\n' "${summary[@]}"
+  (cd "$OUT" && tar czf ../verify2.tgz . && rm -f ./* && mv ../verify2.tgz .)
+  exit 0
+fi
 if [ "${1:-}" = shared ]; then
   # One GPU, ranks sharing it through MPS (maco-run starts it): the GPU suite with 2 and 4
   # ranks (SHARED_ROUNDS times), then every collective with every type and op checked.
