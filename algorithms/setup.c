@@ -152,36 +152,19 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
     st = maco_mem_register(comm, c->buf, l->total_bytes, &c->buf_mem);
     if (st != MACO_OK)
         return st;
-    uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
     c->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
     c->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
     maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
         (size_t)slots * (size_t)n, sizeof(maco_memory_channel_device_t));
     maco_memory_channel_device_t *peer_chans =
         (maco_memory_channel_device_t *)calloc((size_t)slots, sizeof(maco_memory_channel_device_t));
-    if (handles == NULL || c->peer_buf == NULL || c->peer_buf_mem == NULL || chans == NULL ||
-        peer_chans == NULL) {
+    if (c->peer_buf == NULL || c->peer_buf_mem == NULL || chans == NULL || peer_chans == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
         goto out;
     }
-    st = maco_mem_serialize(c->buf_mem, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
-    if (st == MACO_OK)
-        st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
+    st = maco__mem_exchange(comm, c->buf_mem, c->peer_buf, c->peer_buf_mem);
     if (st != MACO_OK)
         goto out;
-    for (int r = 0; r < n; r++) {
-        if (r == comm->rank) {
-            c->peer_buf[r] = c->buf;
-            continue;
-        }
-        st =
-            maco_mem_import(comm, handles + (size_t)r * MACO_MEM_HANDLE_BYTES, &c->peer_buf_mem[r]);
-        if (st != MACO_OK)
-            goto out;
-        void *p;
-        maco_mem_get_pointer(c->peer_buf_mem[r], &p);
-        c->peer_buf[r] = (char *)p;
-    }
     /* rsag channels: for every peer in rank order, one channel per slot. The pairwise
      * exchanges happen in the same global order on all ranks, so none waits in a cycle. */
     for (int p = 0; p < n; p++) {
@@ -202,7 +185,6 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
                    st, out);
     st = maco__registry_setup(comm);
 out:
-    free(handles);
     free(chans);
     free(peer_chans);
     return st;

@@ -1,4 +1,7 @@
 /* maco_test.cc - the log-checking base fixture. */
+#include <sys/wait.h>
+
+#include <cstdio>
 #include "maco_test.h"
 
 #include <mutex>
@@ -54,6 +57,20 @@ std::vector<std::string> LoggedProblems()
 {
     std::lock_guard<std::mutex> guard(g_lock);
     return g_problems;
+}
+
+int RunShell(const std::string &cmd, std::string *out)
+{
+    FILE *p = popen(cmd.c_str(), "r");
+    if (p == nullptr)
+        return -1;
+    char buf[4096];
+    size_t n;
+    out->clear();
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0)
+        out->append(buf, n);
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 } // namespace maco_test

@@ -31,6 +31,9 @@ class Test : public ::testing::Test
 /** Lines containing `substring` may be logged (at any level) during the current test. */
 void AllowLog(const std::string &substring);
 
+/** Runs `cmd` with /bin/sh, its stdout into *out; returns its exit status (128 + signal). */
+int RunShell(const std::string &cmd, std::string *out);
+
 /** Lines logged at warn or error level during the current test. */
 std::vector<std::string> LoggedProblems();
 

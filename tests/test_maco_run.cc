@@ -37,20 +37,7 @@
 namespace
 {
 
-/* Runs `cmd` with /bin/sh, its stdout into *out; returns its exit status (128 + signal). */
-int RunShell(const std::string &cmd, std::string *out)
-{
-    FILE *p = popen(cmd.c_str(), "r");
-    if (p == nullptr)
-        return -1;
-    char buf[4096];
-    size_t n;
-    out->clear();
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0)
-        out->append(buf, n);
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using maco_test::RunShell;
 
 /* A rank that leaves two processes outside its process group (setsid), prints
  * "strays PID PID", waits until every rank has done so, then ends as $1 says: ok (exit 0),

@@ -713,19 +713,7 @@ TEST_F(Unit, FdServerHandsDescriptorsToOtherProcesses)
 }
 
 /* maco-run: prefixes, first failure wins, others killed, timeout 124. */
-static int RunShell(const std::string &cmd, std::string *out)
-{
-    FILE *p = popen(cmd.c_str(), "r");
-    if (p == nullptr)
-        return -1;
-    char buf[4096];
-    size_t n;
-    out->clear();
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0)
-        out->append(buf, n);
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using maco_test::RunShell;
 
 TEST_F(Unit, MacoRunPrefixesOutputAndSetsTheEnvironment)
 {

@@ -253,44 +253,23 @@ static maco_status_t maco__comm_gpu_setup(maco_comm_t comm)
     st = maco_mem_register(comm, comm->buf, l->total_bytes, &comm->buf_mem);
     if (st != MACO_OK)
         return st;
-    uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
     comm->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
     comm->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
-    if (handles == NULL || comm->peer_buf == NULL || comm->peer_buf_mem == NULL) {
-        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "comm setup: no host memory");
-        goto out;
-    }
-    st = maco_mem_serialize(comm->buf_mem, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
-    if (st == MACO_OK)
-        st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
+    if (comm->peer_buf == NULL || comm->peer_buf_mem == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "comm setup: no host memory");
+    st = maco__mem_exchange(comm, comm->buf_mem, comm->peer_buf, comm->peer_buf_mem);
     if (st != MACO_OK)
-        goto out;
-    for (int r = 0; r < n; r++) {
-        if (r == comm->rank) {
-            comm->peer_buf[r] = comm->buf;
-            continue;
-        }
-        st = maco_mem_import(comm, handles + (size_t)r * MACO_MEM_HANDLE_BYTES,
-                             &comm->peer_buf_mem[r]);
-        if (st != MACO_OK)
-            goto out;
-        void *p;
-        maco_mem_get_pointer(comm->peer_buf_mem[r], &p);
-        comm->peer_buf[r] = (char *)p;
-    }
+        return st;
     /* What the layers above add (the collectives' buffers and channels), then: nobody starts
      * GPU traffic before every rank has mapped every peer. */
     const maco__comm_ext_t *ext = maco__comm_extension();
     if (ext != NULL && ext->setup != NULL) {
         st = ext->setup(comm);
         if (st != MACO_OK)
-            goto out;
+            return st;
     }
-    MACO_CUDA_GOTO(cudaDeviceSynchronize(), st, out);
-    st = maco_bootstrap_barrier(comm->bs);
-out:
-    free(handles);
-    return st;
+    MACO_CUDA_RETURN(cudaDeviceSynchronize());
+    return maco_bootstrap_barrier(comm->bs);
 }
 
 static void maco__comm_free(maco_comm_t comm)

@@ -114,6 +114,14 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);
  */
 void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status);
 
+/**
+ * Collective: serializes `mine`, allgathers every rank's handle over the bootstrap and imports
+ * each peer's: peer_mem[r] (NULL at this rank) and peer_ptr[r] (this rank: mine's pointer).
+ * On failure the imports made so far stay in peer_mem for the caller to deregister.
+ */
+maco_status_t maco__mem_exchange(maco_comm_t comm, maco_mem_t mine, char **peer_ptr,
+                                 maco_mem_t *peer_mem);
+
 /** True when `mem` is host memory (MACO's shared host memory or other pinned memory). */
 int maco__mem_is_host(maco_mem_t mem);
 

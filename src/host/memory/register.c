@@ -331,3 +331,29 @@ maco_status_t maco_mem_deregister(maco_mem_t mem)
     free(mem);
     return MACO_OK;
 }
+
+maco_status_t maco__mem_exchange(maco_comm_t comm, maco_mem_t mine, char **peer_ptr,
+                                 maco_mem_t *peer_mem)
+{
+    const int n = comm->nranks;
+    uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
+    if (handles == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "maco__mem_exchange: no memory");
+    maco_status_t st =
+        maco_mem_serialize(mine, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
+    if (st == MACO_OK)
+        st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
+    for (int r = 0; r < n && st == MACO_OK; r++) {
+        void *p = NULL;
+        if (r == comm->rank) {
+            maco_mem_get_pointer(mine, &p);
+        } else {
+            st = maco_mem_import(comm, handles + (size_t)r * MACO_MEM_HANDLE_BYTES, &peer_mem[r]);
+            if (st == MACO_OK)
+                maco_mem_get_pointer(peer_mem[r], &p);
+        }
+        peer_ptr[r] = (char *)p;
+    }
+    free(handles);
+    return st;
+}
