@@ -343,6 +343,23 @@ extern "C" cudaError_t test_port_flush_loop(const maco_port_channel_device_t *ha
     return cudaGetLastError();
 }
 
+__global__ void test_port_push_only_kernel(const maco_port_channel_device_t *handle, int pushes,
+                                           int *status)
+{
+    maco_port_channel_device_t ch = *handle;
+    maco_status_t st = MACO_OK;
+    for (int i = 0; i < pushes && st == MACO_OK; i++)
+        st = maco_port_channel_put(&ch, 0, 0, 64);
+    *status = (int)st;
+}
+
+extern "C" cudaError_t test_port_push_only(const maco_port_channel_device_t *handle, int pushes,
+                                           int *status, cudaStream_t stream)
+{
+    test_port_push_only_kernel<<<1, 1, 0, stream>>>(handle, pushes, status);
+    return cudaGetLastError();
+}
+
 extern "C" unsigned long long test_count_wrong_slot(const char *slot, size_t slot_bytes,
                                                     size_t skew, size_t size, uint64_t seed,
                                                     uint64_t offset, unsigned long long *counter)

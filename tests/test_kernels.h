@@ -142,6 +142,11 @@ cudaError_t test_port_many_ctas(const maco_port_channel_device_t *handles, int n
 cudaError_t test_port_flush_loop(const maco_port_channel_device_t *handle, int iters,
                                  uint64_t bytes, int *status, int *rounds, cudaStream_t stream);
 
+/** One thread pushes `pushes` puts of 64 bytes (offsets 0) and no flush; *status: the first
+ * failure (MACO_ERR_REMOTE once the ring is full and the proxy stopped), else MACO_OK. */
+cudaError_t test_port_push_only(const maco_port_channel_device_t *handle, int pushes, int *status,
+                                cudaStream_t stream);
+
 /**
  * The single-element and polling calls of memory channels, one CTA per peer q != rank,
  * thread 0: write a u64 and a u32 at rank * 16 of q's buffer and read them back through the

@@ -177,6 +177,27 @@ TEST_F(PortChannelGpu, ManyCtasPushAtOnce)
     }
 }
 
+/* A device push that gives up (its proxy stopped while the ring was full) leaves its reserved
+ * position unpublished; restarting the proxy over it is refused instead of serving the ring
+ * up to the hole and then never again (a wedge: every later flush would time out). */
+TEST_F(PortChannelGpu, RestartOverAbandonedDevicePushesIsRefused)
+{
+    setenv("MACO_PROXY_FIFO_SIZE", "2", 1);
+    PortMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(4096));
+    unsetenv("MACO_PROXY_FIFO_SIZE");
+    int peer = (Rank() + 1) % NRanks();
+    ASSERT_EQ(maco_proxy_stop(m.port.proxy), MACO_OK);
+    CUDA_OK(cudaMemset(status_, 0, sizeof(int)));
+    /* Two pushes fill the ring; the third finds it full and the proxy stopped. */
+    CUDA_OK(test_port_push_only(m.dev + peer, 3, status_, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(Statuses()[0], MACO_ERR_REMOTE);
+    maco_test::AllowLog("reserved by kernels that gave up");
+    EXPECT_EQ(maco_proxy_start(m.port.proxy), MACO_ERR_INVALID_USAGE);
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
 TEST_F(PortChannelGpu, DeviceFlushMeansTheDataHasLanded)
 {
     const size_t kSlot = 8 << 20;
