@@ -104,6 +104,21 @@ static void maco__coll_destroy(maco_comm_t comm)
 static maco_status_t maco__coll_setup(maco_comm_t comm)
 {
     const int n = comm->nranks;
+    /* Every rank decides alike from what all of them know (the topology). */
+    if (comm->nnodes > 1 || n > MACO__MAX_LOCAL_RANKS) {
+        if (comm->nnodes > 1)
+            snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
+                     "the ranks span %d nodes; collectives across nodes are not implemented "
+                     "yet (port channels over IB or TCP reach other nodes)",
+                     comm->nnodes);
+        else
+            snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
+                     "%d ranks on one node; collectives support at most %d", n,
+                     MACO__MAX_LOCAL_RANKS);
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
+                  comm->ext_unavailable);
+        return MACO_OK;
+    }
     maco__coll_sizes_t mine;
     maco_status_t st = maco__coll_read_sizes(&mine);
     if (st != MACO_OK)
@@ -199,8 +214,9 @@ maco_status_t maco__coll_require(maco_comm_t comm, const char *fn, maco__coll_t 
     if (c == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
                                                    "%s: the collectives were not set up on this "
-                                                   "communicator",
-                                                   fn));
+                                                   "communicator%s%s",
+                                                   fn, comm->ext_unavailable[0] ? ": " : "",
+                                                   comm->ext_unavailable));
     *c_p = c;
     return MACO_OK;
 }

@@ -22,8 +22,118 @@
 
 /* ------------------------------------------------------------------ channels */
 
-/* What two ranks tell each other when they create a channel (fixed layout). */
-enum { MACO__PORT_HELLO_BYTES = 16 + MACO_MEM_HANDLE_BYTES };
+/*
+ * The hello two ranks exchange when they create a channel (little-endian, 192 bytes):
+ *    0 u32 magic "MPRT"     4 u16 version (1)      6 u16 requested transport (after
+ *                                                     MACO_TRANSPORT; 0 = auto)
+ *    8 u32 transports this rank can use to reach the peer (bit t for maco_transport_t t)
+ *   12 u32 this rank's channel id
+ *   16 u64 this rank's proxy uid
+ *   24 u32 host semaphore slot  28 u32 device semaphore slot (the ones the peer signals)
+ *   32 u64 dst: its address in the peer's process   40 u64 dst bytes
+ *   48 u32 dst is host memory  52 u32 src is host memory  56 u64 zero
+ *   64 the serialized handle of this proxy's host semaphores (128 bytes)
+ */
+enum { MACO__PORT_HELLO_BYTES = 64 + MACO_MEM_HANDLE_BYTES };
+#define MACO__PORT_MAGIC 0x5452504Du /* "MPRT" */
+#define MACO__PORT_VERSION 1u
+
+/* The transport MACO_TRANSPORT names for channels created with MACO_TRANSPORT_AUTO. */
+static maco_status_t maco__port_env_transport(maco_transport_t *t_p)
+{
+    const char *v = maco__config_string(MACO_CFG_TRANSPORT);
+    for (int t = MACO_TRANSPORT_AUTO; t < MACO__TRANSPORT_SLOTS; t++) {
+        if (strcmp(v, maco__transport_word((maco_transport_t)t)) == 0) {
+            *t_p = (maco_transport_t)t;
+            return MACO_OK;
+        }
+    }
+    return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                       "MACO_TRANSPORT=%s names no transport; it accepts auto, cuda, host, ib "
+                       "or tcp",
+                       v);
+}
+
+/* Whether transport t can carry a channel of these buffers to `peer`: 1, or 0 with why. */
+static int maco__port_usable(struct maco_proxy *p, int peer, maco_transport_t t, maco_mem_t src,
+                             maco_mem_t dst, char *why, size_t cap)
+{
+    maco_comm_t comm = p->comm;
+    int remote = maco__mem_is_remote(dst);
+    int host_src = maco__mem_is_host(src), host_dst = maco__mem_is_host(dst);
+    why[0] = '\0';
+    switch (t) {
+    case MACO_TRANSPORT_CUDA_COPY:
+        if (!p->has_device_fifo)
+            snprintf(why, cap, "the CUDA copy transport needs GPUs: %s", comm->gpu_unavailable);
+        else if (remote)
+            snprintf(why, cap,
+                     "the CUDA copy transport reaches only this node's GPUs; rank %d "
+                     "is on another node",
+                     peer);
+        else if (host_src || host_dst)
+            snprintf(why, cap,
+                     "the CUDA copy transport needs device buffers on both sides (src "
+                     "is %s, dst is %s)",
+                     host_src ? "host memory" : "device memory",
+                     host_dst ? "host memory" : "device memory");
+        break;
+    case MACO_TRANSPORT_HOST_MEMORY:
+        if (remote)
+            snprintf(why, cap,
+                     "the host-memory transport reaches only this node; rank %d is on "
+                     "another node",
+                     peer);
+        else if (!host_src || !host_dst)
+            snprintf(why, cap,
+                     "the host-memory transport needs maco_mem_alloc_host buffers on "
+                     "both sides (src is %s, dst is %s)",
+                     host_src ? "host memory" : "device memory",
+                     host_dst ? "host memory" : "device memory");
+        break;
+    case MACO_TRANSPORT_IB:
+    case MACO_TRANSPORT_TCP:
+        if ((!host_src || !host_dst) && !p->has_device_fifo)
+            snprintf(why, cap, "device buffers need a GPU on this rank: %s", comm->gpu_unavailable);
+        break;
+    default:
+        snprintf(why, cap, "transport %d is not a maco_transport_t", (int)t);
+        return 0;
+    }
+    if (why[0] != '\0')
+        return 0;
+    return maco__transport_ops(t)->available(comm, peer, why, cap);
+}
+
+/* The transport both ranks use: the one they asked for, or for auto the first that both can
+ * use of: host memory or CUDA copy (same node), IB, TCP. Both ranks compute the same. */
+static maco_transport_t maco__port_choose(maco_transport_t asked, uint32_t both)
+{
+    if (asked != MACO_TRANSPORT_AUTO)
+        return (both >> asked) & 1u ? asked : MACO_TRANSPORT_AUTO;
+    static const maco_transport_t order[] = { MACO_TRANSPORT_HOST_MEMORY, MACO_TRANSPORT_CUDA_COPY,
+                                              MACO_TRANSPORT_IB, MACO_TRANSPORT_TCP };
+    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
+        if ((both >> order[i]) & 1u)
+            return order[i];
+    return MACO_TRANSPORT_AUTO;
+}
+
+/* The proxy's instance of transport t, set up at its first channel. */
+static maco_status_t maco__port_instance(struct maco_proxy *p, maco_transport_t t)
+{
+    if (p->tp[t].ops != NULL)
+        return MACO_OK;
+    const maco__transport_ops_t *ops = maco__transport_ops(t);
+    void *state = NULL;
+    maco_status_t st = ops->proxy_setup(p, &state);
+    if (st != MACO_OK)
+        return st;
+    p->tp[t].state = state;
+    __atomic_store_n(&p->tp[t].ops, ops, __ATOMIC_RELEASE); /* the proxy thread reads it */
+    MACO_INFO(MACO_SUBSYS_PROXY, "rank %d's proxy uses the %s transport", p->comm->rank, ops->name);
+    return MACO_OK;
+}
 
 maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_t transport,
                                        maco_mem_t src, maco_mem_t dst, maco_port_channel_t *ch_p)
@@ -43,39 +153,41 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
                                              "ranks), src owned by rank %d (must be %d), "
                                              "dst owned by rank %d (must be the peer)",
                                              peer, comm->nranks, src_owner, comm->rank, dst_owner));
-    if (transport != MACO_TRANSPORT_CUDA_COPY && transport != MACO_TRANSPORT_HOST_MEMORY)
+    if ((int)transport < MACO_TRANSPORT_AUTO || (int)transport >= MACO__TRANSPORT_SLOTS)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
                                                    "maco_port_channel_create: transport %d is "
                                                    "not a maco_transport_t",
                                                    (int)transport));
-    if (transport == MACO_TRANSPORT_CUDA_COPY && !p->has_device_fifo)
+    maco_status_t st = MACO_OK;
+    maco_transport_t asked = transport;
+    if (asked == MACO_TRANSPORT_AUTO) {
+        st = maco__port_env_transport(&asked);
+        if (st != MACO_OK)
+            return maco__comm_record(comm, st);
+    }
+    /* What this rank could use. An explicit choice this rank cannot use fails here, before
+     * any exchange (the peer, if it went on, then fails at its bootstrap deadline naming this
+     * rank); one only the peer cannot use fails on both after the exchange. */
+    uint32_t can = 0;
+    char why[MACO__TRANSPORT_SLOTS][768];
+    for (int t = MACO_TRANSPORT_CUDA_COPY; t < MACO__TRANSPORT_SLOTS; t++)
+        if (maco__port_usable(p, peer, (maco_transport_t)t, src, dst, why[t], sizeof(why[t])))
+            can |= 1u << t;
+    if (asked != MACO_TRANSPORT_AUTO && !((can >> asked) & 1u))
         return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
-                                                   "maco_port_channel_create: the CUDA copy "
-                                                   "transport needs GPUs: %s",
-                                                   comm->gpu_unavailable));
-    int host_src = maco__mem_is_host(src), host_dst = maco__mem_is_host(dst);
-    if ((transport == MACO_TRANSPORT_HOST_MEMORY) != (host_src && host_dst) &&
-        (transport == MACO_TRANSPORT_HOST_MEMORY || host_src || host_dst))
-        return maco__comm_record(
-            comm,
-            maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
-                        "maco_port_channel_create: the %s transport needs %s buffers on "
-                        "both sides (src is %s, dst is %s)",
-                        transport == MACO_TRANSPORT_HOST_MEMORY ? "host-memory" : "CUDA copy",
-                        transport == MACO_TRANSPORT_HOST_MEMORY ? "maco_mem_alloc_host" : "device",
-                        host_src ? "host memory" : "device memory",
-                        host_dst ? "host memory" : "device memory"));
+                                                   "maco_port_channel_create: to rank %d over "
+                                                   "%s: %s",
+                                                   peer, maco__transport_word(asked), why[asked]));
     if (p->nchannels >= MACO_TRIGGER_MAX_CHANNELS)
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
                                                    "maco_port_channel_create: the proxy has "
                                                    "%d channels, the most a trigger can name",
                                                    MACO_TRIGGER_MAX_CHANNELS));
-    /* Semaphores: this rank's inbound for the peer's signals. Host memory: the proxy's shared
-     * pool; CUDA copy: the communicator's device pool. The expected count of device waits is
-     * always in the device pool (when there is a GPU). */
+    /* Semaphores: a slot of the proxy's host pool and one of the communicator's device pool
+     * (with a GPU) are offered; the transport chosen decides which one the peer's signals
+     * raise. The expected count of device waits is always in the device pool. */
     int gpu = comm->gpu_unavailable[0] == '\0';
-    if ((transport == MACO_TRANSPORT_HOST_MEMORY && p->host_sem_next >= MACO__HOST_SEMS) ||
-        (gpu && comm->sem_next >= MACO__NSEM))
+    if (p->host_sem_next >= MACO__HOST_SEMS || (gpu && comm->sem_next >= MACO__NSEM))
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
                                                    "maco_port_channel_create: the semaphore "
                                                    "pool is used up (%d host, %d device)",
@@ -83,70 +195,144 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
     uint32_t host_slot = p->host_sem_next, dev_slot = gpu ? (uint32_t)comm->sem_next : 0;
     uint8_t mine[MACO__PORT_HELLO_BYTES], theirs[MACO__PORT_HELLO_BYTES];
     memset(mine, 0, sizeof(mine));
-    maco__put_u32(mine, (uint32_t)transport);
-    maco__put_u32(mine + 4, host_slot);
-    maco__put_u32(mine + 8, dev_slot);
-    maco_status_t st = MACO_OK;
-    if (transport == MACO_TRANSPORT_HOST_MEMORY)
-        st = maco_mem_serialize(p->host_sems_mem, mine + 16);
+    maco__put_u32(mine, MACO__PORT_MAGIC);
+    maco__put_u16(mine + 4, MACO__PORT_VERSION);
+    maco__put_u16(mine + 6, (uint16_t)asked);
+    maco__put_u32(mine + 8, can);
+    maco__put_u32(mine + 12, p->nchannels);
+    maco__put_u64(mine + 16, p->uid);
+    maco__put_u32(mine + 24, host_slot);
+    maco__put_u32(mine + 28, dev_slot);
+    size_t dst_bytes = 0, src_bytes = 0;
+    maco_mem_get_size(dst, &dst_bytes);
+    maco_mem_get_size(src, &src_bytes);
+    maco__put_u64(mine + 32, maco__mem_owner_addr(dst));
+    maco__put_u64(mine + 40, dst_bytes);
+    maco__put_u32(mine + 48, (uint32_t)maco__mem_is_host(dst));
+    maco__put_u32(mine + 52, (uint32_t)maco__mem_is_host(src));
+    st = maco_mem_serialize(p->host_sems_mem, mine + 64);
     if (st == MACO_OK)
         st = maco__bootstrap_send(comm->bs, peer, MACO__TAG_PORT, mine, sizeof(mine));
     if (st == MACO_OK)
         st = maco__bootstrap_recv(comm->bs, peer, MACO__TAG_PORT, theirs, sizeof(theirs));
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    if (maco__get_u32(theirs) != (uint32_t)transport)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
-                                                   "rank %d created its channel to rank %d "
-                                                   "with transport %u, this rank with %d",
-                                                   peer, comm->rank, maco__get_u32(theirs),
-                                                   (int)transport));
+    if (maco__get_u32(theirs) != MACO__PORT_MAGIC ||
+        maco__get_u16(theirs + 4) != MACO__PORT_VERSION)
+        return maco__comm_record(comm,
+                                 maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                             "maco_port_channel_create: rank %d answered "
+                                             "with magic 0x%08x version %u (expected "
+                                             "0x%08x version %u): different MACO builds?",
+                                             peer, maco__get_u32(theirs), maco__get_u16(theirs + 4),
+                                             MACO__PORT_MAGIC, MACO__PORT_VERSION));
+    maco_transport_t their_asked = (maco_transport_t)maco__get_u16(theirs + 6);
+    if (their_asked != asked)
+        return maco__comm_record(comm,
+                                 maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                             "rank %d created its channel to rank %d "
+                                             "with transport %s, this rank with %s",
+                                             peer, comm->rank, maco__transport_word(their_asked),
+                                             maco__transport_word(asked)));
+    uint32_t both = can & maco__get_u32(theirs + 8);
+    transport = maco__port_choose(asked, both);
+    if (transport == MACO_TRANSPORT_AUTO && asked != MACO_TRANSPORT_AUTO)
+        return maco__comm_record(comm,
+                                 maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                                             "maco_port_channel_create: to rank %d over %s: %s",
+                                             peer, maco__transport_word(asked),
+                                             "the peer cannot use it (its log says why)"));
+    if (transport == MACO_TRANSPORT_AUTO)
+        return maco__comm_record(
+            comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                              "maco_port_channel_create: no transport both rank %d and rank %d "
+                              "can use (%s asked; this rank can use:%s%s%s%s; rank %d: "
+                              "mask 0x%x, its log says why)",
+                              comm->rank, peer, maco__transport_word(asked),
+                              (can >> 1) & 1 ? " cuda" : "", (can >> 2) & 1 ? " host" : "",
+                              (can >> 3) & 1 ? " ib" : "", (can >> 4) & 1 ? " tcp" : "", peer,
+                              maco__get_u32(theirs + 8)));
+    int network = transport == MACO_TRANSPORT_IB || transport == MACO_TRANSPORT_TCP;
+    /* Network transports: the peer's channel writes what it named as its dst here; it must
+     * be memory this rank registered. */
+    maco__mem_region_t recv_region;
+    memset(&recv_region, 0, sizeof(recv_region));
+    uint64_t recv_addr = maco__get_u64(theirs + 32), recv_bytes = maco__get_u64(theirs + 40);
+    if (network) {
+        st = maco__mem_lookup(recv_addr, recv_bytes, &recv_region);
+        if (st != MACO_OK)
+            return maco__comm_record(comm, st);
+    }
     struct maco_port_channel *ch = (struct maco_port_channel *)calloc(1, sizeof(*ch));
     if (ch == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY,
                                                    "maco_port_channel_create: no memory"));
-    if (transport == MACO_TRANSPORT_HOST_MEMORY) {
-        if (p->peer_host_sems[peer] == NULL) {
-            st = maco_mem_import(comm, theirs + 16, &p->peer_host_sems[peer]);
-            if (st != MACO_OK) {
-                free(ch);
-                return maco__comm_record(comm, st);
-            }
-        }
-        void *peer_sems;
-        maco_mem_get_pointer(p->peer_host_sems[peer], &peer_sems);
-        ch->remote_inbound = (uint64_t *)peer_sems + maco__get_u32(theirs + 4);
-        ch->inbound = p->host_sems + host_slot;
-        ch->ops = &maco__transport_host_ops;
-        p->host_sem_next++;
-    } else {
-        ch->remote_inbound = (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) +
-                             maco__get_u32(theirs + 8);
-        ch->ops = &maco__transport_cuda_ops;
-    }
-    if (gpu)
-        comm->sem_next++;
     ch->proxy = p;
     ch->peer = peer;
     ch->transport = transport;
-    void *ptr;
-    size_t bytes;
-    maco_mem_get_pointer(src, &ptr);
-    maco_mem_get_size(src, &bytes);
-    ch->src = (char *)ptr;
-    ch->src_bytes = bytes;
-    maco_mem_get_pointer(dst, &ptr);
-    maco_mem_get_size(dst, &bytes);
-    ch->dst = (char *)ptr;
-    ch->dst_bytes = bytes;
+    ch->ops = maco__transport_ops(transport);
     ch->id = p->nchannels;
+    ch->peer_channel = maco__get_u32(theirs + 12);
+    ch->peer_proxy_uid = maco__get_u64(theirs + 16);
+    void *ptr = NULL;
+    maco_mem_get_pointer(src, &ptr);
+    ch->src = (char *)ptr;
+    ch->src_bytes = src_bytes;
+    ch->src_host = maco__mem_is_host(src);
+    ch->dst_bytes = dst_bytes;
+    ch->dst_addr = maco__mem_owner_addr(dst);
+    ch->dst_host = maco__mem_is_host(dst);
+    if (network) {
+        ch->recv = (char *)(uintptr_t)recv_addr;
+        ch->recv_bytes = recv_bytes;
+        ch->recv_host = recv_region.is_host;
+        ch->sem_host = recv_region.is_host || !gpu;
+    } else {
+        ptr = NULL;
+        maco_mem_get_pointer(dst, &ptr);
+        ch->dst = (char *)ptr;
+        ch->sem_host = transport == MACO_TRANSPORT_HOST_MEMORY;
+    }
+    if (transport == MACO_TRANSPORT_HOST_MEMORY) {
+        if (p->peer_host_sems[peer] == NULL) {
+            st = maco_mem_import(comm, theirs + 64, &p->peer_host_sems[peer]);
+            if (st != MACO_OK)
+                goto fail;
+        }
+        void *peer_sems = NULL;
+        maco_mem_get_pointer(p->peer_host_sems[peer], &peer_sems);
+        ch->remote_inbound = (uint64_t *)peer_sems + maco__get_u32(theirs + 24);
+    } else if (transport == MACO_TRANSPORT_CUDA_COPY) {
+        ch->remote_inbound = (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) +
+                             maco__get_u32(theirs + 28);
+    }
+    if (ch->sem_host) {
+        ch->inbound = p->host_sems + host_slot;
+        if (gpu &&
+            cudaHostGetDevicePointer((void **)&ch->inbound_dev, ch->inbound, 0) != cudaSuccess) {
+            cudaGetLastError();
+            ch->inbound_dev = NULL; /* not mapped: device waits are unavailable on it */
+        }
+    } else if (gpu) {
+        ch->inbound_dev = (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot;
+    }
+    st = maco__port_instance(p, transport);
+    if (st == MACO_OK)
+        st = ch->ops->connect(ch, maco__transport_state(ch));
+    if (st != MACO_OK)
+        goto fail;
+    if (ch->sem_host)
+        p->host_sem_next++;
+    if (gpu)
+        comm->sem_next++;
     if (gpu) {
         maco_port_channel_device_t *d = &ch->device;
         d->fifo = p->device_fifo.view;
         d->channel = ch->id;
         /* CUDA copy: puts are read by this GPU's copy engines, signals written by them after
          * the data: a GPU-scope fence orders what they need (maco/device/port_channel.h).
-         * Host memory: the proxy's CPU reads the source, a system-scope release. */
+         * Host memory, IB and TCP: the proxy's CPU or a NIC reads the source: a system-scope
+         * release. */
         d->push_order =
             transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
         /* Puts of 4 or 8 bytes travel inline on the CUDA copy transport (fifo.h), where both
@@ -156,24 +342,31 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
                         (((uintptr_t)ch->src | (uintptr_t)ch->dst) & 7u) == 0;
         d->src = inline_ok ? ch->src : NULL;
         d->src_bytes = inline_ok ? ch->src_bytes : 0;
-        uint64_t *dev_inbound = transport == MACO_TRANSPORT_CUDA_COPY
-                                    ? (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot
-                                    : NULL;
-        if (transport == MACO_TRANSPORT_HOST_MEMORY &&
-            cudaHostGetDevicePointer((void **)&dev_inbound, ch->inbound, 0) != cudaSuccess) {
-            cudaGetLastError();
-            dev_inbound = NULL; /* not mapped: device waits are unavailable on this channel */
-        }
-        d->semaphore.inbound = dev_inbound;
+        d->semaphore.inbound = ch->inbound_dev;
         d->semaphore.remote_inbound = NULL;
         d->semaphore.expected = (uint64_t *)(comm->buf + comm->layout.expected_offset) + dev_slot;
         d->semaphore.bound = p->device_fifo.view.bound;
         d->semaphore.peer = peer;
         d->semaphore.id = (int32_t)dev_slot;
     }
+    MACO_DEBUG(MACO_SUBSYS_PROXY,
+               "port channel %u to rank %d over %s (peer's channel %u, semaphore in %s memory)",
+               ch->id, peer, ch->ops->name, ch->peer_channel, ch->sem_host ? "host" : "device");
     __atomic_store_n(&p->channels[ch->id], ch, __ATOMIC_RELEASE);
     p->nchannels++;
     *ch_p = ch;
+    return MACO_OK;
+fail:
+    free(ch);
+    return maco__comm_record(comm, st);
+}
+
+maco_status_t maco_port_channel_get_transport(maco_port_channel_t ch, maco_transport_t *transport_p)
+{
+    if (ch == NULL || transport_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_get_transport: NULL argument");
+    *transport_p = ch->transport;
     return MACO_OK;
 }
 
@@ -204,6 +397,7 @@ maco_status_t maco_port_channel_destroy(maco_port_channel_t ch)
     if (ch == NULL)
         return MACO_OK;
     __atomic_store_n(&ch->proxy->channels[ch->id], NULL, __ATOMIC_RELEASE);
+    ch->ops->disconnect(ch, maco__transport_state(ch));
     free(ch);
     return MACO_OK;
 }
@@ -292,9 +486,14 @@ maco_status_t maco_port_channel_flush(maco_port_channel_t ch)
     maco_status_t st = maco__port_host_push(ch, MACO_TRIGGER_FLUSH, 0, 0, 0, 0, &pos);
     if (st != MACO_OK)
         return st;
-    return maco__comm_record(
-        ch->proxy->comm,
-        maco__fifo_host_wait_flush(&ch->proxy->host_fifo.view, pos, ch->proxy->timeout_ms));
+    st = maco__fifo_host_wait_flush(&ch->proxy->host_fifo.view, pos, ch->proxy->timeout_ms);
+    if (st == MACO_OK && !ch->ops->alive(ch, maco__transport_state(ch)))
+        st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
+                         "port channel %u: the %s connection to rank %d failed (see "
+                         "maco_comm_get_async_error); data put before the flush may not have "
+                         "arrived",
+                         ch->id, ch->ops->name, ch->peer);
+    return maco__comm_record(ch->proxy->comm, st);
 }
 
 maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
@@ -302,13 +501,13 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
     if (ch == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
                            "maco_port_channel_wait: ch is NULL");
-    if (ch->transport != MACO_TRANSPORT_HOST_MEMORY)
+    if (!ch->sem_host)
         return maco__comm_record(ch->proxy->comm,
                                  maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
-                                             "maco_port_channel_wait: channel %u uses the CUDA "
-                                             "copy transport; its signals land in device "
-                                             "memory, wait on the device",
-                                             ch->id));
+                                             "maco_port_channel_wait: channel %u (%s transport) "
+                                             "raises a semaphore in device memory; wait on the "
+                                             "device",
+                                             ch->id, ch->ops->name));
     /* timeout_ms 0: one look. Negative: MACO_DEVICE_TIMEOUT, whose 0 means no bound. */
     int bounded = 1;
     if (timeout_ms < 0) {

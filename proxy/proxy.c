@@ -2,13 +2,14 @@
  * proxy.c - the proxy service: thread, FIFO polling, trigger handling, flushes, channels.
  *
  * The thread polls the device FIFO and the host FIFO in turn, carrying out up to 64 triggers
- * of one before looking at the other. A trigger's parts run in the order data, signal, flush.
- * A flush completes when every operation queued before it has completed: immediately if no
- * CUDA work is outstanding, else when a marker (an event) recorded after that work has
- * passed; flushes of a FIFO complete in order and the proxy publishes, for each FIFO, 1 + the
- * position of its last completed flush (flush_done), which device and host flush calls
- * compare with. When idle the thread spins with a pause hint, then yields, then sleeps 50 us
- * after 1 ms without work (so idle proxies do not starve 2-core machines).
+ * of one before looking at the other, then lets every transport in use make progress
+ * (transport.h). A trigger's parts run in the order data, signal, flush. A flush completes
+ * when every operation carried out before it has completed: immediately if no transport did
+ * work since its last marker, else when each such transport's marker has passed; flushes
+ * complete in order and the proxy publishes, for each FIFO, 1 + the position of its last
+ * completed flush (flush_done), which device and host flush calls compare with. When idle
+ * the thread spins with a pause hint, then yields, then sleeps 50 us after 1 ms without work
+ * (so idle proxies do not starve 2-core machines).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -96,11 +97,23 @@ static void maco__proxy_bind(maco_comm_t comm)
 
 /* ------------------------------------------------------------------ trigger handling */
 
+/* Frees a pending flush's markers (done or not). */
+static void maco__pending_free(struct maco_proxy *p, maco__pending_flush_t *pf)
+{
+    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++)
+        if (pf->has_marker[t])
+            p->tp[t].ops->marker_free(p, p->tp[t].state, pf->markers[t]);
+    free(pf);
+}
+
 static maco_status_t maco__proxy_flush(struct maco_proxy *p, maco__fifo_t *f, uint64_t pos)
 {
     if (p->draining)
         return MACO_OK; /* after a stop no flush completes: its waiter fails instead */
-    if (!p->cuda_work_since_marker && p->pending_head == NULL) {
+    int work = 0;
+    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++)
+        work |= p->tp[t].work_since_marker;
+    if (!work && p->pending_head == NULL) {
         /* Nothing outstanding: done now (the common, latency-critical case). */
         __atomic_store_n(f->flush_done, pos + 1, __ATOMIC_RELEASE);
         return MACO_OK;
@@ -110,13 +123,17 @@ static maco_status_t maco__proxy_flush(struct maco_proxy *p, maco__fifo_t *f, ui
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "flush: no memory");
     pf->fifo = f;
     pf->pos = pos;
-    if (p->cuda_work_since_marker) {
-        maco_status_t st = maco__transport_cuda_ops.mark(p, &pf->marker);
+    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++) {
+        maco__proxy_transport_t *tp = &p->tp[t];
+        if (!tp->work_since_marker)
+            continue;
+        maco_status_t st = tp->ops->mark(p, tp->state, &pf->markers[t]);
         if (st != MACO_OK) {
-            free(pf);
+            maco__pending_free(p, pf);
             return st;
         }
-        p->cuda_work_since_marker = 0;
+        pf->has_marker[t] = 1;
+        tp->work_since_marker = 0;
     }
     if (p->pending_tail)
         p->pending_tail->next = pf;
@@ -132,11 +149,12 @@ static int maco__proxy_poll_flushes(struct maco_proxy *p)
     int done = 0;
     while (p->pending_head != NULL) {
         maco__pending_flush_t *pf = p->pending_head;
-        if (pf->marker != NULL) {
-            if (!maco__transport_cuda_ops.marker_done(p, pf->marker))
-                break;
-            maco__transport_cuda_ops.marker_free(p, pf->marker);
-        }
+        int passed = 1;
+        for (int t = 0; t < MACO__TRANSPORT_SLOTS && passed; t++)
+            if (pf->has_marker[t])
+                passed = p->tp[t].ops->marker_done(p, p->tp[t].state, pf->markers[t]);
+        if (!passed)
+            break;
         /* A newer flush of the same FIFO may have completed first in another FIFO's order;
          * flush_done only grows. */
         if (*pf->fifo->flush_done < pf->pos + 1)
@@ -144,10 +162,33 @@ static int maco__proxy_poll_flushes(struct maco_proxy *p)
         p->pending_head = pf->next;
         if (p->pending_head == NULL)
             p->pending_tail = NULL;
-        free(pf);
+        maco__pending_free(p, pf);
         done++;
     }
     return done;
+}
+
+/* Moves every transport instance's work along; returns how much happened. */
+static int maco__proxy_progress(struct maco_proxy *p)
+{
+    int work = 0;
+    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++) {
+        const maco__transport_ops_t *ops = __atomic_load_n(&p->tp[t].ops, __ATOMIC_ACQUIRE);
+        if (ops != NULL)
+            work += ops->progress(p, p->tp[t].state);
+    }
+    return work;
+}
+
+/* 1 while some transport has work of this rank in flight. */
+static int maco__proxy_outstanding(struct maco_proxy *p)
+{
+    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++) {
+        const maco__transport_ops_t *ops = __atomic_load_n(&p->tp[t].ops, __ATOMIC_ACQUIRE);
+        if (ops != NULL && ops->outstanding(p, p->tp[t].state))
+            return 1;
+    }
+    return 0;
 }
 
 static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigger_t t)
@@ -162,19 +203,14 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                                         p->comm->rank, id));
         return;
     }
+    void *state = ch != NULL ? p->tp[ch->transport].state : NULL;
     int signalled = 0;
     uint32_t inline_bytes = maco_trigger_inline_bytes(t);
     if ((type & MACO_TRIGGER_DATA) && inline_bytes != 0) {
         /* The value travels in the trigger (maco/device/fifo.h). */
         uint64_t dst = maco_trigger_dst_offset(t);
-        if (ch->ops->put_value == NULL) {
-            maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
-                                            "port channel %u to rank %d: an inline put on the "
-                                            "%s transport, which takes none (a corrupt "
-                                            "trigger); skipped",
-                                            id, ch->peer, ch->ops->name));
-        } else if (dst > ch->dst_bytes || inline_bytes > ch->dst_bytes - dst ||
-                   ((uintptr_t)(ch->dst + dst) & (inline_bytes - 1)) != 0) {
+        if (dst > ch->dst_bytes || inline_bytes > ch->dst_bytes - dst ||
+            ((ch->dst_addr + dst) & (inline_bytes - 1)) != 0) {
             maco__proxy_fail(p, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
                                             "port channel %u to rank %d: an inline put of %u "
                                             "bytes to offset %llu leaves the destination (%llu "
@@ -183,12 +219,11 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                                             (unsigned long long)ch->dst_bytes));
         } else {
             int with_signal = (type & MACO_TRIGGER_SIGNAL) != 0;
-            maco_status_t st = ch->ops->put_value(ch, dst, t.fst, inline_bytes, with_signal);
+            maco_status_t st = ch->ops->put_value(ch, state, dst, t.fst, inline_bytes, with_signal);
             if (st != MACO_OK)
                 maco__proxy_fail(p, st);
             signalled = with_signal; /* put_value's job, also when it failed */
-            if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
-                p->cuda_work_since_marker = 1;
+            p->tp[ch->transport].work_since_marker = 1;
         }
     } else if (type & MACO_TRIGGER_DATA) {
         uint64_t dst = maco_trigger_dst_offset(t), src = maco_trigger_src_offset(t);
@@ -204,19 +239,17 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                                             (unsigned long long)ch->src_bytes,
                                             (unsigned long long)ch->dst_bytes));
         } else if (size > 0) {
-            maco_status_t st = ch->ops->put(ch, dst, src, size);
+            maco_status_t st = ch->ops->put(ch, state, dst, src, size);
             if (st != MACO_OK)
                 maco__proxy_fail(p, st);
-            if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
-                p->cuda_work_since_marker = 1;
+            p->tp[ch->transport].work_since_marker = 1;
         }
     }
     if ((type & MACO_TRIGGER_SIGNAL) && !signalled) {
-        maco_status_t st = ch->ops->signal(ch);
+        maco_status_t st = ch->ops->signal(ch, state);
         if (st != MACO_OK)
             maco__proxy_fail(p, st);
-        if (ch->transport == MACO_TRANSPORT_CUDA_COPY)
-            p->cuda_work_since_marker = 1;
+        p->tp[ch->transport].work_since_marker = 1;
     }
     if (type & MACO_TRIGGER_FLUSH) {
         maco_status_t st = maco__proxy_flush(p, f, f->tail);
@@ -246,11 +279,14 @@ static void *maco__proxy_main(void *arg)
         cudaSetDevice(p->comm->cuda_device);
     maco__proxy_bind(p->comm);
     uint32_t idle = 0;
+    /* An idle proxy still calls progress (a network transport receives there), so it sleeps
+     * at most 50 us between looks. */
     int64_t idle_since = 0;
     while (!__atomic_load_n(&p->stop_requested, __ATOMIC_ACQUIRE)) {
         int work = maco__proxy_drain(p, &p->host_fifo, 64);
         if (p->has_device_fifo)
             work += maco__proxy_drain(p, &p->device_fifo, 64);
+        work += maco__proxy_progress(p);
         work += maco__proxy_poll_flushes(p);
         if (work > 0 || p->pending_head != NULL) {
             idle = 0;
@@ -315,14 +351,8 @@ maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
         if (st != MACO_OK)
             goto fail;
         p->has_device_fifo = 1;
-        MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, fail);
-        MACO_CUDA_GOTO(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking), st, fail);
-        int64_t memops = 1;
-        st = maco__config_int64(MACO_CFG_PROXY_STREAM_MEMOPS, &memops);
-        if (st != MACO_OK)
-            goto fail;
-        p->stream_writes = p->batch_ops = memops ? 0 : -1;
     }
+    p->uid = maco__random_u64();
     void *sems = NULL;
     st = maco_mem_alloc_host(comm, MACO__HOST_SEMS * sizeof(uint64_t), &sems);
     if (st != MACO_OK)
@@ -411,13 +441,11 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
     while (p->pending_head != NULL) {
         maco__pending_flush_t *pf = p->pending_head;
         p->pending_head = pf->next;
-        if (pf->marker)
-            maco__transport_cuda_ops.marker_free(p, pf->marker);
-        free(pf);
+        maco__pending_free(p, pf);
     }
     p->pending_tail = NULL;
     /* Then carry out what was already published (and what arrives while doing so) until
-     * 10 ms pass without a new trigger, and wait for outstanding copies, all within the
+     * 10 ms pass without a new trigger and no transport has work in flight, all within the
      * bound. */
     maco_status_t st = MACO_OK;
     int64_t now = maco__now_ms();
@@ -429,22 +457,23 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
         int work = maco__proxy_drain(p, &p->host_fifo, 1 << 30);
         if (p->has_device_fifo)
             work += maco__proxy_drain(p, &p->device_fifo, 1 << 30);
+        work += maco__proxy_progress(p);
         work += maco__proxy_poll_flushes(p);
         now = maco__now_ms();
         if (work > 0)
             quiet_since = now;
-        else if (now - quiet_since >= 10 && p->pending_head == NULL)
+        else if (now - quiet_since >= 10 && p->pending_head == NULL && !maco__proxy_outstanding(p))
             break;
         if (now > deadline) {
             st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
-                             "maco_proxy_stop: triggers were still arriving or copies still "
-                             "running at the deadline; the rest is dropped");
+                             "maco_proxy_stop: triggers were still arriving or transfers still "
+                             "in flight at the deadline; the rest is dropped");
             maco__proxy_fail(p, st);
             break;
         }
+        if (work == 0)
+            sched_yield();
     }
-    if (p->stream != NULL && cudaStreamSynchronize(p->stream) != cudaSuccess)
-        cudaGetLastError();
     return maco__comm_record(p->comm, st);
 }
 
@@ -474,29 +503,17 @@ maco_status_t maco_proxy_destroy(maco_proxy_t p)
     while (p->pending_head != NULL) {
         maco__pending_flush_t *pf = p->pending_head;
         p->pending_head = pf->next;
-        if (pf->marker)
-            maco__transport_cuda_ops.marker_free(p, pf->marker);
-        free(pf);
+        maco__pending_free(p, pf);
     }
+    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++)
+        if (p->tp[t].ops != NULL)
+            p->tp[t].ops->proxy_teardown(p, p->tp[t].state);
     if (p->peer_host_sems != NULL)
         for (int r = 0; r < p->comm->nranks; r++)
             maco_mem_deregister(p->peer_host_sems[r]);
     maco_mem_deregister(p->host_sems_mem);
     if (p->host_sems)
         maco_mem_free(p->comm, p->host_sems);
-    if (p->stream) {
-        cudaStreamSynchronize(p->stream);
-        cudaStreamDestroy(p->stream);
-    }
-    if (p->staging_events) {
-        for (int i = 0; i < MACO__STAGING_SLOTS; i++)
-            if (p->staging_events[i])
-                cudaEventDestroy(p->staging_events[i]);
-        free(p->staging_events);
-    }
-    if (p->staging)
-        cudaFreeHost(p->staging);
-    cudaGetLastError();
     maco__fifo_destroy(&p->host_fifo);
     if (p->has_device_fifo)
         maco__fifo_destroy(&p->device_fifo);

@@ -11,26 +11,83 @@
  * each reused only after the event recorded after its copy has passed).
  * put_value (an inline put of 4 or 8 bytes, maco/device/fifo.h): the value and the signal
  * written by stream memory operations in one cuStreamBatchMemOp, no copy.
- * Flush markers are events recorded on the stream.
+ * Flush markers are events recorded on the stream. The stream and the staging slots are the
+ * proxy's instance of the transport (maco__cuda_state_t), made at its first CUDA-copy channel.
  */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "cuda_driver.h"
+#include "cuda_util.h"
 #include "log.h"
 #include "proxy_internal.h"
 #include "socket.h"
 
-static maco_status_t maco__cuda_put(struct maco_port_channel *ch, uint64_t dst_offset,
+enum { MACO__STAGING_SLOTS = 1024 };
+
+/* The proxy's instance: one stream for all its CUDA-copy channels. */
+typedef struct maco__cuda_state {
+    cudaStream_t stream;
+    uint64_t *staging; /* fallback signal values when stream writes are unavailable */
+    uint32_t staging_next;
+    cudaEvent_t *staging_events;
+    int stream_writes; /* cuStreamWriteValue64: 0 untried, 1 works, -1 staged copies instead */
+    int batch_ops;     /* cuStreamBatchMemOp: the same */
+} maco__cuda_state_t;
+
+static maco_status_t maco__cuda_proxy_setup(struct maco_proxy *p, void **state_p)
+{
+    maco_status_t st = MACO_OK;
+    int64_t memops = 1;
+    st = maco__config_int64(MACO_CFG_PROXY_STREAM_MEMOPS, &memops);
+    if (st != MACO_OK)
+        return st;
+    maco__cuda_state_t *s = (maco__cuda_state_t *)calloc(1, sizeof(*s));
+    if (s == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "CUDA copy transport: no memory");
+    s->stream_writes = s->batch_ops = memops ? 0 : -1;
+    MACO_CUDA_GOTO(cudaSetDevice(p->comm->cuda_device), st, fail);
+    MACO_CUDA_GOTO(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), st, fail);
+    *state_p = s;
+    return MACO_OK;
+fail:
+    free(s);
+    return st;
+}
+
+static void maco__cuda_proxy_teardown(struct maco_proxy *p, void *state)
+{
+    maco__cuda_state_t *s = (maco__cuda_state_t *)state;
+    if (s == NULL)
+        return;
+    if (s->stream) {
+        cudaStreamSynchronize(s->stream);
+        cudaStreamDestroy(s->stream);
+    }
+    if (s->staging_events) {
+        for (int i = 0; i < MACO__STAGING_SLOTS; i++)
+            if (s->staging_events[i])
+                cudaEventDestroy(s->staging_events[i]);
+        free(s->staging_events);
+    }
+    if (s->staging)
+        cudaFreeHost(s->staging);
+    cudaGetLastError();
+    free(s);
+}
+
+static maco_status_t maco__cuda_put(struct maco_port_channel *ch, void *state, uint64_t dst_offset,
                                     uint64_t src_offset, uint64_t bytes)
 {
+    maco__cuda_state_t *s = (maco__cuda_state_t *)state;
     /* The driver's device-to-device copy: the least work per call (no pointer lookup, no
      * runtime layer), which matters for the latency of small puts. */
     if (maco__cu()->cuMemcpyDtoDAsync != NULL) {
         CUresult res = maco__cu()->cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)(ch->dst + dst_offset),
                                                      (CUdeviceptr)(uintptr_t)(ch->src + src_offset),
-                                                     bytes, (CUstream)ch->proxy->stream);
+                                                     bytes, (CUstream)s->stream);
         if (res == CUDA_SUCCESS)
             return MACO_OK;
         char text[160];
@@ -40,7 +97,7 @@ static maco_status_t maco__cuda_put(struct maco_port_channel *ch, uint64_t dst_o
                            maco__cu_error_text(res, text, sizeof(text)));
     }
     cudaError_t err = cudaMemcpyAsync(ch->dst + dst_offset, ch->src + src_offset, bytes,
-                                      cudaMemcpyDeviceToDevice, ch->proxy->stream);
+                                      cudaMemcpyDeviceToDevice, s->stream);
     if (err != cudaSuccess) {
         cudaGetLastError();
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
@@ -52,10 +109,9 @@ static maco_status_t maco__cuda_put(struct maco_port_channel *ch, uint64_t dst_o
 
 /* Writes `bytes` (4 or 8) of `value` to device address `dst` in stream order through a
  * pinned staging slot and a copy (where stream memory operations are unavailable). */
-static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void *dst,
-                                             uint64_t value, uint32_t bytes)
+static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, maco__cuda_state_t *p,
+                                             void *dst, uint64_t value, uint32_t bytes)
 {
-    struct maco_proxy *p = ch->proxy;
     if (p->staging == NULL) {
         uint64_t *staging = NULL;
         cudaEvent_t *events = (cudaEvent_t *)calloc(MACO__STAGING_SLOTS, sizeof(cudaEvent_t));
@@ -83,7 +139,7 @@ static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void 
      * MACO__STAGING_SLOTS writes ago, on the proxy's stream, which holds only copies and
      * stream writes (nothing there waits on kernels), so it passes at once unless a copy
      * engine is stuck; the wait is bounded all the same. */
-    int64_t deadline = maco__deadline_ms(maco__proxy_host_bound_ms(p));
+    int64_t deadline = maco__deadline_ms(maco__proxy_host_bound_ms(ch->proxy));
     cudaError_t err;
     while ((err = cudaEventQuery(p->staging_events[slot])) == cudaErrorNotReady) {
         if (maco__now_ms() > deadline) {
@@ -92,7 +148,7 @@ static maco_status_t maco__cuda_write_staged(struct maco_port_channel *ch, void 
                                "port channel %u to rank %d: staged write: the copy %u writes "
                                "earlier had not completed after %lld ms",
                                ch->id, ch->peer, (unsigned)MACO__STAGING_SLOTS,
-                               (long long)maco__proxy_host_bound_ms(p));
+                               (long long)maco__proxy_host_bound_ms(ch->proxy));
         }
         sched_yield();
     }
@@ -132,9 +188,9 @@ static maco_status_t maco__cuda_memop_result(struct maco_port_channel *ch, CUres
     return MACO_OK;
 }
 
-static maco_status_t maco__cuda_signal(struct maco_port_channel *ch)
+static maco_status_t maco__cuda_signal(struct maco_port_channel *ch, void *state)
 {
-    struct maco_proxy *p = ch->proxy;
+    maco__cuda_state_t *p = (maco__cuda_state_t *)state;
     uint64_t value = ch->signals_sent + 1;
     maco_status_t st = MACO_OK;
     if (p->stream_writes >= 0 && maco__cu()->cuStreamWriteValue64 != NULL) {
@@ -149,7 +205,7 @@ static maco_status_t maco__cuda_signal(struct maco_port_channel *ch)
         if (st != MACO_OK)
             return st;
     }
-    st = maco__cuda_write_staged(ch, ch->remote_inbound, value, 8);
+    st = maco__cuda_write_staged(ch, p, ch->remote_inbound, value, 8);
     if (st == MACO_OK)
         ch->signals_sent = value; /* counted once queued, so a failure never skips a count */
     return st;
@@ -164,10 +220,11 @@ static maco_status_t maco__cuda_signal(struct maco_port_channel *ch)
  * Where stream memory operations are unavailable: a staged copy of the value, then the
  * signal. The signal is this function's whole job: on a failure it is not sent at all.
  */
-static maco_status_t maco__cuda_put_value(struct maco_port_channel *ch, uint64_t dst_offset,
-                                          uint64_t value, uint32_t bytes, int with_signal)
+static maco_status_t maco__cuda_put_value(struct maco_port_channel *ch, void *state,
+                                          uint64_t dst_offset, uint64_t value, uint32_t bytes,
+                                          int with_signal)
 {
-    struct maco_proxy *p = ch->proxy;
+    maco__cuda_state_t *p = (maco__cuda_state_t *)state;
     if (p->batch_ops >= 0 && maco__cu()->cuStreamBatchMemOp != NULL) {
         CUstreamBatchMemOpParams ops[2];
         memset(ops, 0, sizeof(ops));
@@ -196,31 +253,34 @@ static maco_status_t maco__cuda_put_value(struct maco_port_channel *ch, uint64_t
             return MACO_OK;
         }
     }
-    maco_status_t st = maco__cuda_write_staged(ch, ch->dst + dst_offset, value, bytes);
+    maco_status_t st = maco__cuda_write_staged(ch, p, ch->dst + dst_offset, value, bytes);
     if (st == MACO_OK && with_signal)
-        st = maco__cuda_signal(ch);
+        st = maco__cuda_signal(ch, state);
     return st;
 }
 
-static maco_status_t maco__cuda_mark(struct maco_proxy *p, void **marker_p)
+static maco_status_t maco__cuda_mark(struct maco_proxy *p, void *state, uint64_t *marker_p)
 {
+    maco__cuda_state_t *s = (maco__cuda_state_t *)state;
     cudaEvent_t ev;
     cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (err == cudaSuccess)
-        err = cudaEventRecord(ev, p->stream);
+    if (err == cudaSuccess) {
+        err = cudaEventRecord(ev, s->stream);
+        if (err != cudaSuccess)
+            cudaEventDestroy(ev);
+    }
     if (err != cudaSuccess) {
         cudaGetLastError();
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY, "flush: recording an event failed: %s",
                            cudaGetErrorString(err));
     }
-    *marker_p = (void *)ev;
+    *marker_p = (uint64_t)(uintptr_t)ev;
     return MACO_OK;
 }
 
-static int maco__cuda_marker_done(struct maco_proxy *p, void *marker)
+static int maco__cuda_marker_done(struct maco_proxy *p, void *state, uint64_t marker)
 {
-    (void)p;
-    cudaError_t err = cudaEventQuery((cudaEvent_t)marker);
+    cudaError_t err = cudaEventQuery((cudaEvent_t)(uintptr_t)marker);
     if (err == cudaErrorNotReady)
         return 0;
     if (err != cudaSuccess) {
@@ -232,19 +292,39 @@ static int maco__cuda_marker_done(struct maco_proxy *p, void *marker)
     return 1;
 }
 
-static void maco__cuda_marker_free(struct maco_proxy *p, void *marker)
+static void maco__cuda_marker_free(struct maco_proxy *p, void *state, uint64_t marker)
 {
-    (void)p;
-    cudaEventDestroy((cudaEvent_t)marker);
+    cudaEventDestroy((cudaEvent_t)(uintptr_t)marker);
+}
+
+/* Copies still queued on the stream (maco_proxy_stop waits for them). */
+static int maco__cuda_outstanding(struct maco_proxy *p, void *state)
+{
+    maco__cuda_state_t *s = (maco__cuda_state_t *)state;
+    cudaError_t err = cudaStreamQuery(s->stream);
+    if (err == cudaErrorNotReady)
+        return 1;
+    if (err != cudaSuccess)
+        cudaGetLastError();
+    return 0;
+}
+
+static int maco__cuda_available(maco_comm_t comm, int peer, char *why, size_t cap)
+{
+    return 1; /* the GPU and the node are checked with the buffers (port_channel.c) */
 }
 
 const maco__transport_ops_t maco__transport_cuda_ops = {
     .size = sizeof(maco__transport_ops_t),
     .name = "CUDA copy",
+    .available = maco__cuda_available,
+    .proxy_setup = maco__cuda_proxy_setup,
+    .proxy_teardown = maco__cuda_proxy_teardown,
     .put = maco__cuda_put,
+    .put_value = maco__cuda_put_value,
     .signal = maco__cuda_signal,
     .mark = maco__cuda_mark,
     .marker_done = maco__cuda_marker_done,
     .marker_free = maco__cuda_marker_free,
-    .put_value = maco__cuda_put_value,
+    .outstanding = maco__cuda_outstanding,
 };

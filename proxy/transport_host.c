@@ -10,14 +10,14 @@
 
 #include "proxy_internal.h"
 
-static maco_status_t maco__host_put(struct maco_port_channel *ch, uint64_t dst_offset,
+static maco_status_t maco__host_put(struct maco_port_channel *ch, void *state, uint64_t dst_offset,
                                     uint64_t src_offset, uint64_t bytes)
 {
     memcpy(ch->dst + dst_offset, ch->src + src_offset, bytes);
     return MACO_OK;
 }
 
-static maco_status_t maco__host_signal(struct maco_port_channel *ch)
+static maco_status_t maco__host_signal(struct maco_port_channel *ch, void *state)
 {
     __atomic_fetch_add(ch->remote_inbound, 1, __ATOMIC_RELEASE);
     return MACO_OK;

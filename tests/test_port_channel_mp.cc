@@ -1,8 +1,11 @@
 /*
- * test_port_channel_mp.cc - port channels end to end over the host-memory transport, between
- * real processes (maco-run -n 2 and -n 4): host threads push into the proxy's FIFO, the proxy
- * thread copies between shared host buffers and signals, peers wait and check every byte.
- * Needs no GPU, so CI runs it.
+ * test_port_channel_mp.cc - port channels end to end with host memory, between real processes
+ * (maco-run -n 2 and -n 4): host threads push into the proxy's FIFO, the proxy thread carries
+ * out puts and signals on the channel's transport, peers wait and check every byte. Needs no
+ * GPU, so CI runs it. The transport comes from MACO_TEST_PORT_TRANSPORT: host (the default:
+ * host memory), auto (MACO_TRANSPORT_AUTO: host memory on the same node, TCP or IB across
+ * simulated nodes, or what MACO_TRANSPORT forces), tcp or ib; tests/CMakeLists.txt runs the
+ * suite with several (port_channel_host_*, port_channel_tcp_*), tests/ibvm over soft-RoCE.
  */
 #include <atomic>
 #include <chrono>
@@ -26,6 +29,31 @@ using maco_test::Bootstrap;
 using maco_test::NRanks;
 using maco_test::Rank;
 
+/* The transport the suite asks for (MACO_TEST_PORT_TRANSPORT). */
+maco_transport_t TestTransport()
+{
+    const char *v = getenv("MACO_TEST_PORT_TRANSPORT");
+    std::string t = v != nullptr ? v : "host";
+    if (t == "auto")
+        return MACO_TRANSPORT_AUTO;
+    if (t == "tcp")
+        return MACO_TRANSPORT_TCP;
+    if (t == "ib")
+        return MACO_TRANSPORT_IB;
+    return MACO_TRANSPORT_HOST_MEMORY;
+}
+
+/* Every rank's node (maco_comm_get_node), gathered. */
+std::vector<int> Nodes(maco_comm_t comm)
+{
+    std::vector<int> nodes(static_cast<size_t>(NRanks()), -1);
+    int mine = -1;
+    EXPECT_EQ(maco_comm_get_node(comm, &mine), MACO_OK);
+    nodes[static_cast<size_t>(Rank())] = mine;
+    EXPECT_EQ(maco_bootstrap_allgather(Bootstrap(), nodes.data(), sizeof(int)), MACO_OK);
+    return nodes;
+}
+
 /* Shared host buffers on every rank, a started proxy and a host-memory channel to each peer. */
 struct HostMesh {
     maco_comm_t comm = nullptr;
@@ -46,7 +74,7 @@ struct HostMesh {
         ASSERT_EQ(maco_mem_register(comm, buf, bytes, &mine), MACO_OK)
             << maco_comm_get_last_error(comm);
         ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(comm, mine, &peers));
-        ASSERT_NO_FATAL_FAILURE(port.Create(comm, MACO_TRANSPORT_HOST_MEMORY, mine, peers));
+        ASSERT_NO_FATAL_FAILURE(port.Create(comm, TestTransport(), mine, peers));
     }
 
     /* Rank r's data lives in its slot r: fills this rank's slot of `slot` bytes with the
@@ -276,6 +304,17 @@ TEST_F(PortChannelHost, ForgedHandlesAreRefused)
               MACO_OK);
     ASSERT_EQ(maco_bootstrap_allgather(Bootstrap(), all.data(), MACO_MEM_HANDLE_BYTES), MACO_OK);
     int peer = (Rank() + 1) % NRanks();
+    std::vector<int> nodes = Nodes(m.comm);
+    bool any_remote = false; /* every rank decides alike */
+    for (int r = 0; r < NRanks(); r++)
+        any_remote |=
+            nodes[static_cast<size_t>((r + 1) % NRanks())] != nodes[static_cast<size_t>(r)];
+    if (any_remote) {
+        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        GTEST_SKIP() << "some rank's next rank is on another node: memory of another node is not "
+                     << "mapped, and a network transport checks what a peer names against the "
+                     << "owner's registrations instead (maco__mem_lookup)";
+    }
     const uint8_t *genuine = &all[static_cast<size_t>(peer) * MACO_MEM_HANDLE_BYTES];
     const uint64_t gib = 1ull << 30;
     struct Forgery {
@@ -336,6 +375,118 @@ TEST_F(PortChannelHost, ForgedHandlesAreRefused)
     ASSERT_EQ(maco_mem_import(m.comm, genuine, &imported), MACO_OK) << "the genuine handle";
     maco_mem_deregister(imported);
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+/* Each channel got the transport the topology and the settings call for. */
+TEST_F(PortChannelHost, TransportFollowsTopology)
+{
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(4096 * static_cast<size_t>(NRanks())));
+    std::vector<int> nodes = Nodes(m.comm);
+    const char *forced = getenv("MACO_TRANSPORT");
+    std::string env = forced != nullptr && forced[0] != '\0' ? forced : "auto";
+    for (int q = 0; q < NRanks(); q++) {
+        if (q == Rank())
+            continue;
+        maco_transport_t got = MACO_TRANSPORT_AUTO;
+        ASSERT_EQ(maco_port_channel_get_transport(m.port.chans[static_cast<size_t>(q)], &got),
+                  MACO_OK);
+        maco_transport_t want = TestTransport();
+        if (want == MACO_TRANSPORT_AUTO) {
+            bool same = nodes[static_cast<size_t>(q)] == nodes[static_cast<size_t>(Rank())];
+            if (env == "tcp")
+                want = MACO_TRANSPORT_TCP;
+            else if (env == "ib")
+                want = MACO_TRANSPORT_IB;
+            else if (same)
+                want = MACO_TRANSPORT_HOST_MEMORY;
+            else
+                want = getenv("MACO_TEST_EXPECT_REMOTE") != nullptr &&
+                               std::string(getenv("MACO_TEST_EXPECT_REMOTE")) == "ib"
+                           ? MACO_TRANSPORT_IB
+                           : MACO_TRANSPORT_TCP;
+        }
+        EXPECT_EQ(got, want) << "channel to rank " << q << " (node "
+                             << nodes[static_cast<size_t>(q)] << ", this rank's "
+                             << nodes[static_cast<size_t>(Rank())] << ")";
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
+/*
+ * A network transport whose peer is killed in the middle of a transfer: the survivor's flush
+ * fails with MACO_ERR_REMOTE naming the peer within seconds (never a hang, never MACO_OK), and
+ * the communicator's async error says what failed. Its own 2-rank job.
+ */
+TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
+{
+    maco_transport_t t = TestTransport();
+    if (t == MACO_TRANSPORT_HOST_MEMORY)
+        GTEST_SKIP() << "for network transports (MACO_TEST_PORT_TRANSPORT=tcp, ib or auto)";
+    if (Rank() != 0)
+        GTEST_SKIP() << "rank 0 runs this test's own job";
+    std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [t](int rank) {
+        /* The transport by name (the host id is cached before the fork, so simulated nodes
+         * would not differ here). */
+        setenv("MACO_TRANSPORT", t == MACO_TRANSPORT_IB ? "ib" : "tcp", 1);
+        setenv("MACO_LOG_LEVEL", "error", 1);
+        setenv("MACO_DEVICE_TIMEOUT", "30s", 1);
+        maco_bootstrap_t bs;
+        maco_comm_t comm;
+        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
+            maco_comm_create(bs, -1, &comm) != MACO_OK)
+            return 10;
+        const size_t bytes = 8 << 20;
+        void *buf = nullptr;
+        maco_mem_t mine = nullptr, peer = nullptr;
+        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
+        if (maco_mem_alloc_host(comm, bytes, &buf) != MACO_OK ||
+            maco_mem_register(comm, buf, bytes, &mine) != MACO_OK ||
+            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
+            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
+            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
+            return 11;
+        maco_proxy_t proxy;
+        maco_port_channel_t ch;
+        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
+            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_AUTO, mine, peer, &ch) !=
+                MACO_OK ||
+            maco_bootstrap_barrier(bs) != MACO_OK)
+            return 12;
+        if (rank == 1) {
+            usleep(200000); /* rank 0 is sending by now */
+            _exit(0);       /* dies in the middle, without a word */
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        maco_status_t st = MACO_OK;
+        /* Puts and flushes until one fails; a dead peer must fail one within seconds. */
+        for (int i = 0; i < 100000 && st == MACO_OK; i++) {
+            st = maco_port_channel_put(ch, 0, 0, bytes);
+            if (st == MACO_OK)
+                st = maco_port_channel_flush(ch);
+            if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20))
+                break;
+        }
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::string msg = maco_comm_get_last_error(comm);
+        if (st != MACO_ERR_REMOTE) {
+            fprintf(stderr, "the transfer to a dead peer returned %s after %.1f s: %s\n",
+                    maco_status_string(st), s, msg.c_str());
+            return 13;
+        }
+        if (msg.find("rank 1") == std::string::npos) {
+            fprintf(stderr, "the peer is not named: %s\n", msg.c_str());
+            return 14;
+        }
+        maco_status_t async = MACO_OK;
+        if (maco_comm_get_async_error(comm, &async) != MACO_OK || async == MACO_OK) {
+            fprintf(stderr, "no async error after the connection failed\n");
+            return 15;
+        }
+        return 0;
+    });
+    EXPECT_EQ(codes[0], 0) << "the surviving rank";
+    EXPECT_EQ(codes[1], 0) << "the rank that dies";
 }
 
 /*

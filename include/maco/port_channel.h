@@ -13,6 +13,19 @@
  *   MACO_TRANSPORT_HOST_MEMORY  processes on this node: memcpy between host buffers from
  *                               maco_mem_alloc_host(); a signal is a release add on the
  *                               peer's semaphore in shared memory. Needs no GPU.
+ *   MACO_TRANSPORT_IB           any peer an RDMA device reaches (InfiniBand, RoCE v2): RDMA
+ *                               WRITEs on a reliable-connected queue pair, the signal an RDMA
+ *                               WRITE of the semaphore after the data on the same QP.
+ *                               libibverbs is loaded at run time (MACO_IB_LIBRARY).
+ *   MACO_TRANSPORT_TCP          any peer the network reaches: MACO_TCP_NSOCKS sockets per
+ *                               pair of proxies, GPU memory staged through pinned host memory
+ *                               in chunks; the peer's proxy stores the data and raises the
+ *                               semaphore after it, and acknowledges what it stored.
+ * MACO_TRANSPORT_AUTO picks per peer: on the same node CUDA copy (device buffers) or host
+ * memory (host buffers); on another node IB where both ranks have a usable RDMA device, else
+ * TCP. The environment variable MACO_TRANSPORT=auto|cuda|host|ib|tcp overrides what a
+ * channel created with MACO_TRANSPORT_AUTO gets. For IB and TCP the peer's buffer need not be
+ * mapped here: `dst` may be the import of memory on another node (maco_mem_import).
  * Device code uses the channel's device handle (maco/device/port_channel.h); host threads use
  * the calls below. Triggers of one FIFO are carried out in order; there is no order between
  * the device FIFO and the host FIFO.
@@ -38,8 +51,11 @@ typedef struct maco_proxy *maco_proxy_t;
 typedef struct maco_port_channel *maco_port_channel_t;
 
 typedef enum maco_transport {
+    MACO_TRANSPORT_AUTO = 0, /* chosen per peer (above) */
     MACO_TRANSPORT_CUDA_COPY = 1,
     MACO_TRANSPORT_HOST_MEMORY = 2,
+    MACO_TRANSPORT_IB = 3,
+    MACO_TRANSPORT_TCP = 4,
 } maco_transport_t;
 
 /**
@@ -77,15 +93,23 @@ MACO_API maco_status_t maco_proxy_stop(maco_proxy_t proxy);
 MACO_API maco_status_t maco_proxy_destroy(maco_proxy_t proxy);
 
 /**
- * Creates a channel from this rank to `peer`, carried out by `proxy` over `transport`:
- * puts copy from `src` (a registration of this rank) into `dst` (the peer's buffer, imported
- * here), signals go to the peer's channel to this rank. Pairwise collective with `peer`,
- * which creates its channel to this rank in the same order (semaphore ids are exchanged over
- * the bootstrap; blocking, bounded by its timeout). At most 4096 channels per proxy.
+ * Creates a channel from this rank to `peer`, carried out by `proxy` over `transport`
+ * (MACO_TRANSPORT_AUTO: chosen as above): puts copy from `src` (a registration of this rank)
+ * into `dst` (the peer's buffer, imported here), signals go to the peer's channel to this
+ * rank. Pairwise collective with `peer`, which creates its channel to this rank in the same
+ * order with the same `transport` argument (semaphore ids, and the transport's endpoints, are
+ * exchanged over the bootstrap; blocking, bounded by its timeout). Host buffers (from
+ * maco_mem_alloc_host, or for IB and TCP any registered pinned host memory) and device
+ * buffers may both be used with IB and TCP; host waits (maco_port_channel_wait) need the
+ * buffer the peer writes here to be host memory. At most 4096 channels per proxy.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, peer out of range, `src` not this rank's, `dst` not
  * the peer's, host-memory transport with buffers not from maco_mem_alloc_host, CUDA copy
- * with host buffers), MACO_ERR_UNSUPPORTED (CUDA copy without a GPU, or to another node),
- * MACO_ERR_NO_MEMORY (4096 channels or the semaphore pool used up), bootstrap errors.
+ * with host buffers, a peer naming memory this rank never registered), MACO_ERR_UNSUPPORTED
+ * (CUDA copy without a GPU or to another node, host memory to another node, IB without a
+ * usable RDMA device on either rank: the message says which and why, MACO_TRANSPORT naming no
+ * transport), MACO_ERR_INVALID_USAGE (the two ranks asked for different transports),
+ * MACO_ERR_NO_MEMORY (4096 channels or the semaphore pool used up), MACO_ERR_SYSTEM (a
+ * transport's sockets or device), bootstrap errors.
  */
 MACO_API maco_status_t maco_port_channel_create(maco_proxy_t proxy, int peer,
                                                 maco_transport_t transport, maco_mem_t src,
@@ -98,6 +122,13 @@ MACO_API maco_status_t maco_port_channel_create(maco_proxy_t proxy, int peer,
  */
 MACO_API maco_status_t maco_port_channel_get_device_handle(maco_port_channel_t ch,
                                                            maco_port_channel_device_t *handle_p);
+
+/**
+ * The transport the channel uses (what MACO_TRANSPORT_AUTO chose). Errors:
+ * MACO_ERR_INVALID_ARGUMENT (NULL).
+ */
+MACO_API maco_status_t maco_port_channel_get_transport(maco_port_channel_t ch,
+                                                       maco_transport_t *transport_p);
 
 /** Frees the channel; nothing may be in flight on it (flush first). NULL is ignored. */
 MACO_API maco_status_t maco_port_channel_destroy(maco_port_channel_t ch);
@@ -122,19 +153,21 @@ MACO_API maco_status_t maco_port_channel_put_with_signal(maco_port_channel_t ch,
 /**
  * Waits until every trigger host threads pushed to this proxy before the call has been
  * carried out and its data has landed (bounded by MACO_DEVICE_TIMEOUT). Errors:
- * MACO_ERR_TIMEOUT, MACO_ERR_REMOTE (the proxy stopped).
+ * MACO_ERR_TIMEOUT, MACO_ERR_REMOTE (the proxy stopped, or the channel's network connection
+ * to the peer failed: the data may not have arrived; the message names the peer).
  */
 MACO_API maco_status_t maco_port_channel_flush(maco_port_channel_t ch);
 
 /**
- * Waits for the peer's next signal on this channel, host side (host-memory transport only),
+ * Waits for the peer's next signal on this channel, host side (channels whose semaphore is
+ * in host memory: the host-memory transport, and IB or TCP with host buffers),
  * at most `timeout_ms` milliseconds: 0 looks once without waiting; negative uses
  * MACO_DEVICE_TIMEOUT (where 0 means no bound). Data the peer put before signalling is then
  * visible. The calling thread spins for about a thousand polls, then yields, then sleeps up
  * to 1 ms between polls. Errors: MACO_ERR_TIMEOUT (naming the peer), MACO_ERR_REMOTE (the
  * peer exited, crashed or left the job without sending the signal: noticed within about
- * 100 ms through its bootstrap link, bounded or not), MACO_ERR_UNSUPPORTED (a CUDA-copy
- * channel: wait on the device).
+ * 100 ms through its bootstrap link, bounded or not), MACO_ERR_UNSUPPORTED (the semaphore is
+ * in device memory: wait on the device).
  */
 MACO_API maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms);
 

@@ -80,6 +80,25 @@ extern "C" {
     X(PROXY_STREAM_MEMOPS, BOOL, "1", "",                                                          \
       "Port-channel signals and small puts as CUDA stream memory operations; 0: as staged "        \
       "copies (slower; for drivers without them).")                                                \
+    X(TRANSPORT, STRING, "auto", "",                                                               \
+      "Port-channel transport for channels created with MACO_TRANSPORT_AUTO: auto, cuda, host, "   \
+      "ib or tcp.")                                                                                \
+    X(TCP_NSOCKS, INT, "2", "",                                                                    \
+      "TCP transport: sockets per pair of proxies (1..8); large puts are striped over them.")      \
+    X(TCP_CHUNK_SIZE, SIZE, "1M", "bytes",                                                         \
+      "TCP transport: the piece a large put is cut into (64K..64M); GPU memory is staged through " \
+      "pinned host buffers of this size.")                                                         \
+    X(IB_LIBRARY, STRING, "libibverbs.so.1", "",                                                   \
+      "Path or name of libibverbs, loaded at run time by the IB transport.")                       \
+    X(IB_HCA, STRING, "", "",                                                                      \
+      "RDMA devices and ports for the IB transport: mlx5_0:1,mlx5_1; a leading ^ excludes, a "     \
+      "leading = matches names exactly (else as prefixes). Default: the active port nearest the "  \
+      "GPU.")                                                                                      \
+    X(IB_GID_INDEX, INT, "-1", "",                                                                 \
+      "GID index for RoCE; -1 picks a RoCE v2 IPv4-mapped GID (InfiniBand uses the LID).")         \
+    X(IB_TIMEOUT, INT, "18", "",                                                                   \
+      "IB queue pairs' transport timeout exponent (4.096 us * 2^value, 1..31).")                   \
+    X(IB_RETRY_CNT, INT, "7", "", "IB queue pairs' retry count (0..7).")                           \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
       "Path or name of the NCCL library maco-perf --nccl dlopens.")
 

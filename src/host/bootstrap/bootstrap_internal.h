@@ -19,6 +19,7 @@ enum {
     MACO__TAG_CHANNEL = 0xFFFF0010u,
     MACO__TAG_MEMORY = 0xFFFF0011u,
     MACO__TAG_PORT = 0xFFFF0012u,
+    MACO__TAG_PORT_TRANSPORT = 0xFFFF0013u, /* a transport's own connect exchange */
 };
 
 /** As maco_bootstrap_send/recv, but any tag is allowed. */
@@ -26,6 +27,13 @@ maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, 
                                    size_t bytes);
 maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
                                    size_t bytes);
+
+/**
+ * Sends `bytes` of `mine` to `peer` and receives as many from it into `theirs`, both with
+ * `tag` (the peer makes the same call). Bounded by the bootstrap's timeout.
+ */
+maco_status_t maco__bootstrap_exchange(maco_bootstrap_t bs, int peer, uint32_t tag,
+                                       const void *mine, void *theirs, size_t bytes);
 
 /**
  * Whether rank `peer` is still in the job, as far as its link shows without blocking:

@@ -293,3 +293,12 @@ maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
     maco__bs_free(bs);
     return MACO_OK;
 }
+
+maco_status_t maco__bootstrap_exchange(maco_bootstrap_t bs, int peer, uint32_t tag,
+                                       const void *mine, void *theirs, size_t bytes)
+{
+    maco_status_t st = maco__bootstrap_send(bs, peer, tag, mine, bytes);
+    if (st == MACO_OK)
+        st = maco__bootstrap_recv(bs, peer, tag, theirs, bytes);
+    return st;
+}

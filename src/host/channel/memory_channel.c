@@ -93,6 +93,13 @@ maco_status_t maco_memory_channel_create(maco_comm_t comm, int peer, maco_mem_t 
                                                    "to rank %d (expected %d) and remote to "
                                                    "rank %d (expected peer %d)",
                                                    local_owner, comm->rank, remote_owner, peer));
+    if (maco__mem_is_remote(remote))
+        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_CHANNEL,
+                                                   "maco_memory_channel_create: rank %d is on "
+                                                   "another node; memory channels reach only "
+                                                   "this node's GPUs (use a port channel over "
+                                                   "IB or TCP)",
+                                                   peer));
     maco_memory_channel_t ch = (maco_memory_channel_t)calloc(1, sizeof(*ch));
     if (ch == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_CHANNEL,

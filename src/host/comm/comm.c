@@ -202,17 +202,9 @@ static void maco__comm_check_peers(maco_comm_t comm, const maco__rank_info_t *al
             return;
         }
     }
-    if (comm->nnodes > 1) {
-        snprintf(why, cap,
-                 "the ranks span %d nodes; collectives across nodes are not implemented yet",
-                 comm->nnodes);
-        return;
-    }
-    if (comm->nranks > MACO__MAX_LOCAL_RANKS) {
-        snprintf(why, cap, "%d ranks on one node; collectives support at most %d", comm->nranks,
-                 MACO__MAX_LOCAL_RANKS);
-        return;
-    }
+    /* Ranks on several nodes keep their GPU resources (the comm buffer is mapped by the
+     * peers of each node; port channels reach the others); what the collectives support is
+     * theirs to say (comm->ext_unavailable). */
     maco__comm_check_sharing(comm, all, why, cap);
     if (why[0] != '\0')
         return;

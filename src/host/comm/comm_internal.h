@@ -103,6 +103,8 @@ struct maco_comm {
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
     void *coll; /* the extension's state (algorithms/setup.c: maco__coll_t), or NULL */
+    char ext_unavailable[256]; /* why the extension set nothing up ("" when it did or was not asked)
+                                */
 };
 
 /** Copies this thread's last error into the communicator if it has none yet. */
@@ -124,6 +126,28 @@ maco_status_t maco__mem_exchange(maco_comm_t comm, maco_mem_t mine, char **peer_
 
 /** True when `mem` is host memory (MACO's shared host memory or other pinned memory). */
 int maco__mem_is_host(maco_mem_t mem);
+
+/** True when `mem` was imported from another node: nothing of it is mapped here. */
+int maco__mem_is_remote(maco_mem_t mem);
+
+/** The buffer's address in its owner's process (a registration: its own pointer). */
+uint64_t maco__mem_owner_addr(maco_mem_t mem);
+
+/** An allocation of this process that holds registered memory. */
+typedef struct maco__mem_region {
+    char *base;   /* the allocation's start (host or device address) */
+    size_t bytes; /* its size */
+    int is_host;  /* host memory (else device memory of `device`) */
+    int device;
+} maco__mem_region_t;
+
+/**
+ * Finds the registration of this process whose allocation holds [addr, addr + bytes) and
+ * writes that allocation to *r. How a network transport checks what a peer says it will write
+ * here: only registered memory can be named. MACO_ERR_INVALID_ARGUMENT (logged, with the
+ * range) when no registration holds it. Thread-safe.
+ */
+maco_status_t maco__mem_lookup(uint64_t addr, uint64_t bytes, maco__mem_region_t *r);
 
 /** MACO_OK when the communicator can run GPU work; else MACO_ERR_UNSUPPORTED with why. */
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn);

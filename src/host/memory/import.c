@@ -185,8 +185,11 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     maco_status_t st = maco__mem_handle_decode(handle, comm->nranks, comm->rank, &h);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    /* Shared host memory maps without a GPU; everything else needs one. */
-    if (h.kind != MACO__KIND_HOST_FD) {
+    /* Shared host memory maps without a GPU, and memory of another node is not mapped at
+     * all; everything else needs one. */
+    int remote_node = maco__get_u64(p + 40) != maco__fnv1a(maco__host_id()) &&
+                      h.owner_token != maco__process_token();
+    if (h.kind != MACO__KIND_HOST_FD && !remote_node) {
         st = maco__comm_require_gpu(comm, "maco_mem_import");
         if (st != MACO_OK)
             return st;
@@ -210,15 +213,18 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     mem->bytes = bytes;
     mem->offset = offset;
     mem->alloc_bytes = alloc_bytes;
+    mem->owner_addr = h.owner_ptr;
     if (owner_token == maco__process_token()) {
         /* Same process (one process driving several GPUs): use the pointer itself. */
         st = maco__import_same_process(comm, kind, owner_device, owner_ptr - offset, alloc_bytes);
         mem->ptr = owner_ptr;
     } else if (maco__get_u64(p + 40) != maco__fnv1a(maco__host_id())) {
-        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
-                         "maco_mem_import: rank %d's memory is on another node; CUDA IPC and "
-                         "shared memory reach only this node",
-                         owner);
+        /* Another node: nothing can be mapped. The import names the buffer (owner, address,
+         * size) for port channels over a network transport (IB, TCP), whose owner-side proxy
+         * or NIC writes it. */
+        mem->remote = 1;
+        MACO_DEBUG(MACO_SUBSYS_MEM, "imported rank %d's %zu bytes at 0x%llx from another node",
+                   owner, bytes, (unsigned long long)h.owner_ptr);
     } else if (kind == MACO__KIND_LOCAL) {
         st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
                          "maco_mem_import: rank %d registered pinned host memory that only its "

@@ -76,6 +76,8 @@ struct maco_mem {
     maco__export_t *exp; /* registrations */
     maco__import_t *imp; /* imports from another process */
     int published;       /* in the communicator's registry (registry.c) */
+    int remote;          /* imported from another node: nothing mapped here (ptr NULL) */
+    uint64_t owner_addr; /* imports: the buffer's address in the owner's process */
 };
 
 /* memory_base.c: the lock and the lists (definitions). */

@@ -269,11 +269,53 @@ int maco__mem_is_host(maco_mem_t mem)
     return mem->kind == MACO__KIND_HOST_FD || mem->kind == MACO__KIND_LOCAL;
 }
 
+int maco__mem_is_remote(maco_mem_t mem)
+{
+    return mem->remote;
+}
+
+uint64_t maco__mem_owner_addr(maco_mem_t mem)
+{
+    return mem->imported ? mem->owner_addr : (uint64_t)(uintptr_t)mem->ptr;
+}
+
+maco_status_t maco__mem_lookup(uint64_t addr, uint64_t bytes, maco__mem_region_t *r)
+{
+    maco_status_t st = MACO_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&maco__mem_lock);
+    for (maco__export_t *e = maco__exports; e != NULL; e = e->next) {
+        uint64_t base = (uint64_t)(uintptr_t)e->base;
+        if (addr >= base && addr - base <= e->bytes && bytes <= e->bytes - (addr - base)) {
+            r->base = e->base;
+            r->bytes = e->bytes;
+            r->is_host = e->device < 0;
+            r->device = e->device;
+            st = MACO_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&maco__mem_lock);
+    if (st != MACO_OK)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                           "no registration of this process holds [0x%llx, +%llu bytes): a peer "
+                           "named memory this rank never registered (deregistered already, or "
+                           "a damaged handle)",
+                           (unsigned long long)addr, (unsigned long long)bytes);
+    return MACO_OK;
+}
+
 maco_status_t maco_mem_get_pointer(maco_mem_t mem, void **ptr_p)
 {
     if (mem == NULL || ptr_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                            "maco_mem_get_pointer: NULL argument");
+    if (mem->remote)
+        return maco__comm_record(mem->comm,
+                                 maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM,
+                                             "maco_mem_get_pointer: rank %d's buffer is on "
+                                             "another node and not mapped in this process (a "
+                                             "port channel over IB or TCP writes it)",
+                                             mem->owner));
     *ptr_p = mem->ptr;
     return MACO_OK;
 }
@@ -349,8 +391,8 @@ maco_status_t maco__mem_exchange(maco_comm_t comm, maco_mem_t mine, char **peer_
             maco_mem_get_pointer(mine, &p);
         } else {
             st = maco_mem_import(comm, handles + (size_t)r * MACO_MEM_HANDLE_BYTES, &peer_mem[r]);
-            if (st == MACO_OK)
-                maco_mem_get_pointer(peer_mem[r], &p);
+            if (st == MACO_OK && !peer_mem[r]->remote)
+                maco_mem_get_pointer(peer_mem[r], &p); /* another node: NULL */
         }
         peer_ptr[r] = (char *)p;
     }
