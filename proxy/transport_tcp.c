@@ -396,12 +396,18 @@ static maco_status_t maco__tcp_io_all(int fd, void *buf, size_t bytes, int writi
     return MACO_OK;
 }
 
-static void maco__tcp_tune(int fd)
+/* No Nagle; 4 MiB buffers; and a link that stops carrying data (a cut cable, a dead host
+ * that sends no reset) fails the connection once sent data has gone unacknowledged for half
+ * the proxy's bound (TCP_USER_TIMEOUT, RFC 5482), so a flush reports the peer instead of
+ * only timing out. */
+static void maco__tcp_tune(int fd, int64_t bound_ms)
 {
     int one = 1, buf = 4 << 20;
+    unsigned int user_timeout = (unsigned int)(bound_ms / 2 < 1000 ? 1000 : bound_ms / 2);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
 }
 
 /* The listener, bound to the address this rank uses to reach `peer` over the bootstrap (an
@@ -551,7 +557,7 @@ static maco_status_t maco__tcp_group_connect(struct maco_port_channel *ch, maco_
         return st;
     }
     for (int s = 0; s < nsocks; s++)
-        maco__tcp_tune(g->socks[s].fd);
+        maco__tcp_tune(g->socks[s].fd, maco__proxy_host_bound_ms(p));
     MACO_INFO(MACO_SUBSYS_PROXY,
               "TCP transport: rank %d connected to rank %d (%s) with %d "
               "socket(s)",

@@ -2,7 +2,7 @@
  * test_port_channel_mp.cc - port channels end to end with host memory, between real processes
  * (maco-run -n 2 and -n 4): host threads push into the proxy's FIFO, the proxy thread carries
  * out puts and signals on the channel's transport, peers wait and check every byte. Needs no
- * GPU, so CI runs it. The transport comes from MACO_TEST_PORT_TRANSPORT: host (the default:
+ * GPU, so CI runs it. The transport comes from TEST_MACO_PORT_TRANSPORT: host (the default:
  * host memory), auto (MACO_TRANSPORT_AUTO: host memory on the same node, TCP or IB across
  * simulated nodes, or what MACO_TRANSPORT forces), tcp or ib; tests/CMakeLists.txt runs the
  * suite with several (port_channel_host_*, port_channel_tcp_*), tests/ibvm over soft-RoCE.
@@ -29,10 +29,10 @@ using maco_test::Bootstrap;
 using maco_test::NRanks;
 using maco_test::Rank;
 
-/* The transport the suite asks for (MACO_TEST_PORT_TRANSPORT). */
+/* The transport the suite asks for (TEST_MACO_PORT_TRANSPORT). */
 maco_transport_t TestTransport()
 {
-    const char *v = getenv("MACO_TEST_PORT_TRANSPORT");
+    const char *v = getenv("TEST_MACO_PORT_TRANSPORT");
     std::string t = v != nullptr ? v : "host";
     if (t == "auto")
         return MACO_TRANSPORT_AUTO;
@@ -401,8 +401,8 @@ TEST_F(PortChannelHost, TransportFollowsTopology)
             else if (same)
                 want = MACO_TRANSPORT_HOST_MEMORY;
             else
-                want = getenv("MACO_TEST_EXPECT_REMOTE") != nullptr &&
-                               std::string(getenv("MACO_TEST_EXPECT_REMOTE")) == "ib"
+                want = getenv("TEST_MACO_EXPECT_REMOTE") != nullptr &&
+                               std::string(getenv("TEST_MACO_EXPECT_REMOTE")) == "ib"
                            ? MACO_TRANSPORT_IB
                            : MACO_TRANSPORT_TCP;
         }
@@ -422,7 +422,7 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
 {
     maco_transport_t t = TestTransport();
     if (t == MACO_TRANSPORT_HOST_MEMORY)
-        GTEST_SKIP() << "for network transports (MACO_TEST_PORT_TRANSPORT=tcp, ib or auto)";
+        GTEST_SKIP() << "for network transports (TEST_MACO_PORT_TRANSPORT=tcp, ib or auto)";
     if (Rank() != 0)
         GTEST_SKIP() << "rank 0 runs this test's own job";
     std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [t](int rank) {
@@ -487,6 +487,41 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
     });
     EXPECT_EQ(codes[0], 0) << "the surviving rank";
     EXPECT_EQ(codes[1], 0) << "the rank that dies";
+}
+
+/*
+ * A network link cut in the middle of a transfer (tests/netns/run.sh takes the veth between
+ * the ranks' namespaces down while this runs): rank 0's puts and flushes fail within the
+ * bound with an error naming rank 1, never a hang. Runs only where that script asks for it
+ * (TEST_MACO_NETNS_CUT=1); the script checks rank 0's exit status and time.
+ */
+TEST_F(PortChannelHost, LinkCutMidTransferFailsNamingThePeer)
+{
+    const char *cut = getenv("TEST_MACO_NETNS_CUT");
+    if (cut == nullptr || std::string(cut) != "1")
+        GTEST_SKIP() << "run by tests/netns/run.sh, which cuts the link";
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(4 << 20));
+    if (Rank() != 0) {
+        /* The peer goes quiet once its link is gone; it leaves when the script says so. */
+        std::this_thread::sleep_for(std::chrono::seconds(25));
+        _exit(0);
+    }
+    maco_test::AllowLog("rank 1");
+    auto t0 = std::chrono::steady_clock::now();
+    maco_status_t st = MACO_OK;
+    while (st == MACO_OK && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        st = maco_port_channel_put(m.port.chans[1], 0, 0, 4 << 20);
+        if (st == MACO_OK)
+            st = maco_port_channel_flush(m.port.chans[1]);
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string msg = maco_comm_get_last_error(m.comm);
+    EXPECT_TRUE(st == MACO_ERR_REMOTE || st == MACO_ERR_TIMEOUT) << maco_status_string(st);
+    EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+    printf("link cut: the transfer failed after %.1f s: %s\n", s, msg.c_str());
+    fflush(stdout);
+    _exit(::testing::Test::HasFailure() ? 1 : 0); /* the bootstrap to rank 1 is gone too */
 }
 
 /*
