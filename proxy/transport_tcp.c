@@ -1130,8 +1130,10 @@ static int maco__tcp_outstanding(struct maco_proxy *p, void *state)
             continue;
         if (g->ops_head != NULL)
             return 1;
+        /* Handed to the kernel is enough: waiting for acknowledgements here would make a
+         * proxy stopping at the same time as its peer's wait for the bound. */
         for (int s = 0; s < g->nsocks; s++)
-            if (g->socks[s].q_head != NULL || g->socks[s].acked < g->socks[s].assigned)
+            if (g->socks[s].q_head != NULL)
                 return 1;
     }
     return 0;
