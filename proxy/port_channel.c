@@ -131,6 +131,10 @@ static maco_status_t maco__port_instance(struct maco_proxy *p, maco_transport_t 
         return st;
     p->tp[t].state = state;
     __atomic_store_n(&p->tp[t].ops, ops, __ATOMIC_RELEASE); /* the proxy thread reads it */
+    if (maco__transport_polls(t)) {
+        p->polled[p->npolled] = (uint8_t)t;
+        __atomic_store_n(&p->npolled, p->npolled + 1, __ATOMIC_RELEASE);
+    }
     MACO_INFO(MACO_SUBSYS_PROXY, "rank %d's proxy uses the %s transport", p->comm->rank, ops->name);
     return MACO_OK;
 }
@@ -335,11 +339,12 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
          * release. */
         d->push_order =
             transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
-        /* Puts of 4 or 8 bytes travel inline on the CUDA copy transport (fifo.h), where both
-         * buffers start 8-byte aligned: the device checks the offsets' alignment, and the
-         * stream memory operations need naturally aligned addresses. */
-        int inline_ok = transport == MACO_TRANSPORT_CUDA_COPY &&
-                        (((uintptr_t)ch->src | (uintptr_t)ch->dst) & 7u) == 0;
+        /* Puts of 4 or 8 bytes travel inline (fifo.h) on the CUDA copy transport and on TCP
+         * from device memory, where both buffers start 8-byte aligned: the device checks the
+         * offsets' alignment, and stream memory operations need naturally aligned addresses. */
+        int inline_ok = (transport == MACO_TRANSPORT_CUDA_COPY ||
+                         (transport == MACO_TRANSPORT_TCP && !ch->src_host)) &&
+                        (((uintptr_t)ch->src | ch->dst_addr) & 7u) == 0;
         d->src = inline_ok ? ch->src : NULL;
         d->src_bytes = inline_ok ? ch->src_bytes : 0;
         d->semaphore.inbound = ch->inbound_dev;

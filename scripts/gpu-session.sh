@@ -87,10 +87,10 @@ if [ "${1:-}" = transports ]; then
   step memcheck-tcp 240 "$B/tools/maco-run" -n 2 --simulate-nodes 2 --timeout 230 \
     env TEST_MACO_PORT_TRANSPORT=auto MACO_TCP_CHUNK_SIZE=256K compute-sanitizer --tool memcheck \
     --error-exitcode 99 "$B/tests/test_gpu_mp" --gtest_filter='PortChannelGpu.Put*:PortChannelGpu.Device*'
-  for i in 1 2; do
+  for i in $(seq "${BENCH_ROUNDS:-2}"); do
     step "bench-port-new-$i" 120 "$B/tools/maco-run" -n 2 --timeout 110 "$B/tests/bench_port_channel"
     if [ -n "${OLD_BUILD:-}" ]; then
-      step "bench-port-old-$i" 120 "$OLD_BUILD/tools/maco-run" -n 2 --timeout 110 \
+      step "bench-port-old-$i" 120 env LD_LIBRARY_PATH="$OLD_BUILD" "$OLD_BUILD/tools/maco-run" -n 2 --timeout 110 \
         "$OLD_BUILD/tests/bench_port_channel"
     fi
   done
