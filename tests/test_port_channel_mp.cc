@@ -437,6 +437,38 @@ TEST_F(PortChannelHost, ForgedHandlesAreRefused)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
+/* A forked rank's own 2-rank job (maco_test::ForkRanks): a communicator, `bytes` of shared
+ * host memory, a started proxy and one channel to the other rank over `transport`. Returns
+ * 0, or the exit code the rank should return: 10 (bootstrap or communicator), 11 (memory),
+ * 12 (proxy or channel). */
+struct ForkedChannel {
+    maco_bootstrap_t bs = nullptr;
+    maco_comm_t comm = nullptr;
+    void *buf = nullptr;
+    maco_port_channel_t ch = nullptr;
+
+    int Setup(int rank, size_t bytes, maco_transport_t transport)
+    {
+        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
+            maco_comm_create(bs, -1, &comm) != MACO_OK)
+            return 10;
+        maco_mem_t mine = nullptr, peer = nullptr;
+        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
+        if (maco_mem_alloc_host(comm, bytes, &buf) != MACO_OK ||
+            maco_mem_register(comm, buf, bytes, &mine) != MACO_OK ||
+            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
+            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
+            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
+            return 11;
+        maco_proxy_t proxy;
+        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
+            maco_port_channel_create(proxy, 1 - rank, transport, mine, peer, &ch) != MACO_OK ||
+            maco_bootstrap_barrier(bs) != MACO_OK)
+            return 12;
+        return 0;
+    }
+};
+
 /* Each channel got the transport the topology and the settings call for. */
 TEST_F(PortChannelHost, TransportFollowsTopology)
 {
@@ -491,28 +523,13 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
         setenv("MACO_TRANSPORT", t == MACO_TRANSPORT_IB ? "ib" : "tcp", 1);
         setenv("MACO_LOG_LEVEL", "error", 1);
         setenv("MACO_DEVICE_TIMEOUT", "30s", 1);
-        maco_bootstrap_t bs;
-        maco_comm_t comm;
-        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
-            maco_comm_create(bs, -1, &comm) != MACO_OK)
-            return 10;
         const size_t bytes = 8 << 20;
-        void *buf = nullptr;
-        maco_mem_t mine = nullptr, peer = nullptr;
-        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
-        if (maco_mem_alloc_host(comm, bytes, &buf) != MACO_OK ||
-            maco_mem_register(comm, buf, bytes, &mine) != MACO_OK ||
-            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
-            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
-            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
-            return 11;
-        maco_proxy_t proxy;
-        maco_port_channel_t ch;
-        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
-            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_AUTO, mine, peer, &ch) !=
-                MACO_OK ||
-            maco_bootstrap_barrier(bs) != MACO_OK)
-            return 12;
+        ForkedChannel f;
+        int rc = f.Setup(rank, bytes, MACO_TRANSPORT_AUTO);
+        if (rc != 0)
+            return rc;
+        maco_comm_t comm = f.comm;
+        maco_port_channel_t ch = f.ch;
         if (rank == 1) {
             usleep(200000); /* rank 0 is sending by now */
             _exit(0);       /* dies in the middle, without a word */
@@ -597,27 +614,12 @@ TEST_F(PortChannelHost, WaitForADeadPeerFailsFastWithoutSpinning)
     std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [](int rank) {
         setenv("MACO_DEVICE_TIMEOUT", "0", 1);
         setenv("MACO_LOG_LEVEL", "error", 1);
-        maco_bootstrap_t bs;
-        maco_comm_t comm;
-        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
-            maco_comm_create(bs, -1, &comm) != MACO_OK)
-            return 10;
-        void *buf = nullptr;
-        maco_mem_t mine = nullptr, peer = nullptr;
-        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
-        if (maco_mem_alloc_host(comm, 4096, &buf) != MACO_OK ||
-            maco_mem_register(comm, buf, 4096, &mine) != MACO_OK ||
-            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
-            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
-            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
-            return 11;
-        maco_proxy_t proxy;
-        maco_port_channel_t ch;
-        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
-            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_HOST_MEMORY, mine, peer,
-                                     &ch) != MACO_OK ||
-            maco_bootstrap_barrier(bs) != MACO_OK)
-            return 12;
+        ForkedChannel f;
+        int rc = f.Setup(rank, 4096, MACO_TRANSPORT_HOST_MEMORY);
+        if (rc != 0)
+            return rc;
+        maco_comm_t comm = f.comm;
+        maco_port_channel_t ch = f.ch;
         if (rank == 1) {
             usleep(300000); /* rank 0 is waiting by now */
             _exit(0);       /* dies without signalling or saying goodbye */
