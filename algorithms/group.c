@@ -277,21 +277,35 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     maco_status_t st = maco__p2p_plan_build(msgs, n, comm->rank, comm->nranks, &gc->plan, &bad_call,
                                             why, sizeof(why));
     free(msgs);
-    if (st != MACO_OK)
-        return maco__comm_record(comm, maco__error(st, MACO_SUBSYS_COLL, "%s%s", prefix, why));
+    if (st != MACO_OK) {
+        /* Outside a group, "call 1 (maco_send): ..." reads better as "maco_send: ...". */
+        const char *text = why;
+        char head[64];
+        snprintf(head, sizeof(head), "call 1 (%s): ", first_fn);
+        if (g->implicit && strncmp(why, head, strlen(head)) == 0)
+            text = why + strlen(head);
+        return maco__comm_record(comm, maco__error(st, MACO_SUBSYS_COLL, "%s%s%s%s", prefix,
+                                                   g->implicit ? first_fn : "",
+                                                   g->implicit ? ": " : "", text));
+    }
     maco__coll_t *c = NULL;
     st = maco__coll_require(comm, first_fn, &c);
     if (st != MACO_OK)
         return st;
     maco_status_t async_st;
     maco_comm_get_async_error(comm, &async_st);
-    if (async_st != MACO_OK)
+    if (async_st != MACO_OK) {
+        char who[96];
+        if (g->implicit)
+            snprintf(who, sizeof(who), "%s", first_fn);
+        else
+            snprintf(who, sizeof(who), "maco_group_end: call %d (%s)", first_call, first_fn);
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
-                                                   "%scall %d (%s): the communicator has failed "
-                                                   "(%s): %s; destroy it",
-                                                   prefix, first_call, first_fn,
-                                                   maco_status_string(async_st),
+                                                   "%s: the communicator has failed (%s): %s; "
+                                                   "destroy it",
+                                                   who, maco_status_string(async_st),
                                                    maco_comm_get_last_error(comm)));
+    }
     /* An unknown forced name (MACO_ALGO_ALLTOALL, MACO_ALGO_SENDRECV) is refused here. */
     int kernel;
     if (has_sr && (st = maco__coll_select(comm, c, MACO_COLL_SENDRECV, 1, 1, &kernel)) != MACO_OK)

@@ -27,9 +27,10 @@
  *   copy  the payload copied into the copy region at `skew` = the source's address mod 16
  *         (both sides' copies then move 16-byte words when the buffers are equally aligned);
  *         then __syncthreads(), a system-scope fence and the header store by thread 0. The
- *         receiver's thread 0 sees the header's flag, fences (acquire) and releases the CTA
- *         with __syncthreads(): fence-to-fence synchronisation, the header being the flag
- *         (a volatile 16-byte store and load: relaxed, system scope). cap = the chunk size.
+ *         receiver's thread 0 sees the header's flag, fences (acquire; only for copy-mode
+ *         headers) and releases the CTA with __syncthreads(): fence-to-fence
+ *         synchronisation, the header being the flag (a volatile 16-byte store and load:
+ *         relaxed, system scope). cap = the chunk size.
  * Flow control: a sender may write chunk c only when the slot's previous chunk c - SLOTS has
  * been consumed. The receiver, after copying a chunk out (all threads done: __syncthreads()),
  * signals the lane's credit semaphore (a release add on the sender's counter); the sender,
@@ -205,8 +206,10 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
             (const maco_ll16_packet_t *)(a.buf + a.hdr_offset) + maco__p2p_slot(q, lane, lanes, r);
         uint2 d = make_uint2(0u, 0u);
         const int got = maco_ll16_try_load(hdr, (uint32_t)(r + 1), &d);
-        if (got)
-            __threadfence_system(); /* acquire: the copy-mode payload came before the header */
+        /* Acquire: a copy-mode payload was written before the header. LL payload packets
+         * carry their own flag and need no fence. */
+        if (got && (d.y & MACO__P2P_HDR_LL) == 0)
+            __threadfence_system();
         st.go = got;
         st.seq = r;
         st.hdr_lo = d.x;

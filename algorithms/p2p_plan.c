@@ -63,16 +63,22 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
             maco__p2p_span(&msgs[k], &lo2, &hi2);
             if (lo < hi2 && lo2 < hi) {
                 const maco__p2p_msg_t *a = &msgs[i], *b = &msgs[k];
+                char whose[96];
+                if (b->call == a->call)
+                    snprintf(whose, sizeof(whose), "of the same call");
+                else
+                    snprintf(whose, sizeof(whose), "of call %d (%s)", b->call, b->fn);
                 return maco__p2p_fail(
                     why, why_bytes, call_p, a->call,
                     "call %d (%s): its receive buffer %p (%llu bytes, from rank %d) overlaps "
-                    "the %s buffer %p (%llu bytes) of call %d (%s); the sends and receives of "
+                    "the %s buffer %p (%llu bytes, %s rank %d) %s; the sends and receives of "
                     "a group run at the same time, so a receive buffer must not overlap any "
                     "other buffer of the group",
                     a->call, a->fn, a->recv, (unsigned long long)a->bytes, (int)a->peer,
                     b->dir == MACO__P2P_SEND ? "send" : "receive",
                     b->dir == MACO__P2P_SEND ? (const void *)b->send : (const void *)b->recv,
-                    (unsigned long long)b->bytes, b->call, b->fn);
+                    (unsigned long long)b->bytes, b->dir == MACO__P2P_SEND ? "to" : "from",
+                    (int)b->peer, whose);
             }
         }
     }

@@ -71,6 +71,11 @@ class P2P : public maco_test::GpuCase
     void Poison()
     {
         CUDA_OK(cudaMemsetAsync(out_, 0xFF, cap_ + 2 * kGuard, stream_));
+        ResetCounters();
+    }
+
+    void ResetCounters()
+    {
         unsigned long long init[2] = { 0, ~0ull };
         CUDA_OK(cudaMemcpyAsync(counters_, init, sizeof(init), cudaMemcpyHostToDevice, stream_));
     }
@@ -323,6 +328,36 @@ TEST_F(P2P, RingSendRecvEverySizeAndMode)
             ASSERT_EQ(wrong, 0u) << Describe("ring", dt, count, mode) << ", first wrong " << first;
         }
     }
+}
+
+/* The checks can fail: data from the wrong rank, or a poisoned buffer, is counted wrong (so
+ * the zero counts of the other tests mean something). */
+TEST_F(P2P, CheckersCountWrongData)
+{
+    const int n = NRanks(), me = Rank();
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    const size_t count = 5000;
+    ASSERT_NO_FATAL_FAILURE(Reserve(count * 4));
+    char *send = in_ + kGuard, *recv = out_ + kGuard;
+    uint64_t seed = Seed(11);
+    Poison();
+    Fill(send, count, MACO_FLOAT32, seed);
+    ExpectFrom(out_ + kGuard, count, MACO_FLOAT32, seed, prev, 0); /* still poison */
+    unsigned long long wrong = 0;
+    ASSERT_NO_FATAL_FAILURE(Wrong(&wrong));
+    EXPECT_EQ(wrong, count);
+    Poison();
+    ASSERT_EQ(maco_group_start(), MACO_OK);
+    ASSERT_EQ(maco_send(send, count, MACO_FLOAT32, next, Comm(), S()), MACO_OK);
+    ASSERT_EQ(maco_recv(recv, count, MACO_FLOAT32, prev, Comm(), S()), MACO_OK);
+    ASSERT_EQ(maco_group_end(), MACO_OK) << maco_comm_get_last_error(Comm());
+    ExpectFrom(recv, count, MACO_FLOAT32, seed ^ 1, prev, 0); /* another seed */
+    ASSERT_NO_FATAL_FAILURE(Wrong(&wrong));
+    EXPECT_GT(wrong, count * 9 / 10);
+    ResetCounters();
+    ExpectFrom(recv, count, MACO_FLOAT32, seed, prev, 0); /* right data, right source */
+    ASSERT_NO_FATAL_FAILURE(Wrong(&wrong));
+    EXPECT_EQ(wrong, 0u);
 }
 
 /* Message sizes (elements) of the all-pairs test: message k from s to d. */
