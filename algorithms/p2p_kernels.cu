@@ -50,6 +50,11 @@
  * records which wait (the first pending item: peer, semaphore or header slot) and stops.
  * A receiver whose count differs from the sender's records MACO_ERR_INVALID_ARGUMENT
  * (MACO_DEVICE_ERR_COUNT_MISMATCH: both byte counts) and writes nothing of that message.
+ * Shared state: each item's state (message, chunk, sender's count) and each step's decision
+ * live in shared memory. Every thread reads them, then a barrier, and only then may thread 0
+ * write them; its writes are followed by a barrier before anyone reads again. All branches
+ * depend only on shared values read that way, so the whole CTA takes the same ones and meets
+ * the same barriers.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -287,6 +292,11 @@ maco__p2p_self_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
     const int opi = a.plan.pair_first[p] + st.msg[k];
     const maco__p2p_op_t &op = a.plan.ops[opi];
     const uint64_t c = st.chunk[k];
+    /* Every thread has read the item's state (here and in the kernel's loop) before thread 0
+     * advances it below. Without this barrier a late warp read the advanced state, copied
+     * the wrong chunk and left the CTA's barriers out of step: compute-sanitizer racecheck
+     * found it (2026-11-24, H100), which the functional runs had not. */
+    __syncthreads();
     const uint64_t j = (uint64_t)lane + (uint64_t)a.lanes * c;
     const uint64_t cb = maco__p2p_chunk_bytes(op.bytes, a.chunk, j);
     if (cb > 0)
