@@ -37,7 +37,7 @@
  * before chunk c >= SLOTS, consumes one credit with an acquire poll
  * (maco_semaphore_poll). Each chunk earns exactly one credit and each chunk from the
  * SLOTS-th on takes one, so the semaphore's expected count (on the device) stays
- * max(0, sent - SLOTS + 1) across launches.
+ * max(0, sent - SLOTS) across launches.
  *
  * Work items: one per (pair, lane): item i is pair i % npairs, lane i / npairs; CTA b owns
  * items b, b + G, ... A CTA never blocks on one item: it polls each of its items in turn
