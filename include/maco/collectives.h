@@ -3,8 +3,8 @@
  *
  * A call validates its arguments, picks an algorithm and enqueues kernels on `stream`; it
  * returns before the data has moved. The buffers must stay valid until the stream reaches
- * the operation. Every rank must make the same calls in the same order with the same
- * count, type, op and root.
+ * the operation. Every rank must make the same collective calls in the same order with the
+ * same count, type, op and root (sends and receives pair up instead: maco_send below).
  *
  * Buffers: device memory of the communicator's GPU, any alignment, registered or not;
  * registering is never required. Unregistered buffers go through the communicator's
