@@ -6,8 +6,9 @@
 #include <stdint.h>
 
 #include "comm_internal.h"
-#include "maco/device/macros.h"
 #include "maco/collectives.h"
+#include "maco/device/macros.h"
+#include "p2p_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,15 +35,23 @@ enum {
  *   desc_offset     descriptors:  [parity 2][source rank n][MACO__DESC_BYTES] (LL16)
  *   ll_offset       LL16 scratch: [parity 2][source rank n][ll_slot_bytes]
  *   rsag_offset     rsag scratch: [slot rsag_slots][IN n | OUT n][rsag_piece_max bytes]
+ *   p2p_ctr_offset  send/recv sequence counters: u64 sent[peer n][lane], u64 recvd[peer n][lane]
+ *   p2p_hdr_offset  chunk headers: [source rank n][lane][slot MACO__P2P_SLOTS] x 16 bytes (LL16)
+ *   p2p_ll_offset   LL payload:    [source rank n][lane][slot] x MACO__P2P_LL_SLOT bytes
+ *   p2p_cp_offset   copy payload:  [source rank n][lane][slot] x p2p_cp_slot_bytes
  * Offsets are multiples of 256 bytes. The sizes come from MACO_ALLREDUCE_ONESHOT_MAX,
- * MACO_SCRATCH_SIZE and MACO_ALLREDUCE_RSAG_CTAS, which must agree on all ranks (checked at
- * creation).
+ * MACO_SCRATCH_SIZE, MACO_ALLREDUCE_RSAG_CTAS, MACO_P2P_LANES and MACO_P2P_CHUNK_SIZE, which
+ * must agree on all ranks (checked at creation).
  */
 typedef struct maco__coll_layout {
     size_t desc_offset;
     size_t ll_offset, ll_slot_bytes; /* 4 * oneshot_max: two-shot's two LL16 regions */
     size_t rsag_offset, rsag_piece_max, rsag_slot_bytes;
     int rsag_slots; /* MACO_ALLREDUCE_RSAG_CTAS */
+    int p2p_lanes;  /* MACO_P2P_LANES */
+    size_t p2p_ctr_offset, p2p_hdr_offset, p2p_ll_offset, p2p_cp_offset;
+    size_t p2p_chunk;         /* MACO_P2P_CHUNK_SIZE: copy-mode payload per chunk */
+    size_t p2p_cp_slot_bytes; /* p2p_chunk + 16 (the skew), rounded up to 256 */
     size_t total_bytes;
     size_t oneshot_max; /* bytes per rank */
 } maco__coll_layout_t;
@@ -58,12 +67,14 @@ typedef struct maco__coll {
     char **peer_buf;                             /* [nranks] mapped buffers (own: buf) */
     maco_mem_t *peer_buf_mem;                    /* [nranks] imports (own: NULL) */
     maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][nranks] */
+    maco_memory_channel_device_t *p2p_channels;  /* device array [nranks][p2p_lanes]: credits */
     maco__registry_t *reg;
     /* Settings, read once at creation (select.c): the forced algorithm of each collective
      * ("" = by size; maco_collective_set_algorithm changes it) and the largest allreduce
      * that uses registered buffers in place. */
     char forced[MACO_COLLECTIVE_COUNT][32];
     int64_t inplace_max;
+    int64_t p2p_ll_max; /* MACO_P2P_LL_MAX: largest message a sender sends as LL packets */
 } maco__coll_t;
 
 /** The collectives' state of `comm`, or NULL (no GPU, or set up without them). */
@@ -94,6 +105,10 @@ const char *maco__coll_algorithm(maco_collective_t coll, int kernel);
  */
 maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_collective_t coll,
                                 size_t count, size_t esz, int *kernel_p);
+/** Whether a sender sends a message of `bytes` bytes of `coll` (MACO_COLL_ALLTOALL or
+ * MACO_COLL_SENDRECV) as LL packets: the forced choice ("ll", "copy"), else up to
+ * MACO_P2P_LL_MAX bytes. Call maco__coll_select first to reject unknown forced names. */
+int maco__p2p_ll(const maco__coll_t *c, maco_collective_t coll, uint64_t bytes);
 /** Elements per two-shot block, or 0 when two-shot cannot take the call (select.c). */
 size_t maco__coll_twoshot_block(size_t count, size_t esz, size_t n, size_t cap);
 
@@ -175,7 +190,10 @@ typedef struct maco__coll_args {
 MACO_STATIC_ASSERT(sizeof(maco__coll_args_t) == 312, "maco__coll_args_t is 312 bytes");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__coll_args_t) == 8, "maco__coll_args_t alignment");
 
-/* The kernels (coll_kernels.cuh): LL (one-shot), MESH, and LL2 (two-shot LL allreduce). */
+/* The kernels (coll_kernels.cuh): LL (one-shot), MESH, and LL2 (two-shot LL allreduce).
+ * For all-to-all and send/recv (MACO_COLL_ALLTOALL, MACO_COLL_SENDRECV) the same numbers name
+ * how a sender moves a message: LL = as LL packets ("ll"), MESH = copied through scratch
+ * ("copy"); both run in the one p2p kernel (p2p_kernels.cu). */
 enum { MACO__KERNEL_LL = 0, MACO__KERNEL_MESH = 1, MACO__KERNEL_LL2 = 2 };
 
 /*
@@ -202,6 +220,74 @@ MACO__DECLARE_LAUNCHER(float64)
 MACO__DECLARE_LAUNCHER(fp8_e4m3)
 MACO__DECLARE_LAUNCHER(fp8_e5m2)
 #undef MACO__DECLARE_LAUNCHER
+
+/* ------------------------------------------------------------------ send/recv, all-to-all */
+
+/*
+ * Everything the p2p kernel needs (p2p_kernels.cu has the protocol): this launch's plan and
+ * the communicator's send/recv resources. Filled by group.c, passed by value: the plan
+ * (3352) + pointers, offsets and counts: 3520 bytes, under CUDA's 4 KiB parameter limit.
+ */
+typedef struct maco__p2p_args {
+    maco__p2p_plan_t plan;
+    char *buf;                                 /* this rank's collectives buffer */
+    char *peer_buf[MACO__MAX_LOCAL_RANKS];     /* mapped buffers; [rank] = buf */
+    const maco_memory_channel_device_t *chans; /* [nranks][lanes]: credit semaphores */
+    maco_device_wait_bound_t bound;
+    uint64_t ctr_offset, hdr_offset, ll_offset, cp_offset;
+    uint64_t cp_slot_bytes; /* bytes per copy-mode slot */
+    uint64_t chunk;         /* copy-mode payload per chunk (a multiple of 16) */
+    int32_t rank, nranks, lanes, pad;
+} maco__p2p_args_t;
+MACO_STATIC_ASSERT(sizeof(maco__p2p_args_t) == 3520, "maco__p2p_args_t is 3520 bytes");
+MACO_STATIC_ASSERT(sizeof(maco__p2p_args_t) <= 4096, "maco__p2p_args_t fits the 4 KiB limit");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__p2p_args_t) == 8, "maco__p2p_args_t alignment");
+
+/** Launches the p2p kernel (p2p_kernels.cu); returns the launch's CUDA error. */
+cudaError_t maco__launch_p2p(const maco__p2p_args_t *args, int blocks, int threads,
+                             cudaStream_t stream);
+
+/* ------------------------------------------------------------------ calls, launches, groups */
+
+/* One collective call's arguments as the checks and the launcher see them (collectives.c,
+ * coll_launch.c, group.c). */
+typedef struct maco__coll_call {
+    maco_collective_t coll;
+    const char *fn;
+    const void *send;
+    void *recv;
+    size_t count; /* the unit's elements */
+    maco_datatype_t datatype;
+    maco_redop_t op;
+    int root;
+} maco__coll_call_t;
+
+/*
+ * coll_launch.c. maco__coll_prepare: what every collective checks once its arguments are
+ * valid: the communicator's collectives exist (GPU, one node), no earlier asynchronous
+ * error, the forced algorithm fits; writes the state and the kernel. Records errors.
+ * maco__coll_launch: enqueues the prepared call (count > 0) on `stream`.
+ */
+maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
+                                 maco__coll_t **coll_p, int *kernel_p);
+maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm, maco__coll_t *coll,
+                                int kernel, maco_stream_t stream);
+
+/*
+ * group.c: the calling thread's group (maco_group_start/end). Every operation goes through
+ * it: outside a group a call is a group of its own.
+ * maco__group_depth: how deep the calling thread is inside maco_group_start (0: none).
+ * maco__group_add_coll / _p2p: queue a checked call (its arguments copied); outside a group
+ * the call is issued at once. `msgs` are the call's sends and receives (an all-to-all has
+ * one of each per peer). maco__group_fail: a call inside a group failed its checks
+ * (status and message are the thread's last error): the group will fail at its end.
+ */
+int maco__group_depth(void);
+maco_status_t maco__group_add_coll(const maco__coll_call_t *c, maco_comm_t comm,
+                                   maco_stream_t stream);
+maco_status_t maco__group_add_p2p(const char *fn, const maco__p2p_msg_t *msgs, int nmsgs,
+                                  maco_comm_t comm, maco_stream_t stream);
+maco_status_t maco__group_fail(const char *fn, maco_status_t status);
 
 #ifdef __cplusplus
 }

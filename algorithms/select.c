@@ -24,6 +24,10 @@ static const struct {
     { "reduce_scatter", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE_SCATTER },
     { "broadcast", { "ll", "mesh", NULL }, MACO_CFG_ALGO_BROADCAST },
     { "reduce", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE },
+    /* How a sender moves each message (p2p_kernels.cu): LL packets or chunks through
+     * scratch. Any size works either way, so forcing one never fails for size. */
+    { "alltoall", { "ll", "copy", NULL }, MACO_CFG_ALGO_ALLTOALL },
+    { "sendrecv", { "ll", "copy", NULL }, MACO_CFG_ALGO_SENDRECV },
 };
 
 /*
@@ -68,20 +72,26 @@ maco_status_t maco__coll_read_settings(maco__coll_t *c)
                                maco__config_name(maco__colls[k].force), v);
         snprintf(c->forced[k], sizeof(c->forced[k]), "%s", v);
     }
-    return maco__config_int64(MACO_CFG_ALLREDUCE_INPLACE_MAX, &c->inplace_max);
+    maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_INPLACE_MAX, &c->inplace_max);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_P2P_LL_MAX, &c->p2p_ll_max);
+    return st;
 }
 
 /*
  * Picks the kernel: the forced algorithm if any (MACO_ALGO_<COLLECTIVE> at creation, or
  * maco_collective_set_algorithm), else LL up to the LL scratch's capacity
  * (MACO_ALLREDUCE_ONESHOT_MAX bytes per message) and mesh above. `unit_bytes` is the
- * collective's unit (algorithms.h).
+ * collective's unit (algorithms.h). All-to-all and send/recv: LL packets up to
+ * MACO_P2P_LL_MAX bytes per message, "copy" above (a sender's choice; the receiver follows
+ * each chunk's header).
  */
 maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_collective_t coll,
                                 size_t count, size_t esz, int *kernel_p)
 {
     size_t cap = c->layout.oneshot_max;
     size_t msg = count * esz; /* the unit: what one rank sends one peer */
+    int p2p = coll == MACO_COLL_ALLTOALL || coll == MACO_COLL_SENDRECV;
     size_t n = (size_t)comm->nranks;
     int twoshot = coll == MACO_COLL_ALLREDUCE && maco__coll_twoshot_block(count, esz, n, cap) != 0;
     const char *forced = c->forced[coll];
@@ -90,7 +100,7 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
             if (maco__colls[coll].algo[k] == NULL ||
                 strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
                 continue;
-            if (k == MACO__KERNEL_LL && msg > cap)
+            if (k == MACO__KERNEL_LL && msg > cap && !p2p)
                 return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                                    "%s=%s cannot take %zu bytes per rank: its scratch "
                                    "holds MACO_ALLREDUCE_ONESHOT_MAX=%zu",
@@ -112,11 +122,23 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
                            maco__colls[coll].algo[1], maco__colls[coll].algo[2] ? " or " : "",
                            maco__colls[coll].algo[2] ? maco__colls[coll].algo[2] : "");
     }
-    if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
+    if (p2p)
+        *kernel_p = msg <= (size_t)c->p2p_ll_max ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
+    else if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
         *kernel_p = MACO__KERNEL_LL;
     else if (twoshot)
         *kernel_p = MACO__KERNEL_LL2;
     else
         *kernel_p = msg <= cap && coll != MACO_COLL_ALLREDUCE ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
     return MACO_OK;
+}
+
+int maco__p2p_ll(const maco__coll_t *c, maco_collective_t coll, uint64_t bytes)
+{
+    const char *forced = c->forced[coll];
+    if (strcasecmp(forced, "ll") == 0)
+        return 1;
+    if (strcasecmp(forced, "copy") == 0)
+        return 0;
+    return bytes <= (uint64_t)c->p2p_ll_max;
 }

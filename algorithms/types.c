@@ -26,6 +26,7 @@ const char *maco_redop_name(maco_redop_t op)
 const char *maco_collective_name(maco_collective_t coll)
 {
     static const char *names[MACO_COLLECTIVE_COUNT] = { "allreduce", "allgather", "reduce_scatter",
-                                                        "broadcast", "reduce" };
+                                                        "broadcast", "reduce",    "alltoall",
+                                                        "sendrecv" };
     return (unsigned)coll < MACO_COLLECTIVE_COUNT ? names[coll] : "unknown";
 }

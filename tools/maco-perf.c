@@ -1,16 +1,21 @@
 /*
  * maco-perf - collective benchmark with nccl-tests' flags and columns.
  *
- *   maco-run -n N maco-perf <allreduce|allgather|reduce_scatter|broadcast|reduce>
- *       -b MIN -e MAX -f FACTOR [-d type|all] [-o op|all] [-r root] [-n iters] [-w warmup]
- *       [-c checks] [-G graph-replays] [-R 0|1] [--inplace] [--nccl] [--json FILE]
+ *   maco-run -n N maco-perf <allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall|
+ *       sendrecv> -b MIN -e MAX -f FACTOR [-d type|all] [-o op|all] [-r root] [-n iters]
+ *       [-w warmup] [-c checks] [-G graph-replays] [-R 0|1] [--inplace] [--nccl] [--json FILE]
  *
  * Sizes follow nccl-tests: `size` is the largest buffer of the operation in bytes
- * (allgather: the receive buffer, nranks blocks; reduce_scatter: the send buffer; the
- * others: the one buffer) and `count` its elements. For each type, op and size it checks
- * and times MACO out of place (and in place with --inplace) and, with --nccl, the same
- * operation through the system's NCCL (dlopen'ed; NVLink multicast off) in the same
- * process.
+ * (allgather: the receive buffer, nranks blocks; reduce_scatter: the send buffer; alltoall:
+ * either buffer, nranks blocks of size / nranks bytes, one per peer; sendrecv: the buffer
+ * each rank sends; the others: the one buffer) and `count` its elements. sendrecv is
+ * nccl-tests' sendrecv_perf: rank r sends to r + 1 and receives from r - 1 (mod nranks), the
+ * two in one group. For each type, op and size it checks and times MACO out of place (and in
+ * place with --inplace, for the collectives that have an in-place form; alltoall and sendrecv
+ * have none) and, with --nccl, the same operation through the system's NCCL (dlopen'ed;
+ * NVLink multicast off; alltoall through ncclAlltoAll where NCCL has it, 2.28 on, else
+ * ncclSend/ncclRecv to every peer in a group; sendrecv through
+ * ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd) in the same process.
  *
  * Checking: `-c` rounds per size and placement, each with fresh random inputs (a new seed),
  * a poisoned output (0xFF bytes) with a 256-byte poisoned guard after it, one call, then
@@ -21,8 +26,8 @@
  * with -G R the `-n` calls are captured once in a CUDA graph that is replayed R times
  * (time = elapsed / (n R)). The time shown is the largest over ranks.
  * algbw = size / time; busbw = algbw * factor, nccl-tests' definitions (its
- * doc/PERFORMANCE.md): 2(n-1)/n for allreduce, (n-1)/n for allgather and reduce_scatter,
- * 1 for broadcast and reduce. GB/s are 1e9 bytes per second.
+ * doc/PERFORMANCE.md): 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and
+ * alltoall, 1 for broadcast, reduce and sendrecv. GB/s are 1e9 bytes per second.
  * Buffers: cudaMalloc by default, so MACO goes through its scratch buffer; with -R 1 they
  * come from maco_mem_alloc (registered with the communicator), which MACO's mesh-family
  * algorithms use in place. NCCL gets the same buffers either way, unregistered.
@@ -67,6 +72,12 @@ typedef struct perf_nccl {
     int (*reduce_scatter)(const void *, void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
     int (*broadcast)(const void *, void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
     int (*reduce)(const void *, void *, size_t, int, int, int, perf_nccl_comm_t, cudaStream_t);
+    int (*alltoall)(const void *, void *, size_t, int, perf_nccl_comm_t,
+                    cudaStream_t); /* NULL <2.28 */
+    int (*send)(const void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
+    int (*recv)(void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
+    int (*group_start)(void);
+    int (*group_end)(void);
     int (*comm_destroy)(perf_nccl_comm_t);
     const char *(*get_error_string)(int);
     int (*get_version)(int *);
@@ -119,7 +130,8 @@ static void usage(FILE *f)
             "usage: maco-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR] [-d TYPE|all] [-o OP|all]\n"
             "                 [-r ROOT] [-n ITERS] [-w WARMUP] [-c CHECKS] [-G REPLAYS]\n"
             "                 [-R 0|1] [--inplace] [--nccl] [--json FILE]\n"
-            "  COLLECTIVE: allreduce, allgather, reduce_scatter, broadcast, reduce\n"
+            "  COLLECTIVE: allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall,\n"
+            "              sendrecv (rank r sends to r+1 and receives from r-1, as nccl-tests)\n"
             "  Run under maco-run, one rank per GPU: maco-run -n 4 maco-perf allreduce ...\n"
             "  -b, -e   smallest and largest size in bytes, nccl-tests' meaning (K, M, G "
             "suffixes; default 8 and 128M)\n"
@@ -219,7 +231,7 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
     if (o->coll == MACO_COLLECTIVE_COUNT) {
         fprintf(stderr,
                 "maco-perf: unknown collective '%s' (allreduce, allgather, reduce_scatter, "
-                "broadcast, reduce)\n",
+                "broadcast, reduce, alltoall, sendrecv)\n",
                 argv[1]);
         exit(2);
     }
@@ -285,9 +297,16 @@ static void parse_args(int argc, char **argv, perf_opts_t *o)
         exit(2);
     }
     /* Collectives without a reduction run once per type, shown with op "none". */
-    if (o->coll == MACO_COLL_ALLGATHER || o->coll == MACO_COLL_BROADCAST) {
+    if (o->coll == MACO_COLL_ALLGATHER || o->coll == MACO_COLL_BROADCAST ||
+        o->coll == MACO_COLL_ALLTOALL || o->coll == MACO_COLL_SENDRECV) {
         o->ops[0] = MACO_SUM;
         o->nops = 1;
+    }
+    /* All-to-all and send/recv have no in-place form. */
+    if (o->inplace && (o->coll == MACO_COLL_ALLTOALL || o->coll == MACO_COLL_SENDRECV)) {
+        fprintf(stderr, "maco-perf: --inplace ignored: %s has no in-place form\n",
+                maco_collective_name(o->coll));
+        o->inplace = 0;
     }
 }
 
@@ -315,6 +334,12 @@ static void nccl_load(perf_nccl_t *nc)
     PERF_SYM(reduce_scatter, "ncclReduceScatter");
     PERF_SYM(broadcast, "ncclBroadcast");
     PERF_SYM(reduce, "ncclReduce");
+    PERF_SYM(send, "ncclSend");
+    PERF_SYM(recv, "ncclRecv");
+    PERF_SYM(group_start, "ncclGroupStart");
+    PERF_SYM(group_end, "ncclGroupEnd");
+    /* NCCL 2.28 spells it ncclAlltoAll; older releases have none (send/recv in a group). */
+    *(void **)&nc->alltoall = dlsym(nc->lib, "ncclAlltoAll");
     PERF_SYM(comm_destroy, "ncclCommDestroy");
     PERF_SYM(get_error_string, "ncclGetErrorString");
     PERF_SYM(get_version, "ncclGetVersion");
@@ -370,7 +395,8 @@ enum { PERF_GUARD = 256 };
 
 static int perf_has_op(maco_collective_t coll)
 {
-    return coll != MACO_COLL_ALLGATHER && coll != MACO_COLL_BROADCAST;
+    return coll != MACO_COLL_ALLGATHER && coll != MACO_COLL_BROADCAST &&
+           coll != MACO_COLL_ALLTOALL && coll != MACO_COLL_SENDRECV;
 }
 
 /* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md). */
@@ -381,8 +407,9 @@ static double perf_busbw_factor(maco_collective_t coll, int n)
         return 2.0 * (n - 1) / n;
     case MACO_COLL_ALLGATHER:
     case MACO_COLL_REDUCE_SCATTER:
+    case MACO_COLL_ALLTOALL:
         return (double)(n - 1) / n;
-    default:
+    default: /* broadcast, reduce, sendrecv */
         return 1.0;
     }
 }
@@ -399,11 +426,12 @@ static void perf_case_init(perf_case_t *k, perf_ctx_t *c, maco_collective_t coll
     k->op = op;
     k->root = root;
     k->inplace = inplace;
-    int blocks = coll == MACO_COLL_ALLGATHER || coll == MACO_COLL_REDUCE_SCATTER;
+    int blocks = coll == MACO_COLL_ALLGATHER || coll == MACO_COLL_REDUCE_SCATTER ||
+                 coll == MACO_COLL_ALLTOALL;
     k->unit = blocks ? count / n : count;
     size_t ub = k->unit * esz;
-    k->send_bytes = coll == MACO_COLL_REDUCE_SCATTER ? ub * n : ub;
-    k->recv_bytes = coll == MACO_COLL_ALLGATHER ? ub * n : ub;
+    k->send_bytes = coll == MACO_COLL_REDUCE_SCATTER || coll == MACO_COLL_ALLTOALL ? ub * n : ub;
+    k->recv_bytes = coll == MACO_COLL_ALLGATHER || coll == MACO_COLL_ALLTOALL ? ub * n : ub;
     k->recv = c->out;
     k->send = c->in;
     k->touched = k->recv_bytes;
@@ -464,6 +492,29 @@ static int perf_launch(perf_ctx_t *c, int use_nccl, const perf_case_t *k)
             return nc->reduce_scatter(k->send, k->recv, k->unit, t, op, nc->comm, c->stream);
         case MACO_COLL_BROADCAST:
             return nc->broadcast(k->send, k->recv, k->unit, t, k->root, nc->comm, c->stream);
+        case MACO_COLL_ALLTOALL: {
+            if (nc->alltoall != NULL)
+                return nc->alltoall(k->send, k->recv, k->unit, t, nc->comm, c->stream);
+            size_t ub = k->unit * maco_datatype_size(k->dt);
+            int r = nc->group_start();
+            for (int q = 0; q < c->nranks && r == 0; q++) {
+                r = nc->send(k->send + (size_t)q * ub, k->unit, t, q, nc->comm, c->stream);
+                if (r == 0)
+                    r = nc->recv(k->recv + (size_t)q * ub, k->unit, t, q, nc->comm, c->stream);
+            }
+            int e = nc->group_end();
+            return r != 0 ? r : e;
+        }
+        case MACO_COLL_SENDRECV: {
+            int r = nc->group_start();
+            if (r == 0)
+                r = nc->send(k->send, k->unit, t, (c->rank + 1) % c->nranks, nc->comm, c->stream);
+            if (r == 0)
+                r = nc->recv(k->recv, k->unit, t, (c->rank + c->nranks - 1) % c->nranks, nc->comm,
+                             c->stream);
+            int e = nc->group_end();
+            return r != 0 ? r : e;
+        }
         default:
             return nc->reduce(k->send, k->recv, k->unit, t, op, k->root, nc->comm, c->stream);
         }
@@ -482,6 +533,21 @@ static int perf_launch(perf_ctx_t *c, int use_nccl, const perf_case_t *k)
         break;
     case MACO_COLL_BROADCAST:
         st = maco_broadcast(k->send, k->recv, k->unit, k->dt, k->root, c->comm, s);
+        break;
+    case MACO_COLL_ALLTOALL:
+        st = maco_alltoall(k->send, k->recv, k->unit, k->dt, c->comm, s);
+        break;
+    case MACO_COLL_SENDRECV:
+        st = maco_group_start();
+        if (st == MACO_OK)
+            st = maco_send(k->send, k->unit, k->dt, (c->rank + 1) % c->nranks, c->comm, s);
+        if (st == MACO_OK)
+            st = maco_recv(k->recv, k->unit, k->dt, (c->rank + c->nranks - 1) % c->nranks, c->comm,
+                           s);
+        {
+            maco_status_t e = maco_group_end();
+            st = st != MACO_OK ? st : e;
+        }
         break;
     default:
         st = maco_reduce(k->send, k->recv, k->unit, k->dt, k->op, k->root, c->comm, s);
@@ -522,6 +588,11 @@ static unsigned long long perf_check(perf_ctx_t *c, const perf_case_t *k, int ro
         if (!k->inplace)
             PERF_CUDA(
                 maco_perf_check_bytes(k->recv, k->recv_bytes, 0xFF, &c->counters[0], c->stream));
+    } else if (k->coll == MACO_COLL_SENDRECV) {
+        /* What rank - 1 sent. */
+        PERF_CUDA(maco_perf_check_from(k->recv, n_recv, k->dt, k->op, seed,
+                                       (c->rank + c->nranks - 1) % c->nranks, 0, &c->counters[0],
+                                       &c->counters[1], c->stream));
     } else {
         PERF_CUDA(maco_perf_check_coll(k->recv, n_recv, k->coll, k->dt, k->op, k->root, k->unit,
                                        seed, c->rank, c->nranks, &c->counters[0], &c->counters[1],
@@ -616,6 +687,10 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
     if (o->nccl)
         printf("# NCCL %d.%d.%d (NCCL_NVLS_ENABLE=0); ratio = MACO busbw / NCCL busbw\n",
                nccl->version / 10000, (nccl->version / 100) % 100, nccl->version % 100);
+    if (o->nccl && o->coll == MACO_COLL_ALLTOALL)
+        printf("# NCCL's alltoall: %s\n", nccl->alltoall != NULL
+                                              ? "ncclAlltoAll"
+                                              : "ncclSend/ncclRecv to every peer in a group");
     printf("# time in us (largest over ranks), algbw and busbw in GB/s (1e9 B/s), busbw = algbw "
            "* %.4g (nccl-tests)\n",
            perf_busbw_factor(o->coll, c->nranks));
@@ -716,8 +791,10 @@ int main(int argc, char **argv)
     double busbw_sum = 0;
     int busbw_n = 0;
     int first_json = 1;
-    size_t blocks =
-        o.coll == MACO_COLL_ALLGATHER || o.coll == MACO_COLL_REDUCE_SCATTER ? (size_t)c.nranks : 1;
+    size_t blocks = o.coll == MACO_COLL_ALLGATHER || o.coll == MACO_COLL_REDUCE_SCATTER ||
+                            o.coll == MACO_COLL_ALLTOALL
+                        ? (size_t)c.nranks
+                        : 1;
     for (int ti = 0; ti < o.ndtypes; ti++) {
         maco_datatype_t dt = o.dtypes[ti];
         size_t esz = maco_datatype_size(dt);

@@ -325,6 +325,8 @@ static __host__ __device__ uint64_t perf_expected_coll(uint64_t j, int coll, int
         return perf_input_bits(seed, dt, op, root, j);
     case MACO_COLL_REDUCE_SCATTER:
         return perf_reduce_bits(seed, dt, op, nranks, (uint64_t)rank * unit + j);
+    case MACO_COLL_ALLTOALL: /* block q: rank q's send block for this rank */
+        return perf_input_bits(seed, dt, op, (int)(j / unit), (uint64_t)rank * unit + j % unit);
     default: /* allreduce, reduce */
         return perf_reduce_bits(seed, dt, op, nranks, j);
     }
@@ -402,4 +404,46 @@ extern "C" uint64_t maco_perf_expected_coll_host(size_t j, maco_collective_t col
                                                  int nranks)
 {
     return perf_expected_coll(j, (int)coll, (int)datatype, (int)op, root, unit, seed, rank, nranks);
+}
+
+/* ------------------------------------------------------------------ received blocks */
+
+__global__ void perf_check_from_kernel(const void *out, size_t count, int dt, int op, uint64_t seed,
+                                       int src_rank, uint64_t src_offset, unsigned long long *wrong,
+                                       unsigned long long *first_wrong)
+{
+    unsigned long long mine = 0;
+    int esz = perf_esz(dt);
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count;
+         j += (size_t)gridDim.x * blockDim.x) {
+        uint64_t got = 0;
+        for (int k = 0; k < esz; k++)
+            got |= (uint64_t)((const uint8_t *)out)[j * esz + k] << (8 * k);
+        if (got != perf_input_bits(seed, dt, op, src_rank, src_offset + j)) {
+            mine++;
+            atomicMin(first_wrong, (unsigned long long)j);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        mine += __shfl_down_sync(0xffffffffu, mine, o);
+    if ((threadIdx.x & 31) == 0 && mine)
+        atomicAdd(wrong, mine);
+}
+
+extern "C" cudaError_t maco_perf_check_from(const void *out, size_t count, maco_datatype_t datatype,
+                                            maco_redop_t op, uint64_t seed, int src_rank,
+                                            size_t src_offset, unsigned long long *wrong,
+                                            unsigned long long *first_wrong, cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    perf_check_from_kernel<<<perf_blocks(count), 256, 0, stream>>>(
+        out, count, (int)datatype, (int)op, seed, src_rank, src_offset, wrong, first_wrong);
+    return cudaGetLastError();
+}
+
+extern "C" uint64_t maco_perf_input_host(size_t i, maco_datatype_t datatype, maco_redop_t op,
+                                         uint64_t seed, int rank)
+{
+    return perf_input_bits(seed, (int)datatype, (int)op, rank, i);
 }

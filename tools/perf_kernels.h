@@ -41,13 +41,28 @@ cudaError_t maco_perf_fill_coll(void *buf, size_t count, maco_datatype_t datatyp
  * Adds to *wrong the number of elements among `count` of rank `rank`'s receive buffer
  * that differ from the expected result of `coll` (allgather: block q holds rank q's send
  * buffer; reduce_scatter: element j is op over ranks of element rank * unit + j; broadcast:
- * the root's buffer; allreduce and reduce: op over ranks). `unit` is the collective's count
+ * the root's buffer; allreduce and reduce: op over ranks; alltoall: block q holds elements
+ * [rank * unit, (rank + 1) * unit) of rank q's send buffer). `unit` is the collective's count
  * argument. Records the first wrong index in *first_wrong (initialised to UINT64_MAX).
  */
 cudaError_t maco_perf_check_coll(const void *out, size_t count, maco_collective_t coll,
                                  maco_datatype_t datatype, maco_redop_t op, int root, size_t unit,
                                  uint64_t seed, int rank, int nranks, unsigned long long *wrong,
                                  unsigned long long *first_wrong, cudaStream_t stream);
+
+/**
+ * Received blocks (send/recv, all-to-allv): adds to *wrong the elements of out[0, count) that
+ * differ from elements [src_offset, src_offset + count) of rank src_rank's send buffer as
+ * maco_perf_fill_coll(.., seed, src_rank) wrote it; first wrong index in *first_wrong.
+ */
+cudaError_t maco_perf_check_from(const void *out, size_t count, maco_datatype_t datatype,
+                                 maco_redop_t op, uint64_t seed, int src_rank, size_t src_offset,
+                                 unsigned long long *wrong, unsigned long long *first_wrong,
+                                 cudaStream_t stream);
+
+/** Element i of rank `rank`'s input as maco_perf_fill_coll writes it (host). */
+uint64_t maco_perf_input_host(size_t i, maco_datatype_t datatype, maco_redop_t op, uint64_t seed,
+                              int rank);
 
 /** The expected bits of receive element j (host; for diagnostics and host-side checks). */
 uint64_t maco_perf_expected_coll_host(size_t j, maco_collective_t coll, maco_datatype_t datatype,

@@ -3,8 +3,8 @@
  *
  * A call validates its arguments, picks an algorithm and enqueues kernels on `stream`; it
  * returns before the data has moved. The buffers must stay valid until the stream reaches
- * the operation. Every rank must make the same calls in the same order with the same
- * count, type, op and root.
+ * the operation. Every rank must make the same collective calls in the same order with the
+ * same count, type, op and root (sends and receives pair up instead: maco_send below).
  *
  * Buffers: device memory of the communicator's GPU, any alignment, registered or not;
  * registering is never required. Unregistered buffers go through the communicator's
@@ -95,17 +95,22 @@ MACO_API const char *maco_datatype_name(maco_datatype_t datatype);
 /** "sum", "prod", "min", "max", "avg"; "unknown" for other values. */
 MACO_API const char *maco_redop_name(maco_redop_t op);
 
-/** The collectives, for maco_collective_get_algorithm(). */
+/** The collectives, for maco_collective_get_algorithm() and _set_algorithm().
+ * MACO_COLL_ALLTOALL covers maco_alltoall and maco_alltoallv, MACO_COLL_SENDRECV maco_send
+ * and maco_recv (their count: elements per message). */
 typedef enum maco_collective {
     MACO_COLL_ALLREDUCE = 0,
     MACO_COLL_ALLGATHER = 1,
     MACO_COLL_REDUCE_SCATTER = 2,
     MACO_COLL_BROADCAST = 3,
     MACO_COLL_REDUCE = 4,
+    MACO_COLL_ALLTOALL = 5,
+    MACO_COLL_SENDRECV = 6,
     MACO_COLLECTIVE_COUNT
 } maco_collective_t;
 
-/** "allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"; else "unknown". */
+/** "allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall",
+ * "sendrecv"; else "unknown". */
 MACO_API const char *maco_collective_name(maco_collective_t coll);
 
 /**
@@ -169,9 +174,120 @@ MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t co
                                    maco_datatype_t datatype, maco_redop_t op, int root,
                                    maco_comm_t comm, maco_stream_t stream);
 
+/* ------------------------------------------------------------------ all-to-all, send/recv */
+
+/*
+ * All-to-all, send and receive, and groups. Stream-ordered and asynchronous like the
+ * collectives above, with the same buffer rules (device memory of the communicator's GPU, any
+ * alignment, registered or not; every message goes through the receiver's scratch) and the
+ * same common errors (comm NULL, datatype out of range, a buffer NULL with a count > 0, sizes
+ * that overflow; MACO_ERR_UNSUPPORTED without a GPU and across nodes; MACO_ERR_INVALID_USAGE
+ * after an asynchronous error; MACO_ERR_CUDA when the launch fails). Nothing is enqueued and
+ * nothing written when a call returns an error. Counts and displacements are in elements;
+ * one message is at most 2^56 - 1 bytes.
+ *
+ * How messages move (docs/design.md, "Send/recv and all-to-all"): every message goes from
+ * the sender to a scratch area of the receiver reserved for that pair of ranks, in chunks
+ * dealt to MACO_P2P_LANES lanes; messages up to MACO_P2P_LL_MAX bytes travel as LL packets,
+ * larger ones are copied in MACO_P2P_CHUNK_SIZE chunks with credits, so a sender never
+ * overwrites a chunk its receiver has not consumed (MACO_ALGO_ALLTOALL and
+ * MACO_ALGO_SENDRECV force "ll" or "copy"). All of one group's sends and receives on a
+ * communicator, all-to-alls included, are one kernel launch. Every launch is safe to capture
+ * in a CUDA graph and to replay (the sequence counters live on the device).
+ *
+ * Count checks by the receiver: every message carries its sender's byte count, and a
+ * receive whose count differs (a maco_recv, or an all-to-all(v) block) writes nothing of
+ * that message and reports MACO_ERR_INVALID_ARGUMENT through maco_comm_get_async_error(),
+ * naming both ranks and both counts; the sender is not held up. Other messages of the same
+ * launch still complete, and the communicator is failed (destroy it).
+ */
+
+/**
+ * All-to-all: block q of rank r's sendbuf (elements [q count, (q + 1) count)) goes to rank q
+ * and lands in block r of q's recvbuf. sendbuf and recvbuf hold nranks * count elements each
+ * and must not overlap (there is no in-place form). Every rank must call it, in the same
+ * order relative to the other calls on the communicator, with the same count (a receiver that
+ * gets a different count reports it, see above). count 0 returns MACO_OK and does nothing.
+ * Inside a group it joins the group's sends and receives (one launch).
+ * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for overlapping buffers.
+ */
+MACO_API maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t count,
+                                     maco_datatype_t datatype, maco_comm_t comm,
+                                     maco_stream_t stream);
+
+/**
+ * All-to-all with per-rank counts and displacements (arrays of nranks elements each, read
+ * during the call only): sendcounts[q] elements from sendbuf + sdispls[q] go to rank q, and
+ * recvcounts[q] elements from rank q land at recvbuf + rdispls[q]. recvcounts[q] on rank r
+ * must equal sendcounts[r] on rank q (a receiver that gets another count reports it, see
+ * above; blocks of 0 elements are exchanged too, so every pair's counts are checked). No
+ * receive block may overlap another receive block or any send block; send blocks may overlap
+ * each other. Every rank must call it, in the same order relative to the other calls.
+ * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for a NULL array, a displacement plus
+ * count that overflows, sendcounts[rank] != recvcounts[rank], or overlapping blocks (these
+ * last found when the call is issued: at maco_group_end inside a group).
+ */
+MACO_API maco_status_t maco_alltoallv(const void *sendbuf, const size_t *sendcounts,
+                                      const size_t *sdispls, void *recvbuf,
+                                      const size_t *recvcounts, const size_t *rdispls,
+                                      maco_datatype_t datatype, maco_comm_t comm,
+                                      maco_stream_t stream);
+
+/**
+ * Sends `count` elements of buf to rank `peer`. Sends and receives match in call order per
+ * (sender, receiver) pair, as NCCL's: the k-th maco_send from r to q is received by q's
+ * k-th maco_recv from r, and its count must equal that receive's (checked by the receiver,
+ * see above). count 0 does nothing, matches nothing and returns MACO_OK.
+ * Outside a group the call is a group of its own, so it completes only when its receiver has
+ * posted the matching receive: a rank that sends to and receives from peers must put those
+ * calls in one group (maco_group_start). A send to this rank needs the matching maco_recv
+ * from this rank in the same group (it becomes a local copy).
+ * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for peer outside [0, nranks), a send to
+ * this rank without its receive in the same group (found when the group is issued).
+ */
+MACO_API maco_status_t maco_send(const void *buf, size_t count, maco_datatype_t datatype, int peer,
+                                 maco_comm_t comm, maco_stream_t stream);
+
+/**
+ * Receives `count` elements from rank `peer` into buf (see maco_send for matching and
+ * counts). buf must not overlap any other buffer of the same group.
+ * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for peer outside [0, nranks), a receive
+ * from this rank without its send in the same group, buf overlapping another buffer of the
+ * group (the last two found when the group is issued).
+ */
+MACO_API maco_status_t maco_recv(void *buf, size_t count, maco_datatype_t datatype, int peer,
+                                 maco_comm_t comm, maco_stream_t stream);
+
+/**
+ * Groups, as NCCL's ncclGroupStart/End. Between maco_group_start() and the matching
+ * maco_group_end(), the calling thread's collectives, all-to-alls, sends and receives are
+ * checked and queued, not issued (their pointer and count arguments are copied; the buffers
+ * must stay valid until the operations complete). The outermost maco_group_end() issues them
+ * all: per communicator, in the order each communicator first appeared, first its
+ * collectives in call order, then one kernel launch moving all its sends and receives. So a
+ * rank can post sends and receives to many peers at once without deadlock. Groups nest (the
+ * inner ends issue nothing) and are per thread: another thread's calls are not part of this
+ * thread's group. Every rank must name the communicators of a group in the same order. All
+ * calls of a group on one communicator must use the same stream.
+ *
+ * A call inside a group returns its own argument errors at once; maco_group_end then returns
+ * the first of them, logs which call it was (its number in the group and its name) and
+ * issues nothing of the group. maco_group_end checks everything before issuing anything: an
+ * error it finds (the communicator's GPU or nodes, an earlier asynchronous error, a local
+ * send without its receive, an overlapping receive buffer, more than 128 sends and receives
+ * on one communicator) is returned, naming the call, and nothing is issued. Only a failed
+ * launch can leave part of a group issued (MACO_ERR_CUDA).
+ * maco_group_start: MACO_OK, or MACO_ERR_INVALID_USAGE when nested more than 2^20 deep.
+ * maco_group_end: MACO_ERR_INVALID_USAGE without an open group; else as above.
+ */
+MACO_API maco_status_t maco_group_start(void);
+MACO_API maco_status_t maco_group_end(void);
+
 /**
  * The name of the algorithm `coll` would use for `count` elements of `datatype` (count as
- * that collective takes it) on this communicator; "copy" for a single rank. The string is
+ * that collective takes it) on this communicator; "copy" for a single rank. For
+ * MACO_COLL_ALLTOALL and MACO_COLL_SENDRECV, `count` is a message's elements and the name is
+ * how its sender moves it: "ll" or "copy". The string is
  * static. Errors: MACO_ERR_INVALID_ARGUMENT (NULL argument, type or collective out of
  * range), MACO_ERR_UNSUPPORTED and the forced-algorithm errors as the collective itself.
  */

@@ -108,7 +108,9 @@ MACO_API const char *maco_comm_get_last_error(maco_comm_t comm);
  *   waits that end because their proxy stopped return MACO_ERR_REMOTE to the kernel only);
  * - MACO_ERR_INVALID_ARGUMENT: a proxy skipped a device put whose offsets and size leave
  *   the channel's buffers, or an inline put to a misaligned destination (its signal is
- *   still sent, so the peer does not hang);
+ *   still sent, so the peer does not hang); or a receive (maco_recv, a block of
+ *   maco_alltoall/maco_alltoallv) met a send of another count (the message names both ranks
+ *   and both counts; nothing of that message was written);
  * - MACO_ERR_INVALID_USAGE: a proxy got a trigger for a channel that does not exist or that
  *   its transport cannot carry (a corrupt trigger), or a collective kernel met a peer's
  *   registration this rank has not mapped (deregistered while in use);

@@ -13,7 +13,8 @@
  *   0  int32 status    maco_status_t, 0 = no error (written last)
  *   4  int32 peer      rank that was waited for, -1 if none
  *   8  int32 object    semaphore id or packet slot the wait was on
- *  12  uint32 what     MACO_DEVICE_WAIT_* (semaphore, packet, FIFO space, flush)
+ *  12  uint32 what     MACO_DEVICE_WAIT_* (semaphore, packet, FIFO space, flush) or
+ *                     MACO_DEVICE_ERR_* (not a wait: a registration, a count mismatch)
  *  16  uint64 expected value (semaphore count or packet flag) waited for
  *  24  uint64 observed last value read
  */
@@ -37,6 +38,10 @@ enum {
     MACO_DEVICE_WAIT_FIFO = 3,        /* space in a proxy's trigger FIFO */
     MACO_DEVICE_WAIT_FLUSH = 4,       /* a proxy's flush */
     MACO_DEVICE_ERR_REGISTRATION = 5, /* not a wait: a peer named a registration not mapped */
+    /* not a wait: a receive's byte count (`expected`) differs from its sender's (`observed`);
+     * `peer` is the sender, `object` the receive's kind and element size (algorithms'
+     * p2p_plan.h, MACO__P2P_FLAGS) */
+    MACO_DEVICE_ERR_COUNT_MISMATCH = 6,
 };
 
 typedef struct maco_device_error {

@@ -67,6 +67,18 @@ extern "C" {
     X(ALGO_REDUCE_SCATTER, STRING, "", "", "Force a reduce-scatter algorithm: ll or mesh.")        \
     X(ALGO_BROADCAST, STRING, "", "", "Force a broadcast algorithm: ll or mesh.")                  \
     X(ALGO_REDUCE, STRING, "", "", "Force a reduce algorithm: ll or mesh.")                        \
+    X(ALGO_ALLTOALL, STRING, "", "",                                                               \
+      "Force how all-to-all messages travel: ll (LL packets) or copy (through scratch).")          \
+    X(ALGO_SENDRECV, STRING, "", "",                                                               \
+      "Force how send/recv messages travel: ll (LL packets) or copy (through scratch).")           \
+    X(P2P_LL_MAX, SIZE, "64K", "bytes",                                                            \
+      "Largest send/recv or all-to-all message (bytes per peer) sent as LL packets; larger "       \
+      "ones are copied through the receiver's scratch in chunks.")                                 \
+    X(P2P_LANES, INT, "8", "",                                                                     \
+      "Lanes per pair of ranks for send/recv and all-to-all (1..16): each has its own scratch "    \
+      "slots, credits and CTA; a message's chunks are dealt to them in turn.")                     \
+    X(P2P_CHUNK_SIZE, SIZE, "128K", "bytes",                                                       \
+      "Send/recv and all-to-all: bytes of a chunk copied through scratch (16K..4M).")              \
     X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
       "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
     X(ALLREDUCE_INPLACE_MAX, SIZE, "8M", "bytes",                                                  \

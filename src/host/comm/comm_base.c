@@ -74,6 +74,30 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
         *async_status_p = (maco_status_t)status;
         return MACO_OK;
     }
+    if (e->what == MACO_DEVICE_ERR_COUNT_MISMATCH) {
+        /* object: bits 0-1 the receive's kind (send/recv, all-to-all, all-to-allv), bits
+         * 2-3 log2 of its element size (algorithms' p2p_plan.h). */
+        static const char *kinds[4] = { "maco_recv", "maco_alltoall", "maco_alltoallv", "?" };
+        unsigned esz = 1u << (((unsigned)e->object >> 2) & 3u);
+        if (status == MACO_ERR_INTERNAL)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: chunks of one message from rank %d disagree on its size "
+                              "(%llu and %llu bytes): the send/recv lanes are out of step",
+                              comm->rank, (int)e->peer, (unsigned long long)e->expected,
+                              (unsigned long long)e->observed);
+        else
+            maco__error_quiet(
+                (maco_status_t)status,
+                "rank %d: a %s of %llu elements (%llu bytes) from rank %d met a "
+                "send of %llu bytes (%llu elements of %u bytes): the counts must "
+                "match; nothing of that message was written",
+                comm->rank, kinds[e->object & 3], (unsigned long long)(e->expected / esz),
+                (unsigned long long)e->expected, (int)e->peer, (unsigned long long)e->observed,
+                (unsigned long long)(e->observed / esz), esz);
+        maco__comm_record(comm, (maco_status_t)status);
+        *async_status_p = (maco_status_t)status;
+        return MACO_OK;
+    }
     maco__error_quiet((maco_status_t)status,
                       "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
                       "%d for value %llu, last saw %llu",

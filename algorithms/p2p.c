@@ -1,0 +1,223 @@
+/*
+ * p2p.c - maco_send, maco_recv, maco_alltoall and maco_alltoallv: argument checks, then the
+ * call's messages go to group.c (queued inside a group, else issued at once as a group of
+ * one). The protocol is in p2p_kernels.cu.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms.h"
+#include "log.h"
+
+/* log2 of an element size (1, 2, 4 or 8 bytes). */
+static uint8_t maco__esz_log2(size_t esz)
+{
+    return (uint8_t)(esz == 8 ? 3 : esz == 4 ? 2 : esz == 2 ? 1 : 0);
+}
+
+/* A call's argument error: recorded in the communicator and, inside a group, in the group. */
+static maco_status_t maco__p2p_fail(maco_comm_t comm, const char *fn, maco_status_t st)
+{
+    maco__comm_record(comm, st);
+    return maco__group_depth() > 0 ? maco__group_fail(fn, st) : st;
+}
+
+/* What every call checks: the communicator and the type. */
+static maco_status_t maco__p2p_check_common(const char *fn, maco_comm_t comm,
+                                            maco_datatype_t datatype)
+{
+    if (comm == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: comm is NULL", fn);
+    if ((unsigned)datatype >= MACO_DATATYPE_COUNT)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "%s: datatype %d is outside [0, %d)", fn, (int)datatype,
+                           MACO_DATATYPE_COUNT);
+    return MACO_OK;
+}
+
+/* `count` elements of `esz` bytes, `mult` times, fit a message (and size_t). */
+static maco_status_t maco__p2p_check_bytes(const char *fn, const char *what, size_t count,
+                                           size_t esz, size_t mult)
+{
+    if (count > MACO__P2P_MAX_BYTES / esz / mult)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "%s: %s %zu elements of %zu bytes%s overflows a message's byte size "
+                           "(2^56 - 1)",
+                           fn, what, count, esz, mult > 1 ? " times nranks" : "");
+    return MACO_OK;
+}
+
+static maco_status_t maco__p2p_one(const char *fn, int dir, const void *sbuf, void *rbuf,
+                                   size_t count, maco_datatype_t datatype, int peer,
+                                   maco_comm_t comm, maco_stream_t stream)
+{
+    maco_status_t st = maco__p2p_check_common(fn, comm, datatype);
+    if (st != MACO_OK)
+        return maco__p2p_fail(comm, fn, st);
+    size_t esz = maco_datatype_size(datatype);
+    if (peer < 0 || peer >= comm->nranks)
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: peer %d is outside [0, %d) (the number of ranks)",
+                                          fn, peer, comm->nranks));
+    if (count > 0 && (dir == MACO__P2P_SEND ? sbuf == NULL : rbuf == NULL))
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: buf is NULL with count %zu", fn, count));
+    st = maco__p2p_check_bytes(fn, "count", count, esz, 1);
+    if (st != MACO_OK)
+        return maco__p2p_fail(comm, fn, st);
+    maco__p2p_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.dir = dir;
+    m.peer = peer;
+    m.send = sbuf;
+    m.recv = rbuf;
+    m.bytes = (uint64_t)count * esz;
+    m.flags = MACO__P2P_FLAGS(MACO__P2P_KIND_SENDRECV, maco__esz_log2(esz), 0);
+    /* count 0 is no message: nothing to match (the group still numbers the call). */
+    return maco__group_add_p2p(fn, &m, count > 0 ? 1 : 0, comm, stream);
+}
+
+maco_status_t maco_send(const void *buf, size_t count, maco_datatype_t datatype, int peer,
+                        maco_comm_t comm, maco_stream_t stream)
+{
+    return maco__p2p_one("maco_send", MACO__P2P_SEND, buf, NULL, count, datatype, peer, comm,
+                         stream);
+}
+
+maco_status_t maco_recv(void *buf, size_t count, maco_datatype_t datatype, int peer,
+                        maco_comm_t comm, maco_stream_t stream)
+{
+    return maco__p2p_one("maco_recv", MACO__P2P_RECV, NULL, buf, count, datatype, peer, comm,
+                         stream);
+}
+
+/*
+ * The messages of an all-to-all(v): to and from every rank, this one included (the local
+ * block becomes a copy). Blocks of 0 elements still travel to other ranks, so every receiver
+ * can check every sender's count.
+ */
+static maco_status_t maco__alltoall_issue(const char *fn, int kind, const char *sendbuf,
+                                          const size_t *sendcounts, const size_t *sdispls,
+                                          char *recvbuf, const size_t *recvcounts,
+                                          const size_t *rdispls, size_t esz, maco_comm_t comm,
+                                          maco_stream_t stream)
+{
+    int n = comm->nranks;
+    maco__p2p_msg_t *msgs = (maco__p2p_msg_t *)calloc(2 * (size_t)n, sizeof(*msgs));
+    if (msgs == NULL)
+        return maco__p2p_fail(
+            comm, fn, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "%s: no memory", fn));
+    uint8_t flags = MACO__P2P_FLAGS(kind, maco__esz_log2(esz), 0);
+    for (int q = 0; q < n; q++) {
+        maco__p2p_msg_t *s = &msgs[2 * q], *r = &msgs[2 * q + 1];
+        s->dir = MACO__P2P_SEND;
+        s->peer = q;
+        s->send = sendcounts[q] > 0 ? sendbuf + sdispls[q] * esz : sendbuf;
+        s->bytes = (uint64_t)sendcounts[q] * esz;
+        s->flags = flags;
+        r->dir = MACO__P2P_RECV;
+        r->peer = q;
+        r->recv = recvcounts[q] > 0 ? recvbuf + rdispls[q] * esz : recvbuf;
+        r->bytes = (uint64_t)recvcounts[q] * esz;
+        r->flags = flags;
+    }
+    maco_status_t st = maco__group_add_p2p(fn, msgs, 2 * n, comm, stream);
+    free(msgs);
+    return st;
+}
+
+maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t count,
+                            maco_datatype_t datatype, maco_comm_t comm, maco_stream_t stream)
+{
+    const char *fn = "maco_alltoall";
+    maco_status_t st = maco__p2p_check_common(fn, comm, datatype);
+    if (st != MACO_OK)
+        return maco__p2p_fail(comm, fn, st);
+    size_t esz = maco_datatype_size(datatype), n = (size_t)comm->nranks;
+    st = maco__p2p_check_bytes(fn, "count", count, esz, n);
+    if (st != MACO_OK)
+        return maco__p2p_fail(comm, fn, st);
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: %s is NULL with count %zu", fn,
+                                          sendbuf == NULL ? "sendbuf" : "recvbuf", count));
+    size_t bytes = count * esz * n;
+    uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf;
+    if (bytes > 0 && s < r + bytes && r < s + bytes)
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: sendbuf %p and recvbuf %p (%zu bytes each) overlap; "
+                                          "all-to-all has no in-place form",
+                                          fn, sendbuf, recvbuf, bytes));
+    if (count == 0)
+        return maco__group_add_p2p(fn, NULL, 0, comm, stream);
+    size_t *v = (size_t *)malloc(2 * n * sizeof(size_t));
+    if (v == NULL)
+        return maco__p2p_fail(
+            comm, fn, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "%s: no memory", fn));
+    for (size_t q = 0; q < n; q++) {
+        v[q] = count;         /* counts */
+        v[n + q] = q * count; /* displacements */
+    }
+    st = maco__alltoall_issue(fn, MACO__P2P_KIND_ALLTOALL, (const char *)sendbuf, v, v + n,
+                              (char *)recvbuf, v, v + n, esz, comm, stream);
+    free(v);
+    return st;
+}
+
+maco_status_t maco_alltoallv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls,
+                             void *recvbuf, const size_t *recvcounts, const size_t *rdispls,
+                             maco_datatype_t datatype, maco_comm_t comm, maco_stream_t stream)
+{
+    const char *fn = "maco_alltoallv";
+    maco_status_t st = maco__p2p_check_common(fn, comm, datatype);
+    if (st != MACO_OK)
+        return maco__p2p_fail(comm, fn, st);
+    if (sendcounts == NULL || sdispls == NULL || recvcounts == NULL || rdispls == NULL)
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: %s is NULL", fn,
+                                          sendcounts == NULL   ? "sendcounts"
+                                          : sdispls == NULL    ? "sdispls"
+                                          : recvcounts == NULL ? "recvcounts"
+                                                               : "rdispls"));
+    size_t esz = maco_datatype_size(datatype);
+    int n = comm->nranks, me = comm->rank;
+    size_t any_send = 0, any_recv = 0;
+    for (int q = 0; q < n; q++) {
+        /* The block's end, displacement + count, must be a byte offset that fits. */
+        if (sdispls[q] > MACO__P2P_MAX_BYTES / esz ||
+            sendcounts[q] > MACO__P2P_MAX_BYTES / esz - sdispls[q])
+            return maco__p2p_fail(comm, fn,
+                                  maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                              "%s: sdispls[%d] %zu + sendcounts[%d] %zu elements "
+                                              "of %zu bytes overflows a byte offset",
+                                              fn, q, sdispls[q], q, sendcounts[q], esz));
+        if (rdispls[q] > MACO__P2P_MAX_BYTES / esz ||
+            recvcounts[q] > MACO__P2P_MAX_BYTES / esz - rdispls[q])
+            return maco__p2p_fail(comm, fn,
+                                  maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                              "%s: rdispls[%d] %zu + recvcounts[%d] %zu elements "
+                                              "of %zu bytes overflows a byte offset",
+                                              fn, q, rdispls[q], q, recvcounts[q], esz));
+        any_send |= sendcounts[q];
+        any_recv |= recvcounts[q];
+    }
+    if ((any_send && sendbuf == NULL) || (any_recv && recvbuf == NULL))
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: %s is NULL with a count > 0", fn,
+                                          any_send && sendbuf == NULL ? "sendbuf" : "recvbuf"));
+    if (sendcounts[me] != recvcounts[me])
+        return maco__p2p_fail(comm, fn,
+                              maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                          "%s: this rank (%d) sends itself %zu elements "
+                                          "(sendcounts[%d]) but receives %zu (recvcounts[%d])",
+                                          fn, me, sendcounts[me], me, recvcounts[me], me));
+    return maco__alltoall_issue(fn, MACO__P2P_KIND_ALLTOALLV, (const char *)sendbuf, sendcounts,
+                                sdispls, (char *)recvbuf, recvcounts, rdispls, esz, comm, stream);
+}

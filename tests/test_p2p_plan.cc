@@ -1,0 +1,184 @@
+/*
+ * test_p2p_plan.cc - the pure parts of send/recv and all-to-all (algorithms/p2p_plan.h): how
+ * a message is cut into chunks on lanes, the chunk header, and the plan a group's messages
+ * become (pairs, call order, local copies, the checks a rank makes alone). No GPU.
+ */
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "maco_test.h"
+#include "p2p_plan.h"
+
+namespace
+{
+
+class P2PPlan : public maco_test::Test
+{
+};
+
+maco__p2p_msg_t Msg(int dir, int peer, uintptr_t addr, uint64_t bytes, int call,
+                    const char *fn = nullptr)
+{
+    maco__p2p_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.dir = dir;
+    m.peer = peer;
+    if (dir == MACO__P2P_SEND)
+        m.send = reinterpret_cast<const void *>(addr);
+    else
+        m.recv = reinterpret_cast<void *>(addr);
+    m.bytes = bytes;
+    m.flags = MACO__P2P_FLAGS(MACO__P2P_KIND_SENDRECV, 2, 0);
+    m.call = call;
+    m.fn = fn != nullptr ? fn : (dir == MACO__P2P_SEND ? "maco_send" : "maco_recv");
+    return m;
+}
+
+/* Every byte of a message is in exactly one chunk, every lane carries at least one chunk, the
+ * lanes' counts add up, and the counts depend only on the sender's byte count. */
+TEST_F(P2PPlan, ChunksCoverEveryByteOnceAndEveryLaneCarriesOne)
+{
+    for (uint32_t lanes : { 1u, 2u, 3u, 8u, 16u }) {
+        for (uint64_t cap : { static_cast<uint64_t>(16), static_cast<uint64_t>(8192),
+                              static_cast<uint64_t>(131072) }) {
+            for (uint64_t bytes :
+                 { static_cast<uint64_t>(0), static_cast<uint64_t>(1), cap - 1, cap, cap + 1,
+                   cap * lanes, cap * lanes + 7, cap * lanes * 5 + 3 }) {
+                uint64_t n = maco__p2p_nchunks(bytes, cap, lanes), sum = 0, covered = 0;
+                EXPECT_GE(n, lanes);
+                for (uint32_t l = 0; l < lanes; l++) {
+                    uint64_t nl = maco__p2p_lane_chunks(bytes, cap, lanes, l);
+                    EXPECT_GE(nl, 1u) << "lane " << l << " of " << lanes << ", " << bytes;
+                    sum += nl;
+                    for (uint64_t k = 0; k < nl; k++) {
+                        uint64_t j = l + static_cast<uint64_t>(lanes) * k;
+                        ASSERT_LT(j, n);
+                        covered += maco__p2p_chunk_bytes(bytes, cap, j);
+                    }
+                }
+                EXPECT_EQ(sum, n);
+                EXPECT_EQ(covered, bytes) << lanes << " lanes, cap " << cap;
+                /* Chunks are contiguous and full but for the last non-empty one. */
+                for (uint64_t j = 0; j + 1 < n; j++) {
+                    if (maco__p2p_chunk_bytes(bytes, cap, j + 1) > 0) {
+                        EXPECT_EQ(maco__p2p_chunk_bytes(bytes, cap, j), cap);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_F(P2PPlan, HeaderCarriesBytesSkewAndMode)
+{
+    for (uint64_t bytes : { static_cast<uint64_t>(0), static_cast<uint64_t>(123),
+                            static_cast<uint64_t>(1) << 40, MACO__P2P_MAX_BYTES }) {
+        for (uint32_t skew : { 0u, 5u, 15u }) {
+            for (int ll : { 0, 1 }) {
+                uint32_t hi = maco__p2p_hdr_hi(bytes, skew, ll);
+                EXPECT_EQ(maco__p2p_hdr_bytes(static_cast<uint32_t>(bytes), hi), bytes);
+                EXPECT_EQ((hi >> 24) & 15u, skew);
+                EXPECT_EQ((hi & MACO__P2P_HDR_LL) != 0, ll != 0);
+            }
+        }
+    }
+}
+
+/* Pairs come in rank order (send to q, then receive from q), the local pair last; each pair's
+ * ops keep call order; the k-th local send is copied into the k-th local receive. */
+TEST_F(P2PPlan, PairsInRankOrderOpsInCallOrderLocalSendsMatched)
+{
+    const int rank = 1, n = 4;
+    std::vector<maco__p2p_msg_t> m = {
+        Msg(MACO__P2P_RECV, 3, 0x10000, 100, 1), Msg(MACO__P2P_SEND, 0, 0x20000, 200, 2),
+        Msg(MACO__P2P_SEND, 1, 0x30000, 300, 3), Msg(MACO__P2P_SEND, 0, 0x40000, 400, 4),
+        Msg(MACO__P2P_RECV, 1, 0x50000, 300, 5), Msg(MACO__P2P_RECV, 0, 0x60000, 0, 6),
+        Msg(MACO__P2P_SEND, 1, 0x70000, 0, 7),   Msg(MACO__P2P_RECV, 1, 0x80000, 0, 8),
+    };
+    maco__p2p_plan_t plan;
+    char why[512];
+    int call = -1;
+    ASSERT_EQ(maco__p2p_plan_build(m.data(), static_cast<int>(m.size()), rank, n, &plan, &call, why,
+                                   sizeof(why)),
+              MACO_OK)
+        << why;
+    ASSERT_EQ(plan.npairs, 4);
+    /* send to 0 (ops 2, 4), receive from 0 (op 6: 0 bytes, kept), receive from 3, local. */
+    EXPECT_EQ(plan.pair_peer[0], 0);
+    EXPECT_EQ(plan.pair_dir[0], MACO__P2P_SEND);
+    ASSERT_EQ(plan.pair_nops[0], 2);
+    EXPECT_EQ(plan.ops[plan.pair_first[0]].bytes, 200u);
+    EXPECT_EQ(plan.ops[plan.pair_first[0] + 1].bytes, 400u);
+    EXPECT_EQ(plan.pair_peer[1], 0);
+    EXPECT_EQ(plan.pair_dir[1], MACO__P2P_RECV);
+    EXPECT_EQ(plan.ops[plan.pair_first[1]].bytes, 0u);
+    EXPECT_EQ(plan.pair_peer[2], 3);
+    EXPECT_EQ(plan.pair_dir[2], MACO__P2P_RECV);
+    EXPECT_EQ(plan.ops[plan.pair_first[2]].dst, reinterpret_cast<void *>(0x10000));
+    EXPECT_EQ(plan.pair_dir[3], MACO__P2P_SELF);
+    ASSERT_EQ(plan.pair_nops[3], 1); /* the 0-byte local pair is dropped */
+    EXPECT_EQ(plan.ops[plan.pair_first[3]].src, reinterpret_cast<const void *>(0x30000));
+    EXPECT_EQ(plan.ops[plan.pair_first[3]].dst, reinterpret_cast<void *>(0x50000));
+    EXPECT_EQ(plan.nops, 5);
+}
+
+/* The checks a rank makes alone, each naming the call at fault, and nothing written. */
+TEST_F(P2PPlan, ChecksNameTheCall)
+{
+    const int rank = 0, n = 2;
+    struct Case {
+        std::vector<maco__p2p_msg_t> msgs;
+        int call;
+        const char *says;
+    };
+    std::vector<Case> cases = {
+        { { Msg(MACO__P2P_SEND, 0, 0x1000, 8, 1) }, 1, "no matching receive" },
+        { { Msg(MACO__P2P_RECV, 0, 0x1000, 8, 1) }, 1, "no matching send" },
+        { { Msg(MACO__P2P_SEND, 0, 0x1000, 8, 1), Msg(MACO__P2P_SEND, 0, 0x2000, 8, 2),
+            Msg(MACO__P2P_RECV, 0, 0x3000, 8, 3) },
+          2,
+          "no matching" },
+        { { Msg(MACO__P2P_SEND, 0, 0x1000, 8, 1), Msg(MACO__P2P_RECV, 0, 0x3000, 12, 2) },
+          2,
+          "but the matching send, call 1" },
+        { { Msg(MACO__P2P_SEND, 1, 0x1000, 100, 1), Msg(MACO__P2P_RECV, 1, 0x1050, 100, 2) },
+          2,
+          "overlaps the send buffer" },
+        { { Msg(MACO__P2P_RECV, 1, 0x1000, 100, 1), Msg(MACO__P2P_RECV, 1, 0x1063, 1, 2) },
+          1,
+          "overlaps the receive buffer" },
+        { { Msg(MACO__P2P_SEND, 2, 0x1000, 100, 1) }, 1, "peer 2 is outside [0, 2)" },
+        { { Msg(MACO__P2P_SEND, 1, 0x1000, MACO__P2P_MAX_BYTES + 1, 1) }, 1, "2^56" },
+    };
+    std::vector<maco__p2p_msg_t> many;
+    for (int i = 0; i < MACO__P2P_MAX_OPS + 1; i++)
+        many.push_back(Msg(MACO__P2P_SEND, 1, 0x1000, 8, i + 1));
+    cases.push_back({ many, MACO__P2P_MAX_OPS + 1, "more than 128 sends and receives" });
+    for (const Case &c : cases) {
+        maco__p2p_plan_t plan;
+        memset(&plan, 0x5A, sizeof(plan));
+        char why[512];
+        int call = -1;
+        EXPECT_EQ(maco__p2p_plan_build(c.msgs.data(), static_cast<int>(c.msgs.size()), rank, n,
+                                       &plan, &call, why, sizeof(why)),
+                  MACO_ERR_INVALID_ARGUMENT)
+            << c.says;
+        EXPECT_EQ(call, c.call) << why;
+        EXPECT_NE(std::string(why).find(c.says), std::string::npos) << why;
+        EXPECT_NE(std::string(why).find("call " + std::to_string(c.call)), std::string::npos)
+            << why;
+        EXPECT_EQ(reinterpret_cast<const unsigned char *>(&plan)[0], 0x5A) << "plan written";
+    }
+    /* Overlapping sends are fine (the same data to several peers), and so are 0-byte
+     * receives at any address. */
+    std::vector<maco__p2p_msg_t> ok = { Msg(MACO__P2P_SEND, 1, 0x1000, 100, 1),
+                                        Msg(MACO__P2P_SEND, 1, 0x1000, 100, 2),
+                                        Msg(MACO__P2P_RECV, 1, 0x1010, 0, 3) };
+    char why[512];
+    EXPECT_EQ(maco__p2p_plan_build(ok.data(), 3, rank, n, nullptr, nullptr, why, sizeof(why)),
+              MACO_OK)
+        << why;
+}
+
+} // namespace
