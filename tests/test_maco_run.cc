@@ -275,6 +275,18 @@ TEST_F(MacoRunMps, StoppedOnSigintAndSigterm)
     }
 }
 
+/* Simulated nodes pick GPUs from 0 on every node, so they share GPUs even when there are as
+ * many GPUs as ranks (regression: 2 ranks as 2 nodes on a 2-GPU machine both took GPU 0
+ * without MPS and were refused). */
+TEST_F(MacoRunMps, AutoStartsADaemonForSimulatedNodes)
+{
+    std::string out;
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 2 --simulate-nodes 2 --gpus 2 true 2>&1", &out),
+              0)
+        << out;
+    EXPECT_NE(Calls().find("call [-d]"), std::string::npos) << "no daemon started: " << Calls();
+}
+
 TEST_F(MacoRunMps, NotStartedWhenEveryRankHasAGpuOrWhenOff)
 {
     std::string out;

@@ -32,7 +32,8 @@
  * the number needed and the limit.
  *
  * MPS (several ranks on one GPU): with --mps auto (the default), when this machine has fewer
- * visible GPUs than ranks (and at least one) and nvidia-cuda-mps-control is on PATH,
+ * visible GPUs than ranks per node, or simulates several nodes (each node's ranks pick GPUs
+ * from 0, so the nodes share them), and at least one GPU, and nvidia-cuda-mps-control is on PATH,
  * maco-run starts a private MPS control daemon: its pipe and log folders live in a temporary
  * folder maco-run creates (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, passed to the
  * ranks), so it never talks to an MPS server it did not start. An MPS daemon that the ranks'
@@ -1053,8 +1054,9 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    /* MPS: ranks sharing GPUs need one MPS server to run at the same time. All ranks of
-     * this machine count, simulated nodes included (they pick GPUs by local rank). */
+    /* MPS: ranks sharing GPUs need one MPS server to run at the same time. Ranks pick GPUs
+     * by local rank, so with simulated nodes every node's local rank 0 takes GPU 0: ranks of
+     * different simulated nodes share GPUs however many there are. */
     mps_t mps;
     memset(&mps, 0, sizeof(mps));
     if (strcmp(mps_mode, "off") != 0 && (strcmp(mps_mode, "on") == 0 || nranks > 1)) {
@@ -1062,7 +1064,8 @@ int main(int argc, char **argv)
         if (!want) {
             if (gpus < 0)
                 gpus = count_gpus();
-            want = gpus > 0 && gpus < nranks;
+            long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
+            want = gpus > 0 && (gpus < per_node || sim_nodes > 1);
         }
         if (want && !on_path(MPS_CONTROL)) {
             if (strcmp(mps_mode, "on") == 0) {
