@@ -649,8 +649,8 @@ static maco_status_t maco__ib_open(struct maco_proxy *p, maco__ib_state_t *t)
               "IB transport of rank %d: %s port %u (%s; %s), %s link layer, MTU %d, %s; queue "
               "pairs: %u WRs, timeout %d, retry_cnt %d",
               p->comm->rank, t->dev, t->port,
-              maco__config_is_set(MACO_CFG_IB_HCA) ? "MACO_IB_HCA" : "first choice", how_port,
-              t->link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand",
+              maco__config_is_set(MACO_CFG_IB_HCA) ? "MACO_IB_HCA allows it" : "no MACO_IB_HCA",
+              how_port, t->link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" : "InfiniBand",
               128 << t->mtu, how_gid, t->depth, t->timeout, t->retry_cnt);
     return MACO_OK;
 fail:
@@ -1010,6 +1010,16 @@ static maco_status_t maco__ib_connect(struct maco_port_channel *ch, void *state)
                          "IB transport: rank %d's endpoint names another proxy or destination "
                          "than its channel hello did",
                          peer);
+    else if (st == MACO_OK && fresh &&
+             (theirs[26] != t->link_layer || theirs[27] < IBV_MTU_256 ||
+              theirs[27] > IBV_MTU_4096 ||
+              (t->link_layer == IBV_LINK_LAYER_ETHERNET && !theirs[28])))
+        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                         "IB transport: rank %d's port (link layer %u, MTU code %u, %s GID) "
+                         "cannot reach this rank's %s port %u (link layer %u): both must be "
+                         "InfiniBand, or both Ethernet with a GID",
+                         peer, theirs[26], theirs[27], theirs[28] ? "with a" : "without", t->dev,
+                         t->port, t->link_layer);
     /* A new connection: both QPs to RTS, then both say so, so that no write reaches a QP not
      * ready for it. Both ranks decide from the two endpoints alone whether this second
      * exchange happens (each sent "ready" and "new"), so neither waits for one that never
