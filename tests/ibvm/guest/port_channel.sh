@@ -3,7 +3,7 @@
 # on soft-RoCE. Needs --pack BUILD (the build folder or its binaries) and --env IBVM_BUILD=BUILD.
 #   one VM:   maco-run -n 2 and -n 4 with MACO_TEST_PORT_TRANSPORT=ib, then -n 2 with auto and
 #             MACO_TRANSPORT=ib (the killed-peer and bad-GID-index cases are tests of the suite),
-#             then the killed peer found by QP retries (killed_retry)
+#             then the killed peer found by QP retries (killed_retry) and MACO_IB_HCA (hca)
 #   two VMs:  rank 0 in VM 0, rank 1 in VM 1 (each its own node, distinct GIDs), bootstrapped
 #             by hand over 10.13.0.1: MACO_TEST_PORT_TRANSPORT=ib, then auto (IB is chosen)
 # PORT_FILTER (a --gtest_filter) narrows the suite; PORT_RUNS ("ib4 auto", ...) the runs.
@@ -29,7 +29,7 @@ run() { # run NAME CMD...: one run of the suite, its rc reported
 }
 
 if [ "$IBVM_NVMS" = 1 ]; then
-  [ -n "${PORT_RUNS:-}" ] || PORT_RUNS="ib2 ib4 auto_ib2 killed_retry"
+  [ -n "${PORT_RUNS:-}" ] || PORT_RUNS="ib2 ib4 auto_ib2 killed_retry hca"
   run ib2 env MACO_TEST_PORT_TRANSPORT=ib timeout 600 "$B/tools/maco-run" -n 2 --timeout 590 "$T" "${filter[@]}"
   run ib4 env MACO_TEST_PORT_TRANSPORT=ib timeout 600 "$B/tools/maco-run" -n 4 --timeout 590 "$T" "${filter[@]}"
   run auto_ib2 env MACO_TEST_PORT_TRANSPORT=auto MACO_TRANSPORT=ib timeout 600 "$B/tools/maco-run" -n 2 --timeout 590 "$T" "${filter[@]}"
@@ -42,6 +42,16 @@ if [ "$IBVM_NVMS" = 1 ]; then
     grep -q 'transport retry counter exceeded' /tmp/killed.out || { echo "no retry-exceeded error above"; return 1; }
   }
   run killed_retry killed_retry
+  # MACO_IB_HCA: an exact name with its port is used; excluding the only device makes IB
+  # unavailable, and MACO_TRANSPORT=ib then fails naming the filter.
+  hca() {
+    local one=(timeout 120 "$B/tools/maco-run" -n 2 --timeout 110 "$T" --gtest_filter='*TransportFollowsTopology*')
+    env MACO_TEST_PORT_TRANSPORT=ib MACO_IB_HCA="=$IBVM_DEV:1" "${one[@]}" || return 1
+    env MACO_TEST_PORT_TRANSPORT=ib MACO_IB_HCA="^$IBVM_DEV" "${one[@]}" > /tmp/hca.out 2>&1 && { cat /tmp/hca.out; echo "IB was used with MACO_IB_HCA=^$IBVM_DEV"; return 1; }
+    grep -q "no ACTIVE RDMA port that MACO_IB_HCA allows" /tmp/hca.out || { cat /tmp/hca.out; echo "no error naming MACO_IB_HCA above"; return 1; }
+    grep -m1 "MACO_IB_HCA allows" /tmp/hca.out
+  }
+  run hca hca
 else
   [ -n "${PORT_RUNS:-}" ] || PORT_RUNS="ib_2vm auto_2vm"
   two() { # the suite as rank IBVM_INDEX of 2, bootstrapped over VM 0's address
