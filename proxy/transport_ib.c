@@ -955,9 +955,15 @@ static maco_status_t maco__ib_connect(struct maco_port_channel *ch, void *state)
         st = maco__ib_mr_get(t, sem, sizeof(uint64_t), "semaphore", &cs->sem_mr);
     if (st == MACO_OK && fresh)
         st = maco__ib_conn_create(ch, t, &c);
+    else if (st == MACO_OK && __atomic_load_n(&c->failed, __ATOMIC_ACQUIRE))
+        st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
+                         "IB transport: the connection to rank %d failed earlier (QP %u; the "
+                         "communicator's async error says why); no new channel on it",
+                         peer, c->qp->qp_num);
     uint32_t psn = (uint32_t)maco__random_u64() & 0xffffffu;
     uint8_t mine[MACO__IB_ENDPOINT], theirs[MACO__IB_ENDPOINT];
     memset(mine, 0, sizeof(mine));
+    memset(theirs, 0, sizeof(theirs));
     maco__put_u32(mine, MACO__IB_MAGIC);
     maco__put_u16(mine + 4, MACO__IB_VERSION);
     maco__put_u16(mine + 6, (uint16_t)((st == MACO_OK ? MACO__IB_FLAG_OK : 0) |
