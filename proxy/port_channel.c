@@ -131,6 +131,10 @@ static maco_status_t maco__port_instance(struct maco_proxy *p, maco_transport_t 
         return st;
     p->tp[t].state = state;
     __atomic_store_n(&p->tp[t].ops, ops, __ATOMIC_RELEASE); /* the proxy thread reads it */
+    if (maco__transport_polls(t)) {
+        p->polled[p->npolled] = (uint8_t)t;
+        __atomic_store_n(&p->npolled, p->npolled + 1, __ATOMIC_RELEASE);
+    }
     MACO_INFO(MACO_SUBSYS_PROXY, "rank %d's proxy uses the %s transport", p->comm->rank, ops->name);
     return MACO_OK;
 }
@@ -335,11 +339,12 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
          * release. */
         d->push_order =
             transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
-        /* Puts of 4 or 8 bytes travel inline on the CUDA copy transport (fifo.h), where both
-         * buffers start 8-byte aligned: the device checks the offsets' alignment, and the
-         * stream memory operations need naturally aligned addresses. */
-        int inline_ok = transport == MACO_TRANSPORT_CUDA_COPY &&
-                        (((uintptr_t)ch->src | (uintptr_t)ch->dst) & 7u) == 0;
+        /* Puts of 4 or 8 bytes travel inline (fifo.h) on the CUDA copy transport and on TCP
+         * from device memory, where both buffers start 8-byte aligned: the device checks the
+         * offsets' alignment, and stream memory operations need naturally aligned addresses. */
+        int inline_ok = (transport == MACO_TRANSPORT_CUDA_COPY ||
+                         (transport == MACO_TRANSPORT_TCP && !ch->src_host)) &&
+                        (((uintptr_t)ch->src | ch->dst_addr) & 7u) == 0;
         d->src = inline_ok ? ch->src : NULL;
         d->src_bytes = inline_ok ? ch->src_bytes : 0;
         d->semaphore.inbound = ch->inbound_dev;
@@ -521,7 +526,8 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
     uint32_t spins = 0;
     uint64_t seen;
     /* Spin briefly (a signal usually comes within microseconds), then yield, then sleep
-     * with a growing pause up to 1 ms, so a long wait does not hold a core. Every 100 ms the
+     * 50 us, then 200 us (a 1 ms step made TCP ping-pongs on 2 cores take 2 ms), so a long wait
+     * does not hold a core. Every 100 ms the
      * peer's bootstrap link is looked at: a dead peer fails the wait within a fraction of a
      * second, also when the wait has no bound (MACO_DEVICE_TIMEOUT=0). */
     while ((seen = __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE)) < want) {
@@ -555,7 +561,7 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
         } else if (spins < 2000) {
             sched_yield();
         } else {
-            long us = spins < 2100 ? 50 : spins < 2200 ? 200 : 1000;
+            long us = spins < 2100 ? 50 : 200;
             struct timespec ts = { 0, us * 1000 };
             nanosleep(&ts, NULL);
         }

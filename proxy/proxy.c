@@ -172,10 +172,10 @@ static int maco__proxy_poll_flushes(struct maco_proxy *p)
 static int maco__proxy_progress(struct maco_proxy *p)
 {
     int work = 0;
-    for (int t = 0; t < MACO__TRANSPORT_SLOTS; t++) {
-        const maco__transport_ops_t *ops = __atomic_load_n(&p->tp[t].ops, __ATOMIC_ACQUIRE);
-        if (ops != NULL)
-            work += ops->progress(p, p->tp[t].state);
+    int n = __atomic_load_n(&p->npolled, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; i++) {
+        int t = p->polled[i];
+        work += p->tp[t].ops->progress(p, p->tp[t].state);
     }
     return work;
 }

@@ -96,6 +96,10 @@ struct maco_proxy {
     maco_mem_t *peer_host_sems; /* [nranks], imported on first use */
     uint32_t host_sem_next;
     maco__proxy_transport_t tp[MACO__TRANSPORT_SLOTS]; /* by maco_transport_t */
+    /* The instances with a progress operation, so the proxy loop costs nothing for the
+     * others: ids in polled[0..npolled), npolled published (release) after each entry. */
+    uint8_t polled[MACO__TRANSPORT_SLOTS];
+    int npolled;
     maco__pending_flush_t *pending_head, *pending_tail;
     int64_t timeout_ms; /* MACO_DEVICE_TIMEOUT in ms (0: device waits unbounded) */
     int started_before; /* maco_proxy_start ran once: a restart checks the device FIFO */

@@ -159,6 +159,12 @@ const maco__transport_ops_t *maco__transport_ops(maco_transport_t id)
     return &maco__complete[id];
 }
 
+int maco__transport_polls(maco_transport_t id)
+{
+    const maco__transport_ops_t *ops = maco__transport_ops(id);
+    return ops != NULL && ops->progress != maco__default_progress;
+}
+
 const char *maco__transport_word(maco_transport_t id)
 {
     switch (id) {

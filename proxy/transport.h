@@ -107,6 +107,9 @@ typedef struct maco__transport_ops {
  */
 const maco__transport_ops_t *maco__transport_ops(maco_transport_t id);
 
+/** 1 when transport `id` has its own progress operation (the proxy calls only those). */
+int maco__transport_polls(maco_transport_t id);
+
 /** "cuda", "host", "ib", "tcp" (MACO_TRANSPORT's words), or "?" for an unknown id. */
 const char *maco__transport_word(maco_transport_t id);
 

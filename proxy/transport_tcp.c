@@ -8,13 +8,17 @@
  * bootstrap, so strangers are refused). Every socket carries messages both ways.
  *
  * Messages (64-byte header, little-endian, then `bytes` of payload for a put):
- *    0 u32 kind (PUT, SIGNAL, ACK, BYE)   4 u32 the receiver's channel id
- *    8 u64 offset in the receiver's buffer   16 u64 payload bytes   24 u64 ACK: count
- *   32 u32 deps[8]: SIGNAL: how many messages the sender had put on each socket before it
+ *    0 u32 kind (PUT, VALUE, SIGNAL, ACK, BYE)   4 u32 the receiver's channel id
+ *    8 u64 offset in the receiver's buffer   16 u64 payload bytes (VALUE: 4 or 8)
+ *   24 u64 ACK: the count; VALUE: the value (little-endian)
+ *   32 u32 deps[8]: how many messages the sender had dealt to each socket before this put
+ *          (all pieces of one put carry the same deps) or this signal
  * A put is cut into pieces of MACO_TCP_CHUNK_SIZE, dealt to the sockets in turn. Ordering:
- * messages of one socket are handled in order; a signal is applied only once the receiver
- * has stored, on every socket s, deps[s] messages (so a signal never overtakes the data
- * before it on another socket). "Stored" means in the receiver's memory: received into host
+ * messages of one socket are handled in order, and the receiver takes a put or applies a
+ * signal from socket s only once every other socket q has stored deps[q] messages. So the
+ * pieces of one put land in parallel, but nothing overtakes what was pushed before it on
+ * another socket: puts land in trigger order (later bytes win), and a signal's data is
+ * there before it. "Stored" means in the receiver's memory: received into host
  * memory, or copied into device memory (the copy's event has passed). The receiver
  * acknowledges, per socket, how many messages it stored; a flush on the sender completes when
  * every socket's acknowledgement has reached the count it had sent when the flush came.
@@ -62,7 +66,8 @@ enum {
     MACO__TCP_PUT = 1,
     MACO__TCP_SIGNAL = 2,
     MACO__TCP_ACK = 3,
-    MACO__TCP_BYE = 4, /* the sender's proxy is being destroyed, with nothing in flight */
+    MACO__TCP_BYE = 4,   /* the sender's proxy is being destroyed, with nothing in flight */
+    MACO__TCP_VALUE = 5, /* an inline put: 4 or 8 bytes carried in the header */
 };
 #define MACO__TCP_HELLO_MAGIC 0x5043544Du /* "MTCP" */
 #define MACO__TCP_VERSION 1u
@@ -102,6 +107,9 @@ typedef struct maco__tcp_op {
     struct maco_port_channel *ch;
     int kind;
     uint64_t dst_offset, src_offset, bytes; /* PUT: what is left */
+    uint64_t value;                         /* VALUE */
+    int started;                            /* its first message was dealt: deps are set */
+    uint32_t deps[MACO__TCP_MAX_SOCKS];
 } maco__tcp_op_t;
 
 typedef struct maco__tcp_sock {
@@ -396,12 +404,18 @@ static maco_status_t maco__tcp_io_all(int fd, void *buf, size_t bytes, int writi
     return MACO_OK;
 }
 
-static void maco__tcp_tune(int fd)
+/* No Nagle; 4 MiB buffers; and a link that stops carrying data (a cut cable, a dead host
+ * that sends no reset) fails the connection once sent data has gone unacknowledged for half
+ * the proxy's bound (TCP_USER_TIMEOUT, RFC 5482), so a flush reports the peer instead of
+ * only timing out. */
+static void maco__tcp_tune(int fd, int64_t bound_ms)
 {
     int one = 1, buf = 4 << 20;
+    unsigned int user_timeout = (unsigned int)(bound_ms / 2 < 1000 ? 1000 : bound_ms / 2);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
 }
 
 /* The listener, bound to the address this rank uses to reach `peer` over the bootstrap (an
@@ -551,7 +565,7 @@ static maco_status_t maco__tcp_group_connect(struct maco_port_channel *ch, maco_
         return st;
     }
     for (int s = 0; s < nsocks; s++)
-        maco__tcp_tune(g->socks[s].fd);
+        maco__tcp_tune(g->socks[s].fd, maco__proxy_host_bound_ms(p));
     MACO_INFO(MACO_SUBSYS_PROXY,
               "TCP transport: rank %d connected to rank %d (%s) with %d "
               "socket(s)",
@@ -609,7 +623,7 @@ static void maco__tcp_enqueue(maco__tcp_sock_t *k, maco__tcp_msg_t *m)
 }
 
 static maco_status_t maco__tcp_queue_op(struct maco_port_channel *ch, int kind, uint64_t dst_offset,
-                                        uint64_t src_offset, uint64_t bytes)
+                                        uint64_t src_offset, uint64_t bytes, uint64_t value)
 {
     maco__tcp_group_t *g = (maco__tcp_group_t *)ch->tp;
     if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE))
@@ -624,6 +638,7 @@ static maco_status_t maco__tcp_queue_op(struct maco_port_channel *ch, int kind, 
     o->dst_offset = dst_offset;
     o->src_offset = src_offset;
     o->bytes = bytes;
+    o->value = value;
     g->ops_queued++;
     if (g->ops_tail)
         g->ops_tail->next = o;
@@ -636,12 +651,27 @@ static maco_status_t maco__tcp_queue_op(struct maco_port_channel *ch, int kind, 
 static maco_status_t maco__tcp_put(struct maco_port_channel *ch, void *state, uint64_t dst_offset,
                                    uint64_t src_offset, uint64_t bytes)
 {
-    return maco__tcp_queue_op(ch, MACO__TCP_PUT, dst_offset, src_offset, bytes);
+    return maco__tcp_queue_op(ch, MACO__TCP_PUT, dst_offset, src_offset, bytes, 0);
+}
+
+/* An inline put (the device sends them when both buffers start 8-byte aligned and the source
+ * is device memory): the value rides in the header; the signal follows when asked. */
+static maco_status_t maco__tcp_put_value(struct maco_port_channel *ch, void *state,
+                                         uint64_t dst_offset, uint64_t value, uint32_t bytes,
+                                         int with_signal)
+{
+    maco_status_t st = maco__tcp_queue_op(ch, MACO__TCP_VALUE, dst_offset, 0, bytes, value);
+    if (with_signal) {
+        maco_status_t sst = maco__tcp_queue_op(ch, MACO__TCP_SIGNAL, 0, 0, 0, 0);
+        if (st == MACO_OK)
+            st = sst;
+    }
+    return st;
 }
 
 static maco_status_t maco__tcp_signal(struct maco_port_channel *ch, void *state)
 {
-    return maco__tcp_queue_op(ch, MACO__TCP_SIGNAL, 0, 0, 0);
+    return maco__tcp_queue_op(ch, MACO__TCP_SIGNAL, 0, 0, 0, 0);
 }
 
 /* Deals queued operations to sockets while resources last. Returns how many messages. */
@@ -653,11 +683,19 @@ static int maco__tcp_deal(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
         maco__tcp_msg_t *m = maco__tcp_msg_new(t);
         if (m == NULL)
             break;
-        if (o->kind == MACO__TCP_SIGNAL) {
-            maco__put_u32(m->header, MACO__TCP_SIGNAL);
-            maco__put_u32(m->header + 4, o->ch->peer_channel);
+        if (!o->started) {
             for (int s = 0; s < g->nsocks; s++)
-                maco__put_u32(m->header + 32 + 4 * s, (uint32_t)g->socks[s].assigned);
+                o->deps[s] = (uint32_t)g->socks[s].assigned;
+            o->started = 1;
+        }
+        for (int s = 0; s < g->nsocks; s++)
+            maco__put_u32(m->header + 32 + 4 * s, o->deps[s]);
+        if (o->kind == MACO__TCP_SIGNAL || o->kind == MACO__TCP_VALUE) {
+            maco__put_u32(m->header, (uint32_t)o->kind);
+            maco__put_u32(m->header + 4, o->ch->peer_channel);
+            maco__put_u64(m->header + 8, o->dst_offset);
+            maco__put_u64(m->header + 16, o->bytes);
+            maco__put_u64(m->header + 24, o->value);
             maco__tcp_enqueue(&g->socks[g->next_sock++ % (uint32_t)g->nsocks], m);
             g->ops_head = o->next;
             g->ops_dealt++;
@@ -801,6 +839,8 @@ static int maco__tcp_send(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
             maco__tcp_buf_put(t, m->buf, 1);
         if (m->ready)
             cudaEventDestroy(m->ready);
+        m->ready = NULL; /* a recycled message owns no event */
+        m->buf = NULL;
         m->next = t->msg_free;
         t->msg_free = m;
     }
@@ -877,6 +917,8 @@ static int maco__tcp_complete(struct maco_proxy *p, maco__tcp_state_t *t, maco__
     return done;
 }
 
+static void maco__tcp_end(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_group_t *g, int s);
+
 /* Checks a received header and sets up where its payload goes. 0, or -1 (group failed). */
 static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_group_t *g, int s)
 {
@@ -902,9 +944,11 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
     uint64_t off = maco__get_u64(k->rx_header + 8), bytes = maco__get_u64(k->rx_header + 16);
     struct maco_port_channel *ch =
         id < MACO_TRIGGER_MAX_CHANNELS ? __atomic_load_n(&p->channels[id], __ATOMIC_ACQUIRE) : NULL;
-    if ((kind != MACO__TCP_PUT && kind != MACO__TCP_SIGNAL) || ch == NULL || ch->tp != g ||
-        (kind == MACO__TCP_PUT && (off > ch->recv_bytes || bytes > ch->recv_bytes - off ||
-                                   bytes == 0 || bytes > (uint64_t)g->chunk))) {
+    int data = kind == MACO__TCP_PUT || kind == MACO__TCP_VALUE;
+    if ((!data && kind != MACO__TCP_SIGNAL) || ch == NULL || ch->tp != g ||
+        (data &&
+         (off > ch->recv_bytes || bytes > ch->recv_bytes - off || bytes == 0 ||
+          bytes > (uint64_t)g->chunk || (kind == MACO__TCP_VALUE && bytes != 4 && bytes != 8)))) {
         char what[200];
         snprintf(what, sizeof(what),
                  "a message (kind %u) for channel %u of %llu bytes at offset %llu that names no "
@@ -913,17 +957,43 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
         maco__tcp_fail(p, g, s, what, 0);
         return -1;
     }
+    /* A put waits until what was pushed before it on the other sockets is stored (its own
+     * socket is in order already); the header stays until then. */
+    if (data) {
+        for (int q = 0; q < g->nsocks; q++) {
+            uint32_t dep = maco__get_u32(k->rx_header + 32 + 4 * q);
+            if (q != s && (int32_t)((uint32_t)g->socks[q].stored - dep) < 0)
+                return 1;
+        }
+    }
     maco__tcp_item_t *it = (maco__tcp_item_t *)calloc(1, sizeof(*it));
     if (it == NULL) {
         maco__tcp_fail(p, g, s, "no memory", 0);
         return -1;
     }
-    it->kind = (int)kind;
+    it->kind = kind == MACO__TCP_VALUE ? MACO__TCP_PUT : (int)kind;
     it->ch = ch;
     if (kind == MACO__TCP_SIGNAL) {
         for (int q = 0; q < MACO__TCP_MAX_SOCKS; q++)
             it->deps[q] = maco__get_u32(k->rx_header + 32 + 4 * q);
         k->rx_have = 0;
+    } else if (kind == MACO__TCP_VALUE) {
+        /* The value is in the header: stored now (host) or copied like a piece (device). */
+        uint8_t v[8];
+        maco__put_u64(v, maco__get_u64(k->rx_header + 24));
+        if (ch->recv_host) {
+            memcpy(ch->recv + off, v, (size_t)bytes);
+            k->rx_have = 0;
+        } else {
+            maco__tcp_buf_t *b = maco__tcp_buf_get(t, 0);
+            if (b == NULL) {
+                free(it);
+                return 1;
+            }
+            memcpy(b->mem, v, (size_t)bytes);
+            it->buf = b;
+            k->rx_cur = it; /* maco__tcp_end copies it (no payload follows) */
+        }
     } else if (ch->recv_host) {
         k->rx_dst = ch->recv + off;
         k->rx_left = bytes;
@@ -944,6 +1014,8 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
     else
         k->items_head = it;
     k->items_tail = it;
+    if (kind == MACO__TCP_VALUE && it->buf != NULL)
+        maco__tcp_end(p, t, g, s); /* reads the offset and size from the header */
     return 0;
 }
 
@@ -1124,8 +1196,10 @@ static int maco__tcp_outstanding(struct maco_proxy *p, void *state)
             continue;
         if (g->ops_head != NULL)
             return 1;
+        /* Handed to the kernel is enough: waiting for acknowledgements here would make a
+         * proxy stopping at the same time as its peer's wait for the bound. */
         for (int s = 0; s < g->nsocks; s++)
-            if (g->socks[s].q_head != NULL || g->socks[s].acked < g->socks[s].assigned)
+            if (g->socks[s].q_head != NULL)
                 return 1;
     }
     return 0;
@@ -1145,6 +1219,7 @@ const maco__transport_ops_t maco__transport_tcp_ops = {
     .proxy_teardown = maco__tcp_proxy_teardown,
     .connect = maco__tcp_connect,
     .put = maco__tcp_put,
+    .put_value = maco__tcp_put_value,
     .signal = maco__tcp_signal,
     .mark = maco__tcp_mark,
     .marker_done = maco__tcp_marker_done,

@@ -13,6 +13,9 @@
 #     COLL_GRAPH / COLL_N2 = the -G values (0 = eager) on 4 / 2 GPUs, COLL_SWEEP=1 sweeps CTAs,
 #     COLL_TYPES=1 checks every type and op, COLL_FILTER = the gtest filter,
 #     COLL_LIST = the collectives to time, COLL_REG = the -R values (default 0)
+#   transports: one GPU shared under MPS: the GPU suite (CUDA copy, TCP with GPU memory), memcheck
+#     of the TCP GPU path, port-channel benchmarks of this build and of OLD_BUILD, bench_port_host
+#     over host memory and TCP, allreduce/allgather checked
 #   shared: one GPU, ranks sharing it under MPS: ctest -L gpu (SHARED_ROUNDS times) and
 #     maco-run -n 4 maco-perf COLL -b 8 -e 64M -f 4 -d all -o all -c 1 for each collective
 #     (SHARED_COLLS, SHARED_TEST_TIMEOUT, SHARED_PERF_TIMEOUT in seconds)
@@ -72,6 +75,47 @@ if [ "${1:-}" = verify2 ]; then
   done
   echo "================ summary"; printf '%s\n' "${summary[@]}"
   (cd "$OUT" && tar czf ../verify2.tgz . && rm -f ./* && mv ../verify2.tgz .)
+  exit 0
+fi
+if [ "${1:-}" = transports ]; then
+  # One GPU, ranks sharing it under MPS: the GPU suite (CUDA copy and TCP with GPU memory on
+  # simulated nodes), memcheck of the TCP GPU path, the port-channel benchmark of this build
+  # and of the build in OLD_BUILD (before the transport contract) alternately, the host-memory
+  # benchmark over host memory and TCP, and allreduce checked with every type and op.
+  nvidia-smi -q | grep -iE 'compute mode|product name' >> "$OUT/machine.txt" 2>&1
+  step gpu-tests 420 ctest --test-dir "$B" -L gpu -V
+  step memcheck-tcp 240 "$B/tools/maco-run" -n 2 --simulate-nodes 2 --timeout 230 \
+    env TEST_MACO_PORT_TRANSPORT=auto MACO_TCP_CHUNK_SIZE=256K compute-sanitizer --tool memcheck \
+    --error-exitcode 99 "$B/tests/test_gpu_mp" --gtest_filter='PortChannelGpu.Put*:PortChannelGpu.Device*'
+  for i in $(seq "${BENCH_ROUNDS:-2}"); do
+    step "bench-port-new-$i" 120 "$B/tools/maco-run" -n 2 --timeout 110 "$B/tests/bench_port_channel"
+    if [ -n "${OLD_BUILD:-}" ]; then
+      step "bench-port-old-$i" 120 env LD_LIBRARY_PATH="$OLD_BUILD" "$OLD_BUILD/tools/maco-run" -n 2 --timeout 110 \
+        "$OLD_BUILD/tests/bench_port_channel"
+    fi
+  done
+  for t in host tcp; do
+    step "bench-host-$t" 120 env MACO_TRANSPORT=$t "$B/tools/maco-run" -n 2 --timeout 110 \
+      "$B/tests/bench_port_host" -b 1M -e 64M -f 4 -n 10 -l 500
+  done
+  step perf-allreduce 150 "$B/tools/maco-run" -n 4 --timeout 145 "$B/tools/maco-perf" allreduce \
+    -b 8 -e 64M -f 4 -d all -o all -c 1
+  step perf-allgather 100 "$B/tools/maco-run" -n 4 --timeout 95 "$B/tools/maco-perf" allgather \
+    -b 8 -e 64M -f 4 -d all -c 1
+  { echo "MPS processes left: $(pgrep -c -f nvidia-cuda-mps || true)"; ls -d /tmp/maco-mps-* 2>&1; } \
+    > "$OUT/leftovers.txt" 2>&1
+  echo "================ gpu tests"
+  grep -E 'Test +#|tests passed|SKIP:|Failure|maco-run:' "$OUT/gpu-tests.txt" | head -n 40
+  grep -cE ' OK \]' "$OUT/gpu-tests.txt" | sed 's/^/passing test cases (all ranks): /'
+  echo "================ memcheck tcp"; grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/memcheck-tcp.txt" | sort | uniq -c
+  for f in "$OUT"/bench-port-*.txt; do
+    echo "== $(basename "$f" .txt)"; grep -iE 'round trip|ping-pong|256 MiB|bandwidth' "$f" | head -n 6
+  done
+  for f in "$OUT"/bench-host-*.txt; do echo "== $(basename "$f" .txt)"; sed 's/^\[0\] //' "$f" | grep -vE '^\[1\]' | tail -n 9; done
+  for f in "$OUT"/perf-*.txt; do echo "== $(basename "$f" .txt): $(grep -E 'Wrong values' "$f" | head -1)"; done
+  echo "================ leftovers"; cat "$OUT/leftovers.txt"
+  echo "================ summary"; printf '%s\n' "${summary[@]}"
+  (cd "$OUT" && tar czf ../transports.tgz . && rm -f ./* && mv ../transports.tgz .)
   exit 0
 fi
 if [ "${1:-}" = shared ]; then

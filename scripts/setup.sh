@@ -12,6 +12,7 @@ command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v readelf >/dev/null 2>&1 || need+=(binutils)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v ip >/dev/null 2>&1 || need+=(iproute2) # the TCP tests across network namespaces
 if ! command -v cmake >/dev/null 2>&1; then
   need+=(cmake)
 fi

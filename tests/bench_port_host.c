@@ -1,21 +1,16 @@
 /*
- * bench_port_host - port-channel bandwidth and latency between two ranks with host memory,
- * over whichever transport the channel gets (MACO_TRANSPORT: host, tcp, ib; auto picks by
- * topology). Only the public API. A benchmark, not a test: rank 0 prints the numbers.
+ * bench_port_host.c - port channels between two ranks on host memory, through the public API
+ * only: put bandwidth, put+signal ping-pong latency and put+flush latency, over the transport
+ * MACO_TRANSPORT names (host, tcp, ib; auto by default). A benchmark, not a test: it prints
+ * numbers (docs/performance.md records them), after checking the bytes of the last put.
  *
- *   maco-run -n 2 build/tests/bench_port_host [MIN_BYTES [MAX_BYTES [LAT_ITERS]]]
+ *   maco-run -n 2 bench_port_host [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-l LAT_ITERS]
  *
- * Bandwidth, for each size from MIN_BYTES (default 1 MiB) to MAX_BYTES (default 64 MiB),
- * doubling: rank 0 puts the size ITERS times back to back to the same destination (as
- * ib_write_bw does) with a signal on the last; rank 1 waits for it and signals back. The
- * time runs on rank 0 from the first put to that answer (one round trip of overhead), after
- * one warm-up round; ITERS gives each size about 64 MiB (at least 2). MB/s is 10^6 bytes per
- * second, MiB/s 2^20 (perftest's "MB/sec").
- *
- * Latency: LAT_ITERS (default 1000) round trips of an 8-byte put with a signal, rank 0 to
- * rank 1 and back; one-way latency is half a round trip, as ib_write_lat reports it. Then
- * LAT_ITERS 8-byte puts each followed by a flush on rank 0 alone (the flush returns once the
- * data is in the peer's memory: for IB, the write's completion).
+ * Bandwidth: rank 0 puts SIZE bytes ITERS times (each put the same range) and then signals;
+ * rank 1 waits for the signal and signals back; the time is rank 0's, from the first put to
+ * the signal back, so it covers the whole transfer: MB/s = SIZE * ITERS / time (1 MB = 1e6 B).
+ * Ping-pong: 8 bytes put_with_signal, the peer waits and answers the same; half the round
+ * trip, median of LAT_ITERS. Flush: put of 8 bytes then maco_port_channel_flush, median.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -24,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "maco/maco.h"
+#include <maco/maco.h>
 
 #define CHECK(call)                                                                                \
     do {                                                                                           \
@@ -37,9 +32,9 @@
 
 static double now_us(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -48,143 +43,154 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static const char *transport_name(maco_transport_t t)
+static uint64_t parse_size(const char *s)
 {
-    switch (t) {
-    case MACO_TRANSPORT_CUDA_COPY:
-        return "cuda";
-    case MACO_TRANSPORT_HOST_MEMORY:
-        return "host";
-    case MACO_TRANSPORT_IB:
-        return "ib";
-    case MACO_TRANSPORT_TCP:
-        return "tcp";
-    default:
-        return "?";
-    }
+    char *end;
+    double v = strtod(s, &end);
+    if (*end == 'K' || *end == 'k')
+        v *= 1024;
+    else if (*end == 'M' || *end == 'm')
+        v *= 1024 * 1024;
+    else if (*end == 'G' || *end == 'g')
+        v *= 1024.0 * 1024 * 1024;
+    return (uint64_t)v;
 }
 
 int main(int argc, char **argv)
 {
-    size_t min = argc > 1 ? (size_t)strtoull(argv[1], NULL, 0) : (size_t)1 << 20;
-    size_t max = argc > 2 ? (size_t)strtoull(argv[2], NULL, 0) : (size_t)64 << 20;
-    int lat_iters = argc > 3 ? atoi(argv[3]) : 1000;
-    if (min < 8 || max < min || lat_iters < 1) {
-        fprintf(stderr, "usage: bench_port_host [MIN_BYTES >= 8 [MAX_BYTES [LAT_ITERS]]]\n");
+    uint64_t min = 1 << 20, max = 64 << 20;
+    int factor = 2, iters = 20, lat_iters = 200;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "-b") == 0)
+            min = parse_size(argv[i + 1]);
+        else if (strcmp(argv[i], "-e") == 0)
+            max = parse_size(argv[i + 1]);
+        else if (strcmp(argv[i], "-f") == 0)
+            factor = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "-n") == 0)
+            iters = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "-l") == 0)
+            lat_iters = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr,
+                    "usage: maco-run -n 2 %s [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] "
+                    "[-l LAT_ITERS]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (min < 8 || max < min || factor < 2 || iters < 1 || lat_iters < 1) {
+        fprintf(stderr, "bench_port_host: need 8 <= -b <= -e, -f >= 2, -n >= 1, -l >= 1\n");
         return 2;
     }
+    maco_comm_t comm;
+    CHECK(maco_comm_init_from_env(&comm));
+    int rank, nranks;
+    maco_comm_get_rank(comm, &rank);
+    maco_comm_get_nranks(comm, &nranks);
     maco_bootstrap_t bs;
-    CHECK(maco_bootstrap_create_from_env(&bs));
-    int rank, n;
-    maco_bootstrap_get_rank(bs, &rank);
-    maco_bootstrap_get_nranks(bs, &n);
-    if (n != 2) {
-        fprintf(stderr, "bench_port_host: run it with 2 ranks (maco-run -n 2), not %d\n", n);
+    CHECK(maco_comm_get_bootstrap(comm, &bs));
+    if (nranks != 2) {
+        if (rank == 0)
+            fprintf(stderr, "bench_port_host: run it with 2 ranks (maco-run -n 2)\n");
+        maco_comm_destroy(comm);
         return 2;
     }
     int peer = 1 - rank;
-    maco_comm_t comm;
-    CHECK(maco_comm_create(bs, -1, &comm));
     void *buf = NULL;
-    CHECK(maco_mem_alloc_host(comm, max, &buf));
-    memset(buf, rank + 1, max);
+    CHECK(maco_mem_alloc_host(comm, (size_t)max, &buf));
+    memset(buf, 0, (size_t)max);
     maco_mem_t mine, theirs;
-    CHECK(maco_mem_register(comm, buf, max, &mine));
-    uint8_t *h = (uint8_t *)calloc(2, MACO_MEM_HANDLE_BYTES);
-    CHECK(maco_mem_serialize(mine, h + (size_t)rank * MACO_MEM_HANDLE_BYTES));
-    CHECK(maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES));
-    CHECK(maco_mem_import(comm, h + (size_t)peer * MACO_MEM_HANDLE_BYTES, &theirs));
+    CHECK(maco_mem_register(comm, buf, (size_t)max, &mine));
+    uint8_t handles[2][MACO_MEM_HANDLE_BYTES];
+    CHECK(maco_mem_serialize(mine, handles[rank]));
+    CHECK(maco_bootstrap_allgather(bs, handles, MACO_MEM_HANDLE_BYTES));
+    CHECK(maco_mem_import(comm, handles[peer], &theirs));
     maco_proxy_t proxy;
     maco_port_channel_t ch;
     CHECK(maco_proxy_create(comm, &proxy));
     CHECK(maco_proxy_start(proxy));
     CHECK(maco_port_channel_create(proxy, peer, MACO_TRANSPORT_AUTO, mine, theirs, &ch));
-    maco_transport_t t = MACO_TRANSPORT_AUTO;
+    maco_transport_t t;
     CHECK(maco_port_channel_get_transport(ch, &t));
-    CHECK(maco_bootstrap_barrier(bs));
-    const int64_t wait_ms = 120000;
-
+    static const char *names[] = { "auto", "cuda", "host", "ib", "tcp" };
     if (rank == 0)
-        printf("# bench_port_host: 2 ranks, host memory, transport %s\n"
-               "# %12s %6s %12s %10s %10s\n",
-               transport_name(t), "bytes", "iters", "time_us", "MB/s", "MiB/s");
-    for (size_t size = min; size <= max; size *= 2) {
-        int iters = (int)(((size_t)64 << 20) / size);
-        if (iters < 2)
-            iters = 2;
-        double best = 0;
-        for (int round = 0; round < 2; round++) { /* round 0 warms up */
-            CHECK(maco_bootstrap_barrier(bs));
-            if (rank == 0) {
-                double t0 = now_us();
-                for (int i = 0; i + 1 < iters; i++)
-                    CHECK(maco_port_channel_put(ch, 0, 0, size));
-                CHECK(maco_port_channel_put_with_signal(ch, 0, 0, size));
-                CHECK(maco_port_channel_wait(ch, wait_ms));
-                best = now_us() - t0;
-            } else {
-                CHECK(maco_port_channel_wait(ch, wait_ms));
-                CHECK(maco_port_channel_signal(ch));
-            }
-        }
-        if (rank == 0) {
-            double bytes = (double)size * iters;
-            printf("  %12zu %6d %12.0f %10.1f %10.1f\n", size, iters, best, bytes / best,
-                   bytes / best * 1e6 / 1048576.0);
-            fflush(stdout);
-        }
-        if (size > max / 2)
-            break;
-    }
-
-    double *rtt = (double *)calloc((size_t)lat_iters, sizeof(double));
+        printf("# bench_port_host: transport %s, %d iterations per size, time on rank 0\n"
+               "# %12s %12s %10s\n",
+               names[t], iters, "bytes", "us/put", "MB/s");
     CHECK(maco_bootstrap_barrier(bs));
-    for (int i = -10; i < lat_iters; i++) { /* 10 warm-up round trips */
+    /* Bandwidth. */
+    for (uint64_t size = min; size <= max; size *= (uint64_t)factor) {
+        if (rank == 0) {
+            for (uint64_t i = 0; i < size; i++)
+                ((uint8_t *)buf)[i] = (uint8_t)(i * 131 + size);
+        }
+        CHECK(maco_bootstrap_barrier(bs));
+        if (rank == 0) {
+            /* one warm-up round */
+            CHECK(maco_port_channel_put_with_signal(ch, 0, 0, size));
+            CHECK(maco_port_channel_wait(ch, -1));
+            double t0 = now_us();
+            for (int i = 0; i < iters; i++)
+                CHECK(maco_port_channel_put(ch, 0, 0, size));
+            CHECK(maco_port_channel_signal(ch));
+            CHECK(maco_port_channel_wait(ch, -1));
+            double us = now_us() - t0;
+            printf("  %12llu %12.1f %10.1f\n", (unsigned long long)size, us / iters,
+                   (double)size * iters / us);
+            fflush(stdout);
+        } else {
+            CHECK(maco_port_channel_wait(ch, -1));
+            CHECK(maco_port_channel_signal(ch));
+            CHECK(maco_port_channel_wait(ch, -1));
+            uint64_t wrong = 0;
+            for (uint64_t i = 0; i < size; i++)
+                wrong += ((uint8_t *)buf)[i] != (uint8_t)(i * 131 + size);
+            if (wrong != 0) {
+                fprintf(stderr, "bench_port_host: %llu wrong bytes after %llu-byte puts\n",
+                        (unsigned long long)wrong, (unsigned long long)size);
+                exit(3);
+            }
+            CHECK(maco_port_channel_signal(ch));
+        }
+    }
+    /* Ping-pong and flush latency. */
+    double *lat = (double *)calloc((size_t)lat_iters, sizeof(double));
+    double *fl = (double *)calloc((size_t)lat_iters, sizeof(double));
+    CHECK(maco_bootstrap_barrier(bs));
+    for (int i = 0; i < lat_iters + 10; i++) {
         if (rank == 0) {
             double t0 = now_us();
             CHECK(maco_port_channel_put_with_signal(ch, 0, 0, 8));
-            CHECK(maco_port_channel_wait(ch, wait_ms));
-            if (i >= 0)
-                rtt[i] = now_us() - t0;
+            CHECK(maco_port_channel_wait(ch, -1));
+            if (i >= 10)
+                lat[i - 10] = (now_us() - t0) / 2;
         } else {
-            CHECK(maco_port_channel_wait(ch, wait_ms));
+            CHECK(maco_port_channel_wait(ch, -1));
             CHECK(maco_port_channel_put_with_signal(ch, 0, 0, 8));
         }
     }
-    if (rank == 0) {
-        double sum = 0;
-        for (int i = 0; i < lat_iters; i++)
-            sum += rtt[i];
-        qsort(rtt, (size_t)lat_iters, sizeof(double), cmp_double);
-        printf("# 8-byte put+signal round trip, %d iterations (one-way = half):\n"
-               "#   rtt_us   min %.2f  median %.2f  avg %.2f  p99 %.2f\n"
-               "#   one-way  min %.2f  median %.2f  avg %.2f  p99 %.2f\n",
-               lat_iters, rtt[0], rtt[lat_iters / 2], sum / lat_iters, rtt[(lat_iters * 99) / 100],
-               rtt[0] / 2, rtt[lat_iters / 2] / 2, sum / lat_iters / 2,
-               rtt[(lat_iters * 99) / 100] / 2);
-    }
-    /* One-sided: rank 0's 8-byte put and flush, which completes when the peer's memory has the
-     * data (for IB: the write's completion, one network round trip); rank 1 only waits at the
-     * barrier, so no waiting thread of its own is in the way. */
     CHECK(maco_bootstrap_barrier(bs));
     if (rank == 0) {
-        for (int i = -10; i < lat_iters; i++) {
+        for (int i = 0; i < lat_iters + 10; i++) {
             double t0 = now_us();
             CHECK(maco_port_channel_put(ch, 0, 0, 8));
             CHECK(maco_port_channel_flush(ch));
-            if (i >= 0)
-                rtt[i] = now_us() - t0;
+            if (i >= 10)
+                fl[i - 10] = now_us() - t0;
         }
-        double sum = 0;
-        for (int i = 0; i < lat_iters; i++)
-            sum += rtt[i];
-        qsort(rtt, (size_t)lat_iters, sizeof(double), cmp_double);
-        printf("# 8-byte put+flush at rank 0 (data in the peer's memory), %d iterations:\n"
-               "#   us       min %.2f  median %.2f  avg %.2f  p99 %.2f\n",
-               lat_iters, rtt[0], rtt[lat_iters / 2], sum / lat_iters, rtt[(lat_iters * 99) / 100]);
+        qsort(lat, (size_t)lat_iters, sizeof(double), cmp_double);
+        qsort(fl, (size_t)lat_iters, sizeof(double), cmp_double);
+        printf("# 8-byte put_with_signal ping-pong (half round trip): median %.2f us, p10 %.2f, "
+               "p90 %.2f\n",
+               lat[lat_iters / 2], lat[lat_iters / 10], lat[lat_iters * 9 / 10]);
+        printf("# 8-byte put + flush: median %.2f us, p10 %.2f, p90 %.2f\n", fl[lat_iters / 2],
+               fl[lat_iters / 10], fl[lat_iters * 9 / 10]);
     }
-    CHECK(maco_port_channel_flush(ch));
+    free(lat);
+    free(fl);
     CHECK(maco_bootstrap_barrier(bs));
+    CHECK(maco_proxy_stop(proxy));
     maco_port_channel_destroy(ch);
     maco_proxy_destroy(proxy);
     maco_mem_deregister(theirs);
@@ -192,8 +198,5 @@ int main(int argc, char **argv)
     CHECK(maco_bootstrap_barrier(bs));
     maco_mem_free(comm, buf);
     maco_comm_destroy(comm);
-    maco_bootstrap_destroy(bs);
-    free(rtt);
-    free(h);
     return 0;
 }

@@ -1,5 +1,6 @@
 /*
- * test_port_channel_gpu.cc - port channels over the CUDA copy transport between real GPUs:
+ * test_port_channel_gpu.cc - port channels over the CUDA copy transport between real GPUs (or,
+ * with TEST_MACO_PORT_TRANSPORT=auto across simulated nodes, over TCP with GPU memory):
  * device put_with_signal of random sizes at random offsets to every peer, many CTAs pushing at
  * once, flush, and a proxy stopped while a kernel pushes and flushes (the kernel gets an error
  * and exits). Destinations are poisoned first; every byte is checked on the GPU.
@@ -38,7 +39,13 @@ struct PortMesh {
         buf = alloc + skew;
         ASSERT_EQ(maco_mem_register(Comm(), buf, bytes, &mine), MACO_OK);
         ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
-        ASSERT_NO_FATAL_FAILURE(port.Create(Comm(), MACO_TRANSPORT_CUDA_COPY, mine, peers));
+        /* TEST_MACO_PORT_TRANSPORT=auto (tests/CMakeLists.txt, gpu_tcp_*): across simulated
+         * nodes the channels take TCP, with these device buffers staged through host memory. */
+        const char *t = getenv("TEST_MACO_PORT_TRANSPORT");
+        maco_transport_t transport = t != nullptr && std::string(t) == "auto"
+                                         ? MACO_TRANSPORT_AUTO
+                                         : MACO_TRANSPORT_CUDA_COPY;
+        ASSERT_NO_FATAL_FAILURE(port.Create(Comm(), transport, mine, peers));
         std::vector<maco_port_channel_device_t> hd(static_cast<size_t>(NRanks()));
         memset(hd.data(), 0, hd.size() * sizeof(hd[0]));
         for (int q = 0; q < NRanks(); q++) {

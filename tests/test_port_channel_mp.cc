@@ -2,11 +2,12 @@
  * test_port_channel_mp.cc - port channels end to end with host memory, between real processes
  * (maco-run -n 2 and -n 4): host threads push into the proxy's FIFO, the proxy thread carries
  * out puts and signals on the channel's transport, peers wait and check every byte. Needs no
- * GPU, so CI runs it. The transport comes from MACO_TEST_PORT_TRANSPORT: host (the default:
+ * GPU, so CI runs it. The transport comes from TEST_MACO_PORT_TRANSPORT: host (the default:
  * host memory), auto (MACO_TRANSPORT_AUTO: host memory on the same node, TCP or IB across
  * simulated nodes, or what MACO_TRANSPORT forces), tcp or ib; tests/CMakeLists.txt runs the
  * suite with several (port_channel_host_*, port_channel_tcp_*), tests/ibvm over soft-RoCE.
  */
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -29,10 +30,10 @@ using maco_test::Bootstrap;
 using maco_test::NRanks;
 using maco_test::Rank;
 
-/* The transport the suite asks for (MACO_TEST_PORT_TRANSPORT). */
+/* The transport the suite asks for (TEST_MACO_PORT_TRANSPORT). */
 maco_transport_t TestTransport()
 {
-    const char *v = getenv("MACO_TEST_PORT_TRANSPORT");
+    const char *v = getenv("TEST_MACO_PORT_TRANSPORT");
     std::string t = v != nullptr ? v : "host";
     if (t == "auto")
         return MACO_TRANSPORT_AUTO;
@@ -227,6 +228,65 @@ TEST_F(PortChannelHost, ManyThreadsPushAtOnce)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
+/* Many puts to overlapping ranges, one after the other, then a signal: the bytes end up as
+ * if the puts had landed in order (later bytes win), whatever the transport does with them
+ * (TCP cuts them into pieces spread over several sockets). */
+TEST_F(PortChannelHost, OverlappingPutsLandInOrder)
+{
+    const size_t kSlot = 256 << 10;
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(kSlot * static_cast<size_t>(NRanks())));
+    struct Put {
+        size_t src, dst, len;
+    };
+    /* Rank q's sequence of puts, the same on every rank (from the shared seed). */
+    auto puts_of = [&](int q) {
+        std::mt19937_64 rng(seed_ ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(q + 1)));
+        std::vector<Put> v;
+        for (int i = 0; i < 60; i++) {
+            size_t len = 1 + rng() % (i % 3 == 0 ? kSlot / 2 : 4096);
+            v.push_back({ rng() % (kSlot - len + 1), rng() % (kSlot - len + 1), len });
+        }
+        return v;
+    };
+    memset(m.buf, 0xAB, m.bytes);
+    m.FillMySlot(kSlot, seed_);
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    size_t base = static_cast<size_t>(Rank()) * kSlot;
+    for (const Put &p : puts_of(Rank()))
+        for (int q = 0; q < NRanks(); q++)
+            if (q != Rank()) {
+                ASSERT_EQ(maco_port_channel_put(m.port.chans[static_cast<size_t>(q)], base + p.dst,
+                                                base + p.src, p.len),
+                          MACO_OK);
+            }
+    for (int q = 0; q < NRanks(); q++)
+        if (q != Rank()) {
+            ASSERT_EQ(maco_port_channel_signal(m.port.chans[static_cast<size_t>(q)]), MACO_OK);
+        }
+    for (int q = 0; q < NRanks(); q++) {
+        if (q == Rank())
+            continue;
+        ASSERT_EQ(maco_port_channel_wait(m.port.chans[static_cast<size_t>(q)], 30000), MACO_OK)
+            << maco_comm_get_last_error(m.comm);
+        /* What rank q's puts make of the poisoned slot, applied in order. */
+        std::vector<uint8_t> want(kSlot, 0xAB);
+        for (const Put &p : puts_of(q))
+            for (size_t i = 0; i < p.len; i++)
+                want[p.dst + i] = test_pattern_byte(seed_ + static_cast<uint64_t>(q), p.src + i);
+        const uint8_t *got =
+            reinterpret_cast<const uint8_t *>(m.buf) + static_cast<size_t>(q) * kSlot;
+        size_t wrong = 0, first = kSlot;
+        for (size_t i = 0; i < kSlot; i++)
+            if (got[i] != want[i]) {
+                wrong++;
+                first = std::min(first, i);
+            }
+        EXPECT_EQ(wrong, 0u) << "from rank " << q << ", first wrong byte " << first;
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+}
+
 TEST_F(PortChannelHost, BadCallsAreClearErrorsAndNothingHangs)
 {
     const size_t kSlot = 4096;
@@ -377,6 +437,38 @@ TEST_F(PortChannelHost, ForgedHandlesAreRefused)
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
 }
 
+/* A forked rank's own 2-rank job (maco_test::ForkRanks): a communicator, `bytes` of shared
+ * host memory, a started proxy and one channel to the other rank over `transport`. Returns
+ * 0, or the exit code the rank should return: 10 (bootstrap or communicator), 11 (memory),
+ * 12 (proxy or channel). */
+struct ForkedChannel {
+    maco_bootstrap_t bs = nullptr;
+    maco_comm_t comm = nullptr;
+    void *buf = nullptr;
+    maco_port_channel_t ch = nullptr;
+
+    int Setup(int rank, size_t bytes, maco_transport_t transport)
+    {
+        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
+            maco_comm_create(bs, -1, &comm) != MACO_OK)
+            return 10;
+        maco_mem_t mine = nullptr, peer = nullptr;
+        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
+        if (maco_mem_alloc_host(comm, bytes, &buf) != MACO_OK ||
+            maco_mem_register(comm, buf, bytes, &mine) != MACO_OK ||
+            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
+            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
+            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
+            return 11;
+        maco_proxy_t proxy;
+        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
+            maco_port_channel_create(proxy, 1 - rank, transport, mine, peer, &ch) != MACO_OK ||
+            maco_bootstrap_barrier(bs) != MACO_OK)
+            return 12;
+        return 0;
+    }
+};
+
 /* Each channel got the transport the topology and the settings call for. */
 TEST_F(PortChannelHost, TransportFollowsTopology)
 {
@@ -401,8 +493,8 @@ TEST_F(PortChannelHost, TransportFollowsTopology)
             else if (same)
                 want = MACO_TRANSPORT_HOST_MEMORY;
             else
-                want = getenv("MACO_TEST_EXPECT_REMOTE") != nullptr &&
-                               std::string(getenv("MACO_TEST_EXPECT_REMOTE")) == "ib"
+                want = getenv("TEST_MACO_EXPECT_REMOTE") != nullptr &&
+                               std::string(getenv("TEST_MACO_EXPECT_REMOTE")) == "ib"
                            ? MACO_TRANSPORT_IB
                            : MACO_TRANSPORT_TCP;
         }
@@ -422,7 +514,7 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
 {
     maco_transport_t t = TestTransport();
     if (t == MACO_TRANSPORT_HOST_MEMORY)
-        GTEST_SKIP() << "for network transports (MACO_TEST_PORT_TRANSPORT=tcp, ib or auto)";
+        GTEST_SKIP() << "for network transports (TEST_MACO_PORT_TRANSPORT=tcp, ib or auto)";
     if (Rank() != 0)
         GTEST_SKIP() << "rank 0 runs this test's own job";
     /* The transport by name (the host id is cached before the fork, so simulated nodes would
@@ -436,28 +528,13 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
         setenv("MACO_TRANSPORT", word.c_str(), 1);
         setenv("MACO_LOG_LEVEL", "error", 1);
         setenv("MACO_DEVICE_TIMEOUT", "30s", 1);
-        maco_bootstrap_t bs;
-        maco_comm_t comm;
-        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
-            maco_comm_create(bs, -1, &comm) != MACO_OK)
-            return 10;
         const size_t bytes = 8 << 20;
-        void *buf = nullptr;
-        maco_mem_t mine = nullptr, peer = nullptr;
-        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
-        if (maco_mem_alloc_host(comm, bytes, &buf) != MACO_OK ||
-            maco_mem_register(comm, buf, bytes, &mine) != MACO_OK ||
-            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
-            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
-            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
-            return 11;
-        maco_proxy_t proxy;
-        maco_port_channel_t ch;
-        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
-            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_AUTO, mine, peer, &ch) !=
-                MACO_OK ||
-            maco_bootstrap_barrier(bs) != MACO_OK)
-            return 12;
+        ForkedChannel f;
+        int rc = f.Setup(rank, bytes, MACO_TRANSPORT_AUTO);
+        if (rc != 0)
+            return rc;
+        maco_comm_t comm = f.comm;
+        maco_port_channel_t ch = f.ch;
         if (rank == 1) {
             usleep(200000); /* rank 0 is sending by now */
             _exit(0);       /* dies in the middle, without a word */
@@ -495,6 +572,41 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
 }
 
 /*
+ * A network link cut in the middle of a transfer (tests/netns/run.sh takes the veth between
+ * the ranks' namespaces down while this runs): rank 0's puts and flushes fail within the
+ * bound with an error naming rank 1, never a hang. Runs only where that script asks for it
+ * (TEST_MACO_NETNS_CUT=1); the script checks rank 0's exit status and time.
+ */
+TEST_F(PortChannelHost, LinkCutMidTransferFailsNamingThePeer)
+{
+    const char *cut = getenv("TEST_MACO_NETNS_CUT");
+    if (cut == nullptr || std::string(cut) != "1")
+        GTEST_SKIP() << "run by tests/netns/run.sh, which cuts the link";
+    HostMesh m;
+    ASSERT_NO_FATAL_FAILURE(m.Setup(4 << 20));
+    if (Rank() != 0) {
+        /* The peer goes quiet once its link is gone; it leaves when the script says so. */
+        std::this_thread::sleep_for(std::chrono::seconds(25));
+        _exit(0);
+    }
+    maco_test::AllowLog("rank 1");
+    auto t0 = std::chrono::steady_clock::now();
+    maco_status_t st = MACO_OK;
+    while (st == MACO_OK && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        st = maco_port_channel_put(m.port.chans[1], 0, 0, 4 << 20);
+        if (st == MACO_OK)
+            st = maco_port_channel_flush(m.port.chans[1]);
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string msg = maco_comm_get_last_error(m.comm);
+    EXPECT_TRUE(st == MACO_ERR_REMOTE || st == MACO_ERR_TIMEOUT) << maco_status_string(st);
+    EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+    printf("link cut: the transfer failed after %.1f s: %s\n", s, msg.c_str());
+    fflush(stdout);
+    _exit(::testing::Test::HasFailure() ? 1 : 0); /* the bootstrap to rank 1 is gone too */
+}
+
+/*
  * An unusable GID index (MACO_IB_GID_INDEX past the port's GID table) is a clear error at
  * channel creation: MACO_ERR_INVALID_ARGUMENT naming the variable on the rank that set it, and
  * MACO_ERR_REMOTE naming that rank on its peer, both within seconds (the peer is told over the
@@ -505,7 +617,7 @@ TEST_F(PortChannelHost, IbUnusableGidIndexIsAClearError)
     const char *forced = getenv("MACO_TRANSPORT");
     if (TestTransport() != MACO_TRANSPORT_IB && !(TestTransport() == MACO_TRANSPORT_AUTO &&
                                                   forced != nullptr && std::string(forced) == "ib"))
-        GTEST_SKIP() << "for the IB transport (MACO_TEST_PORT_TRANSPORT=ib)";
+        GTEST_SKIP() << "for the IB transport (TEST_MACO_PORT_TRANSPORT=ib)";
     if (Rank() != 0)
         GTEST_SKIP() << "rank 0 runs this test's own job";
     std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [](int rank) {
@@ -577,27 +689,12 @@ TEST_F(PortChannelHost, WaitForADeadPeerFailsFastWithoutSpinning)
     std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [](int rank) {
         setenv("MACO_DEVICE_TIMEOUT", "0", 1);
         setenv("MACO_LOG_LEVEL", "error", 1);
-        maco_bootstrap_t bs;
-        maco_comm_t comm;
-        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
-            maco_comm_create(bs, -1, &comm) != MACO_OK)
-            return 10;
-        void *buf = nullptr;
-        maco_mem_t mine = nullptr, peer = nullptr;
-        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
-        if (maco_mem_alloc_host(comm, 4096, &buf) != MACO_OK ||
-            maco_mem_register(comm, buf, 4096, &mine) != MACO_OK ||
-            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
-            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
-            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
-            return 11;
-        maco_proxy_t proxy;
-        maco_port_channel_t ch;
-        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK ||
-            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_HOST_MEMORY, mine, peer,
-                                     &ch) != MACO_OK ||
-            maco_bootstrap_barrier(bs) != MACO_OK)
-            return 12;
+        ForkedChannel f;
+        int rc = f.Setup(rank, 4096, MACO_TRANSPORT_HOST_MEMORY);
+        if (rc != 0)
+            return rc;
+        maco_comm_t comm = f.comm;
+        maco_port_channel_t ch = f.ch;
         if (rank == 1) {
             usleep(300000); /* rank 0 is waiting by now */
             _exit(0);       /* dies without signalling or saying goodbye */

@@ -5,12 +5,13 @@
 # Needs --pack BUILD/tests/bench_port_host (+ libmaco, maco-run), --pack of guest/perftest.sh,
 # --env IBVM_BUILD=BUILD and --env IBVM_PERFTEST=that path.
 #   BENCH_RUNS ("maco_ib perftest maco_tcp", the default) what runs, in that order
-#   BENCH_ARGS (default "1048576 67108864 1000") bench_port_host's MIN MAX LAT_ITERS
+#   BENCH_ARGS (default "-b 1M -e 64M -f 4 -n 10 -l 1000": perftest's sizes) bench_port_host's
+#   arguments
 # Prints "IBVM-BENCH ..." lines; exit status: how many runs failed.
 . /ibvm/lib.sh
 B=${IBVM_BUILD:?--env IBVM_BUILD=the build folder}
 X=$B/tests/bench_port_host
-read -r -a args <<< "${BENCH_ARGS:-1048576 67108864 1000}"
+read -r -a args <<< "${BENCH_ARGS:--b 1M -e 64M -f 4 -n 10 -l 1000}"
 fail=0
 export MACO_LOG_LEVEL=${MACO_LOG_LEVEL:-warn}
 
