@@ -164,10 +164,10 @@ MACO_API maco_status_t maco_port_channel_flush(maco_port_channel_t ch);
  * at most `timeout_ms` milliseconds: 0 looks once without waiting; negative uses
  * MACO_DEVICE_TIMEOUT (where 0 means no bound). Data the peer put before signalling is then
  * visible. The calling thread spins for about a thousand polls, then yields, then sleeps 50
- * and then 200 us between polls (about 1% of a core). Errors: MACO_ERR_TIMEOUT (naming the peer), MACO_ERR_REMOTE (the
- * peer exited, crashed or left the job without sending the signal: noticed within about
- * 100 ms through its bootstrap link, bounded or not), MACO_ERR_UNSUPPORTED (the semaphore is
- * in device memory: wait on the device).
+ * and then 200 us between polls (about 1% of a core). Errors: MACO_ERR_TIMEOUT (naming the peer),
+ * MACO_ERR_REMOTE (the peer exited, crashed or left the job without sending the signal: noticed
+ * within about 100 ms through its bootstrap link, bounded or not), MACO_ERR_UNSUPPORTED (the
+ * semaphore is in device memory: wait on the device).
  */
 MACO_API maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms);
 
