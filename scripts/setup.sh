@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing MACO needs, where it is missing: a C/C++ compiler,
-# CMake >= 3.25, Ninja, make, pkg-config and GoogleTest (Debian/Ubuntu packages). The CUDA
-# toolkit (nvcc) must already be installed; this script says so when it is not.
+# CMake >= 3.25, Ninja, make, pkg-config, GoogleTest and rdma-core's verbs header
+# (libibverbs-dev) (Debian/Ubuntu packages). The CUDA toolkit (nvcc) must already be installed;
+# this script says so when it is not.
 set -euo pipefail
 
 need=()
@@ -17,6 +18,11 @@ if ! command -v cmake >/dev/null 2>&1; then
 fi
 if [ ! -e /usr/include/gtest/gtest.h ] && [ ! -e /usr/local/include/gtest/gtest.h ]; then
   need+=(libgtest-dev)
+fi
+# rdma-core's verbs header: the IB transport is compiled against it (libibverbs itself is
+# loaded at run time, only where it is installed).
+if [ ! -e /usr/include/infiniband/verbs.h ]; then
+  need+=(libibverbs-dev)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

@@ -517,10 +517,15 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
         GTEST_SKIP() << "for network transports (TEST_MACO_PORT_TRANSPORT=tcp, ib or auto)";
     if (Rank() != 0)
         GTEST_SKIP() << "rank 0 runs this test's own job";
-    std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [t](int rank) {
-        /* The transport by name (the host id is cached before the fork, so simulated nodes
-         * would not differ here). */
-        setenv("MACO_TRANSPORT", t == MACO_TRANSPORT_IB ? "ib" : "tcp", 1);
+    /* The transport by name (the host id is cached before the fork, so simulated nodes would
+     * not differ here): the one asked for, or with auto the one MACO_TRANSPORT forces, else TCP. */
+    const char *forced = getenv("MACO_TRANSPORT");
+    std::string word = t == MACO_TRANSPORT_IB                             ? "ib"
+                       : t == MACO_TRANSPORT_TCP                          ? "tcp"
+                       : forced != nullptr && std::string(forced) == "ib" ? "ib"
+                                                                          : "tcp";
+    std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [word](int rank) {
+        setenv("MACO_TRANSPORT", word.c_str(), 1);
         setenv("MACO_LOG_LEVEL", "error", 1);
         setenv("MACO_DEVICE_TIMEOUT", "30s", 1);
         const size_t bytes = 8 << 20;
@@ -599,6 +604,76 @@ TEST_F(PortChannelHost, LinkCutMidTransferFailsNamingThePeer)
     printf("link cut: the transfer failed after %.1f s: %s\n", s, msg.c_str());
     fflush(stdout);
     _exit(::testing::Test::HasFailure() ? 1 : 0); /* the bootstrap to rank 1 is gone too */
+}
+
+/*
+ * An unusable GID index (MACO_IB_GID_INDEX past the port's GID table) is a clear error at
+ * channel creation: MACO_ERR_INVALID_ARGUMENT naming the variable on the rank that set it, and
+ * MACO_ERR_REMOTE naming that rank on its peer, both within seconds (the peer is told over the
+ * bootstrap instead of waiting for its timeout). IB only; its own 2-rank job.
+ */
+TEST_F(PortChannelHost, IbUnusableGidIndexIsAClearError)
+{
+    const char *forced = getenv("MACO_TRANSPORT");
+    if (TestTransport() != MACO_TRANSPORT_IB && !(TestTransport() == MACO_TRANSPORT_AUTO &&
+                                                  forced != nullptr && std::string(forced) == "ib"))
+        GTEST_SKIP() << "for the IB transport (TEST_MACO_PORT_TRANSPORT=ib)";
+    if (Rank() != 0)
+        GTEST_SKIP() << "rank 0 runs this test's own job";
+    std::vector<int> codes = maco_test::ForkRanks({ { 0, 2 }, { 1, 2 } }, [](int rank) {
+        setenv("MACO_TRANSPORT", "ib", 1);
+        setenv("MACO_LOG_LEVEL", "error", 1);
+        if (rank == 0)
+            setenv("MACO_IB_GID_INDEX", "99", 1);
+        maco_bootstrap_t bs;
+        maco_comm_t comm;
+        if (maco_bootstrap_create_from_env(&bs) != MACO_OK ||
+            maco_comm_create(bs, -1, &comm) != MACO_OK)
+            return 10;
+        void *buf = nullptr;
+        maco_mem_t mine = nullptr, peer = nullptr;
+        uint8_t h[2][MACO_MEM_HANDLE_BYTES];
+        if (maco_mem_alloc_host(comm, 4096, &buf) != MACO_OK ||
+            maco_mem_register(comm, buf, 4096, &mine) != MACO_OK ||
+            maco_mem_serialize(mine, h[rank]) != MACO_OK ||
+            maco_bootstrap_allgather(bs, h, MACO_MEM_HANDLE_BYTES) != MACO_OK ||
+            maco_mem_import(comm, h[1 - rank], &peer) != MACO_OK)
+            return 11;
+        maco_proxy_t proxy;
+        maco_port_channel_t ch = nullptr;
+        if (maco_proxy_create(comm, &proxy) != MACO_OK || maco_proxy_start(proxy) != MACO_OK)
+            return 12;
+        auto t0 = std::chrono::steady_clock::now();
+        maco_status_t st =
+            maco_port_channel_create(proxy, 1 - rank, MACO_TRANSPORT_AUTO, mine, peer, &ch);
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::string msg = maco_comm_get_last_error(comm);
+        maco_status_t want = rank == 0 ? MACO_ERR_INVALID_ARGUMENT : MACO_ERR_REMOTE;
+        const char *names = rank == 0 ? "MACO_IB_GID_INDEX=99" : "rank 0";
+        if (st != want || ch != nullptr) {
+            fprintf(stderr, "rank %d: channel creation returned %s (want %s): %s\n", rank,
+                    maco_status_string(st), maco_status_string(want), msg.c_str());
+            return 13;
+        }
+        if (msg.find(names) == std::string::npos) {
+            fprintf(stderr, "rank %d: the error does not name %s: %s\n", rank, names, msg.c_str());
+            return 14;
+        }
+        if (s > 5.0) {
+            fprintf(stderr, "rank %d: the failure took %.1f s\n", rank, s);
+            return 15;
+        }
+        maco_proxy_destroy(proxy);
+        maco_mem_deregister(peer);
+        maco_mem_deregister(mine);
+        maco_bootstrap_barrier(bs);
+        maco_mem_free(comm, buf);
+        maco_comm_destroy(comm);
+        maco_bootstrap_destroy(bs);
+        return 0;
+    });
+    EXPECT_EQ(codes[0], 0) << "the rank with MACO_IB_GID_INDEX=99";
+    EXPECT_EQ(codes[1], 0) << "its peer";
 }
 
 /*

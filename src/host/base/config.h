@@ -109,8 +109,11 @@ extern "C" {
     X(IB_GID_INDEX, INT, "-1", "",                                                                 \
       "GID index for RoCE; -1 picks a RoCE v2 IPv4-mapped GID (InfiniBand uses the LID).")         \
     X(IB_TIMEOUT, INT, "18", "",                                                                   \
-      "IB queue pairs' transport timeout exponent (4.096 us * 2^value, 1..31).")                   \
-    X(IB_RETRY_CNT, INT, "7", "", "IB queue pairs' retry count (0..7).")                           \
+      "IB queue pairs' transport timeout exponent (4.096 us * 2^value, 1..31): a dead peer "       \
+      "fails a connection after about timeout * (retry count + 1), 7.5 s by default.")             \
+    X(IB_RETRY_CNT, INT, "6", "",                                                                  \
+      "IB queue pairs' retry count (0..7; 7 retries forever on some providers, soft-RoCE "         \
+      "among them).")                                                                              \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
       "Path or name of the NCCL library maco-perf --nccl dlopens.")
 

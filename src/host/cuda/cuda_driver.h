@@ -36,7 +36,8 @@ extern "C" {
     X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)   \
     X(cuStreamWriteValue64, PFN_cuStreamWriteValue64_v11070)                                       \
     X(cuStreamBatchMemOp, PFN_cuStreamBatchMemOp_v11070)                                           \
-    X(cuMemcpyDtoDAsync, PFN_cuMemcpyDtoDAsync_v3020)
+    X(cuMemcpyDtoDAsync, PFN_cuMemcpyDtoDAsync_v3020)                                              \
+    X(cuMemGetHandleForAddressRange, PFN_cuMemGetHandleForAddressRange_v11070)
 
 typedef struct maco__cu_table {
 #define MACO__CU_FIELD(name, type) type name;
