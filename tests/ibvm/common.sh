@@ -3,7 +3,7 @@
 # The cache holds the unpacked Debian kernel; it survives between runs and between checkouts.
 # shellcheck disable=SC2034  # used by the scripts that source this
 IBVM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-IBVM_CACHE=${MACO_IBVM_CACHE:-${HOME:-/root}/.cache/maco-ibvm}
+IBVM_CACHE=${IBVM_CACHE:-${HOME:-/root}/.cache/maco-ibvm}
 
 ibvm_log() { echo "ibvm: $*" >&2; }
 ibvm_die() { echo "ibvm: error: $*" >&2; exit 2; }

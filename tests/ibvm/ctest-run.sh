@@ -3,19 +3,19 @@
 # Debian kernel cannot be had (use SKIP_RETURN_CODE 77); otherwise runs run.sh with the same
 # arguments and passes its status through (0 pass, 1..124 failures, 125 the VM never reported).
 #   usage: ctest-run.sh [run.sh arguments]     (none: guest/smoke.sh in one VM)
-# Environment: MACO_IBVM=0 skips; MACO_IBVM_NO_SETUP=1 only checks instead of installing (setup.sh
-# installs Debian packages as root and downloads the kernel once into MACO_IBVM_CACHE);
-# MACO_IBVM_REQUIRE=1 turns a missing prerequisite into a failure (for CI that must run these).
+# Environment: IBVM_RUN=0 skips; IBVM_NO_SETUP=1 only checks instead of installing (setup.sh
+# installs Debian packages as root and downloads the kernel once into IBVM_CACHE);
+# IBVM_REQUIRE=1 turns a missing prerequisite into a failure (for CI that must run these).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 skip() {
-  if [ "${MACO_IBVM_REQUIRE:-0}" = 1 ]; then echo "FAIL (MACO_IBVM_REQUIRE=1): $1"; exit 1; fi
+  if [ "${IBVM_REQUIRE:-0}" = 1 ]; then echo "FAIL (IBVM_REQUIRE=1): $1"; exit 1; fi
   echo "SKIP: $1"; exit 77
 }
-[ "${MACO_IBVM:-1}" = 0 ] && skip "MACO_IBVM=0"
+[ "${IBVM_RUN:-1}" = 0 ] && skip "IBVM_RUN=0"
 [ "$(uname -m)" = x86_64 ] || skip "the VM harness is for x86_64 hosts"
 command -v apt-get >/dev/null || command -v qemu-system-x86_64 >/dev/null || skip "no qemu and no apt-get (Debian) to install it"
-mode=; [ "${MACO_IBVM_NO_SETUP:-0}" = 1 ] && mode=--check
+mode=; [ "${IBVM_NO_SETUP:-0}" = 1 ] && mode=--check
 if ! err=$("$here/setup.sh" $mode 2>&1); then
   skip "VM prerequisites cannot be had: $(echo "$err" | grep -v '^\s*$' | tail -n 1)"
 fi

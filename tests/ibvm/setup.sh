@@ -2,7 +2,7 @@
 # Installs what the soft-RoCE VM tests need and puts an unpacked Debian kernel in the cache.
 # Idempotent and quiet: when everything is there already it checks and exits in well under a second.
 #   usage: setup.sh [--check]     (--check: install nothing, exit 1 if something is missing)
-# Environment: MACO_IBVM_CACHE (default ~/.cache/maco-ibvm), MACO_IBVM_KERNEL_REFRESH=1 to fetch
+# Environment: IBVM_CACHE (default ~/.cache/maco-ibvm), IBVM_KERNEL_REFRESH=1 to fetch
 # the kernel that linux-image-amd64 currently depends on even when one is cached.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -40,7 +40,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The kernel: the package linux-image-amd64 depends on, unpacked (not installed) under the cache.
-if ibvm_kernel && [ "${MACO_IBVM_KERNEL_REFRESH:-0}" != 1 ]; then
+if ibvm_kernel && [ "${IBVM_KERNEL_REFRESH:-0}" != 1 ]; then
   exit 0
 fi
 kpkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
