@@ -492,6 +492,14 @@ maco_status_t maco_port_channel_flush(maco_port_channel_t ch)
     if (st != MACO_OK)
         return st;
     st = maco__fifo_host_wait_flush(&ch->proxy->host_fifo.view, pos, ch->proxy->timeout_ms);
+    if (st == MACO_ERR_TIMEOUT) {
+        /* The FIFO's wait knows no channel; the caller wants the peer named. */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", maco__last_error());
+        st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
+                         "port channel %u to rank %d (%s transport): %s", ch->id, ch->peer,
+                         ch->ops->name, why);
+    }
     if (st == MACO_OK && !ch->ops->alive(ch, maco__transport_state(ch)))
         st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
                          "port channel %u: the %s connection to rank %d failed (see "

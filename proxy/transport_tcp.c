@@ -142,8 +142,9 @@ typedef struct maco__tcp_group {
     maco__tcp_op_t *ops_head, *ops_tail;
     uint64_t ops_queued, ops_dealt; /* operations queued and fully dealt to sockets */
     uint32_t next_sock;             /* round robin for puts */
-    int failed;                     /* set once (release): the connection is unusable */
-    int peer_left;                  /* the peer said BYE: the end of its sockets is not an error */
+    int64_t ack_ms; /* when an acknowledgement last moved (or work began waiting for one) */
+    int failed;     /* set once (release): the connection is unusable */
+    int peer_left;  /* the peer said BYE: the end of its sockets is not an error */
 } maco__tcp_group_t;
 
 typedef struct maco__tcp_state {
@@ -484,6 +485,7 @@ static maco_status_t maco__tcp_group_connect(struct maco_port_channel *ch, maco_
     g->peer = peer;
     g->peer_uid = ch->peer_proxy_uid;
     g->nsocks = nsocks;
+    g->ack_ms = maco__now_ms();
     uint64_t their_chunk = maco__get_u64(theirs + 40);
     g->chunk = their_chunk >= (64u << 10) && their_chunk < (uint64_t)t->chunk ? (int64_t)their_chunk
                                                                               : t->chunk;
@@ -935,8 +937,10 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
             maco__tcp_fail(p, g, s, "the peer acknowledged messages never sent", 0);
             return -1;
         }
-        if (count > k->acked)
+        if (count > k->acked) {
             k->acked = count;
+            g->ack_ms = maco__now_ms();
+        }
         k->rx_have = 0;
         return 0;
     }
@@ -1107,12 +1111,43 @@ static int maco__tcp_recv(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
 
 /* ------------------------------------------------------------------ progress, flushes */
 
+/*
+ * A peer that stops acknowledging: the socket layer notices a dead link only while it has
+ * data of its own unacknowledged (TCP_USER_TIMEOUT); a link that went down after the kernel
+ * acknowledged everything but before the peer's acknowledgement came back would leave a flush
+ * waiting for its bound without naming anyone. So the group fails once messages have waited
+ * half the proxy's bound for acknowledgements that do not move.
+ */
+static void maco__tcp_check_stall(struct maco_proxy *p, maco__tcp_group_t *g)
+{
+    int waiting = 0;
+    for (int s = 0; s < g->nsocks; s++)
+        waiting |= g->socks[s].acked < g->socks[s].assigned;
+    int64_t now = maco__now_ms();
+    if (!waiting) {
+        g->ack_ms = now;
+        return;
+    }
+    int64_t limit = maco__proxy_host_bound_ms(p) / 2;
+    if (limit < 1000)
+        limit = 1000;
+    if (now - g->ack_ms > limit) {
+        char what[160];
+        snprintf(what, sizeof(what), "no acknowledgement from the peer for %lld ms",
+                 (long long)(now - g->ack_ms));
+        maco__tcp_fail(p, g, 0, what, 0);
+    }
+}
+
 static int maco__tcp_progress(struct maco_proxy *p, void *state)
 {
     maco__tcp_state_t *t = (maco__tcp_state_t *)state;
     int work = 0;
     for (maco__tcp_group_t *g = __atomic_load_n(&t->groups, __ATOMIC_ACQUIRE); g != NULL;
          g = g->next) {
+        if (g->failed)
+            continue;
+        maco__tcp_check_stall(p, g);
         if (g->failed)
             continue;
         work += maco__tcp_deal(p, t, g);
