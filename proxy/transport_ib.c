@@ -250,7 +250,7 @@ static int maco__ib_filter_parse(const char *text, maco__ib_filter_t *f, char *w
                 snprintf(why, cap, "MACO_IB_HCA=%s: empty or too long a device name", text);
                 return -1;
             }
-            snprintf(f->e[f->n].name, sizeof(f->e[f->n].name), "%s", item);
+            memcpy(f->e[f->n].name, item, strlen(item) + 1); /* shorter than the field: checked */
             f->n++;
         }
         s += len;
