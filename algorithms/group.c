@@ -329,6 +329,24 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     return MACO_OK;
 }
 
+/* The group's collectives on `comm`, in call order: each prepared (its checks), and with
+ * `launch` issued. Stops at the first failure. */
+static maco_status_t maco__group_colls(maco__group_t *g, maco_comm_t comm, int launch)
+{
+    maco_status_t st = MACO_OK;
+    for (int i = 0; i < g->nops && st == MACO_OK; i++) {
+        maco__group_op_t *op = &g->ops[i];
+        if (op->comm != comm || !op->is_coll)
+            continue;
+        maco__coll_t *c;
+        int kernel;
+        st = maco__coll_prepare(&op->coll, op->comm, &c, &kernel);
+        if (st == MACO_OK && launch)
+            st = maco__coll_launch(&op->coll, op->comm, c, kernel, op->stream);
+    }
+    return st;
+}
+
 maco_status_t maco_group_end(void)
 {
     maco__group_t *g = &maco__grp;
@@ -370,29 +388,13 @@ maco_status_t maco_group_end(void)
     }
     /* 1. Check everything. */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
-        for (int i = 0; i < g->nops && st == MACO_OK; i++) {
-            maco__group_op_t *op = &g->ops[i];
-            if (op->comm != gcs[k].comm || !op->is_coll)
-                continue;
-            maco__coll_t *c;
-            int kernel;
-            st = maco__coll_prepare(&op->coll, op->comm, &c, &kernel);
-        }
+        st = maco__group_colls(g, gcs[k].comm, 0);
         if (st == MACO_OK)
             st = maco__group_plan(g, &gcs[k], prefix);
     }
     /* 2. Issue: per communicator its collectives in call order, then its sends and receives. */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
-        for (int i = 0; i < g->nops && st == MACO_OK; i++) {
-            maco__group_op_t *op = &g->ops[i];
-            if (op->comm != gcs[k].comm || !op->is_coll)
-                continue;
-            maco__coll_t *c;
-            int kernel;
-            st = maco__coll_prepare(&op->coll, op->comm, &c, &kernel);
-            if (st == MACO_OK)
-                st = maco__coll_launch(&op->coll, op->comm, c, kernel, op->stream);
-        }
+        st = maco__group_colls(g, gcs[k].comm, 1);
         if (st == MACO_OK && gcs[k].has_p2p)
             st = maco__group_launch_p2p(gcs[k].comm, gcs[k].coll, &gcs[k].plan, gcs[k].stream,
                                         prefix);
