@@ -1113,12 +1113,14 @@ static void maco__ib_fail(struct maco_proxy *p, maco__ib_state_t *t, maco__ib_co
 {
     if (c->failed)
         return;
-    __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE); /* read by maco__ib_alive */
+    /* The async error first, then `failed`, so a host flush that sees the connection failed
+     * (maco__ib_alive) also finds the communicator's async error set. */
     maco__proxy_fail(p, maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
                                     "IB transport: the connection to rank %d (%s port %u, QP %u "
                                     "-> rank %d's QP %u) failed: %s; its channels are dead",
                                     c->peer, t->dev, t->port, c->qp->qp_num, c->peer, c->remote_qpn,
                                     what));
+    __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE); /* read by maco__ib_alive */
 }
 
 /* ------------------------------------------------------------------ puts and signals */

@@ -186,12 +186,14 @@ static void maco__tcp_fail(struct maco_proxy *p, maco__tcp_group_t *g, int s, co
         __atomic_store_n(&g->failed, 1, __ATOMIC_RELEASE);
         return;
     }
-    __atomic_store_n(&g->failed, 1, __ATOMIC_RELEASE); /* read by maco__tcp_alive */
+    /* The async error first, then `failed`: a host flush that sees the group failed
+     * (maco__tcp_alive) then also finds the communicator's async error set. */
     maco__proxy_fail(p, maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
                                     "TCP transport: the connection to rank %d (socket %d of %d) "
                                     "failed: %s%s%s; its channels are dead",
                                     g->peer, s, g->nsocks, what, err ? ": " : "",
                                     err ? strerror(err) : ""));
+    __atomic_store_n(&g->failed, 1, __ATOMIC_RELEASE); /* read by maco__tcp_alive */
 }
 
 static maco_status_t maco__tcp_io_all(int fd, void *buf, size_t bytes, int writing,
