@@ -292,6 +292,19 @@ static maco_status_t maco__tcp_proxy_setup(struct maco_proxy *p, void **state_p)
             return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PROXY,
                                "TCP transport: cudaStreamCreate failed");
         }
+        /* The pinned staging buffers, all of them now: a page-locked allocation is an
+         * implicit synchronization point (CUDA C++ Programming Guide, "Implicit
+         * Synchronization"), so a buffer allocated while a kernel runs made the proxy's copy
+         * wait for that kernel, which waited for the copy (the collectives across nodes hung
+         * on their first transfer). */
+        for (int send = 0; send < 2; send++) {
+            maco__tcp_buf_t *made[MACO__TCP_POOL];
+            int k = 0;
+            while (k < MACO__TCP_POOL && (made[k] = maco__tcp_buf_get(t, send)) != NULL)
+                k++;
+            while (k > 0)
+                maco__tcp_buf_put(t, made[--k], send);
+        }
     }
     *state_p = t;
     return MACO_OK;
