@@ -158,7 +158,9 @@ def _is_complex(buf: Buf) -> bool:
     if buf.kind == "torch":
         return buf.obj.is_complex()
     kind = getattr(buf.fdtype, "kind", None)
-    return kind == "c" or (isinstance(buf.fdtype, str) and buf.fdtype.startswith("complex"))
+    if isinstance(buf.fdtype, str):  # a typestr ("<c8") or "complexNN"
+        return buf.fdtype[1:2] == "c" or buf.fdtype.startswith("complex")
+    return kind == "c"
 
 
 def reduce_type(buf: Buf, name: str, op) -> tuple[DataType, int]:
