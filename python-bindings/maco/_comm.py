@@ -730,6 +730,25 @@ def _displs(counts: Sequence[int]) -> list[int]:
 _exchange_counters: dict = {}
 
 
+def _pg_name(pg: Any) -> str:
+    """A name of ``pg`` that every member computes alike."""
+    import torch.distributed as dist
+
+    try:
+        name = pg.group_name
+    except (RuntimeError, AttributeError):  # a Python process group without a name
+        name = None
+    if not name:
+        try:
+            name = dist.distributed_c10d._get_process_group_name(pg)
+        except Exception:  # noqa: BLE001 - private API
+            name = None
+    if not name or name == "None":
+        ranks = dist.get_process_group_ranks(pg) if pg is not dist.group.WORLD else ["world"]
+        name = "ranks-" + "-".join(str(r) for r in ranks)
+    return name
+
+
 def _exchange_id(pg: Any, rank: int, uid: Optional[bytes]) -> bytes:
     """Group rank 0's unique id on every rank of ``pg``: through the default store under a
     per-group key when torch exposes it, else broadcast_object_list."""
@@ -743,7 +762,7 @@ def _exchange_id(pg: Any, rank: int, uid: Optional[bytes]) -> bytes:
     except Exception:  # noqa: BLE001 - private API; fall back to a collective
         store = None
     if store is not None:
-        name = getattr(pg, "group_name", "") or "world"
+        name = _pg_name(pg)
         # Every rank of the group makes the same calls for it in the same order.
         _exchange_counters[name] = _exchange_counters.get(name, 0) + 1
         key = f"maco/unique_id/{name}/{_exchange_counters[name]}"

@@ -388,7 +388,9 @@ _patch_lock = threading.Lock()
 
 
 def _group_key(group: Any) -> str:
-    return getattr(group, "group_name", None) or str(id(group))
+    from ._comm import _pg_name
+
+    return _pg_name(group)
 
 
 def _maco_pg(group: Any) -> Optional[ProcessGroupMaco]:
