@@ -110,18 +110,14 @@ struct CommState {
     CommState() = default;
     CommState(const CommState &) = delete;
     CommState &operator=(const CommState &) = delete;
+    /* Runs where the last owner lets go: Comm.close() (without the GIL), or the garbage
+     * collection of the Comm, a registration or a maco.empty tensor. Touches no Python. */
     ~CommState()
     {
-        /* maco_comm_destroy waits for the device; do not hold the GIL meanwhile. */
-        PyThreadState *saved = nullptr;
-        if (Py_IsInitialized() && PyGILState_Check())
-            saved = PyEval_SaveThread();
         if (comm != nullptr)
             maco_comm_destroy(comm);
         if (bs != nullptr)
             maco_bootstrap_destroy(bs);
-        if (saved != nullptr)
-            PyEval_RestoreThread(saved);
     }
 };
 
@@ -149,9 +145,12 @@ class Comm {
         return v;
     }
 
+    /* maco_comm_destroy waits for the device (bounded): not while holding the GIL. */
     void close()
     {
-        st.reset();
+        std::shared_ptr<CommState> last = std::move(st);
+        nb::gil_scoped_release release;
+        last.reset();
     }
 
     bool closed() const
