@@ -25,7 +25,8 @@
 
 namespace nb = nanobind;
 
-namespace {
+namespace
+{
 
 /* ------------------------------------------------------------------ errors */
 
@@ -60,7 +61,8 @@ struct StatusError {
     std::string message;
 };
 
-class Capture {
+class Capture
+{
   public:
     Capture()
     {
@@ -121,11 +123,10 @@ struct CommState {
     }
 };
 
-class Comm {
+class Comm
+{
   public:
-    explicit Comm(std::shared_ptr<CommState> s) : st(std::move(s))
-    {
-    }
+    explicit Comm(std::shared_ptr<CommState> s) : st(std::move(s)) {}
 
     maco_comm_t get() const
     {
@@ -225,7 +226,8 @@ maco_stream_t stream_of(uintptr_t s)
 maco_datatype_t dtype_of(int d)
 {
     if (d < 0 || d >= MACO_DATATYPE_COUNT)
-        throw nb::value_error(("datatype: " + std::to_string(d) + " is not a MACO datatype").c_str());
+        throw nb::value_error(
+            ("datatype: " + std::to_string(d) + " is not a MACO datatype").c_str());
     return static_cast<maco_datatype_t>(d);
 }
 
@@ -238,7 +240,8 @@ maco_redop_t op_of(int o)
 
 /* ------------------------------------------------------------------ registrations */
 
-class Mem {
+class Mem
+{
   public:
     Mem(std::shared_ptr<CommState> s, maco_mem_t m, uintptr_t p, size_t n)
         : st(std::move(s)), mem(m), address(p), bytes(n)
@@ -450,16 +453,21 @@ NB_MODULE(_maco, m)
     m.attr("DATATYPE_COUNT") = (int)MACO_DATATYPE_COUNT;
     m.attr("REDOP_COUNT") = (int)MACO_REDOP_COUNT;
 
-    m.def("version", [] { return std::string(maco_version_string()); },
-          "The C library's version, \"MAJOR.MINOR.PATCH\".");
-    m.def("status_string", [](int s) { return std::string(maco_status_string((maco_status_t)s)); },
-          nb::arg("status"), "The constant text of a status code.");
-    m.def("datatype_size", [](int d) { return maco_datatype_size((maco_datatype_t)d); },
-          nb::arg("datatype"), "Bytes per element of a MACO datatype (0 if unknown).");
-    m.def("datatype_name", [](int d) { return std::string(maco_datatype_name((maco_datatype_t)d)); },
-          nb::arg("datatype"), "Name of a MACO datatype (\"unknown\" if out of range).");
-    m.def("redop_name", [](int o) { return std::string(maco_redop_name((maco_redop_t)o)); },
-          nb::arg("op"), "Name of a MACO reduction (\"unknown\" if out of range).");
+    m.def(
+        "version", [] { return std::string(maco_version_string()); },
+        "The C library's version, \"MAJOR.MINOR.PATCH\".");
+    m.def(
+        "status_string", [](int s) { return std::string(maco_status_string((maco_status_t)s)); },
+        nb::arg("status"), "The constant text of a status code.");
+    m.def(
+        "datatype_size", [](int d) { return maco_datatype_size((maco_datatype_t)d); },
+        nb::arg("datatype"), "Bytes per element of a MACO datatype (0 if unknown).");
+    m.def(
+        "datatype_name", [](int d) { return std::string(maco_datatype_name((maco_datatype_t)d)); },
+        nb::arg("datatype"), "Name of a MACO datatype (\"unknown\" if out of range).");
+    m.def(
+        "redop_name", [](int o) { return std::string(maco_redop_name((maco_redop_t)o)); },
+        nb::arg("op"), "Name of a MACO reduction (\"unknown\" if out of range).");
     m.def(
         "cuda_device_count",
         [] {
@@ -471,7 +479,8 @@ NB_MODULE(_maco, m)
     m.def("unique_id", &unique_id_create,
           "A new 128-byte unique id; rank 0 of the job must be created in this process.");
     m.def(
-        "group_start", [] { checked("maco_group_start", nullptr, [] { return maco_group_start(); }); },
+        "group_start",
+        [] { checked("maco_group_start", nullptr, [] { return maco_group_start(); }); },
         "Opens a group on this thread (maco_group_start).");
     m.def(
         "group_end", [] { checked("maco_group_end", nullptr, [] { return maco_group_end(); }); },
@@ -479,17 +488,21 @@ NB_MODULE(_maco, m)
     m.def("dlpack_describe", &dlpack_describe, nb::arg("capsule"),
           "(address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) "
           "of an unconsumed DLPack capsule.");
-    m.def("config", [] {
-        nb::list out;
-        int n = maco_config_count();
-        for (int i = 0; i < n; ++i) {
-            maco_config_info_t info;
-            if (maco_config_describe(i, &info) != MACO_OK)
-                continue;
-            out.append(nb::make_tuple(info.name, info.type, info.default_value, info.unit, info.doc));
-        }
-        return out;
-    }, "The configuration table: (name, type, default, unit, doc) for each MACO_* variable.");
+    m.def(
+        "config",
+        [] {
+            nb::list out;
+            int n = maco_config_count();
+            for (int i = 0; i < n; ++i) {
+                maco_config_info_t info;
+                if (maco_config_describe(i, &info) != MACO_OK)
+                    continue;
+                out.append(
+                    nb::make_tuple(info.name, info.type, info.default_value, info.unit, info.doc));
+            }
+            return out;
+        },
+        "The configuration table: (name, type, default, unit, doc) for each MACO_* variable.");
 
     nb::class_<Mem>(m, "Mem", "A registration of a buffer with a communicator (maco_mem_t).")
         .def_ro("address", &Mem::address)
@@ -510,8 +523,9 @@ NB_MODULE(_maco, m)
         .def_prop_ro("size", [](const Comm &c) { return c.query(maco_comm_get_nranks, "size"); })
         .def_prop_ro("local_rank",
                      [](const Comm &c) { return c.query(maco_comm_get_local_rank, "local_rank"); })
-        .def_prop_ro("local_size",
-                     [](const Comm &c) { return c.query(maco_comm_get_local_nranks, "local_size"); })
+        .def_prop_ro(
+            "local_size",
+            [](const Comm &c) { return c.query(maco_comm_get_local_nranks, "local_size"); })
         .def_prop_ro("node", [](const Comm &c) { return c.query(maco_comm_get_node, "node"); })
         .def_prop_ro("num_nodes",
                      [](const Comm &c) { return c.query(maco_comm_get_nnodes, "num_nodes"); })
@@ -550,7 +564,8 @@ NB_MODULE(_maco, m)
             "bootstrap_barrier",
             [](const Comm &c) {
                 maco_bootstrap_t bs = comm_bootstrap(c);
-                checked("maco_bootstrap_barrier", c.get(), [&] { return maco_bootstrap_barrier(bs); });
+                checked("maco_bootstrap_barrier", c.get(),
+                        [&] { return maco_bootstrap_barrier(bs); });
             },
             "Host barrier over the bootstrap's TCP mesh (collective, blocking).")
         .def(
@@ -603,9 +618,8 @@ NB_MODULE(_maco, m)
             [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, uintptr_t st) {
                 maco_comm_t comm = c.get();
                 maco_datatype_t dt = dtype_of(d);
-                checked("maco_allgather", comm, [&] {
-                    return maco_allgather(ptr(s), ptr(r), n, dt, comm, stream_of(st));
-                });
+                checked("maco_allgather", comm,
+                        [&] { return maco_allgather(ptr(s), ptr(r), n, dt, comm, stream_of(st)); });
             },
             nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("sendcount"), nb::arg("datatype"),
             nb::arg("stream"))
@@ -650,9 +664,8 @@ NB_MODULE(_maco, m)
             [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, uintptr_t st) {
                 maco_comm_t comm = c.get();
                 maco_datatype_t dt = dtype_of(d);
-                checked("maco_alltoall", comm, [&] {
-                    return maco_alltoall(ptr(s), ptr(r), n, dt, comm, stream_of(st));
-                });
+                checked("maco_alltoall", comm,
+                        [&] { return maco_alltoall(ptr(s), ptr(r), n, dt, comm, stream_of(st)); });
             },
             nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("count"), nb::arg("datatype"),
             nb::arg("stream"))

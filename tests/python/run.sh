@@ -8,7 +8,9 @@
 #    into BUILD_DIR/python/prefix and the package finds it through CMake, so only the
 #    extension compiles (incrementally, in BUILD_DIR/python/build); the C library is not
 #    built a second time.
-# 3. pytest. --gpu: exits 77 (ctest's skip) with the reason when no GPU is usable.
+# 3. pytest. Without --gpu the CPU suite runs with no visible GPU (CUDA_VISIBLE_DEVICES=""),
+#    so it tests the same paths on a GPU machine as in CI; --gpu exits 77 (ctest's skip)
+#    with the reason when no GPU is usable.
 # PYTEST_PYTHON picks the interpreter (default python3).
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -48,7 +50,9 @@ start=$(date +%s)
   -Ccmake.define.CMAKE_PREFIX_PATH="$build/python/prefix" -Cbuild-dir="$build/python/build"
 echo "run.sh: maco package installed in $(( $(date +%s) - start )) s"
 
-if [ $gpu = 1 ]; then
+if [ $gpu = 0 ]; then
+  export CUDA_VISIBLE_DEVICES=""
+else
   why=$("$venv/bin/python" -c 'import maco; n, why = maco.cuda_device_count(); print("" if n else why)')
   if [ -n "$why" ]; then
     echo "SKIP: no GPU: $why"
