@@ -50,6 +50,17 @@ def cuda_device_count() -> tuple[int, str]:
     return _maco.cuda_device_count()
 
 
+_group_state = threading.local()
+
+
+def _keep(*objs: Any) -> None:
+    """Inside a group, keeps the tensors of queued calls alive until the group is issued (a
+    temporary freed meanwhile could hand its memory to another buffer of the group)."""
+    kept = getattr(_group_state, "kept", None)
+    if kept is not None:
+        kept.extend(objs)
+
+
 @contextlib.contextmanager
 def group() -> Iterator[None]:
     """Groups MACO calls of this thread, as ``ncclGroupStart``/``ncclGroupEnd``.
@@ -57,19 +68,30 @@ def group() -> Iterator[None]:
     Collectives, all-to-alls, sends and receives made inside the ``with`` block are checked
     and queued, and issued together when the outermost block exits (sends and receives of
     one communicator as one launch), so a rank can send to and receive from peers without
-    deadlock. Groups nest. The tensors must stay alive until the operations complete on
-    their stream. If the block raises, the group is still closed (and issued, as MACO
-    issues what was queued); the exception propagates.
+    deadlock. Groups nest. The group holds a reference to every tensor of a queued call
+    until it is issued; after that, as outside groups, the framework's stream order keeps
+    the memory valid (pass tensors used on another stream with ``record_stream``). If the
+    block raises, the group is still closed (and issued, as MACO issues what was queued);
+    the exception propagates.
 
     Raises (on exit):
         InvalidArgumentError and the other MACO errors of the queued calls: nothing of the
         group was issued.
     """
     _maco.group_start()
+    depth = getattr(_group_state, "depth", 0)
+    _group_state.depth = depth + 1
+    if depth == 0:
+        _group_state.kept = []
     try:
         yield
     finally:
-        _maco.group_end()
+        _group_state.depth = depth
+        try:
+            _maco.group_end()
+        finally:
+            if depth == 0:
+                _group_state.kept = None
 
 
 def _device_index(device: Any) -> int:
@@ -431,6 +453,7 @@ class Communicator:
         return ob
 
     def _stream(self, stream: Any, b: Buf, *others: Buf) -> int:
+        _keep(b.obj, *(o.obj for o in others))
         s = stream_handle(stream, b)
         if stream is not None:
             # An explicit stream other than the framework's: keep the caching allocator from

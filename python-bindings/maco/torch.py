@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
 from ._comm import Communicator, unique_id
 from ._errors import MacoError
@@ -153,7 +154,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if not isinstance(tensors, list):
             tensors = [tensors]
-        opts = opts if isinstance(opts, dist.AllreduceOptions) else _allreduce_opts(opts)
+        opts = opts if isinstance(opts, _c10d.AllreduceOptions) else _allreduce_opts(opts)
         if self._cpu(tensors):
             return self._fallback.allreduce(tensors, opts)
         op = to_maco_op(opts.reduceOp)
@@ -164,7 +165,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch(tensors, tensors, run)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or dist.AllreduceCoalescedOptions()
+        opts = opts or _c10d.AllreduceCoalescedOptions()
         if self._cpu(tensors):
             return self._fallback.allreduce_coalesced(tensors, opts)
         op = to_maco_op(opts.reduceOp)
@@ -177,7 +178,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         if not isinstance(tensors, list):
             tensors = [tensors]
-        opts = opts or dist.BroadcastOptions()
+        opts = opts or _c10d.BroadcastOptions()
         if self._cpu(tensors):
             return self._fallback.broadcast(tensors, opts)
 
@@ -187,7 +188,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch(tensors, tensors, run)
 
     def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
+        opts = opts or _c10d.ReduceOptions()
         if self._cpu(tensors):
             return self._fallback.reduce(tensors, opts)
         op = to_maco_op(opts.reduceOp)
@@ -198,14 +199,14 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch(tensors, tensors, run)
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         if self._cpu([output, input]):
             return self._fallback._allgather_base(output, input, opts)
         return self._launch([output, input], [output],
                             lambda s: self.comm.allgather(input, output, stream=s))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         flat_in = list(input_tensors)
         flat_out = [t for lst in output_tensors for t in lst]
         if self._cpu(flat_in + flat_out):
@@ -227,7 +228,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch(flat_in + flat_out, output_tensors, run)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         if self._cpu(list(outputs) + list(inputs)):
             return self._fallback.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
@@ -237,7 +238,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch(list(outputs) + list(inputs), list(outputs), run)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         if self._cpu([output, input]):
             return self._fallback._reduce_scatter_base(output, input, opts)
         op = to_maco_op(opts.reduceOp)
@@ -245,7 +246,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
                             lambda s: self.comm.reduce_scatter(input, output, op=op, stream=s))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         flat_in = [t for lst in input_tensors for t in lst]
         if self._cpu(list(output_tensors) + flat_in):
             return self._fallback.reduce_scatter(output_tensors, input_tensors, opts)
@@ -262,7 +263,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch(list(output_tensors) + flat_in, list(output_tensors), run)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         if self._cpu(list(outputs) + list(inputs)):
             return self._fallback.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
         op = to_maco_op(opts.reduceOp)
@@ -274,7 +275,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
                       opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         if self._cpu([output, input]):
             return self._fallback.alltoall_base(output, input, output_split_sizes,
                                                 input_split_sizes, opts)
@@ -288,7 +289,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
             input, output, in_splits=ins, out_splits=outs, stream=s))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         if self._cpu(list(output_tensors) + list(input_tensors)):
             return self._fallback.alltoall(output_tensors, input_tensors, opts)
         n = self.size()
@@ -343,8 +344,8 @@ class ProcessGroupMaco(dist.ProcessGroup):
         self.comm.close()
 
 
-def _allreduce_opts(op: Any) -> dist.AllreduceOptions:
-    o = dist.AllreduceOptions()
+def _allreduce_opts(op: Any) -> _c10d.AllreduceOptions:
+    o = _c10d.AllreduceOptions()
     if op is not None:
         o.reduceOp = op
     return o
@@ -494,7 +495,7 @@ def _r_reduce_scatter_tensor(orig, output, input, op=dist.ReduceOp.SUM, group=No
 def _r_reduce_scatter(orig, output, input_list, op=dist.ReduceOp.SUM, group=None,
                       async_op=False):
     m = _pg_or_fallback(group, output, *input_list)
-    opts = dist.ReduceScatterOptions()
+    opts = _c10d.ReduceScatterOptions()
     _op_or_fallback(op)
     opts.reduceOp = op
     return _finish(m.reduce_scatter([output], [input_list], opts), async_op)

@@ -163,6 +163,18 @@ for it in range(3):
     torch.cuda.synchronize()
     check(f"graph replay {it}", gx, sum(gin))
 
+# host-side cost of a small dist.all_reduce on this backend (eager)
+tx = torch.ones(2048, device=dev)
+for _ in range(20):
+    dist.all_reduce(tx)
+torch.cuda.synchronize()
+dist.barrier()
+t0 = time.perf_counter()
+for _ in range(300):
+    dist.all_reduce(tx)
+torch.cuda.synchronize()
+print(f"TIME {mode} rank {R}/{N}: 8 KiB float32 dist.all_reduce eager: "
+      f"{(time.perf_counter() - t0) / 300 * 1e6:.1f} us per call")
 dist.barrier()
 if failures:
     for f in failures:

@@ -370,3 +370,19 @@ def test_level1_init_from_env(clean_env, port):
         maco.finalize()
     assert not maco.is_initialized()
     maco.finalize()  # idempotent
+
+
+@pytest.mark.skipif(has_gpu, reason="uses a fake device address; this machine has a GPU")
+def test_group_keeps_tensors_until_issued(comm):
+    from maco import _comm
+
+    x = FakeCudaArray((4,))
+    with pytest.raises(maco.MacoError):  # no GPU: the group fails, at the call or at its end
+        with maco.group():
+            with maco.group():  # nested: the outermost end issues
+                try:
+                    comm.send(x, 0)
+                except maco.MacoError:
+                    pass
+            assert any(o is x for o in _comm._group_state.kept)
+    assert _comm._group_state.kept is None and _comm._group_state.depth == 0
