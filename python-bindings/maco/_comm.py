@@ -229,7 +229,13 @@ class Communicator:
             if rank is not None or size is not None:
                 raise ValueError("rank/size: given without unique_id (the environment gives "
                                  "them to Communicator())")
-            self._c = _maco.Comm.from_env(_device_index(device))
+            uid_job = _torchrun_unique_id(timeout)
+            if uid_job is not None:
+                uid, rank, size = uid_job
+                self._c = _maco.Comm.from_unique_id(uid, rank, size, _device_index(device),
+                                                    _timeout_ms(timeout))
+            else:
+                self._c = _maco.Comm.from_env(_device_index(device))
         else:
             if not isinstance(unique_id, (bytes, bytearray)):
                 raise TypeError(f"unique_id: expected bytes, got {type(unique_id).__name__}")
@@ -806,6 +812,44 @@ def empty(shape: Sequence[int] | int, dtype: Any, comm: Optional[Communicator] =
 
         comm = get_default_communicator()
     return comm.empty(shape, dtype, framework=framework)
+
+
+_env_counter = [0]
+
+
+def _torchrun_unique_id(timeout: Optional[float]) -> Optional[tuple]:
+    """Under torchrun, (unique id, rank, size) exchanged through torchrun's own key-value
+    store, else None.
+
+    torchrun's agent already listens on MASTER_ADDR:MASTER_PORT (its TCPStore), where the C
+    library's environment bootstrap would listen too; so when torchrun says its workers share
+    the agent's store (TORCHELASTIC_USE_AGENT_STORE=True) and no MACO_* job variables are
+    set, rank 0 makes a unique id and the others read it from that store.
+    """
+    e = os.environ
+    if "MACO_RANK" in e or "MACO_BOOTSTRAP_ADDR" in e:
+        return None
+    if e.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    try:
+        rank, size = int(e["RANK"]), int(e["WORLD_SIZE"])
+        addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
+    except (KeyError, ValueError):
+        return None  # let the C library name what is missing
+    try:
+        import datetime
+
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    wait = datetime.timedelta(seconds=timeout if timeout is not None else 300)
+    store = dist.TCPStore(addr, port, is_master=False, timeout=wait)
+    _env_counter[0] += 1  # every rank creates its communicators from the environment alike
+    key = (f"maco/unique_id/{e.get('TORCHELASTIC_RUN_ID', 'run')}/"
+           f"{e.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_env_counter[0]}")
+    if rank == 0:
+        store.set(key, unique_id())
+    return bytes(store.get(key)), rank, size
 
 
 def _environment_has_job() -> bool:

@@ -214,3 +214,25 @@ def test_from_process_group_and_patch_fallback():
         assert x["got"] == [bytes([q]) for q in range(n)]
         assert x["patched"] and x["unpatched"]
         assert x["sum"] == [3.0] * 3
+
+
+@needs_torch
+def test_from_env_under_torchrun():
+    """torchrun's agent listens on MASTER_PORT itself: the id travels through its store."""
+    script = (
+        "import maco\n"
+        "c = maco.Communicator()\n"
+        "c2 = maco.Communicator()  # a second one from the same environment\n"
+        "got = c.allgather_bytes(b'%02d' % c.rank)\n"
+        "assert got == [b'%02d' % r for r in range(c.size)], got\n"
+        "assert (c.size, c2.size, c2.rank) == (3, 3, c.rank)\n"
+        "import os; os.write(1, b'rank %d local %d ok\\n' % (c.rank, c.local_rank))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MACO_")}
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + sys.path)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+                          "--master-port", str(free_port()), "--no-python",
+                          sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert sorted(line for line in out.stdout.splitlines() if " ok" in line) == [
+        f"rank {r} local {r} ok" for r in range(3)], out.stdout
