@@ -94,6 +94,56 @@ def _uid_root(rank, n, _):
     return _uid_worker(rank, n, uid)
 
 
+def _gil_worker(rank, n, uid_path):
+    """Rank 0 waits in barrier() for rank 1 (which sleeps first) while a Python thread of
+    rank 0 counts: the count grows only if barrier() released the GIL."""
+    import threading
+    import time
+
+    import maco
+
+    if rank == 0:
+        uid = maco.unique_id()
+        with open(uid_path + ".tmp", "wb") as f:
+            f.write(uid)
+        os.rename(uid_path + ".tmp", uid_path)
+    else:
+        while not os.path.exists(uid_path):
+            time.sleep(0.02)
+        with open(uid_path, "rb") as f:
+            uid = f.read()
+    with maco.Communicator(uid, rank, n, timeout=60) as c:
+        c.barrier()
+        if rank == 1:
+            time.sleep(1.0)
+            c.barrier()
+            return None
+        count = [0]
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                count[0] += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        time.sleep(0.05)
+        before = count[0]
+        t0 = time.time()
+        c.barrier()  # blocks about 1 s in C
+        waited = time.time() - t0
+        during = count[0] - before
+        stop.set()
+        t.join()
+        return dict(waited=waited, during=during)
+
+
+def test_blocking_calls_release_the_gil(tmp_path):
+    res = _run(_gil_worker, 2, str(tmp_path / "uid"))[0]
+    assert res["waited"] > 0.5, res
+    assert res["during"] > 10000, res  # the spinning thread ran while rank 0 waited
+
+
 def test_bootstrap_only_communicator_three_processes(tmp_path):
     n = 3
     res = _run(_uid_root, n, str(tmp_path / "uid"))
