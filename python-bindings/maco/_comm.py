@@ -12,7 +12,7 @@ from . import _maco
 from ._errors import UnsupportedError
 from ._tensor import (Buf, DLPackExport, describe, empty_like, move_type, new_tensor,
                       reduce_type, same_type, stream_handle)
-from ._types import MACO_TO_DLPACK, DataType, ReduceOp, to_maco_dtype, to_maco_op, to_numpy_dtype
+from ._types import ReduceOp, to_maco_dtype, to_maco_op, to_numpy_dtype
 
 __all__ = ["Communicator", "Registration", "unique_id", "group", "empty", "cuda_device_count"]
 

@@ -10,11 +10,9 @@ import traceback
 
 import pytest
 
-import maco
 from conftest import HERE, REPO, free_port
 
 try:
-    import torch  # noqa: F401
     import torch.distributed as dist
 except ImportError:  # pragma: no cover
     dist = None
