@@ -13,6 +13,8 @@ command -v readelf >/dev/null 2>&1 || need+=(binutils)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need+=(iproute2) # the TCP tests across network namespaces
+# The Python package's tests make a virtual environment (tests/python/run.sh).
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if ! command -v cmake >/dev/null 2>&1; then
   need+=(cmake)
 fi

@@ -1,0 +1,69 @@
+"""MACO from Python: collectives on PyTorch tensors and CuPy arrays, and a torch.distributed
+backend.
+
+Level 1 (one default communicator)::
+
+    import maco
+    maco.init()                      # maco-run / torchrun variables, or torch.distributed
+    y = maco.allreduce(x)            # x: a CUDA tensor; in place, returns x
+    g = maco.allgather(x)            # shape (world_size, *x.shape)
+
+Explicit communicators: :class:`maco.Communicator`. torch.distributed: ``import maco.torch``
+registers the backend ``"maco"``; :func:`maco.patch_torch_distributed` routes an existing
+group's collectives through MACO.
+"""
+
+from . import _maco
+from ._comm import Communicator, Registration, cuda_device_count, empty, group, unique_id
+from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
+                      InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
+                      SystemCallError, UnsupportedError, error_class)
+from ._level1 import (all_to_all, allgather, allreduce, barrier, broadcast, finalize,
+                      get_default_communicator, get_local_rank, get_rank, get_world_size, init,
+                      is_initialized, recv, reduce, reduce_scatter, send)
+from ._types import (DataType, ReduceOp, dtype_size, to_maco_dtype, to_numpy_dtype,
+                     to_torch_dtype)
+
+__version__ = _maco.version()
+"""The package's version: the C library's (``maco_version_string()``)."""
+
+SUM = ReduceOp.SUM
+PROD = ReduceOp.PROD
+MIN = ReduceOp.MIN
+MAX = ReduceOp.MAX
+AVG = ReduceOp.AVG
+
+
+def patch_torch_distributed(*args, **kwargs):
+    """Routes ``torch.distributed`` collectives on CUDA tensors through MACO (see
+    :func:`maco.torch.patch_torch_distributed`)."""
+    from .torch import patch_torch_distributed as _patch
+
+    return _patch(*args, **kwargs)
+
+
+def unpatch_torch_distributed():
+    """Undoes :func:`patch_torch_distributed`."""
+    from .torch import unpatch_torch_distributed as _unpatch
+
+    return _unpatch()
+
+
+def config() -> list:
+    """MACO's configuration table: ``(name, type, default, unit, doc)`` per MACO_* variable."""
+    return _maco.config()
+
+
+__all__ = [
+    "__version__",
+    "Communicator", "Registration", "unique_id", "group", "empty", "cuda_device_count",
+    "MacoError", "InvalidArgumentError", "CudaError", "SystemCallError", "CommTimeoutError",
+    "RemoteError", "UnsupportedError", "InternalError", "OutOfMemoryError",
+    "InvalidUsageError", "error_class",
+    "init", "finalize", "is_initialized", "get_default_communicator", "get_rank",
+    "get_world_size", "get_local_rank", "allreduce", "allgather", "reduce_scatter",
+    "broadcast", "reduce", "all_to_all", "send", "recv", "barrier",
+    "DataType", "ReduceOp", "dtype_size", "to_maco_dtype", "to_torch_dtype", "to_numpy_dtype",
+    "SUM", "PROD", "MIN", "MAX", "AVG",
+    "patch_torch_distributed", "unpatch_torch_distributed", "config",
+]

@@ -1,0 +1,159 @@
+"""MACO's C API for the maco package (internal: use maco's Python API)."""
+
+from collections.abc import Sequence
+
+
+UNIQUE_ID_BYTES: int = 128
+
+DATATYPE_COUNT: int = 12
+
+REDOP_COUNT: int = 5
+
+def version() -> str:
+    """The C library's version, "MAJOR.MINOR.PATCH"."""
+
+def status_string(status: int) -> str:
+    """The constant text of a status code."""
+
+def datatype_size(datatype: int) -> int:
+    """Bytes per element of a MACO datatype (0 if unknown)."""
+
+def datatype_name(datatype: int) -> str:
+    """Name of a MACO datatype ("unknown" if out of range)."""
+
+def redop_name(op: int) -> str:
+    """Name of a MACO reduction ("unknown" if out of range)."""
+
+def cuda_device_count() -> tuple[int, str]:
+    """(number of usable CUDA devices, why there are none or "")."""
+
+def unique_id() -> bytes:
+    """
+    A new 128-byte unique id; rank 0 of the job must be created in this process.
+    """
+
+def group_start() -> None:
+    """Opens a group on this thread (maco_group_start)."""
+
+def group_end() -> None:
+    """Closes the group and issues it (maco_group_end); releases the GIL."""
+
+def dlpack_describe(capsule: object) -> tuple:
+    """
+    (address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) of an unconsumed DLPack capsule.
+    """
+
+def config() -> list:
+    """
+    The configuration table: (name, type, default, unit, doc) for each MACO_* variable.
+    """
+
+class Mem:
+    """A registration of a buffer with a communicator (maco_mem_t)."""
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def registered(self) -> bool: ...
+
+    def deregister(self) -> None:
+        """Ends the registration; idempotent."""
+
+class Comm:
+    """A MACO communicator handle (maco_comm_t) and what owns it."""
+
+    @staticmethod
+    def from_unique_id(unique_id: bytes, rank: int, size: int, device: int = -1, timeout_ms: int = -1) -> Comm:
+        """Joins the job of `unique_id` and creates a communicator (collective)."""
+
+    @staticmethod
+    def from_env(device: int = -1) -> Comm:
+        """Creates a communicator from MACO_* or torchrun variables (collective)."""
+
+    def close(self) -> None:
+        """Drops this handle's reference to the communicator."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def handle(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def local_rank(self) -> int: ...
+
+    @property
+    def local_size(self) -> int: ...
+
+    @property
+    def node(self) -> int: ...
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def gpu_ranks(self) -> int: ...
+
+    @property
+    def last_error(self) -> str: ...
+
+    def async_error(self) -> int:
+        """The first asynchronous failure's status (0 when none)."""
+
+    def host_id(self, rank: int) -> str: ...
+
+    def bootstrap_barrier(self) -> None:
+        """Host barrier over the bootstrap's TCP mesh (collective, blocking)."""
+
+    def bootstrap_allgather(self, data: bytes) -> list:
+        """Gathers equally sized bytes from every rank (collective)."""
+
+    def bootstrap_broadcast(self, data: bytes, root: int) -> bytes:
+        """Root's bytes to every rank (collective)."""
+
+    def allreduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None: ...
+
+    def allgather(self, sendbuf: int, recvbuf: int, sendcount: int, datatype: int, stream: int) -> None: ...
+
+    def reduce_scatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int, stream: int) -> None: ...
+
+    def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int, stream: int) -> None: ...
+
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None: ...
+
+    def alltoall(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None: ...
+
+    def alltoallv(self, sendbuf: int, sendcounts: Sequence[int], sdispls: Sequence[int], recvbuf: int, recvcounts: Sequence[int], rdispls: Sequence[int], datatype: int, stream: int) -> None: ...
+
+    def send(self, buf: int, count: int, datatype: int, peer: int, stream: int) -> None: ...
+
+    def recv(self, buf: int, count: int, datatype: int, peer: int, stream: int) -> None: ...
+
+    def register(self, address: int, bytes: int) -> Mem: ...
+
+    def alloc_dlpack(self, shape: Sequence[int], code: int, bits: int) -> object:
+        """
+        maco_mem_alloc memory as an unconsumed DLPack capsule (freed by its consumer).
+        """
+
+    def algorithm(self, collective: int, count: int, datatype: int) -> str: ...
+
+    def set_algorithm(self, collective: int, name: str | None) -> None: ...
+
+    def stats(self) -> tuple[int, int]:
+        """
+        (in-place launches, scratch launches) of the mesh kernels; synchronises the device.
+        """

@@ -1,0 +1,592 @@
+"""MACO as a torch.distributed backend.
+
+``import maco.torch`` registers the backend ``"maco"``::
+
+    import torch.distributed as dist
+    import maco.torch  # noqa: F401
+    dist.init_process_group("maco")      # or "cuda:maco"; torchrun's variables as usual
+    dist.all_reduce(x)                   # x on CUDA: MACO; on CPU: Gloo
+
+The process group runs CUDA tensors' all_reduce, all_gather(_into_tensor), reduce_scatter
+(_tensor), broadcast, reduce, all_to_all(_single), send/recv and barrier on MACO, and hands
+CPU tensors to a Gloo process group it creates beside it. Work runs on one internal CUDA
+stream per group, ordered after the caller's current stream; ``work.wait()`` makes the
+caller's current stream wait for it (as NCCL's process group does), so ``async_op=True``
+overlaps communication with later compute.
+
+:func:`patch_torch_distributed` instead keeps an existing process group (e.g. NCCL) and
+routes the ``torch.distributed`` functions' CUDA calls through MACO, with no other change to
+the program.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
+
+from ._comm import Communicator, unique_id
+from ._errors import MacoError
+from ._types import to_maco_op
+
+__all__ = ["ProcessGroupMaco", "MacoWork", "patch_torch_distributed",
+           "unpatch_torch_distributed", "BACKEND_NAME"]
+
+BACKEND_NAME = "maco"
+
+
+class MacoWork(dist.Work):
+    """The handle of one MACO operation of a :class:`ProcessGroupMaco`.
+
+    ``wait()`` makes the caller's current CUDA stream wait for the operation (it does not
+    block the host) and raises MACO's asynchronous error if one was reported;
+    ``synchronize()`` blocks the host until it is done; ``is_completed()`` polls.
+    """
+
+    def __init__(self, outputs: list, event: Optional[torch.cuda.Event], comm: Communicator,
+                 device: Optional[torch.device]):
+        super().__init__()
+        self._outputs = outputs
+        self._event = event
+        self._comm = comm
+        self._device = device
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        if self._event is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+        self._comm.check_async_error()
+        return True
+
+    def block_current_stream(self) -> None:
+        if self._event is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._event)
+
+    def synchronize(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+        self._comm.check_async_error()
+
+    def is_completed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._comm._c.async_error() == 0
+
+    def exception(self) -> Any:
+        try:
+            self._comm.check_async_error()
+        except MacoError as e:
+            return e
+        return None
+
+    def result(self) -> list:
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        devices = [self._device] if self._device is not None else []
+        fut = torch.futures.Future(devices=devices)
+        fut.set_result(self._outputs)
+        return fut
+
+
+class ProcessGroupMaco(dist.ProcessGroup):
+    """A torch.distributed process group whose CUDA collectives run on MACO.
+
+    Created by ``init_process_group("maco")`` (through :func:`_create`), or over an existing
+    group by :func:`patch_torch_distributed`. CPU tensors go to ``fallback`` (a Gloo group
+    made beside it when created by init_process_group), else raise TypeError.
+    """
+
+    def __init__(self, rank: int, size: int, comm: Communicator,
+                 fallback: Optional[dist.ProcessGroup] = None):
+        super().__init__(rank, size)
+        self.comm = comm
+        self._fallback = fallback
+        self._streams: dict = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ plumbing
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        s = self._streams.get(device.index)
+        if s is None:
+            s = torch.cuda.Stream(device=device)
+            self._streams[device.index] = s
+        return s
+
+    def _cpu(self, tensors: list) -> bool:
+        kinds = {t.is_cuda for t in tensors}
+        if kinds == {True}:
+            return False
+        if kinds == {False}:
+            if self._fallback is None:
+                raise TypeError("maco process group: CPU tensors need a CPU backend "
+                                "(init_process_group('maco') makes a Gloo one)")
+            return True
+        raise TypeError("maco process group: a call mixes CPU and CUDA tensors")
+
+    def _launch(self, tensors: list, outputs: list, fn: Callable[[Any], None]) -> MacoWork:
+        """Runs fn(stream) on the group's stream after the current stream's work."""
+        device = tensors[0].device
+        s = self._stream(device)
+        s.wait_stream(torch.cuda.current_stream(device))
+        fn(s)
+        for t in tensors:
+            t.record_stream(s)
+        ev = torch.cuda.Event()
+        ev.record(s)
+        return MacoWork(outputs, ev, self.comm, device)
+
+    # ------------------------------------------------------------ collectives
+
+    def allreduce(self, tensors, opts=None):
+        if not isinstance(tensors, list):
+            tensors = [tensors]
+        opts = opts if isinstance(opts, _c10d.AllreduceOptions) else _allreduce_opts(opts)
+        if self._cpu(tensors):
+            return self._fallback.allreduce(tensors, opts)
+        op = to_maco_op(opts.reduceOp)
+
+        def run(s):
+            for t in tensors:
+                self.comm.allreduce(t, op=op, stream=s)
+        return self._launch(tensors, tensors, run)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceCoalescedOptions()
+        if self._cpu(tensors):
+            return self._fallback.allreduce_coalesced(tensors, opts)
+        op = to_maco_op(opts.reduceOp)
+
+        def run(s):
+            for t in tensors:
+                self.comm.allreduce(t, op=op, stream=s)
+        return self._launch(tensors, tensors, run)
+
+    def broadcast(self, tensors, opts=None):
+        if not isinstance(tensors, list):
+            tensors = [tensors]
+        opts = opts or _c10d.BroadcastOptions()
+        if self._cpu(tensors):
+            return self._fallback.broadcast(tensors, opts)
+
+        def run(s):
+            for t in tensors:
+                self.comm.broadcast(t, opts.rootRank, stream=s)
+        return self._launch(tensors, tensors, run)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or _c10d.ReduceOptions()
+        if self._cpu(tensors):
+            return self._fallback.reduce(tensors, opts)
+        op = to_maco_op(opts.reduceOp)
+
+        def run(s):
+            for t in tensors:
+                self.comm.reduce(t, opts.rootRank, op=op, stream=s)
+        return self._launch(tensors, tensors, run)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's name
+        opts = opts or _c10d.AllgatherOptions()
+        if self._cpu([output, input]):
+            return self._fallback._allgather_base(output, input, opts)
+        return self._launch([output, input], [output],
+                            lambda s: self.comm.allgather(input, output, stream=s))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        flat_in = list(input_tensors)
+        flat_out = [t for lst in output_tensors for t in lst]
+        if self._cpu(flat_in + flat_out):
+            return self._fallback.allgather(output_tensors, input_tensors, opts)
+        staged = []
+
+        def run(s):
+            for outs, inp in zip(output_tensors, input_tensors):
+                if len(outs) != self.size():
+                    raise ValueError(f"tensor_list: {len(outs)} tensors; the group has "
+                                     f"{self.size()} ranks")
+                with torch.cuda.stream(s):
+                    buf = torch.empty((self.size(), *inp.shape), dtype=inp.dtype,
+                                      device=inp.device)
+                    self.comm.allgather(inp, buf, stream=s)
+                    for r, o in enumerate(outs):
+                        o.copy_(buf[r].view_as(o))
+                staged.append(buf)
+        return self._launch(flat_in + flat_out, output_tensors, run)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or _c10d.AllgatherOptions()
+        if self._cpu(list(outputs) + list(inputs)):
+            return self._fallback.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+        def run(s):
+            for o, i in zip(outputs, inputs):
+                self.comm.allgather(i, o, stream=s)
+        return self._launch(list(outputs) + list(inputs), list(outputs), run)
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        opts = opts or _c10d.ReduceScatterOptions()
+        if self._cpu([output, input]):
+            return self._fallback._reduce_scatter_base(output, input, opts)
+        op = to_maco_op(opts.reduceOp)
+        return self._launch([output, input], [output],
+                            lambda s: self.comm.reduce_scatter(input, output, op=op, stream=s))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        flat_in = [t for lst in input_tensors for t in lst]
+        if self._cpu(list(output_tensors) + flat_in):
+            return self._fallback.reduce_scatter(output_tensors, input_tensors, opts)
+        op = to_maco_op(opts.reduceOp)
+
+        def run(s):
+            for out, ins in zip(output_tensors, input_tensors):
+                if len(ins) != self.size():
+                    raise ValueError(f"input_list: {len(ins)} tensors; the group has "
+                                     f"{self.size()} ranks")
+                with torch.cuda.stream(s):
+                    buf = torch.cat([t.reshape(-1) for t in ins])
+                self.comm.reduce_scatter(buf, out, op=op, stream=s)
+        return self._launch(list(output_tensors) + flat_in, list(output_tensors), run)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        if self._cpu(list(outputs) + list(inputs)):
+            return self._fallback.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+        op = to_maco_op(opts.reduceOp)
+
+        def run(s):
+            for o, i in zip(outputs, inputs):
+                self.comm.reduce_scatter(i, o, op=op, stream=s)
+        return self._launch(list(outputs) + list(inputs), list(outputs), run)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                      opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        if self._cpu([output, input]):
+            return self._fallback.alltoall_base(output, input, output_split_sizes,
+                                                input_split_sizes, opts)
+        ins = list(input_split_sizes) or None
+        outs = list(output_split_sizes) or None
+        if ins is not None and outs is None:
+            outs = [output.shape[0] // self.size()] * self.size()
+        if outs is not None and ins is None:
+            ins = [input.shape[0] // self.size()] * self.size()
+        return self._launch([output, input], [output], lambda s: self.comm.all_to_all(
+            input, output, in_splits=ins, out_splits=outs, stream=s))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        if self._cpu(list(output_tensors) + list(input_tensors)):
+            return self._fallback.alltoall(output_tensors, input_tensors, opts)
+        n = self.size()
+        if len(input_tensors) != n or len(output_tensors) != n:
+            raise ValueError(f"all_to_all: lists of {n} tensors are needed")
+
+        def run(s):
+            with torch.cuda.stream(s):
+                flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+                flat_out = torch.empty(sum(t.numel() for t in output_tensors),
+                                       dtype=output_tensors[0].dtype,
+                                       device=output_tensors[0].device)
+            self.comm.all_to_all(flat_in, flat_out,
+                                 in_splits=[t.numel() for t in input_tensors],
+                                 out_splits=[t.numel() for t in output_tensors], stream=s)
+            with torch.cuda.stream(s):
+                at = 0
+                for t in output_tensors:
+                    t.copy_(flat_out[at:at + t.numel()].view_as(t))
+                    at += t.numel()
+        return self._launch(list(output_tensors) + list(input_tensors), list(output_tensors), run)
+
+    def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's names
+        if self._cpu(tensors):
+            return self._fallback.send(tensors, dstRank, tag)
+
+        def run(s):
+            for t in tensors:
+                self.comm.send(t, dstRank, stream=s)
+        return self._launch(tensors, [], run)
+
+    def recv(self, tensors, srcRank, tag=0):  # noqa: N803
+        if self._cpu(tensors):
+            return self._fallback.recv(tensors, srcRank, tag)
+
+        def run(s):
+            for t in tensors:
+                self.comm.recv(t, srcRank, stream=s)
+        return self._launch(tensors, tensors, run)
+
+    def barrier(self, opts=None):
+        """Waits for this rank's MACO work, then for every rank (host-side)."""
+        for s in list(self._streams.values()):
+            s.synchronize()
+        self.comm.barrier()
+        return MacoWork([], None, self.comm, None)
+
+    def shutdown(self) -> None:
+        self.comm.close()
+
+    def abort(self) -> None:
+        self.comm.close()
+
+
+def _allreduce_opts(op: Any) -> _c10d.AllreduceOptions:
+    o = _c10d.AllreduceOptions()
+    if op is not None:
+        o.reduceOp = op
+    return o
+
+
+def _device() -> Any:
+    if torch.cuda.is_available():
+        return torch.cuda.current_device()
+    return None
+
+
+def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupMaco:
+    """init_process_group's constructor for "maco": the unique id travels through the
+    group's store; a Gloo group beside it takes CPU tensors."""
+    key = "maco/unique_id"
+    if rank == 0:
+        store.set(key, unique_id())
+    uid = bytes(store.get(key))
+    comm = Communicator(uid, rank, size, device=_device(), timeout=timeout.total_seconds())
+    fallback = None
+    if dist.is_gloo_available():
+        fallback = dist.ProcessGroupGloo(dist.PrefixStore("maco_gloo/", store), rank, size,
+                                         timeout)
+    return ProcessGroupMaco(rank, size, comm, fallback)
+
+
+def _register() -> None:
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+
+
+_register()
+
+
+# ------------------------------------------------------------------ patching
+
+_originals: dict = {}
+_patched_groups: dict = {}
+_patch_lock = threading.Lock()
+
+
+def _group_key(group: Any) -> str:
+    from ._comm import _pg_name
+
+    return _pg_name(group)
+
+
+def _maco_pg(group: Any) -> Optional[ProcessGroupMaco]:
+    """The MACO process group shadowing ``group`` (made at its first patched call:
+    collective over the group), or None when the call must go to the original."""
+    pg = group if group is not None else dist.group.WORLD
+    if isinstance(pg, ProcessGroupMaco):
+        return None
+    key = _group_key(pg)
+    with _patch_lock:
+        m = _patched_groups.get(key)
+        if m is None:
+            comm = Communicator.from_process_group(pg)
+            m = ProcessGroupMaco(dist.get_rank(pg), dist.get_world_size(pg), comm)
+            _patched_groups[key] = m
+    return m
+
+
+def _eligible(*tensors: Any) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.is_cuda and t.is_contiguous()
+               for t in tensors)
+
+
+def _finish(work: MacoWork, async_op: bool) -> Any:
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _group_rank(group: Any, global_rank: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return global_rank
+    return dist.get_group_rank(group, global_rank)
+
+
+def _wrap(name: str, route: Callable) -> None:
+    orig = getattr(dist, name)
+    _originals[name] = orig
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        try:
+            return route(orig, *args, **kwargs)
+        except _Fallback:
+            return orig(*args, **kwargs)
+
+    wrapper.__maco_patched__ = True
+    setattr(dist, name, wrapper)
+    setattr(dist.distributed_c10d, name, wrapper)
+
+
+class _Fallback(Exception):
+    """The call is not one MACO takes: run torch's own."""
+
+
+def _pg_or_fallback(group: Any, *tensors: Any) -> ProcessGroupMaco:
+    if not _eligible(*tensors):
+        raise _Fallback()
+    if group is not None and dist.distributed_c10d._rank_not_in_group(group):
+        raise _Fallback()
+    m = _maco_pg(group)
+    if m is None:
+        raise _Fallback()
+    return m
+
+
+def _op_or_fallback(op: Any) -> Any:
+    try:
+        return to_maco_op(op)
+    except ValueError:
+        raise _Fallback() from None
+
+
+def _r_all_reduce(orig, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    m = _pg_or_fallback(group, tensor)
+    o = _op_or_fallback(op)
+    w = m._launch([tensor], [tensor], lambda s: m.comm.allreduce(tensor, op=o, stream=s))
+    return _finish(w, async_op)
+
+
+def _r_all_gather_into_tensor(orig, output_tensor, input_tensor, group=None, async_op=False):
+    m = _pg_or_fallback(group, output_tensor, input_tensor)
+    return _finish(m._allgather_base(output_tensor, input_tensor), async_op)
+
+
+def _r_all_gather(orig, tensor_list, tensor, group=None, async_op=False):
+    m = _pg_or_fallback(group, tensor, *tensor_list)
+    return _finish(m.allgather([tensor_list], [tensor]), async_op)
+
+
+def _r_reduce_scatter_tensor(orig, output, input, op=dist.ReduceOp.SUM, group=None,  # noqa: A002
+                             async_op=False):
+    m = _pg_or_fallback(group, output, input)
+    o = _op_or_fallback(op)
+    w = m._launch([output, input], [output],
+                  lambda s: m.comm.reduce_scatter(input, output, op=o, stream=s))
+    return _finish(w, async_op)
+
+
+def _r_reduce_scatter(orig, output, input_list, op=dist.ReduceOp.SUM, group=None,
+                      async_op=False):
+    m = _pg_or_fallback(group, output, *input_list)
+    opts = _c10d.ReduceScatterOptions()
+    _op_or_fallback(op)
+    opts.reduceOp = op
+    return _finish(m.reduce_scatter([output], [input_list], opts), async_op)
+
+
+def _r_broadcast(orig, tensor, src=None, group=None, async_op=False, group_src=None):
+    m = _pg_or_fallback(group, tensor)
+    root = group_src if group_src is not None else _group_rank(group, src or 0)
+    w = m._launch([tensor], [tensor], lambda s: m.comm.broadcast(tensor, root, stream=s))
+    return _finish(w, async_op)
+
+
+def _r_reduce(orig, tensor, dst=None, op=dist.ReduceOp.SUM, group=None, async_op=False,
+              group_dst=None):
+    m = _pg_or_fallback(group, tensor)
+    o = _op_or_fallback(op)
+    root = group_dst if group_dst is not None else _group_rank(group, dst or 0)
+    w = m._launch([tensor], [tensor], lambda s: m.comm.reduce(tensor, root, op=o, stream=s))
+    return _finish(w, async_op)
+
+
+def _r_all_to_all_single(orig, output, input, output_split_sizes=None,  # noqa: A002
+                         input_split_sizes=None, group=None, async_op=False):
+    m = _pg_or_fallback(group, output, input)
+    return _finish(m.alltoall_base(output, input, output_split_sizes or [],
+                                   input_split_sizes or []), async_op)
+
+
+def _r_all_to_all(orig, output_tensor_list, input_tensor_list, group=None, async_op=False):
+    m = _pg_or_fallback(group, *output_tensor_list, *input_tensor_list)
+    return _finish(m.alltoall(output_tensor_list, input_tensor_list), async_op)
+
+
+def _r_barrier(orig, group=None, async_op=False, device_ids=None):
+    if group is not None and dist.distributed_c10d._rank_not_in_group(group):
+        raise _Fallback()
+    m = _maco_pg(group)
+    if m is None:
+        raise _Fallback()
+    if torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
+    return _finish(m.barrier(), async_op)
+
+
+_ROUTES = {
+    "all_reduce": _r_all_reduce,
+    "all_gather_into_tensor": _r_all_gather_into_tensor,
+    "all_gather": _r_all_gather,
+    "reduce_scatter_tensor": _r_reduce_scatter_tensor,
+    "reduce_scatter": _r_reduce_scatter,
+    "broadcast": _r_broadcast,
+    "reduce": _r_reduce,
+    "all_to_all_single": _r_all_to_all_single,
+    "all_to_all": _r_all_to_all,
+    "barrier": _r_barrier,
+}
+
+
+def patch_torch_distributed() -> None:
+    """Routes ``torch.distributed``'s collectives on CUDA tensors through MACO, for every
+    process group already made or made later (NCCL's included), with no other change to
+    the program.
+
+    Patched: all_reduce, all_gather, all_gather_into_tensor, reduce_scatter,
+    reduce_scatter_tensor, broadcast, reduce, all_to_all, all_to_all_single, barrier
+    (``torch.distributed.X`` and ``torch.distributed.distributed_c10d.X``). A call takes
+    MACO when its tensors are contiguous CUDA tensors and its op is SUM, PRODUCT, MIN, MAX
+    or AVG; anything else (CPU tensors, other ops, non-members) runs torch's own function.
+    Each group gets a MACO communicator at its first patched call (collective over the
+    group; the unique id travels through torch's store). ``async_op=True`` returns a
+    :class:`MacoWork`.
+
+    Not patched: code that bound the functions before this call
+    (``from torch.distributed import all_reduce``), and callers of the process group's
+    C++ API (DDP's reducer, FSDP, functional collectives): use
+    ``init_process_group("maco")`` for those. send/recv stay torch's.
+    Idempotent; not thread-safe with concurrent collectives.
+    """
+    if _originals:
+        return
+    for name, route in _ROUTES.items():
+        _wrap(name, route)
+
+
+def unpatch_torch_distributed() -> None:
+    """Restores torch's functions; the MACO communicators made for groups are closed."""
+    for name, orig in _originals.items():
+        setattr(dist, name, orig)
+        setattr(dist.distributed_c10d, name, orig)
+    _originals.clear()
+    with _patch_lock:
+        for m in _patched_groups.values():
+            m.comm.close()
+        _patched_groups.clear()

@@ -1,0 +1,754 @@
+/*
+ * maco_ext.cpp - the extension module maco._maco: a thin layer over MACO's public C API.
+ *
+ * Buffers and streams cross this layer as integers (device addresses, cudaStream_t values);
+ * the pure-Python package (maco/_tensor.py) turns tensors into them. Every call that can block
+ * or launch work releases the GIL. A failing MACO call raises the package's exception for its
+ * status (maco/_errors.py) with the message MACO logged for it on this thread, else the
+ * communicator's first error, else the status text.
+ */
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <maco/maco.h>
+
+namespace nb = nanobind;
+
+namespace
+{
+
+/* ------------------------------------------------------------------ errors */
+
+/* The first ERROR line MACO logs on this thread while a call of this module runs. */
+thread_local std::string tl_error_line;
+thread_local bool tl_capturing = false;
+
+void log_handler(maco_log_level_t level, const char *line, void *)
+{
+    if (level != MACO_LOG_ERROR || !tl_capturing || !tl_error_line.empty() || line == nullptr)
+        return;
+    tl_error_line = line;
+}
+
+/* "host:pid:tid [rank] ERROR subsys: text (status)\n" -> "text (status)". */
+std::string strip_log_prefix(const std::string &line)
+{
+    std::string text = line;
+    size_t at = text.find("] ERROR ");
+    if (at != std::string::npos) {
+        size_t colon = text.find(": ", at);
+        if (colon != std::string::npos)
+            text = text.substr(colon + 2);
+    }
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r'))
+        text.pop_back();
+    return text;
+}
+
+struct StatusError {
+    int status;
+    std::string message;
+};
+
+class Capture
+{
+  public:
+    Capture()
+    {
+        tl_error_line.clear();
+        tl_capturing = true;
+    }
+    ~Capture()
+    {
+        tl_capturing = false;
+    }
+    Capture(const Capture &) = delete;
+    Capture &operator=(const Capture &) = delete;
+};
+
+[[noreturn]] void raise_status(maco_status_t st, maco_comm_t comm, const char *call)
+{
+    std::string msg = strip_log_prefix(tl_error_line);
+    if (msg.empty() && comm != nullptr)
+        msg = maco_comm_get_last_error(comm);
+    if (msg.empty())
+        msg = std::string(call) + ": " + maco_status_string(st);
+    throw StatusError{ static_cast<int>(st), msg };
+}
+
+/* Runs f() (a MACO call) without the GIL and raises on a failed status. */
+template <class F> void checked(const char *call, maco_comm_t comm, F &&f)
+{
+    Capture capture;
+    maco_status_t st;
+    {
+        nb::gil_scoped_release release;
+        st = f();
+    }
+    if (st != MACO_OK)
+        raise_status(st, comm, call);
+}
+
+/* ------------------------------------------------------------------ communicator state */
+
+/* Owns a communicator and, when this module created it, its bootstrap. Shared by the Comm
+ * object, its registrations and the memory of maco.empty(), so the communicator outlives
+ * every buffer and registration made with it. */
+struct CommState {
+    maco_comm_t comm = nullptr;
+    maco_bootstrap_t bs = nullptr; /* owned; NULL when the communicator owns its bootstrap */
+
+    CommState() = default;
+    CommState(const CommState &) = delete;
+    CommState &operator=(const CommState &) = delete;
+    /* Runs where the last owner lets go: Comm.close() (without the GIL), or the garbage
+     * collection of the Comm, a registration or a maco.empty tensor. Touches no Python. */
+    ~CommState()
+    {
+        if (comm != nullptr)
+            maco_comm_destroy(comm);
+        if (bs != nullptr)
+            maco_bootstrap_destroy(bs);
+    }
+};
+
+class Comm
+{
+  public:
+    explicit Comm(std::shared_ptr<CommState> s) : st(std::move(s)) {}
+
+    maco_comm_t get() const
+    {
+        if (!st || st->comm == nullptr)
+            throw StatusError{ MACO_ERR_INVALID_USAGE, "the communicator is closed" };
+        return st->comm;
+    }
+
+    int query(maco_status_t (*fn)(maco_comm_t, int *), const char *name) const
+    {
+        int v = 0;
+        maco_comm_t c = get();
+        Capture capture;
+        maco_status_t s = fn(c, &v);
+        if (s != MACO_OK)
+            raise_status(s, c, name);
+        return v;
+    }
+
+    /* maco_comm_destroy waits for the device (bounded): not while holding the GIL. */
+    void close()
+    {
+        std::shared_ptr<CommState> last = std::move(st);
+        nb::gil_scoped_release release;
+        last.reset();
+    }
+
+    bool closed() const
+    {
+        return !st;
+    }
+
+    std::shared_ptr<CommState> st;
+};
+
+Comm comm_from_unique_id(nb::bytes id, int rank, int nranks, int device, int timeout_ms)
+{
+    if (id.size() != MACO_UNIQUE_ID_BYTES)
+        throw nb::value_error(("unique_id: expected " + std::to_string(MACO_UNIQUE_ID_BYTES) +
+                               " bytes, got " + std::to_string(id.size()))
+                                  .c_str());
+    maco_unique_id_t uid;
+    std::memcpy(uid.bytes, id.c_str(), MACO_UNIQUE_ID_BYTES);
+    auto state = std::make_shared<CommState>();
+    checked("maco_bootstrap_create", nullptr,
+            [&] { return maco_bootstrap_create(&uid, rank, nranks, timeout_ms, &state->bs); });
+    checked("maco_comm_create", nullptr,
+            [&] { return maco_comm_create(state->bs, device, &state->comm); });
+    return Comm(state);
+}
+
+Comm comm_from_env(int device)
+{
+    auto state = std::make_shared<CommState>();
+    if (device < 0) {
+        checked("maco_comm_init_from_env", nullptr,
+                [&] { return maco_comm_init_from_env(&state->comm); });
+    } else {
+        checked("maco_bootstrap_create_from_env", nullptr,
+                [&] { return maco_bootstrap_create_from_env(&state->bs); });
+        checked("maco_comm_create", nullptr,
+                [&] { return maco_comm_create(state->bs, device, &state->comm); });
+    }
+    return Comm(state);
+}
+
+nb::bytes unique_id_create()
+{
+    maco_unique_id_t uid;
+    checked("maco_unique_id_create", nullptr, [&] { return maco_unique_id_create(&uid); });
+    return nb::bytes(reinterpret_cast<const char *>(uid.bytes), MACO_UNIQUE_ID_BYTES);
+}
+
+maco_bootstrap_t comm_bootstrap(const Comm &c)
+{
+    maco_bootstrap_t bs = nullptr;
+    maco_comm_t comm = c.get();
+    Capture capture;
+    maco_status_t s = maco_comm_get_bootstrap(comm, &bs);
+    if (s != MACO_OK)
+        raise_status(s, comm, "maco_comm_get_bootstrap");
+    return bs;
+}
+
+/* ------------------------------------------------------------------ pointers */
+
+void *ptr(uintptr_t p)
+{
+    return reinterpret_cast<void *>(p);
+}
+
+maco_stream_t stream_of(uintptr_t s)
+{
+    return reinterpret_cast<maco_stream_t>(s);
+}
+
+maco_datatype_t dtype_of(int d)
+{
+    if (d < 0 || d >= MACO_DATATYPE_COUNT)
+        throw nb::value_error(
+            ("datatype: " + std::to_string(d) + " is not a MACO datatype").c_str());
+    return static_cast<maco_datatype_t>(d);
+}
+
+maco_redop_t op_of(int o)
+{
+    if (o < 0 || o >= MACO_REDOP_COUNT)
+        throw nb::value_error(("op: " + std::to_string(o) + " is not a MACO reduction").c_str());
+    return static_cast<maco_redop_t>(o);
+}
+
+/* ------------------------------------------------------------------ registrations */
+
+class Mem
+{
+  public:
+    Mem(std::shared_ptr<CommState> s, maco_mem_t m, uintptr_t p, size_t n)
+        : st(std::move(s)), mem(m), address(p), bytes(n)
+    {
+    }
+    Mem(const Mem &) = delete;
+    Mem &operator=(const Mem &) = delete;
+    ~Mem()
+    {
+        release();
+    }
+
+    void deregister()
+    {
+        if (mem == nullptr)
+            return;
+        maco_comm_t comm = st ? st->comm : nullptr;
+        maco_mem_t m = mem;
+        mem = nullptr;
+        checked("maco_mem_deregister", comm, [&] { return maco_mem_deregister(m); });
+        st.reset();
+    }
+
+    void release() noexcept
+    {
+        if (mem != nullptr) {
+            maco_mem_deregister(mem);
+            mem = nullptr;
+        }
+        st.reset();
+    }
+
+    std::shared_ptr<CommState> st;
+    maco_mem_t mem;
+    uintptr_t address;
+    size_t bytes;
+};
+
+/* ------------------------------------------------------------------ DLPack */
+
+/* The DLPack ABI (https://dmlc.github.io/dlpack/latest/c_api.html), declared here so the
+ * module needs no DLPack header. Layouts are fixed by the specification. */
+struct DLDeviceAbi {
+    int32_t device_type;
+    int32_t device_id;
+};
+struct DLDataTypeAbi {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+};
+struct DLTensorAbi {
+    void *data;
+    DLDeviceAbi device;
+    int32_t ndim;
+    DLDataTypeAbi dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+};
+struct DLManagedTensorAbi {
+    DLTensorAbi dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(DLManagedTensorAbi *self);
+};
+struct DLPackVersionAbi {
+    uint32_t major;
+    uint32_t minor;
+};
+struct DLManagedTensorVersionedAbi {
+    DLPackVersionAbi version;
+    void *manager_ctx;
+    void (*deleter)(DLManagedTensorVersionedAbi *self);
+    uint64_t flags;
+    DLTensorAbi dl_tensor;
+};
+constexpr uint64_t kDLFlagReadOnly = 1;
+constexpr int32_t kDLCUDA = 2;
+
+/* Describes the tensor of a DLPack capsule without consuming it (the producer's capsule
+ * destructor frees it as usual): (address, shape, strides or None, type code, bits, lanes,
+ * device type, device id, read-only). */
+nb::tuple dlpack_describe(nb::handle capsule)
+{
+    PyObject *cap = capsule.ptr();
+    if (!PyCapsule_CheckExact(cap))
+        throw nb::type_error("dlpack_describe: expected a DLPack capsule");
+    const char *name = PyCapsule_GetName(cap);
+    const DLTensorAbi *t = nullptr;
+    bool readonly = false;
+    if (name != nullptr && std::strcmp(name, "dltensor") == 0) {
+        auto *m = static_cast<DLManagedTensorAbi *>(PyCapsule_GetPointer(cap, name));
+        if (m == nullptr)
+            throw nb::python_error();
+        t = &m->dl_tensor;
+    } else if (name != nullptr && std::strcmp(name, "dltensor_versioned") == 0) {
+        auto *m = static_cast<DLManagedTensorVersionedAbi *>(PyCapsule_GetPointer(cap, name));
+        if (m == nullptr)
+            throw nb::python_error();
+        if (m->version.major != 1)
+            throw nb::type_error(("DLPack major version " + std::to_string(m->version.major) +
+                                  " is not supported (1 is)")
+                                     .c_str());
+        t = &m->dl_tensor;
+        readonly = (m->flags & kDLFlagReadOnly) != 0;
+    } else {
+        throw nb::type_error("dlpack_describe: the capsule is not an unconsumed DLPack tensor");
+    }
+    nb::list shape, strides;
+    for (int32_t i = 0; i < t->ndim; ++i) {
+        shape.append(t->shape[i]);
+        if (t->strides != nullptr)
+            strides.append(t->strides[i]);
+    }
+    uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    nb::object strides_obj = t->strides != nullptr ? nb::object(nb::tuple(strides)) : nb::none();
+    return nb::make_tuple(address, nb::tuple(shape), strides_obj, (int)t->dtype.code,
+                          (int)t->dtype.bits, (int)t->dtype.lanes, (int)t->device.device_type,
+                          (int)t->device.device_id, readonly);
+}
+
+/* Memory from maco_mem_alloc exported as a DLPack tensor; freed when its consumer lets go. */
+struct AllocHolder {
+    DLManagedTensorAbi managed;
+    std::vector<int64_t> shape;
+    std::shared_ptr<CommState> st;
+    void *address;
+};
+
+void alloc_deleter(DLManagedTensorAbi *m)
+{
+    auto *h = static_cast<AllocHolder *>(m->manager_ctx);
+    if (h->st && h->st->comm != nullptr)
+        maco_mem_free(h->st->comm, h->address);
+    delete h; /* may destroy the communicator when it was the last user */
+}
+
+void alloc_capsule_destructor(PyObject *cap)
+{
+    /* A consumer renames the capsule "used_dltensor" and owns the tensor from then on. */
+    const char *name = PyCapsule_GetName(cap);
+    if (name == nullptr || std::strcmp(name, "dltensor") != 0)
+        return;
+    auto *m = static_cast<DLManagedTensorAbi *>(PyCapsule_GetPointer(cap, "dltensor"));
+    if (m != nullptr && m->deleter != nullptr)
+        m->deleter(m);
+}
+
+nb::object alloc_dlpack(const Comm &c, std::vector<int64_t> shape, int code, int bits)
+{
+    maco_comm_t comm = c.get();
+    if (bits <= 0 || bits % 8 != 0)
+        throw nb::value_error("alloc: bits must be a positive multiple of 8");
+    size_t n = 1;
+    for (int64_t d : shape) {
+        if (d < 0)
+            throw nb::value_error("alloc: shape has a negative dimension");
+        if (d != 0 && n > SIZE_MAX / (size_t)d)
+            throw nb::value_error("alloc: the shape's element count overflows");
+        n *= (size_t)d;
+    }
+    size_t bytes = n * (size_t)(bits / 8);
+    int device = -1;
+    maco_comm_get_cuda_device(comm, &device);
+    void *address = nullptr;
+    /* maco_mem_alloc rejects 0 bytes; an empty tensor still gets one granule. */
+    checked("maco_mem_alloc", comm,
+            [&] { return maco_mem_alloc(comm, bytes == 0 ? 1 : bytes, &address); });
+    auto *h = new AllocHolder();
+    h->shape = std::move(shape);
+    h->st = c.st;
+    h->address = address;
+    h->managed.dl_tensor.data = address;
+    h->managed.dl_tensor.device = DLDeviceAbi{ kDLCUDA, device };
+    h->managed.dl_tensor.ndim = (int32_t)h->shape.size();
+    h->managed.dl_tensor.dtype = DLDataTypeAbi{ (uint8_t)code, (uint8_t)bits, 1 };
+    h->managed.dl_tensor.shape = h->shape.data();
+    h->managed.dl_tensor.strides = nullptr; /* compact, row-major */
+    h->managed.dl_tensor.byte_offset = 0;
+    h->managed.manager_ctx = h;
+    h->managed.deleter = alloc_deleter;
+    PyObject *cap = PyCapsule_New(&h->managed, "dltensor", alloc_capsule_destructor);
+    if (cap == nullptr) {
+        alloc_deleter(&h->managed);
+        throw nb::python_error();
+    }
+    return nb::steal(cap);
+}
+
+} // namespace
+
+NB_MODULE(_maco, m)
+{
+    m.doc() = "MACO's C API for the maco package (internal: use maco's Python API).";
+
+    maco_log_set_handler(log_handler, nullptr);
+
+    nb::register_exception_translator([](const std::exception_ptr &p, void *) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const StatusError &e) {
+            nb::object errors = nb::module_::import_("maco._errors");
+            nb::object exc = errors.attr("_from_status")(e.status, e.message);
+            PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
+        }
+    });
+
+    m.attr("UNIQUE_ID_BYTES") = MACO_UNIQUE_ID_BYTES;
+    m.attr("DATATYPE_COUNT") = (int)MACO_DATATYPE_COUNT;
+    m.attr("REDOP_COUNT") = (int)MACO_REDOP_COUNT;
+
+    m.def(
+        "version", [] { return std::string(maco_version_string()); },
+        "The C library's version, \"MAJOR.MINOR.PATCH\".");
+    m.def(
+        "status_string", [](int s) { return std::string(maco_status_string((maco_status_t)s)); },
+        nb::arg("status"), "The constant text of a status code.");
+    m.def(
+        "datatype_size", [](int d) { return maco_datatype_size((maco_datatype_t)d); },
+        nb::arg("datatype"), "Bytes per element of a MACO datatype (0 if unknown).");
+    m.def(
+        "datatype_name", [](int d) { return std::string(maco_datatype_name((maco_datatype_t)d)); },
+        nb::arg("datatype"), "Name of a MACO datatype (\"unknown\" if out of range).");
+    m.def(
+        "redop_name", [](int o) { return std::string(maco_redop_name((maco_redop_t)o)); },
+        nb::arg("op"), "Name of a MACO reduction (\"unknown\" if out of range).");
+    m.def(
+        "cuda_device_count",
+        [] {
+            char why[512] = { 0 };
+            int n = maco_cuda_device_count(why, sizeof(why));
+            return std::make_pair(n, std::string(why));
+        },
+        "(number of usable CUDA devices, why there are none or \"\").");
+    m.def("unique_id", &unique_id_create,
+          "A new 128-byte unique id; rank 0 of the job must be created in this process.");
+    m.def(
+        "group_start",
+        [] { checked("maco_group_start", nullptr, [] { return maco_group_start(); }); },
+        "Opens a group on this thread (maco_group_start).");
+    m.def(
+        "group_end", [] { checked("maco_group_end", nullptr, [] { return maco_group_end(); }); },
+        "Closes the group and issues it (maco_group_end); releases the GIL.");
+    m.def("dlpack_describe", &dlpack_describe, nb::arg("capsule"),
+          "(address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) "
+          "of an unconsumed DLPack capsule.");
+    m.def(
+        "config",
+        [] {
+            nb::list out;
+            int n = maco_config_count();
+            for (int i = 0; i < n; ++i) {
+                maco_config_info_t info;
+                if (maco_config_describe(i, &info) != MACO_OK)
+                    continue;
+                out.append(
+                    nb::make_tuple(info.name, info.type, info.default_value, info.unit, info.doc));
+            }
+            return out;
+        },
+        "The configuration table: (name, type, default, unit, doc) for each MACO_* variable.");
+
+    nb::class_<Mem>(m, "Mem", "A registration of a buffer with a communicator (maco_mem_t).")
+        .def_ro("address", &Mem::address)
+        .def_ro("bytes", &Mem::bytes)
+        .def_prop_ro("registered", [](const Mem &x) { return x.mem != nullptr; })
+        .def("deregister", &Mem::deregister, "Ends the registration; idempotent.");
+
+    nb::class_<Comm>(m, "Comm", "A MACO communicator handle (maco_comm_t) and what owns it.")
+        .def_static("from_unique_id", &comm_from_unique_id, nb::arg("unique_id"), nb::arg("rank"),
+                    nb::arg("size"), nb::arg("device") = -1, nb::arg("timeout_ms") = -1,
+                    "Joins the job of `unique_id` and creates a communicator (collective).")
+        .def_static("from_env", &comm_from_env, nb::arg("device") = -1,
+                    "Creates a communicator from MACO_* or torchrun variables (collective).")
+        .def("close", &Comm::close, "Drops this handle's reference to the communicator.")
+        .def_prop_ro("closed", &Comm::closed)
+        .def_prop_ro("handle", [](const Comm &c) { return reinterpret_cast<uintptr_t>(c.get()); })
+        .def_prop_ro("rank", [](const Comm &c) { return c.query(maco_comm_get_rank, "rank"); })
+        .def_prop_ro("size", [](const Comm &c) { return c.query(maco_comm_get_nranks, "size"); })
+        .def_prop_ro("local_rank",
+                     [](const Comm &c) { return c.query(maco_comm_get_local_rank, "local_rank"); })
+        .def_prop_ro(
+            "local_size",
+            [](const Comm &c) { return c.query(maco_comm_get_local_nranks, "local_size"); })
+        .def_prop_ro("node", [](const Comm &c) { return c.query(maco_comm_get_node, "node"); })
+        .def_prop_ro("num_nodes",
+                     [](const Comm &c) { return c.query(maco_comm_get_nnodes, "num_nodes"); })
+        .def_prop_ro("device",
+                     [](const Comm &c) { return c.query(maco_comm_get_cuda_device, "device"); })
+        .def_prop_ro("gpu_ranks",
+                     [](const Comm &c) { return c.query(maco_comm_get_gpu_ranks, "gpu_ranks"); })
+        .def_prop_ro("last_error",
+                     [](const Comm &c) { return std::string(maco_comm_get_last_error(c.get())); })
+        .def(
+            "async_error",
+            [](const Comm &c) {
+                maco_status_t s = MACO_OK;
+                maco_comm_t comm = c.get();
+                Capture capture;
+                maco_status_t r = maco_comm_get_async_error(comm, &s);
+                if (r != MACO_OK)
+                    raise_status(r, comm, "maco_comm_get_async_error");
+                return (int)s;
+            },
+            "The first asynchronous failure's status (0 when none).")
+        .def(
+            "host_id",
+            [](const Comm &c, int rank) {
+                const char *id = nullptr;
+                maco_comm_t comm = c.get();
+                maco_bootstrap_t bs = comm_bootstrap(c);
+                Capture capture;
+                maco_status_t r = maco_bootstrap_get_host_id(bs, rank, &id);
+                if (r != MACO_OK)
+                    raise_status(r, comm, "maco_bootstrap_get_host_id");
+                return std::string(id);
+            },
+            nb::arg("rank"))
+        .def(
+            "bootstrap_barrier",
+            [](const Comm &c) {
+                maco_bootstrap_t bs = comm_bootstrap(c);
+                checked("maco_bootstrap_barrier", c.get(),
+                        [&] { return maco_bootstrap_barrier(bs); });
+            },
+            "Host barrier over the bootstrap's TCP mesh (collective, blocking).")
+        .def(
+            "bootstrap_allgather",
+            [](const Comm &c, nb::bytes data) {
+                maco_bootstrap_t bs = comm_bootstrap(c);
+                int rank = c.query(maco_comm_get_rank, "rank");
+                int n = c.query(maco_comm_get_nranks, "size");
+                size_t each = data.size();
+                std::string buf(each * (size_t)n, '\0');
+                std::memcpy(&buf[each * (size_t)rank], data.c_str(), each);
+                checked("maco_bootstrap_allgather", c.get(),
+                        [&] { return maco_bootstrap_allgather(bs, &buf[0], each); });
+                nb::list out;
+                for (int r = 0; r < n; ++r)
+                    out.append(nb::bytes(buf.data() + each * (size_t)r, each));
+                return out;
+            },
+            nb::arg("data"), "Gathers equally sized bytes from every rank (collective).")
+        .def(
+            "bootstrap_broadcast",
+            [](const Comm &c, nb::bytes data, int root) {
+                maco_bootstrap_t bs = comm_bootstrap(c);
+                uint64_t len = data.size();
+                checked("maco_bootstrap_broadcast", c.get(),
+                        [&] { return maco_bootstrap_broadcast(bs, root, &len, sizeof(len)); });
+                std::string buf(len, '\0');
+                if (c.query(maco_comm_get_rank, "rank") == root)
+                    std::memcpy(&buf[0], data.c_str(), len);
+                checked("maco_bootstrap_broadcast", c.get(), [&] {
+                    return maco_bootstrap_broadcast(bs, root, len ? &buf[0] : nullptr, len);
+                });
+                return nb::bytes(buf.data(), buf.size());
+            },
+            nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).")
+        .def(
+            "allreduce",
+            [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, int o, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                maco_redop_t op = op_of(o);
+                checked("maco_allreduce", comm, [&] {
+                    return maco_allreduce(ptr(s), ptr(r), n, dt, op, comm, stream_of(st));
+                });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("count"), nb::arg("datatype"),
+            nb::arg("op"), nb::arg("stream"))
+        .def(
+            "allgather",
+            [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                checked("maco_allgather", comm,
+                        [&] { return maco_allgather(ptr(s), ptr(r), n, dt, comm, stream_of(st)); });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("sendcount"), nb::arg("datatype"),
+            nb::arg("stream"))
+        .def(
+            "reduce_scatter",
+            [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, int o, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                maco_redop_t op = op_of(o);
+                checked("maco_reduce_scatter", comm, [&] {
+                    return maco_reduce_scatter(ptr(s), ptr(r), n, dt, op, comm, stream_of(st));
+                });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("recvcount"), nb::arg("datatype"),
+            nb::arg("op"), nb::arg("stream"))
+        .def(
+            "broadcast",
+            [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, int root, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                checked("maco_broadcast", comm, [&] {
+                    return maco_broadcast(ptr(s), ptr(r), n, dt, root, comm, stream_of(st));
+                });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("count"), nb::arg("datatype"),
+            nb::arg("root"), nb::arg("stream"))
+        .def(
+            "reduce",
+            [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, int o, int root,
+               uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                maco_redop_t op = op_of(o);
+                checked("maco_reduce", comm, [&] {
+                    return maco_reduce(ptr(s), ptr(r), n, dt, op, root, comm, stream_of(st));
+                });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("count"), nb::arg("datatype"),
+            nb::arg("op"), nb::arg("root"), nb::arg("stream"))
+        .def(
+            "alltoall",
+            [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                checked("maco_alltoall", comm,
+                        [&] { return maco_alltoall(ptr(s), ptr(r), n, dt, comm, stream_of(st)); });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("count"), nb::arg("datatype"),
+            nb::arg("stream"))
+        .def(
+            "alltoallv",
+            [](const Comm &c, uintptr_t s, std::vector<size_t> sc, std::vector<size_t> sd,
+               uintptr_t r, std::vector<size_t> rc, std::vector<size_t> rd, int d, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                size_t n = (size_t)c.query(maco_comm_get_nranks, "size");
+                if (sc.size() != n || sd.size() != n || rc.size() != n || rd.size() != n)
+                    throw nb::value_error("alltoallv: counts and displacements need one entry "
+                                          "per rank");
+                checked("maco_alltoallv", comm, [&] {
+                    return maco_alltoallv(ptr(s), sc.data(), sd.data(), ptr(r), rc.data(),
+                                          rd.data(), dt, comm, stream_of(st));
+                });
+            },
+            nb::arg("sendbuf"), nb::arg("sendcounts"), nb::arg("sdispls"), nb::arg("recvbuf"),
+            nb::arg("recvcounts"), nb::arg("rdispls"), nb::arg("datatype"), nb::arg("stream"))
+        .def(
+            "send",
+            [](const Comm &c, uintptr_t b, size_t n, int d, int peer, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                checked("maco_send", comm,
+                        [&] { return maco_send(ptr(b), n, dt, peer, comm, stream_of(st)); });
+            },
+            nb::arg("buf"), nb::arg("count"), nb::arg("datatype"), nb::arg("peer"),
+            nb::arg("stream"))
+        .def(
+            "recv",
+            [](const Comm &c, uintptr_t b, size_t n, int d, int peer, uintptr_t st) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                checked("maco_recv", comm,
+                        [&] { return maco_recv(ptr(b), n, dt, peer, comm, stream_of(st)); });
+            },
+            nb::arg("buf"), nb::arg("count"), nb::arg("datatype"), nb::arg("peer"),
+            nb::arg("stream"))
+        .def(
+            "register",
+            [](const Comm &c, uintptr_t p, size_t bytes) {
+                maco_comm_t comm = c.get();
+                maco_mem_t mem = nullptr;
+                checked("maco_mem_register", comm,
+                        [&] { return maco_mem_register(comm, ptr(p), bytes, &mem); });
+                return new Mem(c.st, mem, p, bytes);
+            },
+            nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership)
+        .def("alloc_dlpack", &alloc_dlpack, nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
+             "maco_mem_alloc memory as an unconsumed DLPack capsule (freed by its consumer).")
+        .def(
+            "algorithm",
+            [](const Comm &c, int coll, size_t count, int d) {
+                maco_comm_t comm = c.get();
+                maco_datatype_t dt = dtype_of(d);
+                const char *name = nullptr;
+                checked("maco_collective_get_algorithm", comm, [&] {
+                    return maco_collective_get_algorithm(comm, (maco_collective_t)coll, count, dt,
+                                                         &name);
+                });
+                return std::string(name);
+            },
+            nb::arg("collective"), nb::arg("count"), nb::arg("datatype"))
+        .def(
+            "set_algorithm",
+            [](const Comm &c, int coll, std::optional<std::string> name) {
+                maco_comm_t comm = c.get();
+                checked("maco_collective_set_algorithm", comm, [&] {
+                    return maco_collective_set_algorithm(comm, (maco_collective_t)coll,
+                                                         name ? name->c_str() : nullptr);
+                });
+            },
+            nb::arg("collective"), nb::arg("name").none())
+        .def(
+            "stats",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                maco_collective_stats_t s{};
+                checked("maco_collective_get_stats", comm,
+                        [&] { return maco_collective_get_stats(comm, &s); });
+                return std::make_pair(s.inplace_launches, s.scratch_launches);
+            },
+            "(in-place launches, scratch launches) of the mesh kernels; synchronises the device.");
+}

@@ -1,0 +1,194 @@
+"""GPU check of MACO under torch.distributed, one process per rank, started by torchrun:
+
+    torchrun --nproc-per-node 4 tests/python/gpu_torch_backend.py backend
+    torchrun --nproc-per-node 4 tests/python/gpu_torch_backend.py patch
+
+'backend': init_process_group("maco") and every collective through torch.distributed
+(sync and async_op, a CUDA graph capture). 'patch': init_process_group("nccl") and
+maco.patch_torch_distributed(), so the same calls run on MACO without NCCL ever creating a
+communicator (NCCL refuses ranks that share a GPU). Ranks sharing one GPU need MPS: start
+torchrun under `maco-run -n 1 --mps on` (this script ignores maco-run's own MACO_* job
+variables). Fresh random data, outputs poisoned first; prints 'PASS ...'."""
+
+import os
+import sys
+import time
+
+for k in ("MACO_RANK", "MACO_WORLD_SIZE", "MACO_LOCAL_RANK", "MACO_BOOTSTRAP_ADDR",
+          "MACO_BOOTSTRAP_NONCE"):
+    os.environ.pop(k, None)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import maco  # noqa: E402
+import maco.torch as mt  # noqa: E402
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "backend"
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank % torch.cuda.device_count())
+dev = torch.device("cuda", torch.cuda.current_device())
+if mode == "backend":
+    dist.init_process_group("maco")
+    assert isinstance(dist.group.WORLD, mt.ProcessGroupMaco)
+    assert dist.get_backend() == "maco"
+else:
+    dist.init_process_group("nccl")
+    maco.patch_torch_distributed()
+R, N = dist.get_rank(), dist.get_world_size()
+seed = torch.tensor([0], dtype=torch.int64)
+checks = 0
+gen = torch.Generator(device="cpu")
+gen.manual_seed(int.from_bytes(os.urandom(4), "little") if R == 0 else 0)
+
+
+def shared_seed():
+    """One random seed for all ranks (broadcast through the store)."""
+    store = dist.distributed_c10d._get_default_store()
+    if R == 0:
+        store.set("test_seed", str(int(torch.randint(0, 2**31, (1,), generator=gen))))
+    return int(store.get("test_seed"))
+
+
+SEED = shared_seed()
+
+
+def data(rank, n, dtype=torch.float32, salt=0):
+    g = torch.Generator(device="cpu")
+    g.manual_seed(SEED * 1000003 + rank * 7919 + salt * 104729 + n)
+    return torch.randint(-3, 4, (n,), generator=g).to(dtype)
+
+
+failures = []
+
+
+def check(name, got, want):
+    """Records a wrong result and goes on (every rank keeps making the same calls)."""
+    global checks
+    checks += 1
+    got = got.detach().cpu()
+    if got.shape != want.shape:
+        failures.append(f"{name}: shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    elif not torch.equal(got, want.to(got.dtype)):
+        bad = (got.reshape(-1).double() != want.reshape(-1).double()).nonzero()[:5].reshape(-1)
+        failures.append(f"{name}: got {got.reshape(-1)[bad].tolist()} want "
+                        f"{want.reshape(-1)[bad].tolist()} at {bad.tolist()}")
+
+
+def poison(t):
+    t.view(torch.uint8).fill_(0x5A)
+    return t
+
+
+start = time.time()
+for n in (5, 4097, 300001):
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        ins = [data(r, n, dtype, 1) for r in range(N)]
+        total = sum(i.double() for i in ins).to(dtype)
+        # all_reduce, sync and async
+        x = ins[R].to(dev)
+        dist.all_reduce(x)
+        check(f"all_reduce {dtype} {n}", x, total)
+        x = ins[R].to(dev)
+        w = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+        w.wait()
+        check(f"all_reduce max async {dtype} {n}", x, torch.stack(ins).max(0).values)
+        # all_gather_into_tensor and all_gather (list)
+        out = poison(torch.empty(N * n, dtype=dtype, device=dev))
+        dist.all_gather_into_tensor(out, ins[R].to(dev))
+        check(f"all_gather_into_tensor {n}", out, torch.cat(ins))
+        outs = [poison(torch.empty(n, dtype=dtype, device=dev)) for _ in range(N)]
+        dist.all_gather(outs, ins[R].to(dev))
+        check(f"all_gather {n}", torch.stack([o.cpu() for o in outs]), torch.stack(ins))
+        # reduce_scatter_tensor and reduce_scatter (list)
+        rs = [data(r, N * n, dtype, 2) for r in range(N)]
+        rtot = sum(i.double() for i in rs).to(dtype)
+        o = poison(torch.empty(n, dtype=dtype, device=dev))
+        dist.reduce_scatter_tensor(o, rs[R].to(dev))
+        check(f"reduce_scatter_tensor {n}", o, rtot[R * n:(R + 1) * n])
+        o = poison(torch.empty(n, dtype=dtype, device=dev))
+        dist.reduce_scatter(o, list(rs[R].to(dev).chunk(N)))
+        check(f"reduce_scatter {n}", o, rtot[R * n:(R + 1) * n])
+        # broadcast and reduce
+        b = ins[R].to(dev)
+        dist.broadcast(b, src=N - 1)
+        check(f"broadcast {n}", b, ins[N - 1])
+        rr = ins[R].to(dev)
+        dist.reduce(rr, dst=0)
+        if R == 0:
+            check(f"reduce {n}", rr, total)
+        # all_to_all_single, even and with splits; all_to_all (lists)
+        a = [data(r, N * n, dtype, 3) for r in range(N)]
+        ao = poison(torch.empty(N * n, dtype=dtype, device=dev))
+        dist.all_to_all_single(ao, a[R].to(dev))
+        check(f"all_to_all_single {n}", ao, torch.cat([a[q][R * n:(R + 1) * n] for q in range(N)]))
+        if n < 1000:
+            sp = [[(r + q) % 3 + 1 for q in range(N)] for r in range(N)]
+            src = [data(r, sum(sp[r]), dtype, 4) for r in range(N)]
+            osz = [sp[q][R] for q in range(N)]
+            ao = poison(torch.empty(sum(osz), dtype=dtype, device=dev))
+            dist.all_to_all_single(ao, src[R].to(dev), osz, sp[R])
+            want = torch.cat([src[q][sum(sp[q][:R]):sum(sp[q][:R]) + sp[q][R]] for q in range(N)])
+            check("all_to_all_single splits", ao, want)
+            ol = [poison(torch.empty(2, dtype=dtype, device=dev)) for _ in range(N)]
+            dist.all_to_all(ol, [torch.full((2,), float(R * 10 + q), device=dev).to(dtype)
+                                 for q in range(N)])
+            check("all_to_all lists", torch.stack([t.cpu() for t in ol]),
+                  torch.tensor([[q * 10 + R] * 2 for q in range(N)]).to(dtype))
+
+# send/recv between pairs (even ranks send first; backend only: the patch keeps torch's)
+if mode == "backend" and N % 2 == 0:
+    peer = R ^ 1
+    mine = data(R, 1001, salt=5).to(dev)
+    got = poison(torch.empty(1001, device=dev))
+    if R % 2 == 0:
+        dist.send(mine, peer)
+        dist.recv(got, peer)
+    else:
+        dist.recv(got, peer)
+        dist.send(mine, peer)
+    check("send/recv", got, data(peer, 1001, salt=5))
+
+# a CUDA graph of an all_reduce, captured through torch.distributed
+gx = torch.zeros(2049, device=dev)
+dist.all_reduce(gx)
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    dist.all_reduce(gx)
+for it in range(3):
+    gin = [data(r, 2049, salt=10 + it) for r in range(N)]
+    gx.copy_(gin[R].to(dev))
+    g.replay()
+    torch.cuda.synchronize()
+    check(f"graph replay {it}", gx, sum(gin))
+
+# host-side cost of a small dist.all_reduce on this backend (eager)
+tx = torch.ones(2048, device=dev)
+for _ in range(20):
+    dist.all_reduce(tx)
+torch.cuda.synchronize()
+dist.barrier()
+t0 = time.perf_counter()
+for _ in range(300):
+    dist.all_reduce(tx)
+torch.cuda.synchronize()
+print(f"TIME {mode} rank {R}/{N}: 8 KiB float32 dist.all_reduce eager: "
+      f"{(time.perf_counter() - t0) / 300 * 1e6:.1f} us per call")
+dist.barrier()
+if failures:
+    for f in failures:
+        print(f"FAIL rank {R}: {f}", flush=True)
+    print(f"FAIL gpu_torch_backend {mode} rank {R}/{N}: {len(failures)} failures")
+    sys.exit(1)
+if mode == "patch":
+    assert mt._patched_groups, "no group was routed through MACO"
+    for m in mt._patched_groups.values():
+        m.comm.check_async_error()
+else:
+    dist.group.WORLD.comm.check_async_error()
+print(f"PASS gpu_torch_backend {mode} rank {R}/{N}: {checks} checks in "
+      f"{time.time() - start:.1f} s")
+if mode == "patch":
+    maco.unpatch_torch_distributed()
+dist.destroy_process_group()

@@ -1,0 +1,388 @@
+"""CPU tests of the maco package: import, version, types, errors, argument checks, and a
+communicator without a GPU. They run in CI (no GPU) and on GPU machines alike."""
+
+import ast
+import os
+import re
+
+import numpy as np
+import pytest
+
+import maco
+from maco import _maco
+from conftest import REPO
+from fakes import FakeCudaArray
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI installs torch
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+has_gpu = maco.cuda_device_count()[0] > 0
+
+
+@pytest.fixture
+def comm(clean_env):
+    """A one-rank communicator from a unique id (no GPU here: bootstrap-only)."""
+    c = maco.Communicator(maco.unique_id(), 0, 1)
+    yield c
+    c.close()
+
+
+# ------------------------------------------------------------------ package
+
+
+def test_version_is_the_c_librarys():
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        declared = re.search(r"project\(maco VERSION ([0-9.]+)", f.read()).group(1)
+    assert maco.__version__ == _maco.version() == declared
+    try:
+        from importlib.metadata import version
+        assert version("maco") == declared
+    except Exception as e:  # noqa: BLE001 - not installed as a distribution (PYTHONPATH)
+        if type(e).__name__ != "PackageNotFoundError":
+            raise
+
+
+def test_stub_covers_the_extension():
+    """maco/_maco.pyi names every public function, class and constant of the extension."""
+    stub_path = os.path.join(os.path.dirname(maco.__file__), "_maco.pyi")
+    with open(stub_path) as f:
+        tree = ast.parse(f.read())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign):
+            names.add(node.target.id)
+    public = {n for n in dir(_maco) if not n.startswith("_")}
+    assert public <= names, f"missing from the stub: {sorted(public - names)}"
+    comm_stub = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Comm")
+    methods = {n.name for n in comm_stub.body if isinstance(n, ast.FunctionDef)}
+    assert {m for m in dir(_maco.Comm) if not m.startswith("_")} <= methods
+
+
+def test_public_functions_have_docstrings():
+    for name in maco.__all__:
+        obj = getattr(maco, name)
+        if callable(obj) and not isinstance(obj, (int, maco.ReduceOp)):
+            assert obj.__doc__ and obj.__doc__.strip(), name
+    for name, fn in vars(maco.Communicator).items():
+        if not name.startswith("_") and callable(fn):
+            assert fn.__doc__ and fn.__doc__.strip(), f"Communicator.{name}"
+
+
+def test_config_table_is_the_c_librarys():
+    names = {row[0] for row in maco.config()}
+    assert "MACO_BOOTSTRAP_TIMEOUT" in names and "MACO_LOG_LEVEL" in names
+
+
+# ------------------------------------------------------------------ types
+
+
+def test_datatype_values_sizes_and_names_match_c():
+    assert len(maco.DataType) == _maco.DATATYPE_COUNT
+    for dt in maco.DataType:
+        assert _maco.datatype_size(int(dt)) == dt.itemsize
+        assert _maco.datatype_name(int(dt)).replace("_", "") == dt.name.lower().replace("_", "")
+    assert len(maco.ReduceOp) == _maco.REDOP_COUNT
+    for op in maco.ReduceOp:
+        assert _maco.redop_name(int(op)) == op.name.lower()
+
+
+@needs_torch
+def test_dtype_mapping_torch_both_ways():
+    pairs = {
+        torch.int8: maco.DataType.INT8, torch.uint8: maco.DataType.UINT8,
+        torch.int32: maco.DataType.INT32, torch.uint32: maco.DataType.UINT32,
+        torch.int64: maco.DataType.INT64, torch.uint64: maco.DataType.UINT64,
+        torch.float16: maco.DataType.FLOAT16, torch.bfloat16: maco.DataType.BFLOAT16,
+        torch.float32: maco.DataType.FLOAT32, torch.float64: maco.DataType.FLOAT64,
+        torch.float8_e4m3fn: maco.DataType.FP8_E4M3, torch.float8_e5m2: maco.DataType.FP8_E5M2,
+    }
+    assert set(pairs.values()) == set(maco.DataType)
+    for t, m in pairs.items():
+        assert maco.to_maco_dtype(t) is m
+        assert maco.to_torch_dtype(m) is t
+        assert torch.empty(0, dtype=t).element_size() == m.itemsize
+    for bad in (torch.bool, torch.int16, torch.complex64, torch.float8_e4m3fnuz):
+        with pytest.raises(TypeError, match="no MACO equivalent"):
+            maco.to_maco_dtype(bad)
+
+
+def test_dtype_mapping_numpy_both_ways():
+    for name in ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+                 "float64"):
+        m = maco.to_maco_dtype(np.dtype(name))
+        assert m.name.lower() == name
+        assert maco.to_numpy_dtype(m) == np.dtype(name)
+        assert maco.to_maco_dtype(getattr(np, name)) is m
+    for bad in (np.int16, np.bool_, np.complex64):
+        with pytest.raises(TypeError):
+            maco.to_maco_dtype(bad)
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        with pytest.raises(TypeError, match="ml_dtypes"):
+            maco.to_numpy_dtype(maco.DataType.BFLOAT16)
+
+
+def test_dtype_mapping_names_and_dlpack_codes():
+    assert maco.to_maco_dtype("bf16") is maco.DataType.BFLOAT16
+    assert maco.to_maco_dtype("torch.float8_e5m2") is maco.DataType.FP8_E5M2
+    assert maco.to_maco_dtype(7) is maco.DataType.BFLOAT16
+    # DLPack (code, bits): 2 float, 4 bfloat, 10 float8_e4m3fn, 12 float8_e5m2.
+    assert maco.to_maco_dtype((2, 32)) is maco.DataType.FLOAT32
+    assert maco.to_maco_dtype((4, 16)) is maco.DataType.BFLOAT16
+    assert maco.to_maco_dtype((10, 8)) is maco.DataType.FP8_E4M3
+    assert maco.to_maco_dtype((12, 8)) is maco.DataType.FP8_E5M2
+    for bad in ("int16", 12, -1, True, (5, 64)):
+        with pytest.raises(TypeError):
+            maco.to_maco_dtype(bad)
+
+
+def test_reduce_ops():
+    from maco._types import to_maco_op
+
+    assert maco.SUM is maco.ReduceOp.SUM and int(maco.AVG) == 4
+    assert to_maco_op("max") is maco.MAX
+    with pytest.raises(ValueError, match="op"):
+        to_maco_op("band")
+    if torch is not None:
+        import torch.distributed as dist
+
+        R = dist.ReduceOp
+        assert [to_maco_op(o) for o in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)] == list(
+            maco.ReduceOp)
+        with pytest.raises(ValueError, match="no MACO equivalent"):
+            to_maco_op(R.BAND)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_exception_hierarchy():
+    expected = {-1: maco.InvalidArgumentError, -2: maco.CudaError, -3: maco.SystemCallError,
+                -4: maco.CommTimeoutError, -5: maco.RemoteError, -6: maco.UnsupportedError,
+                -7: maco.InternalError, -8: maco.OutOfMemoryError, -9: maco.InvalidUsageError}
+    for status, cls in expected.items():
+        assert maco.error_class(status) is cls
+        assert issubclass(cls, maco.MacoError) and cls.status == status
+        assert _maco.status_string(status) != "unknown status"
+    assert maco.error_class(-100) is maco.MacoError
+    assert issubclass(maco.InvalidArgumentError, ValueError)
+    assert issubclass(maco.CommTimeoutError, TimeoutError)
+
+
+def test_c_error_carries_status_and_message(clean_env):
+    bad_id = b"\0" * 128
+    with pytest.raises(maco.InvalidArgumentError) as e:
+        maco.Communicator(bad_id, 0, 1)
+    assert e.value.status == -1
+    assert "unique id" in str(e.value) or "magic" in str(e.value), str(e.value)
+
+
+def test_env_error_names_the_variable(clean_env):
+    clean_env.setenv("MACO_RANK", "0")
+    with pytest.raises(maco.InvalidArgumentError) as e:
+        maco.Communicator()
+    assert "WORLD_SIZE" in str(e.value), str(e.value)
+
+
+def test_timeout_is_a_timeout_error(clean_env):
+    uid = maco.unique_id()  # the root listens in this process, but rank 0 never joins
+    with pytest.raises(maco.CommTimeoutError) as e:
+        maco.Communicator(uid, 1, 2, timeout=0.5)
+    assert isinstance(e.value, TimeoutError) and e.value.status == -4
+    assert str(e.value)
+
+
+def test_python_side_argument_errors(clean_env):
+    with pytest.raises(TypeError, match="unique_id"):
+        maco.Communicator("x" * 128, 0, 1)
+    with pytest.raises(ValueError, match="128 bytes"):
+        maco.Communicator(b"x", 0, 1)
+    with pytest.raises(ValueError, match="rank"):
+        maco.Communicator(b"x" * 128, 3, 2)
+    with pytest.raises(ValueError, match="device"):
+        maco.Communicator(b"x" * 128, 0, 1, device="cpu")
+
+
+# ------------------------------------------------------------------ one rank, no GPU
+
+
+@pytest.mark.skipif(has_gpu, reason="checks the no-GPU answer; this machine has a GPU")
+def test_communicator_without_gpu(comm):
+    assert (comm.rank, comm.size, comm.local_rank, comm.local_size) == (0, 1, 0, 1)
+    assert comm.device is None and comm.num_nodes == 1 and comm.node == 0
+    assert "device none" in repr(comm)
+    comm.barrier()
+    assert comm.allgather_bytes(b"abc") == [b"abc"]
+    assert comm.broadcast_bytes(b"xyz", 0) == b"xyz"
+    comm.check_async_error()
+    x = FakeCudaArray((4,))
+    with pytest.raises(maco.UnsupportedError) as e:
+        comm.allreduce(x)
+    assert e.value.status == -6 and "maco_allreduce" in str(e.value)
+    assert "GPU" in str(e.value) or "driver" in str(e.value) or "device" in str(e.value)
+    with pytest.raises(maco.UnsupportedError):
+        comm.empty((2, 2), "float32")
+    with pytest.raises(maco.UnsupportedError):
+        comm.recv(src=0, shape=(2,), dtype="float32")
+    with pytest.raises(maco.UnsupportedError):
+        comm.register(FakeCudaArray((8,)))
+
+
+def test_cpu_tensors_are_refused(comm):
+    with pytest.raises(TypeError, match=r"x: .*CPU"):
+        comm.allreduce(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="x: expected"):
+        comm.allreduce([1.0, 2.0])
+    if torch is not None:
+        with pytest.raises(TypeError, match=r"x: a tensor on cpu"):
+            comm.allgather(torch.ones(4))
+        with pytest.raises(TypeError, match=r"tensor: a tensor on cpu"):
+            comm.register(torch.ones(4))
+        with pytest.raises(TypeError, match="sparse|strided"):
+            comm.allreduce(torch.ones(2, 2).to_sparse())
+
+
+def test_non_contiguous_is_refused(comm):
+    x = FakeCudaArray((4, 4), strides=(4, 8))  # every other float of 8-wide rows
+    with pytest.raises(ValueError, match="x: the array is not C-contiguous"):
+        comm.allreduce(x)
+    # Strides of size-1 dimensions do not matter.
+    y = FakeCudaArray((4, 1), strides=(4, 1024))
+    if not has_gpu:  # the fake address must not reach a GPU
+        with pytest.raises(maco.MacoError):
+            comm.allreduce(y)  # passes the checks, then MACO answers (no GPU)
+
+
+def test_sizes_types_and_ranks_are_checked(comm):
+    x = FakeCudaArray((4,))
+    with pytest.raises(ValueError, match="out: has 3 elements; allreduce needs 4"):
+        comm.allreduce(x, FakeCudaArray((3,), address=0x7F0000100000))
+    with pytest.raises(TypeError, match="out: dtype"):
+        comm.allreduce(x, FakeCudaArray((4,), "<i4", address=0x7F0000100000))
+    with pytest.raises(ValueError, match="out: has 3 elements; allgather needs 2"):
+        comm.allgather(FakeCudaArray((2,)), FakeCudaArray((3,)))
+    with pytest.raises(ValueError, match="read-only"):
+        comm.allreduce(x, FakeCudaArray((4,), address=0x7F0000100000, readonly=True))
+    with pytest.raises(ValueError, match="root: 1 is not a rank"):
+        comm.broadcast(x, root=1)
+    with pytest.raises(ValueError, match="dst: 5 is not a rank"):
+        comm.send(x, 5)
+    with pytest.raises(ValueError, match="src"):
+        comm.recv(x)
+    with pytest.raises(TypeError, match="out: required"):
+        comm.allgather(x)  # MACO allocates outputs only for torch and CuPy
+    with pytest.raises(ValueError, match="op"):
+        comm.allreduce(x, op="band")
+    with pytest.raises(ValueError, match="in_splits: 2 entries"):
+        comm.all_to_all(x, FakeCudaArray((4,)), in_splits=[2, 2], out_splits=[4])
+
+
+def test_reduction_types(comm):
+    with pytest.raises(TypeError, match="cannot reduce"):
+        comm.allreduce(FakeCudaArray((4,), "<i2"))
+    with pytest.raises(TypeError, match="complex tensors reduce with sum or avg"):
+        comm.allreduce(FakeCudaArray((4,), "<c8"), op=maco.MAX)
+    # Moving int16 (no MACO type) goes as bytes: past the checks to MACO's own answer.
+    if not has_gpu:  # the fake address must not reach a GPU
+        with pytest.raises(maco.MacoError):
+            comm.broadcast(FakeCudaArray((4,), "<i2"))
+
+
+def test_dlpack_describe_reads_shape_strides_and_type():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    (address, shape, strides, code, bits, lanes, dev_type, dev_id,
+     readonly) = _maco.dlpack_describe(a.__dlpack__())
+    assert address == a.__array_interface__["data"][0]
+    assert shape == (3, 2) and strides == (4, 2)
+    assert (code, bits, lanes, dev_type) == (2, 32, 1, 1)
+    with pytest.raises(TypeError):
+        _maco.dlpack_describe(object())
+
+
+def test_streams_are_read_from_any_kind():
+    from maco._tensor import stream_handle
+
+    class TorchLike:
+        cuda_stream = 0x1234
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 0x5678)
+
+    class CupyLike:
+        ptr = 0x9ABC
+
+    assert stream_handle(None, None) == 0
+    assert stream_handle(7, None) == 7
+    assert stream_handle(TorchLike(), None) == 0x1234
+    assert stream_handle(Protocol(), None) == 0x5678
+    assert stream_handle(CupyLike(), None) == 0x9ABC
+    with pytest.raises(TypeError, match="stream"):
+        stream_handle("default", None)
+    with pytest.raises(ValueError, match="stream"):
+        stream_handle(-1, None)
+
+
+def test_closed_communicator(clean_env):
+    c = maco.Communicator(maco.unique_id(), 0, 1)
+    with c:
+        pass
+    assert c.closed and "closed" in repr(c)
+    with pytest.raises(maco.InvalidUsageError, match="closed"):
+        c.barrier()
+    c.close()  # idempotent
+
+
+def test_group_context_with_nothing_queued():
+    with maco.group():
+        pass
+    with pytest.raises(maco.InvalidUsageError):
+        _maco.group_end()  # no group open
+
+
+# ------------------------------------------------------------------ Level 1
+
+
+def test_level1_init_from_env(clean_env, port):
+    with pytest.raises(maco.InvalidUsageError, match="maco.init"):
+        maco.allreduce(FakeCudaArray((1,)))
+    clean_env.setenv("MACO_RANK", "0")
+    clean_env.setenv("MACO_WORLD_SIZE", "1")
+    clean_env.setenv("MACO_BOOTSTRAP_ADDR", f"127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="backend"):
+        maco.init(backend="nvshmem")
+    comm = maco.init()
+    try:
+        assert maco.is_initialized() and maco.get_default_communicator() is comm
+        assert (maco.get_rank(), maco.get_world_size(), maco.get_local_rank()) == (0, 1, 0)
+        with pytest.raises(maco.InvalidUsageError, match="already"):
+            maco.init()
+        maco.barrier()
+        with pytest.raises(TypeError, match="x: .*CPU"):
+            maco.allreduce(np.ones(2))
+    finally:
+        maco.finalize()
+    assert not maco.is_initialized()
+    maco.finalize()  # idempotent
+
+
+@pytest.mark.skipif(has_gpu, reason="uses a fake device address; this machine has a GPU")
+def test_group_keeps_tensors_until_issued(comm):
+    from maco import _comm
+
+    x = FakeCudaArray((4,))
+    with pytest.raises(maco.MacoError):  # no GPU: the group fails, at the call or at its end
+        with maco.group():
+            with maco.group():  # nested: the outermost end issues
+                try:
+                    comm.send(x, 0)
+                except maco.MacoError:
+                    pass
+            assert any(o is x for o in _comm._group_state.kept)
+    assert _comm._group_state.kept is None and _comm._group_state.depth == 0

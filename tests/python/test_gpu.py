@@ -1,0 +1,53 @@
+"""GPU tests of the maco package (skipped, with the reason, without a GPU): the checks of
+gpu_collectives.py under maco-run with 2 and 4 ranks (sharing the GPUs there are, through
+MPS), and gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend and through
+patch_torch_distributed."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import maco
+from conftest import HERE, REPO
+
+count, why = maco.cuda_device_count()
+pytestmark = pytest.mark.skipif(count == 0, reason=f"no GPU: {why}")
+
+
+def maco_run():
+    path = os.environ.get("TEST_MACO_RUN") or os.path.join(REPO, "build", "tools", "maco-run")
+    if not os.access(path, os.X_OK):
+        pytest.skip("maco-run not built (set TEST_MACO_RUN)")
+    return path
+
+
+def run(cmd, timeout=280):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in sys.path if p])
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    print(out.stdout[-6000:])
+    print(out.stderr[-6000:], file=sys.stderr)
+    assert out.returncode == 0, f"{cmd} exited {out.returncode}"
+    return out.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_collectives(ranks):
+    out = run([maco_run(), "-n", str(ranks), "--timeout", "240", sys.executable,
+               os.path.join(HERE, "gpu_collectives.py")])
+    assert out.count("PASS gpu_collectives") == ranks
+
+
+@pytest.mark.parametrize("mode", ["backend", "patch"])
+def test_torch_distributed(mode):
+    pytest.importorskip("torch")
+    torchrun = shutil.which("torchrun")
+    cmd = [sys.executable, "-m", "torch.distributed.run"] if torchrun is None else [torchrun]
+    out = run([maco_run(), "-n", "1", "--mps", "on", "--timeout", "240", *cmd,
+               "--nproc-per-node", "4", "--master-port", "29517",
+               os.path.join(HERE, "gpu_torch_backend.py"), mode])
+    assert out.count(f"PASS gpu_torch_backend {mode}") == 4
