@@ -85,6 +85,39 @@ static maco_status_t maco_nccl__join_address(const char *address, int rank, int 
     return st;
 }
 
+unsigned maco_nccl__forward_setting(void)
+{
+    static const struct {
+        const char *name;
+        maco_nccl__kind_t kind;
+    } calls[] = {
+        { "ncclAllReduce", MACO_NCCL_ALLREDUCE }, { "ncclBroadcast", MACO_NCCL_BROADCAST },
+        { "ncclBcast", MACO_NCCL_BROADCAST },     { "ncclReduce", MACO_NCCL_REDUCE },
+        { "ncclAllGather", MACO_NCCL_ALLGATHER }, { "ncclReduceScatter", MACO_NCCL_REDUCESCATTER },
+        { "ncclAlltoAll", MACO_NCCL_ALLTOALL },   { "ncclGather", MACO_NCCL_GATHER },
+        { "ncclScatter", MACO_NCCL_SCATTER },     { "ncclSend", MACO_NCCL_SEND },
+        { "ncclRecv", MACO_NCCL_RECV },
+    };
+    const char *v = getenv("MACO_NCCL_FORWARD");
+    unsigned mask = 0;
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", v != NULL ? v : "");
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ", ", &save); tok != NULL; tok = strtok_r(NULL, ", ", &save)) {
+        size_t i = 0;
+        while (i < sizeof(calls) / sizeof(calls[0]) && strcmp(tok, calls[i].name) != 0)
+            i++;
+        if (i < sizeof(calls) / sizeof(calls[0]))
+            mask |= 1u << (unsigned)calls[i].kind;
+        else
+            maco_log_write(MACO_LOG_WARN, "init",
+                           "nccl: MACO_NCCL_FORWARD names '%s', which is no collective or "
+                           "send/recv call of NCCL; ignored",
+                           tok);
+    }
+    return mask;
+}
+
 ncclResult_t maco_nccl__comm_join(struct ncclComm *c, const ncclUniqueId *id)
 {
     maco_bootstrap_t bs = NULL;
@@ -123,6 +156,7 @@ ncclResult_t maco_nccl__comm_join(struct ncclComm *c, const ncclUniqueId *id)
         c->device >= 0 && maco_nccl__fallback_mode() == 1 &&
         maco_nccl__fallback_open(NULL, 0) == ncclSuccess)
         maco_nccl__fallback_comm(c);
+    c->forward_kinds = maco_nccl__forward_setting();
     __atomic_store_n(&c->state, res == ncclSuccess ? MACO_NCCL_COMM_READY : MACO_NCCL_COMM_FAILED,
                      __ATOMIC_RELEASE);
     return res;

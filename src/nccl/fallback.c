@@ -140,6 +140,14 @@ void *maco_nccl__fallback_comm(struct ncclComm *comm)
         return NULL;
     }
     const maco_nccl__real_t *r = &maco_nccl__real_fns;
+    /* NCCL_COMM_ID names the address MACO's own bootstrap listens on (comm_core.c); the real
+     * NCCL would try to listen there too, so it does not see the variable while it makes its
+     * id and joins (its own unique id carries its address instead). */
+    static pthread_mutex_t env_lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&env_lock);
+    char *comm_id = getenv("NCCL_COMM_ID") != NULL ? strdup(getenv("NCCL_COMM_ID")) : NULL;
+    if (comm_id != NULL)
+        unsetenv("NCCL_COMM_ID");
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     res = comm->rank == 0 ? r->GetUniqueId(&id) : ncclSuccess;
@@ -168,6 +176,10 @@ void *maco_nccl__fallback_comm(struct ncclComm *comm)
                            comm->rank, comm->nranks);
         }
     }
+    if (comm_id != NULL)
+        setenv("NCCL_COMM_ID", comm_id, 1);
+    free(comm_id);
+    pthread_mutex_unlock(&env_lock);
     comm->real = real;
     comm->real_result = res;
     pthread_mutex_unlock(&comm->lock);

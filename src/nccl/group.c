@@ -67,7 +67,9 @@ static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
             forward = 1;
     }
     if (forward)
-        return maco_nccl__op_forward(ops, n, "MACO refused this kind of call before");
+        return maco_nccl__op_forward(ops, n,
+                                     "MACO_NCCL_FORWARD names it, or MACO refused this kind of "
+                                     "call on this communicator before");
     maco_status_t st;
     if (n == 1) {
         st = maco_nccl__op_issue(&ops[0]);

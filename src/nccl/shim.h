@@ -220,6 +220,9 @@ struct ncclComm *maco_nccl__comm_alloc(int nranks, int rank, int device, int blo
 /* Fills `id` with a marker and rank 0's "host:port" (NCCL_COMM_ID). -1 when too long. */
 int maco_nccl__id_from_address(ncclUniqueId *id, const char *address);
 
+/* MACO_NCCL_FORWARD as a mask of maco_nccl__kind_t bits (unknown names are warned about). */
+unsigned maco_nccl__forward_setting(void);
+
 /* Joins the job named by `id` and creates the MACO communicator: blocking, collective. Sets
  * comm->state and init_result; returns init_result. */
 ncclResult_t maco_nccl__comm_join(struct ncclComm *comm, const ncclUniqueId *id);

@@ -4,12 +4,13 @@
  * values computed on the host. Linked to libnccl.so; run it with MACO's libnccl.so.2 first in
  * the search path (LD_LIBRARY_PATH=build/src/nccl, or LD_PRELOAD) or with the real NCCL.
  *
- *   maco-run -n N nccl_gpu_check [--expect-forwarded NAME]
+ *   maco-run -n N nccl_gpu_check [--expect-forwarded NAME,NAME...]
  * Ranks from MACO_RANK/MACO_WORLD_SIZE (maco-run) or RANK/WORLD_SIZE (torchrun); the job's
  * id from NCCL_COMM_ID, else from MACO_BOOTSTRAP_ADDR or MASTER_ADDR:MASTER_PORT+1 (set as
  * NCCL_COMM_ID, which both NCCL and MACO's library understand). With MACO's library it also
  * reads its call counters (dlsym, so the program still runs on the real NCCL) and fails when a
- * call went to NCCL, unless named by --expect-forwarded (which then must have been forwarded).
+ * call went to NCCL, unless named by --expect-forwarded (those must have been forwarded:
+ * MACO_NCCL_FORWARD sends them there).
  * Exit 0 when every check passed, 1 on a wrong value or error, 77 when there is no GPU.
  */
 #include <cuda_bf16.h>
@@ -676,7 +677,10 @@ int CheckCounters(const char *expect_forwarded)
     for (const char *name : names) {
         uint64_t native = 0, forwarded = 0;
         fn(name, &native, &forwarded);
-        bool expect_fwd = expect_forwarded != nullptr && strcmp(expect_forwarded, name) == 0;
+        bool expect_fwd =
+            expect_forwarded != nullptr &&
+            (std::string(",") + expect_forwarded + ",").find(std::string(",") + name + ",") !=
+                std::string::npos;
         if (g_rank == 0)
             printf("rank 0: %-18s on MACO %6llu, forwarded to NCCL %llu\n", name,
                    static_cast<unsigned long long>(native),

@@ -119,7 +119,10 @@ extern "C" {
       "library forwards to (never itself: give the real NCCL's path when MACO's is first).")       \
     X(NCCL_FALLBACK, STRING, "auto", "",                                                           \
       "NCCL-compatible library: auto forwards what MACO cannot do to MACO_NCCL_LIBRARY; never "    \
-      "returns ncclInvalidUsage saying why instead.")
+      "returns ncclInvalidUsage saying why instead.")                                              \
+    X(NCCL_FORWARD, STRING, "", "",                                                                \
+      "NCCL-compatible library: NCCL calls to forward to the real NCCL even where MACO runs "      \
+      "them (comma list, e.g. ncclAllReduce,ncclSend), to compare or to bisect a problem.")
 
 typedef enum maco__config_type {
     MACO_CONFIG_STRING,
