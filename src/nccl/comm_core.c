@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "shim.h"
 
@@ -191,6 +192,7 @@ ncclResult_t maco_nccl__comm_join_async(struct ncclComm *c, const ncclUniqueId *
                                strerror(rc));
     }
     c->has_init_thread = 1;
+    c->async_init = 1;
     return ncclInProgress;
 }
 
@@ -213,18 +215,31 @@ ncclResult_t maco_nccl__comm_join_all(struct ncclComm **comms, const ncclUniqueI
     return res;
 }
 
+/* Waits for a creation running on its own thread. One caller joins the thread (taken under
+ * the lock, joined outside it: the creation itself takes the lock); others wait for the state
+ * to leave PENDING. */
+static void maco_nccl__comm_wait(struct ncclComm *c)
+{
+    pthread_mutex_lock(&c->lock);
+    int join = c->has_init_thread;
+    pthread_t t = c->init_thread;
+    c->has_init_thread = 0;
+    pthread_mutex_unlock(&c->lock);
+    if (join) {
+        pthread_join(t, NULL);
+        return;
+    }
+    while (c->async_init && __atomic_load_n(&c->state, __ATOMIC_ACQUIRE) == MACO_NCCL_COMM_PENDING)
+        usleep(1000);
+}
+
 ncclResult_t maco_nccl__comm_ready(struct ncclComm *c, const char *what)
 {
     if (!maco_nccl__comm_valid(c))
         return maco_nccl__fail(ncclInvalidArgument,
                                "%s: comm %p is not a communicator (NULL, destroyed or foreign)",
                                what, (void *)c);
-    pthread_mutex_lock(&c->lock);
-    if (c->has_init_thread) {
-        pthread_join(c->init_thread, NULL);
-        c->has_init_thread = 0;
-    }
-    pthread_mutex_unlock(&c->lock);
+    maco_nccl__comm_wait(c);
     switch (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE)) {
     case MACO_NCCL_COMM_READY:
     case MACO_NCCL_COMM_PENDING: /* created at the end of this thread's open group */
@@ -340,12 +355,7 @@ ncclResult_t maco_nccl__comm_subset(struct ncclComm *parent, const int *exclude,
 
 ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
 {
-    pthread_mutex_lock(&c->lock);
-    if (c->has_init_thread) {
-        pthread_join(c->init_thread, NULL);
-        c->has_init_thread = 0;
-    }
-    pthread_mutex_unlock(&c->lock);
+    maco_nccl__comm_wait(c);
     maco_nccl__fallback_free(c, abort);
     maco_status_t st = maco_comm_destroy(c->maco);
     maco_status_t st2 = maco_bootstrap_destroy(c->bs);

@@ -134,9 +134,10 @@ struct ncclComm {
     int state;           /* maco_nccl__comm_state_t, atomic */
     ncclResult_t init_result;
     pthread_t init_thread; /* non-blocking creation */
-    int has_init_thread;
-    uint32_t split_seq;   /* splits made from this communicator, for bootstrap tags */
-    pthread_mutex_t lock; /* user ops and the real communicator */
+    int has_init_thread;   /* init_thread not joined yet */
+    int async_init;        /* created on a thread of its own */
+    uint32_t split_seq;    /* splits made from this communicator, for bootstrap tags */
+    pthread_mutex_t lock;  /* user ops and the real communicator */
     maco_nccl__user_op_t ops[MACO_NCCL_MAX_USER_OPS];
     void *real;               /* the real NCCL's communicator, created when first needed */
     ncclResult_t real_result; /* its creation's result once tried (ncclSuccess: not yet) */
