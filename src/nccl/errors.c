@@ -262,3 +262,7 @@ MACO_NCCL_ALIAS(ncclGetErrorString)
 void pncclResetDebugInit(void) {}
 MACO_NCCL_ALIAS(ncclResetDebugInit)
 #pragma GCC diagnostic pop
+
+/* Exported by NCCL 2.28's library though no header declares it; kept for the same symbol set. */
+void ncclResetDebugInitInternal(void);
+void ncclResetDebugInitInternal(void) {}

@@ -1,5 +1,5 @@
-# Compares libmaco_nccl.so with the nccl.h it was built from: every function nccl.h declares is
-# exported (ncclX weak, pncclX strong, as NCCL's are), nothing else is exported but the
+# Compares libmaco_nccl.so with the nccl.h it was built from: every function nccl.h (and the
+# host side of nccl_device/*.h) declares is exported (ncclX weak, pncclX strong, as NCCL's are), nothing else is exported but the
 # library's documented extras, the SONAME is libnccl.so.2, and there is no link-time
 # dependency on libcuda, libnccl or libibverbs. (The struct sizes and offsets are compile-time
 # checks in src/nccl/errors.c and run-time checks in test_nccl_cpu.)
@@ -14,9 +14,22 @@ foreach(d ${decls})
   string(REPLACE "(" "" name "${name}")
   list(APPEND declared ${name})
 endforeach()
+# The host functions of the device API (nccl_device/*.h, C linkage), which NCCL exports as
+# ncclX and pncclX and applications built against it (PyTorch) need at load time.
+get_filename_component(incdir ${HEADER} DIRECTORY)
+file(GLOB device_headers ${incdir}/nccl_device/*.h)
+foreach(h ${device_headers})
+  file(READ ${h} text)
+  string(REGEX MATCHALL "NCCL_EXTERN_C __host__ [A-Za-z_]+ nccl[A-Za-z0-9_]+\\(" ddecls "${text}")
+  foreach(d ${ddecls})
+    string(REGEX MATCH "nccl[A-Za-z0-9_]+\\($" name "${d}")
+    string(REPLACE "(" "" name "${name}")
+    list(APPEND declared ${name} p${name})
+  endforeach()
+endforeach()
 list(REMOVE_DUPLICATES declared)
 list(LENGTH declared ndeclared)
-if(ndeclared LESS 80)
+if(ndeclared LESS 100)
   message(FATAL_ERROR "found only ${ndeclared} declarations in ${HEADER}: the parser is off")
 endif()
 
@@ -48,7 +61,8 @@ endforeach()
 if(missing)
   message(FATAL_ERROR "nccl.h declares these, ${LIB} does not export them: ${missing}")
 endif()
-set(extras maco_nccl_call_count maco_nccl_fallback_check maco_nccl_marker)
+set(extras maco_nccl_call_count maco_nccl_fallback_check maco_nccl_marker
+  ncclResetDebugInitInternal)
 foreach(name ${exported})
   if(NOT name IN_LIST declared AND NOT name IN_LIST extras)
     message(FATAL_ERROR "${LIB} exports ${name}, which nccl.h does not declare")

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ namespace
 {
 
 int g_rank, g_nranks, g_failures;
+bool g_avg_fp8 = true; /* the library runs ncclAvg on fp8 (MACO's does, NCCL 2.28's does not) */
+std::map<std::string, long> g_wrong; /* wrong values by check */
 std::mt19937_64 g_rng;
 
 #define CHECK_NCCL(call)                                                                           \
@@ -248,9 +251,12 @@ struct Buf {
     {
         cudaFree(dev);
     }
+    /* cudaMemcpy from pageable memory may return before the data lands, and the collectives
+     * run on a non-blocking stream: wait for the device. */
     void Upload()
     {
         CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaDeviceSynchronize());
     }
     void Download()
     {
@@ -280,7 +286,8 @@ void Expect(const char *what, ncclDataType_t t, size_t i, double got, double exa
     double tol = Tolerance(t) * std::max(1.0, std::fabs(want));
     if (std::fabs(got - want) <= tol)
         return;
-    if (g_failures++ < 20)
+    g_wrong[what]++;
+    if (g_failures++ < 10)
         fprintf(stderr, "rank %d: %s: element %zu is %g, expected %g\n", g_rank, what, i, got,
                 want);
 }
@@ -291,6 +298,7 @@ uint64_t SharedSeed(ncclComm_t comm, cudaStream_t s)
     uint64_t *d;
     CHECK_CUDA(cudaMalloc(&d, sizeof(seed)));
     CHECK_CUDA(cudaMemcpy(d, &seed, sizeof(seed), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_NCCL(ncclBroadcast(d, d, 1, ncclUint64, 0, comm, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
     CHECK_CUDA(cudaMemcpy(&seed, d, sizeof(seed), cudaMemcpyDeviceToHost));
@@ -306,6 +314,9 @@ void TestAllReduce(ncclComm_t comm, cudaStream_t s, uint64_t seed, size_t count,
         ncclDataType_t t = kTypes[ti];
         for (int o = 0; o < 5; o++) {
             ncclRedOp_t op = static_cast<ncclRedOp_t>(o);
+            /* NCCL 2.28 refuses ncclAvg on fp8 (MACO runs it). */
+            if (!g_avg_fp8 && o == ncclAvg && (t == ncclFloat8e4m3 || t == ncclFloat8e5m2))
+                continue;
             int call = g_call++;
             Buf in(t, count), out(t, count);
             for (size_t i = 0; i < count; i++)
@@ -541,6 +552,7 @@ void TestMisc(ncclComm_t comm, cudaStream_t s, uint64_t seed, size_t count)
         float *dscalar = nullptr;
         CHECK_CUDA(cudaMalloc(&dscalar, sizeof(float)));
         CHECK_CUDA(cudaMemcpy(dscalar, &scalar, sizeof(float), cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaDeviceSynchronize());
         ncclRedOp_t op;
         CHECK_NCCL(
             ncclRedOpCreatePreMulSum(&op, residence ? static_cast<void *>(&scalar) : dscalar, t,
@@ -580,6 +592,7 @@ void TestMisc(ncclComm_t comm, cudaStream_t s, uint64_t seed, size_t count)
         for (size_t i = 0; i < count; i++)
             h[i] = static_cast<float>(Input(seed, call, me, i, t, ncclSum));
         CHECK_CUDA(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaDeviceSynchronize());
         for (int k = 0; k < 3; k++) { /* the first call may still go through scratch */
             CHECK_NCCL(ncclAllReduce(p, q, count, t, ncclMax, comm, s));
         }
@@ -731,6 +744,9 @@ int main(int argc, char **argv)
             snprintf(addr, sizeof(addr), "127.0.0.1:%d", 29000 + static_cast<int>(getpid() % 1000));
         setenv("NCCL_COMM_ID", addr, 1);
     }
+    bool is_maco = dlsym(RTLD_DEFAULT, "maco_nccl_call_count") != nullptr;
+    g_avg_fp8 = is_maco && (expect_forwarded == nullptr ||
+                            strstr(expect_forwarded, "ncclAllReduce") == nullptr);
     ncclUniqueId id;
     CHECK_NCCL(ncclGetUniqueId(&id));
     ncclComm_t comm;
@@ -760,6 +776,8 @@ int main(int argc, char **argv)
     if (async != ncclSuccess)
         g_failures++,
             fprintf(stderr, "rank %d: async error %s\n", g_rank, ncclGetErrorString(async));
+    for (const auto &w : g_wrong)
+        fprintf(stderr, "rank %d: %ld wrong values in %s\n", g_rank, w.second, w.first.c_str());
     int bad_counts = CheckCounters(expect_forwarded);
     CHECK_NCCL(ncclCommFinalize(comm));
     CHECK_NCCL(ncclCommDestroy(comm));
