@@ -37,6 +37,31 @@ typedef void (*maco_log_handler_t)(maco_log_level_t level, const char *line, voi
  */
 MACO_API maco_status_t maco_log_set_handler(maco_log_handler_t handler, void *user);
 
+/**
+ * Writes one line to MACO's log exactly as MACO's own lines are written (the same prefix,
+ * level and MACO_LOG_LEVEL / MACO_LOG_SUBSYS filters, the same handler), for layers built on
+ * the public API: the NCCL-compatible library, language bindings. `subsys` is one of the
+ * names MACO_LOG_SUBSYS accepts ("init", "bootstrap", "mem", "channel", "coll", "proxy",
+ * "tool"); NULL or another name logs as "tool". `fmt` is a printf format. Thread-safe.
+ */
+MACO_API void maco_log_write(maco_log_level_t level, const char *subsys, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/** 1 when a line of this level and subsystem (as maco_log_write takes it) would be written,
+ * else 0; lets callers skip formatting. Thread-safe. */
+MACO_API int maco_log_enabled(maco_log_level_t level, const char *subsys);
+
+/**
+ * The message of the most recent error MACO detected during a call made by this thread
+ * (which call, which peer, why), or "" when there was none: errors of calls that have no
+ * communicator yet (bootstrap setup, maco_comm_create) included. The string is owned by the
+ * thread and changes at its next failing MACO call. Thread-safe (one buffer per thread).
+ */
+MACO_API const char *maco_log_last_error(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -115,7 +115,14 @@ extern "C" {
       "IB queue pairs' retry count (0..7; 7 retries forever on some providers, soft-RoCE "         \
       "among them).")                                                                              \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
-      "Path or name of the NCCL library maco-perf --nccl dlopens.")
+      "Path or name of the NCCL library maco-perf --nccl dlopens, and that the NCCL-compatible "   \
+      "library forwards to (never itself: give the real NCCL's path when MACO's is first).")       \
+    X(NCCL_FALLBACK, STRING, "auto", "",                                                           \
+      "NCCL-compatible library: auto forwards what MACO cannot do to MACO_NCCL_LIBRARY; never "    \
+      "returns ncclInvalidUsage saying why instead.")                                              \
+    X(NCCL_FORWARD, STRING, "", "",                                                                \
+      "NCCL-compatible library: NCCL calls to forward to the real NCCL even where MACO runs "      \
+      "them (comma list, e.g. ncclAllReduce,ncclSend), to compare or to bisect a problem.")
 
 typedef enum maco__config_type {
     MACO_CONFIG_STRING,

@@ -328,3 +328,37 @@ void maco__clear_last_error(void)
 {
     maco__last_error_text[0] = '\0';
 }
+
+/* The subsystem a public caller names; "tool" when the name is unknown or NULL. */
+static maco__subsys_t maco__subsys_of(const char *name)
+{
+    for (int i = 0; name != NULL && i < MACO__NSUBSYS; i++)
+        if (strcasecmp(name, maco__subsys_names[i].name) == 0)
+            return (maco__subsys_t)maco__subsys_names[i].bit;
+    return MACO_SUBSYS_TOOL;
+}
+
+void maco_log_write(maco_log_level_t level, const char *subsys, const char *fmt, ...)
+{
+    if ((unsigned)level > MACO_LOG_TRACE || fmt == NULL)
+        return;
+    maco__subsys_t bit = maco__subsys_of(subsys);
+    if (!maco__log_enabled(level, bit))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    maco__vlog(level, bit, fmt, ap);
+    va_end(ap);
+}
+
+int maco_log_enabled(maco_log_level_t level, const char *subsys)
+{
+    if ((unsigned)level > MACO_LOG_TRACE)
+        return 0;
+    return maco__log_enabled(level, maco__subsys_of(subsys));
+}
+
+const char *maco_log_last_error(void)
+{
+    return maco__last_error_text;
+}

@@ -54,8 +54,14 @@ static maco_status_t maco__comm_topology(maco_comm_t comm)
     comm->local_nranks = t.local_nranks;
     comm->node = t.node;
     comm->nnodes = t.nnodes;
-    const char *env_local = getenv("MACO_LOCAL_RANK");
-    if (env_local != NULL && env_local[0] != '\0' && atoi(env_local) != comm->local_rank)
+    /* MACO_LOCAL_RANK describes the job's world: a communicator over other ranks (a split,
+     * a second job) has its own local ranks. */
+    const char *env_local = getenv("MACO_LOCAL_RANK"), *env_rank = getenv("MACO_RANK");
+    const char *env_size = getenv("MACO_WORLD_SIZE");
+    int is_world = env_rank != NULL && env_size != NULL && atoi(env_rank) == comm->rank &&
+                   atoi(env_size) == comm->nranks;
+    if (is_world && env_local != NULL && env_local[0] != '\0' &&
+        atoi(env_local) != comm->local_rank)
         MACO_WARN(MACO_SUBSYS_INIT,
                   "MACO_LOCAL_RANK=%s but rank %d is local rank %d of its node by host id; "
                   "using %d",

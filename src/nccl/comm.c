@@ -1,0 +1,668 @@
+/* comm.c - the public communicator calls of nccl.h: unique ids, creation, split, shrink,
+ * finalize, destroy, abort, revoke, queries, errors, registration, ncclMemAlloc (shim.h). */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define MACO_NCCL_CONFIG_MAGIC 0xcafebeefu
+#define MACO_NCCL_WINDOW_MAGIC 0x4d4e5749u /* "MNWI" */
+
+static pthread_once_t maco_nccl__env_once = PTHREAD_ONCE_INIT;
+
+/* The NCCL_* mapping again at the first creation (variables set after the library loaded). */
+static void maco_nccl__env_first_use(void)
+{
+    pthread_once(&maco_nccl__env_once, maco_nccl__env_apply);
+}
+
+/* The calling thread's CUDA device, NCCL's choice at creation; -1 without one. */
+static int maco_nccl__current_device(void)
+{
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: clears it */
+        return -1;
+    }
+    return dev;
+}
+
+/*
+ * Reads an ncclConfig_t: magic and size are checked, and only the fields that lie inside
+ * config->size are read, so a config from an older nccl.h (smaller) works. blocking (0 or 1)
+ * and commName are used; the other fields tune NCCL's own machinery (CTA counts, CGA
+ * clusters, the network plugin, traffic class, CollNet, NVLS) and are accepted and ignored,
+ * after the checks NCCL makes on them.
+ */
+static ncclResult_t maco_nccl__config(const ncclConfig_t *cfg, const char *what, int *blocking_p,
+                                      const char **name_p)
+{
+    *blocking_p = maco_nccl__env_blocking_default();
+    *name_p = NULL;
+    if (cfg == NULL)
+        return ncclSuccess;
+    if (cfg->magic != MACO_NCCL_CONFIG_MAGIC)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: config->magic is %#x, not %#x: initialise the config with "
+                               "NCCL_CONFIG_INITIALIZER",
+                               what, cfg->magic, MACO_NCCL_CONFIG_MAGIC);
+#define MACO_NCCL_HAS(field) (cfg->size >= offsetof(ncclConfig_t, field) + sizeof(cfg->field))
+    if (!MACO_NCCL_HAS(blocking) || cfg->size > (1u << 20))
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: config->size is %zu, outside [%zu, 1 MiB]: initialise the "
+                               "config with NCCL_CONFIG_INITIALIZER",
+                               what, cfg->size,
+                               offsetof(ncclConfig_t, blocking) + sizeof(cfg->blocking));
+    if (cfg->blocking != NCCL_CONFIG_UNDEF_INT) {
+        if (cfg->blocking != 0 && cfg->blocking != 1)
+            return maco_nccl__fail(ncclInvalidArgument, "%s: config->blocking is %d, not 0 or 1",
+                                   what, cfg->blocking);
+        *blocking_p = cfg->blocking;
+    }
+    if (MACO_NCCL_HAS(maxCTAs) && cfg->minCTAs != NCCL_CONFIG_UNDEF_INT &&
+        cfg->maxCTAs != NCCL_CONFIG_UNDEF_INT && (cfg->minCTAs < 1 || cfg->maxCTAs < cfg->minCTAs))
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: config->minCTAs %d and maxCTAs %d: need 1 <= minCTAs <= "
+                               "maxCTAs",
+                               what, cfg->minCTAs, cfg->maxCTAs);
+    if (MACO_NCCL_HAS(splitShare) && cfg->splitShare != NCCL_CONFIG_UNDEF_INT &&
+        cfg->splitShare != 0 && cfg->splitShare != 1)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: config->splitShare is %d, not 0 or 1",
+                               what, cfg->splitShare);
+    if (MACO_NCCL_HAS(commName) && cfg->commName != NULL)
+        *name_p = cfg->commName;
+#undef MACO_NCCL_HAS
+    return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ unique id, creation */
+
+ncclResult_t pncclGetUniqueId(ncclUniqueId *uniqueId)
+{
+    maco_nccl__env_first_use();
+    if (uniqueId == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    const char *addr = getenv("NCCL_COMM_ID");
+    if (addr != NULL && addr[0] != '\0') {
+        if (maco_nccl__id_from_address(uniqueId, addr) != 0)
+            return maco_nccl__fail(ncclInvalidArgument,
+                                   "ncclGetUniqueId: NCCL_COMM_ID='%s' is too long for an id",
+                                   addr);
+        return ncclSuccess;
+    }
+    maco_unique_id_t id;
+    maco_status_t st = maco_unique_id_create(&id);
+    if (st != MACO_OK)
+        return maco_nccl__fail_maco(st, "ncclGetUniqueId");
+    memcpy(uniqueId->internal, id.bytes, sizeof(id.bytes));
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclGetUniqueId)
+
+ncclResult_t pncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                     ncclConfig_t *config)
+{
+    static const char what[] = "ncclCommInitRank";
+    maco_nccl__env_first_use();
+    if (comm == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: comm (the output) is NULL", what);
+    if (nranks < 1)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: nranks is %d, must be >= 1", what, nranks);
+    if (rank < 0 || rank >= nranks)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: rank %d is outside [0, nranks %d)", what,
+                               rank, nranks);
+    int blocking;
+    const char *name;
+    ncclResult_t res = maco_nccl__config(config, what, &blocking, &name);
+    if (res != ncclSuccess)
+        return res;
+    struct ncclComm *c =
+        maco_nccl__comm_alloc(nranks, rank, maco_nccl__current_device(), blocking, name);
+    if (c == NULL)
+        return maco_nccl__fail(ncclSystemError, "%s: out of host memory", what);
+    if (maco_nccl__group_defer_init(c, &commId)) {
+        *comm = c;
+        return ncclSuccess;
+    }
+    if (!blocking) {
+        res = maco_nccl__comm_join_async(c, &commId);
+        if (res == ncclInProgress)
+            *comm = c;
+        else
+            maco_nccl__comm_free(c, 1);
+        return res;
+    }
+    res = maco_nccl__comm_join(c, &commId);
+    if (res != ncclSuccess) {
+        maco_nccl__comm_free(c, 1);
+        return res;
+    }
+    *comm = c;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommInitRankConfig)
+
+ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+    return pncclCommInitRankConfig(comm, nranks, commId, rank, NULL);
+}
+MACO_NCCL_ALIAS(ncclCommInitRank)
+
+/*
+ * NCCL spreads the bootstrap over nId roots to scale setup; MACO's bootstrap has one root,
+ * rank 0, which made commIds[0] (NCCL's rule: id i comes from rank floor(i * nranks / nId)),
+ * so the job is joined through commIds[0] and the others are only checked for presence.
+ */
+ncclResult_t pncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                       ncclUniqueId *commIds, ncclConfig_t *config)
+{
+    if (nId < 1 || commIds == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommInitRankScalable: nId is %d and commIds %p: need at "
+                               "least one id",
+                               nId, (void *)commIds);
+    return pncclCommInitRankConfig(newcomm, nranks, commIds[0], myrank, config);
+}
+MACO_NCCL_ALIAS(ncclCommInitRankScalable)
+
+ncclResult_t pncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+{
+    static const char what[] = "ncclCommInitAll";
+    maco_nccl__env_first_use();
+    if (comms == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: comms is NULL", what);
+    if (ndev < 1)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: ndev is %d, must be >= 1", what, ndev);
+    int ndevices = 0;
+    if (cudaGetDeviceCount(&ndevices) != cudaSuccess) {
+        cudaGetLastError();
+        ndevices = 0;
+    }
+    for (int i = 0; i < ndev; i++) {
+        int d = devlist != NULL ? devlist[i] : i;
+        if (d < 0 || d >= ndevices)
+            return maco_nccl__fail(ncclInvalidArgument,
+                                   "%s: device %d (devlist[%d]) is outside the %d visible CUDA "
+                                   "devices",
+                                   what, d, i, ndevices);
+    }
+    ncclUniqueId id;
+    ncclResult_t res = pncclGetUniqueId(&id);
+    if (res != ncclSuccess)
+        return res;
+    struct ncclComm **cs = calloc((size_t)ndev, sizeof(*cs));
+    ncclUniqueId *ids = malloc(sizeof(*ids) * (size_t)ndev);
+    res = cs != NULL && ids != NULL ? ncclSuccess
+                                    : maco_nccl__fail(ncclSystemError, "%s: out of memory", what);
+    for (int i = 0; i < ndev && res == ncclSuccess; i++) {
+        cs[i] = maco_nccl__comm_alloc(ndev, i, devlist != NULL ? devlist[i] : i, 1, NULL);
+        ids[i] = id;
+        if (cs[i] == NULL)
+            res = maco_nccl__fail(ncclSystemError, "%s: out of host memory", what);
+    }
+    if (res == ncclSuccess)
+        res = maco_nccl__comm_join_all(cs, ids, ndev);
+    for (int i = 0; cs != NULL && i < ndev; i++) {
+        if (res == ncclSuccess)
+            comms[i] = cs[i];
+        else if (cs[i] != NULL)
+            maco_nccl__comm_free(cs[i], 1);
+    }
+    free(cs);
+    free(ids);
+    return res;
+}
+MACO_NCCL_ALIAS(ncclCommInitAll)
+
+/* ------------------------------------------------------------------ split, shrink */
+
+ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                            ncclConfig_t *config)
+{
+    static const char what[] = "ncclCommSplit";
+    if (newcomm == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: newcomm (the output) is NULL", what);
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: color %d is negative (only NCCL_SPLIT_NOCOLOR, -1, may be)",
+                               what, color);
+    ncclResult_t res = maco_nccl__comm_ready(comm, what);
+    if (res != ncclSuccess)
+        return res;
+    int blocking = comm->blocking;
+    const char *name = NULL;
+    if (config != NULL && (res = maco_nccl__config(config, what, &blocking, &name)) != ncclSuccess)
+        return res;
+    struct ncclComm *child = NULL;
+    res = maco_nccl__comm_split(comm, color, key, &child, blocking, name);
+    if (res != ncclSuccess && res != ncclInProgress) {
+        if (child != NULL)
+            maco_nccl__comm_free(child, 1);
+        *newcomm = NULL;
+        return res;
+    }
+    *newcomm = child;
+    return res;
+}
+MACO_NCCL_ALIAS(ncclCommSplit)
+
+/*
+ * Only the ranks that stay call ncclCommShrink, so it is a split with membership known to
+ * every caller and no exchange among all ranks: ranks not excluded keep their order. It needs
+ * the parent's bootstrap links among the staying ranks; after a rank died MACO's bootstrap is
+ * failed, so NCCL_SHRINK_ABORT after a failure cannot shrink yet (docs/nccl.md).
+ */
+ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                             ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
+{
+    static const char what[] = "ncclCommShrink";
+    if (newcomm == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: newcomm (the output) is NULL", what);
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: shrinkFlags %#x is not a known flag", what,
+                               shrinkFlags);
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == NULL))
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: excludeRanksCount %d with excludeRanksList %p", what,
+                               excludeRanksCount, (void *)excludeRanksList);
+    ncclResult_t res = maco_nccl__comm_ready(comm, what);
+    if (res != ncclSuccess)
+        return res;
+    for (int i = 0; i < excludeRanksCount; i++) {
+        if (excludeRanksList[i] < 0 || excludeRanksList[i] >= comm->nranks)
+            return maco_nccl__fail(ncclInvalidArgument,
+                                   "%s: excludeRanksList[%d] = %d is outside [0, %d)", what, i,
+                                   excludeRanksList[i], comm->nranks);
+        if (excludeRanksList[i] == comm->rank)
+            return maco_nccl__fail(ncclInvalidArgument,
+                                   "%s: this rank (%d) is in excludeRanksList: excluded ranks do "
+                                   "not call ncclCommShrink",
+                                   what, comm->rank);
+    }
+    int blocking = comm->blocking;
+    const char *name = NULL;
+    if (config != NULL && (res = maco_nccl__config(config, what, &blocking, &name)) != ncclSuccess)
+        return res;
+    struct ncclComm *child = NULL;
+    res = maco_nccl__comm_subset(comm, excludeRanksList, excludeRanksCount, &child, blocking, name);
+    if (res != ncclSuccess && res != ncclInProgress) {
+        if (child != NULL)
+            maco_nccl__comm_free(child, 1);
+        *newcomm = NULL;
+        return res;
+    }
+    *newcomm = child;
+    return res;
+}
+MACO_NCCL_ALIAS(ncclCommShrink)
+
+/* ------------------------------------------------------------------ ending */
+
+/* Waits for the communicator's work on its device (MACO keeps no list of the streams used, so
+ * the device is synchronised: every stream of this process on it). */
+ncclResult_t pncclCommFinalize(ncclComm_t comm)
+{
+    ncclResult_t res = maco_nccl__comm_ready(comm, "ncclCommFinalize");
+    if (res != ncclSuccess || comm->device < 0)
+        return res;
+    int cur = maco_nccl__current_device();
+    cudaSetDevice(comm->device);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (cur >= 0)
+        cudaSetDevice(cur);
+    if (e != cudaSuccess)
+        return maco_nccl__fail(ncclUnhandledCudaError,
+                               "ncclCommFinalize: cudaDeviceSynchronize: %s",
+                               cudaGetErrorString(e));
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommFinalize)
+
+ncclResult_t pncclCommDestroy(ncclComm_t comm)
+{
+    if (comm == NULL)
+        return ncclSuccess;
+    if (!maco_nccl__comm_valid(comm))
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommDestroy: comm %p is not a communicator (destroyed twice?)",
+                               (void *)comm);
+    return maco_nccl__comm_free(comm, 0);
+}
+MACO_NCCL_ALIAS(ncclCommDestroy)
+
+ncclResult_t pncclCommAbort(ncclComm_t comm)
+{
+    if (comm == NULL)
+        return ncclSuccess;
+    if (!maco_nccl__comm_valid(comm))
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommAbort: comm %p is not a communicator (destroyed twice?)",
+                               (void *)comm);
+    return maco_nccl__comm_free(comm, 1);
+}
+MACO_NCCL_ALIAS(ncclCommAbort)
+
+/* Marks the communicator revoked: later calls on it fail with ncclInvalidUsage; destroy,
+ * abort and the queries remain. Work already issued runs to its end (bounded by
+ * MACO_DEVICE_TIMEOUT): MACO has no way yet to stop kernels in flight. */
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
+{
+    if (revokeFlags != NCCL_REVOKE_DEFAULT)
+        return maco_nccl__fail(ncclInvalidArgument, "ncclCommRevoke: revokeFlags is %#x, not 0",
+                               revokeFlags);
+    ncclResult_t res = maco_nccl__comm_ready(comm, "ncclCommRevoke");
+    if (res != ncclSuccess)
+        return res;
+    __atomic_store_n(&comm->state, MACO_NCCL_COMM_REVOKED, __ATOMIC_RELEASE);
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommRevoke)
+
+/* ------------------------------------------------------------------ queries and errors */
+
+ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
+{
+    if (!maco_nccl__comm_valid(comm) || asyncError == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommGetAsyncError: comm %p or asyncError %p is not valid",
+                               (void *)comm, (void *)asyncError);
+    int state = __atomic_load_n(&comm->state, __ATOMIC_ACQUIRE);
+    if (state == MACO_NCCL_COMM_PENDING) {
+        *asyncError = ncclInProgress;
+        return ncclSuccess;
+    }
+    if (state == MACO_NCCL_COMM_FAILED) {
+        *asyncError = comm->init_result;
+        return ncclSuccess;
+    }
+    maco_status_t async = MACO_OK;
+    maco_comm_get_async_error(comm->maco, &async);
+    *asyncError = maco_nccl__result(async);
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommGetAsyncError)
+
+ncclResult_t pncclCommCount(const ncclComm_t comm, int *count)
+{
+    if (!maco_nccl__comm_valid(comm) || count == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommCount: comm %p or count %p is not valid", (void *)comm,
+                               (void *)count);
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommCount)
+
+ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int *device)
+{
+    if (!maco_nccl__comm_valid(comm) || device == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommCuDevice: comm %p or device %p is not valid", (void *)comm,
+                               (void *)device);
+    *device = comm->device;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommCuDevice)
+
+ncclResult_t pncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    if (!maco_nccl__comm_valid(comm) || rank == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommUserRank: comm %p or rank %p is not valid", (void *)comm,
+                               (void *)rank);
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommUserRank)
+
+/* This thread's last error; else the communicator's first one (MACO's message, which names the
+ * call, the peer and why); else "". */
+const char *pncclGetLastError(ncclComm_t comm)
+{
+    const char *mine = maco_nccl__last_error();
+    if (mine[0] != '\0')
+        return mine;
+    if (maco_nccl__comm_valid(comm) && comm->maco != NULL)
+        return maco_comm_get_last_error(comm->maco);
+    return "";
+}
+MACO_NCCL_ALIAS(ncclGetLastError)
+
+/* ------------------------------------------------------------------ registration */
+
+ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
+{
+    static const char what[] = "ncclCommRegister";
+    ncclResult_t res = maco_nccl__comm_ready(comm, what);
+    if (res != ncclSuccess)
+        return res;
+    if (buff == NULL || size == 0 || handle == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: buff %p, size %zu, handle %p: none may be "
+                               "NULL or 0",
+                               what, buff, size, (void *)handle);
+    maco_mem_t mem;
+    maco_status_t st = maco_mem_register(comm->maco, buff, size, &mem);
+    if (st != MACO_OK)
+        return maco_nccl__fail_maco(st, what);
+    maco_nccl__count_native(MACO_NCCL_CALL_ncclCommRegister);
+    *handle = mem;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommRegister)
+
+ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *handle)
+{
+    ncclResult_t res = maco_nccl__comm_ready(comm, "ncclCommDeregister");
+    if (res != ncclSuccess)
+        return res;
+    if (handle == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "ncclCommDeregister: handle is NULL");
+    maco_status_t st = maco_mem_deregister((maco_mem_t)handle);
+    return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclCommDeregister");
+}
+MACO_NCCL_ALIAS(ncclCommDeregister)
+
+/* A window is a MACO registration (peers map it at their next collective, as any other); MACO
+ * needs no symmetric layout, so NCCL_WIN_COLL_SYMMETRIC is accepted and changes nothing. */
+ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
+                                     int winFlags)
+{
+    static const char what[] = "ncclCommWindowRegister";
+    ncclResult_t res = maco_nccl__comm_ready(comm, what);
+    if (res != ncclSuccess)
+        return res;
+    if (buff == NULL || size == 0 || win == NULL)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "%s: buff %p, size %zu, win %p: none may be NULL or 0", what, buff,
+                               size, (void *)win);
+    if ((winFlags & ~NCCL_WIN_COLL_SYMMETRIC) != 0)
+        return maco_nccl__fail(ncclInvalidArgument, "%s: winFlags %#x has unknown bits", what,
+                               winFlags);
+    struct ncclWindow_vidmem *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return maco_nccl__fail(ncclSystemError, "%s: out of host memory", what);
+    maco_status_t st = maco_mem_register(comm->maco, buff, size, &w->mem);
+    if (st != MACO_OK) {
+        free(w);
+        return maco_nccl__fail_maco(st, what);
+    }
+    maco_nccl__count_native(MACO_NCCL_CALL_ncclCommRegister);
+    w->magic = MACO_NCCL_WINDOW_MAGIC;
+    w->comm = comm;
+    w->base = buff;
+    w->size = size;
+    *win = w;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclCommWindowRegister)
+
+ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
+{
+    ncclResult_t res = maco_nccl__comm_ready(comm, "ncclCommWindowDeregister");
+    if (res != ncclSuccess)
+        return res;
+    if (win == NULL || win->magic != MACO_NCCL_WINDOW_MAGIC || win->comm != comm)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommWindowDeregister: win %p is not a window of this "
+                               "communicator",
+                               (void *)win);
+    maco_status_t st = maco_mem_deregister(win->mem);
+    win->magic = 0;
+    free(win);
+    return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclCommWindowDeregister");
+}
+MACO_NCCL_ALIAS(ncclCommWindowDeregister)
+
+/* ------------------------------------------------------------------ ncclMemAlloc */
+
+/*
+ * ncclMemAlloc has no communicator, so maco_mem_alloc (which needs one) cannot serve it. It
+ * makes what maco_mem_alloc makes: cuMem device memory on the current device, exportable as a
+ * POSIX file descriptor, which maco_mem_register (ncclCommRegister) then shares with local
+ * peers by that descriptor. Where the driver has no VMM it falls back to cudaMalloc (which
+ * registers too, by legacy CUDA IPC). Driver entry points come from the runtime, so the
+ * library has no link-time dependency on libcuda.
+ */
+typedef struct maco_nccl__vmm {
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                       unsigned long long);
+    CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
+                            CUmemAllocationGranularity_flags);
+    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+    CUresult (*retain)(CUmemGenericAllocationHandle *, void *);
+    CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*address_free)(CUdeviceptr, size_t);
+    int ok;
+} maco_nccl__vmm_t;
+
+static maco_nccl__vmm_t maco_nccl__vmm_fns;
+static pthread_once_t maco_nccl__vmm_once = PTHREAD_ONCE_INIT;
+
+static void maco_nccl__vmm_load(void)
+{
+    struct {
+        const char *name;
+        void **slot;
+    } fns[] = {
+        { "cuMemCreate", (void **)&maco_nccl__vmm_fns.create },
+        { "cuMemGetAllocationGranularity", (void **)&maco_nccl__vmm_fns.granularity },
+        { "cuMemAddressReserve", (void **)&maco_nccl__vmm_fns.reserve },
+        { "cuMemMap", (void **)&maco_nccl__vmm_fns.map },
+        { "cuMemSetAccess", (void **)&maco_nccl__vmm_fns.set_access },
+        { "cuMemRelease", (void **)&maco_nccl__vmm_fns.release },
+        { "cuMemRetainAllocationHandle", (void **)&maco_nccl__vmm_fns.retain },
+        { "cuMemGetAddressRange", (void **)&maco_nccl__vmm_fns.range },
+        { "cuMemUnmap", (void **)&maco_nccl__vmm_fns.unmap },
+        { "cuMemAddressFree", (void **)&maco_nccl__vmm_fns.address_free },
+    };
+    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+        enum cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion(fns[i].name, fns[i].slot, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || *fns[i].slot == NULL) {
+            cudaGetLastError();
+            return;
+        }
+    }
+    maco_nccl__vmm_fns.ok = 1;
+}
+
+/* cuMem allocation of `size` bytes on `dev`; NULL when the driver refuses. */
+static void *maco_nccl__vmm_alloc(int dev, size_t size)
+{
+    const maco_nccl__vmm_t *v = &maco_nccl__vmm_fns;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    if (v->granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS ||
+        gran == 0)
+        return NULL;
+    size_t bytes = (size + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h;
+    if (v->create(&h, bytes, &prop, 0) != CUDA_SUCCESS)
+        return NULL;
+    CUdeviceptr ptr = 0;
+    if (v->reserve(&ptr, bytes, gran, 0, 0) != CUDA_SUCCESS) {
+        v->release(h);
+        return NULL;
+    }
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof(access));
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (v->map(ptr, bytes, 0, h, 0) != CUDA_SUCCESS) {
+        v->release(h);
+        v->address_free(ptr, bytes);
+        return NULL;
+    }
+    v->release(h); /* the mapping holds the allocation from here on */
+    if (v->set_access(ptr, bytes, &access, 1) != CUDA_SUCCESS) {
+        v->unmap(ptr, bytes);
+        v->address_free(ptr, bytes);
+        return NULL;
+    }
+    return (void *)(uintptr_t)ptr;
+}
+
+ncclResult_t pncclMemAlloc(void **ptr, size_t size)
+{
+    if (ptr == NULL)
+        return maco_nccl__fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+    if (size == 0) {
+        *ptr = NULL;
+        return ncclSuccess;
+    }
+    int dev = maco_nccl__current_device();
+    if (dev < 0)
+        return maco_nccl__fail(ncclUnhandledCudaError, "ncclMemAlloc: no usable CUDA device");
+    pthread_once(&maco_nccl__vmm_once, maco_nccl__vmm_load);
+    void *p = maco_nccl__vmm_fns.ok ? maco_nccl__vmm_alloc(dev, size) : NULL;
+    if (p == NULL) {
+        cudaError_t e = cudaMalloc(&p, size);
+        if (e != cudaSuccess)
+            return maco_nccl__fail(ncclUnhandledCudaError,
+                                   "ncclMemAlloc: %zu bytes on device %d: %s", size, dev,
+                                   cudaGetErrorString(e));
+    }
+    maco_nccl__count_native(MACO_NCCL_CALL_ncclMemAlloc);
+    *ptr = p;
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclMemAlloc)
+
+ncclResult_t pncclMemFree(void *ptr)
+{
+    if (ptr == NULL)
+        return ncclSuccess;
+    pthread_once(&maco_nccl__vmm_once, maco_nccl__vmm_load);
+    const maco_nccl__vmm_t *v = &maco_nccl__vmm_fns;
+    CUmemGenericAllocationHandle h;
+    if (v->ok && v->retain(&h, ptr) == CUDA_SUCCESS) {
+        v->release(h); /* retain took a reference */
+        CUdeviceptr base = 0;
+        size_t bytes = 0;
+        if (v->range(&base, &bytes, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS ||
+            v->unmap(base, bytes) != CUDA_SUCCESS || v->address_free(base, bytes) != CUDA_SUCCESS)
+            return maco_nccl__fail(ncclUnhandledCudaError,
+                                   "ncclMemFree: unmapping the cuMem allocation at %p failed", ptr);
+        return ncclSuccess;
+    }
+    cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess)
+        return maco_nccl__fail(ncclInvalidArgument, "ncclMemFree: %p: %s", ptr,
+                               cudaGetErrorString(e));
+    return ncclSuccess;
+}
+MACO_NCCL_ALIAS(ncclMemFree)

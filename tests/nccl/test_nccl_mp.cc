@@ -1,0 +1,162 @@
+/*
+ * test_nccl_mp.cc - libmaco_nccl.so's communicators across processes, through nccl.h only,
+ * under maco-run (no GPU needed): creation from an NCCL_COMM_ID address (every rank makes the
+ * same id), blocking and non-blocking; ncclCommSplit with colors, keys and NCCL_SPLIT_NOCOLOR;
+ * ncclCommShrink called by the staying ranks only.
+ * Each check is made on every rank, in the same order.
+ */
+#include <nccl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace
+{
+
+int g_rank, g_nranks;
+ncclComm_t g_world;
+
+std::string LastError()
+{
+    return ncclGetLastError(nullptr);
+}
+
+void WaitReady(ncclComm_t c)
+{
+    ncclResult_t async = ncclInProgress;
+    for (int i = 0; i < 60000 && async == ncclInProgress; i++) {
+        ASSERT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+        if (async == ncclInProgress)
+            usleep(1000);
+    }
+    ASSERT_EQ(async, ncclSuccess) << LastError();
+}
+
+TEST(NcclMp, WorldFromNcclCommId)
+{
+    int n = 0, r = -1;
+    ASSERT_EQ(ncclCommCount(g_world, &n), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(g_world, &r), ncclSuccess);
+    EXPECT_EQ(n, g_nranks);
+    EXPECT_EQ(r, g_rank);
+}
+
+TEST(NcclMp, SplitByColorAndKey)
+{
+    /* Two colors by parity; keys reverse the order inside each. */
+    ncclComm_t sub = nullptr;
+    ASSERT_EQ(ncclCommSplit(g_world, g_rank % 2, -g_rank, &sub, nullptr), ncclSuccess)
+        << LastError();
+    ASSERT_NE(sub, nullptr);
+    int n = 0, r = -1;
+    ASSERT_EQ(ncclCommCount(sub, &n), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(sub, &r), ncclSuccess);
+    int same = (g_nranks - (g_rank % 2) + 1) / 2; /* ranks with my parity */
+    EXPECT_EQ(n, same);
+    /* Ranks of my parity above me come first (smaller keys). */
+    int above = 0;
+    for (int q = g_rank + 2; q < g_nranks; q += 2)
+        above++;
+    EXPECT_EQ(r, above);
+    /* A split of the split: everyone in one color, equal keys keep the parent order. */
+    ncclComm_t subsub = nullptr;
+    ASSERT_EQ(ncclCommSplit(sub, 0, 0, &subsub, nullptr), ncclSuccess) << LastError();
+    int r2 = -1;
+    ASSERT_EQ(ncclCommUserRank(subsub, &r2), ncclSuccess);
+    EXPECT_EQ(r2, r);
+    EXPECT_EQ(ncclCommDestroy(subsub), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(sub), ncclSuccess);
+}
+
+TEST(NcclMp, SplitNoColorGivesNullAndOthersGoOn)
+{
+    ncclComm_t sub = reinterpret_cast<ncclComm_t>(0x1);
+    int color = g_rank == 0 ? NCCL_SPLIT_NOCOLOR : 5;
+    ASSERT_EQ(ncclCommSplit(g_world, color, 0, &sub, nullptr), ncclSuccess) << LastError();
+    if (g_rank == 0) {
+        EXPECT_EQ(sub, nullptr);
+        return;
+    }
+    ASSERT_NE(sub, nullptr);
+    int n = 0, r = -1;
+    ASSERT_EQ(ncclCommCount(sub, &n), ncclSuccess);
+    ASSERT_EQ(ncclCommUserRank(sub, &r), ncclSuccess);
+    EXPECT_EQ(n, g_nranks - 1);
+    EXPECT_EQ(r, g_rank - 1);
+    EXPECT_EQ(ncclCommDestroy(sub), ncclSuccess);
+}
+
+TEST(NcclMp, NonBlockingSplit)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.commName = "nonblocking-split";
+    ncclComm_t sub = nullptr;
+    ncclResult_t res = ncclCommSplit(g_world, 0, g_rank, &sub, &cfg);
+    ASSERT_TRUE(res == ncclSuccess || res == ncclInProgress) << LastError();
+    ASSERT_NE(sub, nullptr);
+    WaitReady(sub);
+    int n = 0;
+    EXPECT_EQ(ncclCommCount(sub, &n), ncclSuccess);
+    EXPECT_EQ(n, g_nranks);
+    EXPECT_EQ(ncclCommDestroy(sub), ncclSuccess);
+}
+
+TEST(NcclMp, ShrinkByTheStayingRanksOnly)
+{
+    if (g_nranks < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    int excluded = g_nranks - 1;
+    ncclComm_t small = nullptr;
+    if (g_rank != excluded) {
+        ASSERT_EQ(ncclCommShrink(g_world, &excluded, 1, &small, nullptr, NCCL_SHRINK_DEFAULT),
+                  ncclSuccess)
+            << LastError();
+        int n = 0, r = -1;
+        ASSERT_EQ(ncclCommCount(small, &n), ncclSuccess);
+        ASSERT_EQ(ncclCommUserRank(small, &r), ncclSuccess);
+        EXPECT_EQ(n, g_nranks - 1);
+        EXPECT_EQ(r, g_rank);
+        EXPECT_EQ(ncclCommDestroy(small), ncclSuccess);
+    } else {
+        /* The excluded rank may not take part. */
+        EXPECT_EQ(ncclCommShrink(g_world, &excluded, 1, &small, nullptr, NCCL_SHRINK_DEFAULT),
+                  ncclInvalidArgument);
+        EXPECT_NE(LastError().find("excludeRanksList"), std::string::npos) << LastError();
+    }
+    int bad = g_nranks;
+    EXPECT_EQ(ncclCommShrink(g_world, &bad, 1, &small, nullptr, 0), ncclInvalidArgument);
+    EXPECT_EQ(ncclCommShrink(g_world, &bad, 1, &small, nullptr, 4), ncclInvalidArgument);
+    EXPECT_NE(LastError().find("shrinkFlags"), std::string::npos) << LastError();
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    ::testing::InitGoogleTest(&argc, argv);
+    const char *rank = getenv("MACO_RANK"), *size = getenv("MACO_WORLD_SIZE");
+    const char *addr = getenv("MACO_BOOTSTRAP_ADDR");
+    if (rank == nullptr || size == nullptr || addr == nullptr) {
+        fprintf(stderr, "run under maco-run (needs MACO_RANK, MACO_WORLD_SIZE, "
+                        "MACO_BOOTSTRAP_ADDR)\n");
+        return 2;
+    }
+    g_rank = atoi(rank);
+    g_nranks = atoi(size);
+    /* Rank 0's address from maco-run as NCCL_COMM_ID: no id needs to travel. */
+    setenv("NCCL_COMM_ID", addr, 1);
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess ||
+        ncclCommInitRank(&g_world, g_nranks, id, g_rank) != ncclSuccess) {
+        fprintf(stderr, "rank %d: creating the world failed: %s\n", g_rank, LastError().c_str());
+        return 1;
+    }
+    int rc = RUN_ALL_TESTS();
+    ncclCommDestroy(g_world);
+    return rc;
+}
