@@ -48,6 +48,19 @@ static maco_status_t maco__p2p_check_bytes(const char *fn, const char *what, siz
     return MACO_OK;
 }
 
+/* Block q of an all-to-allv side ("s"/"send" or "r"/"recv"): its end, displacement + count
+ * elements of `esz` bytes, must be a byte offset that fits a message. */
+static maco_status_t maco__p2p_check_block(const char *fn, const char *d, const char *side,
+                                           size_t displ, size_t count, int q, size_t esz)
+{
+    if (displ > MACO__P2P_MAX_BYTES / esz || count > MACO__P2P_MAX_BYTES / esz - displ)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "%s: %sdispls[%d] %zu + %scounts[%d] %zu elements of %zu bytes "
+                           "overflows a byte offset",
+                           fn, d, q, displ, side, q, count, esz);
+    return MACO_OK;
+}
+
 static maco_status_t maco__p2p_one(const char *fn, int dir, const void *sbuf, void *rbuf,
                                    size_t count, maco_datatype_t datatype, int peer,
                                    maco_comm_t comm, maco_stream_t stream)
@@ -189,21 +202,11 @@ maco_status_t maco_alltoallv(const void *sendbuf, const size_t *sendcounts, cons
     int n = comm->nranks, me = comm->rank;
     size_t any_send = 0, any_recv = 0;
     for (int q = 0; q < n; q++) {
-        /* The block's end, displacement + count, must be a byte offset that fits. */
-        if (sdispls[q] > MACO__P2P_MAX_BYTES / esz ||
-            sendcounts[q] > MACO__P2P_MAX_BYTES / esz - sdispls[q])
-            return maco__p2p_fail(comm, fn,
-                                  maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                              "%s: sdispls[%d] %zu + sendcounts[%d] %zu elements "
-                                              "of %zu bytes overflows a byte offset",
-                                              fn, q, sdispls[q], q, sendcounts[q], esz));
-        if (rdispls[q] > MACO__P2P_MAX_BYTES / esz ||
-            recvcounts[q] > MACO__P2P_MAX_BYTES / esz - rdispls[q])
-            return maco__p2p_fail(comm, fn,
-                                  maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                              "%s: rdispls[%d] %zu + recvcounts[%d] %zu elements "
-                                              "of %zu bytes overflows a byte offset",
-                                              fn, q, rdispls[q], q, recvcounts[q], esz));
+        st = maco__p2p_check_block(fn, "s", "send", sdispls[q], sendcounts[q], q, esz);
+        if (st == MACO_OK)
+            st = maco__p2p_check_block(fn, "r", "recv", rdispls[q], recvcounts[q], q, esz);
+        if (st != MACO_OK)
+            return maco__p2p_fail(comm, fn, st);
         any_send |= sendcounts[q];
         any_recv |= recvcounts[q];
     }

@@ -114,6 +114,9 @@ TEST_F(Group, ArgumentErrorsFailTheCallAndTheGroup)
         d[static_cast<size_t>(q)] = static_cast<size_t>(q) * 4;
     std::vector<size_t> self_bad = c;
     self_bad[static_cast<size_t>(me)] = 3;
+    /* Block n-1's end past a message's byte size, on the send side, then the receive side. */
+    std::vector<size_t> far_displ = d;
+    far_displ[static_cast<size_t>(n - 1)] = SIZE_MAX / 8;
     struct Bad {
         const char *fn;
         std::function<maco_status_t()> call;
@@ -152,6 +155,18 @@ TEST_F(Group, ArgumentErrorsFailTheCallAndTheGroup)
                                     MACO_FLOAT32, Comm(), nullptr);
           },
           "sends itself 4 elements" },
+        { "maco_alltoallv",
+          [&] {
+              return maco_alltoallv(a_, c.data(), far_displ.data(), b_, c.data(), d.data(),
+                                    MACO_FLOAT32, Comm(), nullptr);
+          },
+          "sdispls[" },
+        { "maco_alltoallv",
+          [&] {
+              return maco_alltoallv(a_, c.data(), d.data(), b_, c.data(), far_displ.data(),
+                                    MACO_FLOAT32, Comm(), nullptr);
+          },
+          "rdispls[" },
         { "maco_allreduce",
           [&] {
               return maco_allreduce(a_, b_, 4, MACO_FLOAT32, static_cast<maco_redop_t>(9), Comm(),
