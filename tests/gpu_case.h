@@ -72,6 +72,39 @@ class GpuCase : public Test
     unsigned long long *counters_ = nullptr;
 };
 
+/* GpuCase with a send and a receive buffer (cudaMalloc) that grow on demand, each with kGuard
+ * bytes before and after the part a call may touch. */
+class BufferCase : public GpuCase
+{
+  protected:
+    static constexpr size_t kGuard = 256;
+
+    void TearDown() override
+    {
+        cudaFree(in_);
+        cudaFree(out_);
+        in_ = out_ = nullptr;
+        cap_ = 0;
+        GpuCase::TearDown();
+    }
+
+    /* Buffers of at least `bytes` each, plus the guards. */
+    void Reserve(size_t bytes)
+    {
+        if (bytes <= cap_)
+            return;
+        cudaFree(in_);
+        cudaFree(out_);
+        in_ = out_ = nullptr;
+        cap_ = bytes;
+        CUDA_OK(cudaMalloc(&in_, cap_ + 2 * kGuard));
+        CUDA_OK(cudaMalloc(&out_, cap_ + 2 * kGuard));
+    }
+
+    char *in_ = nullptr, *out_ = nullptr;
+    size_t cap_ = 0;
+};
+
 class ChannelCase : public Test
 {
   protected:

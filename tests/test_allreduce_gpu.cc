@@ -21,27 +21,13 @@ namespace
 
 using namespace maco_test;
 
-constexpr size_t kGuard = 256;
-
-class Allreduce : public maco_test::GpuCase
+class Allreduce : public maco_test::BufferCase
 {
   protected:
     void TearDown() override
     {
         maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, nullptr);
-        cudaFree(in_);
-        cudaFree(out_);
-        maco_test::GpuCase::TearDown();
-    }
-    void Reserve(size_t bytes)
-    {
-        if (bytes <= cap_)
-            return;
-        cudaFree(in_);
-        cudaFree(out_);
-        cap_ = bytes;
-        ASSERT_EQ(cudaMalloc(&in_, cap_ + 2 * kGuard), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&out_, cap_ + 2 * kGuard), cudaSuccess);
+        maco_test::BufferCase::TearDown();
     }
 
     /* One checked allreduce; returns wrong elements + damaged guard bytes on this rank. */
@@ -82,8 +68,6 @@ class Allreduce : public maco_test::GpuCase
     }
 
     int round_ = 0;
-    char *in_ = nullptr, *out_ = nullptr;
-    size_t cap_ = 0;
 };
 
 struct Case {

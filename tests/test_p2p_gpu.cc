@@ -30,31 +30,16 @@ namespace
 
 using namespace maco_test;
 
-constexpr size_t kGuard = 256;
 const char *const kModes[] = { "", "ll", "copy" };
 
-class P2P : public maco_test::GpuCase
+class P2P : public maco_test::BufferCase
 {
   protected:
     void TearDown() override
     {
         maco_collective_set_algorithm(Comm(), MACO_COLL_ALLTOALL, nullptr);
         maco_collective_set_algorithm(Comm(), MACO_COLL_SENDRECV, nullptr);
-        cudaFree(in_);
-        cudaFree(out_);
-        maco_test::GpuCase::TearDown();
-    }
-
-    /* Send and receive buffers of at least `bytes` each, plus a guard before and after. */
-    void Reserve(size_t bytes)
-    {
-        if (bytes <= cap_)
-            return;
-        cudaFree(in_);
-        cudaFree(out_);
-        cap_ = bytes;
-        CUDA_OK(cudaMalloc(&in_, cap_ + 2 * kGuard));
-        CUDA_OK(cudaMalloc(&out_, cap_ + 2 * kGuard));
+        maco_test::BufferCase::TearDown();
     }
 
     maco_stream_t S()
@@ -132,8 +117,6 @@ class P2P : public maco_test::GpuCase
     }
 
     int round_ = 0;
-    char *in_ = nullptr, *out_ = nullptr;
-    size_t cap_ = 0;
 };
 
 std::string Describe(const char *what, maco_datatype_t dt, size_t count, const char *mode,
