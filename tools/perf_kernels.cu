@@ -67,6 +67,17 @@ __global__ void perf_fill_kernel(void *buf, size_t count, int dtype, uint64_t se
     }
 }
 
+/* Adds every thread's count of wrong elements to *wrong: a warp-level sum, then one atomic
+ * per warp. Every thread of the warp must call it (full-warp shuffle). */
+static __device__ __forceinline__ void perf_add_wrong(unsigned long long mine,
+                                                      unsigned long long *wrong)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        mine += __shfl_down_sync(0xffffffffu, mine, o);
+    if ((threadIdx.x & 31) == 0 && mine)
+        atomicAdd(wrong, mine);
+}
+
 __global__ void perf_check_kernel(const void *out, size_t count, int dtype, uint64_t seed,
                                   int nranks, unsigned long long *wrong,
                                   unsigned long long *first_wrong)
@@ -81,11 +92,7 @@ __global__ void perf_check_kernel(const void *out, size_t count, int dtype, uint
             atomicMin(first_wrong, (unsigned long long)i);
         }
     }
-    /* Warp-level sum before one atomic per warp. */
-    for (int o = 16; o > 0; o >>= 1)
-        mine += __shfl_down_sync(0xffffffffu, mine, o);
-    if ((threadIdx.x & 31) == 0 && mine)
-        atomicAdd(wrong, mine);
+    perf_add_wrong(mine, wrong);
 }
 
 __global__ void perf_check_bytes_kernel(const uint8_t *buf, size_t bytes, uint8_t value,
@@ -367,10 +374,7 @@ __global__ void perf_check_coll_kernel(const void *out, size_t count, int coll, 
             atomicMin(first_wrong, (unsigned long long)j);
         }
     }
-    for (int o = 16; o > 0; o >>= 1)
-        mine += __shfl_down_sync(0xffffffffu, mine, o);
-    if ((threadIdx.x & 31) == 0 && mine)
-        atomicAdd(wrong, mine);
+    perf_add_wrong(mine, wrong);
 }
 
 extern "C" cudaError_t maco_perf_fill_coll(void *buf, size_t count, maco_datatype_t datatype,
@@ -424,10 +428,7 @@ __global__ void perf_check_from_kernel(const void *out, size_t count, int dt, in
             atomicMin(first_wrong, (unsigned long long)j);
         }
     }
-    for (int o = 16; o > 0; o >>= 1)
-        mine += __shfl_down_sync(0xffffffffu, mine, o);
-    if ((threadIdx.x & 31) == 0 && mine)
-        atomicAdd(wrong, mine);
+    perf_add_wrong(mine, wrong);
 }
 
 extern "C" cudaError_t maco_perf_check_from(const void *out, size_t count, maco_datatype_t datatype,
