@@ -217,7 +217,9 @@ ncclResult_t maco_nccl__comm_join_all(struct ncclComm **comms, const ncclUniqueI
 
 /* Waits for a creation running on its own thread. One caller joins the thread (taken under
  * the lock, joined outside it: the creation itself takes the lock); others wait for the state
- * to leave PENDING. */
+ * to leave PENDING. Both waits end: the creation is maco_comm_create, whose every exchange
+ * is bounded by the bootstrap's timeout (MACO_BOOTSTRAP_TIMEOUT), after which the state is
+ * FAILED. */
 static void maco_nccl__comm_wait(struct ncclComm *c)
 {
     pthread_mutex_lock(&c->lock);
