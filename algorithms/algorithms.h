@@ -8,6 +8,7 @@
 #include "comm_internal.h"
 #include "maco/collectives.h"
 #include "maco/device/macros.h"
+#include "maco/port_channel.h"
 #include "p2p_plan.h"
 
 #ifdef __cplusplus
@@ -16,6 +17,7 @@ extern "C" {
 
 enum {
     MACO__RSAG_MAX_SLOTS = 128, /* most rsag CTAs (each: own scratch slot, semaphores) */
+    MACO__HIER_MAX_SLOTS = 64,  /* most hier CTAs (MACO_HIER_CTAS) */
     MACO__REG_MAX = 1024,       /* registrations per rank collectives can use in place */
     MACO__DESC_BYTES = 128,     /* one rank's in-place descriptor as LL16 packets */
 };
@@ -52,6 +54,11 @@ typedef struct maco__coll_layout {
     size_t p2p_ctr_offset, p2p_hdr_offset, p2p_ll_offset, p2p_cp_offset;
     size_t p2p_chunk;         /* MACO_P2P_CHUNK_SIZE: copy-mode payload per chunk */
     size_t p2p_cp_slot_bytes; /* p2p_chunk + 16 (the skew), rounded up to 256 */
+    /* Across nodes (hier.cuh): per CTA slot, hier_regions regions of hier_piece_max bytes
+     * (0 on one node). */
+    size_t hier_offset, hier_piece_max, hier_slot_bytes;
+    int hier_slots;   /* MACO_HIER_CTAS */
+    int hier_regions; /* 2 * local ranks * nodes + 3 * nodes */
     size_t total_bytes;
     size_t oneshot_max; /* bytes per rank */
 } maco__coll_layout_t;
@@ -60,14 +67,30 @@ typedef struct maco__coll_layout {
 typedef struct maco__registry maco__registry_t;
 
 /* The collectives' state on a communicator (comm->coll), made by setup.c at creation. */
+/*
+ * Peers are indexed by *local index*: the position of a rank among the ranks of its node in
+ * rank order (its local rank). Every array below over "local peers" has ln entries; on one
+ * node the local index is the rank. Across nodes the collectives are hierarchical
+ * (hier.cuh): the kernels' intra-node parts run on the local view, and each rank talks to
+ * the ranks of the same local index on the other nodes (its rail) over port channels.
+ */
 typedef struct maco__coll {
     maco__coll_layout_t layout;
-    char *buf;                                   /* this rank's collectives buffer */
-    maco_mem_t buf_mem;                          /* its registration */
-    char **peer_buf;                             /* [nranks] mapped buffers (own: buf) */
-    maco_mem_t *peer_buf_mem;                    /* [nranks] imports (own: NULL) */
-    maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][nranks] */
-    maco_memory_channel_device_t *p2p_channels;  /* device array [nranks][p2p_lanes]: credits */
+    int ln, lrank;            /* ranks on this node, this rank's local index */
+    int nnodes, node;         /* nodes, this rank's node (numbered as maco_comm_get_node) */
+    int *rank_at;             /* [nnodes][ln] the rank of local index i on node k */
+    int *rank_at_dev;         /* the same on the device (hier kernels), NULL on one node */
+    char *buf;                /* this rank's collectives buffer */
+    maco_mem_t buf_mem;       /* its registration */
+    char **peer_buf;          /* [ln] mapped buffers of local peers (own: buf) */
+    maco_mem_t *peer_buf_mem; /* [nranks] imports by rank (own: NULL) */
+    maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][ln] */
+    maco_memory_channel_device_t *p2p_channels;  /* device array [ln][p2p_lanes]: credits */
+    /* Across nodes: the collectives' proxy and its port channels to the rail peers,
+     * [hier_slots][nnodes][2] (0: data, 1: acknowledgements; none to this node). */
+    maco_proxy_t proxy;
+    maco_port_channel_t *rail; /* host handles */
+    maco_port_channel_device_t *rail_dev;
     maco__registry_t *reg;
     /* Settings, read once at creation (select.c): the forced algorithm of each collective
      * ("" = by size; maco_collective_set_algorithm changes it) and the largest allreduce
@@ -81,6 +104,15 @@ typedef struct maco__coll {
 static inline maco__coll_t *maco__coll_of(maco_comm_t comm)
 {
     return (maco__coll_t *)comm->coll;
+}
+
+/** The node of rank r (from rank_at). */
+static inline int maco__node_of(const maco__coll_t *c, int r)
+{
+    for (int i = 0; i < c->nnodes * c->ln; i++)
+        if (c->rank_at[i] == r)
+            return i / c->ln;
+    return -1;
 }
 
 /* ---- setup.c ---- */
@@ -190,11 +222,29 @@ typedef struct maco__coll_args {
 MACO_STATIC_ASSERT(sizeof(maco__coll_args_t) == 312, "maco__coll_args_t is 312 bytes");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__coll_args_t) == 8, "maco__coll_args_t alignment");
 
+/*
+ * The hierarchical kernel's arguments (hier.cuh): the intra-node view in `c` (rank = this
+ * rank's local index, nranks = ranks on this node, peer_buf and channels over local peers,
+ * piece_elems = elements per piece) and the rails. Passed by value: 312 + 64 = 376 bytes.
+ */
+typedef struct maco__hier_args {
+    maco__coll_args_t c;
+    const maco_port_channel_device_t *rail; /* [hier_slots][nnodes][2]: data, acknowledgements */
+    const int *rank_at;                     /* [nnodes][ln]: rank of local index i on node k */
+    uint64_t hier_offset, hier_slot_bytes;  /* the slots in every rank's collectives buffer */
+    uint64_t hpiece;                        /* bytes per region of a slot */
+    int32_t node, nnodes;                   /* this rank's node and the node count */
+    int32_t nranks;                         /* ranks in all (avg divides by it) */
+    int32_t root_node, root_local;          /* broadcast, reduce: where the root is */
+    uint32_t accsz;                         /* bytes of the type's accumulator (carries) */
+} maco__hier_args_t;
+MACO_STATIC_ASSERT(sizeof(maco__hier_args_t) == 376, "maco__hier_args_t is 376 bytes");
+
 /* The kernels (coll_kernels.cuh): LL (one-shot), MESH, and LL2 (two-shot LL allreduce).
  * For all-to-all and send/recv (MACO_COLL_ALLTOALL, MACO_COLL_SENDRECV) the same numbers name
  * how a sender moves a message: LL = as LL packets ("ll"), MESH = copied through scratch
  * ("copy"); both run in the one p2p kernel (p2p_kernels.cu). */
-enum { MACO__KERNEL_LL = 0, MACO__KERNEL_MESH = 1, MACO__KERNEL_LL2 = 2 };
+enum { MACO__KERNEL_LL = 0, MACO__KERNEL_MESH = 1, MACO__KERNEL_LL2 = 2, MACO__KERNEL_HIER = 3 };
 
 /*
  * Launches kernel `kernel` for args->coll with element type `datatype` and `op` (avg runs
@@ -203,10 +253,15 @@ enum { MACO__KERNEL_LL = 0, MACO__KERNEL_MESH = 1, MACO__KERNEL_LL2 = 2 };
  */
 typedef cudaError_t (*maco__coll_launcher_t)(const maco__coll_args_t *args, int kernel, int op,
                                              int blocks, int threads, cudaStream_t stream);
+/* The same for the hierarchical kernel (hier.cuh), one per type. */
+typedef cudaError_t (*maco__hier_launcher_t)(const maco__hier_args_t *args, int op, int blocks,
+                                             int threads, cudaStream_t stream);
 
 #define MACO__DECLARE_LAUNCHER(name)                                                               \
     cudaError_t maco__launch_coll_##name(const maco__coll_args_t *args, int kernel, int op,        \
-                                         int blocks, int threads, cudaStream_t stream);
+                                         int blocks, int threads, cudaStream_t stream);            \
+    cudaError_t maco__launch_hier_##name(const maco__hier_args_t *args, int op, int blocks,        \
+                                         int threads, cudaStream_t stream);
 MACO__DECLARE_LAUNCHER(int8)
 MACO__DECLARE_LAUNCHER(uint8)
 MACO__DECLARE_LAUNCHER(int32)

@@ -2,11 +2,13 @@
  * coll_kernels.cuh - the collectives' kernel families, templated on element type and op, and
  * their launcher; coll_kernels_<type>.cu instantiate them, one type per file so builds run in
  * parallel. The kernels: ll.cuh (one-shot and two-shot LL), mesh.cuh (mesh, in place or
- * through scratch); shared device code in src/device (reduce.cuh, words.cuh).
+ * through scratch), hier.cuh (across nodes); shared device code in src/device (reduce.cuh,
+ * words.cuh).
  */
 #ifndef MACO_COLL_KERNELS_CUH
 #define MACO_COLL_KERNELS_CUH
 
+#include "hier.cuh"
 #include "ll.cuh"
 #include "mesh.cuh"
 
@@ -35,6 +37,15 @@ static cudaError_t maco__launch_one(const maco__coll_args_t *args, int kernel, i
         if (op == MACO_PROD || op == MACO_MIN || op == MACO_MAX)                                   \
             return maco__launch_one<T, MACO__OP_RUNTIME>(args, kernel, blocks, threads, stream);   \
         return maco__launch_one<T, MACO__OP_SUM>(args, kernel, blocks, threads, stream);           \
+    }                                                                                              \
+    extern "C" cudaError_t maco__launch_hier_##name(const maco__hier_args_t *args, int op,         \
+                                                    int blocks, int threads, cudaStream_t stream)  \
+    {                                                                                              \
+        if (op == MACO_PROD || op == MACO_MIN || op == MACO_MAX)                                   \
+            maco__hier_kernel<T, MACO__OP_RUNTIME><<<blocks, threads, 0, stream>>>(*args);         \
+        else                                                                                       \
+            maco__hier_kernel<T, MACO__OP_SUM><<<blocks, threads, 0, stream>>>(*args);             \
+        return cudaGetLastError();                                                                 \
     }
 
 #endif /* MACO_COLL_KERNELS_CUH */

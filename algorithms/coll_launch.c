@@ -26,6 +26,16 @@ static const maco__coll_launcher_t maco__launchers[MACO_DATATYPE_COUNT] = {
     maco__launch_coll_float64, maco__launch_coll_fp8_e4m3, maco__launch_coll_fp8_e5m2,
 };
 
+static const maco__hier_launcher_t maco__hier_launchers[MACO_DATATYPE_COUNT] = {
+    maco__launch_hier_int8,    maco__launch_hier_uint8,    maco__launch_hier_int32,
+    maco__launch_hier_uint32,  maco__launch_hier_int64,    maco__launch_hier_uint64,
+    maco__launch_hier_float16, maco__launch_hier_bfloat16, maco__launch_hier_float32,
+    maco__launch_hier_float64, maco__launch_hier_fp8_e4m3, maco__launch_hier_fp8_e5m2,
+};
+
+/* Bytes of each type's accumulator (reduce.cuh: the 16- and 8-bit floats add in float). */
+static const uint8_t maco__acc_bytes[MACO_DATATYPE_COUNT] = { 1, 1, 4, 4, 8, 8, 4, 4, 4, 8, 4, 4 };
+
 /* A single rank: the result is the input (every op of one value is the value). */
 static maco_status_t maco__single_rank(const maco__coll_call_t *c, maco_comm_t comm, cudaStream_t s)
 {
@@ -73,7 +83,7 @@ static void maco__describe(const maco__coll_call_t *c, maco_comm_t comm, const m
 {
     maco__coll_desc_t d;
     memset(&d, 0, sizeof(d));
-    int me = comm->rank, n = comm->nranks;
+    int me = coll->lrank, n = coll->ln; /* one node: the rank and the rank count */
     int root = me == c->root;
     size_t unit = c->count * maco_datatype_size(c->datatype);
     size_t send_bytes = c->coll == MACO_COLL_REDUCE_SCATTER ? unit * (size_t)n : unit;
@@ -122,6 +132,75 @@ maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
     return MACO_OK;
 }
 
+/*
+ * Across nodes (hier.cuh): pieces of a whole number of 16-byte words that hold the type's
+ * accumulator in a slot's region, enough segments for every CTA, at least 4 KiB where the
+ * data allows; one CTA per slot up to MACO_HIER_CTAS (and the co-resident bound). Every
+ * rank computes the same numbers from the same inputs.
+ */
+static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t comm,
+                                       const maco__coll_t *coll, maco__coll_args_t *a,
+                                       cudaStream_t s)
+{
+    const maco__coll_layout_t *l = &coll->layout;
+    size_t esz = maco_datatype_size(c->datatype);
+    int reducing = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE_SCATTER ||
+                   c->coll == MACO_COLL_REDUCE;
+    size_t accsz = reducing ? maco__acc_bytes[c->datatype] : esz;
+    size_t wide = accsz > esz ? accsz : esz;
+    size_t slots = (size_t)l->hier_slots;
+    if (slots > (size_t)l->rsag_slots) /* the barrier's semaphores are the rsag slots' */
+        slots = (size_t)l->rsag_slots;
+    if (slots > (size_t)comm->coresident_ctas)
+        slots = (size_t)comm->coresident_ctas;
+    int split = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE ||
+                c->coll == MACO_COLL_BROADCAST;
+    size_t per_seg = split ? (size_t)coll->ln : 1;
+    size_t word = 16 / esz; /* elements per 16-byte word */
+    size_t pmax = l->hier_piece_max / wide / word * word;
+    size_t p = (c->count + per_seg * slots - 1) / (per_seg * slots);
+    if (p < 4096 / esz)
+        p = 4096 / esz;
+    p = (p + word - 1) / word * word;
+    if (p > pmax)
+        p = pmax;
+    a->piece_elems = p;
+    size_t seg = p * per_seg;
+    size_t nseg = (c->count + seg - 1) / seg;
+    size_t blocks = nseg < slots ? nseg : slots;
+    maco__hier_args_t h;
+    memset(&h, 0, sizeof(h));
+    h.c = *a;
+    h.rail = coll->rail_dev;
+    h.rank_at = coll->rank_at_dev;
+    h.hier_offset = l->hier_offset;
+    h.hier_slot_bytes = l->hier_slot_bytes;
+    h.hpiece = l->hier_piece_max;
+    h.node = coll->node;
+    h.nnodes = coll->nnodes;
+    h.nranks = comm->nranks;
+    for (int k = 0; k < coll->nnodes; k++)
+        for (int i = 0; i < coll->ln; i++)
+            if (coll->rank_at[k * coll->ln + i] == c->root) {
+                h.root_node = k;
+                h.root_local = i;
+            }
+    h.accsz = (uint32_t)accsz;
+    maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
+    cudaError_t cerr = maco__hier_launchers[kt](&h, reducing ? (int)c->op : (int)MACO_SUM,
+                                                (int)blocks, MACO__COLL_THREADS, s);
+    if (cerr != cudaSuccess)
+        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                                                   "%s: launching hier for %zu bytes failed: %s "
+                                                   "(%s)",
+                                                   c->fn, c->count * esz, cudaGetErrorName(cerr),
+                                                   cudaGetErrorString(cerr)));
+    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: hier, %zu CTAs, pieces of %zu elements",
+               maco__coll_name(c->coll), c->count * esz, maco_datatype_name(c->datatype),
+               maco_redop_name(c->op), blocks, p);
+    return MACO_OK;
+}
+
 maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
                                 maco__coll_t *coll_state, int kernel, maco_stream_t stream)
 {
@@ -145,10 +224,10 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
     /* maco_redop_t's sum, prod, min and max are reduce.cuh's MACO__OP_* values. */
     a.op = reducing && c->op != MACO_AVG ? (int32_t)c->op : 0;
     a.root = c->root;
-    a.rank = comm->rank;
-    a.nranks = comm->nranks;
+    a.rank = coll_state->lrank; /* the node's view (algorithms.h, maco__coll_t) */
+    a.nranks = coll_state->ln;
     a.buf = coll_state->buf;
-    for (int r = 0; r < comm->nranks; r++)
+    for (int r = 0; r < coll_state->ln; r++)
         a.peer_buf[r] = coll_state->peer_buf[r];
     const maco__coll_layout_t *l = &coll_state->layout;
     a.ll_offset = l->ll_offset;
@@ -162,7 +241,9 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
     a.channels = coll_state->rsag_channels;
     a.bound = comm->bound;
 
-    size_t n = (size_t)comm->nranks;
+    if (kernel == MACO__KERNEL_HIER)
+        return maco__hier_launch(c, comm, coll_state, &a, s);
+    size_t n = (size_t)coll_state->ln;
     size_t threads = MACO__COLL_THREADS;
     /* Every kernel here waits on peers: its CTAs must be co-resident with theirs, also
      * when ranks share a GPU (comm_internal.h, coresident_ctas). */

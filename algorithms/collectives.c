@@ -225,20 +225,21 @@ maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_collective_t 
         c->forced[coll][0] = '\0';
         return MACO_OK;
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k <= MACO__KERNEL_HIER; k++) {
         const char *algo = maco__coll_algorithm(coll, k);
         if (strcmp(algo, "?") != 0 && strcasecmp(name, algo) == 0) {
             snprintf(c->forced[coll], sizeof(c->forced[coll]), "%s", algo);
             return MACO_OK;
         }
     }
-    const char *third = maco__coll_algorithm(coll, 2);
-    int has_third = strcmp(third, "?") != 0;
+    const char *third = maco__coll_algorithm(coll, 2), *fourth = maco__coll_algorithm(coll, 3);
+    int has_third = strcmp(third, "?") != 0, has_fourth = strcmp(fourth, "?") != 0;
     return maco__comm_record(
-        comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                          "maco_collective_set_algorithm: '%s' is not a %s algorithm: use %s, "
-                          "%s%s%s (or NULL for the choice by size)",
-                          name, maco__coll_name(coll), maco__coll_algorithm(coll, 0),
-                          maco__coll_algorithm(coll, 1), has_third ? " or " : "",
-                          has_third ? third : ""));
+        comm,
+        maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                    "maco_collective_set_algorithm: '%s' is not a %s algorithm: use %s, "
+                    "%s%s%s%s%s (or NULL for the choice by size)",
+                    name, maco__coll_name(coll), maco__coll_algorithm(coll, 0),
+                    maco__coll_algorithm(coll, 1), has_third ? ", " : "", has_third ? third : "",
+                    has_fourth ? " or " : "", has_fourth ? fourth : ""));
 }

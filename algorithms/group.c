@@ -203,7 +203,7 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, const maco__coll_t
     memset(&a, 0, sizeof(a));
     a.plan = *plan;
     a.buf = c->buf;
-    for (int r = 0; r < comm->nranks; r++)
+    for (int r = 0; r < c->ln; r++) /* the node's view: plans name peers by local index */
         a.peer_buf[r] = c->peer_buf[r];
     a.chans = c->p2p_channels;
     a.bound = comm->bound;
@@ -214,8 +214,8 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, const maco__coll_t
     a.cp_offset = l->p2p_cp_offset;
     a.cp_slot_bytes = l->p2p_cp_slot_bytes;
     a.chunk = l->p2p_chunk;
-    a.rank = comm->rank;
-    a.nranks = comm->nranks;
+    a.rank = c->lrank;
+    a.nranks = c->ln;
     a.lanes = l->p2p_lanes;
     /* Every item may wait on a peer: at most the co-resident CTAs (comm_internal.h). */
     int items = plan->npairs * l->p2p_lanes;
@@ -313,8 +313,40 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     if (has_a2a && (st = maco__coll_select(comm, c, MACO_COLL_ALLTOALL, 1, 1, &kernel)) != MACO_OK)
         return maco__comm_record(comm, st);
     gc->coll = c;
-    /* The senders' choice of mode, per message. */
+    /* The kernel names peers by local index (algorithms.h); peers on other nodes are not
+     * reached yet. */
     maco__p2p_plan_t *p = &gc->plan;
+    const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;
+    for (int k = 0; k < p->npairs; k++) {
+        int q = p->pair_peer[k], i = 0;
+        while (i < c->ln && local[i] != q)
+            i++;
+        if (i < c->ln) {
+            p->pair_peer[k] = i;
+            continue;
+        }
+        /* Name the first call with a message to or from that rank. */
+        int call = first_call;
+        const char *fn = first_fn;
+        for (int o = g->nops - 1; o >= 0; o--)
+            if (g->ops[o].comm == comm && !g->ops[o].is_coll)
+                for (int j = 0; j < g->ops[o].nmsgs; j++)
+                    if (g->ops[o].msgs[j].peer == q) {
+                        call = g->ops[o].call;
+                        fn = g->ops[o].fn;
+                    }
+        char who[96];
+        if (g->implicit)
+            snprintf(who, sizeof(who), "%s", fn);
+        else
+            snprintf(who, sizeof(who), "maco_group_end: call %d (%s)", call, fn);
+        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                                                   "%s: a message to or from rank %d, on node %d "
+                                                   "(this rank is on node %d): all-to-all and "
+                                                   "send/recv across nodes are not implemented yet",
+                                                   who, q, maco__node_of(c, q), c->node));
+    }
+    /* The senders' choice of mode, per message. */
     for (int k = 0; k < p->npairs; k++) {
         if (p->pair_dir[k] != MACO__P2P_SEND)
             continue;

@@ -78,19 +78,22 @@ struct maco__registry {
 
 maco_status_t maco__registry_setup(maco_comm_t comm)
 {
-    int n = comm->nranks;
+    /* Peers are the ranks of this node, by local index (algorithms.h). */
+    const maco__coll_t *c = maco__coll_of(comm);
+    const int n = c->ln, nranks = comm->nranks;
+    const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;
     maco__registry_t *g = (maco__registry_t *)calloc(1, sizeof(*g));
     if (g == NULL)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "registry: no host memory");
     pthread_mutex_init(&g->lock, NULL);
     g->n = n;
-    g->rank = comm->rank;
+    g->rank = c->lrank;
     maco__coll_of(comm)->reg = g; /* freed by maco__registry_free on any failure below */
     g->peer = (maco__dir_t **)calloc((size_t)n, sizeof(*g->peer));
     g->peer_mem = (maco_mem_t *)calloc((size_t)n, sizeof(*g->peer_mem));
     g->seen = (uint32_t *)calloc((size_t)n, sizeof(*g->seen));
     g->imp = (maco_mem_t *)calloc((size_t)n * MACO__REG_MAX, sizeof(*g->imp));
-    uint8_t *handles = (uint8_t *)calloc((size_t)n, MACO_MEM_HANDLE_BYTES);
+    uint8_t *handles = (uint8_t *)calloc((size_t)nranks, MACO_MEM_HANDLE_BYTES);
     maco_status_t st = MACO_OK;
     if (g->peer == NULL || g->peer_mem == NULL || g->seen == NULL || g->imp == NULL ||
         handles == NULL) {
@@ -112,12 +115,14 @@ maco_status_t maco__registry_setup(maco_comm_t comm)
     st = maco_mem_register(comm, d, sizeof(maco__dir_t), &g->dir_mem);
     if (st == MACO_OK)
         st = maco_mem_serialize(g->dir_mem, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
+    /* Every rank takes part in the allgather; each maps the directories of its node's. */
     if (st == MACO_OK)
         st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
     for (int p = 0; p < n && st == MACO_OK; p++) {
-        if (p == comm->rank)
+        if (p == g->rank)
             continue;
-        st = maco_mem_import(comm, handles + (size_t)p * MACO_MEM_HANDLE_BYTES, &g->peer_mem[p]);
+        st = maco_mem_import(comm, handles + (size_t)local[p] * MACO_MEM_HANDLE_BYTES,
+                             &g->peer_mem[p]);
         if (st == MACO_OK) {
             void *q = NULL;
             maco_mem_get_pointer(g->peer_mem[p], &q);
@@ -234,7 +239,7 @@ void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p)
 {
     maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
     if (g == NULL) {
-        memset(seen_p, 0, (size_t)comm->nranks * sizeof(*seen_p));
+        memset(seen_p, 0, (size_t)comm->local_nranks * sizeof(*seen_p));
         return;
     }
     pthread_mutex_lock(&g->lock);

@@ -16,18 +16,18 @@
  * collective has no such kernel), and the variable that forces one. */
 static const struct {
     const char *name;
-    const char *algo[3];
+    const char *algo[4];
     maco__config_id_t force;
 } maco__colls[MACO_COLLECTIVE_COUNT] = {
-    { "allreduce", { "oneshot_ll", "rsag", "twoshot_ll" }, MACO_CFG_ALGO_ALLREDUCE },
-    { "allgather", { "ll", "mesh", NULL }, MACO_CFG_ALGO_ALLGATHER },
-    { "reduce_scatter", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE_SCATTER },
-    { "broadcast", { "ll", "mesh", NULL }, MACO_CFG_ALGO_BROADCAST },
-    { "reduce", { "ll", "mesh", NULL }, MACO_CFG_ALGO_REDUCE },
+    { "allreduce", { "oneshot_ll", "rsag", "twoshot_ll", "hier" }, MACO_CFG_ALGO_ALLREDUCE },
+    { "allgather", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_ALLGATHER },
+    { "reduce_scatter", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_REDUCE_SCATTER },
+    { "broadcast", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_BROADCAST },
+    { "reduce", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_REDUCE },
     /* How a sender moves each message (p2p_kernels.cu): LL packets or chunks through
      * scratch. Any size works either way, so forcing one never fails for size. */
-    { "alltoall", { "ll", "copy", NULL }, MACO_CFG_ALGO_ALLTOALL },
-    { "sendrecv", { "ll", "copy", NULL }, MACO_CFG_ALGO_SENDRECV },
+    { "alltoall", { "ll", "copy", NULL, NULL }, MACO_CFG_ALGO_ALLTOALL },
+    { "sendrecv", { "ll", "copy", NULL, NULL }, MACO_CFG_ALGO_SENDRECV },
 };
 
 /*
@@ -56,7 +56,7 @@ const char *maco__coll_name(maco_collective_t coll)
 
 const char *maco__coll_algorithm(maco_collective_t coll, int kernel)
 {
-    if ((unsigned)coll >= MACO_COLLECTIVE_COUNT || kernel < 0 || kernel > 2 ||
+    if ((unsigned)coll >= MACO_COLLECTIVE_COUNT || kernel < 0 || kernel > MACO__KERNEL_HIER ||
         maco__colls[coll].algo[kernel] == NULL)
         return "?";
     return maco__colls[coll].algo[kernel];
@@ -92,14 +92,23 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
     size_t cap = c->layout.oneshot_max;
     size_t msg = count * esz; /* the unit: what one rank sends one peer */
     int p2p = coll == MACO_COLL_ALLTOALL || coll == MACO_COLL_SENDRECV;
-    size_t n = (size_t)comm->nranks;
+    size_t n = (size_t)c->ln;
+    int across = c->nnodes > 1 && !p2p;
     int twoshot = coll == MACO_COLL_ALLREDUCE && maco__coll_twoshot_block(count, esz, n, cap) != 0;
     const char *forced = c->forced[coll];
     if (forced[0] != '\0') {
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k <= MACO__KERNEL_HIER; k++) {
             if (maco__colls[coll].algo[k] == NULL ||
                 strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
                 continue;
+            /* hier is the one algorithm across nodes, and works only there. */
+            if ((k == MACO__KERNEL_HIER) != across)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s %s; the ranks are on %d node%s",
+                                   maco__config_name(maco__colls[coll].force), forced,
+                                   across ? "works on one node, use hier across nodes"
+                                          : "needs ranks on several nodes",
+                                   c->nnodes, c->nnodes > 1 ? "s" : "");
             if (k == MACO__KERNEL_LL && msg > cap && !p2p)
                 return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                                    "%s=%s cannot take %zu bytes per rank: its scratch "
@@ -116,13 +125,17 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
             return MACO_OK;
         }
         return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                           "%s='%s' is not a %s algorithm: use %s, %s%s%s",
+                           "%s='%s' is not a %s algorithm: use %s, %s%s%s%s%s",
                            maco__config_name(maco__colls[coll].force), forced,
                            maco__colls[coll].name, maco__colls[coll].algo[0],
-                           maco__colls[coll].algo[1], maco__colls[coll].algo[2] ? " or " : "",
-                           maco__colls[coll].algo[2] ? maco__colls[coll].algo[2] : "");
+                           maco__colls[coll].algo[1], maco__colls[coll].algo[2] ? ", " : "",
+                           maco__colls[coll].algo[2] ? maco__colls[coll].algo[2] : "",
+                           maco__colls[coll].algo[3] ? " or " : "",
+                           maco__colls[coll].algo[3] ? maco__colls[coll].algo[3] : "");
     }
-    if (p2p)
+    if (across)
+        *kernel_p = MACO__KERNEL_HIER;
+    else if (p2p)
         *kernel_p = msg <= (size_t)c->p2p_ll_max ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
     else if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
         *kernel_p = MACO__KERNEL_LL;

@@ -23,6 +23,7 @@ typedef struct maco__coll_sizes {
     uint64_t scratch_bytes;
     int32_t rsag_ctas;
     int32_t p2p_lanes;
+    int32_t hier_ctas;
     uint64_t p2p_chunk;
 } maco__coll_sizes_t;
 
@@ -31,7 +32,9 @@ static size_t maco__align_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-static void maco__coll_layout(maco__coll_layout_t *l, int nranks, const maco__coll_sizes_t *z)
+/* The layout for `nranks` ranks on this node and `nnodes` nodes (algorithms.h). */
+static void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes,
+                              const maco__coll_sizes_t *z)
 {
     size_t oneshot_max = z->oneshot_max, scratch_bytes = z->scratch_bytes;
     int rsag_slots = z->rsag_ctas;
@@ -61,14 +64,29 @@ static void maco__coll_layout(maco__coll_layout_t *l, int nranks, const maco__co
     l->p2p_ll_offset = maco__align_up(l->p2p_hdr_offset + n * lanes * slots * 16, 256);
     l->p2p_cp_offset =
         maco__align_up(l->p2p_ll_offset + n * lanes * slots * MACO__P2P_LL_SLOT, 256);
-    l->total_bytes = l->p2p_cp_offset + n * lanes * slots * l->p2p_cp_slot_bytes;
+    size_t end = l->p2p_cp_offset + n * lanes * slots * l->p2p_cp_slot_bytes;
+    /* Across nodes (hier.cuh): per slot IN [nodes][ln], CARRY, FINAL and ACC [nodes] each,
+     * OUT [ln][nodes]; from a scratch of its own size. */
+    l->hier_slots = z->hier_ctas;
+    if (nnodes > 1) {
+        size_t nn = (size_t)nnodes;
+        l->hier_regions = (int)(2 * n * nn + 3 * nn);
+        l->hier_offset = maco__align_up(end, 256);
+        l->hier_piece_max = scratch_bytes / ((size_t)z->hier_ctas * (size_t)l->hier_regions);
+        l->hier_piece_max = l->hier_piece_max / 256 * 256;
+        l->hier_slot_bytes = (size_t)l->hier_regions * l->hier_piece_max;
+        end = l->hier_offset + (size_t)z->hier_ctas * l->hier_slot_bytes;
+    }
+    l->total_bytes = end;
 }
 
 /* Reads and checks the sizes that shape the buffer. */
 static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
 {
-    int64_t oneshot, scratch, ctas, lanes, chunk;
+    int64_t oneshot, scratch, ctas, lanes, chunk, hier;
     maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_ONESHOT_MAX, &oneshot);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_HIER_CTAS, &hier);
     if (st == MACO_OK)
         st = maco__config_int64(MACO_CFG_SCRATCH_SIZE, &scratch);
     if (st == MACO_OK)
@@ -86,6 +104,10 @@ static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
     if (chunk < ((int64_t)16 << 10) || chunk > ((int64_t)4 << 20))
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_P2P_CHUNK_SIZE=%lld is outside [16K, 4M] bytes", (long long)chunk);
+    if (hier < 1 || hier > MACO__HIER_MAX_SLOTS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "MACO_HIER_CTAS=%lld is outside [1, %d]", (long long)hier,
+                           MACO__HIER_MAX_SLOTS);
     if (ctas < 1 || ctas > MACO__RSAG_MAX_SLOTS)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_ALLREDUCE_RSAG_CTAS=%lld is outside [1, %d]", (long long)ctas,
@@ -102,6 +124,7 @@ static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
     z->oneshot_max = maco__align_up((size_t)oneshot, 16);
     z->scratch_bytes = (uint64_t)scratch;
     z->p2p_lanes = (int32_t)lanes;
+    z->hier_ctas = (int32_t)hier;
     z->p2p_chunk = maco__align_up((size_t)chunk, 16);
     return MACO_OK;
 }
@@ -111,6 +134,14 @@ static void maco__coll_destroy(maco_comm_t comm)
     maco__coll_t *c = maco__coll_of(comm);
     if (c == NULL)
         return;
+    if (c->proxy != NULL)
+        maco_proxy_stop(c->proxy);
+    if (c->rail != NULL) {
+        size_t nch = (size_t)c->layout.hier_slots * (size_t)c->nnodes * 2;
+        for (size_t i = 0; i < nch; i++)
+            maco_port_channel_destroy(c->rail[i]);
+    }
+    maco_proxy_destroy(c->proxy);
     maco__registry_free(comm);
     if (c->peer_buf_mem != NULL)
         for (int r = 0; r < comm->nranks; r++)
@@ -120,76 +151,208 @@ static void maco__coll_destroy(maco_comm_t comm)
         cudaFree(c->rsag_channels);
     if (c->p2p_channels)
         cudaFree(c->p2p_channels);
+    if (c->rail_dev)
+        cudaFree(c->rail_dev);
+    if (c->rank_at_dev)
+        cudaFree(c->rank_at_dev);
     if (c->buf)
         cudaFree(c->buf);
     cudaGetLastError();
+    free(c->rail);
+    free(c->rank_at);
     free(c->peer_buf);
     free(c->peer_buf_mem);
     free(c);
     comm->coll = NULL;
 }
 
+/*
+ * Where every rank sits: rank_at[k * ln + i] is local index i of node k. Returns 0 and
+ * writes why (every rank decides alike) when the collectives cannot work on this topology:
+ * more ranks on a node than MACO__MAX_LOCAL_RANKS, or nodes with different numbers of ranks
+ * (the rails pair local index i of every node).
+ */
+static int maco__coll_topology(maco_comm_t comm, int **rank_at_p, char *why, size_t why_bytes,
+                               maco_status_t *st_p)
+{
+    const int n = comm->nranks, nn = comm->nnodes, ln = comm->local_nranks;
+    int32_t *where = (int32_t *)calloc((size_t)n * 2, sizeof(int32_t));
+    int *rank_at = (int *)malloc((size_t)n * sizeof(int));
+    int *count = (int *)calloc((size_t)nn, sizeof(int));
+    *st_p = MACO_OK;
+    if (where == NULL || rank_at == NULL || count == NULL) {
+        *st_p = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+        goto fail;
+    }
+    where[2 * comm->rank] = comm->node;
+    where[2 * comm->rank + 1] = comm->local_rank;
+    *st_p = maco_bootstrap_allgather(comm->bs, where, 2 * sizeof(int32_t));
+    if (*st_p != MACO_OK)
+        goto fail;
+    for (int r = 0; r < n; r++)
+        if (where[2 * r] >= 0 && where[2 * r] < nn)
+            count[where[2 * r]]++;
+    for (int k = 0; k < nn; k++) {
+        if (count[k] > MACO__MAX_LOCAL_RANKS) {
+            snprintf(why, why_bytes, "%d ranks on node %d; collectives support at most %d",
+                     count[k], k, MACO__MAX_LOCAL_RANKS);
+            goto fail;
+        }
+        if (count[k] != ln) {
+            snprintf(why, why_bytes,
+                     "node %d has %d ranks and node %d has %d; collectives across nodes need "
+                     "the same number of ranks on every node (local rank i of each node forms "
+                     "rail i)",
+                     comm->node, ln, k, count[k]);
+            goto fail;
+        }
+    }
+    for (int r = 0; r < n; r++)
+        rank_at[where[2 * r] * ln + where[2 * r + 1]] = r;
+    free(where);
+    free(count);
+    *rank_at_p = rank_at;
+    return 1;
+fail:
+    free(where);
+    free(rank_at);
+    free(count);
+    return 0;
+}
+
+/*
+ * Across nodes: the collectives' proxy and, per hier slot and other node, two port channels
+ * to the rail peer there (data, acknowledgements), from this rank's collectives buffer to
+ * the peer's. Created node by node, slot by slot, in the same order on every rank, so the
+ * pairwise creations never wait in a cycle.
+ */
+static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
+{
+    const int nn = c->nnodes, slots = c->layout.hier_slots;
+    const size_t nch = (size_t)slots * (size_t)nn * 2;
+    c->rail = (maco_port_channel_t *)calloc(nch, sizeof(maco_port_channel_t));
+    maco_port_channel_device_t *h =
+        (maco_port_channel_device_t *)calloc(nch, sizeof(maco_port_channel_device_t));
+    maco_status_t st = MACO_OK;
+    if (c->rail == NULL || h == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+        goto out;
+    }
+    st = maco_proxy_create(comm, &c->proxy);
+    if (st == MACO_OK)
+        st = maco_proxy_start(c->proxy);
+    for (int k = 0; k < nn && st == MACO_OK; k++) {
+        if (k == c->node)
+            continue;
+        int peer = c->rank_at[k * c->ln + c->lrank];
+        for (int b = 0; b < slots && st == MACO_OK; b++)
+            for (int w = 0; w < 2 && st == MACO_OK; w++) {
+                size_t i = ((size_t)b * (size_t)nn + (size_t)k) * 2 + (size_t)w;
+                st = maco_port_channel_create(c->proxy, peer, MACO_TRANSPORT_AUTO, c->buf_mem,
+                                              c->peer_buf_mem[peer], &c->rail[i]);
+                if (st == MACO_OK)
+                    st = maco_port_channel_get_device_handle(c->rail[i], &h[i]);
+            }
+    }
+    if (st != MACO_OK)
+        goto out;
+    MACO_CUDA_GOTO(cudaMalloc((void **)&c->rail_dev, nch * sizeof(*h)), st, out);
+    MACO_CUDA_GOTO(cudaMemcpy(c->rail_dev, h, nch * sizeof(*h), cudaMemcpyHostToDevice), st, out);
+    MACO_CUDA_GOTO(cudaMalloc((void **)&c->rank_at_dev, (size_t)comm->nranks * sizeof(int)), st,
+                   out);
+    MACO_CUDA_GOTO(cudaMemcpy(c->rank_at_dev, c->rank_at, (size_t)comm->nranks * sizeof(int),
+                              cudaMemcpyHostToDevice),
+                   st, out);
+out:
+    free(h);
+    return st;
+}
+
 static maco_status_t maco__coll_setup(maco_comm_t comm)
 {
     const int n = comm->nranks;
     /* Every rank decides alike from what all of them know (the topology). */
-    if (comm->nnodes > 1 || n > MACO__MAX_LOCAL_RANKS) {
-        if (comm->nnodes > 1)
-            snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
-                     "the ranks span %d nodes; collectives, all-to-all and send/recv across "
-                     "nodes are not implemented yet (port channels over IB or TCP reach other "
-                     "nodes)",
-                     comm->nnodes);
-        else
-            snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
-                     "%d ranks on one node; collectives support at most %d", n,
-                     MACO__MAX_LOCAL_RANKS);
+    char why[500];
+    int *rank_at = NULL;
+    maco_status_t st = MACO_OK;
+    if (!maco__coll_topology(comm, &rank_at, comm->ext_unavailable, sizeof(comm->ext_unavailable),
+                             &st)) {
+        if (st != MACO_OK)
+            return st;
         MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
                   comm->ext_unavailable);
         return MACO_OK;
     }
     maco__coll_sizes_t mine;
-    maco_status_t st = maco__coll_read_sizes(&mine);
-    if (st != MACO_OK)
+    st = maco__coll_read_sizes(&mine);
+    if (st != MACO_OK) {
+        free(rank_at);
         return st;
+    }
     maco__coll_sizes_t *all = (maco__coll_sizes_t *)calloc((size_t)n, sizeof(*all));
-    if (all == NULL)
+    if (all == NULL) {
+        free(rank_at);
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+    }
     all[comm->rank] = mine;
     st = maco_bootstrap_allgather(comm->bs, all, sizeof(*all));
     for (int r = 0; st == MACO_OK && r < n; r++) {
         if (all[r].oneshot_max == all[0].oneshot_max &&
             all[r].scratch_bytes == all[0].scratch_bytes && all[r].rsag_ctas == all[0].rsag_ctas &&
-            all[r].p2p_lanes == all[0].p2p_lanes && all[r].p2p_chunk == all[0].p2p_chunk)
+            all[r].p2p_lanes == all[0].p2p_lanes && all[r].p2p_chunk == all[0].p2p_chunk &&
+            all[r].hier_ctas == all[0].hier_ctas)
             continue;
-        char why[500];
         snprintf(why, sizeof(why),
                  "MACO_ALLREDUCE_ONESHOT_MAX, MACO_SCRATCH_SIZE, MACO_ALLREDUCE_RSAG_CTAS, "
-                 "MACO_P2P_LANES or MACO_P2P_CHUNK_SIZE differs between rank 0 (%llu, %llu, %d, "
-                 "%d, %llu) and rank %d (%llu, %llu, %d, %d, %llu); set them alike on all ranks",
+                 "MACO_P2P_LANES, MACO_P2P_CHUNK_SIZE or MACO_HIER_CTAS differs between rank 0 "
+                 "(%llu, %llu, %d, %d, %llu, %d) and rank %d (%llu, %llu, %d, %d, %llu, %d); set "
+                 "them alike on all ranks",
                  (unsigned long long)all[0].oneshot_max, (unsigned long long)all[0].scratch_bytes,
                  (int)all[0].rsag_ctas, (int)all[0].p2p_lanes, (unsigned long long)all[0].p2p_chunk,
-                 r, (unsigned long long)all[r].oneshot_max,
+                 (int)all[0].hier_ctas, r, (unsigned long long)all[r].oneshot_max,
                  (unsigned long long)all[r].scratch_bytes, (int)all[r].rsag_ctas,
-                 (int)all[r].p2p_lanes, (unsigned long long)all[r].p2p_chunk);
+                 (int)all[r].p2p_lanes, (unsigned long long)all[r].p2p_chunk,
+                 (int)all[r].hier_ctas);
         maco__comm_set_unavailable(comm, why);
         MACO_INFO(MACO_SUBSYS_INIT, "rank %d: GPU operations unavailable: %s", comm->rank, why);
         free(all);
+        free(rank_at);
         return MACO_OK; /* every rank saw the same sizes and decided alike */
     }
     free(all);
-    if (st != MACO_OK)
+    if (st != MACO_OK) {
+        free(rank_at);
         return st;
+    }
 
     maco__coll_t *c = (maco__coll_t *)calloc(1, sizeof(*c));
-    if (c == NULL)
+    if (c == NULL) {
+        free(rank_at);
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+    }
     comm->coll = c; /* from here on, maco__coll_destroy frees what exists */
+    c->rank_at = rank_at;
+    c->ln = comm->local_nranks;
+    c->lrank = comm->local_rank;
+    c->nnodes = comm->nnodes;
+    c->node = comm->node;
+    const int ln = c->ln;
+    const int *local = rank_at + (size_t)c->node * (size_t)ln; /* local index -> rank */
     st = maco__coll_read_settings(c);
     if (st != MACO_OK)
         return st;
-    maco__coll_layout(&c->layout, n, &mine);
+    maco__coll_layout(&c->layout, ln, c->nnodes, &mine);
     const maco__coll_layout_t *l = &c->layout;
+    if (c->nnodes > 1 && l->hier_piece_max < 4096) {
+        snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
+                 "collectives across %d nodes need pieces of at least 4 KiB: raise "
+                 "MACO_SCRATCH_SIZE (%llu bytes) or lower MACO_HIER_CTAS (%d)",
+                 c->nnodes, (unsigned long long)mine.scratch_bytes, (int)mine.hier_ctas);
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
+                  comm->ext_unavailable);
+        maco__coll_destroy(comm);
+        return MACO_OK; /* every rank computed the same layout */
+    }
     const int slots = l->rsag_slots;
     const int lanes = l->p2p_lanes;
     MACO_CUDA_RETURN(cudaMalloc((void **)&c->buf, l->total_bytes));
@@ -200,27 +363,33 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
     st = maco_mem_register(comm, c->buf, l->total_bytes, &c->buf_mem);
     if (st != MACO_OK)
         return st;
-    c->peer_buf = (char **)calloc((size_t)n, sizeof(char *));
+    c->peer_buf = (char **)calloc((size_t)ln, sizeof(char *));
     c->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
+    char **ptr = (char **)calloc((size_t)n, sizeof(char *));
     maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)slots * (size_t)n, sizeof(maco_memory_channel_device_t));
+        (size_t)slots * (size_t)ln, sizeof(maco_memory_channel_device_t));
     /* Room for either a peer's rsag channels or its p2p lanes. */
     maco_memory_channel_device_t *peer_chans = (maco_memory_channel_device_t *)calloc(
         (size_t)(slots > lanes ? slots : lanes), sizeof(maco_memory_channel_device_t));
     maco_memory_channel_device_t *p2p_chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)n * (size_t)lanes, sizeof(maco_memory_channel_device_t));
-    if (c->peer_buf == NULL || c->peer_buf_mem == NULL || chans == NULL || peer_chans == NULL ||
-        p2p_chans == NULL) {
+        (size_t)ln * (size_t)lanes, sizeof(maco_memory_channel_device_t));
+    if (c->peer_buf == NULL || c->peer_buf_mem == NULL || ptr == NULL || chans == NULL ||
+        peer_chans == NULL || p2p_chans == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
         goto out;
     }
-    st = maco__mem_exchange(comm, c->buf_mem, c->peer_buf, c->peer_buf_mem);
+    /* Every rank's buffer: mapped from the ranks of this node, imported without a mapping
+     * from the others (the rails' port channels put into them). */
+    st = maco__mem_exchange(comm, c->buf_mem, ptr, c->peer_buf_mem);
     if (st != MACO_OK)
         goto out;
-    /* rsag channels: for every peer in rank order, one channel per slot; then its p2p
+    for (int i = 0; i < ln; i++)
+        c->peer_buf[i] = ptr[local[i]];
+    /* rsag channels: for every local peer in rank order, one channel per slot; then its p2p
      * credit channels, one per lane. The pairwise exchanges happen in the same global order
      * on all ranks, so none waits in a cycle. */
-    for (int p = 0; p < n; p++) {
+    for (int i = 0; i < ln; i++) {
+        const int p = local[i];
         if (p == comm->rank)
             continue;
         st =
@@ -228,29 +397,32 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
         if (st != MACO_OK)
             goto out;
         for (int b = 0; b < slots; b++)
-            chans[(size_t)b * (size_t)n + (size_t)p] = peer_chans[b];
+            chans[(size_t)b * (size_t)ln + (size_t)i] = peer_chans[b];
         st =
             maco__memory_channels_setup(comm, p, c->buf_mem, c->peer_buf_mem[p], lanes, peer_chans);
         if (st != MACO_OK)
             goto out;
         for (int b = 0; b < lanes; b++)
-            p2p_chans[(size_t)p * (size_t)lanes + (size_t)b] = peer_chans[b];
+            p2p_chans[(size_t)i * (size_t)lanes + (size_t)b] = peer_chans[b];
     }
     MACO_CUDA_GOTO(
-        cudaMalloc((void **)&c->rsag_channels, (size_t)slots * (size_t)n * sizeof(*chans)), st,
+        cudaMalloc((void **)&c->rsag_channels, (size_t)slots * (size_t)ln * sizeof(*chans)), st,
         out);
-    MACO_CUDA_GOTO(cudaMemcpy(c->rsag_channels, chans, (size_t)slots * (size_t)n * sizeof(*chans),
+    MACO_CUDA_GOTO(cudaMemcpy(c->rsag_channels, chans, (size_t)slots * (size_t)ln * sizeof(*chans),
                               cudaMemcpyHostToDevice),
                    st, out);
     MACO_CUDA_GOTO(
-        cudaMalloc((void **)&c->p2p_channels, (size_t)n * (size_t)lanes * sizeof(*p2p_chans)), st,
+        cudaMalloc((void **)&c->p2p_channels, (size_t)ln * (size_t)lanes * sizeof(*p2p_chans)), st,
         out);
     MACO_CUDA_GOTO(cudaMemcpy(c->p2p_channels, p2p_chans,
-                              (size_t)n * (size_t)lanes * sizeof(*p2p_chans),
+                              (size_t)ln * (size_t)lanes * sizeof(*p2p_chans),
                               cudaMemcpyHostToDevice),
                    st, out);
     st = maco__registry_setup(comm);
+    if (st == MACO_OK && c->nnodes > 1)
+        st = maco__coll_rails(comm, c);
 out:
+    free(ptr);
     free(chans);
     free(peer_chans);
     free(p2p_chans);

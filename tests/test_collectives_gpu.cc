@@ -30,14 +30,17 @@ constexpr size_t kGuard = 256;
 /* MACO_ALLREDUCE_ONESHOT_MAX's default: the LL kernels' largest message. */
 constexpr size_t kLLMax = 256 * 1024;
 
+/* The ranks span several nodes (simulated with MACO_HOST_ID): every collective runs hier. */
+bool g_across = false;
+
 const char *LLName(maco_collective_t coll)
 {
-    return coll == MACO_COLL_ALLREDUCE ? "oneshot_ll" : "ll";
+    return g_across ? "hier" : coll == MACO_COLL_ALLREDUCE ? "oneshot_ll" : "ll";
 }
 
 const char *MeshName(maco_collective_t coll)
 {
-    return coll == MACO_COLL_ALLREDUCE ? "rsag" : "mesh";
+    return g_across ? "hier" : coll == MACO_COLL_ALLREDUCE ? "rsag" : "mesh";
 }
 
 bool HasOp(maco_collective_t coll)
@@ -59,6 +62,13 @@ struct Shape {
 class Collectives : public maco_test::GpuCase
 {
   protected:
+    void SetUp() override
+    {
+        maco_test::GpuCase::SetUp();
+        int nodes = 1;
+        ASSERT_EQ(maco_comm_get_nnodes(Comm(), &nodes), MACO_OK);
+        g_across = nodes > 1;
+    }
     void TearDown() override
     {
         for (int c = 0; c < MACO_COLLECTIVE_COUNT; c++)
@@ -220,6 +230,8 @@ class Collectives : public maco_test::GpuCase
 
     void Expect(const Shape &s, const char *algo)
     {
+        if (g_across && algo[0] != '\0' && strcmp(algo, "hier") != 0)
+            return; /* single-node algorithms (twoshot_ll) */
         if (algo[0] != '\0')
             ASSERT_EQ(maco_collective_set_algorithm(Comm(), s.coll, algo), MACO_OK);
         else
@@ -329,6 +341,8 @@ TEST_F(Collectives, RegisteredBuffersAndEveryRoot)
  * sizes and large ones, every root; maco_collective_get_stats proves the path taken. */
 TEST_F(Collectives, RegisteredBuffersUsedInPlace)
 {
+    if (g_across)
+        GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
     const size_t max_unit_bytes = (static_cast<size_t>(3) << 20) + 64;
     ASSERT_NO_FATAL_FAILURE(ReserveRegistered(max_unit_bytes * NRanks() + 64, true));
     maco_collective_stats_t before = Stats();
@@ -372,6 +386,8 @@ TEST_F(Collectives, RegisteredBuffersUsedInPlace)
  * scratch on every rank, with the same results. */
 TEST_F(Collectives, PartlyRegisteredOrMisalignedGoesThroughScratch)
 {
+    if (g_across)
+        GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
     const size_t unit = 300001;
     ASSERT_NO_FATAL_FAILURE(ReserveRegistered(unit * 4 * NRanks() + 64, Rank() == 0));
     maco_collective_stats_t before = Stats();
@@ -404,6 +420,8 @@ TEST_F(Collectives, PartlyRegisteredOrMisalignedGoesThroughScratch)
  * registration of the same memory is used in place again. */
 TEST_F(Collectives, MemRegisterAndDeregister)
 {
+    if (g_across)
+        GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
     const size_t unit = 400000; /* 1.6 MB: above two-shot LL for allreduce */
     ASSERT_NO_FATAL_FAILURE(Reserve(unit * 4 * NRanks() + 64));
     Shape s = { MACO_COLL_ALLREDUCE, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 };
@@ -504,6 +522,71 @@ TEST_F(Collectives, MixedCallsBackToBack)
     for (maco_collective_t coll : kColls) {
         Shape s = { coll, MACO_FLOAT32, MACO_MIN, unit, false, 0, 1 % NRanks() };
         ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+    }
+}
+
+/*
+ * Every reduction is the rank-order fold of reduce.cuh (widen, combine in rank order 0..n-1,
+ * convert once), bitwise, whatever the algorithm and the number of nodes: random values (not
+ * the exact generator), checked against test_reference_fold on the host for every element.
+ * The same test on one node and on simulated nodes proves that both give the same bits.
+ */
+TEST_F(Collectives, RankOrderFoldBitwise)
+{
+    const int n = NRanks();
+    const size_t max_unit = (static_cast<size_t>(1) << 20) + 3;
+    ASSERT_NO_FATAL_FAILURE(Reserve(max_unit * 8 * static_cast<size_t>(n) + 64));
+    for (maco_collective_t coll :
+         { MACO_COLL_ALLREDUCE, MACO_COLL_REDUCE, MACO_COLL_REDUCE_SCATTER }) {
+        for (maco_datatype_t dt : { MACO_FLOAT32, MACO_BFLOAT16, MACO_FLOAT16, MACO_FP8_E4M3,
+                                    MACO_FLOAT64, MACO_INT32 }) {
+            for (maco_redop_t op : { MACO_SUM, MACO_AVG, MACO_PROD, MACO_MAX }) {
+                for (size_t unit : { static_cast<size_t>(1), static_cast<size_t>(1001),
+                                     static_cast<size_t>(70001), max_unit }) {
+                    if (unit == max_unit && op != MACO_SUM)
+                        continue;
+                    size_t esz = maco_datatype_size(dt);
+                    size_t in_elems = coll == MACO_COLL_REDUCE_SCATTER ? unit * n : unit;
+                    /* Every rank draws every rank's input from the shared seed. */
+                    std::vector<std::vector<char>> inputs(static_cast<size_t>(n));
+                    std::vector<const void *> ptrs;
+                    for (int r = 0; r < n; r++) {
+                        std::mt19937_64 gen(seed_ ^ (static_cast<uint64_t>(round_) << 20) ^
+                                            static_cast<uint64_t>(r));
+                        std::uniform_real_distribution<double> val(-2.0, 2.0);
+                        inputs[r].resize(in_elems * esz);
+                        for (size_t e = 0; e < in_elems; e++) {
+                            double v = val(gen);
+                            char *p = inputs[r].data() + e * esz;
+                            test_store_value(dt, v, p);
+                        }
+                        ptrs.push_back(inputs[r].data());
+                    }
+                    round_++;
+                    /* The expected output of this rank. */
+                    size_t off = coll == MACO_COLL_REDUCE_SCATTER ? unit * Rank() * esz : 0;
+                    std::vector<const void *> mine;
+                    for (int r = 0; r < n; r++)
+                        mine.push_back(static_cast<const char *>(ptrs[r]) + off);
+                    std::vector<char> want(unit * esz), got(unit * esz);
+                    ASSERT_EQ(test_reference_fold(dt, op, mine.data(), n, unit, want.data()), 0);
+                    CUDA_OK(cudaMemcpy(in_, inputs[Rank()].data(), in_elems * esz,
+                                       cudaMemcpyHostToDevice));
+                    CUDA_OK(cudaMemset(out_, 0xFF, unit * esz));
+                    Shape s = { coll, dt, op, unit, false, 0, n - 1 };
+                    ASSERT_EQ(Call(s, in_, out_), MACO_OK) << maco_comm_get_last_error(Comm());
+                    CUDA_OK(cudaStreamSynchronize(stream_));
+                    if (coll == MACO_COLL_REDUCE && Rank() != n - 1)
+                        continue;
+                    CUDA_OK(cudaMemcpy(got.data(), out_, unit * esz, cudaMemcpyDeviceToHost));
+                    size_t bad = 0, first = 0;
+                    for (size_t e = 0; e < unit; e++)
+                        if (memcmp(&got[e * esz], &want[e * esz], esz) != 0 && bad++ == 0)
+                            first = e;
+                    ASSERT_EQ(bad, 0u) << Describe(s, "") << ": first differing element " << first;
+                }
+            }
+        }
     }
 }
 

@@ -3,8 +3,10 @@
 
 #include <cuda_runtime.h>
 
+#include "maco/collectives.h"
 #include "maco/device/sync.h"
 #include "perf_kernels.h"
+#include "reduce.cuh" /* the kernels' arithmetic, for the reference reduction */
 
 __global__ void test_fill_pattern_kernel(char *dst, size_t bytes, uint64_t seed)
 {
@@ -598,4 +600,110 @@ extern "C" cudaError_t test_port_small_puts(const maco_port_channel_device_t *ha
     test_port_small_puts_kernel<<<nranks, 32, 0, stream>>>(handles, rank, buf, slot, seed, clobber,
                                                            status);
     return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------------ reference reduction */
+
+template <class T>
+static void test_fold_typed(int op, const void *const *in, int n, size_t count, void *out)
+{
+    typedef typename T::bits B;
+    const bool avg = op == MACO_AVG;
+    const int rop = avg ? MACO__OP_SUM : op;
+    for (size_t i = 0; i < count; i++) {
+        typename T::acc acc = T::widen(((const B *)in[0])[i]);
+        for (int q = 1; q < n; q++)
+            acc = maco__combine<T, MACO__OP_RUNTIME>(acc, T::widen(((const B *)in[q])[i]), rop);
+        if (avg)
+            acc = T::div(acc, n);
+        ((B *)out)[i] = T::narrow(acc);
+    }
+}
+
+extern "C" int test_reference_fold(int datatype, int op, const void *const *in, int n, size_t count,
+                                   void *out)
+{
+    switch (datatype) {
+    case MACO_INT8:
+        test_fold_typed<maco__t_i8>(op, in, n, count, out);
+        return 0;
+    case MACO_UINT8:
+        test_fold_typed<maco__t_u8>(op, in, n, count, out);
+        return 0;
+    case MACO_INT32:
+        test_fold_typed<maco__t_i32>(op, in, n, count, out);
+        return 0;
+    case MACO_UINT32:
+        test_fold_typed<maco__t_u32>(op, in, n, count, out);
+        return 0;
+    case MACO_INT64:
+        test_fold_typed<maco__t_i64>(op, in, n, count, out);
+        return 0;
+    case MACO_UINT64:
+        test_fold_typed<maco__t_u64>(op, in, n, count, out);
+        return 0;
+    case MACO_FLOAT16:
+        test_fold_typed<maco__t_f16>(op, in, n, count, out);
+        return 0;
+    case MACO_BFLOAT16:
+        test_fold_typed<maco__t_bf16>(op, in, n, count, out);
+        return 0;
+    case MACO_FLOAT32:
+        test_fold_typed<maco__t_f32>(op, in, n, count, out);
+        return 0;
+    case MACO_FLOAT64:
+        test_fold_typed<maco__t_f64>(op, in, n, count, out);
+        return 0;
+    case MACO_FP8_E4M3:
+        test_fold_typed<maco__t_e4m3>(op, in, n, count, out);
+        return 0;
+    case MACO_FP8_E5M2:
+        test_fold_typed<maco__t_e5m2>(op, in, n, count, out);
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+extern "C" void test_store_value(int datatype, double v, void *p)
+{
+    int64_t iv = (int64_t)(v * 50.0);
+    switch (datatype) {
+    case MACO_INT8:
+        *(int8_t *)p = (int8_t)iv;
+        break;
+    case MACO_UINT8:
+        *(uint8_t *)p = (uint8_t)iv;
+        break;
+    case MACO_INT32:
+        *(int32_t *)p = (int32_t)iv;
+        break;
+    case MACO_UINT32:
+        *(uint32_t *)p = (uint32_t)iv;
+        break;
+    case MACO_INT64:
+        *(int64_t *)p = iv;
+        break;
+    case MACO_UINT64:
+        *(uint64_t *)p = (uint64_t)iv;
+        break;
+    case MACO_FLOAT16:
+        *(uint16_t *)p = maco__t_f16::narrow((float)v);
+        break;
+    case MACO_BFLOAT16:
+        *(uint16_t *)p = maco__t_bf16::narrow((float)v);
+        break;
+    case MACO_FLOAT32:
+        *(uint32_t *)p = maco__t_f32::narrow((float)v);
+        break;
+    case MACO_FLOAT64:
+        *(uint64_t *)p = maco__t_f64::narrow(v);
+        break;
+    case MACO_FP8_E4M3:
+        *(uint8_t *)p = maco__t_e4m3::narrow((float)v);
+        break;
+    default:
+        *(uint8_t *)p = maco__t_e5m2::narrow((float)v);
+        break;
+    }
 }

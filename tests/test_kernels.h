@@ -41,6 +41,20 @@ __host__ __device__
 cudaError_t test_fill_pattern(char *dst, size_t bytes, uint64_t seed, cudaStream_t stream);
 
 /**
+ * The reduction the collectives compute, on the host with the kernels' own arithmetic
+ * (reduce.cuh): for each of `count` elements, the values of in[0..n) (host buffers of
+ * `datatype`) widened to the type's accumulator, combined with `op` in rank order 0..n-1,
+ * divided by n for MACO_AVG, converted once. Writes out[0..count). Returns 0, or -1 for a
+ * type or op it does not know.
+ */
+int test_reference_fold(int datatype, int op, const void *const *in, int n, size_t count,
+                        void *out);
+
+/** Stores v as one element of `datatype` at p (floats rounded to nearest; integers: v * 50
+ * truncated). */
+void test_store_value(int datatype, double v, void *p);
+
+/**
  * Adds to *mismatches the number of bytes of [p, p+bytes) that differ from
  * test_pattern_byte(seed, pattern_offset + i).
  */

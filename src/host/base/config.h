@@ -62,11 +62,16 @@ extern "C" {
     X(SCRATCH_SIZE, SIZE, "32M", "bytes",                                                          \
       "Scratch buffer per rank for collectives on unregistered buffers.")                          \
     X(ALGO_ALLREDUCE, STRING, "", "",                                                              \
-      "Force an allreduce algorithm: oneshot_ll, twoshot_ll or rsag. Default: chosen by size.")    \
-    X(ALGO_ALLGATHER, STRING, "", "", "Force an allgather algorithm: ll or mesh.")                 \
-    X(ALGO_REDUCE_SCATTER, STRING, "", "", "Force a reduce-scatter algorithm: ll or mesh.")        \
-    X(ALGO_BROADCAST, STRING, "", "", "Force a broadcast algorithm: ll or mesh.")                  \
-    X(ALGO_REDUCE, STRING, "", "", "Force a reduce algorithm: ll or mesh.")                        \
+      "Force an allreduce algorithm: oneshot_ll, twoshot_ll, rsag (one node) or hier (across "     \
+      "nodes). Default: chosen by size and node count.")                                           \
+    X(ALGO_ALLGATHER, STRING, "", "",                                                              \
+      "Force an allgather algorithm: ll or mesh (one node), hier (across nodes).")                 \
+    X(ALGO_REDUCE_SCATTER, STRING, "", "",                                                         \
+      "Force a reduce-scatter algorithm: ll or mesh (one node), hier (across nodes).")             \
+    X(ALGO_BROADCAST, STRING, "", "",                                                              \
+      "Force a broadcast algorithm: ll or mesh (one node), hier (across nodes).")                  \
+    X(ALGO_REDUCE, STRING, "", "",                                                                 \
+      "Force a reduce algorithm: ll or mesh (one node), hier (across nodes).")                     \
     X(ALGO_ALLTOALL, STRING, "", "",                                                               \
       "Force how all-to-all messages travel: ll (LL packets) or copy (through scratch).")          \
     X(ALGO_SENDRECV, STRING, "", "",                                                               \
@@ -87,6 +92,9 @@ extern "C" {
     X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \
       "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
       "slot and semaphores.")                                                                      \
+    X(HIER_CTAS, INT, "8", "",                                                                     \
+      "Collectives across nodes: CTAs (1..64), each with its own scratch slot and port "           \
+      "channels to the rail peers on every other node.")                                           \
     X(PROXY_FIFO_SIZE, INT, "1024", "triggers",                                                    \
       "Slots of each proxy trigger FIFO (a power of two, 2..65536).")                              \
     X(PROXY_STREAM_MEMOPS, BOOL, "1", "",                                                          \

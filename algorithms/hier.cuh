@@ -1,0 +1,390 @@
+/*
+ * hier.cuh - the collectives across nodes ("hier"): inside a node over the memory channels'
+ * mapped scratch, between nodes over port channels on rails (local index i of every node
+ * talks to local index i of the others), as docs/design.md ("Collectives across nodes")
+ * tells for readers of the docs.
+ *
+ * Each CTA b owns scratch slot b of every rank (layout in algorithms.h: regions of hpiece
+ * bytes IN [node][local], CARRY [node], FINAL [node], ACC [node], OUT [local][node]), its own
+ * memory-channel semaphores with the node's ranks (the mesh barrier) and its own two port
+ * channels to each rail peer: "data" (a put, then a signal: the data landed) and "ack" (the
+ * receiver has consumed what a data signal announced). It works on segments b, b + G, ...
+ *
+ * Reductions run as a chain over the nodes in node order, so every element is combined in
+ * one fixed order: node 0's ranks in rank order, then node 1's, and so on, the running value
+ * kept in the type's accumulator (float for the 16- and 8-bit floats) and converted once at
+ * the end, exactly as the single-node kernels do (reduce.cuh). With ranks numbered node by
+ * node (maco-run, torchrun) that order is rank order, and the result is bitwise the one a
+ * single node computes from the same inputs.
+ *
+ * allreduce, reduce (segment = ln pieces; local index j owns piece j):
+ *   X   each rank copies its input's piece j to owner j's IN[0][me];  mesh barrier
+ *   Y1  owner: node k > 0 waits for CARRY from node k-1 (data); folds CARRY (or nothing on
+ *       node 0) and IN[0][0..ln) in order; node k < N-1 puts the accumulator (ACC) to node
+ *       k+1's CARRY with a signal; node N-1 converts it (avg: divides by the rank count),
+ *       stores it in its ACC and the local OUT[me] regions (reduce: only the root's, on the
+ *       root's node) and puts ACC to every other node's FINAL with a signal
+ *   Y2  node k < N-1 waits for FINAL and copies it to the local OUT[me] regions (reduce:
+ *       the root's only, on the root's node);  mesh barrier
+ *   Z   every rank (reduce: the root) copies the OUT pieces to its output.
+ *   Reduce moves the result to every node like allreduce: each node waiting for FINAL is
+ *   what keeps a node from starting segment s + G while its segment-s put is in flight.
+ * reduce_scatter (segment = P elements of every rank's block; rail i reduces the blocks of
+ * the ranks of local index i): X copies block (node m, local q) of the input to q's
+ * IN[m][me]; Y1 folds per destination node m (CARRY[m], IN[m][0..ln)) and passes the N
+ * accumulators on in one go (one signal); node N-1 puts the result for node m to m's FINAL;
+ * Y2: FINAL (node N-1: its own ACC[N-1]) to the output.
+ * Flow control of the chains: node k-1 writes node k's CARRY for segment s + G only after it
+ * received FINAL of segment s, which exists only after the chain of s passed node k; the
+ * same holds for FINAL and for the ACC regions being read by a put.
+ * allgather (segment = P elements of each block): every rank copies its piece to its ACC and
+ * the local OUT[me][k] regions, puts ACC to every other node's FINAL[k], waits for the
+ * FINAL[m] of every other node, copies them to the local OUT[me][m], acknowledges them;
+ * barrier; Z copies OUT[q][m] to the block of rank (m, q).
+ * broadcast (segment = ln pieces): on the root's node the root copies piece j to owner j's
+ * IN; owner j copies it to its ACC and the local OUT[j] and puts ACC to every other node's
+ * FINAL; elsewhere owner j waits for FINAL, copies it to the local OUT[j] and acknowledges;
+ * Z as allreduce. Here nothing else paces the sender, so before it overwrites ACC for the
+ * next segment (and before the kernel ends) it waits for every acknowledgement of the last.
+ * Every wait is bounded (MACO_DEVICE_TIMEOUT); a failed one records the device error and
+ * the CTA stops (its local peers then time out on the barrier, naming it).
+ */
+#ifndef MACO_ALGO_HIER_CUH
+#define MACO_ALGO_HIER_CUH
+
+#include "maco/device/port_channel.h"
+#include "mesh.cuh"
+
+/* Folds `len` elements: the accumulator values at `cin` (when not NULL) then the element
+ * values of ln regions at src0, src0 + hp, ... in that order. Not last: stores the
+ * accumulators at acc_out. Last: converts (avg: divided by nranks) and stores the elements
+ * at dst[0..ndst). Whole 16-byte words of scratch are read and written; words past `len`
+ * carry stale bytes that no output receives. */
+template <class T, int Op>
+static __device__ __forceinline__ void
+maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool last, bool avg,
+                int nranks, int rop, char *const *dst, int ndst, char *acc_out, uint64_t len)
+{
+    typedef typename T::bits B;
+    typedef typename T::acc A;
+    typedef maco__vec<16, B> V;
+    constexpr int E = 16 / (int)sizeof(B);
+    const uint64_t nw = (len + E - 1) / E;
+    for (uint64_t v = threadIdx.x; v < nw; v += blockDim.x) {
+        A acc[E];
+        int q0 = 0;
+        if (cin != nullptr) {
+            const A *cp = (const A *)cin + v * E;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[e] = cp[e];
+        } else {
+            const V x = *(const V *)(src0 + 16 * v);
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[e] = T::widen(x.e[e]);
+            q0 = 1;
+        }
+        for (int q = q0; q < ln; q++) {
+            const V x = *(const V *)(src0 + (uint64_t)q * hp + 16 * v);
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[e] = maco__combine<T, Op>(acc[e], T::widen(x.e[e]), rop);
+        }
+        if (last) {
+            V r;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                A t = acc[e];
+                if (Op == MACO__OP_SUM && avg)
+                    t = T::div(t, nranks);
+                r.e[e] = T::narrow(t);
+            }
+            for (int d = 0; d < ndst; d++)
+                *(V *)(dst[d] + 16 * v) = r;
+        } else {
+            A *o = (A *)acc_out + v * E;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                o[e] = acc[e];
+        }
+    }
+}
+
+/* Thread 0: a put of `bytes` (none when 0) and, if `signal`, a signal after it. 0 on
+ * success. */
+static __device__ __forceinline__ int maco__hier_put(const maco_port_channel_device_t *ch,
+                                                     uint64_t dst_off, uint64_t src_off,
+                                                     uint64_t bytes, bool signal)
+{
+    maco_status_t st = MACO_OK;
+    if (bytes > 0 && signal)
+        st = maco_port_channel_put_with_signal(ch, dst_off, src_off, bytes);
+    else if (bytes > 0)
+        st = maco_port_channel_put(ch, dst_off, src_off, bytes);
+    else if (signal)
+        st = maco_port_channel_signal(ch);
+    return st != MACO_OK;
+}
+
+/* The CTA agrees on thread 0's `fail`: true in every thread when it failed. */
+static __device__ __forceinline__ bool maco__hier_failed(bool fail)
+{
+    return __syncthreads_or(fail ? 1 : 0) != 0;
+}
+
+template <class T, int Op>
+__global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
+{
+    const maco__coll_args_t &a = h.c;
+    __shared__ maco_memory_channel_device_t ch[MACO__MAXR];
+    const int L = a.nranks, me = a.rank, N = h.nnodes, k = h.node, coll = a.coll;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    if (tid < (uint32_t)L && tid != (uint32_t)me)
+        ch[tid] = a.channels[(uint64_t)blockIdx.x * (uint64_t)L + tid];
+    __syncthreads();
+    const bool waiter = tid < (uint32_t)L && tid != (uint32_t)me;
+    const maco_port_channel_device_t *rail = h.rail + (uint64_t)blockIdx.x * (uint64_t)N * 2;
+#define MACO__DATA(m) (&rail[2 * (m)])
+#define MACO__ACK(m) (&rail[2 * (m) + 1])
+    const uint64_t hp = h.hpiece;
+    const uint64_t slot = h.hier_offset + (uint64_t)blockIdx.x * h.hier_slot_bytes;
+    const uint64_t NL = (uint64_t)N * (uint64_t)L;
+/* Region numbers of a slot, their byte offsets in a collectives buffer, their addresses. */
+#define MACO__R_IN(m, q) ((uint64_t)(m) * (uint64_t)L + (uint64_t)(q))
+#define MACO__R_CARRY(m) (NL + (uint64_t)(m))
+#define MACO__R_FINAL(m) (NL + (uint64_t)N + (uint64_t)(m))
+#define MACO__R_ACC(m) (NL + 2 * (uint64_t)N + (uint64_t)(m))
+#define MACO__R_OUT(q, m) (NL + 3 * (uint64_t)N + (uint64_t)(q) * (uint64_t)N + (uint64_t)(m))
+#define MACO__OFF(r) (slot + (r)*hp)
+#define MACO__LOC(r) (a.buf + MACO__OFF(r))
+#define MACO__PEER(q, r) (a.peer_buf[q] + MACO__OFF(r))
+    const uint64_t esz = a.esz, P = a.piece_elems, C = a.count;
+    const char *in = (const char *)a.input;
+    char *out = (char *)a.output;
+    const bool avg = a.avg != 0;
+    const bool first = k == 0, last = k == N - 1;
+    const int kr = h.root_node, lr = h.root_local;
+    const bool split = coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE ||
+                       coll == MACO_COLL_BROADCAST; /* a segment is L pieces */
+    const uint64_t seg_elems = split ? P * (uint64_t)L : P;
+    const uint64_t nseg = (C + seg_elems - 1) / seg_elems;
+    bool did = false; /* broadcast, allgather: acknowledgements outstanding */
+
+    for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
+        const uint64_t seg0 = seg * seg_elems;
+/* Elements of piece j of this segment (split collectives), or of every block's piece. */
+#define MACO__PLEN(j)                                                                              \
+    (seg0 + (uint64_t)(j)*P < C ? min(P, C - seg0 - (uint64_t)(j)*P) : (uint64_t)0)
+        const uint64_t len = split ? MACO__PLEN(me) : MACO__PLEN(0);
+        bool fail = false;
+
+        if (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE) {
+            for (int i = 0; i < L; i++) {
+                const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
+                maco_copy(MACO__PEER(q, MACO__R_IN(0, me)), in + (seg0 + (uint64_t)q * P) * esz,
+                          MACO__PLEN(q) * esz, tid, nthr);
+            }
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            if (!first && tid == 0)
+                fail = maco_port_channel_wait(MACO__DATA(k - 1)) != MACO_OK;
+            if (maco__hier_failed(fail))
+                return;
+            /* Where the result goes on the last node: ACC (the source of its puts) and the
+             * OUT[me] regions of the ranks that output it. */
+            const bool outputs = coll == MACO_COLL_ALLREDUCE || k == kr;
+            char *dst[MACO__MAXR + 1];
+            int ndst = 0;
+            dst[ndst++] = MACO__LOC(MACO__R_ACC(0));
+            for (int q = 0; q < MACO__MAXR; q++)
+                if (q < L && outputs && (coll == MACO_COLL_ALLREDUCE || q == lr))
+                    dst[ndst++] = MACO__PEER(q, MACO__R_OUT(me, 0));
+            maco__hier_fold<T, Op>(first ? nullptr : MACO__LOC(MACO__R_CARRY(0)),
+                                   MACO__LOC(MACO__R_IN(0, 0)), hp, L, last, avg, h.nranks, a.op,
+                                   dst, ndst, MACO__LOC(MACO__R_ACC(0)), len);
+            __syncthreads();
+            if (tid == 0) {
+                if (!last)
+                    fail = maco__hier_put(MACO__DATA(k + 1), MACO__OFF(MACO__R_CARRY(0)),
+                                          MACO__OFF(MACO__R_ACC(0)), len * h.accsz, true);
+                else
+                    for (int m = 0; m < N - 1 && !fail; m++)
+                        fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(0)),
+                                              MACO__OFF(MACO__R_ACC(0)), len * esz, true);
+                if (!last && !fail)
+                    fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
+            }
+            if (maco__hier_failed(fail))
+                return;
+            if (!last && outputs)
+                for (int q = 0; q < L; q++)
+                    if (coll == MACO_COLL_ALLREDUCE || q == lr)
+                        maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_FINAL(0)),
+                                  len * esz, tid, nthr);
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            if (outputs && (coll == MACO_COLL_ALLREDUCE || me == lr)) {
+                for (int q = 0; q < L; q++)
+                    maco_copy(out + (seg0 + (uint64_t)q * P) * esz, MACO__LOC(MACO__R_OUT(q, 0)),
+                              MACO__PLEN(q) * esz, tid, nthr);
+                __syncthreads();
+            }
+        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+            for (int i = 0; i < L; i++) {
+                const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
+                for (int m = 0; m < N; m++) {
+                    const uint64_t blk = (uint64_t)h.rank_at[m * L + q] * C;
+                    maco_copy(MACO__PEER(q, MACO__R_IN(m, me)), in + (blk + seg0) * esz, len * esz,
+                              tid, nthr);
+                }
+            }
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            if (!first && tid == 0)
+                fail = maco_port_channel_wait(MACO__DATA(k - 1)) != MACO_OK;
+            if (maco__hier_failed(fail))
+                return;
+            for (int m = 0; m < N; m++) {
+                char *dst[1] = { MACO__LOC(MACO__R_ACC(m)) };
+                maco__hier_fold<T, Op>(first ? nullptr : MACO__LOC(MACO__R_CARRY(m)),
+                                       MACO__LOC(MACO__R_IN(m, 0)), hp, L, last, avg, h.nranks,
+                                       a.op, dst, 1, MACO__LOC(MACO__R_ACC(m)), len);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                for (int m = 0; m < N && !fail; m++) {
+                    if (!last)
+                        fail = maco__hier_put(MACO__DATA(k + 1), MACO__OFF(MACO__R_CARRY(m)),
+                                              MACO__OFF(MACO__R_ACC(m)), len * h.accsz, m == N - 1);
+                    else if (m != k)
+                        fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(0)),
+                                              MACO__OFF(MACO__R_ACC(m)), len * esz, true);
+                }
+                if (!last && !fail)
+                    fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
+            }
+            if (maco__hier_failed(fail))
+                return;
+            maco_copy(out + seg0 * esz,
+                      last ? MACO__LOC(MACO__R_ACC(k)) : MACO__LOC(MACO__R_FINAL(0)), len * esz,
+                      tid, nthr);
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+        } else if (coll == MACO_COLL_ALLGATHER) {
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            if (did && tid == 0)
+                for (int m = 0; m < N && !fail; m++)
+                    if (m != k)
+                        fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
+            if (maco__hier_failed(fail))
+                return;
+            const char *mine = in + seg0 * esz;
+            maco_copy(MACO__LOC(MACO__R_ACC(0)), mine, len * esz, tid, nthr);
+            for (int q = 0; q < L; q++)
+                maco_copy(MACO__PEER(q, MACO__R_OUT(me, k)), mine, len * esz, tid, nthr);
+            __syncthreads();
+            if (tid == 0) {
+                for (int m = 0; m < N && !fail; m++)
+                    if (m != k)
+                        fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(k)),
+                                              MACO__OFF(MACO__R_ACC(0)), len * esz, true);
+                for (int m = 0; m < N && !fail; m++)
+                    if (m != k)
+                        fail = maco_port_channel_wait(MACO__DATA(m)) != MACO_OK;
+            }
+            if (maco__hier_failed(fail))
+                return;
+            for (int m = 0; m < N; m++)
+                if (m != k)
+                    for (int q = 0; q < L; q++)
+                        maco_copy(MACO__PEER(q, MACO__R_OUT(me, m)), MACO__LOC(MACO__R_FINAL(m)),
+                                  len * esz, tid, nthr);
+            __syncthreads();
+            if (tid == 0)
+                for (int m = 0; m < N && !fail; m++)
+                    if (m != k)
+                        fail = maco_port_channel_signal(MACO__ACK(m)) != MACO_OK;
+            did = true;
+            if (maco__hier_failed(fail))
+                return;
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            for (int m = 0; m < N; m++)
+                for (int q = 0; q < L; q++)
+                    maco_copy(out + ((uint64_t)h.rank_at[m * L + q] * C + seg0) * esz,
+                              MACO__LOC(MACO__R_OUT(q, m)), len * esz, tid, nthr);
+            __syncthreads();
+        } else { /* broadcast */
+            const bool root_node = k == kr;
+            if (root_node && me == lr)
+                for (int i = 0; i < L; i++) {
+                    const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
+                    maco_copy(MACO__PEER(q, MACO__R_IN(0, 0)), in + (seg0 + (uint64_t)q * P) * esz,
+                              MACO__PLEN(q) * esz, tid, nthr);
+                }
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            if (root_node) {
+                if (did && tid == 0)
+                    for (int m = 0; m < N && !fail; m++)
+                        if (m != k)
+                            fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
+                if (maco__hier_failed(fail))
+                    return;
+                maco_copy(MACO__LOC(MACO__R_ACC(0)), MACO__LOC(MACO__R_IN(0, 0)), len * esz, tid,
+                          nthr);
+                for (int q = 0; q < L; q++)
+                    maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_IN(0, 0)),
+                              len * esz, tid, nthr);
+                __syncthreads();
+                if (tid == 0)
+                    for (int m = 0; m < N && !fail; m++)
+                        if (m != k)
+                            fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(0)),
+                                                  MACO__OFF(MACO__R_ACC(0)), len * esz, true);
+                did = true;
+            } else {
+                if (tid == 0)
+                    fail = maco_port_channel_wait(MACO__DATA(kr)) != MACO_OK;
+                if (maco__hier_failed(fail))
+                    return;
+                for (int q = 0; q < L; q++)
+                    maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_FINAL(0)),
+                              len * esz, tid, nthr);
+                __syncthreads();
+                if (tid == 0)
+                    fail = maco_port_channel_signal(MACO__ACK(kr)) != MACO_OK;
+            }
+            if (maco__hier_failed(fail))
+                return;
+            if (maco__mesh_barrier(ch, waiter))
+                return;
+            if (!(root_node && me == lr && out == in)) {
+                for (int q = 0; q < L; q++)
+                    maco_copy(out + (seg0 + (uint64_t)q * P) * esz, MACO__LOC(MACO__R_OUT(q, 0)),
+                              MACO__PLEN(q) * esz, tid, nthr);
+                __syncthreads();
+            }
+        }
+#undef MACO__PLEN
+    }
+    /* The acknowledgements of this CTA's last segment (broadcast: the root's node). */
+    if (did && tid == 0 && (coll == MACO_COLL_ALLGATHER || k == kr))
+        for (int m = 0; m < N; m++)
+            if (m != k && maco_port_channel_wait(MACO__ACK(m)) != MACO_OK)
+                break;
+#undef MACO__DATA
+#undef MACO__ACK
+#undef MACO__R_IN
+#undef MACO__R_CARRY
+#undef MACO__R_FINAL
+#undef MACO__R_ACC
+#undef MACO__R_OUT
+#undef MACO__OFF
+#undef MACO__LOC
+#undef MACO__PEER
+}
+
+#endif /* MACO_ALGO_HIER_CUH */

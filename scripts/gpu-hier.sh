@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on a lent one-GPU machine over a carried build (scripts/gpu-bundle.sh): the collectives
+# across simulated nodes (hier, TCP between nodes, ranks sharing the GPU under MPS), the
+# rank-order bitwise test on one node, and maco-perf of every collective checked on 2 simulated
+# nodes. Logs go to $OUT; a short summary is printed last.
+#   usage: scripts/gpu-hier.sh   (HIER_PERF_MAX: maco-perf's largest size, default 64M)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/maco-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-20s}
+B=build
+if [ ! -e "$B" ] && [ -d gpu-bundle/build ]; then ln -s gpu-bundle/build "$B"; fi
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
+if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
+  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
+fi
+summary=()
+step() { # name timeout command...
+  local name=$1 t=$2; shift 2
+  local t0; t0=$(date +%s)
+  timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-22s rc=%-3d %4ds  %s' "$name" "$rc" $(( $(date +%s) - t0 )) \
+    "$(grep -E 'PASSED|FAILED|tests passed|Wrong values' "$OUT/$name.txt" | tail -1)")")
+  return 0
+}
+R="$B/tools/maco-run"
+T="$B/tests/test_gpu_mp"
+max=${HIER_PERF_MAX:-64M}
+step bitwise-1node-4 150 "$R" -n 4 --timeout 140 "$T" --gtest_filter='Collectives.RankOrderFoldBitwise'
+step hier-2x2 300 "$R" -n 4 --simulate-nodes 2 --timeout 290 "$T" --gtest_filter='Collectives*'
+for c in allreduce allgather reduce_scatter broadcast reduce; do
+  step "perf-2x2-$c" 60 "$R" -n 4 --simulate-nodes 2 --timeout 55 "$B/tools/maco-perf" $c \
+    -b 8 -e "$max" -f 8 -d all -o all -c 1 -n 2 -w 1
+done
+step hier-4x1 200 "$R" -n 4 --simulate-nodes 4 --timeout 190 "$T" --gtest_filter='Collectives*'
+step hier-2x1 150 "$R" -n 2 --simulate-nodes 2 --timeout 140 "$T" --gtest_filter='Collectives*'
+step group-2x2 60 "$R" -n 4 --simulate-nodes 2 --timeout 55 "$B/tests/test_group_mp"
+echo "MPS processes left: $(pgrep -c nvidia-cuda-mps || true)"
+printf '%s\n' "${summary[@]}"
