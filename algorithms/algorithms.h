@@ -55,10 +55,12 @@ typedef struct maco__coll_layout {
     size_t p2p_chunk;         /* MACO_P2P_CHUNK_SIZE: copy-mode payload per chunk */
     size_t p2p_cp_slot_bytes; /* p2p_chunk + 16 (the skew), rounded up to 256 */
     /* Across nodes (hier.cuh): per CTA slot, hier_regions regions of hier_piece_max bytes
-     * (0 on one node). */
+     * in the collectives buffer (IN, OUT) and 3 * nodes in the rail buffer in pinned host
+     * memory (CARRY, FINAL, ACC: rail_slot_bytes per slot); 0 on one node. */
     size_t hier_offset, hier_piece_max, hier_slot_bytes;
+    size_t rail_slot_bytes;
     int hier_slots;   /* MACO_HIER_CTAS */
-    int hier_regions; /* 2 * local ranks * nodes + 3 * nodes */
+    int hier_regions; /* 2 * local ranks * nodes */
     size_t total_bytes;
     size_t oneshot_max; /* bytes per rank */
 } maco__coll_layout_t;
@@ -91,6 +93,11 @@ typedef struct maco__coll {
     maco_proxy_t proxy;
     maco_port_channel_t *rail; /* host handles */
     maco_port_channel_device_t *rail_dev;
+    /* The rails' buffer: pinned host memory, mapped for the kernels (setup.c says why it is
+     * not GPU memory), its registration and the rail peers' imports [nnodes] (own: NULL). */
+    char *rail_buf, *rail_buf_dev;
+    maco_mem_t rail_mem;
+    maco_mem_t *peer_rail_mem;
     maco__registry_t *reg;
     /* Settings, read once at creation (select.c): the forced algorithm of each collective
      * ("" = by size; maco_collective_set_algorithm changes it) and the largest allreduce
@@ -225,20 +232,22 @@ MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__coll_args_t) == 8, "maco__coll_args_t alig
 /*
  * The hierarchical kernel's arguments (hier.cuh): the intra-node view in `c` (rank = this
  * rank's local index, nranks = ranks on this node, peer_buf and channels over local peers,
- * piece_elems = elements per piece) and the rails. Passed by value: 312 + 64 = 376 bytes.
+ * piece_elems = elements per piece) and the rails. Passed by value: 312 + 80 = 392 bytes.
  */
 typedef struct maco__hier_args {
     maco__coll_args_t c;
     const maco_port_channel_device_t *rail; /* [hier_slots][nnodes][2]: data, acknowledgements */
     const int *rank_at;                     /* [nnodes][ln]: rank of local index i on node k */
     uint64_t hier_offset, hier_slot_bytes;  /* the slots in every rank's collectives buffer */
+    char *rail_buf;                         /* the rail buffer (mapped host memory) */
+    uint64_t rail_slot_bytes;               /* its slots: CARRY, FINAL, ACC [nnodes] each */
     uint64_t hpiece;                        /* bytes per region of a slot */
     int32_t node, nnodes;                   /* this rank's node and the node count */
     int32_t nranks;                         /* ranks in all (avg divides by it) */
     int32_t root_node, root_local;          /* broadcast, reduce: where the root is */
     uint32_t accsz;                         /* bytes of the type's accumulator (carries) */
 } maco__hier_args_t;
-MACO_STATIC_ASSERT(sizeof(maco__hier_args_t) == 376, "maco__hier_args_t is 376 bytes");
+MACO_STATIC_ASSERT(sizeof(maco__hier_args_t) == 392, "maco__hier_args_t is 392 bytes");
 
 /* The kernels (coll_kernels.cuh): LL (one-shot), MESH, and LL2 (two-shot LL allreduce).
  * For all-to-all and send/recv (MACO_COLL_ALLTOALL, MACO_COLL_SENDRECV) the same numbers name

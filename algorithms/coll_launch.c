@@ -175,6 +175,8 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
     h.rank_at = coll->rank_at_dev;
     h.hier_offset = l->hier_offset;
     h.hier_slot_bytes = l->hier_slot_bytes;
+    h.rail_buf = coll->rail_buf_dev;
+    h.rail_slot_bytes = l->rail_slot_bytes;
     h.hpiece = l->hier_piece_max;
     h.node = coll->node;
     h.nnodes = coll->nnodes;

@@ -5,7 +5,8 @@
  * tells for readers of the docs.
  *
  * Each CTA b owns scratch slot b of every rank (layout in algorithms.h: regions of hpiece
- * bytes IN [node][local], CARRY [node], FINAL [node], ACC [node], OUT [local][node]), its own
+ * bytes IN [node][local] and OUT [local][node] in the collectives buffer, CARRY [node], FINAL
+ * [node] and ACC [node] in the rail buffer, pinned host memory: setup.c says why), its own
  * memory-channel semaphores with the node's ranks (the mesh barrier) and its own two port
  * channels to each rail peer: "data" (a put, then a signal: the data landed) and "ack" (the
  * receiver has consumed what a data signal announced). It works on segments b, b + G, ...
@@ -17,23 +18,29 @@
  * node (maco-run, torchrun) that order is rank order, and the result is bitwise the one a
  * single node computes from the same inputs.
  *
+ * Two rules keep calls apart (the next collective, of any kind, may start on one node while
+ * another still finishes the last): region FINAL[k] of a rail buffer is written only by node
+ * k's rail peer, and no put outlives its sender's kernel unconsumed (the sender waits for an
+ * acknowledgement or for an answer that the receiver can only give after it read the data).
+ *
  * allreduce, reduce (segment = ln pieces; local index j owns piece j):
  *   X   each rank copies its input's piece j to owner j's IN[0][me];  mesh barrier
  *   Y1  owner: node k > 0 waits for CARRY from node k-1 (data); folds CARRY (or nothing on
  *       node 0) and IN[0][0..ln) in order; node k < N-1 puts the accumulator (ACC) to node
  *       k+1's CARRY with a signal; node N-1 converts it (avg: divides by the rank count),
  *       stores it in its ACC and the local OUT[me] regions (reduce: only the root's, on the
- *       root's node) and puts ACC to every other node's FINAL with a signal
+ *       root's node) and puts ACC to every other node's FINAL[N-1] with a signal
  *   Y2  node k < N-1 waits for FINAL and copies it to the local OUT[me] regions (reduce:
- *       the root's only, on the root's node);  mesh barrier
+ *       the root's only, on the root's node), in the CTA's last segment acknowledges it
+ *       (the last node's kernel waits for these before it ends);  mesh barrier
  *   Z   every rank (reduce: the root) copies the OUT pieces to its output.
  *   Reduce moves the result to every node like allreduce: each node waiting for FINAL is
  *   what keeps a node from starting segment s + G while its segment-s put is in flight.
  * reduce_scatter (segment = P elements of every rank's block; rail i reduces the blocks of
  * the ranks of local index i): X copies block (node m, local q) of the input to q's
  * IN[m][me]; Y1 folds per destination node m (CARRY[m], IN[m][0..ln)) and passes the N
- * accumulators on in one go (one signal); node N-1 puts the result for node m to m's FINAL;
- * Y2: FINAL (node N-1: its own ACC[N-1]) to the output.
+ * accumulators on in one go (one signal); node N-1 puts the result for node m to m's
+ * FINAL[N-1]; Y2: FINAL (node N-1: its own ACC[N-1]) to the output, acknowledged as above.
  * Flow control of the chains: node k-1 writes node k's CARRY for segment s + G only after it
  * received FINAL of segment s, which exists only after the chain of s passed node k; the
  * same holds for FINAL and for the ACC regions being read by a put.
@@ -43,9 +50,9 @@
  * barrier; Z copies OUT[q][m] to the block of rank (m, q).
  * broadcast (segment = ln pieces): on the root's node the root copies piece j to owner j's
  * IN; owner j copies it to its ACC and the local OUT[j] and puts ACC to every other node's
- * FINAL; elsewhere owner j waits for FINAL, copies it to the local OUT[j] and acknowledges;
- * Z as allreduce. Here nothing else paces the sender, so before it overwrites ACC for the
- * next segment (and before the kernel ends) it waits for every acknowledgement of the last.
+ * FINAL[root's node]; elsewhere owner j waits for FINAL, copies it to the local OUT[j] and
+ * acknowledges; Z as allreduce. Here nothing else paces the sender, so before it overwrites ACC for
+ * the next segment (and before the kernel ends) it waits for every acknowledgement of the last.
  * Every wait is bounded (MACO_DEVICE_TIMEOUT); a failed one records the device error and
  * the CTA stops (its local peers then time out on the barrier, naming it).
  */
@@ -74,10 +81,19 @@ maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool las
         A acc[E];
         int q0 = 0;
         if (cin != nullptr) {
-            const A *cp = (const A *)cin + v * E;
+            /* The carry is in the rail buffer: loads that fetch it again (maco__hier_copy_in
+             * says why). E accumulators fill a whole number of 16-byte words. */
+            const uint4 *cp = (const uint4 *)(cin + v * E * sizeof(A));
+            union {
+                uint4 w[E * sizeof(A) / 16];
+                A x[E];
+            } u;
+#pragma unroll
+            for (int w = 0; w < (int)(E * sizeof(A) / 16); w++)
+                u.w[w] = __ldcv(cp + w);
 #pragma unroll
             for (int e = 0; e < E; e++)
-                acc[e] = cp[e];
+                acc[e] = u.x[e];
         } else {
             const V x = *(const V *)(src0 + 16 * v);
 #pragma unroll
@@ -109,6 +125,45 @@ maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool las
                 o[e] = acc[e];
         }
     }
+}
+
+/*
+ * Copies `bytes` from the rail buffer (host memory the receiving proxy wrote while the kernel
+ * ran) with loads that fetch it again: a GPU may keep lines of system memory in its L2, and
+ * PTX's ld.cv on system memory discards such a line and reads the memory (PTX ISA, cache
+ * operators). Called by nthr threads like maco_copy; src is 16-byte aligned.
+ */
+static __device__ __forceinline__ void
+maco__hier_copy_in(char *dst, const char *src, uint64_t bytes, uint32_t tid, uint32_t nthr)
+{
+    const uint64_t nvec = ((uintptr_t)dst & 15u) == 0 ? bytes / 16 : 0;
+    for (uint64_t i = tid; i < nvec; i += nthr)
+        ((uint4 *)dst)[i] = __ldcv((const uint4 *)src + i);
+    for (uint64_t i = nvec * 16 + tid; i < bytes; i += nthr)
+        dst[i] = (char)__ldcv((const signed char *)src + i);
+}
+
+/* Every thread's writes to the rail buffer (the source of the put that follows) made visible
+ * to the proxy's CPU before thread 0 pushes the put: each writer's own system-scope fence,
+ * then the CTA barrier. */
+static __device__ __forceinline__ void maco__hier_publish()
+{
+    __threadfence_system();
+    __syncthreads();
+}
+
+/* Chains (allreduce, reduce, reduce_scatter): a node other than the last, once the CTA read
+ * the FINAL of its last segment (`final_seg`), acknowledges it to the last node, whose kernel
+ * waits for that before it ends. Earlier segments need no acknowledgement: the chain of the
+ * next one passes this node only after it read them. True when the CTA must stop. */
+static __device__ __forceinline__ bool maco__hier_ack_last(const maco_port_channel_device_t *ack,
+                                                           bool final_seg)
+{
+    if (!final_seg)
+        return false;
+    __syncthreads();
+    bool fail = threadIdx.x == 0 && maco_port_channel_signal(ack) != MACO_OK;
+    return __syncthreads_or(fail ? 1 : 0) != 0;
 }
 
 /* Thread 0: a put of `bytes` (none when 0) and, if `signal`, a signal after it. 0 on
@@ -149,16 +204,21 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
 #define MACO__ACK(m) (&rail[2 * (m) + 1])
     const uint64_t hp = h.hpiece;
     const uint64_t slot = h.hier_offset + (uint64_t)blockIdx.x * h.hier_slot_bytes;
+    const uint64_t rslot = (uint64_t)blockIdx.x * h.rail_slot_bytes;
     const uint64_t NL = (uint64_t)N * (uint64_t)L;
 /* Region numbers of a slot, their byte offsets in a collectives buffer, their addresses. */
+/* In the collectives buffer: */
 #define MACO__R_IN(m, q) ((uint64_t)(m) * (uint64_t)L + (uint64_t)(q))
-#define MACO__R_CARRY(m) (NL + (uint64_t)(m))
-#define MACO__R_FINAL(m) (NL + (uint64_t)N + (uint64_t)(m))
-#define MACO__R_ACC(m) (NL + 2 * (uint64_t)N + (uint64_t)(m))
-#define MACO__R_OUT(q, m) (NL + 3 * (uint64_t)N + (uint64_t)(q) * (uint64_t)N + (uint64_t)(m))
+#define MACO__R_OUT(q, m) (NL + (uint64_t)(q) * (uint64_t)N + (uint64_t)(m))
 #define MACO__OFF(r) (slot + (r)*hp)
 #define MACO__LOC(r) (a.buf + MACO__OFF(r))
 #define MACO__PEER(q, r) (a.peer_buf[q] + MACO__OFF(r))
+/* In the rail buffer (what the port channels move): */
+#define MACO__R_CARRY(m) ((uint64_t)(m))
+#define MACO__R_FINAL(m) ((uint64_t)N + (uint64_t)(m))
+#define MACO__R_ACC(m) (2 * (uint64_t)N + (uint64_t)(m))
+#define MACO__ROFF(r) (rslot + (r)*hp)
+#define MACO__RAIL(r) (h.rail_buf + MACO__ROFF(r))
     const uint64_t esz = a.esz, P = a.piece_elems, C = a.count;
     const char *in = (const char *)a.input;
     char *out = (char *)a.output;
@@ -196,22 +256,22 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
             const bool outputs = coll == MACO_COLL_ALLREDUCE || k == kr;
             char *dst[MACO__MAXR + 1];
             int ndst = 0;
-            dst[ndst++] = MACO__LOC(MACO__R_ACC(0));
+            dst[ndst++] = MACO__RAIL(MACO__R_ACC(0));
             for (int q = 0; q < MACO__MAXR; q++)
                 if (q < L && outputs && (coll == MACO_COLL_ALLREDUCE || q == lr))
                     dst[ndst++] = MACO__PEER(q, MACO__R_OUT(me, 0));
-            maco__hier_fold<T, Op>(first ? nullptr : MACO__LOC(MACO__R_CARRY(0)),
+            maco__hier_fold<T, Op>(first ? nullptr : MACO__RAIL(MACO__R_CARRY(0)),
                                    MACO__LOC(MACO__R_IN(0, 0)), hp, L, last, avg, h.nranks, a.op,
-                                   dst, ndst, MACO__LOC(MACO__R_ACC(0)), len);
-            __syncthreads();
+                                   dst, ndst, MACO__RAIL(MACO__R_ACC(0)), len);
+            maco__hier_publish();
             if (tid == 0) {
                 if (!last)
-                    fail = maco__hier_put(MACO__DATA(k + 1), MACO__OFF(MACO__R_CARRY(0)),
-                                          MACO__OFF(MACO__R_ACC(0)), len * h.accsz, true);
+                    fail = maco__hier_put(MACO__DATA(k + 1), MACO__ROFF(MACO__R_CARRY(0)),
+                                          MACO__ROFF(MACO__R_ACC(0)), len * h.accsz, true);
                 else
                     for (int m = 0; m < N - 1 && !fail; m++)
-                        fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(0)),
-                                              MACO__OFF(MACO__R_ACC(0)), len * esz, true);
+                        fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(N - 1)),
+                                              MACO__ROFF(MACO__R_ACC(0)), len * esz, true);
                 if (!last && !fail)
                     fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
             }
@@ -220,8 +280,10 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
             if (!last && outputs)
                 for (int q = 0; q < L; q++)
                     if (coll == MACO_COLL_ALLREDUCE || q == lr)
-                        maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_FINAL(0)),
-                                  len * esz, tid, nthr);
+                        maco__hier_copy_in(MACO__PEER(q, MACO__R_OUT(me, 0)),
+                                           MACO__RAIL(MACO__R_FINAL(N - 1)), len * esz, tid, nthr);
+            if (!last && maco__hier_ack_last(MACO__ACK(N - 1), seg + gridDim.x >= nseg))
+                return;
             if (maco__mesh_barrier(ch, waiter))
                 return;
             if (outputs && (coll == MACO_COLL_ALLREDUCE || me == lr)) {
@@ -246,29 +308,32 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
             if (maco__hier_failed(fail))
                 return;
             for (int m = 0; m < N; m++) {
-                char *dst[1] = { MACO__LOC(MACO__R_ACC(m)) };
-                maco__hier_fold<T, Op>(first ? nullptr : MACO__LOC(MACO__R_CARRY(m)),
+                char *dst[1] = { MACO__RAIL(MACO__R_ACC(m)) };
+                maco__hier_fold<T, Op>(first ? nullptr : MACO__RAIL(MACO__R_CARRY(m)),
                                        MACO__LOC(MACO__R_IN(m, 0)), hp, L, last, avg, h.nranks,
-                                       a.op, dst, 1, MACO__LOC(MACO__R_ACC(m)), len);
+                                       a.op, dst, 1, MACO__RAIL(MACO__R_ACC(m)), len);
             }
-            __syncthreads();
+            maco__hier_publish();
             if (tid == 0) {
                 for (int m = 0; m < N && !fail; m++) {
                     if (!last)
-                        fail = maco__hier_put(MACO__DATA(k + 1), MACO__OFF(MACO__R_CARRY(m)),
-                                              MACO__OFF(MACO__R_ACC(m)), len * h.accsz, m == N - 1);
+                        fail =
+                            maco__hier_put(MACO__DATA(k + 1), MACO__ROFF(MACO__R_CARRY(m)),
+                                           MACO__ROFF(MACO__R_ACC(m)), len * h.accsz, m == N - 1);
                     else if (m != k)
-                        fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(0)),
-                                              MACO__OFF(MACO__R_ACC(m)), len * esz, true);
+                        fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(N - 1)),
+                                              MACO__ROFF(MACO__R_ACC(m)), len * esz, true);
                 }
                 if (!last && !fail)
                     fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
             }
             if (maco__hier_failed(fail))
                 return;
-            maco_copy(out + seg0 * esz,
-                      last ? MACO__LOC(MACO__R_ACC(k)) : MACO__LOC(MACO__R_FINAL(0)), len * esz,
-                      tid, nthr);
+            maco__hier_copy_in(out + seg0 * esz,
+                               last ? MACO__RAIL(MACO__R_ACC(k)) : MACO__RAIL(MACO__R_FINAL(N - 1)),
+                               len * esz, tid, nthr);
+            if (!last && maco__hier_ack_last(MACO__ACK(N - 1), seg + gridDim.x >= nseg))
+                return;
             if (maco__mesh_barrier(ch, waiter))
                 return;
         } else if (coll == MACO_COLL_ALLGATHER) {
@@ -281,15 +346,15 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
             if (maco__hier_failed(fail))
                 return;
             const char *mine = in + seg0 * esz;
-            maco_copy(MACO__LOC(MACO__R_ACC(0)), mine, len * esz, tid, nthr);
+            maco_copy(MACO__RAIL(MACO__R_ACC(0)), mine, len * esz, tid, nthr);
             for (int q = 0; q < L; q++)
                 maco_copy(MACO__PEER(q, MACO__R_OUT(me, k)), mine, len * esz, tid, nthr);
-            __syncthreads();
+            maco__hier_publish();
             if (tid == 0) {
                 for (int m = 0; m < N && !fail; m++)
                     if (m != k)
-                        fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(k)),
-                                              MACO__OFF(MACO__R_ACC(0)), len * esz, true);
+                        fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(k)),
+                                              MACO__ROFF(MACO__R_ACC(0)), len * esz, true);
                 for (int m = 0; m < N && !fail; m++)
                     if (m != k)
                         fail = maco_port_channel_wait(MACO__DATA(m)) != MACO_OK;
@@ -299,8 +364,8 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
             for (int m = 0; m < N; m++)
                 if (m != k)
                     for (int q = 0; q < L; q++)
-                        maco_copy(MACO__PEER(q, MACO__R_OUT(me, m)), MACO__LOC(MACO__R_FINAL(m)),
-                                  len * esz, tid, nthr);
+                        maco__hier_copy_in(MACO__PEER(q, MACO__R_OUT(me, m)),
+                                           MACO__RAIL(MACO__R_FINAL(m)), len * esz, tid, nthr);
             __syncthreads();
             if (tid == 0)
                 for (int m = 0; m < N && !fail; m++)
@@ -333,17 +398,17 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                             fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
                 if (maco__hier_failed(fail))
                     return;
-                maco_copy(MACO__LOC(MACO__R_ACC(0)), MACO__LOC(MACO__R_IN(0, 0)), len * esz, tid,
+                maco_copy(MACO__RAIL(MACO__R_ACC(0)), MACO__LOC(MACO__R_IN(0, 0)), len * esz, tid,
                           nthr);
                 for (int q = 0; q < L; q++)
                     maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_IN(0, 0)),
                               len * esz, tid, nthr);
-                __syncthreads();
+                maco__hier_publish();
                 if (tid == 0)
                     for (int m = 0; m < N && !fail; m++)
                         if (m != k)
-                            fail = maco__hier_put(MACO__DATA(m), MACO__OFF(MACO__R_FINAL(0)),
-                                                  MACO__OFF(MACO__R_ACC(0)), len * esz, true);
+                            fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(kr)),
+                                                  MACO__ROFF(MACO__R_ACC(0)), len * esz, true);
                 did = true;
             } else {
                 if (tid == 0)
@@ -351,8 +416,8 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                 if (maco__hier_failed(fail))
                     return;
                 for (int q = 0; q < L; q++)
-                    maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_FINAL(0)),
-                              len * esz, tid, nthr);
+                    maco__hier_copy_in(MACO__PEER(q, MACO__R_OUT(me, 0)),
+                                       MACO__RAIL(MACO__R_FINAL(kr)), len * esz, tid, nthr);
                 __syncthreads();
                 if (tid == 0)
                     fail = maco_port_channel_signal(MACO__ACK(kr)) != MACO_OK;
@@ -370,6 +435,15 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
         }
 #undef MACO__PLEN
     }
+    /* The chains' last node waits until every other node consumed the FINAL of this CTA's
+     * last segment (maco__hier_ack_last), so no put of this kernel outlives it: the next
+     * collective may write ACC (which TCP sends from as it is) and the FINAL regions at once. */
+    if (last && tid == 0 &&
+        (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE ||
+         coll == MACO_COLL_REDUCE_SCATTER))
+        for (int m = 0; m < N - 1; m++)
+            if (maco_port_channel_wait(MACO__ACK(m)) != MACO_OK)
+                break;
     /* The acknowledgements of this CTA's last segment (broadcast: the root's node). */
     if (did && tid == 0 && (coll == MACO_COLL_ALLGATHER || k == kr))
         for (int m = 0; m < N; m++)
@@ -385,6 +459,8 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
 #undef MACO__OFF
 #undef MACO__LOC
 #undef MACO__PEER
+#undef MACO__ROFF
+#undef MACO__RAIL
 }
 
 #endif /* MACO_ALGO_HIER_CUH */

@@ -65,16 +65,18 @@ static void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes,
     l->p2p_cp_offset =
         maco__align_up(l->p2p_ll_offset + n * lanes * slots * MACO__P2P_LL_SLOT, 256);
     size_t end = l->p2p_cp_offset + n * lanes * slots * l->p2p_cp_slot_bytes;
-    /* Across nodes (hier.cuh): per slot IN [nodes][ln], CARRY, FINAL and ACC [nodes] each,
-     * OUT [ln][nodes]; from a scratch of its own size. */
+    /* Across nodes (hier.cuh): per slot IN [nodes][ln] and OUT [ln][nodes], from a scratch
+     * of its own size; CARRY, FINAL and ACC [nodes] each in the rail buffer (host memory:
+     * 1.5 * MACO_SCRATCH_SIZE / ln bytes). */
     l->hier_slots = z->hier_ctas;
     if (nnodes > 1) {
         size_t nn = (size_t)nnodes;
-        l->hier_regions = (int)(2 * n * nn + 3 * nn);
+        l->hier_regions = (int)(2 * n * nn);
         l->hier_offset = maco__align_up(end, 256);
         l->hier_piece_max = scratch_bytes / ((size_t)z->hier_ctas * (size_t)l->hier_regions);
         l->hier_piece_max = l->hier_piece_max / 256 * 256;
         l->hier_slot_bytes = (size_t)l->hier_regions * l->hier_piece_max;
+        l->rail_slot_bytes = 3 * nn * l->hier_piece_max;
         end = l->hier_offset + (size_t)z->hier_ctas * l->hier_slot_bytes;
     }
     l->total_bytes = end;
@@ -142,6 +144,12 @@ static void maco__coll_destroy(maco_comm_t comm)
             maco_port_channel_destroy(c->rail[i]);
     }
     maco_proxy_destroy(c->proxy);
+    if (c->peer_rail_mem != NULL)
+        for (int k = 0; k < c->nnodes; k++)
+            maco_mem_deregister(c->peer_rail_mem[k]);
+    maco_mem_deregister(c->rail_mem);
+    if (c->rail_buf)
+        cudaFreeHost(c->rail_buf);
     maco__registry_free(comm);
     if (c->peer_buf_mem != NULL)
         for (int r = 0; r < comm->nranks; r++)
@@ -159,6 +167,7 @@ static void maco__coll_destroy(maco_comm_t comm)
         cudaFree(c->buf);
     cudaGetLastError();
     free(c->rail);
+    free(c->peer_rail_mem);
     free(c->rank_at);
     free(c->peer_buf);
     free(c->peer_buf_mem);
@@ -221,24 +230,53 @@ fail:
 }
 
 /*
- * Across nodes: the collectives' proxy and, per hier slot and other node, two port channels
- * to the rail peer there (data, acknowledgements), from this rank's collectives buffer to
- * the peer's. Created node by node, slot by slot, in the same order on every rank, so the
- * pairwise creations never wait in a cycle.
+ * Across nodes: the rail buffer, the collectives' proxy and, per hier slot and other node,
+ * two port channels to the rail peer there (data, acknowledgements), from this rank's rail
+ * buffer to the peer's. Created node by node, slot by slot, in the same order on every rank,
+ * so the pairwise creations never wait in a cycle.
+ *
+ * The rail buffer is pinned host memory that the kernels read and write through its mapping
+ * (PCIe), not GPU memory, so that a transfer between nodes never needs the CUDA API or a copy
+ * engine: the kernel writes what it sends into host memory and the proxy hands it to the
+ * transport as it is; the receiving proxy stores it there and raises a host semaphore the
+ * kernel polls. With GPU memory the proxy of a TCP rail copies to and from the GPU with
+ * cudaMemcpyAsync on its own stream, and that copy can wait behind work the application
+ * queued after the collective (a cudaMemcpy of the result on the collective's stream): the
+ * collective then waits for its own successor. Measured on one H100 with ranks sharing it
+ * under MPS: every such call hung until MACO_DEVICE_TIMEOUT, while the same calls with
+ * nothing queued behind them passed (docs/results/2026-11-24/hier-h100). The cost is PCIe
+ * bandwidth, which is far above a network rail's.
  */
 static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
 {
     const int nn = c->nnodes, slots = c->layout.hier_slots;
     const size_t nch = (size_t)slots * (size_t)nn * 2;
+    const size_t rail_bytes = (size_t)slots * c->layout.rail_slot_bytes;
     c->rail = (maco_port_channel_t *)calloc(nch, sizeof(maco_port_channel_t));
+    c->peer_rail_mem = (maco_mem_t *)calloc((size_t)nn, sizeof(maco_mem_t));
     maco_port_channel_device_t *h =
         (maco_port_channel_device_t *)calloc(nch, sizeof(maco_port_channel_device_t));
+    uint8_t *handles = (uint8_t *)calloc((size_t)comm->nranks, MACO_MEM_HANDLE_BYTES);
     maco_status_t st = MACO_OK;
-    if (c->rail == NULL || h == NULL) {
+    if (c->rail == NULL || c->peer_rail_mem == NULL || h == NULL || handles == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
         goto out;
     }
-    st = maco_proxy_create(comm, &c->proxy);
+    MACO_CUDA_GOTO(cudaHostAlloc((void **)&c->rail_buf, rail_bytes, cudaHostAllocMapped), st, out);
+    memset(c->rail_buf, 0, rail_bytes);
+    MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&c->rail_buf_dev, c->rail_buf, 0), st, out);
+    st = maco_mem_register(comm, c->rail_buf, rail_bytes, &c->rail_mem);
+    if (st == MACO_OK)
+        st = maco_mem_serialize(c->rail_mem, handles + (size_t)comm->rank * MACO_MEM_HANDLE_BYTES);
+    if (st == MACO_OK)
+        st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
+    for (int k = 0; k < nn && st == MACO_OK; k++)
+        if (k != c->node)
+            st = maco_mem_import(
+                comm, handles + (size_t)c->rank_at[k * c->ln + c->lrank] * MACO_MEM_HANDLE_BYTES,
+                &c->peer_rail_mem[k]);
+    if (st == MACO_OK)
+        st = maco_proxy_create(comm, &c->proxy);
     if (st == MACO_OK)
         st = maco_proxy_start(c->proxy);
     for (int k = 0; k < nn && st == MACO_OK; k++) {
@@ -248,8 +286,8 @@ static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
         for (int b = 0; b < slots && st == MACO_OK; b++)
             for (int w = 0; w < 2 && st == MACO_OK; w++) {
                 size_t i = ((size_t)b * (size_t)nn + (size_t)k) * 2 + (size_t)w;
-                st = maco_port_channel_create(c->proxy, peer, MACO_TRANSPORT_AUTO, c->buf_mem,
-                                              c->peer_buf_mem[peer], &c->rail[i]);
+                st = maco_port_channel_create(c->proxy, peer, MACO_TRANSPORT_AUTO, c->rail_mem,
+                                              c->peer_rail_mem[k], &c->rail[i]);
                 if (st == MACO_OK)
                     st = maco_port_channel_get_device_handle(c->rail[i], &h[i]);
             }
@@ -265,6 +303,7 @@ static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
                    st, out);
 out:
     free(h);
+    free(handles);
     return st;
 }
 

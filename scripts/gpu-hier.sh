@@ -3,7 +3,8 @@
 # across simulated nodes (hier, TCP between nodes, ranks sharing the GPU under MPS), the
 # rank-order bitwise test on one node, and maco-perf of every collective checked on 2 simulated
 # nodes. Logs go to $OUT; a short summary is printed last.
-#   usage: scripts/gpu-hier.sh   (HIER_PERF_MAX: maco-perf's largest size, default 64M)
+#   usage: scripts/gpu-hier.sh   (HIER_PERF_MAX: maco-perf's largest size, default 64M;
+#          HIER_REPEAT: runs of the test suites with one rank per node, default 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/maco-out}
@@ -35,8 +36,9 @@ for c in allreduce allgather reduce_scatter broadcast reduce; do
   step "perf-2x2-$c" 60 "$R" -n 4 --simulate-nodes 2 --timeout 55 "$B/tools/maco-perf" $c \
     -b 8 -e "$max" -f 8 -d all -o all -c 1 -n 2 -w 1
 done
-step hier-4x1 200 "$R" -n 4 --simulate-nodes 4 --timeout 190 "$T" --gtest_filter='Collectives*'
-step hier-2x1 150 "$R" -n 2 --simulate-nodes 2 --timeout 140 "$T" --gtest_filter='Collectives*'
+rep=--gtest_repeat=${HIER_REPEAT:-1}
+step hier-4x1 200 "$R" -n 4 --simulate-nodes 4 --timeout 190 "$T" --gtest_filter='Collectives*' "$rep"
+step hier-2x1 150 "$R" -n 2 --simulate-nodes 2 --timeout 140 "$T" --gtest_filter='Collectives*' "$rep"
 step group-2x2 60 "$R" -n 4 --simulate-nodes 2 --timeout 55 "$B/tests/test_group_mp"
 echo "MPS processes left: $(pgrep -c nvidia-cuda-mps || true)"
 printf '%s\n' "${summary[@]}"

@@ -570,9 +570,12 @@ TEST_F(Collectives, RankOrderFoldBitwise)
                         mine.push_back(static_cast<const char *>(ptrs[r]) + off);
                     std::vector<char> want(unit * esz), got(unit * esz);
                     ASSERT_EQ(test_reference_fold(dt, op, mine.data(), n, unit, want.data()), 0);
-                    CUDA_OK(cudaMemcpy(in_, inputs[Rank()].data(), in_elems * esz,
-                                       cudaMemcpyHostToDevice));
-                    CUDA_OK(cudaMemset(out_, 0xFF, unit * esz));
+                    /* On the collective's stream: stream_ does not wait for the legacy
+                     * default stream, and a pageable cudaMemcpy may return before its DMA
+                     * ends. */
+                    CUDA_OK(cudaMemcpyAsync(in_, inputs[Rank()].data(), in_elems * esz,
+                                            cudaMemcpyHostToDevice, stream_));
+                    CUDA_OK(cudaMemsetAsync(out_, 0xFF, unit * esz, stream_));
                     Shape s = { coll, dt, op, unit, false, 0, n - 1 };
                     ASSERT_EQ(Call(s, in_, out_), MACO_OK) << maco_comm_get_last_error(Comm());
                     CUDA_OK(cudaStreamSynchronize(stream_));
