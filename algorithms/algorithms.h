@@ -98,6 +98,10 @@ typedef struct maco__coll {
     char *rail_buf, *rail_buf_dev;
     maco_mem_t rail_mem;
     maco_mem_t *peer_rail_mem;
+    /* Send/recv and all-to-all with ranks of other nodes (xp2p.c): per rank, made on the
+     * first message between the two; the device view is mapped host memory. */
+    struct maco__xpeer *xpeer;         /* [nranks] host side */
+    struct maco__xpeer_dev *xpeer_dev; /* [nranks] pinned, mapped: the kernel's view */
     maco__registry_t *reg;
     /* Settings, read once at creation (select.c): the forced algorithm of each collective
      * ("" = by size; maco_collective_set_algorithm changes it) and the largest allreduce
@@ -306,6 +310,50 @@ typedef struct maco__p2p_args {
 MACO_STATIC_ASSERT(sizeof(maco__p2p_args_t) == 3520, "maco__p2p_args_t is 3520 bytes");
 MACO_STATIC_ASSERT(sizeof(maco__p2p_args_t) <= 4096, "maco__p2p_args_t fits the 4 KiB limit");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__p2p_args_t) == 8, "maco__p2p_args_t alignment");
+
+/*
+ * Send/recv and all-to-all between ranks of different nodes (xp2p.c, xp2p_kernel.cu). Per
+ * peer on another node, one buffer of pinned host memory on each side: 2 send slots, then 2
+ * receive slots, each a 16-byte header (the message's byte count, the chunk's) and
+ * MACO_P2P_CHUNK_SIZE bytes; a data port channel (puts from a send slot into the peer's
+ * receive slot of the same number, with a signal) and an acknowledgement port channel (the
+ * receiver read a slot). Sequence counters live in the same mapped table, so calls and graph
+ * replays continue where the last left off.
+ */
+typedef struct maco__xpeer_dev {
+    maco_port_channel_device_t data, ack;
+    char *buf;           /* the slots (device address of the mapped host buffer) */
+    uint64_t slot_bytes; /* 16 + chunk */
+    uint64_t sent, recvd;
+} maco__xpeer_dev_t;
+
+typedef struct maco__xp2p_args {
+    maco__p2p_plan_t plan; /* pairs name peers by rank; no local pair */
+    maco__xpeer_dev_t *peers;
+    maco_device_wait_bound_t bound;
+    uint64_t chunk;
+} maco__xp2p_args_t;
+MACO_STATIC_ASSERT(sizeof(maco__xp2p_args_t) <= 4096, "maco__xp2p_args_t fits the 4 KiB limit");
+
+/** Launches the cross-node p2p kernel (xp2p_kernel.cu); returns the launch's CUDA error. */
+cudaError_t maco__launch_xp2p(const maco__xp2p_args_t *args, int blocks, int threads,
+                              cudaStream_t stream);
+
+/*
+ * Connects this rank with each rank on another node that `plan` names and that is not
+ * connected yet, in ascending rank order (so the pairwise exchanges of all ranks cannot wait
+ * in a cycle: every rank goes through its pairs in the global order of (lower, higher)
+ * rank). Blocking, bounded by MACO_BOOTSTRAP_TIMEOUT; the peer must connect too (its
+ * message to or from this rank, in its matching group). Errors name the peer.
+ */
+maco_status_t maco__xp2p_connect(maco_comm_t comm, maco__coll_t *c, const maco__p2p_plan_t *plan);
+
+/* Launches `plan` (remote pairs only) on `stream`; nothing when it has no pairs. */
+maco_status_t maco__xp2p_launch(maco_comm_t comm, maco__coll_t *c, const maco__p2p_plan_t *plan,
+                                maco_stream_t stream, const char *prefix);
+
+/* Frees what maco__xp2p_connect made (the collectives' teardown; the proxy stopped first). */
+void maco__xp2p_free(maco_comm_t comm, maco__coll_t *c);
 
 /** Launches the p2p kernel (p2p_kernels.cu); returns the launch's CUDA error. */
 cudaError_t maco__launch_p2p(const maco__p2p_args_t *args, int blocks, int threads,

@@ -189,7 +189,8 @@ typedef struct maco__group_comm {
     maco_stream_t stream;
     maco__coll_t *coll;
     int has_p2p;
-    maco__p2p_plan_t plan;
+    maco__p2p_plan_t plan;  /* pairs inside this node, peers by local index */
+    maco__p2p_plan_t xplan; /* pairs with ranks of other nodes, peers by rank (xp2p.c) */
 } maco__group_comm_t;
 
 /* The p2p kernel's arguments for `plan` on this communicator, and its launch. */
@@ -313,38 +314,46 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     if (has_a2a && (st = maco__coll_select(comm, c, MACO_COLL_ALLTOALL, 1, 1, &kernel)) != MACO_OK)
         return maco__comm_record(comm, st);
     gc->coll = c;
-    /* The kernel names peers by local index (algorithms.h); peers on other nodes are not
-     * reached yet. */
-    maco__p2p_plan_t *p = &gc->plan;
+    /* The kernel names peers by local index (algorithms.h); pairs with ranks of other nodes
+     * move to their own plan (xp2p.c), launched after this node's. */
+    maco__p2p_plan_t *p = &gc->plan, *xp = &gc->xplan;
     const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;
+    memset(xp, 0, sizeof(*xp));
+    int kept = 0;
     for (int k = 0; k < p->npairs; k++) {
         int q = p->pair_peer[k], i = 0;
         while (i < c->ln && local[i] != q)
             i++;
-        if (i < c->ln) {
-            p->pair_peer[k] = i;
+        if (i < c->ln) { /* this node (the local pair included) */
+            p->pair_peer[kept] = i;
+            p->pair_first[kept] = p->pair_first[k];
+            p->pair_nops[kept] = p->pair_nops[k];
+            p->pair_dir[kept] = p->pair_dir[k];
+            kept++;
             continue;
         }
-        /* Name the first call with a message to or from that rank. */
-        int call = first_call;
-        const char *fn = first_fn;
-        for (int o = g->nops - 1; o >= 0; o--)
-            if (g->ops[o].comm == comm && !g->ops[o].is_coll)
-                for (int j = 0; j < g->ops[o].nmsgs; j++)
-                    if (g->ops[o].msgs[j].peer == q) {
-                        call = g->ops[o].call;
-                        fn = g->ops[o].fn;
-                    }
+        int x = xp->npairs++;
+        xp->pair_peer[x] = q;
+        xp->pair_dir[x] = p->pair_dir[k];
+        xp->pair_first[x] = (uint16_t)xp->nops;
+        xp->pair_nops[x] = p->pair_nops[k];
+        for (int o = p->pair_first[k]; o < p->pair_first[k] + p->pair_nops[k]; o++) {
+            xp->ops[xp->nops] = p->ops[o];
+            xp->op_flags[xp->nops] = p->op_flags[o];
+            xp->nops++;
+        }
+    }
+    p->npairs = kept;
+    st = maco__xp2p_connect(comm, c, xp);
+    if (st != MACO_OK) {
         char who[96];
         if (g->implicit)
-            snprintf(who, sizeof(who), "%s", fn);
+            snprintf(who, sizeof(who), "%s", first_fn);
         else
-            snprintf(who, sizeof(who), "maco_group_end: call %d (%s)", call, fn);
-        return maco__comm_record(comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                                                   "%s: a message to or from rank %d, on node %d "
-                                                   "(this rank is on node %d): all-to-all and "
-                                                   "send/recv across nodes are not implemented yet",
-                                                   who, q, maco__node_of(c, q), c->node));
+            snprintf(who, sizeof(who), "maco_group_end: call %d (%s)", first_call, first_fn);
+        char text[400];
+        snprintf(text, sizeof(text), "%s", maco__last_error());
+        return maco__comm_record(comm, maco__error(st, MACO_SUBSYS_COLL, "%s: %s", who, text));
     }
     /* The senders' choice of mode, per message. */
     for (int k = 0; k < p->npairs; k++) {
@@ -430,6 +439,8 @@ maco_status_t maco_group_end(void)
         if (st == MACO_OK && gcs[k].has_p2p)
             st = maco__group_launch_p2p(gcs[k].comm, gcs[k].coll, &gcs[k].plan, gcs[k].stream,
                                         prefix);
+        if (st == MACO_OK && gcs[k].has_p2p)
+            st = maco__xp2p_launch(gcs[k].comm, gcs[k].coll, &gcs[k].xplan, gcs[k].stream, prefix);
     }
 out:
     free(gcs);

@@ -143,6 +143,7 @@ static void maco__coll_destroy(maco_comm_t comm)
         for (size_t i = 0; i < nch; i++)
             maco_port_channel_destroy(c->rail[i]);
     }
+    maco__xp2p_free(comm, c);
     maco_proxy_destroy(c->proxy);
     if (c->peer_rail_mem != NULL)
         for (int k = 0; k < c->nnodes; k++)

@@ -20,6 +20,7 @@ enum {
     MACO__TAG_MEMORY = 0xFFFF0011u,
     MACO__TAG_PORT = 0xFFFF0012u,
     MACO__TAG_PORT_TRANSPORT = 0xFFFF0013u, /* a transport's own connect exchange */
+    MACO__TAG_XP2P = 0xFFFF0014u,           /* send/recv across nodes: the pair's buffers */
 };
 
 /** As maco_bootstrap_send/recv, but any tag is allowed. */
