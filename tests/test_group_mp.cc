@@ -311,8 +311,6 @@ TEST_F(Group, CollectivesInAGroup)
     EXPECT_EQ(maco_group_end(), Valid()) << LastProblem();
 }
 
-/* Across nodes: local copies and collectives work; messages to another node are
- * MACO_ERR_UNSUPPORTED with the reason (not implemented yet). */
 /* Across (simulated) nodes: a message to a rank of another node travels (xp2p.c), in a
  * group with a local pair and alone, with fresh values every round; an all-to-all too. */
 TEST_F(Group, AcrossNodesMessagesTravel)
