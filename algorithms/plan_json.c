@@ -49,12 +49,26 @@ static void maco__json_load(void)
 {
     const char *path = maco__config_string(MACO_CFG_JSON_LIBRARY);
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    char beside[4096];
+    Dl_info self;
+    /* Not installed system-wide: a copy next to libmaco.so (a bundle) is used too. */
+    if (lib == NULL && !maco__config_is_set(MACO_CFG_JSON_LIBRARY) &&
+        dladdr((void *)maco__json_load, &self) != 0 && self.dli_fname != NULL &&
+        strrchr(self.dli_fname, '/') != NULL) {
+        int dir = (int)(strrchr(self.dli_fname, '/') - self.dli_fname);
+        snprintf(beside, sizeof(beside), "%.*s/%s", dir, self.dli_fname, path);
+        dlerror();
+        lib = dlopen(beside, RTLD_NOW | RTLD_LOCAL);
+    }
     if (lib == NULL) {
         const char *dl = dlerror();
         snprintf(maco__json_why, sizeof(maco__json_why),
-                 "the JSON library could not be loaded (MACO_JSON_LIBRARY=%s): %s; install "
+                 "the JSON library could not be loaded (MACO_JSON_LIBRARY=%s%s): %s; install "
                  "Jansson (Debian/Ubuntu: libjansson4)",
-                 path, dl != NULL ? dl : "dlopen failed");
+                 path,
+                 maco__config_is_set(MACO_CFG_JSON_LIBRARY) ? ""
+                                                            : ", also looked for next to libmaco",
+                 dl != NULL ? dl : "dlopen failed");
         return;
     }
     void *fn;

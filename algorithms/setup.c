@@ -111,6 +111,7 @@ static void maco__coll_destroy(maco_comm_t comm)
     maco__coll_t *c = maco__coll_of(comm);
     if (c == NULL)
         return;
+    maco__plan_free_forced(c);
     maco__registry_free(comm);
     if (c->peer_buf_mem != NULL)
         for (int r = 0; r < comm->nranks; r++)
@@ -250,6 +251,8 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
                               cudaMemcpyHostToDevice),
                    st, out);
     st = maco__registry_setup(comm);
+    if (st == MACO_OK)
+        st = maco__plan_load_forced(comm, c);
 out:
     free(chans);
     free(peer_chans);

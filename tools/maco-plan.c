@@ -40,7 +40,7 @@ int main(int argc, char **argv)
             continue;
         }
         if (st == MACO_ERR_UNSUPPORTED) {
-            fprintf(stderr, "maco-plan: %s", report);
+            fprintf(stderr, "maco-plan: %s\n", report);
             free(report);
             return 2;
         }
