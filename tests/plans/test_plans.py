@@ -189,6 +189,16 @@ class Shipped(unittest.TestCase):
             with self.assertRaises(jsonschema.ValidationError, msg=str(bad)):
                 jsonschema.validate(d, schema)
 
+    def test_example_plans(self):
+        ex = _load("maco_plan_example", os.path.join(REPO, "examples", "plan_allreduce.py"))
+        for n in (2, 4):
+            path = os.path.join(REPO, "examples", "plans", f"allreduce_read_{n}r.json")
+            with open(path) as f:
+                self.assertEqual(f.read(), ex.read_reduce_allreduce(n).to_json(),
+                                 f"{path} is stale: run examples/plan_allreduce.py")
+            code, out = verify(path)
+            self.assertEqual(code, 0, out)
+
     def test_every_plan_verifies(self):
         code, out = verify_many(shipped())
         self.assertEqual(code, 0, out)
