@@ -69,7 +69,9 @@ class Plans : public Test
         CUDA_OK(cudaMalloc(&send_, send_n_ * 4));
         CUDA_OK(cudaMalloc(&recv_, recv_n_ * 4 + 64));
         CUDA_OK(cudaMalloc(&ref_, recv_n_ * 4));
-        CUDA_OK(cudaMemset(recv_, 0xab, recv_n_ * 4 + 64));
+        /* On stream_: the executor runs there, and a non-blocking stream is not ordered after
+         * cudaMemset or a pageable cudaMemcpy's DMA (the first GPU run showed stale inputs). */
+        CUDA_OK(cudaMemsetAsync(recv_, 0xab, recv_n_ * 4 + 64, stream_));
         Fill(dt, salt);
     }
     void Fill(maco_datatype_t dt, int salt)
@@ -87,7 +89,8 @@ class Plans : public Test
                 h[i] = static_cast<uint32_t>(v);
             }
         }
-        CUDA_OK(cudaMemcpy(send_, h.data(), send_n_ * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpyAsync(send_, h.data(), send_n_ * 4, cudaMemcpyHostToDevice, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
     }
 
     /* The native collective into ref_. */
