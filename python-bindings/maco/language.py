@@ -202,6 +202,30 @@ class Program:
         with open(path, "w") as f:
             f.write(self.to_json())
 
+    def verify(self):
+        """Runs MACO's verifier (the C library's, as ``maco-plan verify`` and
+        ``maco_plan_load`` do) on this plan; raises :class:`PlanError` with its report (one
+        line per problem, naming rank, thread block, operation and chunk) when it rejects
+        the plan. Needs the package's extension (no GPU)."""
+        import os
+        import tempfile
+
+        try:
+            from maco import _maco
+        except ImportError as e:
+            raise PlanError(f"verify() needs the maco package's extension ({e}); or run "
+                            f"`maco-plan verify FILE`") from e
+        fd, path = tempfile.mkstemp(suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            status, report = _maco.plan_verify_file(path)
+        finally:
+            os.unlink(path)
+        if status != 0:
+            raise PlanError(f"plan {self.name} is rejected ({_maco.status_string(status)}):\n"
+                            f"{report.replace(path, self.name)}")
+
 
 # ---------------------------------------------------------------------------- ranks, chunks
 

@@ -43,3 +43,23 @@ def test_errors_name_rank_tb_op():
         ch = L.MemoryChannel(dst_rank=1, src_rank=0, tb=0)
         with pytest.raises(L.PlanError, match=r"rank 0 tb 1 op 0 \(signal\)"):
             ch.signal(tb=1)
+
+
+def test_verify_through_the_library():
+    import maco.language as L
+
+    with L.Program("ar", L.AllReduce(world_size=2)) as prog:
+        for r in range(2):
+            p = 1 - r
+            ch = L.MemoryChannel(dst_rank=p, src_rank=r, tb=0)
+            me = L.Rank(r)
+            me.reduce(me.output[0], [me.input[0], ch.remote(L.Rank(p).input[0])], tb=0)
+    prog.verify()
+    with L.Program("bad", L.AllReduce(world_size=2)) as bad:
+        for r in range(2):
+            L.MemoryChannel(dst_rank=1 - r, src_rank=r, tb=0)
+            me = L.Rank(r)
+            me.reduce(me.output[0], [me.input[0]], tb=0)  # forgets the peer's input
+    with pytest.raises(L.PlanError, match=r"postcondition: rank 0 output\[0\] lacks input\[0\] "
+                                          r"of rank 1"):
+        bad.verify()
