@@ -109,7 +109,23 @@ typedef struct maco__coll {
     char forced[MACO_COLLECTIVE_COUNT][32];
     int64_t inplace_max;
     int64_t p2p_ll_max; /* MACO_P2P_LL_MAX: largest message a sender sends as LL packets */
+    /* MACO_ALGO_<COLLECTIVE>=plan:FILE: the plan that runs the collective (plan_exec.c). */
+    struct maco_plan *plans[MACO_COLLECTIVE_COUNT];
 } maco__coll_t;
+
+/* A MACO_ALGO_<COLLECTIVE> value that names an execution plan file: "plan:FILE". */
+#define MACO__PLAN_PREFIX "plan:"
+
+/* ---- plan_exec.c ---- */
+
+/**
+ * Loads the plan of every MACO_ALGO_<COLLECTIVE>=plan:FILE into c->plans (at creation,
+ * collective). MACO_ERR_INVALID_ARGUMENT for a plan of another collective or a collective
+ * without plans (broadcast, reduce, all-to-all, send/recv), else maco_plan_load's status.
+ */
+maco_status_t maco__plan_load_forced(maco_comm_t comm, maco__coll_t *c);
+/** Destroys c->plans (at destruction). */
+void maco__plan_free_forced(maco__coll_t *c);
 
 /** The collectives' state of `comm`, or NULL (no GPU, or set up without them). */
 static inline maco__coll_t *maco__coll_of(maco_comm_t comm)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "algorithms.h"
+#include "maco/plan.h"
 #include "cuda_util.h"
 #include "log.h"
 
@@ -208,6 +209,9 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
 {
     if (c->count == 0)
         return MACO_OK;
+    if (coll_state->plans[c->coll] != NULL) /* MACO_ALGO_<COLLECTIVE>=plan:FILE */
+        return maco_plan_execute(coll_state->plans[c->coll], c->send, c->recv, c->count,
+                                 c->datatype, c->op, comm, stream);
     cudaStream_t s = (cudaStream_t)stream;
     if (comm->nranks == 1)
         return maco__single_rank(c, comm, s);

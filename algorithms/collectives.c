@@ -201,6 +201,10 @@ maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t 
     maco_status_t st = maco__coll_require(comm, "maco_collective_get_algorithm", &c);
     if (st != MACO_OK)
         return st;
+    if (c->plans[coll] != NULL) { /* MACO_ALGO_<COLLECTIVE>=plan:FILE */
+        *name_p = "plan";
+        return MACO_OK;
+    }
     int kernel;
     st = maco__coll_select(comm, c, coll, count, maco_datatype_size(datatype), &kernel);
     if (st != MACO_OK)

@@ -66,6 +66,10 @@ maco_status_t maco__coll_read_settings(maco__coll_t *c)
 {
     for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
         const char *v = maco__config_string(maco__colls[k].force);
+        if (strncmp(v, MACO__PLAN_PREFIX, strlen(MACO__PLAN_PREFIX)) == 0) {
+            c->forced[k][0] = '\0'; /* a plan: loaded by maco__plan_load_forced */
+            continue;
+        }
         if (strlen(v) >= sizeof(c->forced[k]))
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                                "%s='%s' is too long to be an algorithm name",

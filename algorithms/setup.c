@@ -151,6 +151,7 @@ static void maco__coll_destroy(maco_comm_t comm)
     maco_mem_deregister(c->rail_mem);
     if (c->rail_buf)
         cudaFreeHost(c->rail_buf);
+    maco__plan_free_forced(c);
     maco__registry_free(comm);
     if (c->peer_buf_mem != NULL)
         for (int r = 0; r < comm->nranks; r++)
@@ -461,6 +462,8 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
     st = maco__registry_setup(comm);
     if (st == MACO_OK && c->nnodes > 1)
         st = maco__coll_rails(comm, c);
+    if (st == MACO_OK)
+        st = maco__plan_load_forced(comm, c);
 out:
     free(ptr);
     free(chans);

@@ -16,4 +16,9 @@ cp -a "$src/tests/CTestTestfile.cmake" "$dst/tests/"
 for f in "$src"/tests/* "$src"/tools/*; do
   [ -f "$f" ] && [ -x "$f" ] && cp -a "$f" "$dst/${f#"$src"/}"
 done
+# Jansson (plans are read with it): the GPU machine may not have it; libmaco looks next to
+# itself when the system has none.
+for j in /usr/lib/x86_64-linux-gnu/libjansson.so.4 /usr/lib64/libjansson.so.4; do
+  [ -e "$j" ] && cp -L "$j" "$dst/libjansson.so.4" && break
+done
 du -sh gpu-bundle | sed 's/^/gpu-bundle: /'

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing MACO needs, where it is missing: a C/C++ compiler,
-# CMake >= 3.25, Ninja, make, pkg-config, GoogleTest and rdma-core's verbs header
-# (libibverbs-dev) (Debian/Ubuntu packages). The CUDA toolkit (nvcc) must already be installed;
-# this script says so when it is not.
+# CMake >= 3.25, Ninja, make, pkg-config, GoogleTest, rdma-core's verbs header
+# (libibverbs-dev), Jansson's header (libjansson-dev) and python3-jsonschema (Debian/Ubuntu
+# packages). The CUDA toolkit (nvcc) must already be installed; this script says so when it
+# is not.
 set -euo pipefail
 
 need=()
@@ -26,6 +27,12 @@ fi
 if [ ! -e /usr/include/infiniband/verbs.h ]; then
   need+=(libibverbs-dev)
 fi
+# Jansson's header: plans are read with it (loaded at run time, libjansson4 beside it).
+if [ ! -e /usr/include/jansson.h ]; then
+  need+=(libjansson-dev)
+fi
+# The plans test validates the shipped plans against their JSON Schema.
+python3 -c 'import jsonschema' >/dev/null 2>&1 || need+=(python3-jsonschema)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   sudo=""

@@ -285,7 +285,8 @@ MACO_API maco_status_t maco_group_end(void);
 
 /**
  * The name of the algorithm `coll` would use for `count` elements of `datatype` (count as
- * that collective takes it) on this communicator; "copy" for a single rank. For
+ * that collective takes it) on this communicator; "copy" for a single rank; "plan" when
+ * MACO_ALGO_<COLLECTIVE>=plan:FILE made it run an execution plan (maco/plan.h). For
  * MACO_COLL_ALLTOALL and MACO_COLL_SENDRECV, `count` is a message's elements and the name is
  * how its sender moves it: "ll" or "copy". The string is
  * static. Errors: MACO_ERR_INVALID_ARGUMENT (NULL argument, type or collective out of

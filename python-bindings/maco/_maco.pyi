@@ -27,6 +27,9 @@ def redop_name(op: int) -> str:
 def cuda_device_count() -> tuple[int, str]:
     """(number of usable CUDA devices, why there are none or "")."""
 
+def plan_verify_file(path: str) -> tuple[int, str]:
+    """(status, report) of MACO's plan verifier on a plan file: (0, "") when valid."""
+
 def unique_id() -> bytes:
     """
     A new 128-byte unique id; rank 0 of the job must be created in this process.

@@ -476,6 +476,21 @@ NB_MODULE(_maco, m)
             return std::make_pair(n, std::string(why));
         },
         "(number of usable CUDA devices, why there are none or \"\").");
+    m.def(
+        "plan_verify_file",
+        [](const std::string &path) {
+            std::string report(1 << 16, '\0');
+            maco_status_t st;
+            {
+                nb::gil_scoped_release release;
+                st = maco_plan_verify_file(path.c_str(), report.data(), report.size());
+            }
+            report.resize(std::strlen(report.c_str()));
+            return std::make_pair(static_cast<int>(st), report);
+        },
+        nb::arg("path"),
+        "(status, report) of MACO's plan verifier on a plan file (maco_plan_verify_file): "
+        "status 0 and \"\" when the plan is valid.");
     m.def("unique_id", &unique_id_create,
           "A new 128-byte unique id; rank 0 of the job must be created in this process.");
     m.def(

@@ -122,6 +122,11 @@ extern "C" {
     X(IB_RETRY_CNT, INT, "6", "",                                                                  \
       "IB queue pairs' retry count (0..7; 7 retries forever on some providers, soft-RoCE "         \
       "among them).")                                                                              \
+    X(JSON_LIBRARY, STRING, "libjansson.so.4", "",                                                 \
+      "Path or name of Jansson, the JSON library loaded at run time to read execution plans.")     \
+    X(PLAN_MAX_BYTES, SIZE, "32M", "bytes",                                                        \
+      "Largest unit (bytes) a loaded plan executes; each rank allocates this per input and "       \
+      "output unit of the plan, plus scratch.")                                                    \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
       "Path or name of the NCCL library maco-perf --nccl dlopens, and that the NCCL-compatible "   \
       "library forwards to (never itself: give the real NCCL's path when MACO's is first).")       \

@@ -1,0 +1,436 @@
+/*
+ * plan_exec.c - the public plan calls (maco/plan.h): verification of a file, and the
+ * executor's host side: buffers, channels and the launch (plan_kernels.cu has the kernel).
+ *
+ * Each rank's plan buffer (one cudaMalloc, registered, mapped by every peer):
+ *   0        counters (plan_exec.h), 256 bytes
+ *   in_off   input:   input units x MACO_PLAN_MAX_BYTES
+ *   out_off  output:  output units x MACO_PLAN_MAX_BYTES
+ *   scr_off  scratch: scratch_chunks x the largest slot (maco__plan_scratch_slot)
+ * Offsets are multiples of 256. The k-th channel of the plan from rank r to peer p is the
+ * k-th memory channel set up between them (maco__memory_channels_setup, peers in rank
+ * order); one more per peer carries the executor's barriers.
+ */
+#include "maco/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms.h"
+#include "comm_internal.h"
+#include "config.h"
+#include "cuda_util.h"
+#include "log.h"
+#include "plan_exec.h"
+#include "plan_internal.h"
+
+enum { MACO__PLAN_THREADS = 256, MACO__PLAN_REPORT = 4096 };
+
+struct maco_plan {
+    maco_comm_t comm;
+    maco__plan_desc_t *desc;
+    int ntbs, nchannels, npeers;
+    uint64_t max_bytes; /* MACO_PLAN_MAX_BYTES */
+    uint64_t in_off, out_off, scr_off, total;
+    char *buf;
+    maco_mem_t mem;
+    char **peer_buf;
+    maco_mem_t *peer_mem;
+    maco_memory_channel_device_t *d_chans;
+    maco__pexec_op_t *d_ops;
+    maco__plan_ref_t *d_refs;
+    int32_t *d_tb_first;
+};
+
+static uint64_t maco__round256(uint64_t v)
+{
+    return (v + 255) / 256 * 256;
+}
+
+/* Parses and verifies the file; on failure `why` has the reason (the verifier's report). */
+static maco_status_t maco__plan_open(const char *path, maco__plan_desc_t **desc_p, char *why,
+                                     size_t cap)
+{
+    char *text = NULL;
+    size_t len = 0;
+    maco_status_t st = maco__plan_read_file(path, &text, &len, why, cap);
+    if (st != MACO_OK)
+        return st;
+    maco__plan_desc_t *d = NULL;
+    st = maco__plan_parse(text, len, path, &d, why, cap);
+    free(text);
+    if (st != MACO_OK)
+        return st;
+    int problems = maco__plan_verify(d, why, cap);
+    if (problems != 0) {
+        maco__plan_desc_free(d);
+        return problems < 0 ? MACO_ERR_NO_MEMORY : MACO_ERR_INVALID_ARGUMENT;
+    }
+    *desc_p = d;
+    return MACO_OK;
+}
+
+maco_status_t maco_plan_verify_file(const char *path, char *report, size_t report_bytes)
+{
+    if (path == NULL || (report == NULL && report_bytes > 0))
+        return maco__error_quiet(MACO_ERR_INVALID_ARGUMENT, "maco_plan_verify_file: %s is NULL",
+                                 path == NULL ? "path" : "report (with report_bytes > 0)");
+    char local[8];
+    char *out = report_bytes > 0 ? report : local;
+    size_t cap = report_bytes > 0 ? report_bytes : sizeof(local);
+    out[0] = '\0';
+    maco__plan_desc_t *d = NULL;
+    maco_status_t st = maco__plan_open(path, &d, out, cap);
+    if (st == MACO_OK)
+        out[0] = '\0';
+    maco__plan_desc_free(d);
+    return st;
+}
+
+maco_status_t maco_plan_destroy(maco_plan_t plan)
+{
+    if (plan == NULL)
+        return MACO_OK;
+    maco_status_t st = MACO_OK;
+    if (plan->buf != NULL && cudaDeviceSynchronize() != cudaSuccess)
+        st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                         "maco_plan_destroy: cudaDeviceSynchronize failed: %s",
+                         cudaGetErrorString(cudaGetLastError()));
+    if (plan->peer_mem != NULL)
+        for (int r = 0; r < plan->comm->nranks; r++)
+            if (plan->peer_mem[r] != NULL)
+                maco_mem_deregister(plan->peer_mem[r]);
+    if (plan->mem != NULL)
+        maco_mem_deregister(plan->mem);
+    cudaFree(plan->buf);
+    cudaFree(plan->d_chans);
+    cudaFree(plan->d_ops);
+    cudaFree(plan->d_refs);
+    cudaFree(plan->d_tb_first);
+    cudaGetLastError();
+    free(plan->peer_buf);
+    free(plan->peer_mem);
+    maco__plan_desc_free(plan->desc);
+    free(plan);
+    return st;
+}
+
+/* Device arrays of this rank's operations. */
+static maco_status_t maco__plan_upload(maco_plan_t plan, int rank)
+{
+    const maco__plan_rank_t *R = &plan->desc->ranks[rank];
+    size_t nops = 0, nrefs = 0;
+    for (int t = 0; t < R->ntbs; t++)
+        for (int i = 0; i < R->tbs[t].nops; i++) {
+            nops++;
+            nrefs += R->tbs[t].ops[i].nsrcs;
+        }
+    maco__pexec_op_t *ops = (maco__pexec_op_t *)calloc(nops + 1, sizeof(*ops));
+    maco__plan_ref_t *refs = (maco__plan_ref_t *)calloc(nrefs + 1, sizeof(*refs));
+    int32_t *first = (int32_t *)calloc((size_t)R->ntbs + 1, sizeof(int32_t));
+    maco_status_t st = MACO_OK;
+    if (ops == NULL || refs == NULL || first == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
+        goto out;
+    }
+    size_t o = 0, f = 0;
+    for (int t = 0; t < R->ntbs; t++) {
+        first[t] = (int32_t)o;
+        for (int i = 0; i < R->tbs[t].nops; i++, o++) {
+            const maco__plan_op_t *op = &R->tbs[t].ops[i];
+            ops[o].code = op->code;
+            ops[o].channel = op->channel;
+            ops[o].nsrcs = op->nsrcs;
+            ops[o].part0 = op->part0;
+            ops[o].src_first = (uint32_t)f;
+            ops[o].dst = op->dst;
+            for (int s = 0; s < op->nsrcs; s++)
+                refs[f++] = op->srcs[s];
+        }
+    }
+    first[R->ntbs] = (int32_t)o;
+    MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_ops, (nops + 1) * sizeof(*ops)), st, out);
+    MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_refs, (nrefs + 1) * sizeof(*refs)), st, out);
+    MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_tb_first, ((size_t)R->ntbs + 1) * sizeof(int32_t)),
+                   st, out);
+    MACO_CUDA_GOTO(cudaMemcpy(plan->d_ops, ops, (nops + 1) * sizeof(*ops), cudaMemcpyHostToDevice),
+                   st, out);
+    MACO_CUDA_GOTO(
+        cudaMemcpy(plan->d_refs, refs, (nrefs + 1) * sizeof(*refs), cudaMemcpyHostToDevice), st,
+        out);
+    MACO_CUDA_GOTO(cudaMemcpy(plan->d_tb_first, first, ((size_t)R->ntbs + 1) * sizeof(int32_t),
+                              cudaMemcpyHostToDevice),
+                   st, out);
+out:
+    free(ops);
+    free(refs);
+    free(first);
+    return st;
+}
+
+/* Memory channels: the plan's, then one barrier channel per peer, peers in rank order. */
+static maco_status_t maco__plan_channels(maco_plan_t plan)
+{
+    maco_comm_t comm = plan->comm;
+    const maco__plan_rank_t *R = &plan->desc->ranks[comm->rank];
+    int n = comm->nranks, total = R->nchannels + n - 1;
+    maco_memory_channel_device_t *h =
+        (maco_memory_channel_device_t *)calloc((size_t)total + 1, sizeof(*h));
+    maco_memory_channel_device_t *tmp =
+        (maco_memory_channel_device_t *)calloc((size_t)R->nchannels + 1, sizeof(*tmp));
+    maco_status_t st = MACO_OK;
+    if (h == NULL || tmp == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
+        goto out;
+    }
+    for (int p = 0, k = 0; p < n; p++) {
+        if (p == comm->rank)
+            continue;
+        int count = 0;
+        for (int c = 0; c < R->nchannels; c++)
+            count += R->channels[c].peer == p;
+        st = maco__memory_channels_setup(comm, p, plan->mem, plan->peer_mem[p], count + 1, tmp);
+        if (st != MACO_OK)
+            goto out;
+        for (int c = 0, i = 0; c < R->nchannels; c++)
+            if (R->channels[c].peer == p)
+                h[c] = tmp[i++];
+        h[R->nchannels + k++] = tmp[count];
+    }
+    MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_chans, ((size_t)total + 1) * sizeof(*h)), st, out);
+    MACO_CUDA_GOTO(
+        cudaMemcpy(plan->d_chans, h, ((size_t)total + 1) * sizeof(*h), cudaMemcpyHostToDevice), st,
+        out);
+out:
+    free(h);
+    free(tmp);
+    return st;
+}
+
+maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *plan_p)
+{
+    if (comm == NULL || path == NULL || plan_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_plan_load: %s is NULL",
+                           comm == NULL ? "comm" : (path == NULL ? "path" : "plan_p"));
+    maco_status_t st = maco__comm_require_gpu(comm, "maco_plan_load");
+    if (st != MACO_OK)
+        return st;
+    char *why = (char *)malloc(MACO__PLAN_REPORT);
+    if (why == NULL)
+        return maco__comm_record(
+            comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory"));
+    maco__plan_desc_t *d = NULL;
+    st = maco__plan_open(path, &d, why, MACO__PLAN_REPORT);
+    if (st != MACO_OK) {
+        /* The first problem names the cause; the whole report goes to the log at info. */
+        char *nl = strchr(why, '\n');
+        MACO_INFO(MACO_SUBSYS_COLL, "maco_plan_load: %s:\n%s", path, why);
+        if (nl != NULL)
+            *nl = '\0';
+        st = maco__error(st, MACO_SUBSYS_COLL, "maco_plan_load: %s is rejected: %s", path, why);
+        free(why);
+        return maco__comm_record(comm, st);
+    }
+    free(why);
+    maco_plan_t plan = NULL;
+    int port = 0;
+    for (int r = 0; r < d->world_size; r++)
+        for (int c = 0; c < d->ranks[r].nchannels; c++)
+            port |= d->ranks[r].channels[c].type == MACO__PCHAN_PORT;
+    if (d->world_size != comm->nranks)
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                         "maco_plan_load: %s is a plan for %d ranks; the communicator has %d", path,
+                         d->world_size, comm->nranks);
+    else if (comm->nnodes > 1 || port)
+        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                         "maco_plan_load: %s: %s; the executor runs memory channels within one "
+                         "node (port channels are verified but not executed yet)",
+                         path, port ? "the plan uses port channels" : "the ranks span nodes");
+    else if (comm->nranks > MACO__MAX_LOCAL_RANKS)
+        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                         "maco_plan_load: %d ranks; the executor supports at most %d", comm->nranks,
+                         MACO__MAX_LOCAL_RANKS);
+    int64_t max_bytes = 0;
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_PLAN_MAX_BYTES, &max_bytes);
+    if (st == MACO_OK && (max_bytes < 256 || max_bytes > ((int64_t)16 << 30)))
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                         "MACO_PLAN_MAX_BYTES=%lld is outside [256, 16G] bytes",
+                         (long long)max_bytes);
+    if (st == MACO_OK) {
+        plan = (maco_plan_t)calloc(1, sizeof(*plan));
+        if (plan == NULL)
+            st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
+    }
+    if (st != MACO_OK) {
+        maco__plan_desc_free(d);
+        return maco__comm_record(comm, st);
+    }
+    plan->comm = comm;
+    plan->desc = d;
+    plan->ntbs = d->ranks[comm->rank].ntbs;
+    plan->nchannels = d->ranks[comm->rank].nchannels;
+    plan->npeers = comm->nranks - 1;
+    plan->max_bytes = (uint64_t)max_bytes;
+    uint64_t B = maco__round256((uint64_t)max_bytes);
+    /* The largest slot: any count * esz <= max_bytes has ceil(count / parts) * esz <=
+     * ceil(max_bytes / parts) + 8 payload bytes. */
+    uint64_t k = (uint64_t)d->parts;
+    uint64_t slot_max = ((B + k - 1) / k + 8 + 7) / 8 * 16;
+    plan->in_off = MACO__PLAN_CTR_BYTES;
+    plan->out_off = plan->in_off + maco__plan_chunks(d, MACO__PBUF_INPUT) / k * B;
+    plan->scr_off = plan->out_off + maco__plan_chunks(d, MACO__PBUF_OUTPUT) / k * B;
+    plan->total = maco__round256(plan->scr_off + (uint64_t)d->scratch_chunks * slot_max);
+    uint32_t one = 1;
+    MACO_CUDA_GOTO(cudaMalloc((void **)&plan->buf, plan->total), st, fail);
+    MACO_CUDA_GOTO(cudaMemset(plan->buf, 0, plan->total), st, fail);
+    MACO_CUDA_GOTO(
+        cudaMemcpy(plan->buf + MACO__PLAN_CTR_EPOCH, &one, sizeof(one), cudaMemcpyHostToDevice), st,
+        fail);
+    st = maco_mem_register(comm, plan->buf, plan->total, &plan->mem);
+    if (st != MACO_OK)
+        goto fail;
+    plan->peer_buf = (char **)calloc((size_t)comm->nranks, sizeof(char *));
+    plan->peer_mem = (maco_mem_t *)calloc((size_t)comm->nranks, sizeof(maco_mem_t));
+    if (plan->peer_buf == NULL || plan->peer_mem == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
+        goto fail;
+    }
+    st = maco__mem_exchange(comm, plan->mem, plan->peer_buf, plan->peer_mem);
+    if (st == MACO_OK)
+        st = maco__plan_channels(plan);
+    if (st == MACO_OK)
+        st = maco__plan_upload(plan, comm->rank);
+    if (st != MACO_OK)
+        goto fail;
+    MACO_INFO(MACO_SUBSYS_COLL,
+              "rank %d: plan %s (%s, %d thread blocks, %d channels) loaded from %s; buffer %llu "
+              "bytes",
+              comm->rank, d->name, maco_collective_name(d->coll), plan->ntbs, plan->nchannels, path,
+              (unsigned long long)plan->total);
+    *plan_p = plan;
+    return MACO_OK;
+fail:
+    maco__comm_record(comm, st);
+    maco_plan_destroy(plan);
+    return st;
+}
+
+maco_status_t maco_plan_execute(maco_plan_t plan, const void *sendbuf, void *recvbuf, size_t count,
+                                maco_datatype_t type, maco_redop_t op, maco_comm_t comm,
+                                maco_stream_t stream)
+{
+    static const char fn[] = "maco_plan_execute";
+    if (plan == NULL || comm == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: %s is NULL", fn,
+                           plan == NULL ? "plan" : "comm");
+    if (comm != plan->comm)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                                   "%s: comm is not the communicator the plan "
+                                                   "was loaded on",
+                                                   fn));
+    if ((unsigned)type >= MACO_DATATYPE_COUNT || (unsigned)op >= MACO_REDOP_COUNT)
+        return maco__comm_record(
+            comm,
+            maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: %s %d is outside [0, %d)",
+                        fn, (unsigned)type >= MACO_DATATYPE_COUNT ? "type" : "op",
+                        (unsigned)type >= MACO_DATATYPE_COUNT ? (int)type : (int)op,
+                        (unsigned)type >= MACO_DATATYPE_COUNT ? MACO_DATATYPE_COUNT
+                                                              : MACO_REDOP_COUNT));
+    if (count == 0)
+        return MACO_OK;
+    const maco__plan_desc_t *d = plan->desc;
+    uint64_t esz = maco_datatype_size(type);
+    if (count > plan->max_bytes / esz)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                                   "%s: count %zu of %s is %llu bytes; the plan "
+                                                   "executes at most MACO_PLAN_MAX_BYTES = %llu "
+                                                   "bytes per unit",
+                                                   fn, count, maco_datatype_name(type),
+                                                   (unsigned long long)(count * esz),
+                                                   (unsigned long long)plan->max_bytes));
+    if (sendbuf == NULL || recvbuf == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                                   "%s: %s is NULL with count %zu", fn,
+                                                   sendbuf == NULL ? "sendbuf" : "recvbuf", count));
+    maco_status_t async_st;
+    maco_comm_get_async_error(comm, &async_st);
+    if (async_st != MACO_OK)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
+                                                   "%s: the communicator has failed (%s); destroy "
+                                                   "it",
+                                                   fn, maco_status_string(async_st)));
+    uint64_t k = (uint64_t)d->parts;
+    maco__pexec_args_t a;
+    memset(&a, 0, sizeof(a));
+    a.send = sendbuf;
+    a.recv = recvbuf;
+    a.buf = plan->buf;
+    a.ops = plan->d_ops;
+    a.refs = plan->d_refs;
+    a.tb_first = plan->d_tb_first;
+    a.chans = plan->d_chans;
+    a.count = count;
+    a.esz = esz;
+    a.in_off = plan->in_off;
+    a.out_off = plan->out_off;
+    a.scr_off = plan->scr_off;
+    a.slot_bytes = maco__plan_scratch_slot(d, count, esz);
+    a.send_bytes = maco__plan_chunks(d, MACO__PBUF_INPUT) / k * count * esz;
+    a.recv_bytes = maco__plan_chunks(d, MACO__PBUF_OUTPUT) / k * count * esz;
+    a.bound = comm->bound;
+    a.nchannels = plan->nchannels;
+    a.npeers = plan->npeers;
+    a.parts = d->parts;
+    a.nranks = comm->nranks;
+    a.avg = op == MACO_AVG;
+    a.op = op == MACO_AVG ? (int32_t)MACO_SUM : (int32_t)op;
+    cudaError_t e =
+        maco__launch_plan(&a, (int)type, plan->ntbs, MACO__PLAN_THREADS, (cudaStream_t)stream);
+    if (e != cudaSuccess)
+        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                                                   "%s: the executor's launch failed: %s (%s)", fn,
+                                                   cudaGetErrorName(e), cudaGetErrorString(e)));
+    return MACO_OK;
+}
+
+maco_status_t maco__plan_load_forced(maco_comm_t comm, maco__coll_t *c)
+{
+    static const maco__config_id_t vars[MACO_COLLECTIVE_COUNT] = {
+        MACO_CFG_ALGO_ALLREDUCE, MACO_CFG_ALGO_ALLGATHER, MACO_CFG_ALGO_REDUCE_SCATTER,
+        MACO_CFG_ALGO_BROADCAST, MACO_CFG_ALGO_REDUCE,    MACO_CFG_ALGO_ALLTOALL,
+        MACO_CFG_ALGO_SENDRECV,
+    };
+    const size_t skip = strlen(MACO__PLAN_PREFIX);
+    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
+        const char *v = maco__config_string(vars[k]);
+        if (strncmp(v, MACO__PLAN_PREFIX, skip) != 0)
+            continue;
+        if (k != MACO_COLL_ALLREDUCE && k != MACO_COLL_ALLGATHER && k != MACO_COLL_REDUCE_SCATTER)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                               "%s=%s: plans exist for allreduce, allgather and reduce_scatter "
+                               "only",
+                               maco__config_name(vars[k]), v);
+        maco_status_t st = maco_plan_load(comm, v + skip, &c->plans[k]);
+        if (st != MACO_OK)
+            return st;
+        if (c->plans[k]->desc->coll != (maco_collective_t)k)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                               "%s=%s: the plan is a %s plan, not %s", maco__config_name(vars[k]),
+                               v, maco_collective_name(c->plans[k]->desc->coll),
+                               maco_collective_name((maco_collective_t)k));
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: %s runs plan %s", comm->rank,
+                  maco_collective_name((maco_collective_t)k), v + skip);
+    }
+    return MACO_OK;
+}
+
+void maco__plan_free_forced(maco__coll_t *c)
+{
+    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
+        maco_plan_destroy(c->plans[k]);
+        c->plans[k] = NULL;
+    }
+}

@@ -1,0 +1,283 @@
+/*
+ * plan_kernels.cu - the generic plan executor: one CTA per thread block of the plan, each
+ * interpreting its operation list (docs/plan-format.md, "Execution").
+ *
+ * One launch:
+ *   1. all CTAs copy sendbuf into this rank's plan input buffer; grid barrier;
+ *   2. CTA 0 runs a barrier with every peer (signal, then wait, on one channel per peer),
+ *      so no peer touches this rank's buffers before they hold this launch's input and
+ *      before this rank's previous launch has copied its output out; grid barrier;
+ *   3. each CTA runs its operations in order, with __syncthreads() between them;
+ *   4. grid barrier; CTA 0 runs a second barrier with every peer (so no peer is still reading
+ *      or writing this rank's buffers), grid barrier; all CTAs copy the output buffer into
+ *      recvbuf; CTA 0 advances the LL flag (device memory) for the next launch.
+ * Everything per launch lives on the device, so a launch can be captured in a CUDA graph and
+ * replayed. Every wait is bounded (MACO_DEVICE_TIMEOUT); on a failure a CTA stops and the
+ * others stop at their next wait (maco_spin_check sees the claimed error).
+ *
+ * The grid barrier needs every CTA resident at once: plans have at most 64 thread blocks of
+ * MACO__PLAN_THREADS threads, well under one GPU's capacity even with ranks sharing it.
+ */
+#include <stdint.h>
+
+#include "maco/device/copy.h"
+#include "maco/device/error.h"
+#include "maco/device/memory_channel.h"
+#include "maco/device/packet.h"
+#include "plan_exec.h"
+#include "reduce.cuh"
+
+/* Arrives at the grid barrier of this launch and waits (bounded) for every CTA. */
+static __device__ maco_status_t maco__plan_grid_barrier(const maco__pexec_args_t &a)
+{
+    __shared__ int st_shared;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long *ctr = (unsigned long long *)(a.buf + MACO__PLAN_CTR_GRID);
+        __threadfence_system();
+        unsigned long long nb = gridDim.x;
+        unsigned long long old = atomicAdd(ctr, 1ull);
+        unsigned long long target = (old / nb + 1) * nb;
+        maco_spin_state_t spin = { 0, 0 };
+        maco_status_t st = MACO_OK;
+        while (*(volatile unsigned long long *)ctr < target) {
+            st = maco_spin_check(&a.bound, &spin);
+            if (st != MACO_OK) {
+                if (st == MACO_ERR_TIMEOUT)
+                    maco_device_error_record(&a.bound, st, -1, (int)blockIdx.x, 0, target,
+                                             *(volatile unsigned long long *)ctr);
+                break;
+            }
+        }
+        __threadfence();
+        st_shared = (int)st;
+    }
+    __syncthreads();
+    return (maco_status_t)st_shared;
+}
+
+/* CTA 0: a signal to and a wait from every peer on the barrier channels (release/acquire). */
+static __device__ maco_status_t maco__plan_peer_barrier(const maco__pexec_args_t &a)
+{
+    __shared__ int st_shared;
+    if (threadIdx.x == 0) {
+        maco_status_t st = MACO_OK;
+        const maco_memory_channel_device_t *bar = a.chans + a.nchannels;
+        for (int k = 0; k < a.npeers; k++)
+            maco_memory_channel_signal(&bar[k]);
+        for (int k = 0; k < a.npeers && st == MACO_OK; k++)
+            st = maco_memory_channel_wait(&bar[k]);
+        st_shared = (int)st;
+    }
+    __syncthreads();
+    return (maco_status_t)st_shared;
+}
+
+/* Elements of part p of the unit. */
+static __device__ __forceinline__ uint64_t maco__part_elems(const maco__pexec_args_t &a, int p)
+{
+    uint64_t k = (uint64_t)a.parts;
+    return ((uint64_t)p + 1) * a.count / k - (uint64_t)p * a.count / k;
+}
+
+/* Byte offset in a plan buffer of chunk `index` of `buffer`. */
+static __device__ __forceinline__ uint64_t maco__chunk_off(const maco__pexec_args_t &a, int buffer,
+                                                           uint32_t index)
+{
+    if (buffer == MACO__PBUF_SCRATCH)
+        return a.scr_off + (uint64_t)index * a.slot_bytes;
+    uint64_t k = (uint64_t)a.parts, s = index / k, p = index % k;
+    uint64_t base = buffer == MACO__PBUF_INPUT ? a.in_off : a.out_off;
+    return base + (s * a.count + p * a.count / k) * a.esz;
+}
+
+/* One element (esz bytes) of a source: plain memory, or from LL16 packets (waiting). */
+template <class T>
+static __device__ __forceinline__ maco_status_t maco__load_elem(const char *base, int packets,
+                                                                uint64_t e, uint32_t flag,
+                                                                const maco_device_wait_bound_t *b,
+                                                                typename T::bits *out)
+{
+    typedef typename T::bits B;
+    if (!packets) {
+        *out = *(const B *)(base + e * sizeof(B));
+        return MACO_OK;
+    }
+    uint64_t byte = e * sizeof(B);
+    const maco_ll16_packet_t *p = (const maco_ll16_packet_t *)base + byte / 8;
+    uint2 d;
+    maco_status_t st = maco_ll16_load(p, flag, &d, b, -1, (int)((byte / 8) & 0x7fffffff));
+    if (st != MACO_OK)
+        return st;
+    uint64_t w = ((uint64_t)d.y << 32) | d.x;
+    *out = (B)(w >> (8 * (byte % 8)));
+    return MACO_OK;
+}
+
+/* dst[0..elems) = op over sources; avg divides once (a reduce that writes an output chunk). */
+template <class T>
+static __device__ maco_status_t maco__plan_reduce(const maco__pexec_args_t &a, char *dst,
+                                                  const char *const *src, const uint8_t *pk,
+                                                  int nsrcs, uint64_t elems, uint32_t flag,
+                                                  int divide)
+{
+    typedef typename T::bits B;
+    maco_status_t st = MACO_OK;
+    for (uint64_t e = threadIdx.x; e < elems && st == MACO_OK; e += blockDim.x) {
+        B v;
+        st = maco__load_elem<T>(src[0], pk[0], e, flag, &a.bound, &v);
+        typename T::acc acc = T::widen(v);
+        for (int s = 1; s < nsrcs && st == MACO_OK; s++) {
+            st = maco__load_elem<T>(src[s], pk[s], e, flag, &a.bound, &v);
+            acc = maco__combine<T, MACO__OP_RUNTIME>(acc, T::widen(v), a.op);
+        }
+        if (divide)
+            acc = T::div(acc, a.nranks);
+        if (st == MACO_OK)
+            ((B *)dst)[e] = T::narrow(acc);
+    }
+    return st;
+}
+
+/* Reads LL16 packets (waiting) from `src` and stores them with the same flag at `dst`. */
+static __device__ maco_status_t maco__plan_forward_packets(const maco__pexec_args_t &a,
+                                                           maco_ll16_packet_t *dst,
+                                                           const maco_ll16_packet_t *src,
+                                                           uint64_t bytes, uint32_t flag)
+{
+    for (uint64_t i = threadIdx.x; i < (bytes + 7) / 8; i += blockDim.x) {
+        uint2 d;
+        maco_status_t st = maco_ll16_load(src + i, flag, &d, &a.bound, -1, (int)(i & 0x7fffffff));
+        if (st != MACO_OK)
+            return st;
+        maco_ll16_store(dst + i, d, flag);
+    }
+    return MACO_OK;
+}
+
+template <class T>
+static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
+                                              const maco__pexec_op_t &op, uint32_t flag)
+{
+    __shared__ int st_shared;
+    const maco_memory_channel_device_t *ch = op.channel >= 0 ? &a.chans[op.channel] : NULL;
+    maco_status_t st = MACO_OK;
+    switch (op.code) {
+    case MACO__POP_SIGNAL:
+        __syncthreads();
+        if (threadIdx.x == 0)
+            maco_memory_channel_signal(ch);
+        return MACO_OK;
+    case MACO__POP_WAIT:
+        if (threadIdx.x == 0)
+            st_shared = (int)maco_memory_channel_wait(ch);
+        __syncthreads();
+        return (maco_status_t)st_shared;
+    default:
+        break;
+    }
+    const maco__plan_ref_t *srcs = a.refs + op.src_first;
+    for (uint32_t j = 0; j < op.dst.count && st == MACO_OK; j++) {
+        int part = (int)(((uint32_t)op.part0 + j) % (uint32_t)a.parts);
+        uint64_t elems = maco__part_elems(a, part), bytes = elems * a.esz;
+        uint64_t doff = maco__chunk_off(a, op.dst.buffer, op.dst.index + j);
+        uint64_t soff = maco__chunk_off(a, srcs[0].buffer, srcs[0].index + j);
+        switch (op.code) {
+        case MACO__POP_PUT:
+            maco_memory_channel_put(ch, doff, soff, bytes, threadIdx.x, blockDim.x);
+            break;
+        case MACO__POP_GET:
+            maco_memory_channel_get(ch, doff, soff, bytes, threadIdx.x, blockDim.x);
+            break;
+        case MACO__POP_PUT_PACKETS:
+            maco_memory_channel_put_packets_ll16(ch, doff, soff, bytes, threadIdx.x, blockDim.x,
+                                                 flag);
+            break;
+        case MACO__POP_READ_PUT_PACKETS:
+            st =
+                maco__plan_forward_packets(a, (maco_ll16_packet_t *)(ch->remote + doff),
+                                           (const maco_ll16_packet_t *)(a.buf + soff), bytes, flag);
+            break;
+        case MACO__POP_COPY:
+            if (!srcs[0].packets) {
+                maco_copy(a.buf + doff, a.buf + soff, bytes, threadIdx.x, blockDim.x);
+                break;
+            }
+            /* fall through: unpacking packets is a reduce of one source */
+        case MACO__POP_REDUCE: {
+            const char *src[MACO__PLAN_MAX_SRCS];
+            uint8_t pk[MACO__PLAN_MAX_SRCS];
+            for (int s = 0; s < op.nsrcs; s++) {
+                uint64_t off = maco__chunk_off(a, srcs[s].buffer, srcs[s].index + j);
+                src[s] = srcs[s].channel >= 0 ? a.chans[srcs[s].channel].remote + off : a.buf + off;
+                pk[s] = srcs[s].packets;
+            }
+            int divide = a.avg && op.code == MACO__POP_REDUCE && op.dst.buffer == MACO__PBUF_OUTPUT;
+            st = maco__plan_reduce<T>(a, a.buf + doff, src, pk, op.nsrcs, elems, flag, divide);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    /* Combine the threads' statuses (packet waits may fail on some threads only). */
+    int failed = __syncthreads_or(st != MACO_OK);
+    if (failed && st == MACO_OK)
+        st = MACO_ERR_REMOTE;
+    return st;
+}
+
+template <class T> __global__ void __launch_bounds__(256) maco__plan_kernel(maco__pexec_args_t a)
+{
+    const uint32_t flag = *(volatile uint32_t *)(a.buf + MACO__PLAN_CTR_EPOCH);
+    const uint32_t gtid = blockIdx.x * blockDim.x + threadIdx.x, gn = gridDim.x * blockDim.x;
+    maco_copy(a.buf + a.in_off, a.send, a.send_bytes, gtid, gn);
+    if (maco__plan_grid_barrier(a) != MACO_OK)
+        return;
+    if (blockIdx.x == 0 && maco__plan_peer_barrier(a) != MACO_OK)
+        return;
+    if (maco__plan_grid_barrier(a) != MACO_OK)
+        return;
+    for (int i = a.tb_first[blockIdx.x]; i < a.tb_first[blockIdx.x + 1]; i++) {
+        maco__pexec_op_t op = a.ops[i];
+        if (maco__plan_op<T>(a, op, flag) != MACO_OK)
+            return;
+        __syncthreads();
+    }
+    if (maco__plan_grid_barrier(a) != MACO_OK)
+        return;
+    if (blockIdx.x == 0 && maco__plan_peer_barrier(a) != MACO_OK)
+        return;
+    if (maco__plan_grid_barrier(a) != MACO_OK)
+        return;
+    maco_copy(a.recv, a.buf + a.out_off, a.recv_bytes, gtid, gn);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *(volatile uint32_t *)(a.buf + MACO__PLAN_CTR_EPOCH) = flag + 1 == 0 ? 1 : flag + 1;
+}
+
+extern "C" cudaError_t maco__launch_plan(const maco__pexec_args_t *args, int datatype, int blocks,
+                                         int threads, cudaStream_t stream)
+{
+    switch (datatype) {
+#define MACO__PLAN_CASE(dt, T)                                                                     \
+    case dt:                                                                                       \
+        maco__plan_kernel<T><<<blocks, threads, 0, stream>>>(*args);                               \
+        break;
+        MACO__PLAN_CASE(MACO_INT8, maco__t_i8)
+        MACO__PLAN_CASE(MACO_UINT8, maco__t_u8)
+        MACO__PLAN_CASE(MACO_INT32, maco__t_i32)
+        MACO__PLAN_CASE(MACO_UINT32, maco__t_u32)
+        MACO__PLAN_CASE(MACO_INT64, maco__t_i64)
+        MACO__PLAN_CASE(MACO_UINT64, maco__t_u64)
+        MACO__PLAN_CASE(MACO_FLOAT16, maco__t_f16)
+        MACO__PLAN_CASE(MACO_BFLOAT16, maco__t_bf16)
+        MACO__PLAN_CASE(MACO_FLOAT32, maco__t_f32)
+        MACO__PLAN_CASE(MACO_FLOAT64, maco__t_f64)
+        MACO__PLAN_CASE(MACO_FP8_E4M3, maco__t_e4m3)
+        MACO__PLAN_CASE(MACO_FP8_E5M2, maco__t_e5m2)
+#undef MACO__PLAN_CASE
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}

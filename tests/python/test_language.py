@@ -1,0 +1,65 @@
+"""maco.language from the installed package: the DSL's plans match the shipped files (the
+full DSL, schema and verifier tests are tests/plans/test_plans.py, ctest `plans`)."""
+
+import json
+import os
+
+import pytest
+
+from conftest import REPO
+
+
+def test_language_is_in_the_package():
+    import maco.language as L
+
+    assert L.PLAN_MAGIC == "MACO-PLAN" and L.PLAN_VERSION == 1
+    with L.Program("ag", L.AllGather(world_size=2)) as prog:
+        for r in range(2):
+            p = 1 - r
+            L.Rank(r).copy(L.Rank(r).output[r], L.Rank(r).input[0], tb=0)
+            ch = L.MemoryChannel(dst_rank=p, src_rank=r, tb=0)
+            ch.put(L.Rank(p).output[r], L.Rank(r).input[0], tb=0)
+            ch.signal(tb=0)
+            ch.wait(tb=0)
+    d = json.loads(prog.to_json())
+    assert d["collective"] == "allgather" and len(d["ranks"]) == 2
+
+
+def test_example_plan_matches_the_shipped_file():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "plan_allreduce", os.path.join(REPO, "examples", "plan_allreduce.py"))
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    with open(os.path.join(REPO, "examples", "plans", "allreduce_read_2r.json")) as f:
+        assert f.read() == ex.read_reduce_allreduce(2).to_json()
+
+
+def test_errors_name_rank_tb_op():
+    import maco.language as L
+
+    with L.Program("x", L.AllReduce(world_size=2)):
+        ch = L.MemoryChannel(dst_rank=1, src_rank=0, tb=0)
+        with pytest.raises(L.PlanError, match=r"rank 0 tb 1 op 0 \(signal\)"):
+            ch.signal(tb=1)
+
+
+def test_verify_through_the_library():
+    import maco.language as L
+
+    with L.Program("ar", L.AllReduce(world_size=2)) as prog:
+        for r in range(2):
+            p = 1 - r
+            ch = L.MemoryChannel(dst_rank=p, src_rank=r, tb=0)
+            me = L.Rank(r)
+            me.reduce(me.output[0], [me.input[0], ch.remote(L.Rank(p).input[0])], tb=0)
+    prog.verify()
+    with L.Program("bad", L.AllReduce(world_size=2)) as bad:
+        for r in range(2):
+            L.MemoryChannel(dst_rank=1 - r, src_rank=r, tb=0)
+            me = L.Rank(r)
+            me.reduce(me.output[0], [me.input[0]], tb=0)  # forgets the peer's input
+    with pytest.raises(L.PlanError, match=r"postcondition: rank 0 output\[0\] lacks input\[0\] "
+                                          r"of rank 1"):
+        bad.verify()
