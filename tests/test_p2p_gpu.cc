@@ -771,10 +771,11 @@ TEST_F(P2P, MissingSendTimesOutNamingThePeer)
     /* Across nodes the first message between two ranks connects them (blocking until the
      * peer's matching call, bounded by MACO_BOOTSTRAP_TIMEOUT): one message first, so the
      * missing send below is the kernel's wait. */
-    if (Rank() == 0)
+    if (Rank() == 0) {
         ASSERT_EQ(maco_send(in_, 1, MACO_FLOAT32, 1, comm, S()), MACO_OK);
-    if (Rank() == 1)
+    } else if (Rank() == 1) {
         ASSERT_EQ(maco_recv(out_ + kGuard, 1, MACO_FLOAT32, 0, comm, S()), MACO_OK);
+    }
     CUDA_OK(cudaStreamSynchronize(stream_));
     if (Rank() == 1) {
         maco_test::AllowLog("timed out");
