@@ -198,6 +198,77 @@ TEST_F(TaskGraph, UnknownChannel)
     ExpectInvalid({ "task 0", "channel_signal", "channel 3 does not exist" });
 }
 
+TEST_F(TaskGraph, GemmTileChecksAndLowering)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_BFLOAT16;
+    t.a = reinterpret_cast<void *>(0x100000);
+    t.b = reinterpret_cast<void *>(0x200000);
+    t.out = reinterpret_cast<void *>(0x300000);
+    t.m = 256;
+    t.n = 384;
+    t.k = 64;
+    t.ldc = 384;
+    t.tile_row = 1;
+    t.tile_col = 2;
+    t.name = "g";
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.ngemm_tasks, 1u);
+    EXPECT_EQ(l.tasks[0].count, 64u | (384ull << 32));                       /* K | N << 32 */
+    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
+    EXPECT_EQ(l.tasks[0].aux, 384u);
+    maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, GemmTileOutOfRange)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = reinterpret_cast<void *>(0x100000);
+    t.b = reinterpret_cast<void *>(0x200000);
+    t.out = reinterpret_cast<void *>(0x300000);
+    t.m = 256;
+    t.n = 256;
+    t.k = 64;
+    t.ldc = 256;
+    t.tile_row = 2; /* only 2 tile rows: 0 and 1 */
+    t.name = "far";
+    Add(t);
+    ExpectInvalid({ "\"far\"", "tile (2, 0) is outside the 2 x 2 tiles" });
+}
+
+TEST_F(TaskGraph, GemmTileShape)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 200;
+    t.n = 256;
+    t.k = 64;
+    t.ldc = 256;
+    Add(t);
+    ExpectInvalid({ "gemm_tile", "200 x 256 x 64", "multiples" });
+}
+
+TEST_F(TaskGraph, RowsOfAnElementwiseTask)
+{
+    maco_task_t t = AddTask("rows");
+    t.rows = 4;
+    t.ld_in = 8; /* below count (16) */
+    t.ld_out = 16;
+    Add(t);
+    ExpectInvalid({ "\"rows\"", "rows = 4, ld_in = 8" });
+}
+
 TEST_F(TaskGraph, NullArguments)
 {
     maco_test::AllowLog("NULL");

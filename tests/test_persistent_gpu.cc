@@ -3,10 +3,13 @@
  * 2 ranks sharing the GPU): random DAGs of element-wise tasks against a host evaluation
  * (bitwise: the device computes in fp32 with one fused multiply-add, as the host does),
  * thousands of tiny tasks, signal/wait inside a graph, replays with new inputs, a CUDA graph
- * capture, tile exchange over memory channels between two ranks, the profile, and a wait that
+ * capture, tile exchange over memory channels between two ranks, GEMM tiles (cuBLASDx) against
+ * cuBLAS, GEMM + allreduce fused by tiles against cuBLAS + maco_allreduce (2 ranks), the
+ * profile, and a wait that
  * never gets its signal (bounded, reported, no hang; its own ctest entry: the communicator
  * stays failed).
  */
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -565,6 +568,305 @@ TEST_F(Persistent, TilesOverAMemoryChannelBetweenTwoRanks)
             maco_mem_deregister(p);
     maco_mem_deregister(mine);
     cudaFree(buf);
+}
+
+/* Random bf16 in [-1, 1) as raw bits, and their float values. */
+static void RandomBf16(std::mt19937_64 &rng, size_t n, std::vector<__nv_bfloat16> *bits,
+                       std::vector<float> *vals)
+{
+    bits->resize(n);
+    vals->resize(n);
+    for (size_t i = 0; i < n; i++) {
+        __nv_bfloat16 b = __float2bfloat16_rn(std::uniform_real_distribution<float>(-1, 1)(rng));
+        (*bits)[i] = b;
+        (*vals)[i] = __bfloat162float(b);
+    }
+}
+
+/* cuBLAS row-major C (fp32) = A (m x k) B (k x n), bf16 in, fp32 compute. */
+static cublasStatus_t CublasGemm(cublasHandle_t h, int m, int n, int k, const void *A,
+                                 const void *B, float *C)
+{
+    float one = 1.0f, zero = 0.0f;
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, B, CUDA_R_16BF, n, A,
+                        CUDA_R_16BF, k, &zero, C, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+}
+
+/* |got - want| within fp32 accumulation of k products: 2^-20 x sum |a||b| (row i, column j). */
+static size_t CountOutsideFp32Bound(const std::vector<float> &got, const std::vector<float> &want,
+                                    const std::vector<float> &a, const std::vector<float> &b, int m,
+                                    int n, int k, double scale)
+{
+    size_t bad = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double mag = 0;
+            for (int q = 0; q < k; q++)
+                mag += std::fabs(a[static_cast<size_t>(i) * k + q] *
+                                 b[static_cast<size_t>(q) * n + j]);
+            size_t x = static_cast<size_t>(i) * n + j;
+            if (std::fabs(static_cast<double>(got[x]) - want[x]) > scale * mag * 0x1p-20 + 1e-30)
+                bad++;
+        }
+    return bad;
+}
+
+TEST_F(Persistent, GemmTilesMatchCublas)
+{
+    const int m = 384, n = 256, k = 512, tm = m / MACO_GEMM_TILE_M, tn = n / MACO_GEMM_TILE_N;
+    std::mt19937_64 rng(seed_);
+    std::vector<__nv_bfloat16> ha, hb;
+    std::vector<float> fa, fb;
+    RandomBf16(rng, static_cast<size_t>(m) * k, &ha, &fa);
+    RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
+    size_t mn = static_cast<size_t>(m) * n;
+    char *base;
+    CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2 + 3 * mn * 4));
+    base = static_cast<char *>(dev_);
+    __nv_bfloat16 *A = reinterpret_cast<__nv_bfloat16 *>(base);
+    __nv_bfloat16 *B = A + ha.size();
+    float *C = reinterpret_cast<float *>(B + hb.size()), *Cref = C + mn;
+    __nv_bfloat16 *C16 = reinterpret_cast<__nv_bfloat16 *>(Cref + mn);
+    CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    for (int r = 0; r < tm; r++)
+        for (int c = 0; c < tn; c++)
+            for (int half = 0; half < 2; half++) { /* fp32 row-major, and bf16 row-major */
+                maco_task_t t = Task(MACO_TASK_GEMM_TILE);
+                t.datatype = half ? MACO_BFLOAT16 : MACO_FLOAT32;
+                t.a = A;
+                t.b = B;
+                size_t off = static_cast<size_t>(r) * MACO_GEMM_TILE_M * n +
+                             static_cast<size_t>(c) * MACO_GEMM_TILE_N;
+                t.out = half ? static_cast<void *>(C16 + off) : static_cast<void *>(C + off);
+                t.m = m;
+                t.n = n;
+                t.k = k;
+                t.ldc = n;
+                t.tile_row = static_cast<uint32_t>(r);
+                t.tile_col = static_cast<uint32_t>(c);
+                t.name = half ? "gemm bf16" : "gemm fp32";
+                Add(t);
+            }
+    maco_persistent_config_t cfg = { 4, 1, 0, 0, 0 };
+    maco_status_t st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
+    if (st == MACO_ERR_UNSUPPORTED)
+        GTEST_SKIP() << maco_log_last_error();
+    ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
+    ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+    ASSERT_NO_FATAL_FAILURE(LaunchAndWait()); /* a replay gives the same */
+    cublasHandle_t h;
+    ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(CublasGemm(h, m, n, k, A, B, Cref), CUBLAS_STATUS_SUCCESS);
+    CUDA_OK(cudaDeviceSynchronize());
+    cublasDestroy(h);
+    std::vector<float> got(mn), want(mn), got16(mn);
+    std::vector<__nv_bfloat16> g16(mn);
+    CUDA_OK(cudaMemcpy(got.data(), C, mn * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(want.data(), Cref, mn * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(g16.data(), C16, mn * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(CountOutsideFp32Bound(got, want, fa, fb, m, n, k, 4.0), 0u);
+    size_t bad16 = 0;
+    for (size_t i = 0; i < mn; i++) /* bf16 output: the fp32 tile rounded once */
+        bad16 += __bfloat162float(g16[i]) != __bfloat162float(__float2bfloat16_rn(got[i]));
+    EXPECT_EQ(bad16, 0u);
+}
+
+/* A registered scratch buffer and a memory channel over it to every peer. */
+struct FusedSetup {
+    void *scratch = nullptr;
+    maco_mem_t mine = nullptr;
+    std::vector<maco_mem_t> peers;
+    std::vector<maco_memory_channel_t> chans;
+    std::vector<int> index; /* the graph's channel index per rank */
+
+    void Create(maco_task_graph_t g, size_t bytes)
+    {
+        CUDA_OK(cudaMalloc(&scratch, bytes));
+        CUDA_OK(cudaMemset(scratch, 0, bytes));
+        ASSERT_EQ(maco_mem_register(Comm(), scratch, bytes, &mine), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
+        chans.assign(static_cast<size_t>(NRanks()), nullptr);
+        index.assign(static_cast<size_t>(NRanks()), -1);
+        for (int q = 0; q < NRanks(); q++) {
+            if (q == Rank())
+                continue;
+            size_t i = static_cast<size_t>(q);
+            ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine, peers[i], &chans[i]), MACO_OK);
+            maco_memory_channel_device_t hd;
+            ASSERT_EQ(maco_memory_channel_get_device_handle(chans[i], &hd), MACO_OK);
+            ASSERT_EQ(maco_task_graph_add_channel(g, &hd, &index[i]), MACO_OK);
+        }
+    }
+    ~FusedSetup()
+    {
+        for (auto c : chans)
+            maco_memory_channel_destroy(c);
+        for (auto p : peers)
+            if (p != nullptr)
+                maco_mem_deregister(p);
+        maco_mem_deregister(mine);
+        cudaFree(scratch);
+    }
+};
+
+static uint64_t HashFloats(const std::vector<float> &v)
+{
+    uint64_t hash = 1469598103934665603ull;
+    for (float x : v) {
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        hash = (hash ^ u) * 1099511628211ull;
+    }
+    return hash;
+}
+
+/* Row-parallel linear, maco_task_graph_add_gemm_allreduce: Y = sum over ranks of X_r W_r, each
+ * output tile reduced as soon as every rank's tile is there. Against cuBLAS + maco_allreduce
+ * (fp32 accumulation bound), and bitwise across ranks; three launches (the scratch handshake
+ * lets them follow each other without a barrier). */
+TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
+{
+    const int shapes[][3] = { { 256, 256, 256 }, { 512, 384, 1024 } };
+    for (const auto &sh : shapes) {
+        const int m = sh[0], n = sh[1], k = sh[2];
+        const size_t mn = static_cast<size_t>(m) * n;
+        std::mt19937_64 rng(seed_ + static_cast<uint64_t>(Rank()) * 7919 + m);
+        std::vector<__nv_bfloat16> ha, hb;
+        std::vector<float> fa, fb;
+        RandomBf16(rng, static_cast<size_t>(m) * k, &ha, &fa);
+        RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
+        CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2 + 2 * mn * 4));
+        __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + ha.size();
+        float *Y = reinterpret_cast<float *>(B + hb.size()), *Yref = Y + mn;
+        CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        FusedSetup fs;
+        ASSERT_NO_FATAL_FAILURE(fs.Create(g_, static_cast<size_t>(NRanks()) * mn * 4));
+        maco_fused_gemm_t op;
+        memset(&op, 0, sizeof(op));
+        op.comm = Comm();
+        op.channels = fs.index.data();
+        op.a = A;
+        op.b = B;
+        op.out = Y;
+        op.scratch = fs.scratch;
+        op.m = m;
+        op.n = n;
+        op.k = k;
+        op.name = "rowpar";
+        int last = -1;
+        ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, &last), MACO_OK)
+            << maco_log_last_error();
+        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, nullptr, &k_);
+        if (st == MACO_ERR_UNSUPPORTED)
+            GTEST_SKIP() << maco_log_last_error();
+        ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        for (int run = 0; run < 3; run++) {
+            ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+        }
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        cublasHandle_t h;
+        ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(CublasGemm(h, m, n, k, A, B, Yref), CUBLAS_STATUS_SUCCESS);
+        CUDA_OK(cudaDeviceSynchronize());
+        cublasDestroy(h);
+        ASSERT_EQ(maco_allreduce(Yref, Yref, mn, MACO_FLOAT32, MACO_SUM, Comm(), stream_), MACO_OK);
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        std::vector<float> got(mn), want(mn);
+        CUDA_OK(cudaMemcpy(got.data(), Y, mn * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(want.data(), Yref, mn * 4, cudaMemcpyDeviceToHost));
+        /* Bound: every rank's products, |x||w| <= 1 each, k per element. */
+        size_t bad = 0;
+        for (size_t i = 0; i < mn; i++)
+            bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * NRanks() * k * 0x1p-20;
+        EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
+        std::vector<uint64_t> hashes(static_cast<size_t>(NRanks()));
+        hashes[static_cast<size_t>(Rank())] = HashFloats(got);
+        ASSERT_EQ(maco_bootstrap_allgather(maco_test::Bootstrap(), hashes.data(), 8), MACO_OK);
+        for (int q = 1; q < NRanks(); q++)
+            EXPECT_EQ(hashes[static_cast<size_t>(q)], hashes[0]) << "rank " << q;
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        maco_persistent_kernel_destroy(k_);
+        k_ = nullptr;
+        maco_task_graph_destroy(g_);
+        g_ = nullptr;
+        cudaFree(dev_);
+        dev_ = nullptr;
+    }
+}
+
+/* Column-parallel linear, maco_task_graph_add_allgather_gemm: Y_r = [X_0; ...; X_{n-1}] W_r,
+ * each block of 128 rows multiplied as soon as it arrived. Against maco_allgather + cuBLAS. */
+TEST_F(Persistent, FusedAllgatherGemmMatchesAllgatherAndCublas)
+{
+    const int shapes[][3] = { { 128, 256, 256 }, { 256, 384, 512 } };
+    for (const auto &sh : shapes) {
+        const int m = sh[0], n = sh[1], k = sh[2], mt = m * NRanks();
+        const size_t mk = static_cast<size_t>(m) * k, out_n = static_cast<size_t>(mt) * n;
+        std::mt19937_64 rng(seed_ + static_cast<uint64_t>(Rank()) * 104729 + m);
+        std::vector<__nv_bfloat16> ha, hb;
+        std::vector<float> fa, fb;
+        RandomBf16(rng, mk, &ha, &fa);
+        RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
+        CUDA_OK(cudaMalloc(&dev_, (mk + static_cast<size_t>(k) * n) * 2 +
+                                      static_cast<size_t>(NRanks()) * mk * 2 + 2 * out_n * 4));
+        __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + mk;
+        __nv_bfloat16 *G = B + static_cast<size_t>(k) * n; /* maco_allgather's result */
+        float *Y = reinterpret_cast<float *>(G + static_cast<size_t>(NRanks()) * mk),
+              *Yref = Y + out_n;
+        CUDA_OK(cudaMemcpy(A, ha.data(), mk * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        FusedSetup fs;
+        ASSERT_NO_FATAL_FAILURE(fs.Create(g_, static_cast<size_t>(NRanks()) * mk * 2));
+        maco_fused_gemm_t op;
+        memset(&op, 0, sizeof(op));
+        op.comm = Comm();
+        op.channels = fs.index.data();
+        op.a = A;
+        op.b = B;
+        op.out = Y;
+        op.scratch = fs.scratch;
+        op.m = m;
+        op.n = n;
+        op.k = k;
+        op.name = "colpar";
+        ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
+            << maco_log_last_error();
+        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, nullptr, &k_);
+        if (st == MACO_ERR_UNSUPPORTED)
+            GTEST_SKIP() << maco_log_last_error();
+        ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        ASSERT_EQ(maco_allgather(A, G, mk * 2, MACO_UINT8, Comm(), stream_), MACO_OK);
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        cublasHandle_t h;
+        ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(CublasGemm(h, mt, n, k, G, B, Yref), CUBLAS_STATUS_SUCCESS);
+        CUDA_OK(cudaDeviceSynchronize());
+        cublasDestroy(h);
+        std::vector<float> got(out_n), want(out_n);
+        CUDA_OK(cudaMemcpy(got.data(), Y, out_n * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(want.data(), Yref, out_n * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < out_n; i++)
+            bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * k * 0x1p-20;
+        EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        maco_persistent_kernel_destroy(k_);
+        k_ = nullptr;
+        maco_task_graph_destroy(g_);
+        g_ = nullptr;
+        cudaFree(dev_);
+        dev_ = nullptr;
+    }
 }
 
 /* Last, and in its own ctest entry (with a short MACO_DEVICE_TIMEOUT): the communicator stays

@@ -52,7 +52,9 @@ typedef enum maco_task_type {
                                        local[src_offset..) */
     MACO_TASK_CHANNEL_SIGNAL = 8, /**< signals the channel's peer */
     MACO_TASK_CHANNEL_WAIT = 9,   /**< waits for the channel's peer's next signal */
-    MACO_TASK_TYPE_COUNT = 10,
+    MACO_TASK_GEMM_TILE = 10,     /**< one MACO_GEMM_TILE_M x MACO_GEMM_TILE_N tile of C = A x B
+                                       through cuBLASDx (see maco_task_t) */
+    MACO_TASK_TYPE_COUNT = 11,
     /** First user type: run by the `user` function of a kernel the user compiles around
      * maco_pk_run() (maco/device/persistent.h; maco_persistent_kernel_get_launch). */
     MACO_TASK_USER = 256,
@@ -77,6 +79,8 @@ typedef enum maco_task_role {
  * - element-wise (ADD, SCALE, RESIDUAL_ADD): datatype (MACO_FLOAT32, MACO_FLOAT16 or
  *   MACO_BFLOAT16), count (elements, >= 1), out, a, b (not SCALE), alpha (SCALE and
  *   RESIDUAL_ADD); device pointers aligned to the element size. out may equal a or b.
+ *   A 2D block: rows (2..65535; 0 or 1: one row of count elements), ld_in (row stride of a and
+ *   b) and ld_out (of out), in elements, each at least count and below 2^24.
  * - COPY: out, a, count (bytes); the ranges must not overlap.
  * - SIGNAL: out, a device or host-mapped uint64_t counter (8-byte aligned) that is never reset.
  * - WAIT: a, such a counter; count (>= 1): the signals it gets per launch. The wait of the
@@ -86,6 +90,18 @@ typedef enum maco_task_role {
  *   src_offset (in the channel's local buffer) and dst_offset (in its remote one), both
  *   ranges inside their buffers. Waits on one channel must be ordered by dependencies (each
  *   channel keeps one expected count).
+ * - GEMM_TILE: a = A, b = B, the problem's m, n, k, the tile's tile_row and tile_col; the
+ *   tile A[tile_row * MACO_GEMM_TILE_M .. + MACO_GEMM_TILE_M, 0..k) x B[0..k, tile_col *
+ *   MACO_GEMM_TILE_N .. + MACO_GEMM_TILE_N), accumulated in fp32, is stored at `out` (its
+ *   element (0, 0)) with row stride ldc (elements of `datatype`: MACO_FLOAT32 or
+ *   MACO_BFLOAT16): for a row-major C, out = C + tile_row * 128 * ldc + tile_col * 128; for
+ *   tiles stored one after another, out = T + tile * 128 * 128 and ldc = 128. A is m x k and B
+ *   k x n, both bfloat16 and row-major with no padding (lda = k, ldb = n). m and n are
+ *   multiples of the tile, k of MACO_GEMM_TILE_K; the three pointers 16-byte aligned, ldc a
+ *   multiple of 8 and at least MACO_GEMM_TILE_N. Needs a
+ *   library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
+ *   maco_persistent_kernel_create returns MACO_ERR_UNSUPPORTED), and a kernel of
+ *   MACO_GEMM_TILE_THREADS threads per CTA (the default there).
  * - user types (>= MACO_TASK_USER): any of the fields, passed through unchecked.
  * `name` (may be NULL) is copied: error messages and the profile show it.
  */
@@ -102,7 +118,16 @@ typedef struct maco_task {
     uint64_t src_offset;
     uint64_t dst_offset;
     const char *name;
+    uint32_t rows, ld_in, ld_out; /**< element-wise: a 2D block (0: one row) */
+    uint32_t m, n, k, ldc;        /**< GEMM_TILE: the problem (elements) */
+    uint32_t tile_row, tile_col;  /**< GEMM_TILE: which tile of C */
 } maco_task_t;
+
+/** The tile of MACO_TASK_GEMM_TILE (elements) and its kernel's threads per CTA. */
+#define MACO_GEMM_TILE_M 128
+#define MACO_GEMM_TILE_N 128
+#define MACO_GEMM_TILE_K 32
+#define MACO_GEMM_TILE_THREADS 256
 
 /** Creates an empty graph. Host memory only (no GPU needed). Errors: MACO_ERR_INVALID_ARGUMENT
  * (NULL), MACO_ERR_NO_MEMORY. */
@@ -151,6 +176,50 @@ MACO_API maco_status_t maco_task_graph_get_ntasks(maco_task_graph_t graph, int *
  */
 MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
 
+/* ---------------------------------------------------------------- fused operators */
+
+/**
+ * A GEMM fused with a collective, tile by tile, over memory channels (maco/memory_channel.h).
+ * Every rank adds the same operator, with its own inputs, to its own graph. `channels[q]` is
+ * the graph's index (maco_task_graph_add_channel) of a channel to rank q whose local buffer
+ * is this rank's `scratch` registration and whose remote buffer is rank q's (entry `rank`
+ * ignored); the channels carry nothing else while the graph runs.
+ */
+typedef struct maco_fused_gemm {
+    maco_comm_t comm;    /**< gives the rank and world size */
+    const int *channels; /**< [nranks] */
+    const void *a;       /**< bf16, row-major, see each operator */
+    const void *b;       /**< bf16, k x n, row-major */
+    void *out;           /**< see each operator */
+    void *scratch;       /**< the channels' local buffer, see each operator for its size */
+    uint32_t m, n, k;    /**< multiples of MACO_GEMM_TILE_M, _N and _K */
+    const char *name;    /**< prefix of the tasks' names (profile), may be NULL */
+} maco_fused_gemm_t;
+
+/**
+ * Row-parallel linear (GEMM + allreduce): out (m x n fp32, row-major) = sum over ranks r, in
+ * rank order, of A_r (m x k) x B_r (k x n), equal on every rank bit for bit. Each rank's
+ * product is computed in 128 x 128 tiles; a tile goes to every peer as soon as it is done and
+ * is reduced as soon as every rank's copy has arrived, while later tiles are still being
+ * computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after tile).
+ * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
+ * tasks; tasks added before it do not wait for it, nor it for them (add dependencies to order
+ * it). Waits go to communication workers: give the kernel at least one. Errors:
+ * MACO_ERR_INVALID_ARGUMENT (NULL, shapes, a channel index missing), MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t graph,
+                                                          const maco_fused_gemm_t *op, int *last_p);
+
+/**
+ * Column-parallel linear (allgather + GEMM): out (nranks * m x n, fp32, row-major) =
+ * [A_0; A_1; ...; A_{nranks-1}] x B_r, where A_q (m x k) is rank q's `a`. Each rank puts its
+ * A in blocks of 128 rows into every peer's scratch as the first tasks of the launch; the
+ * tiles of a block start as soon as that block has arrived. scratch: nranks * m * k bf16 (the
+ * gathered A). *last_p as for maco_task_graph_add_gemm_allreduce. Errors: as it.
+ */
+MACO_API maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t graph,
+                                                          const maco_fused_gemm_t *op, int *last_p);
+
 /** How a kernel's CTAs are split; zero fields pick defaults (see maco_persistent_kernel_create). */
 typedef struct maco_persistent_config {
     int workers;      /**< compute worker CTAs (>= 1) */
@@ -167,8 +236,11 @@ typedef struct maco_persistent_config {
  * Validates `graph` (maco_task_graph_validate), chooses the CTA split, uploads the graph to
  * comm's device and creates the launchable kernel object. `config` may be NULL (all
  * defaults). Defaults: of T = maco_comm_get_coresident_ctas() CTAs (one per SM of this rank's
- * share), comm_workers = max(1, T / 16) when the graph has COMM tasks, else none; schedulers
- * = max(1, workers / 8); workers the rest. Every CTA must be resident at once: the total
+ * share), comm_workers = max(1, T / 16) when the graph has COMM tasks, else none; then, when
+ * two CTAs of the kernel fit on an SM, workers = T - comm_workers (one per SM) and schedulers
+ * = max(1, workers / 8) beside them; else (GEMM tiles: one CTA per SM) schedulers =
+ * max(1, (T - comm_workers) / 32) and workers the rest. Given workers only: schedulers =
+ * max(1, workers / 8). Every CTA must be resident at once: the total
  * may not exceed T times the CTAs of this kernel that fit on one SM. The graph may be
  * destroyed afterwards (the kernel holds its own copy). Blocking (device allocation and copy).
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, a bad graph, a split out of range: the message says

@@ -21,3 +21,26 @@ extern "C" cudaError_t maco__pk_ctas_per_sm(int threads, int *ctas_p)
 {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_p, maco__pk_kernel, threads, 0);
 }
+
+#if !defined(MACO_HAVE_CUBLASDX)
+extern "C" int maco__pk_gemm_available(void)
+{
+    return 0;
+}
+
+extern "C" cudaError_t maco__pk_gemm_launch(const maco_pk_view_t *view, int grid,
+                                            cudaStream_t stream)
+{
+    return cudaErrorNotSupported;
+}
+
+extern "C" cudaError_t maco__pk_gemm_ctas_per_sm(int *ctas_p)
+{
+    return cudaErrorNotSupported;
+}
+#else
+extern "C" int maco__pk_gemm_available(void)
+{
+    return 1;
+}
+#endif

@@ -73,7 +73,12 @@ enum {
     MACO_PK_CHANNEL_PUT = 7,    /* channel aux: remote[dst..+count) = local[src..+count) */
     MACO_PK_CHANNEL_SIGNAL = 8, /* channel aux: signal the peer */
     MACO_PK_CHANNEL_WAIT = 9,   /* channel aux: wait for the peer's next signal */
-    MACO_PK_TYPE_COUNT = 10,
+    MACO_PK_GEMM_TILE = 10,     /* one 128 x 128 tile of A x B (bf16 in, fp32 accumulate):
+                                   ptr[0] the tile's (0, 0) in C, ptr[1] A, ptr[2] B,
+                                   ptr[3] m0 | n0 << 32,
+                                   count K | N << 32, aux ldc, dtype C's type. Run by the
+                                   library's cuBLASDx kernel (the `user` function there) */
+    MACO_PK_TYPE_COUNT = 11,
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
 };

@@ -11,8 +11,8 @@
 #include "persistent_internal.h"
 
 static const char *const maco__task_type_names[MACO_TASK_TYPE_COUNT] = {
-    "nop",    "copy", "add",         "scale",          "residual_add",
-    "signal", "wait", "channel_put", "channel_signal", "channel_wait",
+    "nop",         "copy",           "add",          "scale",     "residual_add", "signal", "wait",
+    "channel_put", "channel_signal", "channel_wait", "gemm_tile",
 };
 
 /* The device's type values are the public ones. */
@@ -25,6 +25,7 @@ _Static_assert(MACO__SAME(MACO_TASK_COPY, MACO_PK_COPY) && MACO__SAME(MACO_TASK_
                    MACO__SAME(MACO_TASK_CHANNEL_PUT, MACO_PK_CHANNEL_PUT) &&
                    MACO__SAME(MACO_TASK_CHANNEL_SIGNAL, MACO_PK_CHANNEL_SIGNAL) &&
                    MACO__SAME(MACO_TASK_CHANNEL_WAIT, MACO_PK_CHANNEL_WAIT) &&
+                   MACO__SAME(MACO_TASK_GEMM_TILE, MACO_PK_GEMM_TILE) &&
                    MACO__SAME(MACO_TASK_TYPE_COUNT, MACO_PK_TYPE_COUNT) &&
                    MACO__SAME(MACO_TASK_USER, MACO_PK_USER),
                "task types match the device's");
@@ -206,6 +207,14 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
             snprintf(why, n, "count is 0 (elements, at least 1)");
             return -1;
         }
+        if (t->rows > 1 && (t->rows > 0xffff || t->ld_in < t->count || t->ld_out < t->count ||
+                            t->ld_in >= (1u << 24) || t->ld_out >= (1u << 24))) {
+            snprintf(why, n,
+                     "rows = %u, ld_in = %u, ld_out = %u for rows of %llu elements: rows at most "
+                     "65535, strides at least the row and below 2^24",
+                     t->rows, t->ld_in, t->ld_out, (unsigned long long)t->count);
+            return -1;
+        }
         const void *ptrs[3] = { t->out, t->a, t->b };
         static const char *names[3] = { "out", "a", "b" };
         int nptr = t->type == MACO_TASK_SCALE ? 2 : 3;
@@ -259,6 +268,37 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
             }
         }
         return 0;
+    case MACO_TASK_GEMM_TILE: {
+        if (t->datatype != MACO_FLOAT32 && t->datatype != MACO_BFLOAT16) {
+            snprintf(why, n, "datatype %d: a GEMM tile stores MACO_FLOAT32 or MACO_BFLOAT16",
+                     (int)t->datatype);
+            return -1;
+        }
+        if (t->m == 0 || t->n == 0 || t->k == 0 || t->m % MACO_GEMM_TILE_M != 0 ||
+            t->n % MACO_GEMM_TILE_N != 0 || t->k % MACO_GEMM_TILE_K != 0) {
+            snprintf(why, n,
+                     "m x n x k = %u x %u x %u: m and n must be non-zero multiples of %d and %d, "
+                     "k of %d",
+                     t->m, t->n, t->k, MACO_GEMM_TILE_M, MACO_GEMM_TILE_N, MACO_GEMM_TILE_K);
+            return -1;
+        }
+        if (t->ldc < MACO_GEMM_TILE_N || t->ldc % 8 != 0) {
+            snprintf(why, n, "ldc = %u: at least %d and a multiple of 8", t->ldc, MACO_GEMM_TILE_N);
+            return -1;
+        }
+        if (t->tile_row >= t->m / MACO_GEMM_TILE_M || t->tile_col >= t->n / MACO_GEMM_TILE_N) {
+            snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C", t->tile_row,
+                     t->tile_col, t->m / MACO_GEMM_TILE_M, t->n / MACO_GEMM_TILE_N);
+            return -1;
+        }
+        if (t->out == NULL || t->a == NULL || t->b == NULL ||
+            (((uintptr_t)t->out | (uintptr_t)t->a | (uintptr_t)t->b) & 15u) != 0) {
+            snprintf(why, n, "C, A and B (%p, %p, %p) must be non-NULL and 16-byte aligned", t->out,
+                     t->a, t->b);
+            return -1;
+        }
+        return 0;
+    }
     default:
         return 0;
     }
@@ -440,6 +480,15 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
         if (t->type == MACO_TASK_CHANNEL_PUT) {
             d->ptr[0] = t->dst_offset;
             d->ptr[1] = t->src_offset;
+        } else if (t->rows > 1 && (t->type == MACO_TASK_ADD || t->type == MACO_TASK_SCALE ||
+                                   t->type == MACO_TASK_RESIDUAL_ADD)) {
+            d->ptr[3] = (uint64_t)t->rows | (uint64_t)t->ld_in << 16 | (uint64_t)t->ld_out << 40;
+        } else if (t->type == MACO_TASK_GEMM_TILE) {
+            d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
+                        (uint64_t)(t->tile_col * MACO_GEMM_TILE_N) << 32;
+            d->count = (uint64_t)t->k | (uint64_t)t->n << 32;
+            d->aux = t->ldc;
+            out->ngemm_tasks++;
         } else if ((int)t->type >= MACO_TASK_USER) {
             d->ptr[3] = t->src_offset;
         }

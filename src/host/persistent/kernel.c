@@ -21,6 +21,7 @@ struct maco_persistent_kernel {
     maco_pk_view_t view;
     maco_persistent_config_t config;
     int grid;
+    int gemm; /* runs the kernel with GEMM tiles */
     uint32_t ntasks;
     void *fixed, *state;
     char **labels;  /* [ntasks] task names for the profile */
@@ -37,14 +38,27 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
     memset(&c, 0, sizeof(c));
     if (in != NULL)
         c = *in;
+    int gemm = l->ngemm_tasks > 0;
+    if (gemm && !maco__pk_gemm_available())
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
+                           "%s: the graph has %u GEMM tiles, and this library was built without "
+                           "cuBLASDx (configure with -DMACO_MATHDX_DIR=<nvidia-mathdx's "
+                           "nvidia/mathdx folder>)",
+                           fn, l->ngemm_tasks);
     if (c.threads == 0)
-        c.threads = MACO__PK_DEFAULT_THREADS;
+        c.threads = gemm ? MACO__PK_GEMM_THREADS : MACO__PK_DEFAULT_THREADS;
+    if (gemm && c.threads != MACO__PK_GEMM_THREADS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: threads = %d: a graph with GEMM tiles runs with %d threads per "
+                           "CTA",
+                           fn, c.threads, MACO__PK_GEMM_THREADS);
     if (c.threads < 64 || c.threads > MACO__PK_MAX_THREADS || c.threads % 32 != 0)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "%s: threads = %d: a multiple of 32 in [64, %d]", fn, c.threads,
                            MACO__PK_MAX_THREADS);
     int per_sm = 0;
-    cudaError_t cerr = maco__pk_ctas_per_sm(c.threads, &per_sm);
+    cudaError_t cerr =
+        gemm ? maco__pk_gemm_ctas_per_sm(&per_sm) : maco__pk_ctas_per_sm(c.threads, &per_sm);
     if (cerr != cudaSuccess)
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
                            "%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: %s", fn,
@@ -56,8 +70,13 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
         c.comm_workers = 0;
     int avail = T - c.comm_workers;
     if (c.workers == 0 && c.schedulers == 0) {
-        c.schedulers = avail / 9 > 1 ? avail / 9 : 1;
-        c.workers = avail - c.schedulers;
+        if (per_sm >= 2) { /* a worker on every SM; schedulers share SMs with them */
+            c.workers = avail;
+            c.schedulers = avail / 8 > 1 ? avail / 8 : 1;
+        } else { /* one CTA per SM: few schedulers, each on an SM of its own */
+            c.schedulers = avail / 32 > 1 ? avail / 32 : 1;
+            c.workers = avail - c.schedulers;
+        }
     } else if (c.workers == 0) {
         c.workers = avail - c.schedulers;
     } else if (c.schedulers == 0) {
@@ -125,6 +144,7 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
     uint32_t W = (uint32_t)k->config.workers, C = (uint32_t)k->config.comm_workers,
              S = (uint32_t)k->config.schedulers, nq = W + C + S;
     k->grid = (int)nq;
+    k->gemm = l.ngemm_tasks > 0;
 
     size_t fixed_bytes = 0, state_bytes = 0;
     maco__pk_layout(&l, graph->channels, graph->nchannels, W, C, S, k->config.profile, NULL, NULL,
@@ -184,7 +204,9 @@ maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_str
             k->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
                                  "%s: the communicator has failed (%s): %s; destroy it", fn,
                                  maco_status_string(async_st), maco_comm_get_last_error(k->comm)));
-    cudaError_t cerr = maco__pk_launch(&k->view, k->grid, k->config.threads, (cudaStream_t)stream);
+    cudaError_t cerr =
+        k->gemm ? maco__pk_gemm_launch(&k->view, k->grid, (cudaStream_t)stream)
+                : maco__pk_launch(&k->view, k->grid, k->config.threads, (cudaStream_t)stream);
     if (cerr != cudaSuccess)
         return maco__comm_record(k->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
                                                       "%s: launch of %d CTAs of %d threads "

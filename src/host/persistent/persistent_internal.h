@@ -38,6 +38,7 @@ typedef struct maco__pk_lowered {
     uint32_t *roots; /* [nroots] */
     uint32_t nroots;
     uint32_t ncomm_tasks; /* tasks of the COMM role */
+    uint32_t ngemm_tasks; /* GEMM tiles */
 } maco__pk_lowered_t;
 
 /** Validates `graph` (errors as maco_task_graph_validate, prefixed with `fn`) and lowers it. */

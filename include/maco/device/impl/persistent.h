@@ -319,42 +319,56 @@ static __device__ __forceinline__ void maco__pk_store(void *p, uint64_t i, uint3
 }
 
 /* out = a + b (ADD), alpha * a (SCALE), a + alpha * b (RESIDUAL_ADD, one fused multiply-add:
- * fmaf(alpha, b, a)); fp32 arithmetic, each element rounded once to the output type. float32 with
- * 16-byte aligned pointers moves four elements per access. */
+ * fmaf(alpha, b, a)); fp32 arithmetic, each element rounded once to the output type. `rows`
+ * rows of `count` elements (ptr[3]: rows in bits 0-15, 0 meaning 1; the row stride of a and b
+ * in bits 16-39, of out in bits 40-63, in elements). float32 with 16-byte aligned rows moves
+ * four elements per access. */
 static __device__ __forceinline__ void maco__pk_elementwise(const maco_pk_task_t *t, uint32_t tid,
                                                             uint32_t nthreads)
 {
-    void *out = (void *)t->ptr[0];
-    const void *a = (const void *)t->ptr[1];
-    const void *b = (const void *)t->ptr[2];
+    char *out = (char *)t->ptr[0];
+    const char *a = (const char *)t->ptr[1];
+    const char *b = (const char *)t->ptr[2];
     float alpha = t->alpha;
     uint32_t type = t->type, dtype = t->dtype;
-    uint64_t n = t->count, i0 = 0;
-    if (dtype == MACO__PK_F32 &&
-        (((uintptr_t)out | (uintptr_t)a | (type == MACO_PK_SCALE ? 0u : (uintptr_t)b)) & 15u) ==
-            0) {
-        uint64_t nv = n / 4;
-        for (uint64_t i = tid; i < nv; i += nthreads) {
-            float4 x = ((const float4 *)a)[i], r;
-            if (type == MACO_PK_SCALE) {
-                r = make_float4(alpha * x.x, alpha * x.y, alpha * x.z, alpha * x.w);
-            } else {
-                float4 y = ((const float4 *)b)[i];
-                float c = type == MACO_PK_ADD ? 1.0f : alpha;
-                r = make_float4(__fmaf_rn(c, y.x, x.x), __fmaf_rn(c, y.y, x.y),
-                                __fmaf_rn(c, y.z, x.z), __fmaf_rn(c, y.w, x.w));
-            }
-            ((float4 *)out)[i] = r;
-        }
-        i0 = nv * 4;
+    uint64_t n = t->count;
+    uint64_t rows = t->ptr[3] & 0xffffu, ldi = (t->ptr[3] >> 16) & 0xffffffu, ldo = t->ptr[3] >> 40;
+    if (rows == 0) {
+        rows = 1;
+        ldi = ldo = n;
     }
-    for (uint64_t i = i0 + tid; i < n; i += nthreads) {
-        float x = maco__pk_load(a, i, dtype), r;
+    uint64_t esz = dtype == MACO__PK_F32 ? 4 : 2;
+    uintptr_t align = (uintptr_t)out | (uintptr_t)a | (type == MACO_PK_SCALE ? 0u : (uintptr_t)b);
+    if (rows > 1)
+        align |= (uintptr_t)(ldi * esz) | (uintptr_t)(ldo * esz) | (uintptr_t)(n * esz);
+    uint64_t done = 0; /* elements of each row done by the vector loop */
+    if (dtype == MACO__PK_F32 && (align & 15u) == 0) {
+        uint64_t nv = n / 4, total = rows * nv;
+        float c = type == MACO_PK_ADD ? 1.0f : alpha;
+        for (uint64_t v = tid; v < total; v += nthreads) {
+            uint64_t r = v / nv, i = v - r * nv;
+            float4 x = ((const float4 *)(a + r * ldi * 4))[i], y;
+            if (type == MACO_PK_SCALE) {
+                y = make_float4(alpha * x.x, alpha * x.y, alpha * x.z, alpha * x.w);
+            } else {
+                float4 z = ((const float4 *)(b + r * ldi * 4))[i];
+                y = make_float4(__fmaf_rn(c, z.x, x.x), __fmaf_rn(c, z.y, x.y),
+                                __fmaf_rn(c, z.z, x.z), __fmaf_rn(c, z.w, x.w));
+            }
+            ((float4 *)(out + r * ldo * 4))[i] = y;
+        }
+        done = nv * 4;
+    }
+    uint64_t rest = n - done, total = rows * rest;
+    for (uint64_t e = tid; e < total; e += nthreads) {
+        uint64_t r = e / rest, i = done + (e - r * rest);
+        float x = maco__pk_load(a + r * ldi * esz, i, dtype), y;
         if (type == MACO_PK_SCALE)
-            r = alpha * x;
+            y = alpha * x;
         else
-            r = __fmaf_rn(type == MACO_PK_ADD ? 1.0f : alpha, maco__pk_load(b, i, dtype), x);
-        maco__pk_store(out, i, dtype, r);
+            y = __fmaf_rn(type == MACO_PK_ADD ? 1.0f : alpha,
+                          maco__pk_load(b + r * ldi * esz, i, dtype), x);
+        maco__pk_store(out + r * ldo * esz, i, dtype, y);
     }
 }
 
@@ -413,7 +427,7 @@ static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_v
     case MACO_PK_CHANNEL_WAIT:
         return tid == 0 ? maco_memory_channel_wait(&v->channels[t->aux]) : MACO_OK;
     default:
-        if (t->type >= MACO_PK_USER && user != 0)
+        if ((t->type >= MACO_PK_USER || t->type == MACO_PK_GEMM_TILE) && user != 0)
             return user(v, t, task);
         if (tid == 0)
             maco__pk_record(v, MACO_ERR_INVALID_ARGUMENT, (int)task, MACO_DEVICE_ERR_TASK_TYPE,
