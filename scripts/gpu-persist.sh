@@ -25,6 +25,7 @@ step() { # name timeout command...
   summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
   return 0
 }
+export TEST_PERSIST_TRACE_DIR=$OUT
 step persist-tests "${TEST_TIMEOUT:-150}" ctest --test-dir "$B" -R '^persistent_gpu' -V
 step bench-persistent "${BENCH_TIMEOUT:-90}" "$B/tests/bench_persistent"
 if [ -x "$B/tests/bench_gemm_tile" ]; then

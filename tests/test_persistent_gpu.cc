@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -674,30 +675,48 @@ TEST_F(Persistent, GemmTilesMatchCublas)
     EXPECT_EQ(bad16, 0u);
 }
 
-/* A registered scratch buffer and a memory channel over it to every peer. */
+/* A registered scratch buffer and a memory channel over it to every peer, made once per
+ * process and kept until the tests end: the collectives' registry keeps its mappings of peers'
+ * registrations for the communicator's life (algorithms/registry.c), so a scratch freed and
+ * allocated again could meet a stale mapping of the old one (cudaErrorAlreadyMapped on the
+ * 2-rank H100 run of 2026-11-24). */
 struct FusedSetup {
+    static constexpr size_t kBytes = 8u << 20;
     void *scratch = nullptr;
     maco_mem_t mine = nullptr;
     std::vector<maco_mem_t> peers;
     std::vector<maco_memory_channel_t> chans;
+    std::vector<maco_memory_channel_device_t> handles;
     std::vector<int> index; /* the graph's channel index per rank */
 
-    void Create(maco_task_graph_t g, size_t bytes)
+    /* Fatal failures: call inside ASSERT_NO_FATAL_FAILURE. */
+    void Create()
     {
-        CUDA_OK(cudaMalloc(&scratch, bytes));
-        CUDA_OK(cudaMemset(scratch, 0, bytes));
-        ASSERT_EQ(maco_mem_register(Comm(), scratch, bytes, &mine), MACO_OK);
+        CUDA_OK(cudaMalloc(&scratch, kBytes));
+        CUDA_OK(cudaMemset(scratch, 0, kBytes));
+        ASSERT_EQ(maco_mem_register(Comm(), scratch, kBytes, &mine), MACO_OK);
         ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
         chans.assign(static_cast<size_t>(NRanks()), nullptr);
-        index.assign(static_cast<size_t>(NRanks()), -1);
+        handles.resize(static_cast<size_t>(NRanks()));
         for (int q = 0; q < NRanks(); q++) {
             if (q == Rank())
                 continue;
             size_t i = static_cast<size_t>(q);
             ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine, peers[i], &chans[i]), MACO_OK);
-            maco_memory_channel_device_t hd;
-            ASSERT_EQ(maco_memory_channel_get_device_handle(chans[i], &hd), MACO_OK);
-            ASSERT_EQ(maco_task_graph_add_channel(g, &hd, &index[i]), MACO_OK);
+            ASSERT_EQ(maco_memory_channel_get_device_handle(chans[i], &handles[i]), MACO_OK);
+        }
+    }
+    /* Adds the channels to `g`; index[] gets their indices there. */
+    void AddTo(maco_task_graph_t g, size_t bytes)
+    {
+        ASSERT_LE(bytes, kBytes);
+        index.assign(static_cast<size_t>(NRanks()), -1);
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(maco_task_graph_add_channel(g, &handles[static_cast<size_t>(q)],
+                                                      &index[static_cast<size_t>(q)]),
+                          MACO_OK);
+            }
         }
     }
     ~FusedSetup()
@@ -711,6 +730,33 @@ struct FusedSetup {
         cudaFree(scratch);
     }
 };
+
+FusedSetup *g_fused = nullptr;
+
+/* Frees the shared setup after the last test, before MultiProcessMain destroys the
+ * communicator. */
+class FusedEnvironment : public ::testing::Environment
+{
+  public:
+    void TearDown() override
+    {
+        delete g_fused;
+        g_fused = nullptr;
+    }
+};
+::testing::Environment *const g_fused_env =
+    ::testing::AddGlobalTestEnvironment(new FusedEnvironment);
+
+/* The shared setup, made by the first test that asks (collective: every rank runs the same
+ * tests in the same order). */
+static void Fused(FusedSetup **fs_p)
+{
+    if (g_fused == nullptr) {
+        g_fused = new FusedSetup;
+        ASSERT_NO_FATAL_FAILURE(g_fused->Create());
+    }
+    *fs_p = g_fused;
+}
 
 static uint64_t HashFloats(const std::vector<float> &v)
 {
@@ -744,16 +790,17 @@ TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
         CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
         ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
-        FusedSetup fs;
-        ASSERT_NO_FATAL_FAILURE(fs.Create(g_, static_cast<size_t>(NRanks()) * mn * 4));
+        FusedSetup *fs = nullptr;
+        ASSERT_NO_FATAL_FAILURE(Fused(&fs));
+        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, static_cast<size_t>(NRanks()) * mn * 4));
         maco_fused_gemm_t op;
         memset(&op, 0, sizeof(op));
         op.comm = Comm();
-        op.channels = fs.index.data();
+        op.channels = fs->index.data();
         op.a = A;
         op.b = B;
         op.out = Y;
-        op.scratch = fs.scratch;
+        op.scratch = fs->scratch;
         op.m = m;
         op.n = n;
         op.k = k;
@@ -761,7 +808,10 @@ TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
         int last = -1;
         ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, &last), MACO_OK)
             << maco_log_last_error();
-        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, nullptr, &k_);
+        maco_persistent_config_t cfg;
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.profile = 1;
+        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
         if (st == MACO_ERR_UNSUPPORTED)
             GTEST_SKIP() << maco_log_last_error();
         ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
@@ -785,6 +835,16 @@ TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
         for (size_t i = 0; i < mn; i++)
             bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * NRanks() * k * 0x1p-20;
         EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
+        if (Rank() == 0) { /* the last launch's profile; a Chrome trace where asked */
+            ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
+            const char *dir = getenv("TEST_PERSIST_TRACE_DIR");
+            if (dir != nullptr && dir[0] != '\0' && NRanks() == 2 && m == 512) {
+                std::string path = std::string(dir) + "/trace_gemm_allreduce_" +
+                                   std::to_string(NRanks()) + "ranks_" + std::to_string(m) +
+                                   ".json";
+                ASSERT_EQ(maco_persistent_kernel_write_trace(k_, path.c_str()), MACO_OK);
+            }
+        }
         std::vector<uint64_t> hashes(static_cast<size_t>(NRanks()));
         hashes[static_cast<size_t>(Rank())] = HashFloats(got);
         ASSERT_EQ(maco_bootstrap_allgather(maco_test::Bootstrap(), hashes.data(), 8), MACO_OK);
@@ -822,16 +882,17 @@ TEST_F(Persistent, FusedAllgatherGemmMatchesAllgatherAndCublas)
         CUDA_OK(cudaMemcpy(A, ha.data(), mk * 2, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
         ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
-        FusedSetup fs;
-        ASSERT_NO_FATAL_FAILURE(fs.Create(g_, static_cast<size_t>(NRanks()) * mk * 2));
+        FusedSetup *fs = nullptr;
+        ASSERT_NO_FATAL_FAILURE(Fused(&fs));
+        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, static_cast<size_t>(NRanks()) * mk * 2));
         maco_fused_gemm_t op;
         memset(&op, 0, sizeof(op));
         op.comm = Comm();
-        op.channels = fs.index.data();
+        op.channels = fs->index.data();
         op.a = A;
         op.b = B;
         op.out = Y;
-        op.scratch = fs.scratch;
+        op.scratch = fs->scratch;
         op.m = m;
         op.n = n;
         op.k = k;
