@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "gpu_case.h"
+#include "maco/device/persistent.h"
 #include "maco_test.h"
+#include "persistent_user_kernel.h"
 
 using maco_test::Comm;
 using maco_test::NRanks;
@@ -450,6 +452,55 @@ TEST_F(Persistent, CapturedInACudaGraphAndReplayed)
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+}
+
+/* A user task type in a kernel of the test's own (maco_pk_run + get_launch): x = 3 * in
+ * (built-in scale), then y = x * x + 0.5 (the user type), twice. */
+TEST_F(Persistent, UserTaskTypeInAKernelOfOurOwn)
+{
+    const int len = 3000;
+    CUDA_OK(cudaMalloc(&dev_, 3 * len * sizeof(float)));
+    float *in = static_cast<float *>(dev_), *x = in + len, *y = x + len;
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    maco_task_t t = Task(MACO_TASK_SCALE);
+    t.count = len;
+    t.alpha = 3.0f;
+    t.a = in;
+    t.out = x;
+    int sc = Add(t);
+    t = Task(static_cast<maco_task_type_t>(TEST_TASK_SQUARE));
+    t.count = len;
+    t.alpha = 0.5f;
+    t.a = x;
+    t.out = y;
+    t.name = "square";
+    int sq = Add(t);
+    Dep(sq, sc);
+    maco_persistent_config_t cfg = { 3, 1, 0, 128, 0 };
+    ASSERT_NO_FATAL_FAILURE(Create(&cfg));
+    maco_pk_view_t view;
+    int grid = 0, block = 0;
+    ASSERT_EQ(maco_persistent_kernel_get_launch(k_, &view, sizeof(view), &grid, &block), MACO_OK);
+    EXPECT_EQ(grid, 4);
+    EXPECT_EQ(block, 128);
+    std::vector<float> h(len), r(len);
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < len; i++)
+            h[static_cast<size_t>(i)] = static_cast<float>((i + run) % 97) * 0.125f;
+        CUDA_OK(cudaMemcpy(in, h.data(), len * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(test_launch_user_persistent(&view, grid, block, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t as;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+        ASSERT_EQ(as, MACO_OK) << maco_comm_get_last_error(Comm());
+        CUDA_OK(cudaMemcpy(r.data(), y, len * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (int i = 0; i < len; i++) {
+            float xv = 3.0f * h[static_cast<size_t>(i)];
+            bad += r[static_cast<size_t>(i)] != std::fmaf(xv, xv, 0.5f);
+        }
+        ASSERT_EQ(bad, 0u) << "run " << run;
+    }
 }
 
 TEST_F(Persistent, SplitOutOfRangeIsRefused)
