@@ -93,12 +93,15 @@ enum { MACO_PK_ROLE_COMPUTE = 0, MACO_PK_ROLE_COMM = 1 };
  *   WAIT_TASK_COUNTER  a MACO_PK_WAIT task's counter: the task, the value waited for, the last
  *                      value read
  *   WAIT_TASK_QUEUE    a full queue: the queue, the position to write, the consumer's position
- *   ERR_TASK_TYPE      not a wait: a task of a type this kernel cannot run: the task, its type */
+ *   ERR_TASK_TYPE      not a wait: a task of a type this kernel cannot run: the task, its type
+ *   ERR_TASK_FAILED    not a wait: a task returned an error and recorded nothing more specific
+ *                      (a user task type): the task, its type */
 enum {
     MACO_DEVICE_WAIT_TASK = 16,
     MACO_DEVICE_WAIT_TASK_COUNTER = 17,
     MACO_DEVICE_WAIT_TASK_QUEUE = 18,
     MACO_DEVICE_ERR_TASK_TYPE = 19,
+    MACO_DEVICE_ERR_TASK_FAILED = 20,
 };
 
 /*

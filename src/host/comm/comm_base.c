@@ -99,7 +99,7 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
         *async_status_p = (maco_status_t)status;
         return MACO_OK;
     }
-    if (e->what >= MACO_DEVICE_WAIT_TASK && e->what <= MACO_DEVICE_ERR_TASK_TYPE) {
+    if (e->what >= MACO_DEVICE_WAIT_TASK && e->what <= MACO_DEVICE_ERR_TASK_FAILED) {
         unsigned long long x = (unsigned long long)e->expected, y = (unsigned long long)e->observed;
         if (e->what == MACO_DEVICE_WAIT_TASK)
             maco__error_quiet((maco_status_t)status,
@@ -120,11 +120,15 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                               "(position %llu to write, its consumer at %llu)",
                               comm->rank, (int)e->object,
                               (unsigned long long)(comm->timeout_ns / 1000000ull), x, y);
-        else
+        else if (e->what == MACO_DEVICE_ERR_TASK_TYPE)
             maco__error_quiet((maco_status_t)status,
                               "rank %d: persistent kernel: task %d has type %llu, which this "
                               "kernel cannot run (a user type needs a kernel with its function)",
                               comm->rank, (int)e->object, x);
+        else
+            maco__error_quiet(
+                (maco_status_t)status, "rank %d: persistent kernel: task %d (type %llu) failed: %s",
+                comm->rank, (int)e->object, x, maco_status_string((maco_status_t)status));
         maco__comm_record(comm, (maco_status_t)status);
         *async_status_p = (maco_status_t)status;
         return MACO_OK;

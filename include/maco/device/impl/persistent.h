@@ -468,8 +468,13 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
                 atomicCAS((int *)&status_s, 0, (int)st);
             __syncthreads();
             if (status_s != MACO_OK) {
-                if (tid == 0)
+                if (tid == 0) {
+                    /* The first report wins: a task's own (a wait's) is kept; else this one
+                     * says which task failed, so no abort goes unreported. */
+                    maco__pk_record(v, (maco_status_t)status_s, (int)t, MACO_DEVICE_ERR_TASK_FAILED,
+                                    v->tasks[t].type, 0);
                     maco_pk_abort(v);
+                }
                 break;
             }
             if (tid == 0 && v->profile != 0) {
