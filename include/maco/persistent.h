@@ -1,8 +1,11 @@
 /*
  * maco/persistent.h - the persistent-kernel runtime: a graph of tasks (element-wise compute,
- * copies, signals and waits, channel puts) built on the host, checked and uploaded once, and
- * run by ONE kernel launch whose CTAs are compute workers, communication workers and
- * schedulers (device side and protocols: maco/device/persistent.h).
+ * copies, signals and waits, channel puts, GEMM tiles through cuBLASDx; user types in a kernel
+ * of the user's own) built on the host, checked and uploaded once, and run by ONE kernel launch
+ * whose CTAs are compute workers, communication workers and schedulers (device side and
+ * protocols: maco/device/persistent.h). Fused GEMM + allreduce and allgather + GEMM are graph
+ * builders made of these tasks (maco_task_graph_add_gemm_allreduce and _allgather_gemm). The
+ * profile (per-task start, end and SM) becomes a Chrome trace and a summary table.
  *
  *   maco_task_graph_t graph;             build: add tasks and dependencies (no GPU needed)
  *   maco_task_graph_validate(graph);     optional: create() validates too
@@ -243,8 +246,10 @@ typedef struct maco_persistent_config {
  * max(1, workers / 8). Every CTA must be resident at once: the total
  * may not exceed T times the CTAs of this kernel that fit on one SM. The graph may be
  * destroyed afterwards (the kernel holds its own copy). Blocking (device allocation and copy).
- * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, a bad graph, a split out of range: the message says
- * which), MACO_ERR_UNSUPPORTED (no usable GPU), MACO_ERR_CUDA, MACO_ERR_NO_MEMORY.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, a bad graph, a split out of range, threads other
+ * than MACO_GEMM_TILE_THREADS with GEMM tiles: the message says which), MACO_ERR_UNSUPPORTED
+ * (no usable GPU; GEMM tiles in a library built without cuBLASDx), MACO_ERR_CUDA,
+ * MACO_ERR_NO_MEMORY.
  */
 MACO_API maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t graph,
                                                      const maco_persistent_config_t *config,
