@@ -29,6 +29,7 @@ LAYERS = [
     ("channel", r"^src/host/channel/"),
     ("proxy", r"^proxy/"),
     ("algorithms", r"^(algorithms|src/device)/"),
+    ("persistent", r"^src/host/persistent/"),
 ]
 
 

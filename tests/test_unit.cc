@@ -317,7 +317,7 @@ TEST_F(Unit, LogSubsysUnknownNameWarnsAndTheOthersStillApply)
     ASSERT_EQ(warned.size(), 1u);
     EXPECT_NE(warned[0].find(" WARN "), std::string::npos) << warned[0];
     EXPECT_NE(warned[0].find("unknown subsystem 'bootstrp'"), std::string::npos) << warned[0];
-    EXPECT_NE(warned[0].find("init, bootstrap, mem, channel, coll, proxy, tool or all"),
+    EXPECT_NE(warned[0].find("init, bootstrap, mem, channel, coll, proxy, tool, persist or all"),
               std::string::npos)
         << warned[0];
     EXPECT_NE(warned[0].find("^"), std::string::npos) << warned[0];

@@ -14,6 +14,7 @@
 #include "maco/memory.h"
 #include "maco/memory_channel.h"
 #include "maco/plan.h"
+#include "maco/persistent.h"
 #include "maco/port_channel.h"
 #include "maco/status.h"
 

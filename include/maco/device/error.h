@@ -14,7 +14,8 @@
  *   4  int32 peer      rank that was waited for, -1 if none
  *   8  int32 object    semaphore id or packet slot the wait was on
  *  12  uint32 what     MACO_DEVICE_WAIT_* (semaphore, packet, FIFO space, flush) or
- *                     MACO_DEVICE_ERR_* (not a wait: a registration, a count mismatch)
+ *                     MACO_DEVICE_ERR_* (not a wait: a registration, a count mismatch);
+ *                     16-20: the persistent-kernel runtime's (maco/device/persistent.h)
  *  16  uint64 expected value (semaphore count or packet flag) waited for
  *  24  uint64 observed last value read
  */

@@ -34,8 +34,8 @@ extern "C" {
     X(LOG_LEVEL, STRING, "warn", "",                                                               \
       "Log level: error, warn, info, debug or trace (another value: warned, warn is used).")       \
     X(LOG_SUBSYS, STRING, "all", "",                                                               \
-      "Subsystems to log (init,bootstrap,mem,channel,coll,proxy,tool,all); ^ inverts. Errors "     \
-      "are logged whatever it says; an unknown name is warned about and ignored.")                 \
+      "Subsystems to log (init,bootstrap,mem,channel,coll,proxy,tool,persist,all); ^ inverts. "    \
+      "Errors are logged whatever it says; an unknown name is warned about and ignored.")          \
     X(LOG_FILE, STRING, "", "",                                                                    \
       "Log file path; %h expands to the host name, %p to the pid. Empty: standard error "          \
       "(also when the file cannot be opened, with a warning there).")                              \

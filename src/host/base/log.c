@@ -33,7 +33,7 @@ static const struct {
     { "init", MACO_SUBSYS_INIT }, { "bootstrap", MACO_SUBSYS_BOOTSTRAP },
     { "mem", MACO_SUBSYS_MEM },   { "channel", MACO_SUBSYS_CHANNEL },
     { "coll", MACO_SUBSYS_COLL }, { "proxy", MACO_SUBSYS_PROXY },
-    { "tool", MACO_SUBSYS_TOOL },
+    { "tool", MACO_SUBSYS_TOOL }, { "persist", MACO_SUBSYS_PERSIST },
 };
 enum { MACO__NSUBSYS = sizeof(maco__subsys_names) / sizeof(maco__subsys_names[0]) };
 

@@ -4,8 +4,8 @@
  * Configuration, read once at first use:
  *   MACO_LOG_LEVEL   error | warn (default) | info | debug | trace
  *   MACO_LOG_SUBSYS  comma list of subsystems to show (init,bootstrap,mem,channel,coll,proxy,
- *                    tool, or all); a leading ^ inverts the list ("^bootstrap"). Errors are
- *                    shown whatever the list says.
+ *                    tool,persist, or all); a leading ^ inverts the list ("^bootstrap").
+ *                    Errors are shown whatever the list says.
  *   MACO_LOG_FILE    path of the log; %h expands to the host name, %p to the pid.
  *                    Default: standard error.
  * A bad value is never taken silently: an unknown level, an unknown subsystem name (the
@@ -40,6 +40,7 @@ typedef enum maco__subsys {
     MACO_SUBSYS_COLL = 1u << 4,
     MACO_SUBSYS_PROXY = 1u << 5,
     MACO_SUBSYS_TOOL = 1u << 6,
+    MACO_SUBSYS_PERSIST = 1u << 7,
 } maco__subsys_t;
 
 /** True when a message of this level and subsystem would be written. */
@@ -92,8 +93,8 @@ int maco__log_parse_subsys(const char *text, unsigned *mask_p, char *bad, size_t
 /** What MACO_LOG_LEVEL and MACO_LOG_SUBSYS accept, for messages. */
 #define MACO__LOG_LEVEL_ACCEPTS "error, warn, info, debug or trace"
 #define MACO__LOG_SUBSYS_ACCEPTS                                                                   \
-    "a comma list of init, bootstrap, mem, channel, coll, proxy, tool or all; a leading ^ "        \
-    "inverts it"
+    "a comma list of init, bootstrap, mem, channel, coll, proxy, tool, persist or all; "           \
+    "a leading ^ inverts it"
 
 /** Re-reads MACO_LOG_* (tests change them between cases). */
 void maco__log_reset(void);

@@ -10,6 +10,7 @@
 
 #include "comm_internal.h"
 #include "log.h"
+#include "maco/device/persistent.h"
 
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
 {
@@ -94,6 +95,40 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                 comm->rank, kinds[e->object & 3], (unsigned long long)(e->expected / esz),
                 (unsigned long long)e->expected, (int)e->peer, (unsigned long long)e->observed,
                 (unsigned long long)(e->observed / esz), esz);
+        maco__comm_record(comm, (maco_status_t)status);
+        *async_status_p = (maco_status_t)status;
+        return MACO_OK;
+    }
+    if (e->what >= MACO_DEVICE_WAIT_TASK && e->what <= MACO_DEVICE_ERR_TASK_FAILED) {
+        unsigned long long x = (unsigned long long)e->expected, y = (unsigned long long)e->observed;
+        if (e->what == MACO_DEVICE_WAIT_TASK)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: persistent kernel: the CTA of queue %d found no task to "
+                              "run while no task finished for 2 x %llu ms (%llu of the %llu "
+                              "finished tasks that end the launch)",
+                              comm->rank, (int)e->object,
+                              (unsigned long long)(comm->timeout_ns / 1000000ull), y, x);
+        else if (e->what == MACO_DEVICE_WAIT_TASK_COUNTER)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: persistent kernel: task %d (wait) timed out after %llu "
+                              "ms: its counter was to reach %llu, last read %llu",
+                              comm->rank, (int)e->object,
+                              (unsigned long long)(comm->timeout_ns / 1000000ull), x, y);
+        else if (e->what == MACO_DEVICE_WAIT_TASK_QUEUE)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: persistent kernel: task queue %d stayed full for %llu ms "
+                              "(position %llu to write, its consumer at %llu)",
+                              comm->rank, (int)e->object,
+                              (unsigned long long)(comm->timeout_ns / 1000000ull), x, y);
+        else if (e->what == MACO_DEVICE_ERR_TASK_TYPE)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: persistent kernel: task %d has type %llu, which this "
+                              "kernel cannot run (a user type needs a kernel with its function)",
+                              comm->rank, (int)e->object, x);
+        else
+            maco__error_quiet(
+                (maco_status_t)status, "rank %d: persistent kernel: task %d (type %llu) failed: %s",
+                comm->rank, (int)e->object, x, maco_status_string((maco_status_t)status));
         maco__comm_record(comm, (maco_status_t)status);
         *async_status_p = (maco_status_t)status;
         return MACO_OK;

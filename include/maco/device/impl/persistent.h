@@ -1,0 +1,506 @@
+/*
+ * maco/device/impl/persistent.h - the bodies of what maco/device/persistent.h declares and
+ * documents. Included by that header only: read the header for the contract.
+ */
+#ifndef MACO_DEVICE_IMPL_PERSISTENT_H
+#define MACO_DEVICE_IMPL_PERSISTENT_H
+
+#include <time.h>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+/* maco_datatype_t values of the element-wise types (maco/collectives.h). */
+enum { MACO__PK_F16 = 6, MACO__PK_BF16 = 7, MACO__PK_F32 = 8 };
+
+/* -------- memory operations: PTX at GPU scope on the device, GCC atomics on the host */
+
+MACO_HOST_DEVICE static inline uint64_t maco__pk_ld_acquire(const uint64_t *p)
+{
+#if defined(__CUDA_ARCH__)
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+#else
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+MACO_HOST_DEVICE static inline uint64_t maco__pk_ld_relaxed(const uint64_t *p)
+{
+#if defined(__CUDA_ARCH__)
+    uint64_t v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+#else
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
+MACO_HOST_DEVICE static inline int32_t maco__pk_ld_relaxed_i32(const int32_t *p)
+{
+#if defined(__CUDA_ARCH__)
+    return *(const volatile int32_t *)p;
+#else
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
+MACO_HOST_DEVICE static inline void maco__pk_st_release(uint64_t *p, uint64_t v)
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+MACO_HOST_DEVICE static inline uint64_t maco__pk_fetch_add_relaxed(uint64_t *p, uint64_t v)
+{
+#if defined(__CUDA_ARCH__)
+    uint64_t old;
+    asm volatile("atom.relaxed.gpu.global.add.u64 %0, [%1], %2;"
+                 : "=l"(old)
+                 : "l"(p), "l"(v)
+                 : "memory");
+    return old;
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
+MACO_HOST_DEVICE static inline uint64_t maco__pk_fetch_add_acq_rel(uint64_t *p, uint64_t v)
+{
+#if defined(__CUDA_ARCH__)
+    uint64_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;"
+                 : "=l"(old)
+                 : "l"(p), "l"(v)
+                 : "memory");
+    return old;
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+#endif
+}
+
+MACO_HOST_DEVICE static inline uint64_t maco__pk_now_ns(void)
+{
+#if defined(__CUDA_ARCH__)
+    return maco_globaltimer_ns();
+#else
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+/* -------- bounded waits and failure */
+
+typedef struct maco__pk_spin {
+    uint64_t start_ns;
+    uint32_t iterations;
+} maco__pk_spin_t;
+
+/* One iteration of a wait: MACO_OK to go on; MACO_ERR_REMOTE once the launch was aborted or
+ * the communicator's error word was claimed; MACO_ERR_TIMEOUT after `factor` bounds. The
+ * abort word and the clock are read every 256 iterations. */
+MACO_HOST_DEVICE static inline maco_status_t maco__pk_spin(const maco_pk_view_t *v,
+                                                           maco__pk_spin_t *s, uint32_t factor)
+{
+    if ((++s->iterations & 255u) != 0)
+        return MACO_OK;
+    if (maco__pk_ld_relaxed(&v->ctr[MACO_PK_CTR_ABORT]) != 0)
+        return MACO_ERR_REMOTE;
+    if (v->bound.claim != 0 && maco__pk_ld_relaxed_i32(v->bound.claim) != 0)
+        return MACO_ERR_REMOTE;
+    uint64_t now = maco__pk_now_ns();
+    if (s->start_ns == 0) {
+        s->start_ns = now;
+        return MACO_OK;
+    }
+    if (v->bound.timeout_ns != 0 && now - s->start_ns > (uint64_t)factor * v->bound.timeout_ns)
+        return MACO_ERR_TIMEOUT;
+    return MACO_OK;
+}
+
+/* Records a failure in the communicator's report (the first one wins; maco/device/error.h). */
+MACO_HOST_DEVICE static inline void maco__pk_record(const maco_pk_view_t *v, maco_status_t status,
+                                                    int object, uint32_t what, uint64_t expected,
+                                                    uint64_t observed)
+{
+#if defined(__CUDA_ARCH__)
+    maco_device_error_record(&v->bound, status, -1, object, what, expected, observed);
+#else
+    int32_t zero = 0;
+    if (v->bound.claim == 0 || !__atomic_compare_exchange_n(v->bound.claim, &zero, 1, 0,
+                                                            __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        return;
+    v->bound.report->peer = -1;
+    v->bound.report->object = object;
+    v->bound.report->what = what;
+    v->bound.report->expected = expected;
+    v->bound.report->observed = observed;
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    v->bound.report->status = (int32_t)status;
+#endif
+}
+
+MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v)
+{
+    maco__pk_st_release(&v->ctr[MACO_PK_CTR_ABORT], 1);
+}
+
+/* -------- queues */
+
+MACO_HOST_DEVICE static inline maco_status_t
+maco_pk_queue_push(const maco_pk_view_t *v, const maco_pk_queue_t *q, uint32_t task)
+{
+    uint64_t pos = maco__pk_fetch_add_relaxed(q->reserve, 1);
+    maco__pk_spin_t spin = { 0, 0 };
+    uint64_t head;
+    /* Acquire: the consumer read this slot's previous value before it moved `head` past it. */
+    while (pos - (head = maco__pk_ld_acquire(q->head)) >= q->capacity) {
+        maco_status_t st = maco__pk_spin(v, &spin, 1);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco__pk_record(v, st, (int)(q - v->queues), MACO_DEVICE_WAIT_TASK_QUEUE, pos,
+                                head);
+            maco_pk_abort(v);
+            return st;
+        }
+    }
+    /* Release: pairs with the consumer's acquire load of the slot (maco_pk_queue_pop). */
+    maco__pk_st_release(&q->slots[pos & (q->capacity - 1)],
+                        (uint64_t)(uint32_t)(pos + 1) << 32 | task);
+    return MACO_OK;
+}
+
+MACO_HOST_DEVICE static inline int maco_pk_queue_pop(const maco_pk_queue_t *q, uint32_t *task_p)
+{
+    uint64_t h = maco__pk_ld_relaxed(q->head); /* written by this consumer only */
+    uint64_t slot = maco__pk_ld_acquire(&q->slots[h & (q->capacity - 1)]);
+    if ((uint32_t)(slot >> 32) != (uint32_t)(h + 1))
+        return 0;
+    *task_p = (uint32_t)slot;
+    /* Release: the slot was read; a producer that acquires the new head may overwrite it. */
+    maco__pk_st_release(q->head, h + 1);
+    return 1;
+}
+
+MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_t queue,
+                                                uint64_t run, uint32_t *task_p,
+                                                maco_status_t *status_p)
+{
+    const maco_pk_queue_t *q = &v->queues[queue];
+    uint64_t target = (uint64_t)v->ntasks * (run + 1);
+    uint64_t last = ~0ull;
+    maco__pk_spin_t spin = { 0, 0 };
+    for (;;) {
+        if (maco_pk_queue_pop(q, task_p))
+            return 1;
+        uint64_t done = maco__pk_ld_acquire(&v->ctr[MACO_PK_CTR_DONE]);
+        if (done >= target)
+            return 0;
+        if (done != last) { /* progress somewhere: the bound starts again */
+            last = done;
+            spin.start_ns = 0;
+            spin.iterations = 0;
+        }
+        /* Twice the bound: a task's own wait (which names the task) times out first. */
+        maco_status_t st = maco__pk_spin(v, &spin, 2);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco__pk_record(v, st, (int)queue, MACO_DEVICE_WAIT_TASK, target, done);
+            maco_pk_abort(v);
+            *status_p = st;
+            return -1;
+        }
+    }
+}
+
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view_t *v,
+                                                              uint32_t task, uint64_t run,
+                                                              uint32_t lane, uint32_t nlanes)
+{
+    const maco_pk_task_t *t = &v->tasks[task];
+    const maco_pk_queue_t *inboxes = &v->queues[v->nworkers + v->ncomm];
+    maco_status_t status = MACO_OK;
+    for (uint32_t i = lane; i < t->succ_count; i += nlanes) {
+        uint32_t s = v->succ[t->succ_begin + i];
+        uint64_t want = (uint64_t)v->tasks[s].ndeps * (run + 1);
+        /* Acquire-release: the last arrival has seen every predecessor's writes. */
+        if (maco__pk_fetch_add_acq_rel(&v->arrive[s], 1) + 1 == want) {
+            maco_status_t st = maco_pk_queue_push(v, &inboxes[s % v->nschedulers], s);
+            if (st != MACO_OK)
+                status = st;
+        }
+    }
+    if (lane == 0)
+        maco__pk_fetch_add_acq_rel(&v->ctr[MACO_PK_CTR_DONE], 1);
+    return status;
+}
+
+/* Scheduler s hands `task` to one of its workers of the task's role: the first of up to four
+ * (round robin from rr[role]) whose queue is empty, else the least loaded of them. */
+MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_view_t *v, uint32_t s,
+                                                               uint32_t task, uint32_t rr[2])
+{
+    uint32_t comm = v->tasks[task].role == MACO_PK_ROLE_COMM && v->ncomm > 0 ? 1u : 0u;
+    uint32_t base = comm ? v->nworkers : 0u, n = comm ? v->ncomm : v->nworkers;
+    uint32_t first = 0, stride = 1, cnt = n;
+    if (n >= v->nschedulers) { /* its own workers: s, s + S, s + 2S, ... */
+        first = s;
+        stride = v->nschedulers;
+        cnt = (n - s + stride - 1) / stride;
+    }
+    uint32_t tries = cnt < 4 ? cnt : 4, best = rr[comm] % cnt;
+    uint64_t best_load = ~0ull;
+    for (uint32_t k = 0; k < tries; k++) {
+        uint32_t j = (rr[comm] + k) % cnt;
+        const maco_pk_queue_t *q = &v->queues[base + first + j * stride];
+        uint64_t load = maco__pk_ld_relaxed(q->reserve) - maco__pk_ld_relaxed(q->head);
+        if (load < best_load) {
+            best_load = load;
+            best = j;
+            if (load == 0)
+                break;
+        }
+    }
+    rr[comm] = best + 1;
+    return maco_pk_queue_push(v, &v->queues[base + first + best * stride], task);
+}
+
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view_t *v, uint32_t s,
+                                                              uint64_t run)
+{
+    uint32_t rr[2] = { 0, 0 };
+    for (uint32_t i = s; i < v->nroots; i += v->nschedulers) {
+        maco_status_t st = maco__pk_dispatch(v, s, v->roots[i], rr);
+        if (st != MACO_OK)
+            return st;
+    }
+    uint32_t inbox = v->nworkers + v->ncomm + s;
+    for (;;) {
+        uint32_t task = 0;
+        maco_status_t st = MACO_OK;
+        int got = maco_pk_next(v, inbox, run, &task, &st);
+        if (got == 0)
+            return MACO_OK;
+        if (got < 0)
+            return st;
+        st = maco__pk_dispatch(v, s, task, rr);
+        if (st != MACO_OK)
+            return st;
+    }
+}
+
+/* -------- the kernel body */
+#if defined(__CUDACC__)
+
+static __device__ __forceinline__ float maco__pk_load(const void *p, uint64_t i, uint32_t dtype)
+{
+    if (dtype == MACO__PK_F16)
+        return __half2float(((const __half *)p)[i]);
+    if (dtype == MACO__PK_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static __device__ __forceinline__ void maco__pk_store(void *p, uint64_t i, uint32_t dtype, float x)
+{
+    if (dtype == MACO__PK_F16)
+        ((__half *)p)[i] = __float2half_rn(x);
+    else if (dtype == MACO__PK_BF16)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+    else
+        ((float *)p)[i] = x;
+}
+
+/* out = a + b (ADD), alpha * a (SCALE), a + alpha * b (RESIDUAL_ADD, one fused multiply-add:
+ * fmaf(alpha, b, a)); fp32 arithmetic, each element rounded once to the output type. `rows`
+ * rows of `count` elements (ptr[3]: rows in bits 0-15, 0 meaning 1; the row stride of a and b
+ * in bits 16-39, of out in bits 40-63, in elements). float32 with 16-byte aligned rows moves
+ * four elements per access. */
+static __device__ __forceinline__ void maco__pk_elementwise(const maco_pk_task_t *t, uint32_t tid,
+                                                            uint32_t nthreads)
+{
+    char *out = (char *)t->ptr[0];
+    const char *a = (const char *)t->ptr[1];
+    const char *b = (const char *)t->ptr[2];
+    float alpha = t->alpha;
+    uint32_t type = t->type, dtype = t->dtype;
+    uint64_t n = t->count;
+    uint64_t rows = t->ptr[3] & 0xffffu, ldi = (t->ptr[3] >> 16) & 0xffffffu, ldo = t->ptr[3] >> 40;
+    if (rows == 0) {
+        rows = 1;
+        ldi = ldo = n;
+    }
+    uint64_t esz = dtype == MACO__PK_F32 ? 4 : 2;
+    uintptr_t align = (uintptr_t)out | (uintptr_t)a | (type == MACO_PK_SCALE ? 0u : (uintptr_t)b);
+    if (rows > 1)
+        align |= (uintptr_t)(ldi * esz) | (uintptr_t)(ldo * esz) | (uintptr_t)(n * esz);
+    uint64_t done = 0; /* elements of each row done by the vector loop */
+    if (dtype == MACO__PK_F32 && (align & 15u) == 0) {
+        uint64_t nv = n / 4, total = rows * nv;
+        float c = type == MACO_PK_ADD ? 1.0f : alpha;
+        for (uint64_t v = tid; v < total; v += nthreads) {
+            uint64_t r = v / nv, i = v - r * nv;
+            float4 x = ((const float4 *)(a + r * ldi * 4))[i], y;
+            if (type == MACO_PK_SCALE) {
+                y = make_float4(alpha * x.x, alpha * x.y, alpha * x.z, alpha * x.w);
+            } else {
+                float4 z = ((const float4 *)(b + r * ldi * 4))[i];
+                y = make_float4(__fmaf_rn(c, z.x, x.x), __fmaf_rn(c, z.y, x.y),
+                                __fmaf_rn(c, z.z, x.z), __fmaf_rn(c, z.w, x.w));
+            }
+            ((float4 *)(out + r * ldo * 4))[i] = y;
+        }
+        done = nv * 4;
+    }
+    uint64_t rest = n - done, total = rows * rest;
+    for (uint64_t e = tid; e < total; e += nthreads) {
+        uint64_t r = e / rest, i = done + (e - r * rest);
+        float x = maco__pk_load(a + r * ldi * esz, i, dtype), y;
+        if (type == MACO_PK_SCALE)
+            y = alpha * x;
+        else
+            y = __fmaf_rn(type == MACO_PK_ADD ? 1.0f : alpha,
+                          maco__pk_load(b + r * ldi * esz, i, dtype), x);
+        maco__pk_store(out + r * ldo * esz, i, dtype, y);
+    }
+}
+
+/* MACO_PK_WAIT: one thread waits until the counter has the run's count of signals. */
+static __device__ __forceinline__ maco_status_t maco__pk_wait_counter(const maco_pk_view_t *v,
+                                                                      const maco_pk_task_t *t,
+                                                                      uint32_t task, uint64_t run)
+{
+    const uint64_t *ctr = (const uint64_t *)t->ptr[1];
+    uint64_t want = t->count * (run + 1), seen = 0;
+    maco__pk_spin_t spin = { 0, 0 };
+    while ((seen = maco_load_acquire_sys_u64(ctr)) < want) {
+        maco_status_t st = maco__pk_spin(v, &spin, 1);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco__pk_record(v, st, (int)task, MACO_DEVICE_WAIT_TASK_COUNTER, want, seen);
+            return st;
+        }
+    }
+    return MACO_OK;
+}
+
+static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_view_t *v,
+                                                                 const maco_pk_task_t *t,
+                                                                 uint32_t task, uint64_t run,
+                                                                 maco_pk_user_fn_t user)
+{
+    uint32_t tid = threadIdx.x, nthreads = blockDim.x;
+    switch (t->type) {
+    case MACO_PK_NOP:
+        return MACO_OK;
+    case MACO_PK_COPY:
+        maco_copy((void *)t->ptr[0], (const void *)t->ptr[1], t->count, tid, nthreads);
+        return MACO_OK;
+    case MACO_PK_ADD:
+    case MACO_PK_SCALE:
+    case MACO_PK_RESIDUAL_ADD:
+        maco__pk_elementwise(t, tid, nthreads);
+        return MACO_OK;
+    case MACO_PK_SIGNAL:
+        /* Release at system scope: this task's predecessors' writes (seen through the
+         * dependency chain) are visible to whoever acquires the new count. */
+        if (tid == 0)
+            maco_red_add_release_sys_u64((uint64_t *)t->ptr[0], 1);
+        return MACO_OK;
+    case MACO_PK_WAIT:
+        return tid == 0 ? maco__pk_wait_counter(v, t, task, run) : MACO_OK;
+    case MACO_PK_CHANNEL_PUT:
+        maco_memory_channel_put(&v->channels[t->aux], t->ptr[0], t->ptr[1], t->count, tid,
+                                nthreads);
+        return MACO_OK;
+    case MACO_PK_CHANNEL_SIGNAL:
+        if (tid == 0)
+            maco_memory_channel_signal(&v->channels[t->aux]);
+        return MACO_OK;
+    case MACO_PK_CHANNEL_WAIT:
+        return tid == 0 ? maco_memory_channel_wait(&v->channels[t->aux]) : MACO_OK;
+    default:
+        if ((t->type >= MACO_PK_USER || t->type == MACO_PK_GEMM_TILE) && user != 0)
+            return user(v, t, task);
+        if (tid == 0)
+            maco__pk_record(v, MACO_ERR_INVALID_ARGUMENT, (int)task, MACO_DEVICE_ERR_TASK_TYPE,
+                            t->type, 0);
+        return MACO_ERR_INVALID_ARGUMENT;
+    }
+}
+
+static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco_pk_user_fn_t user)
+{
+    __shared__ uint64_t run_s;
+    __shared__ uint32_t task_s;
+    __shared__ int32_t got_s, status_s;
+    uint32_t tid = threadIdx.x;
+    uint32_t nw = v->nworkers + v->ncomm;
+    if (tid == 0)
+        run_s = maco__pk_ld_relaxed(&v->ctr[MACO_PK_CTR_LAUNCHES]);
+    __syncthreads();
+    uint64_t run = run_s;
+    if (blockIdx.x < nw) {
+        for (;;) {
+            uint64_t start = 0;
+            if (tid == 0) {
+                uint32_t t = 0;
+                maco_status_t st = MACO_OK;
+                got_s = maco_pk_next(v, blockIdx.x, run, &t, &st);
+                task_s = t;
+                status_s = MACO_OK;
+                if (v->profile != 0)
+                    start = maco_globaltimer_ns();
+            }
+            __syncthreads();
+            if (got_s != 1)
+                break;
+            uint32_t t = task_s;
+            maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user);
+            if (st != MACO_OK)
+                atomicCAS((int *)&status_s, 0, (int)st);
+            __syncthreads();
+            if (status_s != MACO_OK) {
+                if (tid == 0) {
+                    /* The first report wins: a task's own (a wait's) is kept; else this one
+                     * says which task failed, so no abort goes unreported. */
+                    maco__pk_record(v, (maco_status_t)status_s, (int)t, MACO_DEVICE_ERR_TASK_FAILED,
+                                    v->tasks[t].type, 0);
+                    maco_pk_abort(v);
+                }
+                break;
+            }
+            if (tid == 0 && v->profile != 0) {
+                uint32_t sm;
+                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+                maco_pk_profile_record_t *r = &v->profile[t];
+                r->start_ns = start;
+                r->end_ns = maco_globaltimer_ns();
+                r->sm = sm;
+                r->cta = blockIdx.x;
+            }
+            if (tid < 32)
+                maco_pk_complete(v, t, run, tid, 32); /* an error aborts: next() sees it */
+        }
+    } else if (tid == 0) {
+        maco_pk_schedule(v, blockIdx.x - nw, run); /* an error aborts the launch */
+    }
+    __syncthreads();
+    if (tid == 0) {
+        /* The last CTA out counts the launch: the next one's `run`. */
+        uint64_t total = (uint64_t)gridDim.x * (run + 1);
+        if (maco__pk_fetch_add_acq_rel(&v->ctr[MACO_PK_CTR_EXITED], 1) + 1 == total)
+            maco__pk_st_release(&v->ctr[MACO_PK_CTR_LAUNCHES], run + 1);
+    }
+}
+
+#endif /* __CUDACC__ */
+
+#endif /* MACO_DEVICE_IMPL_PERSISTENT_H */

@@ -1,0 +1,244 @@
+/*
+ * maco/device/persistent.h - the device side of the persistent-kernel runtime: the task
+ * descriptors the host uploads, the task queues, and the loops that worker, scheduler and
+ * communication CTAs run (host API: maco/persistent.h).
+ *
+ * One launch runs a whole task graph. Its CTAs have roles by block index:
+ *   [0, W)            compute workers: pop task ids from their own queue, run the task with
+ *                     the whole CTA, then release the task's successors;
+ *   [W, W + C)        communication workers: the same loop, for tasks of the comm role
+ *                     (by default the waits: on a peer's signal, on a counter), so that a
+ *                     wait never holds a compute worker;
+ *   [W + C, W + C + S) schedulers (one thread each): hand ready tasks to workers.
+ * All CTAs must be resident at once (workers wait for work that other CTAs produce); the
+ * host sizes the grid so they are (maco_persistent_kernel_create).
+ *
+ * Queues. Every worker has one queue and every scheduler one inbox, all of the same kind:
+ * a power-of-two ring of 64-bit slots with any number of producers and one consumer.
+ *   push: pos = relaxed fetch-add on `reserve` (the position is the producer's alone); wait,
+ *         bounded, while pos - head >= capacity (acquire load of `head`: the consumer has
+ *         read the slot's previous value); then ONE release store of
+ *         slot[pos % capacity] = (low 32 bits of pos + 1) << 32 | task.
+ *   pop:  the consumer alone reads `head` h; an acquire load of slot[h % capacity] whose top
+ *         half equals the low 32 bits of h + 1 is the next task (anything else: empty); then
+ *         a release store of head = h + 1 hands the slot back to producers.
+ * The release store of the slot pairs with the consumer's acquire load: everything the
+ * producer saw before pushing (the finished predecessor's output) is visible to the consumer.
+ * The sequence number in the slot's top half means slots never need clearing, and positions
+ * run on across launches (a launch pops exactly what it pushes).
+ *
+ * Dependencies. Each task counts its predecessors (`ndeps`). `arrive[t]` is a 64-bit counter
+ * that never goes back: a worker that finishes task p does an acquire-release fetch-add of 1
+ * on arrive[s] for each successor s; the one that brings it to ndeps[s] * (run + 1), where
+ * `run` is the number of earlier launches of this graph, pushes s to the inbox of scheduler
+ * s % S. The acquire-release add makes every predecessor's release part of what the pusher
+ * saw (the adds form one release sequence), so the task's inputs are visible to whoever
+ * pops it. Tasks without predecessors (roots) are pushed by the schedulers at the start.
+ * The state is advanced only on the device (the last CTA to exit counts the launch), so a
+ * graph can be launched again, and captured in a CUDA graph, with no host work in between.
+ *
+ * Bounds. A task's own waits (a counter, a peer's semaphore) are bounded by the
+ * communicator's MACO_DEVICE_TIMEOUT and report through its error word
+ * (maco/device/error.h); a task that fails sets the graph's abort word and every CTA leaves.
+ * A CTA with nothing to do waits at most twice that bound without any task finishing
+ * anywhere in the graph, then reports MACO_DEVICE_WAIT_TASK (so a task's own timeout,
+ * which names it, is reported first). Nothing waits forever, whatever the graph.
+ *
+ * The queue and dependency functions below are host-device: the CPU tests run the same
+ * protocol with host threads in the roles of the CTAs (GCC atomics there, PTX here).
+ */
+#ifndef MACO_DEVICE_PERSISTENT_H
+#define MACO_DEVICE_PERSISTENT_H
+
+#include <stdint.h>
+
+#include "maco/device/macros.h"
+
+#include "maco/device/error.h"
+#include "maco/device/memory_channel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Task types (maco_task_type_t in maco/persistent.h has the same values). */
+enum {
+    MACO_PK_NOP = 0,
+    MACO_PK_COPY = 1,           /* out[0..count) = a[0..count), bytes */
+    MACO_PK_ADD = 2,            /* out[i] = a[i] + b[i], count elements */
+    MACO_PK_SCALE = 3,          /* out[i] = alpha * a[i] */
+    MACO_PK_RESIDUAL_ADD = 4,   /* out[i] = a[i] + alpha * b[i] */
+    MACO_PK_SIGNAL = 5,         /* *(u64 *)out += 1 (system-scope release) */
+    MACO_PK_WAIT = 6,           /* wait until *(u64 *)a >= count * (run + 1) (acquire) */
+    MACO_PK_CHANNEL_PUT = 7,    /* channel aux: remote[dst..+count) = local[src..+count) */
+    MACO_PK_CHANNEL_SIGNAL = 8, /* channel aux: signal the peer */
+    MACO_PK_CHANNEL_WAIT = 9,   /* channel aux: wait for the peer's next signal */
+    MACO_PK_GEMM_TILE = 10,     /* one 128 x 128 tile of A x B (bf16 in, fp32 accumulate):
+                                   ptr[0] the tile's (0, 0) in C, ptr[1] A, ptr[2] B,
+                                   ptr[3] m0 | n0 << 32,
+                                   count K | N << 32, aux ldc, dtype C's type. Run by the
+                                   library's cuBLASDx kernel (the `user` function there) */
+    MACO_PK_TYPE_COUNT = 11,
+    /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
+    MACO_PK_USER = 256,
+};
+
+/* CTA roles of a task. */
+enum { MACO_PK_ROLE_COMPUTE = 0, MACO_PK_ROLE_COMM = 1 };
+
+/* maco/device/error.h's `what` values of the runtime (`object` and the two values):
+ *   WAIT_TASK          a CTA found no task to run while no task finished anywhere for twice
+ *                      the bound: its queue, the finished-task count that ends the launch,
+ *                      the count it saw
+ *   WAIT_TASK_COUNTER  a MACO_PK_WAIT task's counter: the task, the value waited for, the last
+ *                      value read
+ *   WAIT_TASK_QUEUE    a full queue: the queue, the position to write, the consumer's position
+ *   ERR_TASK_TYPE      not a wait: a task of a type this kernel cannot run: the task, its type
+ *   ERR_TASK_FAILED    not a wait: a task returned an error and recorded nothing more specific
+ *                      (a user task type): the task, its type */
+enum {
+    MACO_DEVICE_WAIT_TASK = 16,
+    MACO_DEVICE_WAIT_TASK_COUNTER = 17,
+    MACO_DEVICE_WAIT_TASK_QUEUE = 18,
+    MACO_DEVICE_ERR_TASK_TYPE = 19,
+    MACO_DEVICE_ERR_TASK_FAILED = 20,
+};
+
+/*
+ * One task as the device reads it (64 bytes, 8-byte aligned, written by the host once):
+ *   0 u16 type   4 u32 ndeps   8 u32 succ_begin   12 u32 succ_count
+ *   2 u8 role    3 u8 dtype (maco_datatype_t of element-wise tasks)
+ *  16 f32 alpha  20 u32 aux (channel index; user types: anything)
+ *  24 u64 count (elements; bytes for copies and puts; signals per run for waits)
+ *  32 u64 ptr[4]: out, a, b, and a fourth argument (puts: ptr[1] = source offset,
+ *                 ptr[0] = destination offset)
+ */
+typedef struct maco_pk_task {
+    uint16_t type;
+    uint8_t role;
+    uint8_t dtype;
+    uint32_t ndeps;
+    uint32_t succ_begin;
+    uint32_t succ_count;
+    float alpha;
+    uint32_t aux;
+    uint64_t count;
+    uint64_t ptr[4];
+} maco_pk_task_t;
+
+MACO_STATIC_ASSERT(sizeof(maco_pk_task_t) == 64, "maco_pk_task_t is 64 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_pk_task_t) == 8, "maco_pk_task_t alignment");
+
+/* A queue (see the protocol above): 4 words, 32 bytes. `reserve` and `head` sit on their own
+ * 128-byte lines of device memory. */
+typedef struct maco_pk_queue {
+    uint64_t *slots;   /* [capacity] */
+    uint64_t *reserve; /* producers' next position */
+    uint64_t *head;    /* the consumer's next position */
+    uint64_t capacity; /* power of two */
+} maco_pk_queue_t;
+
+MACO_STATIC_ASSERT(sizeof(maco_pk_queue_t) == 32, "maco_pk_queue_t is 32 bytes");
+
+/* Counters of one graph in device memory (each on its own 128-byte line), never reset. */
+enum {
+    MACO_PK_CTR_DONE = 0,      /* u64: tasks finished, all launches */
+    MACO_PK_CTR_LAUNCHES = 16, /* u64: launches finished (the `run` of the next one) */
+    MACO_PK_CTR_EXITED = 32,   /* u64: CTAs that left, all launches */
+    MACO_PK_CTR_ABORT = 48,    /* u64: non-zero once a task failed (stays set) */
+    MACO_PK_CTR_WORDS = 64,
+};
+
+/* Per-task timing of the last launch (profiling on): 24 bytes. */
+typedef struct maco_pk_profile_record {
+    uint64_t start_ns; /* %globaltimer when the CTA started the task */
+    uint64_t end_ns;   /* when it finished it */
+    uint32_t sm;       /* %smid */
+    uint32_t cta;      /* block index */
+} maco_pk_profile_record_t;
+
+MACO_STATIC_ASSERT(sizeof(maco_pk_profile_record_t) == 24, "maco_pk_profile_record_t is 24 bytes");
+
+/* Everything a launch reads: passed to the kernel by value (never changes after upload). */
+typedef struct maco_pk_view {
+    const maco_pk_task_t *tasks;   /* [ntasks] */
+    const uint32_t *succ;          /* successor lists (tasks[t].succ_begin..) */
+    const uint32_t *roots;         /* [nroots] tasks without predecessors */
+    uint64_t *arrive;              /* [ntasks] */
+    uint64_t *ctr;                 /* [MACO_PK_CTR_WORDS] */
+    const maco_pk_queue_t *queues; /* [W + C + S]: workers, comm workers, scheduler inboxes */
+    const maco_memory_channel_device_t *channels; /* [nchannels] (the channel tasks' aux) */
+    maco_pk_profile_record_t *profile;            /* [ntasks] or NULL */
+    maco_device_wait_bound_t bound;
+    uint32_t ntasks, nroots;
+    uint32_t nworkers, ncomm, nschedulers, nchannels;
+} maco_pk_view_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---------------------------------------------------------------- host-device protocol */
+
+/* Pushes `task` to queue `q` (any thread; bounded wait while full). MACO_OK, or the wait's
+ * error (the graph's abort word is then set). */
+MACO_HOST_DEVICE static inline maco_status_t
+maco_pk_queue_push(const maco_pk_view_t *v, const maco_pk_queue_t *q, uint32_t task);
+
+/* Pops the next task of `q` into *task_p: 1, or 0 when it is empty. Its consumer only. */
+MACO_HOST_DEVICE static inline int maco_pk_queue_pop(const maco_pk_queue_t *q, uint32_t *task_p);
+
+/*
+ * The consumer of queue `queue` waits for its next task: 1 (task in *task_p); 0 when all
+ * tasks of this launch have finished; -1 on an error (*status_p: MACO_ERR_TIMEOUT when no
+ * task finished anywhere for twice the bound, MACO_ERR_REMOTE when a task failed). `run` is
+ * the number of earlier launches. One thread.
+ */
+MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_t queue,
+                                                uint64_t run, uint32_t *task_p,
+                                                maco_status_t *status_p);
+
+/*
+ * After task `task` finished: counts it and releases its successors, pushing those that
+ * became ready to their scheduler. Cooperative over (lane, nlanes) (one warp on the device;
+ * call it after a barrier that follows the task's writes). MACO_OK or a push's error.
+ */
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view_t *v,
+                                                              uint32_t task, uint64_t run,
+                                                              uint32_t lane, uint32_t nlanes);
+
+/* Scheduler `s` (0..S-1) of launch `run`: pushes its share of the roots, then hands every task
+ * of its inbox to a worker of the task's role until the launch ends. One thread. MACO_OK or
+ * the first error. */
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view_t *v, uint32_t s,
+                                                              uint64_t run);
+
+/* Marks the launch failed: every CTA leaves at its next check. */
+MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v);
+
+/* ---------------------------------------------------------------- device only */
+#if defined(__CUDACC__)
+
+/*
+ * A user task type: called by every thread of the worker CTA for each task whose type is at
+ * least MACO_PK_USER, with the task's descriptor; returns MACO_OK or an error (any thread;
+ * the CTA's statuses are combined, and an error aborts the launch). It may use
+ * __syncthreads() (all threads call it) and must bound its own waits.
+ */
+typedef maco_status_t (*maco_pk_user_fn_t)(const maco_pk_view_t *v, const maco_pk_task_t *task,
+                                           uint32_t task_id);
+
+/*
+ * The body of a persistent kernel: every thread of every CTA calls it once with the view
+ * (gridDim.x == W + C + S, blockDim.x a multiple of 32, at least 64). `user` runs user task
+ * types (NULL: a user type fails the launch with MACO_ERR_INVALID_ARGUMENT). To add task types,
+ * write a kernel of your own that calls maco_pk_run(&view, my_fn) and launch it with the
+ * grid, block and view that maco_persistent_kernel_get_launch() gives.
+ */
+static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco_pk_user_fn_t user);
+
+#endif /* __CUDACC__ */
+
+#include "maco/device/impl/persistent.h"
+
+#endif /* MACO_DEVICE_PERSISTENT_H */

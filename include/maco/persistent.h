@@ -1,0 +1,332 @@
+/*
+ * maco/persistent.h - the persistent-kernel runtime: a graph of tasks (element-wise compute,
+ * copies, signals and waits, channel puts, GEMM tiles through cuBLASDx; user types in a kernel
+ * of the user's own) built on the host, checked and uploaded once, and run by ONE kernel launch
+ * whose CTAs are compute workers, communication workers and schedulers (device side and
+ * protocols: maco/device/persistent.h). Fused GEMM + allreduce and allgather + GEMM are graph
+ * builders made of these tasks (maco_task_graph_add_gemm_allreduce and _allgather_gemm). The
+ * profile (per-task start, end and SM) becomes a Chrome trace and a summary table.
+ *
+ *   maco_task_graph_t graph;             build: add tasks and dependencies (no GPU needed)
+ *   maco_task_graph_validate(graph);     optional: create() validates too
+ *   maco_persistent_kernel_create(comm, graph, &config, &pk);   checks, uploads (blocking)
+ *   maco_persistent_kernel_launch(pk, stream);                  runs the whole graph
+ *   maco_persistent_kernel_launch(pk, stream);                  again: same graph, new inputs
+ *
+ * A launch runs every task once, a task only after all the tasks it depends on have finished
+ * (their writes visible to it), and returns when all have finished. Launches of one kernel
+ * object must not overlap (issue them on one stream, or order the streams); a launch can be
+ * captured in a CUDA graph and replayed. Every wait inside a launch is bounded by the
+ * communicator's MACO_DEVICE_TIMEOUT; a failure (a wait that timed out, a task that failed)
+ * ends the launch early and is reported by maco_comm_get_async_error() with a message naming
+ * the task; after that the kernel object (like the communicator) must be destroyed.
+ *
+ * Thread-safety: a graph or kernel object is used by one thread at a time.
+ */
+#ifndef MACO_PERSISTENT_H
+#define MACO_PERSISTENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "maco/collectives.h"
+#include "maco/comm.h"
+#include "maco/device/memory_channel.h"
+#include "maco/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct maco_task_graph *maco_task_graph_t;
+typedef struct maco_persistent_kernel *maco_persistent_kernel_t;
+
+/** What a task does. Element-wise types compute in fp32 and round once to `datatype`. */
+typedef enum maco_task_type {
+    MACO_TASK_NOP = 0,            /**< nothing (a join point of dependencies) */
+    MACO_TASK_COPY = 1,           /**< out[0..count) = a[0..count): `count` BYTES, any alignment */
+    MACO_TASK_ADD = 2,            /**< out[i] = a[i] + b[i], i < count (elements) */
+    MACO_TASK_SCALE = 3,          /**< out[i] = alpha * a[i] */
+    MACO_TASK_RESIDUAL_ADD = 4,   /**< out[i] = a[i] + alpha * b[i] (fmaf(alpha, b[i], a[i])) */
+    MACO_TASK_SIGNAL = 5,         /**< adds 1 to the uint64_t counter at `out` (release) */
+    MACO_TASK_WAIT = 6,           /**< waits until the uint64_t counter at `a` >= count * run */
+    MACO_TASK_CHANNEL_PUT = 7,    /**< channel `channel`: remote[dst_offset..+count bytes) =
+                                       local[src_offset..) */
+    MACO_TASK_CHANNEL_SIGNAL = 8, /**< signals the channel's peer */
+    MACO_TASK_CHANNEL_WAIT = 9,   /**< waits for the channel's peer's next signal */
+    MACO_TASK_GEMM_TILE = 10,     /**< one MACO_GEMM_TILE_M x MACO_GEMM_TILE_N tile of C = A x B
+                                       through cuBLASDx (see maco_task_t) */
+    MACO_TASK_TYPE_COUNT = 11,
+    /** First user type: run by the `user` function of a kernel the user compiles around
+     * maco_pk_run() (maco/device/persistent.h; maco_persistent_kernel_get_launch). */
+    MACO_TASK_USER = 256,
+} maco_task_type_t;
+
+/**
+ * Which CTAs run a task. A task that waits (WAIT, CHANNEL_WAIT) holds its CTA until its
+ * signal comes, and the tasks queued behind it on that CTA wait too; so AUTO gives waits the
+ * COMM role (communication workers) and every other task, puts and signals included, the
+ * COMPUTE role (compute workers never block, so whatever a wait waits for on this rank is
+ * never stuck behind it). Give the kernel at least as many communication workers as waits that
+ * can be ready at once (chain the waits of one channel anyway: see maco_task_t).
+ */
+typedef enum maco_task_role {
+    MACO_TASK_ROLE_AUTO = 0,
+    MACO_TASK_ROLE_COMPUTE = 1, /**< compute workers */
+    MACO_TASK_ROLE_COMM = 2,    /**< communication workers (compute workers when none) */
+} maco_task_role_t;
+
+/**
+ * A task. Zero-initialise it and set what its type uses:
+ * - element-wise (ADD, SCALE, RESIDUAL_ADD): datatype (MACO_FLOAT32, MACO_FLOAT16 or
+ *   MACO_BFLOAT16), count (elements, >= 1), out, a, b (not SCALE), alpha (SCALE and
+ *   RESIDUAL_ADD); device pointers aligned to the element size. out may equal a or b.
+ *   A 2D block: rows (2..65535; 0 or 1: one row of count elements), ld_in (row stride of a and
+ *   b) and ld_out (of out), in elements, each at least count and below 2^24.
+ * - COPY: out, a, count (bytes); the ranges must not overlap.
+ * - SIGNAL: out, a device or host-mapped uint64_t counter (8-byte aligned) that is never reset.
+ * - WAIT: a, such a counter; count (>= 1): the signals it gets per launch. The wait of the
+ *   launch numbered r (0, 1, ...) of this kernel object ends once the counter is at least
+ *   count * (r + 1).
+ * - CHANNEL_*: channel (from maco_task_graph_add_channel); PUT also count (bytes),
+ *   src_offset (in the channel's local buffer) and dst_offset (in its remote one), both
+ *   ranges inside their buffers. Waits on one channel must be ordered by dependencies (each
+ *   channel keeps one expected count).
+ * - GEMM_TILE: a = A, b = B, the problem's m, n, k, the tile's tile_row and tile_col; the
+ *   tile A[tile_row * MACO_GEMM_TILE_M .. + MACO_GEMM_TILE_M, 0..k) x B[0..k, tile_col *
+ *   MACO_GEMM_TILE_N .. + MACO_GEMM_TILE_N), accumulated in fp32, is stored at `out` (its
+ *   element (0, 0)) with row stride ldc (elements of `datatype`: MACO_FLOAT32 or
+ *   MACO_BFLOAT16): for a row-major C, out = C + tile_row * 128 * ldc + tile_col * 128; for
+ *   tiles stored one after another, out = T + tile * 128 * 128 and ldc = 128. A is m x k and B
+ *   k x n, both bfloat16 and row-major with no padding (lda = k, ldb = n). m and n are
+ *   multiples of the tile, k of MACO_GEMM_TILE_K; the three pointers 16-byte aligned, ldc a
+ *   multiple of 8 and at least MACO_GEMM_TILE_N. Needs a
+ *   library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
+ *   maco_persistent_kernel_create returns MACO_ERR_UNSUPPORTED), and a kernel of
+ *   MACO_GEMM_TILE_THREADS threads per CTA (the default there).
+ * - user types (>= MACO_TASK_USER): any of the fields, passed through unchecked.
+ * `name` (may be NULL) is copied: error messages and the profile show it.
+ */
+typedef struct maco_task {
+    maco_task_type_t type;
+    maco_task_role_t role;
+    maco_datatype_t datatype;
+    uint32_t channel;
+    uint64_t count;
+    float alpha;
+    void *out;
+    const void *a;
+    const void *b;
+    uint64_t src_offset;
+    uint64_t dst_offset;
+    const char *name;
+    uint32_t rows, ld_in, ld_out; /**< element-wise: a 2D block (0: one row) */
+    uint32_t m, n, k, ldc;        /**< GEMM_TILE: the problem (elements) */
+    uint32_t tile_row, tile_col;  /**< GEMM_TILE: which tile of C */
+} maco_task_t;
+
+/** The tile of MACO_TASK_GEMM_TILE (elements) and its kernel's threads per CTA. */
+#define MACO_GEMM_TILE_M 128
+#define MACO_GEMM_TILE_N 128
+#define MACO_GEMM_TILE_K 32
+#define MACO_GEMM_TILE_THREADS 256
+
+/** Creates an empty graph. Host memory only (no GPU needed). Errors: MACO_ERR_INVALID_ARGUMENT
+ * (NULL), MACO_ERR_NO_MEMORY. */
+MACO_API maco_status_t maco_task_graph_create(maco_task_graph_t *graph_p);
+
+/** Frees the graph. NULL is accepted and ignored. Kernels created from it stay valid. */
+MACO_API maco_status_t maco_task_graph_destroy(maco_task_graph_t graph);
+
+/**
+ * Adds a copy of *task; *task_id_p (may be NULL) gets its id: 0, 1, 2, ... in the order of
+ * addition. The task's arguments are checked by maco_task_graph_validate(), not here.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (graph or task NULL, more than 2^31 - 1 tasks),
+ * MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_task(maco_task_graph_t graph, const maco_task_t *task,
+                                                int *task_id_p);
+
+/**
+ * Task `task` runs only after task `depends_on` has finished. Ids are checked by
+ * maco_task_graph_validate() (so an unknown id is reported with the task that named it); the
+ * same edge given twice counts once. Errors: MACO_ERR_INVALID_ARGUMENT (graph NULL),
+ * MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_dependency(maco_task_graph_t graph, int task,
+                                                      int depends_on);
+
+/**
+ * Adds a memory channel's device handle (maco_memory_channel_get_device_handle) for channel
+ * tasks; *index_p gets its index (0, 1, ...). The handle is copied; the channel must outlive
+ * every kernel created from the graph. Errors: MACO_ERR_INVALID_ARGUMENT (NULL),
+ * MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_channel(maco_task_graph_t graph,
+                                                   const maco_memory_channel_device_t *handle,
+                                                   int *index_p);
+
+/** Number of tasks added so far. Errors: MACO_ERR_INVALID_ARGUMENT (NULL). */
+MACO_API maco_status_t maco_task_graph_get_ntasks(maco_task_graph_t graph, int *ntasks_p);
+
+/**
+ * Checks the graph: at least one task; every task's type, role and arguments in range (as
+ * maco_task_t says); every dependency names two existing, distinct tasks; no cycle. Returns
+ * MACO_OK, or MACO_ERR_INVALID_ARGUMENT with a message (logged, and given by
+ * maco_log_last_error) naming the first bad task by id and name and saying why, or the
+ * tasks of one cycle in order. Does not block; host only.
+ */
+MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
+
+/* ---------------------------------------------------------------- fused operators */
+
+/**
+ * A GEMM fused with a collective, tile by tile, over memory channels (maco/memory_channel.h).
+ * Every rank adds the same operator, with its own inputs, to its own graph. `channels[q]` is
+ * the graph's index (maco_task_graph_add_channel) of a channel to rank q whose local buffer
+ * is this rank's `scratch` registration and whose remote buffer is rank q's (entry `rank`
+ * ignored); the channels carry nothing else while the graph runs.
+ */
+typedef struct maco_fused_gemm {
+    maco_comm_t comm;    /**< gives the rank and world size */
+    const int *channels; /**< [nranks] */
+    const void *a;       /**< bf16, row-major, see each operator */
+    const void *b;       /**< bf16, k x n, row-major */
+    void *out;           /**< see each operator */
+    void *scratch;       /**< the channels' local buffer, see each operator for its size */
+    uint32_t m, n, k;    /**< multiples of MACO_GEMM_TILE_M, _N and _K */
+    const char *name;    /**< prefix of the tasks' names (profile), may be NULL */
+} maco_fused_gemm_t;
+
+/**
+ * Row-parallel linear (GEMM + allreduce): out (m x n fp32, row-major) = sum over ranks r, in
+ * rank order, of A_r (m x k) x B_r (k x n), equal on every rank bit for bit. Each rank's
+ * product is computed in 128 x 128 tiles; a tile goes to every peer as soon as it is done and
+ * is reduced as soon as every rank's copy has arrived, while later tiles are still being
+ * computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after tile).
+ * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
+ * tasks; tasks added before it do not wait for it, nor it for them (add dependencies to order
+ * it). Waits go to communication workers: give the kernel at least one. Errors:
+ * MACO_ERR_INVALID_ARGUMENT (NULL, shapes, a channel index missing), MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t graph,
+                                                          const maco_fused_gemm_t *op, int *last_p);
+
+/**
+ * Column-parallel linear (allgather + GEMM): out (nranks * m x n, fp32, row-major) =
+ * [A_0; A_1; ...; A_{nranks-1}] x B_r, where A_q (m x k) is rank q's `a`. Each rank puts its
+ * A in blocks of 128 rows into every peer's scratch as the first tasks of the launch; the
+ * tiles of a block start as soon as that block has arrived. scratch: nranks * m * k bf16 (the
+ * gathered A). *last_p as for maco_task_graph_add_gemm_allreduce. Errors: as it.
+ */
+MACO_API maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t graph,
+                                                          const maco_fused_gemm_t *op, int *last_p);
+
+/** How a kernel's CTAs are split; zero fields pick defaults (see maco_persistent_kernel_create). */
+typedef struct maco_persistent_config {
+    int workers;      /**< compute worker CTAs (>= 1) */
+    int schedulers;   /**< scheduler CTAs (>= 1, at most `workers`) */
+    int comm_workers; /**< communication CTAs; MACO_PERSISTENT_NONE for none */
+    int threads;      /**< threads per CTA: a multiple of 32 in [64, 1024]; default 256 */
+    int profile;      /**< non-zero: record each task's start, end and SM (a little slower) */
+} maco_persistent_config_t;
+
+/** maco_persistent_config_t.comm_workers: no communication CTAs. */
+#define MACO_PERSISTENT_NONE (-1)
+
+/**
+ * Validates `graph` (maco_task_graph_validate), chooses the CTA split, uploads the graph to
+ * comm's device and creates the launchable kernel object. `config` may be NULL (all
+ * defaults). Defaults: of T = maco_comm_get_coresident_ctas() CTAs (one per SM of this rank's
+ * share), comm_workers = max(1, T / 16) when the graph has COMM tasks, else none; then, when
+ * two CTAs of the kernel fit on an SM, workers = T - comm_workers (one per SM) and schedulers
+ * = max(1, workers / 8) beside them; else (GEMM tiles: one CTA per SM) schedulers =
+ * max(1, (T - comm_workers) / 32) and workers the rest. Given workers only: schedulers =
+ * max(1, workers / 8). Every CTA must be resident at once: the total
+ * may not exceed T times the CTAs of this kernel that fit on one SM. The graph may be
+ * destroyed afterwards (the kernel holds its own copy). Blocking (device allocation and copy).
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, a bad graph, a split out of range, threads other
+ * than MACO_GEMM_TILE_THREADS with GEMM tiles: the message says which), MACO_ERR_UNSUPPORTED
+ * (no usable GPU; GEMM tiles in a library built without cuBLASDx), MACO_ERR_CUDA,
+ * MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t graph,
+                                                     const maco_persistent_config_t *config,
+                                                     maco_persistent_kernel_t *kernel_p);
+
+/**
+ * Launches the kernel on `stream` (NULL: the legacy default stream): one launch runs the
+ * whole graph. Asynchronous; may be captured in a CUDA graph (the launch's state lives on the
+ * device and is advanced by the kernel). Errors: MACO_ERR_INVALID_ARGUMENT (NULL),
+ * MACO_ERR_INVALID_USAGE (the communicator has failed: maco_comm_get_async_error),
+ * MACO_ERR_CUDA (the launch).
+ */
+MACO_API maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t kernel,
+                                                     maco_stream_t stream);
+
+/** The split in use (defaults resolved). Errors: MACO_ERR_INVALID_ARGUMENT (NULL). */
+MACO_API maco_status_t maco_persistent_kernel_get_config(maco_persistent_kernel_t kernel,
+                                                         maco_persistent_config_t *config_p);
+
+/**
+ * What a kernel of the user's own needs to run this graph (user task types): `view_p` gets the
+ * device view to pass by value to maco_pk_run (it must point to a maco_pk_view_t of
+ * maco/device/persistent.h; `view_bytes` its size, checked), *grid_p and *block_p the launch's
+ * CTAs and threads. The user's kernel needs at most 48 KiB of static shared memory and no
+ * dynamic shared memory beyond what it asks for itself. Errors: MACO_ERR_INVALID_ARGUMENT.
+ */
+MACO_API maco_status_t maco_persistent_kernel_get_launch(maco_persistent_kernel_t kernel,
+                                                         void *view_p, size_t view_bytes,
+                                                         int *grid_p, int *block_p);
+
+/**
+ * Frees the kernel's device memory. The kernel must not be running (synchronise its
+ * stream first); blocking. NULL is accepted and ignored.
+ */
+MACO_API maco_status_t maco_persistent_kernel_destroy(maco_persistent_kernel_t kernel);
+
+/* ---------------------------------------------------------------- profiling */
+
+/** One task's timing in the last launch that had profiling on. */
+typedef struct maco_task_profile {
+    uint64_t start_ns; /**< GPU global timer (%globaltimer) when its CTA started it */
+    uint64_t end_ns;   /**< when the CTA finished it */
+    int sm;            /**< SM that ran it */
+    int cta;           /**< block index of the CTA (worker index; comm workers follow) */
+} maco_task_profile_t;
+
+/**
+ * Copies the last launch's per-task timings into records[0..ntasks) (the graph's task
+ * order). Blocking: waits for the device (synchronise the launch's stream first). Errors:
+ * MACO_ERR_INVALID_ARGUMENT (NULL, fewer than ntasks records), MACO_ERR_INVALID_USAGE
+ * (profiling off), MACO_ERR_CUDA.
+ */
+MACO_API maco_status_t maco_persistent_kernel_get_profile(maco_persistent_kernel_t kernel,
+                                                          maco_task_profile_t *records,
+                                                          size_t nrecords);
+
+/**
+ * Writes the last launch's profile as a Chrome trace (JSON trace-event format, read by
+ * chrome://tracing and Perfetto): one lane per CTA, one complete event per task named by the
+ * task's name (else its type), times in microseconds from the first task's start. Blocking.
+ * Errors: as get_profile, MACO_ERR_SYSTEM (the file).
+ */
+MACO_API maco_status_t maco_persistent_kernel_write_trace(maco_persistent_kernel_t kernel,
+                                                          const char *path);
+
+/**
+ * Prints a summary of the last launch's profile to `out`: one row per operation (tasks of the
+ * same name, else of the same type): tasks, time (first start to last end, ms), busy time,
+ * overlap % (the share of its busy time during which tasks of the other role ran) and SMs
+ * used; then the launch's span and overall compute/communication overlap. Blocking. Errors:
+ * as get_profile.
+ */
+MACO_API maco_status_t maco_persistent_kernel_print_summary(maco_persistent_kernel_t kernel,
+                                                            FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_PERSISTENT_H */

@@ -1,0 +1,45 @@
+/*
+ * persistent_launch.h - the library's persistent kernel (persistent_kernel.cu) behind two C
+ * calls, for the runtime's host side (src/host/persistent/kernel.c).
+ */
+#ifndef MACO_PERSISTENT_LAUNCH_H
+#define MACO_PERSISTENT_LAUNCH_H
+
+#include <cuda_runtime_api.h>
+
+#include "maco/device/persistent.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most threads per CTA the kernel is compiled for (its __launch_bounds__). */
+enum { MACO__PK_MAX_THREADS = 1024 };
+
+/* GEMM tiles (persistent_gemm.cu, built with cuBLASDx where MathDx was found). A kernel with
+ * GEMM tiles runs with MACO__PK_GEMM_THREADS threads per CTA. */
+enum {
+    MACO__PK_GEMM_TM = 128,
+    MACO__PK_GEMM_TN = 128,
+    MACO__PK_GEMM_TK = 32,
+    MACO__PK_GEMM_THREADS = 256,
+};
+
+/** 1 when the library was built with cuBLASDx (the GEMM kernel exists), else 0. */
+int maco__pk_gemm_available(void);
+
+/** As maco__pk_launch and maco__pk_ctas_per_sm, for the kernel with GEMM tiles. */
+cudaError_t maco__pk_gemm_launch(const maco_pk_view_t *view, int grid, cudaStream_t stream);
+cudaError_t maco__pk_gemm_ctas_per_sm(int *ctas_p);
+
+/** Launches the kernel: `grid` CTAs of `threads` threads run the graph of `view`. */
+cudaError_t maco__pk_launch(const maco_pk_view_t *view, int grid, int threads, cudaStream_t stream);
+
+/** How many CTAs of `threads` threads of the kernel fit on one SM at once. */
+cudaError_t maco__pk_ctas_per_sm(int threads, int *ctas_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MACO_PERSISTENT_LAUNCH_H */

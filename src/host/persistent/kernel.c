@@ -1,0 +1,302 @@
+/*
+ * kernel.c - a task graph made launchable: the CTA split, the upload (one allocation for what
+ * never changes, one zeroed allocation for the counters and queues the kernel advances), the
+ * launch, and the profile's records.
+ *
+ * The memory layout is maco__pk_layout's (graph.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_internal.h"
+#include "cuda_util.h"
+#include "log.h"
+#include "persistent_internal.h"
+#include "persistent_launch.h"
+
+enum { MACO__PK_DEFAULT_THREADS = 256 };
+
+struct maco_persistent_kernel {
+    maco_comm_t comm;
+    maco_pk_view_t view;
+    maco_persistent_config_t config;
+    int grid;
+    int gemm; /* runs the kernel with GEMM tiles */
+    uint32_t ntasks;
+    void *fixed, *state;
+    char **labels;  /* [ntasks] task names for the profile */
+    uint8_t *roles; /* [ntasks] MACO_PK_ROLE_* */
+};
+
+/* Resolves the CTA split (maco/persistent.h, maco_persistent_kernel_create). */
+static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *l,
+                                    const maco_persistent_config_t *in,
+                                    maco_persistent_config_t *out)
+{
+    const char *fn = "maco_persistent_kernel_create";
+    maco_persistent_config_t c;
+    memset(&c, 0, sizeof(c));
+    if (in != NULL)
+        c = *in;
+    int gemm = l->ngemm_tasks > 0;
+    if (gemm && !maco__pk_gemm_available())
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
+                           "%s: the graph has %u GEMM tiles, and this library was built without "
+                           "cuBLASDx (configure with -DMACO_MATHDX_DIR=<nvidia-mathdx's "
+                           "nvidia/mathdx folder>)",
+                           fn, l->ngemm_tasks);
+    if (c.threads == 0)
+        c.threads = gemm ? MACO__PK_GEMM_THREADS : MACO__PK_DEFAULT_THREADS;
+    if (gemm && c.threads != MACO__PK_GEMM_THREADS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: threads = %d: a graph with GEMM tiles runs with %d threads per "
+                           "CTA",
+                           fn, c.threads, MACO__PK_GEMM_THREADS);
+    if (c.threads < 64 || c.threads > MACO__PK_MAX_THREADS || c.threads % 32 != 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: threads = %d: a multiple of 32 in [64, %d]", fn, c.threads,
+                           MACO__PK_MAX_THREADS);
+    int per_sm = 0;
+    cudaError_t cerr =
+        gemm ? maco__pk_gemm_ctas_per_sm(&per_sm) : maco__pk_ctas_per_sm(c.threads, &per_sm);
+    if (cerr != cudaSuccess)
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
+                           "%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: %s", fn,
+                           cudaGetErrorString(cerr));
+    int T = comm->coresident_ctas;
+    if (c.comm_workers == 0)
+        c.comm_workers = l->ncomm_tasks > 0 ? (T / 16 > 1 ? T / 16 : 1) : 0;
+    else if (c.comm_workers == MACO_PERSISTENT_NONE)
+        c.comm_workers = 0;
+    int avail = T - c.comm_workers;
+    if (c.workers == 0 && c.schedulers == 0) {
+        if (per_sm >= 2) { /* a worker on every SM; schedulers share SMs with them */
+            c.workers = avail;
+            c.schedulers = avail / 8 > 1 ? avail / 8 : 1;
+        } else { /* one CTA per SM: few schedulers, each on an SM of its own */
+            c.schedulers = avail / 32 > 1 ? avail / 32 : 1;
+            c.workers = avail - c.schedulers;
+        }
+    } else if (c.workers == 0) {
+        c.workers = avail - c.schedulers;
+    } else if (c.schedulers == 0) {
+        c.schedulers = c.workers / 8 > 1 ? c.workers / 8 : 1;
+    }
+    if (c.comm_workers < 0 || c.workers < 1 || c.schedulers < 1 || c.schedulers > c.workers)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: split of %d workers, %d schedulers, %d communication workers: "
+                           "needs workers >= 1, 1 <= schedulers <= workers, communication "
+                           "workers >= 0 (of %d CTAs that fit at one per SM)",
+                           fn, c.workers, c.schedulers, c.comm_workers, T);
+    long total = (long)c.workers + c.schedulers + c.comm_workers;
+    if (per_sm < 1 || total > (long)per_sm * T)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: %ld CTAs (%d workers, %d schedulers, %d communication workers) "
+                           "of %d threads cannot all be resident at once: at most %d per SM on "
+                           "this rank's %d SMs",
+                           fn, total, c.workers, c.schedulers, c.comm_workers, c.threads, per_sm,
+                           T);
+    *out = c;
+    return MACO_OK;
+}
+
+static void maco__pk_free(maco_persistent_kernel_t k)
+{
+    if (k == NULL)
+        return;
+    cudaFree(k->fixed);
+    cudaFree(k->state);
+    if (k->labels != NULL)
+        for (uint32_t i = 0; i < k->ntasks; i++)
+            free(k->labels[i]);
+    free(k->labels);
+    free(k->roles);
+    free(k);
+}
+
+maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t graph,
+                                            const maco_persistent_config_t *config,
+                                            maco_persistent_kernel_t *kernel_p)
+{
+    const char *fn = "maco_persistent_kernel_create";
+    if (comm == NULL || graph == NULL || kernel_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST, "%s: NULL argument", fn);
+    MACO__LOG_RANK_SCOPE(comm->rank);
+    maco_status_t st = maco__comm_require_gpu(comm, fn);
+    if (st != MACO_OK)
+        return st;
+    maco__pk_lowered_t l;
+    st = maco__task_graph_lower(graph, fn, &l);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    maco_persistent_kernel_t k = calloc(1, sizeof(*k));
+    char *host = NULL;
+    if (k == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+        goto fail;
+    }
+    k->comm = comm;
+    k->ntasks = l.ntasks;
+    MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, fail);
+    st = maco__pk_split(comm, &l, config, &k->config);
+    if (st != MACO_OK)
+        goto fail;
+    uint32_t W = (uint32_t)k->config.workers, C = (uint32_t)k->config.comm_workers,
+             S = (uint32_t)k->config.schedulers, nq = W + C + S;
+    k->grid = (int)nq;
+    k->gemm = l.ngemm_tasks > 0;
+
+    size_t fixed_bytes = 0, state_bytes = 0;
+    maco__pk_layout(&l, graph->channels, graph->nchannels, W, C, S, k->config.profile, NULL, NULL,
+                    NULL, &k->view, &fixed_bytes, &state_bytes);
+    MACO_CUDA_GOTO(cudaMalloc(&k->fixed, fixed_bytes), st, fail);
+    MACO_CUDA_GOTO(cudaMalloc(&k->state, state_bytes), st, fail);
+    MACO_CUDA_GOTO(cudaMemset(k->state, 0, state_bytes), st, fail);
+    host = calloc(1, fixed_bytes);
+    k->labels = calloc(l.ntasks, sizeof(char *));
+    k->roles = calloc(l.ntasks, 1);
+    if (host == NULL || k->labels == NULL || k->roles == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+        goto fail;
+    }
+    maco__pk_layout(&l, graph->channels, graph->nchannels, W, C, S, k->config.profile, k->fixed,
+                    k->state, host, &k->view, &fixed_bytes, &state_bytes);
+    k->view.bound = comm->bound;
+    MACO_CUDA_GOTO(cudaMemcpy(k->fixed, host, fixed_bytes, cudaMemcpyHostToDevice), st, fail);
+
+    for (uint32_t i = 0; i < l.ntasks; i++) {
+        k->labels[i] = strdup(maco__task_label(&graph->tasks[i]));
+        k->roles[i] = l.tasks[i].role;
+        if (k->labels[i] == NULL) {
+            st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+            goto fail;
+        }
+    }
+
+    MACO_LOG(MACO_LOG_INFO, MACO_SUBSYS_PERSIST,
+             "%s: %u tasks (%u roots, %u dependencies, %u communication tasks) on %u workers, "
+             "%u schedulers, %u communication workers of %d threads; %zu + %zu bytes of device "
+             "memory",
+             fn, l.ntasks, l.nroots, l.nsucc, l.ncomm_tasks, W, S, C, k->config.threads,
+             fixed_bytes, state_bytes);
+    free(host);
+    maco__pk_lowered_free(&l);
+    *kernel_p = k;
+    return MACO_OK;
+fail:
+    free(host);
+    maco__pk_lowered_free(&l);
+    maco__pk_free(k);
+    return maco__comm_record(comm, st);
+}
+
+maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_stream_t stream)
+{
+    const char *fn = "maco_persistent_kernel_launch";
+    if (k == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST, "%s: kernel is NULL",
+                           fn);
+    MACO__LOG_RANK_SCOPE(k->comm->rank);
+    maco_status_t async_st;
+    maco_comm_get_async_error(k->comm, &async_st);
+    if (async_st != MACO_OK)
+        return maco__comm_record(
+            k->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
+                                 "%s: the communicator has failed (%s): %s; destroy it", fn,
+                                 maco_status_string(async_st), maco_comm_get_last_error(k->comm)));
+    cudaError_t cerr =
+        k->gemm ? maco__pk_gemm_launch(&k->view, k->grid, (cudaStream_t)stream)
+                : maco__pk_launch(&k->view, k->grid, k->config.threads, (cudaStream_t)stream);
+    if (cerr != cudaSuccess)
+        return maco__comm_record(k->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
+                                                      "%s: launch of %d CTAs of %d threads "
+                                                      "failed: %s",
+                                                      fn, k->grid, k->config.threads,
+                                                      cudaGetErrorString(cerr)));
+    return MACO_OK;
+}
+
+maco_status_t maco_persistent_kernel_get_config(maco_persistent_kernel_t k,
+                                                maco_persistent_config_t *config_p)
+{
+    if (k == NULL || config_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "maco_persistent_kernel_get_config: NULL argument");
+    *config_p = k->config;
+    return MACO_OK;
+}
+
+maco_status_t maco_persistent_kernel_get_launch(maco_persistent_kernel_t k, void *view_p,
+                                                size_t view_bytes, int *grid_p, int *block_p)
+{
+    if (k == NULL || view_p == NULL || grid_p == NULL || block_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "maco_persistent_kernel_get_launch: NULL argument");
+    if (view_bytes != sizeof(maco_pk_view_t))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "maco_persistent_kernel_get_launch: view_bytes is %zu, the view is "
+                           "%zu bytes (a maco/device/persistent.h of another version?)",
+                           view_bytes, sizeof(maco_pk_view_t));
+    memcpy(view_p, &k->view, sizeof(k->view));
+    *grid_p = k->grid;
+    *block_p = k->config.threads;
+    return MACO_OK;
+}
+
+maco_status_t maco_persistent_kernel_destroy(maco_persistent_kernel_t k)
+{
+    maco__pk_free(k);
+    return MACO_OK;
+}
+
+/* ---------------------------------------------------------------- profile */
+
+maco_status_t maco__pk_profile_read(maco_persistent_kernel_t k, const char *fn,
+                                    maco_task_profile_t *records, size_t nrecords)
+{
+    if (k == NULL || records == NULL || nrecords < k->ntasks)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: NULL argument or fewer than %u records", fn, k ? k->ntasks : 0);
+    if (k->view.profile == NULL)
+        return maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
+                           "%s: the kernel was created without profiling "
+                           "(maco_persistent_config_t.profile)",
+                           fn);
+    maco_pk_profile_record_t *raw = malloc(k->ntasks * sizeof(*raw));
+    if (raw == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+    maco_status_t st = MACO_OK;
+    MACO_CUDA_GOTO(
+        cudaMemcpy(raw, k->view.profile, k->ntasks * sizeof(*raw), cudaMemcpyDeviceToHost), st,
+        out);
+    for (uint32_t i = 0; i < k->ntasks; i++) {
+        records[i].start_ns = raw[i].start_ns;
+        records[i].end_ns = raw[i].end_ns;
+        records[i].sm = (int)raw[i].sm;
+        records[i].cta = (int)raw[i].cta;
+    }
+out:
+    free(raw);
+    return st;
+}
+
+maco_status_t maco_persistent_kernel_get_profile(maco_persistent_kernel_t k,
+                                                 maco_task_profile_t *records, size_t nrecords)
+{
+    return maco__pk_profile_read(k, "maco_persistent_kernel_get_profile", records, nrecords);
+}
+
+const char *maco__pk_label(maco_persistent_kernel_t k, uint32_t task)
+{
+    return k->labels[task];
+}
+
+int maco__pk_role(maco_persistent_kernel_t k, uint32_t task)
+{
+    return k->roles[task];
+}
+
+uint32_t maco__pk_ntasks(maco_persistent_kernel_t k)
+{
+    return k->ntasks;
+}

@@ -1,0 +1,191 @@
+/*
+ * bench_gemm_tile.cu - the persistent kernel's GEMM (one task per 128 x 128 tile of C, tiles
+ * from cuBLASDx) against cuBLAS on one GPU, bf16 in, fp32 accumulation, bf16 out, row-major:
+ * 4096^3 and two tensor-parallel MLP shapes (hidden 8192, FFN 28672 over 8 ranks, 4096
+ * tokens: the column-parallel up projection 4096 x 3584 x 8192 and the row-parallel down
+ * projection 4096 x 8192 x 3584). A benchmark, not a test (docs/performance.md).
+ *
+ *   usage: bench_gemm_tile [--iters I]
+ * Exit status 0 and "SKIP" when the library has no GEMM tiles (built without MathDx).
+ */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "maco/maco.h"
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+__global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 13;
+        x *= 0x5bd1e995u;
+        x ^= x >> 15;
+        p[i] = __float2bfloat16_rn(((float)(x & 0xffff) / 65536.0f - 0.5f));
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int iters = 20;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            iters = atoi(argv[++i]);
+    }
+    char why[400];
+    if (maco_cuda_device_count(why, sizeof(why)) < 1) {
+        printf("SKIP: no GPU: %s\n", why);
+        return 0;
+    }
+    maco_unique_id_t id;
+    maco_bootstrap_t bs;
+    maco_comm_t comm;
+    if (maco_unique_id_create(&id) != MACO_OK ||
+        maco_bootstrap_create(&id, 0, 1, -1, &bs) != MACO_OK ||
+        maco_comm_create(bs, 0, &comm) != MACO_OK) {
+        printf("communicator: %s\n", maco_log_last_error());
+        return 2;
+    }
+    cudaStream_t stream;
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        return 2;
+    cublasSetStream(h, stream);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("# bench_gemm_tile on %s (%d SMs), bf16 in, fp32 accumulate, bf16 out, %d iterations\n",
+           prop.name, prop.multiProcessorCount, iters);
+    printf("%6s %6s %6s %8s %12s %12s %9s %8s %s\n", "M", "N", "K", "tiles", "cuBLAS(TF/s)",
+           "persist(TF/s)", "ratio", "maxrel", "split (workers/schedulers)");
+    const int shapes[][3] = { { 4096, 4096, 4096 }, { 4096, 3584, 8192 }, { 4096, 8192, 3584 } };
+    int wrong = 0;
+    for (const auto &sh : shapes) {
+        int M = sh[0], N = sh[1], K = sh[2];
+        __nv_bfloat16 *A, *B, *C1, *C2;
+        CK(cudaMalloc(&A, (size_t)M * K * 2));
+        CK(cudaMalloc(&B, (size_t)K * N * 2));
+        CK(cudaMalloc(&C1, (size_t)M * N * 2));
+        CK(cudaMalloc(&C2, (size_t)M * N * 2));
+        fill_bf16<<<1024, 256, 0, stream>>>(A, (size_t)M * K, 17u);
+        fill_bf16<<<1024, 256, 0, stream>>>(B, (size_t)K * N, 91u);
+        CK(cudaStreamSynchronize(stream));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        /* cuBLAS, row-major C = A B as column-major C^T = B^T A^T. */
+        float one = 1.0f, zero = 0.0f;
+        auto run_cublas = [&]() {
+            cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, N, A,
+                         CUDA_R_16BF, K, &zero, C1, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
+        };
+        run_cublas();
+        run_cublas();
+        CK(cudaEventRecord(e0, stream));
+        for (int i = 0; i < iters; i++)
+            run_cublas();
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        float ms_cublas = 0;
+        CK(cudaEventElapsedTime(&ms_cublas, e0, e1));
+        ms_cublas /= (float)iters;
+
+        maco_task_graph_t g;
+        maco_task_graph_create(&g);
+        int tm = M / MACO_GEMM_TILE_M, tn = N / MACO_GEMM_TILE_N;
+        for (int r = 0; r < tm; r++)
+            for (int c = 0; c < tn; c++) {
+                maco_task_t t;
+                memset(&t, 0, sizeof(t));
+                t.type = MACO_TASK_GEMM_TILE;
+                t.datatype = MACO_BFLOAT16;
+                t.a = A;
+                t.b = B;
+                t.out = C2 + (size_t)r * MACO_GEMM_TILE_M * N + (size_t)c * MACO_GEMM_TILE_N;
+                t.m = (uint32_t)M;
+                t.n = (uint32_t)N;
+                t.k = (uint32_t)K;
+                t.ldc = (uint32_t)N;
+                t.tile_row = (uint32_t)r;
+                t.tile_col = (uint32_t)c;
+                maco_task_graph_add_task(g, &t, nullptr);
+            }
+        maco_persistent_kernel_t pk;
+        maco_status_t st = maco_persistent_kernel_create(comm, g, nullptr, &pk);
+        maco_task_graph_destroy(g);
+        if (st == MACO_ERR_UNSUPPORTED) {
+            printf("SKIP: %s\n", maco_log_last_error());
+            return 0;
+        }
+        if (st != MACO_OK) {
+            printf("create: %s\n", maco_log_last_error());
+            return 2;
+        }
+        maco_persistent_config_t cfg;
+        maco_persistent_kernel_get_config(pk, &cfg);
+        maco_persistent_kernel_launch(pk, stream);
+        maco_persistent_kernel_launch(pk, stream);
+        CK(cudaEventRecord(e0, stream));
+        for (int i = 0; i < iters; i++)
+            maco_persistent_kernel_launch(pk, stream);
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        float ms_pk = 0;
+        CK(cudaEventElapsedTime(&ms_pk, e0, e1));
+        ms_pk /= (float)iters;
+        maco_status_t as;
+        maco_comm_get_async_error(comm, &as);
+        if (as != MACO_OK) {
+            printf("async error: %s\n", maco_comm_get_last_error(comm));
+            return 2;
+        }
+        /* Both results: relative difference against the largest |value| (fp32 sums in
+         * different orders, each rounded once to bf16). */
+        std::vector<__nv_bfloat16> h1((size_t)M * N), h2((size_t)M * N);
+        CK(cudaMemcpy(h1.data(), C1, h1.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h2.data(), C2, h2.size() * 2, cudaMemcpyDeviceToHost));
+        double maxabs = 0, maxdiff = 0;
+        for (size_t i = 0; i < h1.size(); i++) {
+            double a = __bfloat162float(h1[i]), b = __bfloat162float(h2[i]);
+            maxabs = fmax(maxabs, fabs(a));
+            maxdiff = fmax(maxdiff, fabs(a - b));
+        }
+        double rel = maxabs > 0 ? maxdiff / maxabs : 0;
+        if (!(rel < 2e-2))
+            wrong++;
+        double flops = 2.0 * M * N * (double)K;
+        printf("%6d %6d %6d %8d %12.1f %12.1f %8.1f%% %8.1e %d/%d\n", M, N, K, tm * tn,
+               flops / (ms_cublas * 1e-3) / 1e12, flops / (ms_pk * 1e-3) / 1e12,
+               100.0 * ms_cublas / ms_pk, rel, cfg.workers, cfg.schedulers);
+        maco_persistent_kernel_destroy(pk);
+        cudaFree(A);
+        cudaFree(B);
+        cudaFree(C1);
+        cudaFree(C2);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    cublasDestroy(h);
+    maco_comm_destroy(comm);
+    maco_bootstrap_destroy(bs);
+    printf("%s\n", wrong ? "WRONG RESULTS (persistent GEMM differs from cuBLAS)"
+                         : "persistent GEMM matches cuBLAS (max relative difference < 2e-2)");
+    return wrong ? 1 : 0;
+}

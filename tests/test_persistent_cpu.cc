@@ -1,0 +1,520 @@
+/*
+ * test_persistent_cpu.cc - the persistent-kernel runtime without a GPU: graph validation (every
+ * error names the task) and the task-queue and scheduling protocol of maco/device/persistent.h
+ * driven by host threads in the roles of worker and scheduler CTAs (the same functions the
+ * kernel runs, compiled for the host), over the memory layout the kernel object uploads.
+ */
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "maco_test.h"
+#include "persistent_internal.h"
+
+namespace
+{
+
+class TaskGraph : public maco_test::Test
+{
+  protected:
+    void SetUp() override
+    {
+        maco_test::Test::SetUp();
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    }
+    void TearDown() override
+    {
+        maco_task_graph_destroy(g_);
+        maco_test::Test::TearDown();
+    }
+    int Add(maco_task_t t)
+    {
+        int id = -1;
+        EXPECT_EQ(maco_task_graph_add_task(g_, &t, &id), MACO_OK);
+        return id;
+    }
+    /* A valid float32 add over fake (aligned) device pointers. */
+    maco_task_t AddTask(const char *name)
+    {
+        maco_task_t t;
+        memset(&t, 0, sizeof(t));
+        t.type = MACO_TASK_ADD;
+        t.datatype = MACO_FLOAT32;
+        t.count = 16;
+        t.out = reinterpret_cast<void *>(0x10000);
+        t.a = reinterpret_cast<void *>(0x20000);
+        t.b = reinterpret_cast<void *>(0x30000);
+        t.name = name;
+        return t;
+    }
+    /* Expects validation to fail with a message containing every one of `parts`. */
+    void ExpectInvalid(const std::vector<std::string> &parts)
+    {
+        maco_test::AllowLog("maco_task_graph_validate");
+        EXPECT_EQ(maco_task_graph_validate(g_), MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_log_last_error();
+        for (const auto &p : parts)
+            EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    }
+    maco_task_graph_t g_ = nullptr;
+};
+
+TEST_F(TaskGraph, EmptyGraphIsRejected)
+{
+    ExpectInvalid({ "no task" });
+}
+
+TEST_F(TaskGraph, ValidGraphPassesAndDuplicateEdgesCountOnce)
+{
+    int a = Add(AddTask("a")), b = Add(AddTask("b")), c = Add(AddTask("c"));
+    ASSERT_EQ(maco_task_graph_add_dependency(g_, c, a), MACO_OK);
+    ASSERT_EQ(maco_task_graph_add_dependency(g_, c, b), MACO_OK);
+    ASSERT_EQ(maco_task_graph_add_dependency(g_, c, a), MACO_OK); /* again */
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.ntasks, 3u);
+    EXPECT_EQ(l.nroots, 2u);
+    EXPECT_EQ(l.tasks[c].ndeps, 2u);
+    EXPECT_EQ(l.tasks[a].succ_count, 1u);
+    EXPECT_EQ(l.succ[l.tasks[a].succ_begin], static_cast<uint32_t>(c));
+    EXPECT_EQ(l.tasks[a].role, MACO_PK_ROLE_COMPUTE);
+    maco__pk_lowered_free(&l);
+    int n = 0;
+    EXPECT_EQ(maco_task_graph_get_ntasks(g_, &n), MACO_OK);
+    EXPECT_EQ(n, 3);
+}
+
+TEST_F(TaskGraph, UnknownDependencyNamesTheTask)
+{
+    Add(AddTask("first"));
+    int b = Add(AddTask("second"));
+    ASSERT_EQ(maco_task_graph_add_dependency(g_, b, 7), MACO_OK);
+    ExpectInvalid({ "task 1", "\"second\"", "task 7", "does not exist" });
+}
+
+TEST_F(TaskGraph, DependencyOfAnUnknownTask)
+{
+    Add(AddTask("x"));
+    ASSERT_EQ(maco_task_graph_add_dependency(g_, -3, 0), MACO_OK);
+    ExpectInvalid({ "task -3", "does not exist" });
+}
+
+TEST_F(TaskGraph, SelfDependency)
+{
+    int a = Add(AddTask("loop"));
+    ASSERT_EQ(maco_task_graph_add_dependency(g_, a, a), MACO_OK);
+    ExpectInvalid({ "task 0", "\"loop\"", "itself" });
+}
+
+TEST_F(TaskGraph, CycleIsNamedTaskByTask)
+{
+    int root = Add(AddTask("root"));
+    int x = Add(AddTask("x")), y = Add(AddTask("y")), z = Add(AddTask("z"));
+    maco_task_graph_add_dependency(g_, x, root);
+    maco_task_graph_add_dependency(g_, y, x);
+    maco_task_graph_add_dependency(g_, z, y);
+    maco_task_graph_add_dependency(g_, x, z); /* x -> y -> z -> x */
+    ExpectInvalid({ "cycle", "3 of 4 tasks", "\"x\"", "\"y\"", "\"z\"" });
+}
+
+TEST_F(TaskGraph, ArgumentsOutOfRange)
+{
+    maco_task_t t = AddTask("bad type");
+    t.type = static_cast<maco_task_type_t>(42);
+    Add(t);
+    ExpectInvalid({ "task 0", "\"bad type\"", "type 42" });
+}
+
+TEST_F(TaskGraph, ElementwiseChecks)
+{
+    maco_task_t t = AddTask("dtype");
+    t.datatype = MACO_INT32;
+    Add(t);
+    ExpectInvalid({ "\"dtype\"", "datatype" });
+}
+
+TEST_F(TaskGraph, MisalignedPointer)
+{
+    maco_task_t t = AddTask("mis");
+    t.b = reinterpret_cast<void *>(0x30002);
+    Add(t);
+    ExpectInvalid({ "\"mis\"", "b (", "aligned" });
+}
+
+TEST_F(TaskGraph, NullPointerAndZeroCount)
+{
+    maco_task_t t = AddTask("nul");
+    t.type = MACO_TASK_SCALE;
+    t.a = nullptr;
+    Add(t);
+    ExpectInvalid({ "\"nul\"", "a is NULL" });
+}
+
+TEST_F(TaskGraph, WaitNeedsACountAndAnAlignedCounter)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_WAIT;
+    t.a = reinterpret_cast<void *>(0x1004);
+    t.count = 1;
+    t.name = "w";
+    Add(t);
+    ExpectInvalid({ "\"w\"", "8-byte aligned" });
+}
+
+TEST_F(TaskGraph, ChannelIndexAndPutRange)
+{
+    maco_memory_channel_device_t h;
+    memset(&h, 0, sizeof(h));
+    h.local_bytes = 4096;
+    h.remote_bytes = 1024;
+    int idx = -1;
+    ASSERT_EQ(maco_task_graph_add_channel(g_, &h, &idx), MACO_OK);
+    EXPECT_EQ(idx, 0);
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_CHANNEL_PUT;
+    t.channel = 0;
+    t.count = 512;
+    t.dst_offset = 768; /* 768 + 512 > 1024 */
+    t.name = "put";
+    Add(t);
+    ExpectInvalid({ "\"put\"", "leaves channel 0" });
+}
+
+TEST_F(TaskGraph, UnknownChannel)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_CHANNEL_SIGNAL;
+    t.channel = 3;
+    Add(t);
+    ExpectInvalid({ "task 0", "channel_signal", "channel 3 does not exist" });
+}
+
+TEST_F(TaskGraph, GemmTileChecksAndLowering)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_BFLOAT16;
+    t.a = reinterpret_cast<void *>(0x100000);
+    t.b = reinterpret_cast<void *>(0x200000);
+    t.out = reinterpret_cast<void *>(0x300000);
+    t.m = 256;
+    t.n = 384;
+    t.k = 64;
+    t.ldc = 384;
+    t.tile_row = 1;
+    t.tile_col = 2;
+    t.name = "g";
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.ngemm_tasks, 1u);
+    EXPECT_EQ(l.tasks[0].count, 64u | (384ull << 32));                       /* K | N << 32 */
+    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
+    EXPECT_EQ(l.tasks[0].aux, 384u);
+    maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, GemmTileOutOfRange)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = reinterpret_cast<void *>(0x100000);
+    t.b = reinterpret_cast<void *>(0x200000);
+    t.out = reinterpret_cast<void *>(0x300000);
+    t.m = 256;
+    t.n = 256;
+    t.k = 64;
+    t.ldc = 256;
+    t.tile_row = 2; /* only 2 tile rows: 0 and 1 */
+    t.name = "far";
+    Add(t);
+    ExpectInvalid({ "\"far\"", "tile (2, 0) is outside the 2 x 2 tiles" });
+}
+
+TEST_F(TaskGraph, GemmTileShape)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 200;
+    t.n = 256;
+    t.k = 64;
+    t.ldc = 256;
+    Add(t);
+    ExpectInvalid({ "gemm_tile", "200 x 256 x 64", "multiples" });
+}
+
+TEST_F(TaskGraph, RowsOfAnElementwiseTask)
+{
+    maco_task_t t = AddTask("rows");
+    t.rows = 4;
+    t.ld_in = 8; /* below count (16) */
+    t.ld_out = 16;
+    Add(t);
+    ExpectInvalid({ "\"rows\"", "rows = 4, ld_in = 8" });
+}
+
+TEST_F(TaskGraph, NullArguments)
+{
+    maco_test::AllowLog("NULL");
+    EXPECT_EQ(maco_task_graph_create(nullptr), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_task_graph_add_task(g_, nullptr, nullptr), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_task_graph_add_dependency(nullptr, 0, 1), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_task_graph_destroy(nullptr), MACO_OK);
+}
+
+/* ---------------------------------------------------------------- the protocol on the host */
+
+/* One queue of `cap` slots in host memory, and a view holding just it (the spin helper reads
+ * the view's counters and bound). */
+struct HostQueue {
+    explicit HostQueue(uint64_t cap) : slots(cap, 0), ctl(64, 0), ctr(MACO_PK_CTR_WORDS, 0)
+    {
+        q.slots = slots.data();
+        q.reserve = &ctl[0];
+        q.head = &ctl[16];
+        q.capacity = cap;
+        memset(&v, 0, sizeof(v));
+        v.queues = &q;
+        v.ctr = ctr.data();
+        v.bound.timeout_ns = 10ull * 1000 * 1000 * 1000;
+    }
+    std::vector<uint64_t> slots, ctl, ctr;
+    maco_pk_queue_t q;
+    maco_pk_view_t v;
+};
+
+TEST(PersistentQueue, ManyProducersOneConsumerSmallRing)
+{
+    HostQueue hq(32);
+    const int kProducers = 3, kEach = 3000;
+    std::vector<std::thread> producers;
+    std::atomic<int> push_errors{ 0 };
+    for (int p = 0; p < kProducers; p++)
+        producers.emplace_back([&, p] {
+            for (int i = 0; i < kEach; i++)
+                if (maco_pk_queue_push(&hq.v, &hq.q, static_cast<uint32_t>(p * kEach + i)) !=
+                    MACO_OK)
+                    push_errors++;
+        });
+    std::vector<int> last(kProducers, -1), seen(kProducers * kEach, 0);
+    int got = 0, out_of_order = 0;
+    while (got < kProducers * kEach) {
+        uint32_t t;
+        if (!maco_pk_queue_pop(&hq.q, &t)) {
+            std::this_thread::yield(); /* two CPU cores in CI: let the producers run */
+            continue;
+        }
+        ASSERT_LT(t, static_cast<uint32_t>(kProducers * kEach));
+        seen[t]++;
+        int p = static_cast<int>(t) / kEach, i = static_cast<int>(t) % kEach;
+        if (i <= last[p])
+            out_of_order++; /* one producer's pushes arrive in its order */
+        last[p] = i;
+        got++;
+    }
+    for (auto &th : producers)
+        th.join();
+    EXPECT_EQ(push_errors.load(), 0);
+    EXPECT_EQ(out_of_order, 0);
+    for (int i = 0; i < kProducers * kEach; i++)
+        ASSERT_EQ(seen[i], 1) << "task " << i;
+    uint32_t t;
+    EXPECT_EQ(maco_pk_queue_pop(&hq.q, &t), 0);
+}
+
+/* A lowered graph laid out in host memory as the kernel object lays it out on the device. */
+struct HostKernel {
+    maco__pk_lowered_t l{};
+    std::vector<uint64_t> fixed, state; /* 8-byte aligned backing */
+    maco_pk_view_t v{};
+    maco_device_error_t report{};
+    int32_t claim = 0;
+
+    maco_status_t Build(maco_task_graph_t g, uint32_t W, uint32_t C, uint32_t S,
+                        uint64_t timeout_ns)
+    {
+        maco_status_t st = maco__task_graph_lower(g, "test", &l);
+        if (st != MACO_OK)
+            return st;
+        size_t fb = 0, sb = 0;
+        maco__pk_layout(&l, nullptr, 0, W, C, S, 0, nullptr, nullptr, nullptr, &v, &fb, &sb);
+        fixed.assign(fb / 8 + 1, 0);
+        state.assign(sb / 8 + 1, 0);
+        maco__pk_layout(&l, nullptr, 0, W, C, S, 0, fixed.data(), state.data(), fixed.data(), &v,
+                        &fb, &sb);
+        v.bound.report = &report;
+        v.bound.claim = &claim;
+        v.bound.timeout_ns = timeout_ns;
+        return MACO_OK;
+    }
+    ~HostKernel()
+    {
+        maco__pk_lowered_free(&l);
+    }
+
+    /* One launch with threads as CTAs: `exec` runs a task on a worker (returns false to
+     * leave the task unfinished and the worker stuck). Returns the statuses seen. */
+    template <typename Exec> std::vector<maco_status_t> Launch(uint64_t run, Exec exec)
+    {
+        uint32_t nw = v.nworkers + v.ncomm;
+        std::vector<maco_status_t> status(nw + v.nschedulers, MACO_OK);
+        std::vector<std::thread> threads;
+        for (uint32_t w = 0; w < nw; w++)
+            threads.emplace_back([&, w] {
+                for (;;) {
+                    uint32_t t = 0;
+                    maco_status_t st = MACO_OK;
+                    int got = maco_pk_next(&v, w, run, &t, &st);
+                    if (got <= 0) {
+                        status[w] = got < 0 ? st : MACO_OK;
+                        return;
+                    }
+                    if (!exec(w, t))
+                        return;
+                    maco_pk_complete(&v, t, run, 0, 1);
+                }
+            });
+        for (uint32_t s = 0; s < v.nschedulers; s++)
+            threads.emplace_back([&, s] { status[nw + s] = maco_pk_schedule(&v, s, run); });
+        for (auto &th : threads)
+            th.join();
+        return status;
+    }
+};
+
+/* A random DAG of n tasks: each task depends on up to `maxdeg` earlier ones; some are comm. */
+static void RandomDag(maco_task_graph_t g, int n, int maxdeg, uint64_t seed,
+                      std::vector<std::vector<int>> *preds)
+{
+    std::mt19937_64 rng(seed);
+    preds->assign(static_cast<size_t>(n), {});
+    for (int i = 0; i < n; i++) {
+        maco_task_t t;
+        memset(&t, 0, sizeof(t));
+        t.type = MACO_TASK_NOP;
+        t.role = rng() % 5 == 0 ? MACO_TASK_ROLE_COMM : MACO_TASK_ROLE_COMPUTE;
+        ASSERT_EQ(maco_task_graph_add_task(g, &t, nullptr), MACO_OK);
+        int deg = i == 0 ? 0 : static_cast<int>(rng() % static_cast<uint64_t>(maxdeg + 1));
+        for (int d = 0; d < deg; d++) {
+            int p = static_cast<int>(rng() % static_cast<uint64_t>(i));
+            ASSERT_EQ(maco_task_graph_add_dependency(g, i, p), MACO_OK);
+            (*preds)[static_cast<size_t>(i)].push_back(p);
+        }
+    }
+}
+
+class PersistentProtocol : public maco_test::Test
+{
+};
+
+TEST_F(PersistentProtocol, RandomDagsRunInDependencyOrderOnHostThreads)
+{
+    const uint32_t splits[][3] = { { 1, 0, 1 }, { 4, 1, 2 }, { 7, 2, 3 } };
+    for (const auto &sp : splits) {
+        maco_task_graph_t g;
+        ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+        std::vector<std::vector<int>> preds;
+        const int n = 3000;
+        ASSERT_NO_FATAL_FAILURE(RandomDag(g, n, 4, 1234 + sp[0], &preds));
+        HostKernel k;
+        ASSERT_EQ(k.Build(g, sp[0], sp[1], sp[2], 20ull * 1000 * 1000 * 1000), MACO_OK);
+        for (uint64_t run = 0; run < 3; run++) { /* replays: the counters run on */
+            std::vector<std::atomic<int>> done(n);
+            for (auto &d : done)
+                d = 0;
+            std::atomic<int> early{ 0 }, wrong_role{ 0 };
+            auto st = k.Launch(run, [&](uint32_t w, uint32_t t) {
+                for (int p : preds[t])
+                    if (done[static_cast<size_t>(p)].load(std::memory_order_relaxed) == 0)
+                        early++;
+                bool comm_worker = w >= k.v.nworkers;
+                if (k.v.ncomm > 0 && comm_worker != (k.l.tasks[t].role == MACO_PK_ROLE_COMM))
+                    wrong_role++;
+                done[t].fetch_add(1, std::memory_order_relaxed);
+                return true;
+            });
+            for (auto s : st)
+                EXPECT_EQ(s, MACO_OK);
+            EXPECT_EQ(early.load(), 0) << "split " << sp[0] << "/" << sp[1] << "/" << sp[2];
+            EXPECT_EQ(wrong_role.load(), 0);
+            for (int i = 0; i < n; i++)
+                ASSERT_EQ(done[static_cast<size_t>(i)].load(), 1) << "task " << i << " run " << run;
+            EXPECT_EQ(k.v.ctr[MACO_PK_CTR_DONE], static_cast<uint64_t>(n) * (run + 1));
+        }
+        EXPECT_EQ(k.report.status, 0);
+        maco_task_graph_destroy(g);
+    }
+}
+
+TEST_F(PersistentProtocol, ThousandsOfIndependentTasksThroughFullQueues)
+{
+    /* 10000 roots, one worker: its queue (4096 slots) fills and the scheduler waits. */
+    maco_task_graph_t g;
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    const int n = 10000;
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    for (int i = 0; i < n; i++)
+        ASSERT_EQ(maco_task_graph_add_task(g, &t, nullptr), MACO_OK);
+    HostKernel k;
+    ASSERT_EQ(k.Build(g, 1, 0, 1, 20ull * 1000 * 1000 * 1000), MACO_OK);
+    EXPECT_EQ(k.v.queues[0].capacity, 4096u);
+    std::vector<int> count(n, 0);
+    auto st = k.Launch(0, [&](uint32_t, uint32_t id) {
+        count[id]++;
+        return true;
+    });
+    for (auto s : st)
+        EXPECT_EQ(s, MACO_OK);
+    for (int i = 0; i < n; i++)
+        ASSERT_EQ(count[i], 1);
+    maco_task_graph_destroy(g);
+}
+
+TEST_F(PersistentProtocol, StuckTaskIsBoundedAndReported)
+{
+    /* a -> b; the worker that gets `a` never finishes it: the others time out (2 x bound)
+     * with MACO_DEVICE_WAIT_TASK, abort, and every thread leaves. */
+    maco_task_graph_t g;
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    int a, b;
+    ASSERT_EQ(maco_task_graph_add_task(g, &t, &a), MACO_OK);
+    ASSERT_EQ(maco_task_graph_add_task(g, &t, &b), MACO_OK);
+    ASSERT_EQ(maco_task_graph_add_dependency(g, b, a), MACO_OK);
+    HostKernel k;
+    ASSERT_EQ(k.Build(g, 2, 0, 1, 50ull * 1000 * 1000), MACO_OK);
+    auto t0 = std::chrono::steady_clock::now();
+    auto st = k.Launch(0, [&](uint32_t, uint32_t id) { return id != static_cast<uint32_t>(a); });
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(secs, 5.0);
+    EXPECT_EQ(k.report.status, MACO_ERR_TIMEOUT);
+    EXPECT_EQ(k.report.what, static_cast<uint32_t>(MACO_DEVICE_WAIT_TASK));
+    EXPECT_EQ(k.report.expected, 2u); /* the launch ends at 2 finished tasks */
+    EXPECT_EQ(k.report.observed, 0u);
+    EXPECT_NE(k.v.ctr[MACO_PK_CTR_ABORT], 0u);
+    int timeouts = 0;
+    for (auto s : st)
+        timeouts += s == MACO_ERR_TIMEOUT || s == MACO_ERR_REMOTE;
+    EXPECT_GE(timeouts, 1);
+    maco_task_graph_destroy(g);
+}
+
+} // namespace

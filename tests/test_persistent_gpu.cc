@@ -1,0 +1,1025 @@
+/*
+ * test_persistent_gpu.cc - the persistent-kernel runtime on a GPU, under maco-run (1 rank, or
+ * 2 ranks sharing the GPU): random DAGs of element-wise tasks against a host evaluation
+ * (bitwise: the device computes in fp32 with one fused multiply-add, as the host does),
+ * thousands of tiny tasks, signal/wait inside a graph, replays with new inputs, a CUDA graph
+ * capture, tile exchange over memory channels between two ranks, GEMM tiles (cuBLASDx) against
+ * cuBLAS, GEMM + allreduce fused by tiles against cuBLAS + maco_allreduce (2 ranks), the
+ * profile, and a wait that
+ * never gets its signal (bounded, reported, no hang; its own ctest entry: the communicator
+ * stays failed).
+ */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_case.h"
+#include "maco/device/persistent.h"
+#include "maco_test.h"
+#include "persistent_user_kernel.h"
+
+using maco_test::Comm;
+using maco_test::NRanks;
+using maco_test::Rank;
+
+namespace
+{
+
+class Persistent : public maco_test::GpuCase
+{
+  protected:
+    void TearDown() override
+    {
+        maco_persistent_kernel_destroy(k_);
+        maco_task_graph_destroy(g_);
+        cudaFree(dev_);
+        k_ = nullptr;
+        g_ = nullptr;
+        dev_ = nullptr;
+        maco_test::GpuCase::TearDown();
+    }
+
+    static maco_task_t Task(maco_task_type_t type)
+    {
+        maco_task_t t;
+        memset(&t, 0, sizeof(t));
+        t.type = type;
+        t.datatype = MACO_FLOAT32;
+        return t;
+    }
+    int Add(const maco_task_t &t)
+    {
+        int id = -1;
+        EXPECT_EQ(maco_task_graph_add_task(g_, &t, &id), MACO_OK);
+        return id;
+    }
+    void Dep(int task, int on)
+    {
+        EXPECT_EQ(maco_task_graph_add_dependency(g_, task, on), MACO_OK);
+    }
+    void Create(const maco_persistent_config_t *cfg)
+    {
+        ASSERT_EQ(maco_persistent_kernel_create(Comm(), g_, cfg, &k_), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+    }
+    void LaunchAndWait()
+    {
+        ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t as;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+        ASSERT_EQ(as, MACO_OK) << maco_comm_get_last_error(Comm());
+    }
+
+    maco_task_graph_t g_ = nullptr;
+    maco_persistent_kernel_t k_ = nullptr;
+    void *dev_ = nullptr;
+};
+
+/* A random DAG over float32 buffers in SSA form: inputs 0..nin-1, task i writes buffer nin + i
+ * from earlier buffers (so it depends on their producers), plus random extra edges. */
+struct ElemDag {
+    int nin = 0, nt = 0, L = 0;
+    struct Op {
+        maco_task_type_t type;
+        int a, b, count;
+        float alpha;
+    };
+    std::vector<Op> ops;
+    std::vector<std::vector<int>> deps;
+
+    void Make(std::mt19937_64 &rng, int nin_, int nt_, int L_)
+    {
+        nin = nin_;
+        nt = nt_;
+        L = L_;
+        ops.clear();
+        deps.assign(static_cast<size_t>(nt), {});
+        static const maco_task_type_t types[4] = { MACO_TASK_ADD, MACO_TASK_SCALE,
+                                                   MACO_TASK_RESIDUAL_ADD, MACO_TASK_COPY };
+        for (int i = 0; i < nt; i++) {
+            Op o;
+            o.type = types[rng() % 4];
+            o.a = static_cast<int>(rng() % static_cast<uint64_t>(nin + i));
+            o.b = static_cast<int>(rng() % static_cast<uint64_t>(nin + i));
+            o.count = 1 + static_cast<int>(rng() % static_cast<uint64_t>(L));
+            o.alpha = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+            ops.push_back(o);
+            auto &d = deps[static_cast<size_t>(i)];
+            if (o.a >= nin)
+                d.push_back(o.a - nin);
+            if (o.type != MACO_TASK_SCALE && o.type != MACO_TASK_COPY && o.b >= nin)
+                d.push_back(o.b - nin);
+            if (i > 0 && rng() % 3 == 0)
+                d.push_back(static_cast<int>(rng() % static_cast<uint64_t>(i)));
+        }
+    }
+    /* Host evaluation of buffers (nin + nt) x L. */
+    void Eval(std::vector<float> &buf) const
+    {
+        size_t Ls = static_cast<size_t>(L);
+        for (int i = 0; i < nt; i++) {
+            const Op &o = ops[static_cast<size_t>(i)];
+            float *out = &buf[static_cast<size_t>(nin + i) * Ls];
+            const float *a = &buf[static_cast<size_t>(o.a) * Ls];
+            const float *b = &buf[static_cast<size_t>(o.b) * Ls];
+            for (int j = 0; j < L; j++)
+                out[j] = 0.0f;
+            for (int j = 0; j < o.count; j++) {
+                switch (o.type) {
+                case MACO_TASK_ADD:
+                    out[j] = a[j] + b[j];
+                    break;
+                case MACO_TASK_SCALE:
+                    out[j] = o.alpha * a[j];
+                    break;
+                case MACO_TASK_RESIDUAL_ADD:
+                    out[j] = std::fmaf(o.alpha, b[j], a[j]);
+                    break;
+                default:
+                    out[j] = a[j];
+                    break;
+                }
+            }
+        }
+    }
+};
+
+/* Adds the DAG's tasks to `g` over device buffers at `base`. */
+static void AddDag(maco_task_graph_t g, const ElemDag &d, float *base)
+{
+    size_t Ls = static_cast<size_t>(d.L);
+    for (int i = 0; i < d.nt; i++) {
+        const auto &o = d.ops[static_cast<size_t>(i)];
+        maco_task_t t;
+        memset(&t, 0, sizeof(t));
+        t.type = o.type;
+        t.datatype = MACO_FLOAT32;
+        t.count = o.type == MACO_TASK_COPY ? static_cast<uint64_t>(o.count) * 4 : o.count;
+        t.alpha = o.alpha;
+        t.out = base + static_cast<size_t>(d.nin + i) * Ls;
+        t.a = base + static_cast<size_t>(o.a) * Ls;
+        t.b = base + static_cast<size_t>(o.b) * Ls;
+        ASSERT_EQ(maco_task_graph_add_task(g, &t, nullptr), MACO_OK);
+        for (int p : d.deps[static_cast<size_t>(i)])
+            ASSERT_EQ(maco_task_graph_add_dependency(g, i, p), MACO_OK);
+    }
+}
+
+static void FillInputs(std::vector<float> &buf, const ElemDag &d, std::mt19937_64 &rng)
+{
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (size_t j = 0; j < static_cast<size_t>(d.nin) * static_cast<size_t>(d.L); j++)
+        buf[j] = u(rng);
+}
+
+static size_t CountMismatch(const std::vector<float> &want, const std::vector<float> &got)
+{
+    size_t bad = 0;
+    for (size_t j = 0; j < want.size(); j++)
+        bad += memcmp(&want[j], &got[j], sizeof(float)) != 0;
+    return bad;
+}
+
+TEST_F(Persistent, RandomDagsMatchTheHostAndReplayWithNewInputs)
+{
+    struct Case {
+        int nin, nt, L;
+        maco_persistent_config_t cfg;
+    } cases[] = {
+        { 4, 60, 1001, { 0, 0, 0, 0, 0 } },      /* defaults; L odd: scalar paths */
+        { 8, 500, 4096, { 4, 1, 0, 128, 0 } },   /* 4 workers, 1 scheduler */
+        { 16, 2000, 256, { 1, 1, 0, 64, 0 } },   /* one worker */
+        { 16, 1500, 1024, { 0, 0, 0, 512, 1 } }, /* profiling on */
+        { 3, 300, 77, { 32, 8, 2, 256, 0 } },    /* comm workers that get no task */
+    };
+    std::mt19937_64 rng(seed_);
+    for (const auto &c : cases) {
+        ElemDag d;
+        d.Make(rng, c.nin, c.nt, c.L);
+        size_t n = static_cast<size_t>(c.nin + c.nt) * static_cast<size_t>(c.L);
+        CUDA_OK(cudaMalloc(&dev_, n * sizeof(float)));
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(AddDag(g_, d, static_cast<float *>(dev_)));
+        ASSERT_NO_FATAL_FAILURE(Create(&c.cfg));
+        maco_persistent_config_t got;
+        ASSERT_EQ(maco_persistent_kernel_get_config(k_, &got), MACO_OK);
+        std::vector<float> host(n), res(n);
+        for (int run = 0; run < 3; run++) {
+            FillInputs(host, d, rng);
+            CUDA_OK(cudaMemcpy(dev_, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+            CUDA_OK(cudaMemcpy(res.data(), dev_, n * sizeof(float), cudaMemcpyDeviceToHost));
+            d.Eval(host);
+            ASSERT_EQ(CountMismatch(host, res), 0u)
+                << c.nt << " tasks, L " << c.L << ", run " << run << ": " << got.workers
+                << " workers, " << got.schedulers << " schedulers, " << got.comm_workers
+                << " comm workers";
+        }
+        if (c.cfg.profile) {
+            std::vector<maco_task_profile_t> prof(static_cast<size_t>(c.nt));
+            ASSERT_EQ(maco_persistent_kernel_get_profile(k_, prof.data(), prof.size()), MACO_OK);
+            for (const auto &r : prof) {
+                ASSERT_GT(r.end_ns, 0u);
+                ASSERT_GE(r.end_ns, r.start_ns);
+                ASSERT_LT(r.cta, got.workers + got.comm_workers);
+            }
+            std::string path = "persistent_trace_rank" + std::to_string(Rank()) + ".json";
+            ASSERT_EQ(maco_persistent_kernel_write_trace(k_, path.c_str()), MACO_OK);
+            FILE *f = fopen(path.c_str(), "r");
+            ASSERT_NE(f, nullptr);
+            char head[64] = { 0 };
+            ASSERT_GT(fread(head, 1, sizeof(head) - 1, f), 0u);
+            fclose(f);
+            remove(path.c_str());
+            EXPECT_NE(std::string(head).find("traceEvents"), std::string::npos);
+            ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
+        }
+        maco_persistent_kernel_destroy(k_);
+        maco_task_graph_destroy(g_);
+        cudaFree(dev_);
+        k_ = nullptr;
+        g_ = nullptr;
+        dev_ = nullptr;
+    }
+}
+
+TEST_F(Persistent, ThousandsOfTinyTasks)
+{
+    const int n = 20000, len = 64;
+    size_t total = static_cast<size_t>(n) * len;
+    CUDA_OK(cudaMalloc(&dev_, 2 * total * sizeof(float)));
+    float *in = static_cast<float *>(dev_), *out = in + total;
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    /* out_i = (1 + i % 7) * in_i; every 100th task waits for the one before it (chains of
+     * 200 through the whole graph), the rest are independent. */
+    for (int i = 0; i < n; i++) {
+        maco_task_t t = Task(MACO_TASK_SCALE);
+        t.count = len;
+        t.alpha = static_cast<float>(1 + i % 7);
+        t.a = in + static_cast<size_t>(i) * len;
+        t.out = out + static_cast<size_t>(i) * len;
+        int id = Add(t);
+        if (i >= 100 && i % 100 == 0)
+            Dep(id, id - 100);
+    }
+    ASSERT_NO_FATAL_FAILURE(Create(nullptr));
+    std::vector<float> h(total), r(total);
+    std::mt19937_64 rng(seed_);
+    for (int run = 0; run < 2; run++) {
+        for (auto &x : h)
+            x = std::uniform_real_distribution<float>(-1, 1)(rng);
+        CUDA_OK(cudaMemcpy(in, h.data(), total * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(out, 0, total * sizeof(float)));
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        CUDA_OK(cudaMemcpy(r.data(), out, total * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t j = 0; j < total; j++)
+            bad += r[j] != static_cast<float>(1 + (j / len) % 7) * h[j];
+        ASSERT_EQ(bad, 0u) << "run " << run;
+    }
+}
+
+TEST_F(Persistent, HalfAndBfloat16)
+{
+    const int len = 1000;
+    for (maco_datatype_t dt : { MACO_FLOAT16, MACO_BFLOAT16 }) {
+        CUDA_OK(cudaMalloc(&dev_, 4 * len * 2));
+        char *base = static_cast<char *>(dev_);
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        /* c = a + b; d = c + 0.5 * a (residual); e = -1.5 * d */
+        maco_task_t t = Task(MACO_TASK_ADD);
+        t.datatype = dt;
+        t.count = len;
+        t.a = base;
+        t.b = base + len * 2;
+        t.out = base + 2 * len * 2;
+        int c = Add(t);
+        t.type = MACO_TASK_RESIDUAL_ADD;
+        t.a = base + 2 * len * 2;
+        t.b = base;
+        t.alpha = 0.5f;
+        t.out = base + 3 * len * 2;
+        int dd = Add(t);
+        Dep(dd, c);
+        t.type = MACO_TASK_SCALE;
+        t.a = base + 3 * len * 2;
+        t.alpha = -1.5f;
+        t.out = base; /* in place over a: after d read it */
+        int e = Add(t);
+        Dep(e, dd);
+        ASSERT_NO_FATAL_FAILURE(Create(nullptr));
+        std::vector<uint16_t> h(4 * len), r(4 * len);
+        std::mt19937_64 rng(seed_);
+        auto to = [dt](float x) -> uint16_t {
+            if (dt == MACO_FLOAT16) {
+                __half_raw r = __float2half_rn(x);
+                return r.x;
+            }
+            __nv_bfloat16_raw r = __float2bfloat16_rn(x);
+            return r.x;
+        };
+        auto from = [dt](uint16_t u) -> float {
+            if (dt == MACO_FLOAT16) {
+                __half_raw r;
+                r.x = u;
+                return __half2float(__half(r));
+            }
+            __nv_bfloat16_raw r;
+            r.x = u;
+            return __bfloat162float(__nv_bfloat16(r));
+        };
+        for (int i = 0; i < 2 * len; i++)
+            h[static_cast<size_t>(i)] = to(std::uniform_real_distribution<float>(-4, 4)(rng));
+        CUDA_OK(cudaMemcpy(dev_, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        CUDA_OK(cudaMemcpy(r.data(), dev_, r.size() * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (int i = 0; i < len; i++) {
+            float a = from(h[static_cast<size_t>(i)]), b = from(h[static_cast<size_t>(len + i)]);
+            uint16_t cc = to(a + b);
+            uint16_t d = to(std::fmaf(0.5f, a, from(cc)));
+            uint16_t ee = to(-1.5f * from(d));
+            bad += r[static_cast<size_t>(2 * len + i)] != cc;
+            bad += r[static_cast<size_t>(3 * len + i)] != d;
+            bad += r[static_cast<size_t>(i)] != ee;
+        }
+        EXPECT_EQ(bad, 0u) << (dt == MACO_FLOAT16 ? "float16" : "bfloat16");
+        maco_persistent_kernel_destroy(k_);
+        maco_task_graph_destroy(g_);
+        cudaFree(dev_);
+        k_ = nullptr;
+        g_ = nullptr;
+        dev_ = nullptr;
+    }
+}
+
+TEST_F(Persistent, SignalAndWaitInsideAGraphAcrossReplays)
+{
+    /* p: x = 2 * in; s: signal (after p); w: wait for the signal (a root, on the comm worker
+     * while p and s run on compute workers); c: y = x (after w). y == 2 * in proves the wait
+     * ordered c after p's writes. The counter grows by one per launch. */
+    const int len = 4096;
+    CUDA_OK(cudaMalloc(&dev_, 3 * len * sizeof(float) + 64));
+    float *in = static_cast<float *>(dev_), *x = in + len, *y = x + len;
+    uint64_t *ctr = reinterpret_cast<uint64_t *>(y + len);
+    CUDA_OK(cudaMemset(ctr, 0, 8));
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    maco_task_t t = Task(MACO_TASK_SCALE);
+    t.count = len;
+    t.alpha = 2.0f;
+    t.a = in;
+    t.out = x;
+    t.name = "produce";
+    int p = Add(t);
+    t = Task(MACO_TASK_SIGNAL);
+    t.out = ctr;
+    t.name = "signal";
+    int s = Add(t);
+    Dep(s, p);
+    t = Task(MACO_TASK_WAIT);
+    t.a = ctr;
+    t.count = 1;
+    t.name = "wait";
+    int w = Add(t);
+    t = Task(MACO_TASK_COPY);
+    t.count = len * sizeof(float);
+    t.a = x;
+    t.out = y;
+    t.name = "consume";
+    int c = Add(t);
+    Dep(c, w);
+    maco_persistent_config_t cfg = { 4, 1, 1, 256, 0 };
+    ASSERT_NO_FATAL_FAILURE(Create(&cfg));
+    std::vector<float> h(len), r(len);
+    for (int run = 0; run < 4; run++) {
+        for (int i = 0; i < len; i++)
+            h[static_cast<size_t>(i)] = static_cast<float>(run * 10000 + i);
+        CUDA_OK(cudaMemcpy(in, h.data(), len * sizeof(float), cudaMemcpyHostToDevice));
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        CUDA_OK(cudaMemcpy(r.data(), y, len * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (int i = 0; i < len; i++)
+            bad += r[static_cast<size_t>(i)] != 2.0f * h[static_cast<size_t>(i)];
+        ASSERT_EQ(bad, 0u) << "run " << run;
+        uint64_t count = 0;
+        CUDA_OK(cudaMemcpy(&count, ctr, 8, cudaMemcpyDeviceToHost));
+        ASSERT_EQ(count, static_cast<uint64_t>(run + 1));
+    }
+}
+
+TEST_F(Persistent, CapturedInACudaGraphAndReplayed)
+{
+    std::mt19937_64 rng(seed_);
+    ElemDag d;
+    d.Make(rng, 6, 400, 512);
+    size_t n = static_cast<size_t>(d.nin + d.nt) * static_cast<size_t>(d.L);
+    CUDA_OK(cudaMalloc(&dev_, n * sizeof(float)));
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    ASSERT_NO_FATAL_FAILURE(AddDag(g_, d, static_cast<float *>(dev_)));
+    ASSERT_NO_FATAL_FAILURE(Create(nullptr));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+    ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK); /* twice per replay */
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<float> host(n), res(n);
+    for (int replay = 0; replay < 5; replay++) {
+        FillInputs(host, d, rng);
+        CUDA_OK(cudaMemcpy(dev_, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaGraphLaunch(exec, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t as;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+        ASSERT_EQ(as, MACO_OK) << maco_comm_get_last_error(Comm());
+        CUDA_OK(cudaMemcpy(res.data(), dev_, n * sizeof(float), cudaMemcpyDeviceToHost));
+        d.Eval(host);
+        ASSERT_EQ(CountMismatch(host, res), 0u) << "replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+}
+
+/* A user task type in a kernel of the test's own (maco_pk_run + get_launch): x = 3 * in
+ * (built-in scale), then y = x * x + 0.5 (the user type), twice. */
+TEST_F(Persistent, UserTaskTypeInAKernelOfOurOwn)
+{
+    const int len = 3000;
+    CUDA_OK(cudaMalloc(&dev_, 3 * len * sizeof(float)));
+    float *in = static_cast<float *>(dev_), *x = in + len, *y = x + len;
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    maco_task_t t = Task(MACO_TASK_SCALE);
+    t.count = len;
+    t.alpha = 3.0f;
+    t.a = in;
+    t.out = x;
+    int sc = Add(t);
+    t = Task(static_cast<maco_task_type_t>(TEST_TASK_SQUARE));
+    t.count = len;
+    t.alpha = 0.5f;
+    t.a = x;
+    t.out = y;
+    t.name = "square";
+    int sq = Add(t);
+    Dep(sq, sc);
+    maco_persistent_config_t cfg = { 3, 1, 0, 128, 0 };
+    ASSERT_NO_FATAL_FAILURE(Create(&cfg));
+    maco_pk_view_t view;
+    int grid = 0, block = 0;
+    ASSERT_EQ(maco_persistent_kernel_get_launch(k_, &view, sizeof(view), &grid, &block), MACO_OK);
+    EXPECT_EQ(grid, 4);
+    EXPECT_EQ(block, 128);
+    std::vector<float> h(len), r(len);
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < len; i++)
+            h[static_cast<size_t>(i)] = static_cast<float>((i + run) % 97) * 0.125f;
+        CUDA_OK(cudaMemcpy(in, h.data(), len * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(test_launch_user_persistent(&view, grid, block, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        maco_status_t as;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+        ASSERT_EQ(as, MACO_OK) << maco_comm_get_last_error(Comm());
+        CUDA_OK(cudaMemcpy(r.data(), y, len * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (int i = 0; i < len; i++) {
+            float xv = 3.0f * h[static_cast<size_t>(i)];
+            bad += r[static_cast<size_t>(i)] != std::fmaf(xv, xv, 0.5f);
+        }
+        ASSERT_EQ(bad, 0u) << "run " << run;
+    }
+}
+
+TEST_F(Persistent, SplitOutOfRangeIsRefused)
+{
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    Add(Task(MACO_TASK_NOP));
+    maco_test::AllowLog("maco_persistent_kernel_create");
+    maco_persistent_config_t cfg = { 100000, 1, 0, 256, 0 };
+    EXPECT_EQ(maco_persistent_kernel_create(Comm(), g_, &cfg, &k_), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco_log_last_error()).find("cannot all be resident"), std::string::npos)
+        << maco_log_last_error();
+    cfg = { 2, 3, 0, 256, 0 };
+    EXPECT_EQ(maco_persistent_kernel_create(Comm(), g_, &cfg, &k_), MACO_ERR_INVALID_ARGUMENT);
+    cfg = { 2, 1, 0, 100, 0 };
+    EXPECT_EQ(maco_persistent_kernel_create(Comm(), g_, &cfg, &k_), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(k_, nullptr);
+}
+
+/* Two ranks: each scales its tile, puts it into the peer's receive area over a memory
+ * channel tile by tile (put -> signal, signals and waits chained in tile order), waits for
+ * the peer's tiles and adds them: out = in * 1 + in * 2 on both ranks, bitwise equal. */
+TEST_F(Persistent, TilesOverAMemoryChannelBetweenTwoRanks)
+{
+    if (NRanks() != 2)
+        GTEST_SKIP() << "needs exactly 2 ranks (has " << NRanks() << ")";
+    const int tiles = 8, tile = 8192; /* floats */
+    const size_t tile_bytes = tile * sizeof(float), n = static_cast<size_t>(tiles) * tile;
+    float *buf = nullptr; /* [local | received] */
+    CUDA_OK(cudaMalloc(&buf, 2 * n * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dev_, 2 * n * sizeof(float)));
+    float *in = static_cast<float *>(dev_), *out = in + n;
+    maco_mem_t mine = nullptr;
+    ASSERT_EQ(maco_mem_register(Comm(), buf, 2 * n * sizeof(float), &mine), MACO_OK);
+    std::vector<maco_mem_t> peers;
+    ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
+    int peer = 1 - Rank();
+    maco_memory_channel_t ch = nullptr;
+    ASSERT_EQ(maco_memory_channel_create(Comm(), peer, mine, peers[static_cast<size_t>(peer)], &ch),
+              MACO_OK)
+        << maco_comm_get_last_error(Comm());
+    maco_memory_channel_device_t h;
+    ASSERT_EQ(maco_memory_channel_get_device_handle(ch, &h), MACO_OK);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    int chan = -1;
+    ASSERT_EQ(maco_task_graph_add_channel(g_, &h, &chan), MACO_OK);
+    int prev_sig = -1, prev_wait = -1;
+    for (int i = 0; i < tiles; i++) {
+        size_t off = static_cast<size_t>(i) * tile;
+        maco_task_t t = Task(MACO_TASK_SCALE);
+        t.count = tile;
+        t.alpha = static_cast<float>(Rank() + 1);
+        t.a = in + off;
+        t.out = buf + off;
+        t.name = "scale";
+        int sc = Add(t);
+        t = Task(MACO_TASK_CHANNEL_PUT);
+        t.channel = static_cast<uint32_t>(chan);
+        t.count = tile_bytes;
+        t.src_offset = off * sizeof(float);
+        t.dst_offset = (n + off) * sizeof(float);
+        t.name = "put";
+        int put = Add(t);
+        Dep(put, sc);
+        t = Task(MACO_TASK_CHANNEL_SIGNAL);
+        t.channel = static_cast<uint32_t>(chan);
+        t.name = "signal";
+        int sig = Add(t);
+        Dep(sig, put);
+        if (prev_sig >= 0)
+            Dep(sig, prev_sig);
+        prev_sig = sig;
+        t = Task(MACO_TASK_CHANNEL_WAIT);
+        t.channel = static_cast<uint32_t>(chan);
+        t.name = "wait";
+        int w = Add(t);
+        if (prev_wait >= 0)
+            Dep(w, prev_wait);
+        prev_wait = w;
+        t = Task(MACO_TASK_ADD);
+        t.count = tile;
+        t.a = buf + off;
+        t.b = buf + n + off;
+        t.out = out + off;
+        t.name = "add";
+        int ad = Add(t);
+        Dep(ad, sc);
+        Dep(ad, w);
+    }
+    maco_persistent_config_t cfg = { 0, 0, 0, 256, 1 }; /* defaults: waits on comm workers */
+    ASSERT_NO_FATAL_FAILURE(Create(&cfg));
+    maco_persistent_config_t got;
+    ASSERT_EQ(maco_persistent_kernel_get_config(k_, &got), MACO_OK);
+    ASSERT_GE(got.comm_workers, 1);
+    std::vector<float> hin(n), r(n);
+    for (int run = 0; run < 3; run++) {
+        for (size_t i = 0; i < n; i++)
+            hin[i] = static_cast<float>((i * 7 + static_cast<size_t>(run)) % 1000) * 0.25f;
+        CUDA_OK(cudaMemcpy(in, hin.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaDeviceSynchronize());
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        CUDA_OK(cudaMemcpy(r.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += r[i] != hin[i] * 1.0f + hin[i] * 2.0f;
+        ASSERT_EQ(bad, 0u) << "run " << run;
+    }
+    if (Rank() == 0) {
+        ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
+    }
+    maco_persistent_kernel_destroy(k_);
+    k_ = nullptr;
+    maco_memory_channel_destroy(ch);
+    for (auto p : peers)
+        if (p != nullptr)
+            maco_mem_deregister(p);
+    maco_mem_deregister(mine);
+    cudaFree(buf);
+}
+
+/* Random bf16 in [-1, 1) as raw bits, and their float values. */
+static void RandomBf16(std::mt19937_64 &rng, size_t n, std::vector<__nv_bfloat16> *bits,
+                       std::vector<float> *vals)
+{
+    bits->resize(n);
+    vals->resize(n);
+    for (size_t i = 0; i < n; i++) {
+        __nv_bfloat16 b = __float2bfloat16_rn(std::uniform_real_distribution<float>(-1, 1)(rng));
+        (*bits)[i] = b;
+        (*vals)[i] = __bfloat162float(b);
+    }
+}
+
+/* cuBLAS row-major C (fp32) = A (m x k) B (k x n), bf16 in, fp32 compute. */
+static cublasStatus_t CublasGemm(cublasHandle_t h, int m, int n, int k, const void *A,
+                                 const void *B, float *C)
+{
+    float one = 1.0f, zero = 0.0f;
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, B, CUDA_R_16BF, n, A,
+                        CUDA_R_16BF, k, &zero, C, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+}
+
+/* |got - want| within fp32 accumulation of k products: 2^-20 x sum |a||b| (row i, column j). */
+static size_t CountOutsideFp32Bound(const std::vector<float> &got, const std::vector<float> &want,
+                                    const std::vector<float> &a, const std::vector<float> &b, int m,
+                                    int n, int k, double scale)
+{
+    size_t bad = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double mag = 0;
+            for (int q = 0; q < k; q++)
+                mag += std::fabs(a[static_cast<size_t>(i) * k + q] *
+                                 b[static_cast<size_t>(q) * n + j]);
+            size_t x = static_cast<size_t>(i) * n + j;
+            if (std::fabs(static_cast<double>(got[x]) - want[x]) > scale * mag * 0x1p-20 + 1e-30)
+                bad++;
+        }
+    return bad;
+}
+
+TEST_F(Persistent, GemmTilesMatchCublas)
+{
+    const int m = 384, n = 256, k = 512, tm = m / MACO_GEMM_TILE_M, tn = n / MACO_GEMM_TILE_N;
+    std::mt19937_64 rng(seed_);
+    std::vector<__nv_bfloat16> ha, hb;
+    std::vector<float> fa, fb;
+    RandomBf16(rng, static_cast<size_t>(m) * k, &ha, &fa);
+    RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
+    size_t mn = static_cast<size_t>(m) * n;
+    char *base;
+    CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2 + 3 * mn * 4));
+    base = static_cast<char *>(dev_);
+    __nv_bfloat16 *A = reinterpret_cast<__nv_bfloat16 *>(base);
+    __nv_bfloat16 *B = A + ha.size();
+    float *C = reinterpret_cast<float *>(B + hb.size()), *Cref = C + mn;
+    __nv_bfloat16 *C16 = reinterpret_cast<__nv_bfloat16 *>(Cref + mn);
+    CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    for (int r = 0; r < tm; r++)
+        for (int c = 0; c < tn; c++)
+            for (int half = 0; half < 2; half++) { /* fp32 row-major, and bf16 row-major */
+                maco_task_t t = Task(MACO_TASK_GEMM_TILE);
+                t.datatype = half ? MACO_BFLOAT16 : MACO_FLOAT32;
+                t.a = A;
+                t.b = B;
+                size_t off = static_cast<size_t>(r) * MACO_GEMM_TILE_M * n +
+                             static_cast<size_t>(c) * MACO_GEMM_TILE_N;
+                t.out = half ? static_cast<void *>(C16 + off) : static_cast<void *>(C + off);
+                t.m = m;
+                t.n = n;
+                t.k = k;
+                t.ldc = n;
+                t.tile_row = static_cast<uint32_t>(r);
+                t.tile_col = static_cast<uint32_t>(c);
+                t.name = half ? "gemm bf16" : "gemm fp32";
+                Add(t);
+            }
+    maco_persistent_config_t cfg = { 4, 1, 0, 0, 0 };
+    maco_status_t st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
+    if (st == MACO_ERR_UNSUPPORTED)
+        GTEST_SKIP() << maco_log_last_error();
+    ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
+    ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+    ASSERT_NO_FATAL_FAILURE(LaunchAndWait()); /* a replay gives the same */
+    cublasHandle_t h;
+    ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(CublasGemm(h, m, n, k, A, B, Cref), CUBLAS_STATUS_SUCCESS);
+    CUDA_OK(cudaDeviceSynchronize());
+    cublasDestroy(h);
+    std::vector<float> got(mn), want(mn), got16(mn);
+    std::vector<__nv_bfloat16> g16(mn);
+    CUDA_OK(cudaMemcpy(got.data(), C, mn * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(want.data(), Cref, mn * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(g16.data(), C16, mn * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(CountOutsideFp32Bound(got, want, fa, fb, m, n, k, 4.0), 0u);
+    size_t bad16 = 0;
+    for (size_t i = 0; i < mn; i++) /* bf16 output: the fp32 tile rounded once */
+        bad16 += __bfloat162float(g16[i]) != __bfloat162float(__float2bfloat16_rn(got[i]));
+    EXPECT_EQ(bad16, 0u);
+}
+
+/* A registered scratch buffer and a memory channel over it to every peer, made once per
+ * process and kept until the tests end: the collectives' registry keeps its mappings of peers'
+ * registrations for the communicator's life (algorithms/registry.c), so a scratch freed and
+ * allocated again could meet a stale mapping of the old one (cudaErrorAlreadyMapped on the
+ * 2-rank H100 run of 2026-11-24). */
+struct FusedSetup {
+    static constexpr size_t kBytes = 8u << 20;
+    void *scratch = nullptr;
+    maco_mem_t mine = nullptr;
+    std::vector<maco_mem_t> peers;
+    std::vector<maco_memory_channel_t> chans;
+    std::vector<maco_memory_channel_device_t> handles;
+    std::vector<int> index; /* the graph's channel index per rank */
+
+    /* Fatal failures: call inside ASSERT_NO_FATAL_FAILURE. */
+    void Create()
+    {
+        CUDA_OK(cudaMalloc(&scratch, kBytes));
+        CUDA_OK(cudaMemset(scratch, 0, kBytes));
+        ASSERT_EQ(maco_mem_register(Comm(), scratch, kBytes, &mine), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
+        chans.assign(static_cast<size_t>(NRanks()), nullptr);
+        handles.resize(static_cast<size_t>(NRanks()));
+        for (int q = 0; q < NRanks(); q++) {
+            if (q == Rank())
+                continue;
+            size_t i = static_cast<size_t>(q);
+            ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine, peers[i], &chans[i]), MACO_OK);
+            ASSERT_EQ(maco_memory_channel_get_device_handle(chans[i], &handles[i]), MACO_OK);
+        }
+    }
+    /* Adds the channels to `g`; index[] gets their indices there. */
+    void AddTo(maco_task_graph_t g, size_t bytes)
+    {
+        ASSERT_LE(bytes, kBytes);
+        index.assign(static_cast<size_t>(NRanks()), -1);
+        for (int q = 0; q < NRanks(); q++) {
+            if (q != Rank()) {
+                ASSERT_EQ(maco_task_graph_add_channel(g, &handles[static_cast<size_t>(q)],
+                                                      &index[static_cast<size_t>(q)]),
+                          MACO_OK);
+            }
+        }
+    }
+    ~FusedSetup()
+    {
+        for (auto c : chans)
+            maco_memory_channel_destroy(c);
+        for (auto p : peers)
+            if (p != nullptr)
+                maco_mem_deregister(p);
+        maco_mem_deregister(mine);
+        cudaFree(scratch);
+    }
+};
+
+FusedSetup *g_fused = nullptr;
+
+/* Frees the shared setup after the last test, before MultiProcessMain destroys the
+ * communicator. */
+class FusedEnvironment : public ::testing::Environment
+{
+  public:
+    void TearDown() override
+    {
+        delete g_fused;
+        g_fused = nullptr;
+    }
+};
+::testing::Environment *const g_fused_env =
+    ::testing::AddGlobalTestEnvironment(new FusedEnvironment);
+
+/* The shared setup, made by the first test that asks (collective: every rank runs the same
+ * tests in the same order). */
+static void Fused(FusedSetup **fs_p)
+{
+    if (g_fused == nullptr) {
+        g_fused = new FusedSetup;
+        ASSERT_NO_FATAL_FAILURE(g_fused->Create());
+    }
+    *fs_p = g_fused;
+}
+
+static uint64_t HashFloats(const std::vector<float> &v)
+{
+    uint64_t hash = 1469598103934665603ull;
+    for (float x : v) {
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        hash = (hash ^ u) * 1099511628211ull;
+    }
+    return hash;
+}
+
+/* Row-parallel linear, maco_task_graph_add_gemm_allreduce: Y = sum over ranks of X_r W_r, each
+ * output tile reduced as soon as every rank's tile is there. Against cuBLAS + maco_allreduce
+ * (fp32 accumulation bound), and bitwise across ranks; three launches (the scratch handshake
+ * lets them follow each other without a barrier). */
+TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
+{
+    const int shapes[][3] = { { 256, 256, 256 }, { 512, 384, 1024 } };
+    for (const auto &sh : shapes) {
+        const int m = sh[0], n = sh[1], k = sh[2];
+        const size_t mn = static_cast<size_t>(m) * n;
+        std::mt19937_64 rng(seed_ + static_cast<uint64_t>(Rank()) * 7919 + m);
+        std::vector<__nv_bfloat16> ha, hb;
+        std::vector<float> fa, fb;
+        RandomBf16(rng, static_cast<size_t>(m) * k, &ha, &fa);
+        RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
+        CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2 + 2 * mn * 4));
+        __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + ha.size();
+        float *Y = reinterpret_cast<float *>(B + hb.size()), *Yref = Y + mn;
+        CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        FusedSetup *fs = nullptr;
+        ASSERT_NO_FATAL_FAILURE(Fused(&fs));
+        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, static_cast<size_t>(NRanks()) * mn * 4));
+        maco_fused_gemm_t op;
+        memset(&op, 0, sizeof(op));
+        op.comm = Comm();
+        op.channels = fs->index.data();
+        op.a = A;
+        op.b = B;
+        op.out = Y;
+        op.scratch = fs->scratch;
+        op.m = m;
+        op.n = n;
+        op.k = k;
+        op.name = "rowpar";
+        int last = -1;
+        ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, &last), MACO_OK)
+            << maco_log_last_error();
+        maco_persistent_config_t cfg;
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.profile = 1;
+        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
+        if (st == MACO_ERR_UNSUPPORTED)
+            GTEST_SKIP() << maco_log_last_error();
+        ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        for (int run = 0; run < 3; run++) {
+            ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+        }
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        cublasHandle_t h;
+        ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(CublasGemm(h, m, n, k, A, B, Yref), CUBLAS_STATUS_SUCCESS);
+        CUDA_OK(cudaDeviceSynchronize());
+        cublasDestroy(h);
+        ASSERT_EQ(maco_allreduce(Yref, Yref, mn, MACO_FLOAT32, MACO_SUM, Comm(), stream_), MACO_OK);
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        std::vector<float> got(mn), want(mn);
+        CUDA_OK(cudaMemcpy(got.data(), Y, mn * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(want.data(), Yref, mn * 4, cudaMemcpyDeviceToHost));
+        /* Bound: every rank's products, |x||w| <= 1 each, k per element. */
+        size_t bad = 0;
+        for (size_t i = 0; i < mn; i++)
+            bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * NRanks() * k * 0x1p-20;
+        EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
+        if (Rank() == 0) { /* the last launch's profile; a Chrome trace where asked */
+            ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
+            const char *dir = getenv("TEST_PERSIST_TRACE_DIR");
+            if (dir != nullptr && dir[0] != '\0' && NRanks() == 2 && m == 512) {
+                std::string path = std::string(dir) + "/trace_gemm_allreduce_" +
+                                   std::to_string(NRanks()) + "ranks_" + std::to_string(m) +
+                                   ".json";
+                ASSERT_EQ(maco_persistent_kernel_write_trace(k_, path.c_str()), MACO_OK);
+            }
+        }
+        std::vector<uint64_t> hashes(static_cast<size_t>(NRanks()));
+        hashes[static_cast<size_t>(Rank())] = HashFloats(got);
+        ASSERT_EQ(maco_bootstrap_allgather(maco_test::Bootstrap(), hashes.data(), 8), MACO_OK);
+        for (int q = 1; q < NRanks(); q++)
+            EXPECT_EQ(hashes[static_cast<size_t>(q)], hashes[0]) << "rank " << q;
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        maco_persistent_kernel_destroy(k_);
+        k_ = nullptr;
+        maco_task_graph_destroy(g_);
+        g_ = nullptr;
+        cudaFree(dev_);
+        dev_ = nullptr;
+    }
+}
+
+/* Column-parallel linear, maco_task_graph_add_allgather_gemm: Y_r = [X_0; ...; X_{n-1}] W_r,
+ * each block of 128 rows multiplied as soon as it arrived. Against maco_allgather + cuBLAS. */
+TEST_F(Persistent, FusedAllgatherGemmMatchesAllgatherAndCublas)
+{
+    const int shapes[][3] = { { 128, 256, 256 }, { 256, 384, 512 } };
+    for (const auto &sh : shapes) {
+        const int m = sh[0], n = sh[1], k = sh[2], mt = m * NRanks();
+        const size_t mk = static_cast<size_t>(m) * k, out_n = static_cast<size_t>(mt) * n;
+        std::mt19937_64 rng(seed_ + static_cast<uint64_t>(Rank()) * 104729 + m);
+        std::vector<__nv_bfloat16> ha, hb;
+        std::vector<float> fa, fb;
+        RandomBf16(rng, mk, &ha, &fa);
+        RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
+        CUDA_OK(cudaMalloc(&dev_, (mk + static_cast<size_t>(k) * n) * 2 +
+                                      static_cast<size_t>(NRanks()) * mk * 2 + 2 * out_n * 4));
+        __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + mk;
+        __nv_bfloat16 *G = B + static_cast<size_t>(k) * n; /* maco_allgather's result */
+        float *Y = reinterpret_cast<float *>(G + static_cast<size_t>(NRanks()) * mk),
+              *Yref = Y + out_n;
+        CUDA_OK(cudaMemcpy(A, ha.data(), mk * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        FusedSetup *fs = nullptr;
+        ASSERT_NO_FATAL_FAILURE(Fused(&fs));
+        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, static_cast<size_t>(NRanks()) * mk * 2));
+        maco_fused_gemm_t op;
+        memset(&op, 0, sizeof(op));
+        op.comm = Comm();
+        op.channels = fs->index.data();
+        op.a = A;
+        op.b = B;
+        op.out = Y;
+        op.scratch = fs->scratch;
+        op.m = m;
+        op.n = n;
+        op.k = k;
+        op.name = "colpar";
+        ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
+            << maco_log_last_error();
+        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, nullptr, &k_);
+        if (st == MACO_ERR_UNSUPPORTED)
+            GTEST_SKIP() << maco_log_last_error();
+        ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+        ASSERT_EQ(maco_allgather(A, G, mk * 2, MACO_UINT8, Comm(), stream_), MACO_OK);
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        cublasHandle_t h;
+        ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+        ASSERT_EQ(CublasGemm(h, mt, n, k, G, B, Yref), CUBLAS_STATUS_SUCCESS);
+        CUDA_OK(cudaDeviceSynchronize());
+        cublasDestroy(h);
+        std::vector<float> got(out_n), want(out_n);
+        CUDA_OK(cudaMemcpy(got.data(), Y, out_n * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(want.data(), Yref, out_n * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < out_n; i++)
+            bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * k * 0x1p-20;
+        EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        maco_persistent_kernel_destroy(k_);
+        k_ = nullptr;
+        maco_task_graph_destroy(g_);
+        g_ = nullptr;
+        cudaFree(dev_);
+        dev_ = nullptr;
+    }
+}
+
+/* Last, and in its own ctest entry (with a short MACO_DEVICE_TIMEOUT): the communicator stays
+ * failed afterwards. */
+TEST_F(Persistent, WaitThatNeverGetsItsSignalIsBoundedAndReported)
+{
+    CUDA_OK(cudaMalloc(&dev_, 64));
+    CUDA_OK(cudaMemset(dev_, 0, 64));
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    maco_task_t t = Task(MACO_TASK_NOP);
+    t.name = "before";
+    int a = Add(t);
+    t = Task(MACO_TASK_WAIT);
+    t.a = dev_; /* nobody signals it */
+    t.count = 1;
+    t.name = "lonely wait";
+    int w = Add(t);
+    Dep(w, a);
+    t = Task(MACO_TASK_NOP);
+    t.name = "after";
+    int b = Add(t);
+    Dep(b, w);
+    ASSERT_NO_FATAL_FAILURE(Create(nullptr));
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+    CUDA_OK(cudaStreamSynchronize(stream_)); /* returns: the kernel left */
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    maco_status_t as;
+    ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+    EXPECT_EQ(as, MACO_ERR_TIMEOUT);
+    std::string msg = maco_comm_get_last_error(Comm());
+    EXPECT_NE(msg.find("task 1 (wait)"), std::string::npos) << msg;
+    printf("reported after %.2f s: %s\n", secs, msg.c_str());
+    EXPECT_LT(secs, 30.0);
+    maco_test::AllowLog("has failed");
+    EXPECT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_ERR_INVALID_USAGE);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    return maco_test::MultiProcessMain(argc, argv, true, true);
+}
