@@ -10,9 +10,10 @@
  * into its send slot (host memory, then every writer's system fence and the CTA barrier);
  * puts header and payload into the peer's receive slot with a signal. Receiver, per chunk:
  * waits for the signal; reads the header (loads that fetch system memory again, hier.cuh
- * says why); the first chunk's B against its own count: when they differ it reports the
- * mismatch (maco_comm_get_async_error names both ranks and counts), writes nothing and still
- * takes every chunk the sender sends, so neither side hangs; copies the payload to its
+ * says why); the first chunk's B against its own count: when they differ it writes nothing,
+ * takes every chunk the sender sends and then reports the mismatch (maco_comm_get_async_error
+ * names both ranks and counts; reported earlier, its own later waits would give up and leave
+ * the sender waiting); copies the payload to its
  * buffer; acknowledges the slot. Acknowledgements not yet waited for at a kernel's end are
  * waited for by the next chunk of a later call (the counters persist), so a call returns
  * without a round trip and a send slot is never written while its put may still read it.
@@ -89,13 +90,8 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 const char *slot = x->buf + (2 + n % 2) * S;
                 if (tid == 0) {
                     fail = maco_port_channel_wait(&x->data) != MACO_OK;
-                    if (!fail && c == 0) {
+                    if (!fail && c == 0)
                         sh_bytes = __ldcv((const unsigned long long *)slot);
-                        if (sh_bytes != R)
-                            maco_device_error_record(&a.bound, MACO_ERR_INVALID_ARGUMENT, q,
-                                                     (int)a.plan.op_flags[o],
-                                                     MACO_DEVICE_ERR_COUNT_MISMATCH, R, sh_bytes);
-                    }
                 }
                 if (maco__xp2p_failed(fail))
                     return;
@@ -113,6 +109,13 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 if (maco__xp2p_failed(fail))
                     return;
             }
+            /* Reported once every chunk is taken: a recorded error makes this
+             * communicator's later waits give up, and the sender must not be left waiting
+             * for acknowledgements. */
+            if (bad && tid == 0)
+                maco_device_error_record(&a.bound, MACO_ERR_INVALID_ARGUMENT, q,
+                                         (int)a.plan.op_flags[o], MACO_DEVICE_ERR_COUNT_MISMATCH, R,
+                                         B);
         }
     }
     if (tid == 0) {
