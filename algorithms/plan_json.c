@@ -458,7 +458,7 @@ static maco_status_t maco__pplan(maco__parser_t *ps, json_t *root)
         for (size_t c = 0; c < nch; c++) {
             json_t *ch = J->array_get(chans, c);
             char cpath[112];
-            int type;
+            int type = 0;
             int64_t peer;
             snprintf(cpath, sizeof(cpath), "%s.channels[%zu]", path, c);
             if (maco__pobject(ps, ch, cpath) != MACO_OK ||
