@@ -61,6 +61,7 @@
 
 #include "maco/device/port_channel.h"
 #include "mesh.cuh"
+#include "sysmem.cuh"
 
 /* Folds `len` elements: the accumulator values at `cin` (when not NULL) then the element
  * values of ln regions at src0, src0 + hp, ... in that order. Not last: stores the
@@ -81,7 +82,7 @@ maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool las
         A acc[E];
         int q0 = 0;
         if (cin != nullptr) {
-            /* The carry is in the rail buffer: loads that fetch it again (maco__hier_copy_in
+            /* The carry is in the rail buffer: loads that fetch it again (sysmem.cuh
              * says why). E accumulators fill a whole number of 16-byte words. */
             const uint4 *cp = (const uint4 *)(cin + v * E * sizeof(A));
             union {
@@ -127,22 +128,6 @@ maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool las
     }
 }
 
-/*
- * Copies `bytes` from the rail buffer (host memory the receiving proxy wrote while the kernel
- * ran) with loads that fetch it again: a GPU may keep lines of system memory in its L2, and
- * PTX's ld.cv on system memory discards such a line and reads the memory (PTX ISA, cache
- * operators). Called by nthr threads like maco_copy; src is 16-byte aligned.
- */
-static __device__ __forceinline__ void
-maco__hier_copy_in(char *dst, const char *src, uint64_t bytes, uint32_t tid, uint32_t nthr)
-{
-    const uint64_t nvec = ((uintptr_t)dst & 15u) == 0 ? bytes / 16 : 0;
-    for (uint64_t i = tid; i < nvec; i += nthr)
-        ((uint4 *)dst)[i] = __ldcv((const uint4 *)src + i);
-    for (uint64_t i = nvec * 16 + tid; i < bytes; i += nthr)
-        dst[i] = (char)__ldcv((const signed char *)src + i);
-}
-
 /* Every thread's writes to the rail buffer (the source of the put that follows) made visible
  * to the proxy's CPU before thread 0 pushes the put: each writer's own system-scope fence,
  * then the CTA barrier. */
@@ -150,6 +135,18 @@ static __device__ __forceinline__ void maco__hier_publish()
 {
     __threadfence_system();
     __syncthreads();
+}
+
+/* Chains: the mesh barrier after the node's inputs are in place, then (nodes after the first)
+ * the carry of the node before. True when the CTA must stop. */
+static __device__ __forceinline__ bool
+maco__hier_take_carry(maco_memory_channel_device_t *ch, bool waiter,
+                      const maco_port_channel_device_t *carry)
+{
+    if (maco__mesh_barrier(ch, waiter))
+        return true;
+    bool fail = carry != nullptr && threadIdx.x == 0 && maco_port_channel_wait(carry) != MACO_OK;
+    return maco__cta_failed(fail);
 }
 
 /* Chains (allreduce, reduce, reduce_scatter): a node other than the last, once the CTA read
@@ -180,12 +177,6 @@ static __device__ __forceinline__ int maco__hier_put(const maco_port_channel_dev
     else if (signal)
         st = maco_port_channel_signal(ch);
     return st != MACO_OK;
-}
-
-/* The CTA agrees on thread 0's `fail`: true in every thread when it failed. */
-static __device__ __forceinline__ bool maco__hier_failed(bool fail)
-{
-    return __syncthreads_or(fail ? 1 : 0) != 0;
 }
 
 template <class T, int Op>
@@ -245,11 +236,7 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                 maco_copy(MACO__PEER(q, MACO__R_IN(0, me)), in + (seg0 + (uint64_t)q * P) * esz,
                           MACO__PLEN(q) * esz, tid, nthr);
             }
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            if (!first && tid == 0)
-                fail = maco_port_channel_wait(MACO__DATA(k - 1)) != MACO_OK;
-            if (maco__hier_failed(fail))
+            if (maco__hier_take_carry(ch, waiter, first ? nullptr : MACO__DATA(k - 1)))
                 return;
             /* Where the result goes on the last node: ACC (the source of its puts) and the
              * OUT[me] regions of the ranks that output it. */
@@ -275,13 +262,14 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                 if (!last && !fail)
                     fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
             }
-            if (maco__hier_failed(fail))
+            if (maco__cta_failed(fail))
                 return;
             if (!last && outputs)
                 for (int q = 0; q < L; q++)
                     if (coll == MACO_COLL_ALLREDUCE || q == lr)
-                        maco__hier_copy_in(MACO__PEER(q, MACO__R_OUT(me, 0)),
-                                           MACO__RAIL(MACO__R_FINAL(N - 1)), len * esz, tid, nthr);
+                        maco__copy_from_sysmem(MACO__PEER(q, MACO__R_OUT(me, 0)),
+                                               MACO__RAIL(MACO__R_FINAL(N - 1)), len * esz, tid,
+                                               nthr);
             if (!last && maco__hier_ack_last(MACO__ACK(N - 1), seg + gridDim.x >= nseg))
                 return;
             if (maco__mesh_barrier(ch, waiter))
@@ -301,11 +289,7 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                               tid, nthr);
                 }
             }
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            if (!first && tid == 0)
-                fail = maco_port_channel_wait(MACO__DATA(k - 1)) != MACO_OK;
-            if (maco__hier_failed(fail))
+            if (maco__hier_take_carry(ch, waiter, first ? nullptr : MACO__DATA(k - 1)))
                 return;
             for (int m = 0; m < N; m++) {
                 char *dst[1] = { MACO__RAIL(MACO__R_ACC(m)) };
@@ -327,11 +311,12 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                 if (!last && !fail)
                     fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
             }
-            if (maco__hier_failed(fail))
+            if (maco__cta_failed(fail))
                 return;
-            maco__hier_copy_in(out + seg0 * esz,
-                               last ? MACO__RAIL(MACO__R_ACC(k)) : MACO__RAIL(MACO__R_FINAL(N - 1)),
-                               len * esz, tid, nthr);
+            maco__copy_from_sysmem(out + seg0 * esz,
+                                   last ? MACO__RAIL(MACO__R_ACC(k))
+                                        : MACO__RAIL(MACO__R_FINAL(N - 1)),
+                                   len * esz, tid, nthr);
             if (!last && maco__hier_ack_last(MACO__ACK(N - 1), seg + gridDim.x >= nseg))
                 return;
             if (maco__mesh_barrier(ch, waiter))
@@ -343,7 +328,7 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                 for (int m = 0; m < N && !fail; m++)
                     if (m != k)
                         fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
-            if (maco__hier_failed(fail))
+            if (maco__cta_failed(fail))
                 return;
             const char *mine = in + seg0 * esz;
             maco_copy(MACO__RAIL(MACO__R_ACC(0)), mine, len * esz, tid, nthr);
@@ -359,20 +344,20 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                     if (m != k)
                         fail = maco_port_channel_wait(MACO__DATA(m)) != MACO_OK;
             }
-            if (maco__hier_failed(fail))
+            if (maco__cta_failed(fail))
                 return;
             for (int m = 0; m < N; m++)
                 if (m != k)
                     for (int q = 0; q < L; q++)
-                        maco__hier_copy_in(MACO__PEER(q, MACO__R_OUT(me, m)),
-                                           MACO__RAIL(MACO__R_FINAL(m)), len * esz, tid, nthr);
+                        maco__copy_from_sysmem(MACO__PEER(q, MACO__R_OUT(me, m)),
+                                               MACO__RAIL(MACO__R_FINAL(m)), len * esz, tid, nthr);
             __syncthreads();
             if (tid == 0)
                 for (int m = 0; m < N && !fail; m++)
                     if (m != k)
                         fail = maco_port_channel_signal(MACO__ACK(m)) != MACO_OK;
             did = true;
-            if (maco__hier_failed(fail))
+            if (maco__cta_failed(fail))
                 return;
             if (maco__mesh_barrier(ch, waiter))
                 return;
@@ -396,7 +381,7 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
                     for (int m = 0; m < N && !fail; m++)
                         if (m != k)
                             fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
-                if (maco__hier_failed(fail))
+                if (maco__cta_failed(fail))
                     return;
                 maco_copy(MACO__RAIL(MACO__R_ACC(0)), MACO__LOC(MACO__R_IN(0, 0)), len * esz, tid,
                           nthr);
@@ -413,16 +398,16 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
             } else {
                 if (tid == 0)
                     fail = maco_port_channel_wait(MACO__DATA(kr)) != MACO_OK;
-                if (maco__hier_failed(fail))
+                if (maco__cta_failed(fail))
                     return;
                 for (int q = 0; q < L; q++)
-                    maco__hier_copy_in(MACO__PEER(q, MACO__R_OUT(me, 0)),
-                                       MACO__RAIL(MACO__R_FINAL(kr)), len * esz, tid, nthr);
+                    maco__copy_from_sysmem(MACO__PEER(q, MACO__R_OUT(me, 0)),
+                                           MACO__RAIL(MACO__R_FINAL(kr)), len * esz, tid, nthr);
                 __syncthreads();
                 if (tid == 0)
                     fail = maco_port_channel_signal(MACO__ACK(kr)) != MACO_OK;
             }
-            if (maco__hier_failed(fail))
+            if (maco__cta_failed(fail))
                 return;
             if (maco__mesh_barrier(ch, waiter))
                 return;

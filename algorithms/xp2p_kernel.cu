@@ -9,7 +9,7 @@
  * slot n % 2 when it had chunk n - 2); writes the header {B, chunk bytes} and the payload
  * into its send slot (host memory, then every writer's system fence and the CTA barrier);
  * puts header and payload into the peer's receive slot with a signal. Receiver, per chunk:
- * waits for the signal; reads the header (loads that fetch system memory again, hier.cuh
+ * waits for the signal; reads the header (loads that fetch system memory again, sysmem.cuh
  * says why); the first chunk's B against its own count: when they differ it writes nothing,
  * takes every chunk the sender sends and then reports the mismatch (maco_comm_get_async_error
  * names both ranks and counts; reported earlier, its own later waits would give up and leave
@@ -25,25 +25,9 @@
 #include "algorithms.h"
 #include "maco/device/copy.h"
 #include "maco/device/port_channel.h"
+#include "sysmem.cuh"
 
 enum { MACO__XP2P_THREADS = 512 };
-
-/* Copies from a slot the peer's proxy wrote while the kernel ran (fetching it again). */
-static __device__ __forceinline__ void
-maco__xp2p_copy_in(char *dst, const char *src, uint64_t bytes, uint32_t tid, uint32_t nthr)
-{
-    const uint64_t nvec = ((uintptr_t)dst & 15u) == 0 ? bytes / 16 : 0;
-    for (uint64_t i = tid; i < nvec; i += nthr)
-        ((uint4 *)dst)[i] = __ldcv((const uint4 *)src + i);
-    for (uint64_t i = nvec * 16 + tid; i < bytes; i += nthr)
-        dst[i] = (char)__ldcv((const signed char *)src + i);
-}
-
-/* The CTA agrees on thread 0's `fail`. */
-static __device__ __forceinline__ bool maco__xp2p_failed(bool fail)
-{
-    return __syncthreads_or(fail ? 1 : 0) != 0;
-}
 
 __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp2p_args_t a)
 {
@@ -64,7 +48,7 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 bool fail = false;
                 if (tid == 0 && n >= 2)
                     fail = maco_port_channel_wait(&x->ack) != MACO_OK;
-                if (maco__xp2p_failed(fail))
+                if (maco__cta_failed(fail))
                     return;
                 const uint64_t off = c * cap, cb = B - off < cap ? B - off : cap;
                 char *slot = x->buf + (n % 2) * S;
@@ -78,7 +62,7 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 if (tid == 0)
                     fail = maco_port_channel_put_with_signal(&x->data, (2 + n % 2) * S, (n % 2) * S,
                                                              16 + cb) != MACO_OK;
-                if (maco__xp2p_failed(fail))
+                if (maco__cta_failed(fail))
                     return;
             }
         } else {
@@ -93,7 +77,7 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                     if (!fail && c == 0)
                         sh_bytes = __ldcv((const unsigned long long *)slot);
                 }
-                if (maco__xp2p_failed(fail))
+                if (maco__cta_failed(fail))
                     return;
                 if (c == 0) {
                     B = sh_bytes;
@@ -102,11 +86,11 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 }
                 const uint64_t off = c * cap, cb = B - off < cap ? B - off : cap;
                 if (!bad)
-                    maco__xp2p_copy_in((char *)op.dst + off, slot + 16, cb, tid, nthr);
+                    maco__copy_from_sysmem((char *)op.dst + off, slot + 16, cb, tid, nthr);
                 __syncthreads();
                 if (tid == 0)
                     fail = maco_port_channel_signal(&x->ack) != MACO_OK;
-                if (maco__xp2p_failed(fail))
+                if (maco__cta_failed(fail))
                     return;
             }
             /* Reported once every chunk is taken: a recorded error makes this

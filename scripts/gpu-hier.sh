@@ -7,26 +7,8 @@
 #          HIER_REPEAT: runs of the test suites with one rank per node, default 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/maco-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-20s}
-B=build
-if [ ! -e "$B" ] && [ -d gpu-bundle/build ]; then ln -s gpu-bundle/build "$B"; fi
-src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
-  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
-fi
-summary=()
-step() { # name timeout command...
-  local name=$1 t=$2; shift 2
-  local t0; t0=$(date +%s)
-  timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-22s rc=%-3d %4ds  %s' "$name" "$rc" $(( $(date +%s) - t0 )) \
-    "$(grep -E 'PASSED|FAILED|tests passed|Wrong values' "$OUT/$name.txt" | tail -1)")")
-  return 0
-}
+. scripts/gpu-common.sh
 R="$B/tools/maco-run"
 T="$B/tests/test_gpu_mp"
 max=${HIER_PERF_MAX:-64M}

@@ -5,26 +5,10 @@
 #   usage: scripts/gpu-persist.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/maco-out}
-mkdir -p "$OUT"
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-10s}
-B=build
-if [ ! -e "$B" ] && [ -d gpu-bundle/build ]; then ln -s gpu-bundle/build "$B"; fi
-src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
-  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
-fi
+. scripts/gpu-common.sh
 { nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv; } \
   > "$OUT/machine.txt" 2>&1
-summary=()
-step() { # name timeout command...
-  local name=$1 t=$2; shift 2
-  local t0; t0=$(date +%s)
-  timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-18s rc=%-3d %4ds' "$name" "$rc" $(( $(date +%s) - t0 )))")
-  return 0
-}
 export TEST_PERSIST_TRACE_DIR=$OUT
 step persist-tests "${TEST_TIMEOUT:-150}" ctest --test-dir "$B" -R '^persistent_gpu' -V
 step bench-persistent "${BENCH_TIMEOUT:-90}" "$B/tests/bench_persistent"

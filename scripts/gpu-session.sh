@@ -21,18 +21,9 @@
 #     (SHARED_COLLS, SHARED_TEST_TIMEOUT, SHARED_PERF_TIMEOUT in seconds)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/maco-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-15s}
-B=build
-# The build folder travels as gpu-bundle/build (scripts/gpu-bundle.sh) when it is too large.
-if [ ! -e "$B" ] && [ -d gpu-bundle/build ]; then ln -s gpu-bundle/build "$B"; fi
-# ctest files hold the build machine's absolute paths: make them resolve here.
-src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
-  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
-fi
+# $OUT, $B (build/ or the carried gpu-bundle/build), ctest's paths made to resolve here.
+. scripts/gpu-common.sh
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 { nvidia-smi -L; nvidia-smi topo -m; "$B/tools/maco-info"
   # GDRCopy's kernel module would let the proxy write GPU memory (docs/performance.md).

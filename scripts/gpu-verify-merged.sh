@@ -6,15 +6,7 @@
 #   usage: scripts/gpu-verify-merged.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/maco-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
-B=build
-if [ ! -e "$B" ] && [ -d gpu-bundle/build ]; then ln -s gpu-bundle/build "$B"; fi
-src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then
-  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"
-fi
+. scripts/gpu-common.sh
 t0=$(date +%s)
 timeout 420 ctest --test-dir "$B" -L gpu -E python_gpu --output-on-failure --timeout 200 \
   > "$OUT/ctest-gpu.txt" 2>&1
