@@ -329,13 +329,18 @@ MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__p2p_args_t) == 8, "maco__p2p_args_t alignm
 
 /*
  * Send/recv and all-to-all between ranks of different nodes (xp2p.c, xp2p_kernel.cu). Per
- * peer on another node, one buffer of pinned host memory on each side: 2 send slots, then 2
- * receive slots, each a 16-byte header (the message's byte count, the chunk's) and
- * MACO_P2P_CHUNK_SIZE bytes; a data port channel (puts from a send slot into the peer's
- * receive slot of the same number, with a signal) and an acknowledgement port channel (the
- * receiver read a slot). Sequence counters live in the same mapped table, so calls and graph
- * replays continue where the last left off.
+ * peer on another node, one buffer of pinned host memory on each side: MACO__XP2P_SLOTS send
+ * slots, then as many receive slots, each a 16-byte header (the message's byte count, the chunk's)
+ * and MACO_P2P_CHUNK_SIZE bytes; a data port channel (puts from a send slot into the peer's receive
+ * slot of the same number, with a signal) and an acknowledgement port channel (the receiver read a
+ * slot). Sequence counters live in the same mapped table, so calls and graph replays continue where
+ * the last left off.
  */
+/* Chunks a sender may have in flight to one peer: 4 measured faster than 2 on one H100 over
+ * loopback TCP (docs/performance.md); each costs 2 x (16 + MACO_P2P_CHUNK_SIZE) bytes of
+ * pinned host memory per peer on another node. */
+enum { MACO__XP2P_SLOTS = 4 };
+
 typedef struct maco__xpeer_dev {
     maco_port_channel_device_t data, ack;
     char *buf;           /* the slots (device address of the mapped host buffer) */

@@ -19,7 +19,7 @@ enum { MACO__XP2P_THREADS = 512 }; /* xp2p_kernel.cu's __launch_bounds__ */
 /* Host side of one peer on another node. */
 typedef struct maco__xpeer {
     int connected;
-    char *buf; /* 4 slots: send 0, send 1, receive 0, receive 1 */
+    char *buf; /* MACO__XP2P_SLOTS send slots, then as many receive slots */
     maco_mem_t mem, peer_mem;
     maco_port_channel_t data, ack;
 } maco__xpeer_t;
@@ -52,7 +52,7 @@ static maco_status_t maco__xp2p_connect_one(maco_comm_t comm, maco__coll_t *c, i
     maco__xpeer_t *x = &c->xpeer[q];
     maco__xpeer_dev_t *d = &c->xpeer_dev[q];
     const uint64_t slot = 16 + (uint64_t)c->layout.p2p_chunk;
-    const size_t bytes = (size_t)(4 * slot);
+    const size_t bytes = (size_t)(2 * MACO__XP2P_SLOTS * slot);
     maco_status_t st = MACO_OK;
     uint8_t mine[MACO_MEM_HANDLE_BYTES], theirs[MACO_MEM_HANDLE_BYTES];
     char *dev = NULL;

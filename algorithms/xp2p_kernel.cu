@@ -5,19 +5,19 @@
  *
  * A message of B bytes travels as max(1, ceil(B / chunk)) chunks in the slots of the pair,
  * chunk number n of the pair (counted over all messages and calls: `sent`, `recvd`) in slot
- * n % 2. Sender, per chunk: when n >= 2 it waits for one acknowledgement (the receiver read
- * slot n % 2 when it had chunk n - 2); writes the header {B, chunk bytes} and the payload
- * into its send slot (host memory, then every writer's system fence and the CTA barrier);
- * puts header and payload into the peer's receive slot with a signal. Receiver, per chunk:
- * waits for the signal; reads the header (loads that fetch system memory again, sysmem.cuh
- * says why); the first chunk's B against its own count: when they differ it writes nothing,
- * takes every chunk the sender sends and then reports the mismatch (maco_comm_get_async_error
- * names both ranks and counts; reported earlier, its own later waits would give up and leave
- * the sender waiting); copies the payload to its
- * buffer; acknowledges the slot. Acknowledgements not yet waited for at a kernel's end are
- * waited for by the next chunk of a later call (the counters persist), so a call returns
- * without a round trip and a send slot is never written while its put may still read it.
- * Every wait is bounded (MACO_DEVICE_TIMEOUT) and names the peer.
+ * n % K (K = MACO__XP2P_SLOTS). Sender, per chunk: when n >= K it waits for one
+ * acknowledgement (the receiver read slot n % K when it had chunk n - K); writes the header {B,
+ * chunk bytes} and the payload into its send slot (host memory, then every writer's system fence
+ * and the CTA barrier); puts header and payload into the peer's receive slot with a signal.
+ * Receiver, per chunk: waits for the signal; reads the header (loads that fetch system memory
+ * again, sysmem.cuh says why); the first chunk's B against its own count: when they differ it
+ * writes nothing, takes every chunk the sender sends and then reports the mismatch
+ * (maco_comm_get_async_error names both ranks and counts; reported earlier, its own later waits
+ * would give up and leave the sender waiting); copies the payload to its buffer; acknowledges the
+ * slot. Acknowledgements not yet waited for at a kernel's end are waited for by the next chunk of a
+ * later call (the counters persist), so a call returns without a round trip and a send slot is
+ * never written while its put may still read it. Every wait is bounded (MACO_DEVICE_TIMEOUT) and
+ * names the peer.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -46,12 +46,12 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
             const uint64_t nch = B == 0 ? 1 : (B + cap - 1) / cap;
             for (uint64_t c = 0; c < nch; c++, n++) {
                 bool fail = false;
-                if (tid == 0 && n >= 2)
+                if (tid == 0 && n >= MACO__XP2P_SLOTS)
                     fail = maco_port_channel_wait(&x->ack) != MACO_OK;
                 if (maco__cta_failed(fail))
                     return;
                 const uint64_t off = c * cap, cb = B - off < cap ? B - off : cap;
-                char *slot = x->buf + (n % 2) * S;
+                char *slot = x->buf + (n % MACO__XP2P_SLOTS) * S;
                 if (tid == 0) {
                     ((uint64_t *)slot)[0] = B;
                     ((uint64_t *)slot)[1] = cb;
@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 __threadfence_system();
                 __syncthreads();
                 if (tid == 0)
-                    fail = maco_port_channel_put_with_signal(&x->data, (2 + n % 2) * S, (n % 2) * S,
-                                                             16 + cb) != MACO_OK;
+                    fail = maco_port_channel_put_with_signal(
+                               &x->data, (MACO__XP2P_SLOTS + n % MACO__XP2P_SLOTS) * S,
+                               (n % MACO__XP2P_SLOTS) * S, 16 + cb) != MACO_OK;
                 if (maco__cta_failed(fail))
                     return;
             }
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
             bool bad = false;
             for (uint64_t c = 0; c < nch; c++, n++) {
                 bool fail = false;
-                const char *slot = x->buf + (2 + n % 2) * S;
+                const char *slot = x->buf + (MACO__XP2P_SLOTS + n % MACO__XP2P_SLOTS) * S;
                 if (tid == 0) {
                     fail = maco_port_channel_wait(&x->data) != MACO_OK;
                     if (!fail && c == 0)
