@@ -68,6 +68,76 @@ TEST_F(BootstrapEnv, TorchrunVariables)
         EXPECT_EQ(codes[i], 0) << "rank " << i;
 }
 
+/* Sets torchrun's variables for one rank of a job whose agent store is at 127.0.0.1:port. */
+void SetTorchrunAgentEnv(int rank, int world, int port)
+{
+    for (const char *v :
+         { "MACO_RANK", "MACO_WORLD_SIZE", "MACO_BOOTSTRAP_ADDR", "MACO_BOOTSTRAP_NONCE" })
+        unsetenv(v);
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    setenv("TORCHELASTIC_RUN_ID", "test-run", 1);
+    setenv("MACO_BOOTSTRAP_TIMEOUT", "1s", 1);
+}
+
+/* Exit code 0 when the creation fails with `want` and a message holding `text`. */
+int FailsWith(maco_status_t want, const std::string &text)
+{
+    maco_bootstrap_t bs = nullptr;
+    maco_status_t st = maco_bootstrap_create_from_env(&bs);
+    std::string msg = maco__last_error();
+    if (st == MACO_OK)
+        return 20;
+    if (st != want)
+        return 21;
+    return msg.find(text) != std::string::npos ? 0 : 22;
+}
+
+TEST_F(BootstrapEnv, TorchrunAgentStoreUnreachableNamesTheStore)
+{
+    /* Under torchrun the id comes from the agent's store on MASTER_PORT; nobody listens. */
+    int port = FreePort();
+    std::string want = "could not connect to torchrun's store at 127.0.0.1:" + std::to_string(port);
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 1, 2 } }, [port](int rank, int world) { SetTorchrunAgentEnv(rank, world, port); },
+        [&](int) { return FailsWith(MACO_ERR_TIMEOUT, want); });
+    EXPECT_EQ(codes[0], 0);
+}
+
+TEST_F(BootstrapEnv, TorchrunAgentStoreWithoutTheKeyTimesOutNamingIt)
+{
+    /* A store that takes the connection and never answers: rank 0 never published the id. */
+    maco__sockaddr_t a;
+    ASSERT_EQ(maco__sockaddr_parse("127.0.0.1:1", "test", &a), MACO_OK);
+    maco__sockaddr_set_port(&a, 0);
+    int lfd = -1;
+    ASSERT_EQ(maco__socket_listen(&a, &lfd), MACO_OK);
+    int port = maco__sockaddr_port(&a);
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 1, 2 } }, [port](int rank, int world) { SetTorchrunAgentEnv(rank, world, port); },
+        [](int) {
+            return FailsWith(MACO_ERR_TIMEOUT, "rank 0 did not publish its unique id under key "
+                                               "'/maco/c_unique_id/test-run/0/0'");
+        });
+    close(lfd);
+    EXPECT_EQ(codes[0], 0);
+}
+
+/* Run by tests/python/test_multiprocess.py under a real torchrun (its agent's TCPStore): every
+ * rank makes two bootstraps from the environment and allgathers through each. */
+TEST_F(BootstrapEnv, UnderTorchrun)
+{
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (agent == nullptr || getenv("RANK") == nullptr)
+        GTEST_SKIP() << "not started by torchrun (tests/python/test_multiprocess.py does)";
+    int rank = atoi(getenv("RANK"));
+    EXPECT_EQ(AllgatherRanks(rank), 0) << "first bootstrap";
+    EXPECT_EQ(AllgatherRanks(rank), 0) << "second bootstrap";
+}
+
 TEST_F(BootstrapEnv, Ipv6RootAddress)
 {
     int port = FreePort(AF_INET6);

@@ -75,8 +75,15 @@ MACO_API maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int ran
  * Joins a job described by the environment: MACO_RANK, MACO_WORLD_SIZE,
  * MACO_BOOTSTRAP_ADDR (host:port where rank 0 listens) and optionally MACO_BOOTSTRAP_NONCE;
  * or torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Rank 0 listens on that
- * address itself. Blocking and errors as maco_bootstrap_create(); a missing or malformed
- * variable is MACO_ERR_INVALID_ARGUMENT naming it.
+ * address itself, except under torchrun, whose agent holds MASTER_PORT for its key-value
+ * store (TORCHELASTIC_USE_AGENT_STORE=True) and MACO_BOOTSTRAP_ADDR unset: there rank 0 creates
+ * a unique id (maco_unique_id_create) and stores it in torchrun's store under
+ * "/maco/c_unique_id/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/<n>" (n counts this
+ * process's creations from the environment, so every rank must make them in the same order),
+ * and the other ranks read it from there (c10d's TCPStore protocol). Blocking and errors as
+ * maco_bootstrap_create(); a missing or malformed variable is MACO_ERR_INVALID_ARGUMENT naming
+ * it; under torchrun also MACO_ERR_TIMEOUT naming the store and the key when rank 0 published
+ * no id within MACO_BOOTSTRAP_TIMEOUT.
  */
 MACO_API maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p);
 

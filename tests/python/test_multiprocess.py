@@ -284,3 +284,24 @@ def test_from_env_under_torchrun():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert sorted(line for line in out.stdout.splitlines() if " ok" in line) == [
         f"rank {r} local {r} ok" for r in range(3)], out.stdout
+
+
+def _test_unit():
+    path = os.environ.get("TEST_UNIT") or os.path.join(REPO, "build", "tests", "test_unit")
+    return path if os.access(path, os.X_OK) else None
+
+
+@needs_torch
+@pytest.mark.skipif(_test_unit() is None, reason="test_unit not built (set TEST_UNIT)")
+def test_c_bootstrap_from_env_under_torchrun():
+    """The C library's maco_bootstrap_create_from_env under a real torchrun: MASTER_PORT is
+    the agent's TCPStore, so rank 0 publishes a unique id there (src/host/bootstrap/
+    torch_store.c) and the others read it; each rank makes two bootstraps."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MACO_")}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+                          "--master-port", str(free_port()), "--no-python", _test_unit(),
+                          "--gtest_filter=BootstrapEnv.UnderTorchrun"], capture_output=True,
+                         text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("[  PASSED  ] 1 test.") == 3, out.stdout[-3000:]
+    assert "SKIPPED" not in out.stdout, out.stdout[-3000:]

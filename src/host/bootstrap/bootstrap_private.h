@@ -165,8 +165,9 @@ typedef struct maco__op {
 
 /* ---- functions the bootstrap's files share: object.c defines maco__bs_alloc, maco__bs_free
  * and maco__peer_close_fd (the object), unique_id.c maco__take_root_socket, setup.c
- * maco__write_all, link.c the rest (posting, queueing and running sends and receives; the
- * sticky failure). The files call each other one way: object < link < setup < calls. */
+ * maco__write_all and maco__read_all, link.c the rest (posting, queueing and running sends and
+ * receives; the sticky failure). The files call each other one way: object < link < setup < calls.
+ */
 maco_bootstrap_t maco__bs_alloc(int rank, int nranks, uint64_t nonce, int64_t timeout_ms);
 void maco__bs_free(maco_bootstrap_t bs);
 void maco__peer_close_fd(maco__peer_t *p);
@@ -179,5 +180,19 @@ maco_status_t maco__bs_sticky(maco_bootstrap_t bs);
 int maco__take_root_socket(uint64_t nonce);
 maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
                               const char *what);
+/* Reads exactly `len` bytes from a non-blocking socket before the deadline; a closed
+ * connection is MACO_ERR_REMOTE, the deadline MACO_ERR_TIMEOUT, both naming `what`. */
+maco_status_t maco__read_all(int fd, void *buf, size_t len, int64_t deadline_ms, const char *what);
+
+/* ---- torch_store.c: the unique id through torchrun's agent store (env.c uses it). */
+/* Whether to use it: torchrun says its workers share the agent's store
+ * (TORCHELASTIC_USE_AGENT_STORE=True) and MACO_BOOTSTRAP_ADDR does not name an address. */
+int maco__torch_store_wanted(void);
+/* Rank 0 creates a unique id and stores it; every rank waits (until MACO_BOOTSTRAP_TIMEOUT)
+ * for the key of this creation and reads it into *id. Blocking. Errors: MACO_ERR_TIMEOUT
+ * (store unreachable, or rank 0 published nothing in time), MACO_ERR_REMOTE (the store closed
+ * the connection or answered outside the protocol), those of maco_unique_id_create. */
+maco_status_t maco__torch_store_unique_id(const maco__sockaddr_t *store, const char *store_text,
+                                          int rank, maco_unique_id_t *id);
 
 #endif /* MACO_BOOTSTRAP_PRIVATE_H */

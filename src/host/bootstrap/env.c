@@ -1,5 +1,6 @@
 /* env.c - starting a bootstrap from the environment (MACO_* or torchrun's variables):
- * the rank-0 address, the job nonce (given, or derived), the world size. */
+ * the rank-0 address, the job nonce (given, or derived), the world size; under torchrun the
+ * unique id through torchrun's store (torch_store.c). */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -106,6 +107,14 @@ maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
     st = maco__sockaddr_parse(addr_text, what, &root);
     if (st != MACO_OK)
         return st;
+    if (maco__torch_store_wanted()) {
+        /* torchrun's agent holds MASTER_PORT (its store): the id travels through that store. */
+        maco_unique_id_t id;
+        st = maco__torch_store_unique_id(&root, addr_text, rank, &id);
+        if (st != MACO_OK)
+            return st;
+        return maco_bootstrap_create(&id, rank, nranks, -1, bs_p);
+    }
     uint64_t nonce;
     if (maco__config_is_set(MACO_CFG_BOOTSTRAP_NONCE)) {
         const char *text = maco__config_string(MACO_CFG_BOOTSTRAP_NONCE);

@@ -38,9 +38,7 @@ maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadl
     return MACO_OK;
 }
 
-/* Reads exactly `len` bytes from a non-blocking socket before the deadline. */
-static maco_status_t maco__read_all(int fd, void *buf, size_t len, int64_t deadline_ms,
-                                    const char *what)
+maco_status_t maco__read_all(int fd, void *buf, size_t len, int64_t deadline_ms, const char *what)
 {
     uint8_t *p = (uint8_t *)buf;
     while (len > 0) {
