@@ -16,6 +16,7 @@
  *   SET(1)      string key, bytes value     -> (nothing)
  *   GET(3)      string key                  -> bytes value
  *   WAIT(6)     u64 nkeys, string key...    -> u8 0 (STOP_WAITING) once every key exists
+ * (A GET is sent only after its WAIT was answered, as torch's own client does.)
  * Keys are written with torch's prefix "/" so a Python `store.get("maco/...")` sees them. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,29 +97,40 @@ maco_status_t maco__torch_store_unique_id(const maco__sockaddr_t *store, const c
         n += maco__ts_put_bytes(msg + n, id->bytes, MACO_UNIQUE_ID_BYTES);
     }
     /* Every rank (rank 0 too: it proves the store took the value) waits for the key, then
-     * reads it; the store answers queries of one connection in order. */
+     * reads it. The GET goes out only after the wait's answer: a store answers a GET of a key
+     * that does not exist yet at once (libuv's with an empty value), without queueing it. */
     msg[n++] = MACO__TS_WAIT;
     n += maco__ts_put(msg + n, 1, 8);
     n += maco__ts_put_bytes(msg + n, key, strlen(key));
-    msg[n++] = MACO__TS_GET;
-    n += maco__ts_put_bytes(msg + n, key, strlen(key));
     st = maco__write_all(fd, msg, n, deadline, what);
-    uint8_t reply[9];
+    uint8_t reply[8];
     if (st == MACO_OK)
-        st = maco__read_all(fd, reply, 9, deadline, what);
+        st = maco__read_all(fd, reply, 1, deadline, what);
     if (st == MACO_ERR_TIMEOUT)
         st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
                          "rank 0 did not publish its unique id under key '%s' in %s within "
                          "%lld ms (MACO_BOOTSTRAP_TIMEOUT sets the deadline): is rank 0 running?",
                          key, what, (long long)timeout);
+    if (st == MACO_OK && reply[0] != 0)
+        st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                         "%s answered the wait for key '%s' with %u, not 0 (STOP_WAITING): is "
+                         "MASTER_PORT torchrun's store?",
+                         what, key, reply[0]);
+    if (st == MACO_OK) {
+        n = 0;
+        msg[n++] = MACO__TS_GET;
+        n += maco__ts_put_bytes(msg + n, key, strlen(key));
+        st = maco__write_all(fd, msg, n, deadline, what);
+    }
+    if (st == MACO_OK)
+        st = maco__read_all(fd, reply, 8, deadline, what);
     uint64_t len = 0;
     for (int i = 0; i < 8; i++)
-        len |= (uint64_t)reply[1 + i] << (8 * i);
-    if (st == MACO_OK && (reply[0] != 0 || len != MACO_UNIQUE_ID_BYTES))
+        len |= (uint64_t)reply[i] << (8 * i);
+    if (st == MACO_OK && len != MACO_UNIQUE_ID_BYTES)
         st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
-                         "%s answered the wait for key '%s' with %u and a value of %llu bytes, "
-                         "not 0 and a %d-byte unique id (is MASTER_PORT torchrun's store?)",
-                         what, key, reply[0], (unsigned long long)len, MACO_UNIQUE_ID_BYTES);
+                         "key '%s' in %s holds %llu bytes, not a %d-byte unique id", key, what,
+                         (unsigned long long)len, MACO_UNIQUE_ID_BYTES);
     maco_unique_id_t got;
     if (st == MACO_OK)
         st = maco__read_all(fd, got.bytes, MACO_UNIQUE_ID_BYTES, deadline, what);
