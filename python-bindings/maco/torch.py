@@ -8,11 +8,21 @@
     dist.all_reduce(x)                   # x on CUDA: MACO; on CPU: Gloo
 
 The process group runs CUDA tensors' all_reduce, all_gather(_into_tensor), reduce_scatter
-(_tensor), broadcast, reduce, all_to_all(_single), send/recv and barrier on MACO, and hands
+(_tensor), broadcast, reduce, all_to_all(_single), gather, scatter, send/recv (isend/irecv,
+batch_isend_irecv) and barrier on MACO, and hands
 CPU tensors to a Gloo process group it creates beside it. Work runs on one internal CUDA
 stream per group, ordered after the caller's current stream; ``work.wait()`` makes the
 caller's current stream wait for it (as NCCL's process group does), so ``async_op=True``
 overlaps communication with later compute.
+
+Sends and receives (``send``/``recv``, ``isend``/``irecv``, ``batch_isend_irecv``) are
+queued and issued together, as one MACO group, when the program first waits on (or polls) one
+of their works, or makes any other call on the group. So rings of ``isend``/``irecv`` and
+``batch_isend_irecv`` do not deadlock, though torch.distributed gives a Python backend no
+coalescing calls. The difference from NCCL's process group: a send that is never waited on
+and followed by no other call on its group is not issued; wait on every work (as the
+torch.distributed documentation requires anyway). ``gather`` and ``scatter`` run as such
+groups of sends and receives.
 
 :func:`patch_torch_distributed` instead keeps an existing process group (e.g. NCCL) and
 routes the ``torch.distributed`` functions' CUDA calls through MACO, with no other change to
@@ -31,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
 from ._comm import Communicator, unique_id
+from ._comm import group as _group
 from ._errors import MacoError
 from ._types import to_maco_op
 
@@ -49,29 +60,39 @@ class MacoWork(dist.Work):
     """
 
     def __init__(self, outputs: list, event: Optional[torch.cuda.Event], comm: Communicator,
-                 device: Optional[torch.device]):
+                 device: Optional[torch.device], pg: Optional["ProcessGroupMaco"] = None):
         super().__init__()
         self._outputs = outputs
         self._event = event
         self._comm = comm
         self._device = device
+        self._pg = pg  # set while the work is a queued send or receive, until it is issued
+
+    def _issue(self) -> None:
+        pg = self._pg
+        if pg is not None:
+            pg._flush_p2p()
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        self._issue()
         if self._event is not None:
             torch.cuda.current_stream(self._device).wait_event(self._event)
         self._comm.check_async_error()
         return True
 
     def block_current_stream(self) -> None:
+        self._issue()
         if self._event is not None:
             torch.cuda.current_stream(self._device).wait_event(self._event)
 
     def synchronize(self) -> None:
+        self._issue()
         if self._event is not None:
             self._event.synchronize()
         self._comm.check_async_error()
 
     def is_completed(self) -> bool:
+        self._issue()
         return self._event is None or self._event.query()
 
     def is_success(self) -> bool:
@@ -110,6 +131,8 @@ class ProcessGroupMaco(dist.ProcessGroup):
         self._fallback = fallback
         self._streams: dict = {}
         self._lock = threading.Lock()
+        # Queued sends and receives: (is_send, tensors, peer, ready event, work), in call order.
+        self._p2p: list = []
 
     # ------------------------------------------------------------ plumbing
 
@@ -138,7 +161,9 @@ class ProcessGroupMaco(dist.ProcessGroup):
         raise TypeError("maco process group: a call mixes CPU and CUDA tensors")
 
     def _launch(self, tensors: list, outputs: list, fn: Callable[[Any], None]) -> MacoWork:
-        """Runs fn(stream) on the group's stream after the current stream's work."""
+        """Runs fn(stream) on the group's stream after the current stream's work (and after
+        the queued sends and receives)."""
+        self._flush_p2p()
         device = tensors[0].device
         s = self._stream(device)
         s.wait_stream(torch.cuda.current_stream(device))
@@ -312,32 +337,126 @@ class ProcessGroupMaco(dist.ProcessGroup):
                     at += t.numel()
         return self._launch(list(output_tensors) + list(input_tensors), list(output_tensors), run)
 
+    def _post_p2p(self, is_send: bool, tensors: list, peer: int) -> MacoWork:
+        """Queues a send or receive (see the module's text); its work issues the queue."""
+        if not 0 <= peer < self.size():
+            raise ValueError(f"{'dst' if is_send else 'src'}: rank {peer} is outside the "
+                             f"group's [0, {self.size()})")
+        device = tensors[0].device
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+        work = MacoWork([] if is_send else tensors, None, self.comm, device, pg=self)
+        with self._lock:
+            self._p2p.append((is_send, tensors, peer, ready, work))
+        return work
+
+    def _flush_p2p(self) -> None:
+        """Issues the queued sends and receives as one MACO group on the group's stream."""
+        with self._lock:
+            ops, self._p2p = self._p2p, []
+        if not ops:
+            return
+        device = ops[0][1][0].device
+        s = self._stream(device)
+        for _, _, _, ready, _ in ops:
+            s.wait_event(ready)
+        try:
+            with _group():
+                for is_send, tensors, peer, _, _ in ops:
+                    for t in tensors:
+                        if is_send:
+                            self.comm.send(t, peer, stream=s)
+                        else:
+                            self.comm.recv(t, peer, stream=s)
+        finally:
+            ev = torch.cuda.Event()
+            ev.record(s)
+            for _, tensors, _, _, work in ops:
+                for t in tensors:
+                    t.record_stream(s)
+                work._event = ev
+                work._pg = None
+
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's names
         if self._cpu(tensors):
             return self._fallback.send(tensors, dstRank, tag)
-
-        def run(s):
-            for t in tensors:
-                self.comm.send(t, dstRank, stream=s)
-        return self._launch(tensors, [], run)
+        return self._post_p2p(True, list(tensors), dstRank)
 
     def recv(self, tensors, srcRank, tag=0):  # noqa: N803
         if self._cpu(tensors):
             return self._fallback.recv(tensors, srcRank, tag)
+        return self._post_p2p(False, list(tensors), srcRank)
 
-        def run(s):
-            for t in tensors:
-                self.comm.recv(t, srcRank, stream=s)
-        return self._launch(tensors, tensors, run)
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """dist.gather: every rank sends its tensor to the root, in one group of sends and
+        receives (the root copies its own)."""
+        opts = opts or _c10d.GatherOptions()
+        root = opts.rootRank
+        flat_out = [t for lst in output_tensors for t in lst]
+        if self._cpu(list(input_tensors) + flat_out):
+            return self._fallback.gather(output_tensors, input_tensors, opts)
+        if len(input_tensors) != 1:
+            raise ValueError(f"gather: one input tensor per rank, not {len(input_tensors)}")
+        inp = input_tensors[0]
+        if self.rank() == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != self.size():
+                raise ValueError(f"gather_list: {self.size()} tensors are needed on the root")
+            outs = output_tensors[0]
+            for r, o in enumerate(outs):
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise ValueError(f"gather_list[{r}]: {o.numel()} {o.dtype} elements; the "
+                                     f"input has {inp.numel()} {inp.dtype}")
+
+            def run(s):
+                with _group():
+                    for r, o in enumerate(outs):
+                        if r != root:
+                            self.comm.recv(o, r, stream=s)
+                with torch.cuda.stream(s):
+                    outs[root].copy_(inp.view_as(outs[root]))
+            return self._launch([inp] + list(outs), [outs], run)
+        return self._launch([inp], [], lambda s: self.comm.send(inp, root, stream=s))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """dist.scatter: the root sends one tensor to every rank, in one group of sends and
+        receives (it copies its own)."""
+        opts = opts or _c10d.ScatterOptions()
+        root = opts.rootRank
+        flat_in = [t for lst in input_tensors for t in lst]
+        if self._cpu(list(output_tensors) + flat_in):
+            return self._fallback.scatter(output_tensors, input_tensors, opts)
+        if len(output_tensors) != 1:
+            raise ValueError(f"scatter: one output tensor per rank, not {len(output_tensors)}")
+        out = output_tensors[0]
+        if self.rank() == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
+                raise ValueError(f"scatter_list: {self.size()} tensors are needed on the root")
+            ins = input_tensors[0]
+            for r, t in enumerate(ins):
+                if t.numel() != out.numel() or t.dtype != out.dtype:
+                    raise ValueError(f"scatter_list[{r}]: {t.numel()} {t.dtype} elements; the "
+                                     f"output has {out.numel()} {out.dtype}")
+
+            def run(s):
+                with _group():
+                    for r, t in enumerate(ins):
+                        if r != root:
+                            self.comm.send(t, r, stream=s)
+                with torch.cuda.stream(s):
+                    out.copy_(ins[root].view_as(out))
+            return self._launch([out] + list(ins), [out], run)
+        return self._launch([out], [out], lambda s: self.comm.recv(out, root, stream=s))
 
     def barrier(self, opts=None):
         """Waits for this rank's MACO work, then for every rank (host-side)."""
+        self._flush_p2p()
         for s in list(self._streams.values()):
             s.synchronize()
         self.comm.barrier()
         return MacoWork([], None, self.comm, None)
 
     def shutdown(self) -> None:
+        self._flush_p2p()
         self.comm.close()
 
     def abort(self) -> None:
