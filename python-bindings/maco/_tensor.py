@@ -248,6 +248,9 @@ def stream_handle(stream: Any, buf: Optional[Buf]) -> int:
     if stream is None:
         if buf is not None and buf.kind == "torch":
             torch = sys.modules["torch"]
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if raw is not None:  # the handle without Stream's Python layer (3 us -> 0.2 us)
+                return int(raw(buf.obj.device.index))
             return torch.cuda.current_stream(buf.obj.device).cuda_stream
         if buf is not None and buf.kind == "cupy":
             cupy = sys.modules["cupy"]

@@ -305,6 +305,29 @@ def torch_extras():
     check("int16 allgather", hg.cpu().numpy().astype(np.float64),
           np.stack([np.arange(7) * (r + 1) for r in range(N)]).astype(np.float64))
     check("bool broadcast", bb.cpu().numpy(), np.array([(N - 1) % 2 == 0] * 3))
+    # a producer that exports only DLPack (no torch or CuPy type, no __cuda_array_interface__):
+    # in place into the torch tensor behind it, and allgather into a DLPack-only output
+    class DLPackOnly:
+        def __init__(self, t):
+            self._t = t
+
+        def __dlpack__(self, **kw):
+            return self._t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self._t.__dlpack_device__()
+
+    dv = [values(r, 1001, "float32", 950) for r in range(N)]
+    dx = to_torch(dv[R], "float32")
+    dg = torch.empty(N * 1001, device=DEV)
+    Torch.poison(dg)
+    torch.cuda.synchronize()
+    comm.allreduce(DLPackOnly(dx))
+    comm.allgather(DLPackOnly(dx), DLPackOnly(dg))
+    torch.cuda.synchronize()
+    check("DLPack-only allreduce", from_torch(dx, "float32"), reduce_expected(dv, "sum", "float32"))
+    check("DLPack-only allgather", from_torch(dg, "float32"),
+          np.tile(reduce_expected(dv, "sum", "float32"), N))
     # recv allocating its output (seed API: maco.recv(src=..., shape=..., dtype=...))
     with maco.group():
         comm.send(torch.full((2, 3), float(R), device=DEV), (R + 1) % N)
