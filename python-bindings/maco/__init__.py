@@ -14,7 +14,8 @@ group's collectives through MACO.
 """
 
 from . import _maco
-from ._comm import Communicator, Registration, cuda_device_count, empty, group, unique_id
+from ._comm import (Communicator, Plan, Registration, cuda_device_count, empty, group,
+                    unique_id)
 from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
                       InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
                       SystemCallError, UnsupportedError, error_class)
@@ -56,7 +57,7 @@ def config() -> list:
 
 __all__ = [
     "__version__",
-    "Communicator", "Registration", "unique_id", "group", "empty", "cuda_device_count",
+    "Communicator", "Registration", "Plan", "unique_id", "group", "empty", "cuda_device_count",
     "MacoError", "InvalidArgumentError", "CudaError", "SystemCallError", "CommTimeoutError",
     "RemoteError", "UnsupportedError", "InternalError", "OutOfMemoryError",
     "InvalidUsageError", "error_class",

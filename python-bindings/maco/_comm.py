@@ -14,7 +14,8 @@ from ._tensor import (Buf, DLPackExport, describe, empty_like, move_type, new_te
                       reduce_type, same_type, stream_handle)
 from ._types import ReduceOp, to_maco_dtype, to_maco_op, to_numpy_dtype
 
-__all__ = ["Communicator", "Registration", "unique_id", "group", "empty", "cuda_device_count"]
+__all__ = ["Communicator", "Registration", "Plan", "unique_id", "group", "empty",
+           "cuda_device_count"]
 
 UNIQUE_ID_BYTES = _maco.UNIQUE_ID_BYTES
 
@@ -653,6 +654,43 @@ class Communicator:
         self._c.recv(ob.address, count, int(dt), src, self._stream(stream, ob))
         return ob.obj
 
+    # ------------------------------------------------------------ plans
+
+    def load_plan(self, plan: Any) -> "Plan":
+        """Loads an execution plan for this communicator (``maco_plan_load``): ``plan`` is a
+        plan file's path or a :class:`maco.language.Program`. Collective and blocking: every
+        rank loads the same plan. The plan is verified first (postcondition, races,
+        deadlocks, bounds).
+
+        Returns: a :class:`Plan`; call it to run the collective.
+        Raises: InvalidArgumentError with the verifier's first problem (rank, thread block,
+        operation, chunk) or a world size other than this communicator's; UnsupportedError
+        for what the executor cannot run here (the message says what); FileNotFoundError.
+        """
+        import json
+        import tempfile
+
+        if hasattr(plan, "to_json"):
+            text = plan.to_json()
+            fd, path = tempfile.mkstemp(suffix=".json", prefix="maco-plan-")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                h = self._c.plan_load(path)
+            finally:
+                os.unlink(path)
+        else:
+            path = os.fspath(plan)
+            with open(path) as f:
+                text = f.read()
+            h = self._c.plan_load(path)
+        try:
+            meta = json.loads(text)
+        except ValueError:
+            meta = {}
+        return Plan(self, h, str(meta.get("collective", "allreduce")),
+                    str(meta.get("name", os.path.basename(str(plan)))))
+
     # ------------------------------------------------------------ memory
 
     def register(self, tensor: Any) -> Registration:
@@ -723,6 +761,74 @@ class Communicator:
         buffers in place and that went through scratch. Synchronises the device."""
         i, s = self._c.stats()
         return {"inplace": i, "scratch": s}
+
+
+class Plan:
+    """An execution plan loaded for a communicator (:meth:`Communicator.load_plan`): a
+    collective algorithm written as data (:mod:`maco.language`, docs/plan-format.md), verified
+    by MACO's verifier at load, with its channels set up. Calling it runs the collective with
+    one launch of MACO's executor kernel (``maco_plan_execute``), stream-ordered like the
+    other collectives and capturable in a CUDA graph.
+
+    Attributes: ``collective`` ("allreduce", "allgather" or "reduce_scatter"), ``name``.
+    Not thread-safe: one call at a time per plan (one stream at a time). :meth:`close` (or
+    leaving a ``with`` block) frees it after waiting for the device; so does garbage
+    collection.
+    """
+
+    def __init__(self, comm: "Communicator", handle: Any, collective: str, name: str):
+        self._comm = comm
+        self._h = handle
+        self.collective = collective
+        self.name = name
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h.destroyed else f"{self._comm.size} ranks"
+        return f"<maco.Plan {self.name!r} {self.collective}, {state}>"
+
+    def __enter__(self) -> "Plan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Frees the plan's buffers and channels (waits for the device); idempotent."""
+        self._h.destroy()
+
+    def __call__(self, x: Any, out: Any = None, *, op: Any = ReduceOp.SUM,
+                 stream: Any = None) -> Any:
+        """Runs the plan's collective on ``x`` (every rank calls it with the same size, type
+        and op). Shapes as the communicator's call of the same name: allreduce: ``out`` has
+        x's size (None: in place); allgather: ``out`` has size * x.numel elements (None: a new
+        tensor of shape (size, *x.shape)); reduce_scatter: x has size * k elements and
+        ``out`` k (None: a new flat tensor). ``op`` applies to reductions.
+
+        Returns: the output. Raises: ValueError/TypeError for sizes and types (nothing runs);
+        InvalidArgumentError when the unit exceeds the plan's buffers (MACO_PLAN_MAX_BYTES);
+        InvalidUsageError after :meth:`close` or an earlier device failure.
+        """
+        c = self._comm
+        xb = c._buf(x, "x")
+        n = c.size
+        op = to_maco_op(op)
+        if self.collective == "allgather":
+            dt, count = move_type(xb)
+            ob = c._out(out, xb, (n, *xb.shape), xb.numel * n, "allgather")
+            op = ReduceOp.SUM  # ignored by allgather
+        elif self.collective == "reduce_scatter":
+            dt, count = reduce_type(xb, "x", op)
+            if xb.numel % n:
+                raise ValueError(f"x: {xb.numel} elements is not a multiple of the world size "
+                                 f"{n}")
+            ob = c._out(out, xb, (xb.numel // n,), xb.numel // n, "reduce_scatter")
+            count //= n
+        else:
+            dt, count = reduce_type(xb, "x", op)
+            ob = xb if out is None else c._out(out, xb, xb.shape, xb.numel, "allreduce")
+        self._h.execute(xb.address, ob.address, count, int(dt), int(op),
+                        c._stream(stream, xb, ob))
+        return ob.obj
 
 
 def _collective(name: str) -> int:

@@ -51,6 +51,19 @@ def config() -> list:
     The configuration table: (name, type, default, unit, doc) for each MACO_* variable.
     """
 
+class Plan:
+    """An execution plan loaded for a communicator (maco_plan_t)."""
+
+    def execute(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+                stream: int) -> None:
+        """maco_plan_execute: one launch on `stream`."""
+
+    def destroy(self) -> None:
+        """maco_plan_destroy (waits for the device); idempotent."""
+
+    @property
+    def destroyed(self) -> bool: ...
+
 class Mem:
     """A registration of a buffer with a communicator (maco_mem_t)."""
 
@@ -146,6 +159,9 @@ class Comm:
     def recv(self, buf: int, count: int, datatype: int, peer: int, stream: int) -> None: ...
 
     def register(self, address: int, bytes: int) -> Mem: ...
+
+    def plan_load(self, path: str) -> Plan:
+        """maco_plan_load: reads, verifies and sets up a plan file (collective, blocking)."""
 
     def alloc_dlpack(self, shape: Sequence[int], code: int, bits: int) -> object:
         """

@@ -280,6 +280,46 @@ class Mem
     size_t bytes;
 };
 
+/* ------------------------------------------------------------------ plans */
+
+/* A loaded execution plan (maco_plan_t); keeps its communicator alive. destroy() waits for
+ * the device (maco_plan_destroy synchronises), so it runs without the GIL. */
+class Plan
+{
+  public:
+    Plan(std::shared_ptr<CommState> s, maco_plan_t p) : st(std::move(s)), plan(p) {}
+    Plan(const Plan &) = delete;
+    Plan &operator=(const Plan &) = delete;
+    ~Plan()
+    {
+        if (plan != nullptr) {
+            nb::gil_scoped_release release;
+            maco_plan_destroy(plan);
+        }
+    }
+
+    maco_plan_t get() const
+    {
+        if (plan == nullptr)
+            throw StatusError{ MACO_ERR_INVALID_USAGE, "the plan is destroyed" };
+        return plan;
+    }
+
+    void destroy()
+    {
+        if (plan == nullptr)
+            return;
+        maco_plan_t p = plan;
+        plan = nullptr;
+        maco_comm_t comm = st ? st->comm : nullptr;
+        checked("maco_plan_destroy", comm, [&] { return maco_plan_destroy(p); });
+        st.reset();
+    }
+
+    std::shared_ptr<CommState> st;
+    maco_plan_t plan;
+};
+
 /* ------------------------------------------------------------------ DLPack */
 
 /* The DLPack ABI (https://dmlc.github.io/dlpack/latest/c_api.html), declared here so the
@@ -525,6 +565,23 @@ NB_MODULE(_maco, m)
         .def_prop_ro("registered", [](const Mem &x) { return x.mem != nullptr; })
         .def("deregister", &Mem::deregister, "Ends the registration; idempotent.");
 
+    nb::class_<Plan>(m, "Plan", "An execution plan loaded for a communicator (maco_plan_t).")
+        .def(
+            "execute",
+            [](const Plan &p, uintptr_t s, uintptr_t r, size_t n, int d, int o, uintptr_t st) {
+                maco_plan_t plan = p.get();
+                maco_comm_t comm = p.st ? p.st->comm : nullptr;
+                maco_datatype_t dt = dtype_of(d);
+                maco_redop_t op = op_of(o);
+                checked("maco_plan_execute", comm, [&] {
+                    return maco_plan_execute(plan, ptr(s), ptr(r), n, dt, op, comm, stream_of(st));
+                });
+            },
+            nb::arg("sendbuf"), nb::arg("recvbuf"), nb::arg("count"), nb::arg("datatype"),
+            nb::arg("op"), nb::arg("stream"), "maco_plan_execute: one launch on `stream`.")
+        .def("destroy", &Plan::destroy, "maco_plan_destroy (waits for the device); idempotent.")
+        .def_prop_ro("destroyed", [](const Plan &p) { return p.plan == nullptr; });
+
     nb::class_<Comm>(m, "Comm", "A MACO communicator handle (maco_comm_t) and what owns it.")
         .def_static("from_unique_id", &comm_from_unique_id, nb::arg("unique_id"), nb::arg("rank"),
                     nb::arg("size"), nb::arg("device") = -1, nb::arg("timeout_ms") = -1,
@@ -731,6 +788,17 @@ NB_MODULE(_maco, m)
                 return new Mem(c.st, mem, p, bytes);
             },
             nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership)
+        .def(
+            "plan_load",
+            [](const Comm &c, const std::string &path) {
+                maco_comm_t comm = c.get();
+                maco_plan_t plan = nullptr;
+                checked("maco_plan_load", comm,
+                        [&] { return maco_plan_load(comm, path.c_str(), &plan); });
+                return new Plan(c.st, plan);
+            },
+            nb::arg("path"), nb::rv_policy::take_ownership,
+            "maco_plan_load: reads, verifies and sets up a plan file (collective, blocking).")
         .def("alloc_dlpack", &alloc_dlpack, nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
              "maco_mem_alloc memory as an unconsumed DLPack capsule (freed by its consumer).")
         .def(

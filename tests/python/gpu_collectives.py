@@ -403,6 +403,70 @@ def timing():
           f"Communicator.allreduce, {t_ext:.1f} us through the extension alone")
 
 
+
+
+def plans():
+    """Execution plans run from Python (Communicator.load_plan / Plan.__call__): the README's
+    custom allreduce from the DSL (a Program) and from its file, the shipped allgather and
+    reduce-scatter plans, in and out of place, odd and large counts, and a CUDA graph."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    sys.path.insert(0, os.path.join(root, "examples"))
+    from plan_allreduce import read_reduce_allreduce
+
+    progs = [comm.load_plan(read_reduce_allreduce(N)),
+             comm.load_plan(os.path.join(root, "examples", "plans", f"allreduce_read_{N}r.json"))]
+    for k, plan in enumerate(progs):
+        for n in (1, 1001, 262147):
+            ins = [values(r, n, "float32", 1200 + n) for r in range(N)]
+            x = to_torch(ins[R], "float32")
+            out = torch.empty_like(x)
+            Torch.poison(out)
+            plan(x, out)
+            torch.cuda.synchronize()
+            check(f"plan {plan.name} ({'program' if k == 0 else 'file'}) {n}",
+                  from_torch(out, "float32"), reduce_expected(ins, "sum", "float32"))
+        ins = [values(r, 4097, "int32", 1300) for r in range(N)]
+        y = to_torch(ins[R], "int32")
+        plan(y, op=maco.MAX)  # in place
+        torch.cuda.synchronize()
+        check(f"plan {plan.name} max in place", from_torch(y, "int32"),
+              reduce_expected(ins, "max", "int32"))
+    ag = comm.load_plan(os.path.join(root, "algorithms", "plans", f"allgather_{N}r.json"))
+    rs = comm.load_plan(os.path.join(root, "algorithms", "plans", f"reduce_scatter_{N}r.json"))
+    for n in (3, 65537):
+        ins = [values(r, n, "bfloat16", 1400) for r in range(N)]
+        g = ag(to_torch(ins[R], "bfloat16"))
+        torch.cuda.synchronize()
+        check(f"plan allgather {n}", from_torch(g, "bfloat16").reshape(-1),
+              np.concatenate(ins))
+        full = [values(r, n * N, "float32", 1500) for r in range(N)]
+        o = rs(to_torch(full[R], "float32"))
+        torch.cuda.synchronize()
+        check(f"plan reduce_scatter {n}", from_torch(o, "float32"),
+              reduce_expected(full, "sum", "float32")[R * n:(R + 1) * n])
+    # a CUDA graph of a plan call, replayed on new inputs
+    plan = progs[0]
+    gx = torch.zeros(5003, device=DEV)
+    gy = torch.empty_like(gx)
+    plan(gx, gy)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan(gx, gy)
+    for it in range(2):
+        gin = [values(r, 5003, "float32", 1600 + it) for r in range(N)]
+        gx.copy_(to_torch(gin[R], "float32"))
+        Torch.poison(gy)
+        g.replay()
+        torch.cuda.synchronize()
+        check(f"plan graph replay {it}", from_torch(gy, "float32"),
+              reduce_expected(gin, "sum", "float32"))
+    for p in progs + [ag, rs]:
+        p.close()
+
+
+if N in (2, 4):
+    block(plans)
 block(timing)
 comm.check_async_error()
 comm.barrier()

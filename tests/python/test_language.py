@@ -63,3 +63,43 @@ def test_verify_through_the_library():
     with pytest.raises(L.PlanError, match=r"postcondition: rank 0 output\[0\] lacks input\[0\] "
                                           r"of rank 1"):
         bad.verify()
+
+
+def _read_reduce(n, drop_self=False):
+    import maco.language as L
+
+    with L.Program(f"read_{n}r", L.AllReduce(world_size=n, parts=1)) as prog:
+        for r in range(n):
+            me = L.Rank(r)
+            srcs = [] if drop_self else [me.input[0]]
+            for q in range(n):
+                if q != r:
+                    ch = L.MemoryChannel(dst_rank=q, src_rank=r, tb=0)
+                    srcs.append(ch.remote(L.Rank(q).input[0]))
+            me.reduce(me.output[0], srcs, tb=0)
+    return prog
+
+
+def test_load_plan_without_a_gpu(tmp_path):
+    """Communicator.load_plan (maco_plan_load through the extension) on a machine without a
+    usable GPU: the Program and the path forms both reach the library, which says why it
+    cannot run the plan (the GPU tests run plans: gpu_collectives.py); a missing file is
+    FileNotFoundError before any MACO call."""
+    import maco
+
+    if maco.cuda_device_count()[0] != 0:
+        pytest.skip("a GPU is visible (gpu_collectives.py runs plans there)")
+    c = maco.Communicator(maco.unique_id(), 0, 1)
+    try:
+        one = _read_reduce(1)
+        one.verify()
+        with pytest.raises(maco.UnsupportedError, match="no usable CUDA device"):
+            c.load_plan(one)
+        path = tmp_path / "read_1r.json"
+        one.save(str(path))
+        with pytest.raises(maco.UnsupportedError, match=f"{path}|no usable CUDA device"):
+            c.load_plan(path)
+        with pytest.raises(FileNotFoundError):
+            c.load_plan(tmp_path / "missing.json")
+    finally:
+        c.close()
