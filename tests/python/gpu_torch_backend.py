@@ -191,6 +191,38 @@ if mode == "backend":
             dist.scatter(got, ins, src=root)
             check(f"scatter root {root} {n}", got, data(100 + R, n, salt=24))
 
+# DistributedDataParallel on the maco backend (its reducer calls the process group's
+# allreduce directly and chains on work.get_future()): two steps of a small model, the
+# gradients against the average of every rank's gradient computed locally
+if mode == "backend":
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(SEED)
+    net = torch.nn.Sequential(torch.nn.Linear(33, 17), torch.nn.ReLU(), torch.nn.Linear(17, 5))
+    ref = [torch.nn.Sequential(torch.nn.Linear(33, 17), torch.nn.ReLU(),
+                               torch.nn.Linear(17, 5)).to(dev) for _ in range(N)]
+    for m in ref:
+        m.load_state_dict(net.state_dict())
+    ddp = DDP(net.to(dev), device_ids=[dev.index], bucket_cap_mb=0.001)
+    for step in range(2):
+        xs = [data(r, 7 * 33, salt=30 + step).reshape(7, 33).to(dev) for r in range(N)]
+        ddp.zero_grad(set_to_none=True)
+        ddp(xs[R]).square().sum().backward()
+        for r, m in enumerate(ref):
+            m.zero_grad(set_to_none=True)
+            m(xs[r]).square().sum().backward()
+        for i, p in enumerate(ddp.module.parameters()):
+            want = sum(list(m.parameters())[i].grad for m in ref) / N
+            checks += 1
+            if not torch.allclose(p.grad, want, rtol=1e-5, atol=1e-4):
+                failures.append(f"DDP step {step} param {i}: max error "
+                                f"{(p.grad - want).abs().max().item():.3g}")
+        with torch.no_grad():  # the same SGD step everywhere, with DDP's gradients
+            grads = [p.grad.clone() for p in ddp.module.parameters()]
+            for m in [ddp.module] + ref:
+                for p, g in zip(m.parameters(), grads):
+                    p -= 0.01 * g
+
 # a CUDA graph of an all_reduce, captured through torch.distributed
 gx = torch.zeros(2049, device=dev)
 dist.all_reduce(gx)
