@@ -19,6 +19,7 @@ from ._comm import (Communicator, Plan, Registration, cuda_device_count, empty, 
 from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
                       InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
                       SystemCallError, UnsupportedError, error_class)
+from .persistent import KernelTensor, PersistentKernel, Profiler, TaskGraph, profiler
 from ._level1 import (all_to_all, allgather, allreduce, barrier, broadcast, finalize,
                       get_default_communicator, get_local_rank, get_rank, get_world_size, init,
                       is_initialized, recv, reduce, reduce_scatter, send)
@@ -67,4 +68,5 @@ __all__ = [
     "DataType", "ReduceOp", "dtype_size", "to_maco_dtype", "to_torch_dtype", "to_numpy_dtype",
     "SUM", "PROD", "MIN", "MAX", "AVG",
     "patch_torch_distributed", "unpatch_torch_distributed", "config",
+    "PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler",
 ]

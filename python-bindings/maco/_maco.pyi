@@ -51,6 +51,43 @@ def config() -> list:
     The configuration table: (name, type, default, unit, doc) for each MACO_* variable.
     """
 
+class PKernel:
+    """A task graph, its fused operators' channels and the persistent kernel made from it
+    (maco/persistent.h)."""
+
+    def add_task(self, task: dict) -> int:
+        """maco_task_graph_add_task from a dict of maco_task_t's fields; returns the id."""
+
+    def add_dependency(self, task: int, depends_on: int) -> None: ...
+
+    def ntasks(self) -> int:
+        """Tasks in the graph so far (before compile)."""
+
+    def setup_channels(self, scratch: int, bytes: int) -> list[int]:
+        """Registers scratch, imports every peer's, makes a memory channel to each
+        (collective); the graph's channel index per rank (-1: this rank)."""
+
+    def add_fused(self, allgather_first: bool, channels: Sequence[int], a: int, b: int,
+                  out: int, scratch: int, m: int, n: int, k: int, name: str) -> int:
+        """maco_task_graph_add_gemm_allreduce (False) or _add_allgather_gemm (True); returns
+        the id of the operator's last task."""
+
+    def compile(self, workers: int, schedulers: int, comm_workers: int, threads: int,
+                profile: bool) -> None:
+        """maco_persistent_kernel_create (validates and uploads; blocking)."""
+
+    def launch(self, stream: int) -> None: ...
+
+    def config(self) -> dict: ...
+
+    def profile(self, ntasks: int) -> list[list[int]]: ...
+
+    def write_trace(self, path: str) -> None: ...
+
+    def summary(self) -> str: ...
+
+    def close(self) -> None: ...
+
 class Plan:
     """An execution plan loaded for a communicator (maco_plan_t)."""
 
@@ -159,6 +196,9 @@ class Comm:
     def recv(self, buf: int, count: int, datatype: int, peer: int, stream: int) -> None: ...
 
     def register(self, address: int, bytes: int) -> Mem: ...
+
+    def persistent_kernel(self) -> PKernel:
+        """A new, empty PKernel on this communicator."""
 
     def plan_load(self, path: str) -> Plan:
         """maco_plan_load: reads, verifies and sets up a plan file (collective, blocking)."""

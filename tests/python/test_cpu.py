@@ -386,3 +386,28 @@ def test_group_keeps_tensors_until_issued(comm):
                     pass
             assert any(o is x for o in _comm._group_state.kept)
     assert _comm._group_state.kept is None and _comm._group_state.depth == 0
+
+
+def test_persistent_kernel_arguments(comm):
+    """maco.PersistentKernel's checks that need no GPU (the GPU suite runs graphs:
+    gpu_persistent.py)."""
+    with pytest.raises(ValueError, match="world_size: 3"):
+        maco.PersistentKernel(comm, world_size=3)
+    with pytest.raises(ValueError, match="rank: 1"):
+        maco.PersistentKernel(comm, rank=1)
+    with pytest.raises(ValueError, match="num_workers: -2 is negative"):
+        maco.PersistentKernel(comm, num_workers=-2)
+    with pytest.raises(ValueError, match="num_comm_workers: -3"):
+        maco.PersistentKernel(comm, num_comm_workers=-3)
+    k = maco.PersistentKernel(comm, world_size=1, rank=0)
+    with pytest.raises(maco.InvalidArgumentError, match="build the graph first"):
+        k.compile()
+    with k.task_graph() as g:
+        with pytest.raises(TypeError, match="a KernelTensor"):
+            g.add(object(), object())
+    with pytest.raises(maco.InvalidArgumentError, match="already has its graph"):
+        with k.task_graph():
+            pass
+    with pytest.raises(maco.MacoError):  # an empty graph, and no GPU here
+        k.compile()
+    k.close()

@@ -1,6 +1,7 @@
 """GPU tests of the maco package (skipped, with the reason, without a GPU): the checks of
 gpu_collectives.py under maco-run with 2 and 4 ranks (sharing the GPUs there are, through
-MPS), and gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend and through
+MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 ranks, and
+gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend and through
 patch_torch_distributed."""
 
 import os
@@ -40,6 +41,14 @@ def test_collectives(ranks):
     out = run([maco_run(), "-n", str(ranks), "--timeout", "240", sys.executable,
                os.path.join(HERE, "gpu_collectives.py")])
     assert out.count("PASS gpu_collectives") == ranks
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_persistent_kernel(ranks):
+    pytest.importorskip("torch")
+    out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,
+               os.path.join(HERE, "gpu_persistent.py")])
+    assert out.count("PASS gpu_persistent") + out.count("SKIP gpu_persistent") == ranks
 
 
 @pytest.mark.parametrize("mode", ["backend", "patch"])

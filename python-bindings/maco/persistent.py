@@ -1,0 +1,563 @@
+"""The persistent-kernel runtime from Python (the seeds' Level 3) and MACO's profiler.
+
+A :class:`PersistentKernel` holds a task graph built in a ``with kernel.task_graph() as g:``
+block from operations on registered tensors, compiled once into ONE persistent kernel
+(``maco_persistent_kernel_create``: compute workers, schedulers and communication workers) and
+run by calling it::
+
+    k = maco.PersistentKernel(comm, profile=True)
+    x = k.register_tensor(x_bf16, name="x")           # (m, k) bfloat16, this rank's shard
+    w = k.register_tensor(w_bf16, name="w")           # (k, n) bfloat16
+    y = k.register_output((m, n), torch.float32, name="y")
+    with k.task_graph() as g:
+        g.allreduce(g.matmul(x, w, output=y))          # fused GEMM + allreduce, tile by tile
+    k.compile()
+    k()                                               # one launch on torch's current stream
+    k.print_summary(); k.export_chrome_trace("trace.json")
+
+Operations (``TaskGraph``): ``matmul`` (GEMM tiles of 128 x 128 through cuBLASDx: A (m, k) and
+B (k, n) bfloat16 row-major, C float32 or bfloat16; m, n multiples of 128, k of 32),
+``allreduce`` of a matmul's float32 output (becomes the fused GEMM + allreduce:
+``maco_task_graph_add_gemm_allreduce``; the sum is in rank order, bitwise equal on every rank),
+``allgather`` of an A operand feeding a matmul (the fused allgather + GEMM:
+``maco_task_graph_add_allgather_gemm``; the output is (world_size * m, n) float32),
+element-wise ``add``, ``scale``, ``residual_add`` (float32, float16, bfloat16) and ``copy``.
+Order follows data: an operation waits for the last writer of each tensor it reads and for the
+writers and readers of the tensor it writes. Every rank builds the same graph in the same order
+(fused operations set up memory channels collectively).
+
+:func:`profiler` times MACO's collectives made through :class:`maco.Communicator` inside its
+``with`` block with CUDA events (host-side start and end on the call's stream), and collects the
+per-task profiles of persistent kernels created with ``profile=True`` and launched inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+from typing import Any, Iterator, Optional, Sequence
+
+from ._comm import Communicator
+from ._errors import InvalidArgumentError
+from ._tensor import describe, stream_handle
+from ._types import DataType, to_maco_dtype
+
+__all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler"]
+
+# maco/persistent.h
+_NOP, _COPY, _ADD, _SCALE, _RESIDUAL_ADD, _GEMM_TILE = 0, 1, 2, 3, 4, 10
+_TILE_M, _TILE_N, _TILE_K = 128, 128, 32
+_ELEMWISE_CHUNK = 1 << 16  # elements per element-wise task (several workers share a big one)
+_ELEMWISE_TYPES = (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - the package works without torch otherwise
+        raise ImportError("maco.PersistentKernel needs PyTorch (torch tensors)") from e
+    return torch
+
+
+class KernelTensor:
+    """A tensor known to a :class:`PersistentKernel` (registered, an output, or made by a graph
+    operation). ``tensor`` is the torch tensor; its memory must stay as it is (same storage)
+    for as long as the kernel is used."""
+
+    def __init__(self, tensor: Any, name: str):
+        self.tensor = tensor
+        self.name = name
+        self.shape = tuple(tensor.shape)
+        self.dtype = tensor.dtype
+
+    def __repr__(self) -> str:
+        return f"<KernelTensor {self.name} {self.shape} {self.dtype}>"
+
+
+class _Gathered:
+    """``graph.allgather(x)``: usable only as the A operand of ``graph.matmul``."""
+
+    def __init__(self, src: KernelTensor):
+        self.src = src
+        self.used = False
+
+
+class TaskGraph:
+    """Operations of a :class:`PersistentKernel`, recorded in a ``with kernel.task_graph()``
+    block and turned into tasks when the block ends."""
+
+    def __init__(self, kernel: "PersistentKernel"):
+        self._k = kernel
+        self._ops: list = []  # (kind, args) in program order
+
+    # ------------------------------------------------------------ operations
+
+    def matmul(self, a: Any, b: Any, output: Any = None, *, name: str = "matmul") -> KernelTensor:
+        """C = A x B in 128 x 128 tiles (bfloat16 in, float32 accumulation). ``a`` (m, k) and
+        ``b`` (k, n) bfloat16, contiguous; ``output`` (m, n) float32 or bfloat16 (None: a new
+        float32 output). With ``a`` from :meth:`allgather`: the fused allgather + GEMM, output
+        (world_size * m, n) float32.
+
+        Raises: ValueError (shapes: m, n multiples of 128, k of 32), TypeError (dtypes)."""
+        torch = _torch()
+        gathered = isinstance(a, _Gathered)
+        at = self._k._ref(a.src if gathered else a, "a")
+        bt = self._k._ref(b, "b")
+        for t, nm in ((at, "a"), (bt, "b")):
+            if t.dtype != torch.bfloat16 or len(t.shape) != 2:
+                raise TypeError(f"{nm}: a 2-D bfloat16 tensor is needed, got {t.dtype} "
+                                f"{t.shape}")
+        m, k = at.shape
+        k2, n = bt.shape
+        if k != k2:
+            raise ValueError(f"b: {k2} rows; a has {k} columns")
+        if m % _TILE_M or n % _TILE_N or k % _TILE_K:
+            raise ValueError(f"matmul: m={m} and n={n} must be multiples of 128 and k={k} of "
+                             f"32 (the GEMM tile)")
+        rows = m * self._k.comm.size if gathered else m
+        if output is None:
+            output = self._k.register_output((rows, n), torch.float32, name=name + ".out")
+        ot = self._k._ref(output, "output")
+        if ot.shape != (rows, n) or ot.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"output: ({rows}, {n}) float32 or bfloat16 is needed, got "
+                             f"{ot.dtype} {ot.shape}")
+        if gathered:
+            if a.used:
+                raise ValueError("a: one allgather feeds one matmul")
+            if ot.dtype != torch.float32:
+                raise TypeError("output: the fused allgather + GEMM writes float32")
+            a.used = True
+            self._ops.append(("allgather_gemm", dict(a=at, b=bt, out=ot, m=m, n=n, k=k,
+                                                      name=name)))
+        else:
+            self._ops.append(("matmul", dict(a=at, b=bt, out=ot, m=m, n=n, k=k, name=name)))
+        return ot
+
+    def allreduce(self, y: Any, *, name: str = "allreduce") -> KernelTensor:
+        """Sums ``y`` over ranks in place, where ``y`` is the float32 output of this graph's
+        last :meth:`matmul` that produced it: the two become the fused GEMM + allreduce (each
+        tile reduced as soon as every rank has produced it). Returns ``y``.
+
+        Raises: ValueError for any other ``y`` (the runtime fuses allreduce with a GEMM;
+        use :meth:`maco.Communicator.allreduce` outside the kernel otherwise)."""
+        torch = _torch()
+        yt = self._k._ref(y, "y")
+        for i in range(len(self._ops) - 1, -1, -1):
+            kind, args = self._ops[i]
+            if kind == "matmul" and args["out"] is yt:
+                if yt.dtype != torch.float32:
+                    raise TypeError("y: the fused GEMM + allreduce writes float32")
+                args = dict(args, name=f"{args['name']}+{name}")
+                self._ops[i] = ("gemm_allreduce", args)
+                return yt
+            if yt in self._touched(kind, args):
+                break
+        raise ValueError(f"y: {yt.name} is not the output of a graph.matmul of this graph (with "
+                         f"nothing else touching it since); the persistent kernel fuses "
+                         f"allreduce with the GEMM that produces it")
+
+    def allgather(self, x: Any) -> _Gathered:
+        """Every rank's ``x`` (m, k) bfloat16, stacked: only as the ``a`` of :meth:`matmul`
+        (the fused allgather + GEMM)."""
+        return _Gathered(self._k._ref(x, "x"))
+
+    def add(self, a: Any, b: Any, out: Any = None, *, name: str = "add") -> KernelTensor:
+        """out = a + b, element-wise (float32, float16 or bfloat16; same type and size)."""
+        return self._elementwise(_ADD, name, out, a, b, alpha=0.0)
+
+    def scale(self, a: Any, alpha: float, out: Any = None, *, name: str = "scale") -> KernelTensor:
+        """out = alpha * a."""
+        return self._elementwise(_SCALE, name, out, a, None, alpha=float(alpha))
+
+    def residual_add(self, a: Any, b: Any, alpha: float = 1.0, out: Any = None, *,
+                     name: str = "residual_add") -> KernelTensor:
+        """out = a + alpha * b."""
+        return self._elementwise(_RESIDUAL_ADD, name, out, a, b, alpha=float(alpha))
+
+    def copy(self, src: Any, out: Any = None, *, name: str = "copy") -> KernelTensor:
+        """out = src (bytes; any type, same size)."""
+        return self._elementwise(_COPY, name, out, src, None, alpha=0.0)
+
+    # ------------------------------------------------------------ building
+
+    def _elementwise(self, ttype: int, name: str, out: Any, a: Any, b: Any, alpha: float):
+        at = self._k._ref(a, "a")
+        bt = self._k._ref(b, "b") if b is not None else None
+        if out is None:
+            out = self._k.register_output(at.shape, at.dtype, name=name + ".out")
+        ot = self._k._ref(out, "out")
+        for t, nm in ((bt, "b"), (ot, "out")):
+            if t is not None and (t.tensor.numel() != at.tensor.numel() or t.dtype != at.dtype):
+                raise ValueError(f"{nm}: {t.dtype} {t.shape}; a is {at.dtype} {at.shape} (same "
+                                 f"type and size needed)")
+        if ttype != _COPY and to_maco_dtype(at.dtype) not in _ELEMWISE_TYPES:
+            raise TypeError(f"a: {at.dtype}: element-wise tasks take float32, float16 or "
+                            f"bfloat16")
+        self._ops.append(("elementwise", dict(type=ttype, a=at, b=bt, out=ot, alpha=alpha,
+                                              name=name)))
+        return ot
+
+    @staticmethod
+    def _touched(kind: str, args: dict) -> list:
+        return [t for t in (args.get("a"), args.get("b"), args.get("out")) if t is not None]
+
+    def _emit(self) -> None:
+        """Adds the recorded operations' tasks and their dependencies to the kernel's graph."""
+        k = self._k
+        h = k._h
+        last_writer: dict = {}  # id(KernelTensor) -> join task id
+        readers: dict = {}      # id(KernelTensor) -> [join task ids since the last write]
+        for kind, args in self._ops:
+            reads = [args["a"]] + ([args["b"]] if args.get("b") is not None else [])
+            out = args["out"]
+            deps = {last_writer[id(t)] for t in reads + [out] if id(t) in last_writer}
+            deps.update(readers.get(id(out), []))
+            first = k._ntasks
+            self._emit_op(kind, args)
+            ids = range(first, k._ntasks)
+            join = k._add({"type": _NOP, "name": f"{args['name']}.done"})
+            for t in ids:
+                for d in deps:
+                    h.add_dependency(t, d)
+                h.add_dependency(join, t)
+            last_writer[id(out)] = join
+            readers[id(out)] = []
+            for t in reads:
+                if t is not out:
+                    readers.setdefault(id(t), []).append(join)
+
+    def _emit_op(self, kind: str, args: dict) -> None:
+        k = self._k
+        torch = _torch()
+        if kind == "elementwise":
+            a, b, out = args["a"], args["b"], args["out"]
+            dt = int(to_maco_dtype(a.dtype))
+            n = a.tensor.numel()
+            esize = a.tensor.element_size()
+            for at in range(0, n, _ELEMWISE_CHUNK):
+                cnt = min(_ELEMWISE_CHUNK, n - at)
+                task = {"type": args["type"], "name": args["name"],
+                        "out": out.tensor.data_ptr() + at * esize,
+                        "a": a.tensor.data_ptr() + at * esize}
+                if args["type"] == _COPY:
+                    task["count"] = cnt * esize
+                else:
+                    task.update(datatype=dt, count=cnt, alpha=args["alpha"])
+                    if b is not None:
+                        task["b"] = b.tensor.data_ptr() + at * esize
+                k._add(task)
+        elif kind == "matmul":
+            a, b, out = args["a"], args["b"], args["out"]
+            m, n, kk = args["m"], args["n"], args["k"]
+            dt = int(to_maco_dtype(out.dtype))
+            es = out.tensor.element_size()
+            for tr in range(m // _TILE_M):
+                for tc in range(n // _TILE_N):
+                    k._add({"type": _GEMM_TILE, "name": args["name"], "a": a.tensor.data_ptr(),
+                            "b": b.tensor.data_ptr(), "datatype": dt, "m": m, "n": n, "k": kk,
+                            "tile_row": tr, "tile_col": tc, "ldc": n,
+                            "out": out.tensor.data_ptr() + (tr * _TILE_M * n + tc * _TILE_N) * es})
+        else:  # the fused operators
+            a, b, out = args["a"], args["b"], args["out"]
+            m, n, kk = args["m"], args["n"], args["k"]
+            size = k.comm.size
+            if kind == "gemm_allreduce":
+                scratch = torch.zeros(size * m * n, dtype=torch.float32, device=out.tensor.device)
+            else:
+                scratch = torch.zeros(size * m * kk, dtype=torch.bfloat16,
+                                      device=out.tensor.device)
+            k._scratch.append(scratch)
+            channels = k._h.setup_channels(scratch.data_ptr(),
+                                           scratch.numel() * scratch.element_size())
+            k._h.add_fused(kind == "allgather_gemm", channels, a.tensor.data_ptr(),
+                           b.tensor.data_ptr(), out.tensor.data_ptr(), scratch.data_ptr(), m, n,
+                           kk, args["name"])
+            k._ntasks = k._h.ntasks()
+
+
+class PersistentKernel:
+    """A persistent kernel over a communicator (the seeds' Level 3; see the module's text).
+
+    Args:
+        comm: the communicator (None: the default one of :func:`maco.init`).
+        num_workers, num_schedulers, num_comm_workers: the CTA split (0: MACO's defaults from
+            the graph, ``maco_persistent_kernel_create``; num_comm_workers -1: none).
+        threads: threads per CTA (0: 256, what GEMM tiles need).
+        profile: record each task's start, end and SM (:meth:`print_summary`,
+            :meth:`export_chrome_trace`, :func:`profiler`).
+        world_size, rank: optional checks against the communicator (the seeds pass them).
+
+    Not thread-safe. :meth:`close` (or leaving a ``with`` block) frees the kernel; launches
+    must be finished first (synchronise their stream).
+    """
+
+    def __init__(self, comm: Optional[Communicator] = None, *, num_workers: int = 0,
+                 num_schedulers: int = 0, num_comm_workers: int = 0, threads: int = 0,
+                 profile: bool = False, world_size: Optional[int] = None,
+                 rank: Optional[int] = None):
+        if comm is None:
+            from ._level1 import get_default_communicator
+
+            comm = get_default_communicator()
+        if world_size is not None and world_size != comm.size:
+            raise ValueError(f"world_size: {world_size}; the communicator has {comm.size} ranks")
+        if rank is not None and rank != comm.rank:
+            raise ValueError(f"rank: {rank}; this process is rank {comm.rank}")
+        for v, nm in ((num_workers, "num_workers"), (num_schedulers, "num_schedulers"),
+                      (threads, "threads")):
+            if v < 0:
+                raise ValueError(f"{nm}: {v} is negative (0 picks the default)")
+        if num_comm_workers < -1:
+            raise ValueError(f"num_comm_workers: {num_comm_workers} (-1: none, 0: default)")
+        self.comm = comm
+        self._h = comm._c.persistent_kernel()
+        self._cfg = (num_workers, num_schedulers, num_comm_workers, threads, bool(profile))
+        self._tensors: list = []
+        self._scratch: list = []
+        self._ntasks = 0
+        self._graph_done = False
+        self._compiled = False
+
+    # ------------------------------------------------------------ tensors
+
+    def _ref(self, x: Any, name: str) -> KernelTensor:
+        if isinstance(x, KernelTensor):
+            return x
+        raise TypeError(f"{name}: a KernelTensor (from register_tensor, register_output or a "
+                        f"graph operation) is needed, got {type(x).__name__}")
+
+    def register_tensor(self, tensor: Any, name: Optional[str] = None) -> KernelTensor:
+        """Makes ``tensor`` (a contiguous CUDA torch tensor on the communicator's device)
+        usable in the task graph; the kernel keeps a reference. Raises TypeError/ValueError
+        (CPU, non-contiguous, another device)."""
+        torch = _torch()
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor: a torch.Tensor is needed, got {type(tensor).__name__}")
+        self.comm._buf(tensor, "tensor")  # CUDA, contiguous, this communicator's device
+        kt = KernelTensor(tensor, name or f"t{len(self._tensors)}")
+        self._tensors.append(kt)
+        return kt
+
+    def register_output(self, shape: Sequence[int], dtype: Any, name: Optional[str] = None
+                        ) -> KernelTensor:
+        """A new tensor (uninitialised) on the communicator's device for the graph to write."""
+        torch = _torch()
+        t = torch.empty(tuple(shape), dtype=dtype, device=f"cuda:{self.comm.device}")
+        return self.register_tensor(t, name)
+
+    # ------------------------------------------------------------ graph
+
+    def _add(self, task: dict) -> int:
+        tid = self._h.add_task(task)
+        self._ntasks = tid + 1
+        return tid
+
+    @contextlib.contextmanager
+    def task_graph(self) -> Iterator[TaskGraph]:
+        """Records operations (see :class:`TaskGraph`); their tasks are added when the block
+        ends without an exception. One graph per kernel."""
+        if self._graph_done:
+            raise InvalidArgumentError("task_graph: this kernel already has its graph")
+        g = TaskGraph(self)
+        yield g
+        g._emit()
+        self._graph_done = True
+
+    def compile(self) -> "PersistentKernel":
+        """Validates the graph and uploads it: ``maco_persistent_kernel_create`` (blocking).
+        Raises InvalidArgumentError naming the bad task, UnsupportedError (no GPU; GEMM tiles
+        in a library built without cuBLASDx)."""
+        if not self._graph_done:
+            raise InvalidArgumentError("compile: build the graph first (with "
+                                       "kernel.task_graph() as g: ...)")
+        if not self._compiled:
+            self._h.compile(*self._cfg)
+            self._compiled = True
+        return self
+
+    def __call__(self, stream: Any = None) -> None:
+        """Runs the whole graph once: one launch on ``stream`` (None: torch's current stream
+        of the communicator's device). Compiles first if needed. Asynchronous; capturable in
+        a CUDA graph."""
+        self.compile()
+        if stream is None:
+            torch = _torch()
+            s = torch.cuda.current_stream(self.comm.device).cuda_stream
+        else:
+            s = stream_handle(stream, None)
+        self._h.launch(s)
+        prof = _active_profiler()
+        if prof is not None and self._cfg[4]:
+            prof._kernels.append(self)
+
+    @property
+    def config(self) -> dict:
+        """The CTA split in use: workers, schedulers, comm_workers, threads, profile."""
+        self.compile()
+        return self._h.config()
+
+    @property
+    def num_tasks(self) -> int:
+        return self._ntasks
+
+    # ------------------------------------------------------------ profile
+
+    def profile(self) -> list:
+        """The last launch's per-task (start_ns, end_ns, sm, cta), in task order (blocking;
+        needs profile=True)."""
+        return [tuple(r) for r in self._h.profile(self._ntasks)]
+
+    def summary(self) -> str:
+        """The seeds' summary table of the last launch (per operation: tasks, time, busy time,
+        overlap %, SMs), as ``maco_persistent_kernel_print_summary`` prints it."""
+        return self._h.summary()
+
+    def print_summary(self, file: Any = None) -> None:
+        print(self.summary(), end="", file=file or sys.stdout)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Writes the last launch as a Chrome trace (chrome://tracing, Perfetto): one lane
+        per CTA."""
+        self._h.write_trace(str(path))
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Frees the kernel, its graph and channels (after its launches finished)."""
+        self._h.close()
+        self._scratch.clear()
+
+    def __enter__(self) -> "PersistentKernel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------- profiler
+
+_state = threading.local()
+_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
+                "all_to_all", "send", "recv")
+
+
+def _active_profiler() -> Optional["Profiler"]:
+    return getattr(_state, "profiler", None)
+
+
+class Profiler:
+    """What :func:`profiler` collected: collectives (CUDA events on each call's stream) and
+    persistent kernels (their per-task profiles)."""
+
+    def __init__(self):
+        self._events: list = []   # (name, start Event, end Event)
+        self._kernels: list = []
+        self._base = None
+        self._saved: dict = {}
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        torch = _torch()
+        prof = self
+
+        def timed(comm_self, *args, **kw):
+            if _active_profiler() is not prof:
+                return fn(comm_self, *args, **kw)
+            stream = kw.get("stream")
+            s = None
+            if stream is None:
+                s = torch.cuda.current_stream(comm_self.device)
+            elif isinstance(stream, torch.cuda.Stream):
+                s = stream
+            if s is None:  # another kind of stream: not timed
+                return fn(comm_self, *args, **kw)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(s)
+            out = fn(comm_self, *args, **kw)
+            end.record(s)
+            prof._events.append((name, start, end))
+            return out
+
+        timed.__wrapped__ = fn
+        return timed
+
+    def _start(self) -> None:
+        torch = _torch()
+        self._base = torch.cuda.Event(enable_timing=True)
+        self._base.record()
+        for name in _COLLECTIVES:
+            fn = getattr(Communicator, name)
+            self._saved[name] = fn
+            setattr(Communicator, name, self._wrap(name, fn))
+
+    def _stop(self) -> None:
+        for name, fn in self._saved.items():
+            setattr(Communicator, name, fn)
+        self._saved.clear()
+        _torch().cuda.synchronize()
+
+    def records(self) -> list:
+        """(name, start_ms, duration_ms) of each timed collective, from the block's start."""
+        return [(n, self._base.elapsed_time(s), s.elapsed_time(e)) for n, s, e in self._events]
+
+    def summary(self) -> str:
+        """A table per operation (calls, total and mean GPU time between the call's events,
+        the span from first start to last end), then each profiled persistent kernel's own
+        summary."""
+        rows: dict = {}
+        for n, st, d in self.records():
+            r = rows.setdefault(n, [0, 0.0, st, st + d])
+            r[0] += 1
+            r[1] += d
+            r[2] = min(r[2], st)
+            r[3] = max(r[3], st + d)
+        lines = [f"{'Operation':<16} {'Calls':>6} {'Time(ms)':>10} {'Mean(us)':>10} "
+                 f"{'Span(ms)':>10}"]
+        for n, (c, t, a, b) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+            lines.append(f"{n:<16} {c:>6} {t:>10.3f} {t / c * 1e3:>10.1f} {b - a:>10.3f}")
+        out = "\n".join(lines) + "\n"
+        for i, k in enumerate(dict.fromkeys(self._kernels)):
+            out += f"persistent kernel {i} ({k.num_tasks} tasks):\n" + k.summary()
+        return out
+
+    def print_summary(self, file: Any = None) -> None:
+        print(self.summary(), end="", file=file or sys.stdout)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Writes the timed collectives as a Chrome trace (one lane, "collectives"; times in
+        us from the block's start). Persistent kernels write their own:
+        :meth:`PersistentKernel.export_chrome_trace`."""
+        ev = [{"name": n, "ph": "X", "pid": 0, "tid": 0, "ts": st * 1e3, "dur": d * 1e3}
+              for n, st, d in self.records()]
+        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 0,
+                   "args": {"name": "collectives"}})
+        with open(path, "w") as f:
+            json.dump({"traceEvents": ev, "displayTimeUnit": "ms"}, f)
+
+
+_profiler_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def profiler() -> Iterator[Profiler]:
+    """Profiles MACO work of this thread inside the block (see the module's text); the
+    returned :class:`Profiler` is filled when the block ends (which synchronises the
+    device). One profiler at a time per process (it wraps Communicator's methods).
+
+    Raises: InvalidArgumentError when another profiler is active."""
+    if not _profiler_lock.acquire(blocking=False):
+        raise InvalidArgumentError("profiler: another maco.profiler() is active in this "
+                                   "process")
+    try:
+        prof = Profiler()
+        prof._start()
+        _state.profiler = prof
+        try:
+            yield prof
+        finally:
+            _state.profiler = None
+            prof._stop()
+    finally:
+        _profiler_lock.release()
