@@ -346,8 +346,8 @@ ncclResult_t pncclCommAbort(ncclComm_t comm)
 MACO_NCCL_ALIAS(ncclCommAbort)
 
 /* Marks the communicator revoked: later calls on it fail with ncclInvalidUsage; destroy,
- * abort and the queries remain. Work already issued runs to its end (bounded by
- * MACO_DEVICE_TIMEOUT): MACO has no way yet to stop kernels in flight. */
+ * abort and the queries remain. Kernels in flight that wait on a peer end at their next check
+ * of the error word (maco_comm_abort); work that does not wait runs to its end. */
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
@@ -357,7 +357,8 @@ ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
     if (res != ncclSuccess)
         return res;
     __atomic_store_n(&comm->state, MACO_NCCL_COMM_REVOKED, __ATOMIC_RELEASE);
-    return ncclSuccess;
+    maco_status_t st = comm->maco != NULL ? maco_comm_abort(comm->maco) : MACO_OK;
+    return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclCommRevoke");
 }
 MACO_NCCL_ALIAS(ncclCommRevoke)
 
@@ -378,9 +379,17 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
         *asyncError = comm->init_result;
         return ncclSuccess;
     }
+    if (state == MACO_NCCL_COMM_REVOKED) {
+        /* NCCL: ncclInProgress until quiescent, then ncclSuccess. The revoke's own abort is
+         * not an error, and the kernels it stopped end at their next look at the word. */
+        *asyncError = ncclSuccess;
+        return ncclSuccess;
+    }
     maco_status_t async = MACO_OK;
     maco_comm_get_async_error(comm->maco, &async);
     *asyncError = maco_nccl__result(async);
+    if (*asyncError == ncclSuccess)
+        *asyncError = (ncclResult_t)__atomic_load_n(&comm->peer_error, __ATOMIC_ACQUIRE);
     return ncclSuccess;
 }
 MACO_NCCL_ALIAS(ncclCommGetAsyncError)

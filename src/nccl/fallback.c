@@ -129,6 +129,7 @@ void *maco_nccl__fallback_comm(struct ncclComm *comm)
         st = maco_bootstrap_broadcast(comm->bs, 0, &id, sizeof(id));
     void *real = NULL;
     if (st != MACO_OK) {
+        maco_nccl__comm_note(comm, st);
         res = maco_nccl__fail_maco(st, "creating the NCCL communicator for fallback");
     } else if (!ok) {
         res = maco_nccl__fail(res == ncclSuccess ? ncclRemoteError : res,
