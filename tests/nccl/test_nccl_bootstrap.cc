@@ -10,7 +10,8 @@
  *   gpu       a real NCCL communicator (one rank: ncclCommInitAll on device 0; under maco-run
  *             with several ranks: ncclCommInitRank with rank 0's id sent over a MACO
  *             bootstrap), a MACO communicator made from it, and a checked maco_allreduce,
- *             again after the NCCL communicator is destroyed. Skips (exit 77, reason printed)
+ *             also on memory of maco_mem_alloc_device, and again after the NCCL
+ *             communicator is destroyed. Skips (exit 77, reason printed)
  *             without a GPU or a real NCCL, and where NCCL refuses ranks sharing one GPU.
  */
 #include <nccl.h>
@@ -61,6 +62,28 @@ TEST_F(NcclBootstrap, ArgumentErrors)
     EXPECT_EQ(maco_nccl_library_symbol("ncclAllReduce", nullptr, why, sizeof(why)),
               MACO_ERR_INVALID_ARGUMENT);
     EXPECT_NE(strstr(why, "sym_p is NULL"), nullptr) << why;
+}
+
+/* maco_mem_alloc_device (maco/memory.h), the communicator-free allocation behind ncclMemAlloc. */
+TEST_F(NcclBootstrap, DeviceAllocationArgumentErrors)
+{
+    if (getenv("TEST_NCCL_BOOT") != nullptr)
+        GTEST_SKIP() << "argument errors run without TEST_NCCL_BOOT";
+    maco_test::AllowLog("maco_mem_alloc_device");
+    void *p = reinterpret_cast<void *>(0x1);
+    EXPECT_EQ(maco_mem_alloc_device(-1, 16, nullptr), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_mem_alloc_device(-1, 0, &p), MACO_ERR_INVALID_ARGUMENT);
+    char why[256];
+    int n = maco_cuda_device_count(why, sizeof(why));
+    if (n == 0) {
+        EXPECT_EQ(maco_mem_alloc_device(-1, 16, &p), MACO_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(maco_log_last_error()).find(why), std::string::npos)
+            << maco_log_last_error();
+    } else {
+        EXPECT_EQ(maco_mem_alloc_device(n, 16, &p), MACO_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(maco_mem_alloc_device(-2, 16, &p), MACO_ERR_INVALID_ARGUMENT);
+    }
+    EXPECT_EQ(p, reinterpret_cast<void *>(0x1)); /* untouched */
 }
 
 TEST_F(NcclBootstrap, NoLibrary)
@@ -147,13 +170,24 @@ RealNccl g_nccl;
 ncclComm_t g_nccl_comm = nullptr; /* made in main() */
 int g_rank = 0, g_nranks = 1;
 
-void CheckAllreduce(maco_comm_t comm, size_t count)
+/* In place on `count` floats: from cudaMalloc, or (vmm) from maco_mem_alloc_device and
+ * registered with the communicator (the collectives then use it in place). */
+void CheckAllreduce(maco_comm_t comm, size_t count, bool vmm = false)
 {
     std::vector<float> host(count);
     for (size_t i = 0; i < count; i++)
         host[i] = static_cast<float>((g_rank + 1) * (i % 1000));
     float *d = nullptr;
-    ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    maco_mem_t reg = nullptr;
+    if (vmm) {
+        ASSERT_EQ(maco_mem_alloc_device(-1, count * sizeof(float), reinterpret_cast<void **>(&d)),
+                  MACO_OK)
+            << maco_log_last_error();
+        ASSERT_EQ(maco_mem_register(comm, d, count * sizeof(float), &reg), MACO_OK)
+            << maco_log_last_error();
+    } else {
+        ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    }
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(d, host.data(), count * sizeof(float), cudaMemcpyHostToDevice),
@@ -173,7 +207,12 @@ void CheckAllreduce(maco_comm_t comm, size_t count)
             wrong++;
     EXPECT_EQ(wrong, 0u) << "of " << count;
     cudaStreamDestroy(stream);
-    cudaFree(d);
+    if (vmm) {
+        EXPECT_EQ(maco_mem_deregister(reg), MACO_OK);
+        EXPECT_EQ(maco_mem_free(nullptr, d), MACO_OK);
+    } else {
+        cudaFree(d);
+    }
 }
 
 TEST_F(NcclBootstrap, AllreduceOnACommunicatorMadeFromNccl)
@@ -193,6 +232,7 @@ TEST_F(NcclBootstrap, AllreduceOnACommunicatorMadeFromNccl)
     EXPECT_EQ(device, nccl_device);
     for (size_t count : { size_t(1), size_t(1000), size_t(1) << 20 })
         ASSERT_NO_FATAL_FAILURE(CheckAllreduce(comm, count)) << count << " floats";
+    ASSERT_NO_FATAL_FAILURE(CheckAllreduce(comm, size_t(1) << 20, true)) << "maco_mem_alloc_device";
     /* The MACO communicator does not need the NCCL one. */
     EXPECT_EQ(g_nccl.CommDestroy(g_nccl_comm), ncclSuccess);
     g_nccl_comm = nullptr;
