@@ -35,7 +35,6 @@
  * or no GPU.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -64,7 +63,6 @@ static const int perf_nccl_types[MACO_DATATYPE_COUNT] = { 0, 1, 2, 3, 4, 5, 6, 9
 static const int perf_nccl_ops[MACO_REDOP_COUNT] = { 0, 1, 3, 2, 4 };
 
 typedef struct perf_nccl {
-    void *lib;
     int (*get_unique_id)(perf_nccl_id_t *);
     int (*comm_init_rank)(perf_nccl_comm_t *, int, perf_nccl_id_t, int);
     int (*all_reduce)(const void *, void *, size_t, int, int, perf_nccl_comm_t, cudaStream_t);
@@ -314,18 +312,12 @@ static void nccl_load(perf_nccl_t *nc)
 {
     /* NVLink multicast stays off (it can disturb shared machines; docs/design.md, rules). */
     setenv("NCCL_NVLS_ENABLE", "0", 1);
-    const char *path = getenv("MACO_NCCL_LIBRARY");
-    if (path == NULL || path[0] == '\0')
-        path = "libnccl.so.2";
-    nc->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (nc->lib == NULL)
-        PERF_DIE("--nccl: cannot load %s: %s (set MACO_NCCL_LIBRARY to NCCL's path)", path,
-                 dlerror());
+    /* MACO's loader (maco/nccl_bootstrap.h): MACO_NCCL_LIBRARY, never MACO's own libnccl.so.2. */
 #define PERF_SYM(field, name)                                                                      \
     do {                                                                                           \
-        *(void **)&nc->field = dlsym(nc->lib, name);                                               \
-        if (nc->field == NULL)                                                                     \
-            PERF_DIE("--nccl: %s has no symbol %s", path, name);                                   \
+        char why_[512];                                                                            \
+        if (maco_nccl_library_symbol(name, (void **)&nc->field, why_, sizeof(why_)) != MACO_OK)    \
+            PERF_DIE("--nccl: %s", why_);                                                          \
     } while (0)
     PERF_SYM(get_unique_id, "ncclGetUniqueId");
     PERF_SYM(comm_init_rank, "ncclCommInitRank");
@@ -339,7 +331,8 @@ static void nccl_load(perf_nccl_t *nc)
     PERF_SYM(group_start, "ncclGroupStart");
     PERF_SYM(group_end, "ncclGroupEnd");
     /* NCCL 2.28 spells it ncclAlltoAll; older releases have none (send/recv in a group). */
-    *(void **)&nc->alltoall = dlsym(nc->lib, "ncclAlltoAll");
+    if (maco_nccl_library_symbol("ncclAlltoAll", (void **)&nc->alltoall, NULL, 0) != MACO_OK)
+        nc->alltoall = NULL;
     PERF_SYM(comm_destroy, "ncclCommDestroy");
     PERF_SYM(get_error_string, "ncclGetErrorString");
     PERF_SYM(get_version, "ncclGetVersion");

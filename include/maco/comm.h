@@ -56,6 +56,28 @@ MACO_API maco_status_t maco_comm_init_from_env(maco_comm_t *comm_p);
  */
 MACO_API maco_status_t maco_comm_destroy(maco_comm_t comm);
 
+/**
+ * Stops this rank's device work on the communicator that is blocked in a wait, without waiting
+ * out MACO_DEVICE_TIMEOUT: it sets, from the host, the error word that every bounded device
+ * wait of the communicator already reads whenever it reads its clock (every 1024 spins:
+ * semaphores, LL packets, FIFO space, flushes, grid barriers, the persistent kernel's waits;
+ * maco/device/error.h), so each such wait returns MACO_ERR_REMOTE at its next check and its
+ * kernel ends. Waits never slow down for it: the word is read only where the clock is. The
+ * write is a 4-byte copy on a stream of its own (the copy engine, not an SM, so a GPU full of
+ * waiting CTAs does not delay it); the call blocks until it has landed, not until the kernels
+ * end (maco_comm_destroy, or a synchronisation of their streams, waits for that, now briefly).
+ * Device work that does not wait (a copy, a reduction) runs to its end.
+ * Local: peers are not told; their waits for this rank end at their own timeout or abort.
+ * Afterwards maco_comm_get_async_error reports MACO_ERR_REMOTE (unless an earlier error was
+ * recorded) and the last error says the communicator was aborted; results of work in flight
+ * are undefined, and so are those of later work (a wait satisfied at once never looks at the
+ * word): the communicator is left to be destroyed. On a communicator without a GPU only the
+ * error is recorded. Idempotent. Thread-safe: another thread may be blocked in a call on the
+ * communicator (not in maco_comm_destroy).
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL); MACO_ERR_CUDA (the stream or the copy failed).
+ */
+MACO_API maco_status_t maco_comm_abort(maco_comm_t comm);
+
 /** Queries; each returns MACO_ERR_INVALID_ARGUMENT when an argument is NULL. */
 MACO_API maco_status_t maco_comm_get_rank(maco_comm_t comm, int *rank_p);
 MACO_API maco_status_t maco_comm_get_nranks(maco_comm_t comm, int *nranks_p);

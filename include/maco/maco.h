@@ -13,6 +13,7 @@
 #include "maco/log.h"
 #include "maco/memory.h"
 #include "maco/memory_channel.h"
+#include "maco/nccl_bootstrap.h"
 #include "maco/plan.h"
 #include "maco/persistent.h"
 #include "maco/port_channel.h"

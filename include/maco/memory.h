@@ -45,6 +45,20 @@ typedef struct maco_mem *maco_mem_t;
 MACO_API maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p);
 
 /**
+ * Allocates `bytes` bytes of device memory as maco_mem_alloc() does (cuMem, rounded up to the
+ * allocation granularity, exportable to local peers by POSIX file descriptor), without a
+ * communicator: on CUDA device `cuda_device`, or the calling thread's current device when it
+ * is -1. Nothing is registered: maco_mem_register() it with a communicator to share it or to
+ * have collectives use it in place. *ptr_p is the device address. Free with maco_mem_free()
+ * (its `comm` may be NULL). Not blocking beyond the driver's calls. Thread-safe.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (ptr_p NULL, bytes 0, cuda_device outside [-1, number of
+ * devices)), MACO_ERR_UNSUPPORTED (no usable CUDA device: the message says why),
+ * MACO_ERR_CUDA (the driver refused: out of memory, no VMM support; the message says),
+ * MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_mem_alloc_device(int cuda_device, size_t bytes, void **ptr_p);
+
+/**
  * Allocates `bytes` bytes (rounded up to the page size) of host memory that local peers
  * can map (a memfd shared mapping), pinned with cudaHostRegister when a GPU is visible.
  * Free with maco_mem_free(). Errors: MACO_ERR_INVALID_ARGUMENT, MACO_ERR_SYSTEM,
@@ -53,8 +67,10 @@ MACO_API maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr
 MACO_API maco_status_t maco_mem_alloc_host(maco_comm_t comm, size_t bytes, void **ptr_p);
 
 /**
- * Frees memory from maco_mem_alloc() or maco_mem_alloc_host(); `ptr` must be the address
- * they returned. Registrations of it must be deregistered first. NULL is ignored.
+ * Frees memory from maco_mem_alloc(), maco_mem_alloc_device() or maco_mem_alloc_host(); `ptr`
+ * must be the address they returned. `comm` records an error as its first; it may be NULL for
+ * memory of maco_mem_alloc_device(). Registrations of it must be deregistered first. NULL is
+ * ignored.
  * Errors: MACO_ERR_INVALID_ARGUMENT (not an address MACO allocated), MACO_ERR_CUDA.
  */
 MACO_API maco_status_t maco_mem_free(maco_comm_t comm, void *ptr);

@@ -346,8 +346,8 @@ ncclResult_t pncclCommAbort(ncclComm_t comm)
 MACO_NCCL_ALIAS(ncclCommAbort)
 
 /* Marks the communicator revoked: later calls on it fail with ncclInvalidUsage; destroy,
- * abort and the queries remain. Work already issued runs to its end (bounded by
- * MACO_DEVICE_TIMEOUT): MACO has no way yet to stop kernels in flight. */
+ * abort and the queries remain. Kernels in flight that wait on a peer end at their next check
+ * of the error word (maco_comm_abort); work that does not wait runs to its end. */
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
@@ -357,7 +357,8 @@ ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
     if (res != ncclSuccess)
         return res;
     __atomic_store_n(&comm->state, MACO_NCCL_COMM_REVOKED, __ATOMIC_RELEASE);
-    return ncclSuccess;
+    maco_status_t st = comm->maco != NULL ? maco_comm_abort(comm->maco) : MACO_OK;
+    return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclCommRevoke");
 }
 MACO_NCCL_ALIAS(ncclCommRevoke)
 
@@ -378,9 +379,17 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
         *asyncError = comm->init_result;
         return ncclSuccess;
     }
+    if (state == MACO_NCCL_COMM_REVOKED) {
+        /* NCCL: ncclInProgress until quiescent, then ncclSuccess. The revoke's own abort is
+         * not an error, and the kernels it stopped end at their next look at the word. */
+        *asyncError = ncclSuccess;
+        return ncclSuccess;
+    }
     maco_status_t async = MACO_OK;
     maco_comm_get_async_error(comm->maco, &async);
     *asyncError = maco_nccl__result(async);
+    if (*asyncError == ncclSuccess)
+        *asyncError = (ncclResult_t)__atomic_load_n(&comm->peer_error, __ATOMIC_ACQUIRE);
     return ncclSuccess;
 }
 MACO_NCCL_ALIAS(ncclCommGetAsyncError)
@@ -520,100 +529,27 @@ MACO_NCCL_ALIAS(ncclCommWindowDeregister)
 /* ------------------------------------------------------------------ ncclMemAlloc */
 
 /*
- * ncclMemAlloc has no communicator, so maco_mem_alloc (which needs one) cannot serve it. It
- * makes what maco_mem_alloc makes: cuMem device memory on the current device, exportable as a
- * POSIX file descriptor, which maco_mem_register (ncclCommRegister) then shares with local
- * peers by that descriptor. Where the driver has no VMM it falls back to cudaMalloc (which
- * registers too, by legacy CUDA IPC). Driver entry points come from the runtime, so the
- * library has no link-time dependency on libcuda.
+ * ncclMemAlloc has no communicator: maco_mem_alloc_device makes what maco_mem_alloc makes
+ * (cuMem device memory on the current device, exportable as a POSIX file descriptor, which
+ * maco_mem_register, behind ncclCommRegister, shares with local peers by that descriptor),
+ * without one. On a device without VMM support it is cudaMalloc memory (which registers too,
+ * by legacy CUDA IPC), as NCCL's own ncclMemAlloc does; ncclMemFree tells the two apart by
+ * the device the pointer lives on.
  */
-typedef struct maco_nccl__vmm {
-    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                       unsigned long long);
-    CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
-                            CUmemAllocationGranularity_flags);
-    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-    CUresult (*release)(CUmemGenericAllocationHandle);
-    CUresult (*retain)(CUmemGenericAllocationHandle *, void *);
-    CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
-    CUresult (*unmap)(CUdeviceptr, size_t);
-    CUresult (*address_free)(CUdeviceptr, size_t);
-    int ok;
-} maco_nccl__vmm_t;
-
-static maco_nccl__vmm_t maco_nccl__vmm_fns;
-static pthread_once_t maco_nccl__vmm_once = PTHREAD_ONCE_INIT;
-
-static void maco_nccl__vmm_load(void)
+static int maco_nccl__device_has_vmm(int dev)
 {
-    struct {
-        const char *name;
-        void **slot;
-    } fns[] = {
-        { "cuMemCreate", (void **)&maco_nccl__vmm_fns.create },
-        { "cuMemGetAllocationGranularity", (void **)&maco_nccl__vmm_fns.granularity },
-        { "cuMemAddressReserve", (void **)&maco_nccl__vmm_fns.reserve },
-        { "cuMemMap", (void **)&maco_nccl__vmm_fns.map },
-        { "cuMemSetAccess", (void **)&maco_nccl__vmm_fns.set_access },
-        { "cuMemRelease", (void **)&maco_nccl__vmm_fns.release },
-        { "cuMemRetainAllocationHandle", (void **)&maco_nccl__vmm_fns.retain },
-        { "cuMemGetAddressRange", (void **)&maco_nccl__vmm_fns.range },
-        { "cuMemUnmap", (void **)&maco_nccl__vmm_fns.unmap },
-        { "cuMemAddressFree", (void **)&maco_nccl__vmm_fns.address_free },
-    };
-    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
-        enum cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion(fns[i].name, fns[i].slot, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess || *fns[i].slot == NULL) {
-            cudaGetLastError();
-            return;
-        }
+    /* The runtime has no such attribute: the driver's, through the runtime's entry points. */
+    CUresult (*get)(int *, CUdevice_attribute, CUdevice) = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    int vmm = 0;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", (void **)&get, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || get == NULL ||
+        get(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) != CUDA_SUCCESS) {
+        cudaGetLastError();
+        return 0;
     }
-    maco_nccl__vmm_fns.ok = 1;
-}
-
-/* cuMem allocation of `size` bytes on `dev`; NULL when the driver refuses. */
-static void *maco_nccl__vmm_alloc(int dev, size_t size)
-{
-    const maco_nccl__vmm_t *v = &maco_nccl__vmm_fns;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t gran = 0;
-    if (v->granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS ||
-        gran == 0)
-        return NULL;
-    size_t bytes = (size + gran - 1) / gran * gran;
-    CUmemGenericAllocationHandle h;
-    if (v->create(&h, bytes, &prop, 0) != CUDA_SUCCESS)
-        return NULL;
-    CUdeviceptr ptr = 0;
-    if (v->reserve(&ptr, bytes, gran, 0, 0) != CUDA_SUCCESS) {
-        v->release(h);
-        return NULL;
-    }
-    CUmemAccessDesc access;
-    memset(&access, 0, sizeof(access));
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (v->map(ptr, bytes, 0, h, 0) != CUDA_SUCCESS) {
-        v->release(h);
-        v->address_free(ptr, bytes);
-        return NULL;
-    }
-    v->release(h); /* the mapping holds the allocation from here on */
-    if (v->set_access(ptr, bytes, &access, 1) != CUDA_SUCCESS) {
-        v->unmap(ptr, bytes);
-        v->address_free(ptr, bytes);
-        return NULL;
-    }
-    return (void *)(uintptr_t)ptr;
+    return vmm;
 }
 
 ncclResult_t pncclMemAlloc(void **ptr, size_t size)
@@ -627,9 +563,12 @@ ncclResult_t pncclMemAlloc(void **ptr, size_t size)
     int dev = maco_nccl__current_device();
     if (dev < 0)
         return maco_nccl__fail(ncclUnhandledCudaError, "ncclMemAlloc: no usable CUDA device");
-    pthread_once(&maco_nccl__vmm_once, maco_nccl__vmm_load);
-    void *p = maco_nccl__vmm_fns.ok ? maco_nccl__vmm_alloc(dev, size) : NULL;
-    if (p == NULL) {
+    void *p = NULL;
+    if (maco_nccl__device_has_vmm(dev)) {
+        maco_status_t st = maco_mem_alloc_device(dev, size, &p);
+        if (st != MACO_OK)
+            return maco_nccl__fail_maco(st, "ncclMemAlloc");
+    } else {
         cudaError_t e = cudaMalloc(&p, size);
         if (e != cudaSuccess)
             return maco_nccl__fail(ncclUnhandledCudaError,
@@ -646,18 +585,16 @@ ncclResult_t pncclMemFree(void *ptr)
 {
     if (ptr == NULL)
         return ncclSuccess;
-    pthread_once(&maco_nccl__vmm_once, maco_nccl__vmm_load);
-    const maco_nccl__vmm_t *v = &maco_nccl__vmm_fns;
-    CUmemGenericAllocationHandle h;
-    if (v->ok && v->retain(&h, ptr) == CUDA_SUCCESS) {
-        v->release(h); /* retain took a reference */
-        CUdeviceptr base = 0;
-        size_t bytes = 0;
-        if (v->range(&base, &bytes, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS ||
-            v->unmap(base, bytes) != CUDA_SUCCESS || v->address_free(base, bytes) != CUDA_SUCCESS)
-            return maco_nccl__fail(ncclUnhandledCudaError,
-                                   "ncclMemFree: unmapping the cuMem allocation at %p failed", ptr);
-        return ncclSuccess;
+    struct cudaPointerAttributes attr;
+    memset(&attr, 0, sizeof(attr));
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
+        cudaGetLastError();
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclMemFree: %p is not device memory from ncclMemAlloc", ptr);
+    }
+    if (maco_nccl__device_has_vmm(attr.device)) {
+        maco_status_t st = maco_mem_free(NULL, ptr);
+        return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclMemFree");
     }
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess)

@@ -257,6 +257,8 @@ ncclResult_t maco_nccl__comm_ready(struct ncclComm *c, const char *what)
 /* Bootstrap tag of a split's unique id: "NC" and the parent's split number (user tags are
  * below MACO_BOOTSTRAP_MAX_USER_TAG). */
 #define MACO_NCCL_SPLIT_TAG(seq) (0x4e430000u | ((seq)&0xffffu))
+/* ... and of a shrink's: "NS" and a hash of its membership (maco_nccl__comm_subset). */
+#define MACO_NCCL_SHRINK_TAG(hash) (0x4e530000u | ((hash)&0xffffu))
 
 /* Makes the communicator of parent ranks members[0..m) (this rank among them, new ranks in
  * that order): members[0] makes a MACO unique id and sends it to the others over the
@@ -282,8 +284,10 @@ static ncclResult_t maco_nccl__comm_of(struct ncclComm *parent, const int *membe
     } else {
         st = maco_bootstrap_recv(parent->bs, members[0], tag, &id, sizeof(id));
     }
-    if (st != MACO_OK)
+    if (st != MACO_OK) {
+        maco_nccl__comm_note(parent, st);
         return maco_nccl__fail_maco(st, "sending the new communicator's id");
+    }
     struct ncclComm *child = maco_nccl__comm_alloc(m, my_new, parent->device, blocking, name);
     if (child == NULL)
         return maco_nccl__fail(ncclSystemError, "%s: out of host memory",
@@ -311,6 +315,7 @@ ncclResult_t maco_nccl__comm_split(struct ncclComm *parent, int color, int key,
     maco_status_t st = maco_bootstrap_allgather(parent->bs, all, 2 * sizeof(int));
     ncclResult_t res = ncclSuccess;
     if (st != MACO_OK) {
+        maco_nccl__comm_note(parent, st);
         res = maco_nccl__fail_maco(st, "ncclCommSplit: exchanging colors and keys");
     } else if (color != NCCL_SPLIT_NOCOLOR) {
         /* Members of this color in (key, parent rank) order: an insertion sort, stable. */
@@ -348,16 +353,34 @@ ncclResult_t maco_nccl__comm_subset(struct ncclComm *parent, const int *exclude,
         if (!out)
             members[m++] = r;
     }
-    uint32_t tag = MACO_NCCL_SPLIT_TAG(parent->split_seq++);
+    /* Only the staying ranks call it, so it must not use the split counter (the excluded
+     * ranks' would fall behind, and their next split would wait for an id sent under another
+     * tag); nor a shrink counter of its own (ranks that stayed in different shrinks would
+     * disagree). Its tag is the membership's hash: the members of one membership make its
+     * shrinks in the same order, and the bootstrap keeps order per (peer, tag). */
+    uint32_t h = 2166136261u; /* FNV-1a over the member ranks */
+    for (int j = 0; j < m; j++)
+        for (int b = 0; b < 4; b++)
+            h = (h ^ (((uint32_t)members[j] >> (8 * b)) & 0xffu)) * 16777619u;
+    uint32_t tag = MACO_NCCL_SHRINK_TAG(h ^ (h >> 16));
     ncclResult_t res = maco_nccl__comm_of(parent, members, m, tag, child_p, blocking, name,
                                           MACO_NCCL_CALL_ncclCommSplit);
     free(members);
     return res;
 }
 
+void maco_nccl__comm_note(struct ncclComm *c, maco_status_t st)
+{
+    if (c != NULL && (st == MACO_ERR_REMOTE || st == MACO_ERR_TIMEOUT))
+        __atomic_store_n(&c->peer_error, (int)ncclRemoteError, __ATOMIC_RELEASE);
+}
+
 ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
 {
     maco_nccl__comm_wait(c);
+    /* Kernels blocked on a peer end now instead of at MACO_DEVICE_TIMEOUT (maco/comm.h). */
+    if (abort && c->maco != NULL)
+        maco_comm_abort(c->maco);
     maco_nccl__fallback_free(c, abort);
     maco_status_t st = maco_comm_destroy(c->maco);
     maco_status_t st2 = maco_bootstrap_destroy(c->bs);

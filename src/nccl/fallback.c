@@ -1,14 +1,15 @@
 /*
  * fallback.c - the real NCCL, for what MACO cannot run (shim.h; docs/nccl.md).
  *
- * The library named by MACO_NCCL_LIBRARY is dlopen'ed once per process, never this library
- * itself: when MACO's libnccl.so.2 is first in the search path (LD_LIBRARY_PATH, LD_PRELOAD),
- * dlopen("libnccl.so.2") returns this very library, which would forward to itself forever;
- * it is recognised by the marker symbol below and refused with a message asking for the real
- * NCCL's path. It is opened with RTLD_LOCAL so its symbols never replace this library's, and
- * with RTLD_DEEPBIND so that its own calls between its public functions (ncclBcast calling
- * ncclBroadcast) stay inside it instead of coming back here (not under AddressSanitizer,
- * which refuses RTLD_DEEPBIND).
+ * The library named by MACO_NCCL_LIBRARY is loaded by MACO's one loader,
+ * maco_nccl_library_symbol (maco/nccl_bootstrap.h, src/host/comm/comm_nccl.c), once per
+ * process, never this library itself: when MACO's libnccl.so.2 is first in the search path
+ * (LD_LIBRARY_PATH, LD_PRELOAD), dlopen("libnccl.so.2") returns this very library, which
+ * would forward to itself forever; the loader recognises it by the marker symbol below and
+ * refuses it with a message asking for the real NCCL's path. It opens the library with
+ * RTLD_LOCAL so its symbols never replace this library's, and with RTLD_DEEPBIND so that its
+ * own calls between its public functions (ncclBcast calling ncclBroadcast) stay inside it
+ * instead of coming back here (not under AddressSanitizer, which refuses RTLD_DEEPBIND).
  *
  * A real communicator is created next to a MACO one when a call first needs it (or at
  * creation, for communicators that span nodes: comm_core.c): rank 0 gets a real unique id and
@@ -17,7 +18,6 @@
  * communicator, which holds for collectives; send/recv groups that leave a rank out meet
  * their real communicator already made at creation (the multi-node case).
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,17 +34,6 @@ static ncclResult_t maco_nccl__real_result = ncclSuccess;
 static char maco_nccl__real_why[512];
 static maco_nccl__real_t maco_nccl__real_fns;
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MACO_NCCL_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MACO_NCCL_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
-#endif
-#endif
-#ifndef MACO_NCCL_DLOPEN_FLAGS
-#define MACO_NCCL_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND)
-#endif
-
 static void maco_nccl__real_load(void)
 {
     int mode = maco_nccl__fallback_mode();
@@ -54,25 +43,6 @@ static void maco_nccl__real_load(void)
                  mode == 0 ? "MACO_NCCL_FALLBACK=never: calls MACO cannot run are not forwarded "
                              "to NCCL"
                            : "MACO_NCCL_FALLBACK is invalid (accepts auto or never)");
-        return;
-    }
-    const char *path = getenv("MACO_NCCL_LIBRARY");
-    if (path == NULL || path[0] == '\0')
-        path = "libnccl.so.2";
-    void *h = dlopen(path, MACO_NCCL_DLOPEN_FLAGS);
-    if (h == NULL) {
-        maco_nccl__real_result = ncclSystemError;
-        snprintf(maco_nccl__real_why, sizeof(maco_nccl__real_why),
-                 "cannot load the real NCCL from MACO_NCCL_LIBRARY='%s': %s", path, dlerror());
-        return;
-    }
-    if (dlsym(h, "maco_nccl_marker") != NULL) {
-        dlclose(h);
-        maco_nccl__real_result = ncclInvalidUsage;
-        snprintf(maco_nccl__real_why, sizeof(maco_nccl__real_why),
-                 "MACO_NCCL_LIBRARY='%s' is MACO's own NCCL library, which never forwards to "
-                 "itself: set MACO_NCCL_LIBRARY to the real NCCL's full path",
-                 path);
         return;
     }
     struct {
@@ -89,17 +59,18 @@ static void maco_nccl__real_load(void)
 #undef MACO_NCCL__SYM
     };
     for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (*syms[i].slot == NULL) {
-            maco_nccl__real_result = ncclSystemError;
-            snprintf(maco_nccl__real_why, sizeof(maco_nccl__real_why),
-                     "the NCCL at MACO_NCCL_LIBRARY='%s' has no %s (NCCL 2.28 or later needed)",
-                     path, syms[i].name);
-            dlclose(h);
+        maco_status_t st = maco_nccl_library_symbol(syms[i].name, syms[i].slot, maco_nccl__real_why,
+                                                    sizeof(maco_nccl__real_why));
+        if (st != MACO_OK) {
+            /* MACO's own library is a usage error; a missing one a system error, as NCCL's
+             * own loaders say. */
+            maco_nccl__real_result =
+                st == MACO_ERR_INVALID_USAGE ? ncclInvalidUsage : ncclSystemError;
             return;
         }
     }
-    maco_log_write(MACO_LOG_INFO, "init", "nccl: loaded the real NCCL from %s for fallback", path);
+    maco_log_write(MACO_LOG_INFO, "init",
+                   "nccl: the real NCCL's entry points resolved for fallback");
 }
 
 ncclResult_t maco_nccl__fallback_open(char *why, size_t cap)
@@ -158,6 +129,7 @@ void *maco_nccl__fallback_comm(struct ncclComm *comm)
         st = maco_bootstrap_broadcast(comm->bs, 0, &id, sizeof(id));
     void *real = NULL;
     if (st != MACO_OK) {
+        maco_nccl__comm_note(comm, st);
         res = maco_nccl__fail_maco(st, "creating the NCCL communicator for fallback");
     } else if (!ok) {
         res = maco_nccl__fail(res == ncclSuccess ? ncclRemoteError : res,

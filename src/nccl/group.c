@@ -98,8 +98,11 @@ static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
                                    "keeps it from NCCL",
                                    maco_nccl__call_name(ops[0].call), maco_log_last_error());
     }
-    if (st != MACO_OK)
+    if (st != MACO_OK) {
+        for (int i = 0; i < n; i++)
+            maco_nccl__comm_note(ops[i].comm, st);
         return maco_nccl__fail_maco(st, maco_nccl__call_name(ops[0].call));
+    }
     ncclResult_t res = ncclSuccess;
     for (int i = 0; i < n; i++) {
         maco_nccl__count_native(ops[i].call);

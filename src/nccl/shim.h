@@ -143,6 +143,7 @@ struct ncclComm {
     ncclResult_t real_result; /* its creation's result once tried (ncclSuccess: not yet) */
     int real_tried;
     unsigned forward_kinds; /* bit per maco_nccl__kind_t: MACO refused it, it goes to NCCL */
+    int peer_error;         /* ncclRemoteError once a call met a dead or late peer (atomic) */
 };
 
 struct ncclWindow_vidmem {
@@ -253,6 +254,11 @@ ncclResult_t maco_nccl__comm_split(struct ncclComm *parent, int color, int key,
  * those ranks call it), in parent rank order. */
 ncclResult_t maco_nccl__comm_subset(struct ncclComm *parent, const int *exclude, int nexclude,
                                     struct ncclComm **child_p, int blocking, const char *name);
+
+/* Keeps a peer's failure that a call on `c` met (MACO_ERR_REMOTE or MACO_ERR_TIMEOUT: a peer
+ * gone or late) for ncclCommGetAsyncError, which then says ncclRemoteError, as NCCL's does
+ * once its proxy or bootstrap lost a peer. Other statuses are ignored. */
+void maco_nccl__comm_note(struct ncclComm *c, maco_status_t st);
 
 /* Frees everything of `comm`; `abort` skips waiting for the device. */
 ncclResult_t maco_nccl__comm_free(struct ncclComm *comm, int abort);

@@ -2,12 +2,15 @@
  * test_nccl_mp.cc - libmaco_nccl.so's communicators across processes, through nccl.h only,
  * under maco-run (no GPU needed): creation from an NCCL_COMM_ID address (every rank makes the
  * same id), blocking and non-blocking; ncclCommSplit with colors, keys and NCCL_SPLIT_NOCOLOR;
- * ncclCommShrink called by the staying ranks only.
+ * ncclCommShrink called by the staying ranks only; last, a rank dies and the survivors' blocked
+ * and later calls return ncclRemoteError naming it, and ncclCommGetAsyncError says so.
  * Each check is made on every rank, in the same order.
  */
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -134,6 +137,94 @@ TEST(NcclMp, ShrinkByTheStayingRanksOnly)
     EXPECT_NE(LastError().find("shrinkFlags"), std::string::npos) << LastError();
 }
 
+/* A barrier over g_world for the GPU test: a split whose colors are all NOCOLOR exchanges
+ * over the bootstrap only. */
+void Barrier()
+{
+    ncclComm_t none = nullptr;
+    ASSERT_EQ(ncclCommSplit(g_world, NCCL_SPLIT_NOCOLOR, 0, &none, nullptr), ncclSuccess)
+        << LastError();
+}
+
+/* ncclCommAbort with a kernel in flight that waits on peers which never come: it returns
+ * promptly (maco_comm_abort stops the waits) instead of after MACO_DEVICE_TIMEOUT. */
+TEST(NcclMp, AbortStopsAKernelBlockedOnPeers)
+{
+    int dev = -1;
+    ASSERT_EQ(ncclCommCuDevice(g_world, &dev), ncclSuccess);
+    if (dev < 0)
+        GTEST_SKIP() << "no GPU";
+    ncclComm_t c = nullptr;
+    ASSERT_EQ(ncclCommSplit(g_world, 0, 0, &c, nullptr), ncclSuccess) << LastError();
+    const size_t n = size_t(1) << 20;
+    float *d = nullptr;
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d, 0, n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    /* Every rank once, so that the communicator's setup for this buffer is done. */
+    ASSERT_EQ(ncclAllReduce(d, d, n, ncclFloat, ncclSum, c, s), ncclSuccess) << LastError();
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(Barrier());
+    if (g_rank == 0) {
+        /* Alone: its kernel waits for the others. */
+        ASSERT_EQ(ncclAllReduce(d, d, n, ncclFloat, ncclSum, c, s), ncclSuccess) << LastError();
+        usleep(300 * 1000);
+        EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << "the kernel did not wait";
+        auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(ncclCommAbort(c), ncclSuccess) << LastError();
+        EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        printf("rank 0: ncclCommAbort with an allreduce in flight returned and the stream "
+               "drained in %.3f s (MACO_DEVICE_TIMEOUT=%s)\n",
+               took, getenv("MACO_DEVICE_TIMEOUT") ? getenv("MACO_DEVICE_TIMEOUT") : "default");
+        EXPECT_LT(took, 5.0);
+    }
+    ASSERT_NO_FATAL_FAILURE(Barrier());
+    if (g_rank != 0) {
+        EXPECT_EQ(ncclCommAbort(c), ncclSuccess) << LastError();
+    }
+    cudaStreamDestroy(s);
+    cudaFree(d);
+}
+
+/* Last: its dead rank ends the job for everything after it. */
+TEST(NcclMp, ZDeadPeerFailsBlockedAndLaterCallsWithRemoteError)
+{
+    if (g_nranks < 3)
+        GTEST_SKIP() << "needs 3 ranks (two survivors)";
+    ncclComm_t c = nullptr;
+    ASSERT_EQ(ncclCommSplit(g_world, 0, 0, &c, nullptr), ncclSuccess) << LastError();
+    const int victim = g_nranks - 1;
+    if (g_rank == victim) {
+        fflush(stdout);
+        _exit(0); /* dies without a word; exit status 0 so that maco-run lets the others go on */
+    }
+    /* A call that blocks on the dead rank: the split's exchange of colors. */
+    ncclComm_t sub = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ncclCommSplit(c, 0, 0, &sub, nullptr), ncclRemoteError);
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(waited, 30.0) << "the dead peer was noticed only at a deadline";
+    std::string why = ncclGetLastError(c);
+    EXPECT_NE(why.find("rank " + std::to_string(victim)), std::string::npos) << why;
+    ncclResult_t async = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+    EXPECT_EQ(async, ncclRemoteError);
+    /* Later calls fail at once, with the same cause. */
+    t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ncclCommSplit(c, 1, 0, &sub, nullptr), ncclRemoteError);
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(waited, 1.0);
+    why = ncclGetLastError(c);
+    EXPECT_NE(why.find("rank " + std::to_string(victim)), std::string::npos) << why;
+    /* Abort returns at once. */
+    t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ncclCommAbort(c), ncclSuccess) << LastError();
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(waited, 2.0);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -155,6 +246,13 @@ int main(int argc, char **argv)
         ncclCommInitRank(&g_world, g_nranks, id, g_rank) != ncclSuccess) {
         fprintf(stderr, "rank %d: creating the world failed: %s\n", g_rank, LastError().c_str());
         return 1;
+    }
+    int dev = -1;
+    ncclCommCuDevice(g_world, &dev);
+    if (dev < 0 && getenv("TEST_NCCL_NEEDS_GPU") != nullptr) {
+        printf("SKIP: no GPU (TEST_NCCL_NEEDS_GPU is set)\n");
+        ncclCommDestroy(g_world);
+        return 77;
     }
     int rc = RUN_ALL_TESTS();
     ncclCommDestroy(g_world);

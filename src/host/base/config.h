@@ -128,8 +128,9 @@ extern "C" {
       "Largest unit (bytes) a loaded plan executes; each rank allocates this per input and "       \
       "output unit of the plan, plus scratch.")                                                    \
     X(NCCL_LIBRARY, STRING, "libnccl.so.2", "",                                                    \
-      "Path or name of the NCCL library maco-perf --nccl dlopens, and that the NCCL-compatible "   \
-      "library forwards to (never itself: give the real NCCL's path when MACO's is first).")       \
+      "Path or name of the NCCL library that maco-perf --nccl, maco_comm_create_from_nccl and "    \
+      "the NCCL-compatible library's fallback dlopen (never MACO's own libnccl.so.2: give the "    \
+      "real NCCL's path when MACO's is first).")                                                   \
     X(NCCL_FALLBACK, STRING, "auto", "",                                                           \
       "NCCL-compatible library: auto forwards what MACO cannot do to MACO_NCCL_LIBRARY; never "    \
       "returns ncclInvalidUsage saying why instead.")                                              \

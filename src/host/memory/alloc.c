@@ -32,37 +32,33 @@ static CUmemAllocationProp maco__vmm_prop(int device)
     return prop;
 }
 
-maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
+/* cuMem memory of `bytes` (rounded up to the granularity) on `dev`, exportable by POSIX file
+ * descriptor, recorded in maco__allocs (maco_mem_free finds it there). `what` names the
+ * public call in messages. */
+static maco_status_t maco__mem_alloc_vmm(const char *what, int dev, size_t bytes,
+                                         maco__alloc_t **a_p)
 {
-    if (comm == NULL || ptr_p == NULL || bytes == 0)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_alloc: comm and ptr_p must not be "
-                                                   "NULL and bytes (%zu) must not be 0",
-                                                   bytes));
-    maco_status_t st = maco__comm_require_gpu(comm, "maco_mem_alloc");
-    if (st != MACO_OK)
-        return st;
-    int dev = comm->cuda_device;
+    maco_status_t st = MACO_OK;
     CUmemAllocationProp prop = maco__vmm_prop(dev);
-    size_t gran = 0;
+    size_t gran = 0, size = 0;
     CUmemGenericAllocationHandle h = 0;
     CUdeviceptr va = 0;
     int created = 0, reserved = 0, mapped = 0;
     maco__alloc_t *a = NULL;
-    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemGetAllocationGranularity, &gran, &prop,
+    MACO_CU_GOTO(st, fail, what, cuMemGetAllocationGranularity, &gran, &prop,
                  CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-    size_t size = (bytes + gran - 1) / gran * gran;
-    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemCreate, &h, size, &prop, 0);
+    size = (bytes + gran - 1) / gran * gran;
+    MACO_CU_GOTO(st, fail, what, cuMemCreate, &h, size, &prop, 0);
     created = 1;
-    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemAddressReserve, &va, size, gran, 0, 0);
+    MACO_CU_GOTO(st, fail, what, cuMemAddressReserve, &va, size, gran, 0, 0);
     reserved = 1;
-    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemMap, va, size, 0, h, 0);
+    MACO_CU_GOTO(st, fail, what, cuMemMap, va, size, 0, h, 0);
     mapped = 1;
     CUmemAccessDesc access = maco__rw_access(dev);
-    MACO_CU_GOTO(st, fail, "maco_mem_alloc", cuMemSetAccess, va, size, &access, 1);
+    MACO_CU_GOTO(st, fail, what, cuMemSetAccess, va, size, &access, 1);
     a = (maco__alloc_t *)calloc(1, sizeof(*a));
     if (a == NULL) {
-        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "maco_mem_alloc: no host memory");
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "%s: no host memory", what);
         goto fail;
     }
     a->base = (char *)(uintptr_t)va;
@@ -73,12 +69,38 @@ maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
     a->next = maco__allocs;
     maco__allocs = a;
     pthread_mutex_unlock(&maco__mem_lock);
-    MACO_DEBUG(MACO_SUBSYS_MEM, "maco_mem_alloc: %zu bytes (%zu asked) at %p on device %d", size,
-               bytes, a->base, dev);
+    MACO_DEBUG(MACO_SUBSYS_MEM, "%s: %zu bytes (%zu asked) at %p on device %d", what, size, bytes,
+               a->base, dev);
+    *a_p = a;
+    return MACO_OK;
+fail:
+    if (mapped)
+        maco__cu()->cuMemUnmap(va, size);
+    if (reserved)
+        maco__cu()->cuMemAddressFree(va, size);
+    if (created)
+        maco__cu()->cuMemRelease(h);
+    return st;
+}
+
+maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
+{
+    if (comm == NULL || ptr_p == NULL || bytes == 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_alloc: comm and ptr_p must not be "
+                                                   "NULL and bytes (%zu) must not be 0",
+                                                   bytes));
+    maco_status_t st = maco__comm_require_gpu(comm, "maco_mem_alloc");
+    if (st != MACO_OK)
+        return st;
+    maco__alloc_t *a = NULL;
+    st = maco__mem_alloc_vmm("maco_mem_alloc", comm->cuda_device, bytes, &a);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
     /* Registered at once, so collectives use it in place (algorithms/registry.c), when the
      * communicator has them (its extension took note of registrations: comm_internal.h). */
     if (comm->coll != NULL) {
-        st = maco_mem_register(comm, a->base, size, &a->reg);
+        st = maco_mem_register(comm, a->base, a->bytes, &a->reg);
         if (st != MACO_OK) {
             maco_mem_free(comm, a->base);
             return st;
@@ -86,14 +108,36 @@ maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
     }
     *ptr_p = a->base;
     return MACO_OK;
-fail:
-    if (mapped)
-        maco__cu()->cuMemUnmap(va, (bytes + gran - 1) / gran * gran);
-    if (reserved)
-        maco__cu()->cuMemAddressFree(va, (bytes + gran - 1) / gran * gran);
-    if (created)
-        maco__cu()->cuMemRelease(h);
-    return maco__comm_record(comm, st);
+}
+
+maco_status_t maco_mem_alloc_device(int cuda_device, size_t bytes, void **ptr_p)
+{
+    if (ptr_p == NULL || bytes == 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                           "maco_mem_alloc_device: ptr_p must not be NULL and bytes (%zu) must "
+                           "not be 0",
+                           bytes);
+    char why[256];
+    int n = maco_cuda_device_count(why, sizeof(why));
+    if (n == 0)
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM, "maco_mem_alloc_device: %s", why);
+    int dev = cuda_device;
+    if (dev == -1) {
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e != cudaSuccess)
+            return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                               "maco_mem_alloc_device: cudaGetDevice: %s (%s)", cudaGetErrorName(e),
+                               cudaGetErrorString(e));
+    } else if (dev < 0 || dev >= n) {
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                           "maco_mem_alloc_device: cuda_device %d is outside [-1, %d)", dev, n);
+    }
+    maco__alloc_t *a = NULL;
+    maco_status_t st = maco__mem_alloc_vmm("maco_mem_alloc_device", dev, bytes, &a);
+    if (st != MACO_OK)
+        return st;
+    *ptr_p = a->base;
+    return MACO_OK;
 }
 
 maco_status_t maco_mem_alloc_host(maco_comm_t comm, size_t bytes, void **ptr_p)
