@@ -426,7 +426,8 @@ class PKernel
         maco_bootstrap_t bs = nullptr;
         maco_comm_get_bootstrap(c, &bs);
         maco_mem_t mine = nullptr;
-        checked("maco_mem_register", c, [&] { return maco_mem_register(c, ptr(scratch), bytes, &mine); });
+        checked("maco_mem_register", c,
+                [&] { return maco_mem_register(c, ptr(scratch), bytes, &mine); });
         mems.push_back(mine);
         std::vector<uint8_t> h((size_t)n * MACO_MEM_HANDLE_BYTES);
         checked("maco_mem_serialize", c,
