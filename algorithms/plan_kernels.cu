@@ -42,11 +42,14 @@
 #include "reduce.cuh"
 #include "sysmem.cuh"
 
-/* Arrives at the grid barrier of this launch and waits (bounded) for every CTA. */
+/* Arrives at the grid barrier of this launch and waits (bounded) for every CTA. Port: the
+ * plan has port channels (a.cinfo != NULL); the kernel of plans without them is compiled
+ * without that code, so their path stays as fast as before port channels. */
+template <int Port>
 static __device__ maco_status_t maco__plan_grid_barrier(const maco__pexec_args_t &a)
 {
     __shared__ int st_shared;
-    if (a.cinfo != NULL)
+    if (Port)
         __threadfence_system(); /* this thread's writes to host memory, for peers and proxies */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -74,13 +77,14 @@ static __device__ maco_status_t maco__plan_grid_barrier(const maco__pexec_args_t
 }
 
 /* CTA 0: a signal to and a wait from every peer on the barrier channels (release/acquire). */
+template <int Port>
 static __device__ maco_status_t maco__plan_peer_barrier(const maco__pexec_args_t &a)
 {
     __shared__ int st_shared;
     if (threadIdx.x == 0) {
         maco_status_t st = MACO_OK;
         const maco_memory_channel_device_t *bar = a.chans + a.nchannels;
-        if (a.cinfo == NULL) {
+        if (!Port) {
             for (int k = 0; k < a.npeers; k++)
                 maco_memory_channel_signal(&bar[k]);
             for (int k = 0; k < a.npeers && st == MACO_OK; k++)
@@ -186,7 +190,7 @@ static __device__ __forceinline__ uint64_t maco__ldcv_bits(const uint64_t *p)
 
 /* One element (esz bytes) of a source: plain memory (packets 0), LL16 packets (1, waiting),
  * or host memory a proxy or a peer wrote (2, loads that fetch again). */
-template <class T>
+template <class T, int Port>
 static __device__ __forceinline__ maco_status_t maco__load_elem(const char *base, int packets,
                                                                 uint64_t e, uint32_t flag,
                                                                 const maco_device_wait_bound_t *b,
@@ -197,7 +201,7 @@ static __device__ __forceinline__ maco_status_t maco__load_elem(const char *base
         *out = *(const B *)(base + e * sizeof(B));
         return MACO_OK;
     }
-    if (packets == 2) {
+    if (Port && packets == 2) {
         *out = maco__ldcv_bits((const B *)(base + e * sizeof(B)));
         return MACO_OK;
     }
@@ -213,7 +217,7 @@ static __device__ __forceinline__ maco_status_t maco__load_elem(const char *base
 }
 
 /* dst[0..elems) = op over sources; avg divides once (a reduce that writes an output chunk). */
-template <class T>
+template <class T, int Port>
 static __device__ maco_status_t maco__plan_reduce(const maco__pexec_args_t &a, char *dst,
                                                   const char *const *src, const uint8_t *pk,
                                                   int nsrcs, uint64_t elems, uint32_t flag,
@@ -223,10 +227,10 @@ static __device__ maco_status_t maco__plan_reduce(const maco__pexec_args_t &a, c
     maco_status_t st = MACO_OK;
     for (uint64_t e = threadIdx.x; e < elems && st == MACO_OK; e += blockDim.x) {
         B v;
-        st = maco__load_elem<T>(src[0], pk[0], e, flag, &a.bound, &v);
+        st = maco__load_elem<T, Port>(src[0], pk[0], e, flag, &a.bound, &v);
         typename T::acc acc = T::widen(v);
         for (int s = 1; s < nsrcs && st == MACO_OK; s++) {
-            st = maco__load_elem<T>(src[s], pk[s], e, flag, &a.bound, &v);
+            st = maco__load_elem<T, Port>(src[s], pk[s], e, flag, &a.bound, &v);
             acc = maco__combine<T, MACO__OP_RUNTIME>(acc, T::widen(v), a.op);
         }
         if (divide)
@@ -365,7 +369,7 @@ static __device__ maco_status_t maco__plan_op_host(const maco__pexec_args_t &a,
             }
             int divide = a.avg && op.code == MACO__POP_REDUCE && op.dst.buffer == MACO__PBUF_OUTPUT;
             char *d = maco__chunk_ptr(a, -1, op.dst.buffer, di, doff, &dsys);
-            st = maco__plan_reduce<T>(a, d, src, pk, op.nsrcs, elems, flag, divide);
+            st = maco__plan_reduce<T, 1>(a, d, src, pk, op.nsrcs, elems, flag, divide);
             break;
         }
         default:
@@ -378,12 +382,12 @@ static __device__ maco_status_t maco__plan_op_host(const maco__pexec_args_t &a,
     return st;
 }
 
-template <class T>
+template <class T, int Port>
 static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
                                               const maco__pexec_op_t &op, uint32_t flag)
 {
     __shared__ int st_shared;
-    if (a.cinfo != NULL) {
+    if (Port) {
         if (op.port)
             return maco__plan_port_op(a, op);
         if (op.code > MACO__POP_FLUSH)
@@ -393,7 +397,7 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
     maco_status_t st = MACO_OK;
     switch (op.code) {
     case MACO__POP_SIGNAL:
-        if (a.cinfo != NULL)
+        if (Port)
             __threadfence_system(); /* writes to host-resident chunks, for local peers */
         __syncthreads();
         if (threadIdx.x == 0)
@@ -444,7 +448,8 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
                 pk[s] = srcs[s].packets;
             }
             int divide = a.avg && op.code == MACO__POP_REDUCE && op.dst.buffer == MACO__PBUF_OUTPUT;
-            st = maco__plan_reduce<T>(a, a.buf + doff, src, pk, op.nsrcs, elems, flag, divide);
+            st =
+                maco__plan_reduce<T, Port>(a, a.buf + doff, src, pk, op.nsrcs, elems, flag, divide);
             break;
         }
         default:
@@ -458,30 +463,31 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
     return st;
 }
 
-template <class T> __global__ void __launch_bounds__(256) maco__plan_kernel(maco__pexec_args_t a)
+template <class T, int Port>
+__global__ void __launch_bounds__(256) maco__plan_kernel(maco__pexec_args_t a)
 {
     const uint32_t flag = *(volatile uint32_t *)(a.buf + MACO__PLAN_CTR_EPOCH);
     const uint32_t gtid = blockIdx.x * blockDim.x + threadIdx.x, gn = gridDim.x * blockDim.x;
     maco_copy(a.buf + a.in_off, a.send, a.send_bytes, gtid, gn);
-    if (maco__plan_grid_barrier(a) != MACO_OK)
+    if (maco__plan_grid_barrier<Port>(a) != MACO_OK)
         return;
-    if (blockIdx.x == 0 && maco__plan_peer_barrier(a) != MACO_OK)
+    if (blockIdx.x == 0 && maco__plan_peer_barrier<Port>(a) != MACO_OK)
         return;
-    if (maco__plan_grid_barrier(a) != MACO_OK)
+    if (maco__plan_grid_barrier<Port>(a) != MACO_OK)
         return;
     for (int i = a.tb_first[blockIdx.x]; i < a.tb_first[blockIdx.x + 1]; i++) {
         maco__pexec_op_t op = a.ops[i];
-        if (maco__plan_op<T>(a, op, flag) != MACO_OK)
+        if (maco__plan_op<T, Port>(a, op, flag) != MACO_OK)
             return;
         __syncthreads();
     }
-    if (maco__plan_grid_barrier(a) != MACO_OK)
+    if (maco__plan_grid_barrier<Port>(a) != MACO_OK)
         return;
-    if (blockIdx.x == 0 && maco__plan_peer_barrier(a) != MACO_OK)
+    if (blockIdx.x == 0 && maco__plan_peer_barrier<Port>(a) != MACO_OK)
         return;
-    if (maco__plan_grid_barrier(a) != MACO_OK)
+    if (maco__plan_grid_barrier<Port>(a) != MACO_OK)
         return;
-    if (a.cinfo == NULL) {
+    if (!Port) {
         maco_copy(a.recv, a.buf + a.out_off, a.recv_bytes, gtid, gn);
     } else {
         /* Chunk by chunk, each from where it lives; CTA b takes chunks b, b + grid, ... */
@@ -503,7 +509,10 @@ extern "C" cudaError_t maco__launch_plan(const maco__pexec_args_t *args, int dat
     switch (datatype) {
 #define MACO__PLAN_CASE(dt, T)                                                                     \
     case dt:                                                                                       \
-        maco__plan_kernel<T><<<blocks, threads, 0, stream>>>(*args);                               \
+        if (args->cinfo == NULL)                                                                   \
+            maco__plan_kernel<T, 0><<<blocks, threads, 0, stream>>>(*args);                        \
+        else                                                                                       \
+            maco__plan_kernel<T, 1><<<blocks, threads, 0, stream>>>(*args);                        \
         break;
         MACO__PLAN_CASE(MACO_INT8, maco__t_i8)
         MACO__PLAN_CASE(MACO_UINT8, maco__t_u8)
