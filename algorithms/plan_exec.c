@@ -397,6 +397,14 @@ static maco_status_t maco__plan_channels(maco_plan_t plan)
             if (st != MACO_OK)
                 goto out;
         }
+        /* A port channel is published to its proxy thread only after the creation's last
+         * exchange (proxy/port_channel.c), so a peer that returned first could launch and
+         * signal it before this side's proxy knows it (seen on one H100: the TCP receiver
+         * failed the connection on a signal for an unknown channel). Every rank has
+         * published all of its channels once this barrier returns. */
+        st = maco_bootstrap_barrier(comm->bs);
+        if (st != MACO_OK)
+            goto out;
         for (int c = 0; c < nch; c++) {
             info[c].peer = R->channels[c].peer;
             info[c].port = R->channels[c].type == MACO__PCHAN_PORT;
