@@ -7,9 +7,23 @@
  *   in_off   input:   input units x MACO_PLAN_MAX_BYTES
  *   out_off  output:  output units x MACO_PLAN_MAX_BYTES
  *   scr_off  scratch: scratch_chunks x the largest slot (maco__plan_scratch_slot)
- * Offsets are multiples of 256. The k-th channel of the plan from rank r to peer p is the
- * k-th memory channel set up between them (maco__memory_channels_setup, peers in rank
- * order); one more per peer carries the executor's barriers.
+ * Offsets are multiples of 256. The k-th memory channel of the plan from rank r to peer p is
+ * the k-th memory channel set up between them (maco__memory_channels_setup, peers in rank
+ * order), the k-th port channel the k-th port channel created between them (peers in rank
+ * order, after every memory channel: the pairwise creations follow one global order, so none
+ * waits in a cycle); one more channel per peer carries the executor's barriers, a port
+ * channel when the peer is on another node or the plan has port channels to it, else a memory
+ * channel.
+ *
+ * Plans with port channels also get a host buffer per rank: shared pinned host memory
+ * (maco_mem_alloc_host), mapped for the GPU and by the ranks of the node, with the plan
+ * buffer's layout. Every chunk that some port put writes lives there instead of in the plan
+ * buffer (the same on every rank: each works out every rank's map from the plan), and the
+ * port channels put from host buffer to host buffer (TCP between nodes, the host-memory
+ * transport inside one). So the proxies never copy GPU memory: a CUDA copy of a proxy can wait
+ * behind work the application queued after the launch, which then waits for the launch
+ * (algorithms/setup.c, maco__coll_rails, has the measurement). Sources of port puts that live
+ * in the plan buffer are copied to the same offset of the host buffer by the kernel first.
  */
 #include "maco/plan.h"
 
@@ -38,6 +52,18 @@ struct maco_plan {
     char **peer_buf;
     maco_mem_t *peer_mem;
     maco_memory_channel_device_t *d_chans;
+    /* Plans with port channels (port = 1); else all NULL. */
+    int port;
+    char *host, *host_dev; /* this rank's host buffer: its address, its device address */
+    maco_mem_t host_mem;
+    char **peer_host; /* [nranks]: device addresses of the node's peers' host buffers */
+    maco_mem_t *peer_host_mem;
+    maco_proxy_t proxy;
+    maco_port_channel_t *ports; /* [nchannels + npeers]: NULL where not a port channel */
+    maco_port_channel_device_t *d_ports;
+    maco__pexec_chan_t *d_cinfo;
+    uint8_t *d_res;
+    uint32_t res_stride, res_out, res_scr;
     maco__pexec_op_t *d_ops;
     maco__plan_ref_t *d_refs;
     int32_t *d_tb_first;
@@ -97,6 +123,20 @@ maco_status_t maco_plan_destroy(maco_plan_t plan)
         st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                          "maco_plan_destroy: cudaDeviceSynchronize failed: %s",
                          cudaGetErrorString(cudaGetLastError()));
+    if (plan->proxy != NULL)
+        maco_proxy_stop(plan->proxy);
+    if (plan->ports != NULL)
+        for (int c = 0; c < plan->nchannels + plan->npeers; c++)
+            maco_port_channel_destroy(plan->ports[c]);
+    maco_proxy_destroy(plan->proxy);
+    if (plan->peer_host_mem != NULL)
+        for (int r = 0; r < plan->comm->nranks; r++)
+            if (plan->peer_host_mem[r] != NULL)
+                maco_mem_deregister(plan->peer_host_mem[r]);
+    if (plan->host_mem != NULL)
+        maco_mem_deregister(plan->host_mem);
+    if (plan->host != NULL)
+        maco_mem_free(plan->comm, plan->host);
     if (plan->peer_mem != NULL)
         for (int r = 0; r < plan->comm->nranks; r++)
             if (plan->peer_mem[r] != NULL)
@@ -108,9 +148,15 @@ maco_status_t maco_plan_destroy(maco_plan_t plan)
     cudaFree(plan->d_ops);
     cudaFree(plan->d_refs);
     cudaFree(plan->d_tb_first);
+    cudaFree(plan->d_ports);
+    cudaFree(plan->d_cinfo);
+    cudaFree(plan->d_res);
     cudaGetLastError();
     free(plan->peer_buf);
     free(plan->peer_mem);
+    free(plan->peer_host);
+    free(plan->peer_host_mem);
+    free(plan->ports);
     maco__plan_desc_free(plan->desc);
     free(plan);
     return st;
@@ -140,6 +186,8 @@ static maco_status_t maco__plan_upload(maco_plan_t plan, int rank)
         for (int i = 0; i < R->tbs[t].nops; i++, o++) {
             const maco__plan_op_t *op = &R->tbs[t].ops[i];
             ops[o].code = op->code;
+            ops[o].port =
+                (uint8_t)(op->channel >= 0 && R->channels[op->channel].type == MACO__PCHAN_PORT);
             ops[o].channel = op->channel;
             ops[o].nsrcs = op->nsrcs;
             ops[o].part0 = op->part0;
@@ -169,34 +217,209 @@ out:
     return st;
 }
 
-/* Memory channels: the plan's, then one barrier channel per peer, peers in rank order. */
+/* Whether the executor's barrier with peer p runs on a port channel (the same answer on both
+ * ranks: nodes are symmetric, and so are the plan's channels, which the verifier pairs). */
+static int maco__plan_bar_port(maco_plan_t plan, int p)
+{
+    if (plan->peer_buf[p] == NULL)
+        return 1; /* another node */
+    const maco__plan_rank_t *R = &plan->desc->ranks[plan->comm->rank];
+    for (int c = 0; c < R->nchannels; c++)
+        if (R->channels[c].peer == p && R->channels[c].type == MACO__PCHAN_PORT)
+            return 1;
+    return 0;
+}
+
+/* Plans with port channels: the host buffer, the peers' (mapped when on this node), the proxy,
+ * and which chunks of every rank live in host memory (docs above). */
+static maco_status_t maco__plan_host(maco_plan_t plan)
+{
+    maco_comm_t comm = plan->comm;
+    const maco__plan_desc_t *d = plan->desc;
+    const int n = comm->nranks;
+    const uint32_t nin = maco__plan_chunks(d, MACO__PBUF_INPUT);
+    const uint32_t nout = maco__plan_chunks(d, MACO__PBUF_OUTPUT);
+    plan->res_out = nin;
+    plan->res_scr = nin + nout;
+    plan->res_stride = nin + nout + (uint32_t)d->scratch_chunks;
+    size_t res_bytes = (size_t)n * plan->res_stride;
+    uint8_t *res = (uint8_t *)calloc(res_bytes + 1, 1);
+    char **ptr = (char **)calloc((size_t)n, sizeof(char *));
+    plan->peer_host = (char **)calloc((size_t)n, sizeof(char *));
+    plan->peer_host_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
+    maco_status_t st = MACO_OK;
+    if (res == NULL || ptr == NULL || plan->peer_host == NULL || plan->peer_host_mem == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
+        goto out;
+    }
+    /* Every chunk a port put writes, on the put's peer. */
+    for (int r = 0; r < d->world_size; r++) {
+        const maco__plan_rank_t *R = &d->ranks[r];
+        for (int t = 0; t < R->ntbs; t++)
+            for (int i = 0; i < R->tbs[t].nops; i++) {
+                const maco__plan_op_t *op = &R->tbs[t].ops[i];
+                if (op->channel < 0 || R->channels[op->channel].type != MACO__PCHAN_PORT ||
+                    op->code <= MACO__POP_FLUSH)
+                    continue;
+                uint32_t base = op->dst.buffer == MACO__PBUF_OUTPUT    ? plan->res_out
+                                : op->dst.buffer == MACO__PBUF_SCRATCH ? plan->res_scr
+                                                                       : 0;
+                size_t row = (size_t)R->channels[op->channel].peer * plan->res_stride;
+                for (uint32_t j = 0; j < op->dst.count; j++)
+                    res[row + base + op->dst.index + j] = 1;
+            }
+    }
+    /* LL packets are read and written by the plan buffer's address only. */
+    for (int r = 0; r < d->world_size; r++) {
+        const maco__plan_rank_t *R = &d->ranks[r];
+        for (int t = 0; t < R->ntbs; t++)
+            for (int i = 0; i < R->tbs[t].nops; i++) {
+                const maco__plan_op_t *op = &R->tbs[t].ops[i];
+                if (op->code != MACO__POP_PUT_PACKETS)
+                    continue;
+                const maco__plan_ref_t *src = &op->srcs[0];
+                uint32_t base = src->buffer == MACO__PBUF_OUTPUT    ? plan->res_out
+                                : src->buffer == MACO__PBUF_SCRATCH ? plan->res_scr
+                                                                    : 0;
+                for (uint32_t j = 0; j < src->count; j++)
+                    if (res[(size_t)r * plan->res_stride + base + src->index + j]) {
+                        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                                         "maco_plan_load: rank %d tb %d op %d (put_packets) "
+                                         "reads %s[%u], which a port channel writes; the "
+                                         "executor sends packets only from chunks no port "
+                                         "channel writes",
+                                         r, t, i, maco__plan_buffer_name(src->buffer),
+                                         src->index + j);
+                        goto out;
+                    }
+            }
+    }
+    MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_res, res_bytes + 1), st, out);
+    MACO_CUDA_GOTO(cudaMemcpy(plan->d_res, res, res_bytes + 1, cudaMemcpyHostToDevice), st, out);
+    st = maco_mem_alloc_host(comm, plan->total, (void **)&plan->host);
+    if (st != MACO_OK)
+        goto out;
+    memset(plan->host, 0, plan->total);
+    MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&plan->host_dev, plan->host, 0), st, out);
+    st = maco_mem_register(comm, plan->host, plan->total, &plan->host_mem);
+    if (st == MACO_OK)
+        st = maco__mem_exchange(comm, plan->host_mem, ptr, plan->peer_host_mem);
+    if (st != MACO_OK)
+        goto out;
+    for (int r = 0; r < n; r++)
+        if (r != comm->rank && ptr[r] != NULL)
+            MACO_CUDA_GOTO(cudaHostGetDevicePointer((void **)&plan->peer_host[r], ptr[r], 0), st,
+                           out);
+    st = maco_proxy_create(comm, &plan->proxy);
+    if (st == MACO_OK)
+        st = maco_proxy_start(plan->proxy);
+out:
+    free(res);
+    free(ptr);
+    return st;
+}
+
+/* The plan's channels, then one barrier channel per peer (peers in rank order): memory
+ * channels first, then port channels (the file comment has the order). */
 static maco_status_t maco__plan_channels(maco_plan_t plan)
 {
     maco_comm_t comm = plan->comm;
     const maco__plan_rank_t *R = &plan->desc->ranks[comm->rank];
-    int n = comm->nranks, total = R->nchannels + n - 1;
+    int n = comm->nranks, nch = R->nchannels, total = nch + n - 1;
     maco_memory_channel_device_t *h =
         (maco_memory_channel_device_t *)calloc((size_t)total + 1, sizeof(*h));
     maco_memory_channel_device_t *tmp =
-        (maco_memory_channel_device_t *)calloc((size_t)R->nchannels + 1, sizeof(*tmp));
+        (maco_memory_channel_device_t *)calloc((size_t)nch + 2, sizeof(*tmp));
+    maco_port_channel_device_t *ph = NULL;
+    maco__pexec_chan_t *info = NULL;
     maco_status_t st = MACO_OK;
     if (h == NULL || tmp == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
         goto out;
     }
+    for (int c = 0; c < nch; c++)
+        if (R->channels[c].type == MACO__PCHAN_MEMORY &&
+            plan->peer_buf[R->channels[c].peer] == NULL) {
+            st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
+                             "maco_plan_load: plan %s: channel %d of rank %d is a memory channel "
+                             "to rank %d, which is on another node of this communicator (the "
+                             "plan says %d ranks per node)",
+                             plan->desc->name, c, comm->rank, R->channels[c].peer,
+                             plan->desc->ranks_per_node);
+            goto out;
+        }
     for (int p = 0, k = 0; p < n; p++) {
         if (p == comm->rank)
             continue;
+        int bar_port = plan->port && maco__plan_bar_port(plan, p);
         int count = 0;
-        for (int c = 0; c < R->nchannels; c++)
-            count += R->channels[c].peer == p;
-        st = maco__memory_channels_setup(comm, p, plan->mem, plan->peer_mem[p], count + 1, tmp);
+        for (int c = 0; c < nch; c++)
+            count += R->channels[c].peer == p && R->channels[c].type == MACO__PCHAN_MEMORY;
+        if (count + !bar_port > 0) {
+            st = maco__memory_channels_setup(comm, p, plan->mem, plan->peer_mem[p],
+                                             count + !bar_port, tmp);
+            if (st != MACO_OK)
+                goto out;
+        }
+        for (int c = 0, i = 0; c < nch; c++)
+            if (R->channels[c].peer == p && R->channels[c].type == MACO__PCHAN_MEMORY)
+                h[c] = tmp[i++];
+        if (!bar_port)
+            h[nch + k] = tmp[count];
+        k++;
+    }
+    if (plan->port) {
+        plan->ports = (maco_port_channel_t *)calloc((size_t)total + 1, sizeof(*plan->ports));
+        ph = (maco_port_channel_device_t *)calloc((size_t)total + 1, sizeof(*ph));
+        info = (maco__pexec_chan_t *)calloc((size_t)total + 1, sizeof(*info));
+        if (plan->ports == NULL || ph == NULL || info == NULL) {
+            st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_plan_load: no memory");
+            goto out;
+        }
+        for (int p = 0, k = 0; p < n; p++) {
+            if (p == comm->rank)
+                continue;
+            int bar = nch + k++;
+            info[bar].peer = p;
+            info[bar].port = maco__plan_bar_port(plan, p);
+            for (int c = 0; c <= nch && st == MACO_OK; c++) {
+                int idx = c < nch ? c : bar;
+                if (c < nch &&
+                    (R->channels[c].peer != p || R->channels[c].type != MACO__PCHAN_PORT))
+                    continue;
+                if (c == nch && !info[bar].port)
+                    continue;
+                st = maco_port_channel_create(plan->proxy, p, MACO_TRANSPORT_AUTO, plan->host_mem,
+                                              plan->peer_host_mem[p], &plan->ports[idx]);
+                if (st == MACO_OK)
+                    st = maco_port_channel_get_device_handle(plan->ports[idx], &ph[idx]);
+            }
+            if (st != MACO_OK)
+                goto out;
+        }
+        /* A port channel is published to its proxy thread only after the creation's last
+         * exchange (proxy/port_channel.c), so a peer that returned first could launch and
+         * signal it before this side's proxy knows it (seen on one H100: the TCP receiver
+         * failed the connection on a signal for an unknown channel). Every rank has
+         * published all of its channels once this barrier returns. */
+        st = maco_bootstrap_barrier(comm->bs);
         if (st != MACO_OK)
             goto out;
-        for (int c = 0, i = 0; c < R->nchannels; c++)
-            if (R->channels[c].peer == p)
-                h[c] = tmp[i++];
-        h[R->nchannels + k++] = tmp[count];
+        for (int c = 0; c < nch; c++) {
+            info[c].peer = R->channels[c].peer;
+            info[c].port = R->channels[c].type == MACO__PCHAN_PORT;
+            info[c].peer_host = info[c].port ? NULL : plan->peer_host[R->channels[c].peer];
+        }
+        MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_ports, ((size_t)total + 1) * sizeof(*ph)), st,
+                       out);
+        MACO_CUDA_GOTO(cudaMemcpy(plan->d_ports, ph, ((size_t)total + 1) * sizeof(*ph),
+                                  cudaMemcpyHostToDevice),
+                       st, out);
+        MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_cinfo, ((size_t)total + 1) * sizeof(*info)), st,
+                       out);
+        MACO_CUDA_GOTO(cudaMemcpy(plan->d_cinfo, info, ((size_t)total + 1) * sizeof(*info),
+                                  cudaMemcpyHostToDevice),
+                       st, out);
     }
     MACO_CUDA_GOTO(cudaMalloc((void **)&plan->d_chans, ((size_t)total + 1) * sizeof(*h)), st, out);
     MACO_CUDA_GOTO(
@@ -205,6 +428,8 @@ static maco_status_t maco__plan_channels(maco_plan_t plan)
 out:
     free(h);
     free(tmp);
+    free(ph);
+    free(info);
     return st;
 }
 
@@ -243,11 +468,6 @@ maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *pl
         st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                          "maco_plan_load: %s is a plan for %d ranks; the communicator has %d", path,
                          d->world_size, comm->nranks);
-    else if (comm->nnodes > 1 || port)
-        st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
-                         "maco_plan_load: %s: %s; the executor runs memory channels within one "
-                         "node (port channels are verified but not executed yet)",
-                         path, port ? "the plan uses port channels" : "the ranks span nodes");
     else if (comm->nranks > MACO__MAX_LOCAL_RANKS)
         st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_COLL,
                          "maco_plan_load: %d ranks; the executor supports at most %d", comm->nranks,
@@ -299,6 +519,9 @@ maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *pl
         goto fail;
     }
     st = maco__mem_exchange(comm, plan->mem, plan->peer_buf, plan->peer_mem);
+    plan->port = port || comm->nnodes > 1;
+    if (st == MACO_OK && plan->port)
+        st = maco__plan_host(plan);
     if (st == MACO_OK)
         st = maco__plan_channels(plan);
     if (st == MACO_OK)
@@ -307,9 +530,10 @@ maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *pl
         goto fail;
     MACO_INFO(MACO_SUBSYS_COLL,
               "rank %d: plan %s (%s, %d thread blocks, %d channels) loaded from %s; buffer %llu "
-              "bytes",
+              "bytes%s",
               comm->rank, d->name, maco_collective_name(d->coll), plan->ntbs, plan->nchannels, path,
-              (unsigned long long)plan->total);
+              (unsigned long long)plan->total,
+              plan->port ? ", and as much host memory (port channels)" : "");
     *plan_p = plan;
     return MACO_OK;
 fail:
@@ -372,6 +596,14 @@ maco_status_t maco_plan_execute(maco_plan_t plan, const void *sendbuf, void *rec
     a.refs = plan->d_refs;
     a.tb_first = plan->d_tb_first;
     a.chans = plan->d_chans;
+    a.ports = plan->d_ports;
+    a.cinfo = plan->d_cinfo;
+    a.res = plan->d_res;
+    a.host = plan->host_dev;
+    a.rank = comm->rank;
+    a.res_stride = plan->res_stride;
+    a.res_out = plan->res_out;
+    a.res_scr = plan->res_scr;
     a.count = count;
     a.esz = esz;
     a.in_off = plan->in_off;

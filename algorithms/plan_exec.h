@@ -10,6 +10,7 @@
 
 #include "maco/device/macros.h"
 #include "maco/device/memory_channel.h"
+#include "maco/device/port_channel.h"
 #include "plan_internal.h"
 
 #ifdef __cplusplus
@@ -21,7 +22,7 @@ extern "C" {
  * chunk j of a range holds part (part0 + j) % parts. */
 typedef struct maco__pexec_op {
     uint8_t code;
-    uint8_t pad;
+    uint8_t port; /* 1: op.channel is a port channel (a.ports), 0: a memory channel or none */
     int16_t channel;
     uint16_t nsrcs;
     uint16_t pad2;
@@ -39,6 +40,16 @@ enum {
     MACO__PLAN_CTR_BYTES = 256,
 };
 
+/* A channel of a plan with port channels (channels of the plan, then one per peer for the
+ * barriers): which kind, whose, and for a memory channel the peer's host buffer mapped here
+ * (chunks a port channel writes live there: plan_exec.c's file comment). 16 bytes. */
+typedef struct maco__pexec_chan {
+    char *peer_host; /* memory channels: the peer's host buffer (device address), else NULL */
+    int32_t peer;    /* the peer's rank */
+    int32_t port;    /* 1: a port channel (ports[c]), 0: a memory channel (chans[c]) */
+} maco__pexec_chan_t;
+MACO_STATIC_ASSERT(sizeof(maco__pexec_chan_t) == 16, "maco__pexec_chan_t is 16 bytes");
+
 typedef struct maco__pexec_args {
     const void *send;
     void *recv;
@@ -47,11 +58,19 @@ typedef struct maco__pexec_args {
     const maco__plan_ref_t *refs;
     const int32_t *tb_first;                   /* [ntbs + 1]: each thread block's first op */
     const maco_memory_channel_device_t *chans; /* plan channels, then one per peer (barrier) */
+    /* Plans with port channels only (else NULL): the same indices as chans. */
+    const maco_port_channel_device_t *ports; /* port channels' handles */
+    const maco__pexec_chan_t *cinfo;         /* every channel's kind and peer */
+    const uint8_t *res; /* [nranks][res_stride]: 1 when that chunk of that rank (input chunks,
+                           then output, then scratch) lives in the rank's host buffer */
+    char *host;         /* this rank's host buffer (device address), plan buffer's layout */
     uint64_t count, esz;
     uint64_t in_off, out_off, scr_off, slot_bytes; /* byte offsets in buf */
     uint64_t send_bytes, recv_bytes;
     maco_device_wait_bound_t bound;
     int32_t nchannels, npeers, parts, nranks, op, avg;
+    int32_t rank;                          /* this rank (its row of res) */
+    uint32_t res_stride, res_out, res_scr; /* chunks per rank; first output, scratch chunk */
 } maco__pexec_args_t;
 
 /** Launches the executor for element type `datatype` (maco_datatype_t): one CTA per thread

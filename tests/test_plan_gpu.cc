@@ -4,11 +4,15 @@
  * every plan at odd and large counts, int32 and float32 (values that sum exactly, so any
  * reduction order gives the same bits), sum, max and avg; a CUDA graph captured once and
  * replayed with new inputs; and the executor's argument errors. Run under maco-run with 2
- * and 4 ranks (on one GPU, through MPS).
+ * and 4 ranks (on one GPU, through MPS). With PLAN_TEST_SHAPE=2x2 (a test variable) it runs
+ * the <algo>_2x2.json plans instead (memory channels inside a node, port channels between
+ * nodes), with 4 ranks as 2 simulated nodes (maco-run --simulate-nodes 2), where the native
+ * collectives are the hier ones.
  */
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,8 +30,12 @@ using namespace maco_test;
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-std::string PlanPath(const std::string &algo, int n)
+/* The plan of `algo` for n ranks on one node, or for the shape PLAN_TEST_SHAPE names. */
+std::string PlanPath(const std::string &algo, int n, bool shaped = true)
 {
+    const char *shape = shaped ? std::getenv("PLAN_TEST_SHAPE") : nullptr;
+    if (shape != nullptr && shape[0] != '\0')
+        return std::string(PLAN_DIR) + "/" + algo + "_" + shape + ".json";
     return std::string(PLAN_DIR) + "/" + algo + "_" + std::to_string(n) + "r.json";
 }
 
@@ -216,7 +224,7 @@ TEST_F(Plans, Errors)
     AllowLog("maco_plan_execute");
     maco_plan_t p = nullptr;
     /* A plan for another world size. */
-    EXPECT_EQ(maco_plan_load(Comm(), PlanPath("allgather", 8).c_str(), &p),
+    EXPECT_EQ(maco_plan_load(Comm(), PlanPath("allgather", 8, false).c_str(), &p),
               MACO_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(maco_comm_get_last_error(Comm())).find("plan for 8 ranks"),
               std::string::npos);

@@ -42,15 +42,19 @@ MACO_API maco_status_t maco_plan_verify_file(const char *path, char *report, siz
 /**
  * Reads, verifies and prepares the plan at `path` for `comm` (collective: every rank of
  * `comm` calls it with the same file): allocates this rank's plan buffers (input and output
- * units of MACO_PLAN_MAX_BYTES each, plus scratch), registers them, and sets up one memory
- * channel per channel of the plan plus one per peer for the executor's entry and exit
- * barriers. Blocks until every rank has done so (bootstrap exchanges; bounded by
+ * units of MACO_PLAN_MAX_BYTES each, plus scratch), registers them, and sets up the plan's
+ * channels plus one per peer for the executor's entry and exit barriers. A plan with port
+ * channels (or a communicator spanning nodes) also gets a proxy thread and a host buffer of
+ * shared pinned memory per rank (docs/plan-format.md, "Execution"); its port channels run
+ * over TCP (or IB) between nodes and over host memory inside one. Blocks until every rank
+ * has done so (bootstrap exchanges; bounded by
  * MACO_BOOTSTRAP_TIMEOUT). *plan_p is written only on success; free it with
  * maco_plan_destroy before destroying `comm`.
  * Returns MACO_OK; MACO_ERR_INVALID_ARGUMENT (NULL argument, unreadable or invalid plan:
  * the communicator's last error holds the verifier's first problem; a plan whose world size
- * differs from comm's); MACO_ERR_UNSUPPORTED (no GPU, ranks on several nodes, port channels:
- * the executor runs memory channels only, more than 8 ranks, no JSON library);
+ * differs from comm's); MACO_ERR_UNSUPPORTED (no GPU, a memory channel between ranks on
+ * different nodes of `comm`, a put_packets reading a chunk a port channel writes, more than 8
+ * ranks, no JSON library);
  * MACO_ERR_CUDA, MACO_ERR_NO_MEMORY, MACO_ERR_TIMEOUT / MACO_ERR_REMOTE (a peer failed
  * during the exchange). Not thread-safe with other calls on `comm`.
  */
