@@ -358,7 +358,8 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
                "port channel %u to rank %d over %s (peer's channel %u, semaphore in %s memory)",
                ch->id, peer, ch->ops->name, ch->peer_channel, ch->sem_host ? "host" : "device");
     __atomic_store_n(&p->channels[ch->id], ch, __ATOMIC_RELEASE);
-    p->nchannels++;
+    /* Read by the TCP receiver (a message for the channel being created waits for it). */
+    __atomic_store_n(&p->nchannels, p->nchannels + 1, __ATOMIC_RELEASE);
     *ch_p = ch;
     return MACO_OK;
 fail:

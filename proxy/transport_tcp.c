@@ -964,6 +964,12 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
     struct maco_port_channel *ch =
         id < MACO_TRIGGER_MAX_CHANNELS ? __atomic_load_n(&p->channels[id], __ATOMIC_ACQUIRE) : NULL;
     int data = kind == MACO__TCP_PUT || kind == MACO__TCP_VALUE;
+    /* The channel this rank is creating right now: the peer's side of the creation can end
+     * first and use it at once, before maco_port_channel_create publishes it here. The header
+     * waits (as for a receive buffer); a creation that fails leaves it to the stall rule. */
+    if (ch == NULL && (kind == MACO__TCP_SIGNAL || data) &&
+        id == __atomic_load_n(&p->nchannels, __ATOMIC_ACQUIRE))
+        return 1;
     if ((!data && kind != MACO__TCP_SIGNAL) || ch == NULL || ch->tp != g ||
         (data &&
          (off > ch->recv_bytes || bytes > ch->recv_bytes - off || bytes == 0 ||
