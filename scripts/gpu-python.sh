@@ -31,6 +31,7 @@ for s in ${STEPS:-example c_torchrun backend patch pytest_gpu pytest_cpu}; do
         tests/python/test_gpu.py ;;
     persist) for n in 1 2 4; do step persist_$n 150 "$run" -n $n --timeout 140 python3 \
         tests/python/gpu_persistent.py; done ;;
+    nccl_boot) step nccl_boot 60 ctest --test-dir "$B" -R '^gpu_nccl_bootstrap_1$' -V ;;
     bench) for b in nccl maco; do step bench_$b 120 torchrun --nproc-per-node 1 \
         --master-port 29521 tests/python/bench_torch_backend.py $b; done ;;
     pytest_cpu) CUDA_VISIBLE_DEVICES= TEST_UNIT=$PWD/$B/tests/test_unit step pytest_cpu 120 \
@@ -38,8 +39,8 @@ for s in ${STEPS:-example c_torchrun backend patch pytest_gpu pytest_cpu}; do
         tests/python/test_multiprocess.py ;;
   esac
 done
-for f in example c_torchrun backend patch pytest_gpu pytest_cpu bench_nccl bench_maco persist_1 persist_2 persist_4; do
-  [ -f "$OUT/$f.txt" ] && { echo "--- $f"; grep -E "PASS|FAIL|TIME|Traceback|rror|^\[?[0-9]\]? ?[0-9] |result|passed|failed|correct|SKIP|BENCH|Operation|persistent kernel" "$OUT/$f.txt" | head -${LINES_PER_STEP:-16}; }
+for f in example c_torchrun backend patch pytest_gpu pytest_cpu bench_nccl bench_maco persist_1 persist_2 persist_4 nccl_boot; do
+  [ -f "$OUT/$f.txt" ] && { echo "--- $f"; grep -E "PASS|FAIL|TIME|Traceback|rror|^\[?[0-9]\]? ?[0-9] |result|passed|failed|correct|SKIP|BENCH|Operation|persistent kernel|real NCCL|OK \\]" "$OUT/$f.txt" | head -${LINES_PER_STEP:-16}; }
 done
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
