@@ -25,6 +25,17 @@ buffer; reduce-scatter: one rank's receive buffer) is cut into ``parts`` parts; 
 m units has m * parts chunks (docs/plan-format.md gives the element ranges). Scratch has
 ``scratch_chunks`` chunks, each big enough for any part, as data or as LL packets.
 
+Thread-block groups: ``tb=ThreadBlockGroup([0, 1, 2, 3])`` spreads an operation over several
+thread blocks at chunk granularity: the operation's chunk range is cut into as many contiguous,
+near-equal parts as the group has thread blocks (the first ones get one chunk more when it does
+not divide), and thread block ``tbs[i]`` runs the operation on part ``i`` (nothing when its part
+is empty). A channel made with ``tb=group`` is one channel per thread block of the group; its
+``signal``, ``wait`` and ``flush`` run on every thread block of the group, each on its own
+channel, and its i-th channel pairs with the i-th of the peer's group channel (so both sides
+use groups of the same size and cut the same ranges alike; the verifier rejects a plan that
+does not). This is all in the DSL: the plan lists each thread block's share, and the verifier
+and the executor see ordinary thread blocks.
+
 Errors raise :class:`PlanError` naming the rank, thread block and operation index.
 """
 
@@ -34,7 +45,38 @@ PLAN_MAGIC = "MACO-PLAN"
 PLAN_VERSION = 1
 
 __all__ = ["AllGather", "AllReduce", "Chunk", "MemoryChannel", "PlanError", "PortChannel",
-           "Program", "Rank", "ReduceScatter", "PLAN_MAGIC", "PLAN_VERSION"]
+           "Program", "Rank", "ReduceScatter", "ThreadBlockGroup", "PLAN_MAGIC", "PLAN_VERSION"]
+
+
+class ThreadBlockGroup:
+    """Thread blocks that share operations (see the module's text): ``tbs`` distinct
+    thread-block numbers, in the order their parts are dealt."""
+
+    def __init__(self, tbs):
+        tbs = list(tbs)
+        if not tbs or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in tbs):
+            raise PlanError(f"ThreadBlockGroup({tbs!r}): needs one or more thread-block "
+                            f"numbers >= 0")
+        if len(set(tbs)) != len(tbs):
+            raise PlanError(f"ThreadBlockGroup({tbs!r}): a thread block appears twice")
+        self.tbs = tbs
+
+    def __len__(self):
+        return len(self.tbs)
+
+    def __repr__(self):
+        return f"ThreadBlockGroup({self.tbs})"
+
+    def parts(self, size: int):
+        """(i, tb, offset, length) of each non-empty part of a ``size``-chunk range."""
+        n = len(self.tbs)
+        base, extra = divmod(size, n)
+        at = 0
+        for i, t in enumerate(self.tbs):
+            length = base + (1 if i < extra else 0)
+            if length:
+                yield i, t, at, length
+            at += length
 
 
 class PlanError(ValueError):
@@ -242,6 +284,10 @@ class Chunk:
             d["count"] = self.size
         return d
 
+    def sub(self, offset: int, length: int) -> "Chunk":
+        """Chunks [offset, offset + length) of this range."""
+        return Chunk(self.rank, self.buffer, self.index + offset, length)
+
     def packets(self) -> "_Packets":
         """This scratch chunk read as LL packets (as a reduce or copy source)."""
         return _Packets(self)
@@ -284,6 +330,25 @@ class _Buffer:
         return Chunk(self.rank, self.name, start, stop - start)
 
 
+def _sub_source(src, offset: int, length: int, member):
+    """Part [offset, offset + length) of a copy or reduce source; a remote source through a
+    group channel takes the channel of thread block `member` = (group, i)."""
+    if isinstance(src, _Packets):
+        return _Packets(src.chunk.sub(offset, length))
+    if isinstance(src, _Remote):
+        ch = src.channel
+        if ch.members is not None:
+            group, i = member if member is not None else (None, None)
+            if group is None or len(group) != len(ch.members):
+                raise PlanError(f"rank {ch.rank}: a source through group channel {ch!r} needs "
+                                f"an operation on a group of {len(ch.members)} thread blocks")
+            ch = ch.members[i]
+        return _Remote(ch, src.chunk.sub(offset, length))
+    if isinstance(src, Chunk):
+        return src.sub(offset, length)
+    return src  # not a chunk: the operation itself reports it
+
+
 class Rank:
     """Rank ``rank`` of the active program: its buffers and local operations."""
 
@@ -304,6 +369,10 @@ class Rank:
     def copy(self, dst: Chunk, src, tb: int):
         """dst := src on this rank; src may be ``chunk.packets()`` (scratch holding LL packets:
         waits for them)."""
+        if isinstance(tb, ThreadBlockGroup):
+            for _, t, at, n in tb.parts(dst.size):
+                self.copy(dst.sub(at, n), _sub_source(src, at, n, None), t)
+            return
         prog = _program()
         packets = isinstance(src, _Packets)
         s = src.chunk if packets else src
@@ -323,6 +392,10 @@ class Rank:
         """dst := the reduction of srcs (each read once). A source is a chunk of this rank,
         ``chunk.packets()`` (scratch LL packets of this rank) or ``channel.remote(chunk)``
         (a peer's chunk read through a memory channel). dst may be one of the sources."""
+        if isinstance(tb, ThreadBlockGroup):
+            for i, t, at, n in tb.parts(dst.size):
+                self.reduce(dst.sub(at, n), [_sub_source(x, at, n, (tb, i)) for x in srcs], t)
+            return
         prog = _program()
         where = prog._where(self.rank, tb)
         self._local(tb, "reduce", dst)
@@ -378,8 +451,37 @@ class _Channel:
                             f"another node (ranks_per_node={prog.ranks_per_node}); use a "
                             f"PortChannel")
         self.rank, self.peer, self.tb = src_rank, dst_rank, tb
+        self.members = None
+        if isinstance(tb, ThreadBlockGroup):
+            # One channel per thread block of the group, made in the group's order.
+            self.members = [type(self)(dst_rank, src_rank, t) for t in tb.tbs]
+            self.index = None
+            return
         self.index = len(prog.channels[src_rank])
         prog.channels[src_rank].append(self)
+
+    def __repr__(self):
+        what = f"group {self.tb.tbs}" if self.members is not None else f"{self.index}"
+        return f"<{self.kind} channel {what} rank {self.rank} -> {self.peer}>"
+
+    def _group(self, tb, what) -> bool:
+        """True when this is a group channel (and tb its group): the caller spreads the
+        operation over the members."""
+        if self.members is None:
+            if isinstance(tb, ThreadBlockGroup):
+                raise PlanError(f"rank {self.rank} ({what}): channel {self.index} (to rank "
+                                f"{self.peer}) belongs to tb {self.tb}, not to {tb!r}")
+            return False
+        if not isinstance(tb, ThreadBlockGroup) or tb.tbs != self.tb.tbs:
+            raise PlanError(f"rank {self.rank} ({what}): the group channel to rank {self.peer} "
+                            f"belongs to {self.tb!r}; pass tb= that group")
+        return True
+
+    def _spread(self, tb, name, dst: Chunk, src: Chunk):
+        if dst.size != src.size:
+            raise PlanError(f"rank {self.rank} ({name}): {src} and {dst} differ in size")
+        for i, t, at, n in tb.parts(src.size):
+            getattr(self.members[i], name)(dst.sub(at, n), src.sub(at, n), t)
 
     def _check_tb(self, tb, what):
         if tb != self.tb:
@@ -411,20 +513,32 @@ class _Channel:
     def signal(self, tb: int):
         """Signals the peer (release: this thread block's earlier writes are visible to the
         peer after its matching wait)."""
+        if self._group(tb, "signal"):
+            for m, t in zip(self.members, tb.tbs):
+                m.signal(t)
+            return
         self._op(tb, "signal")
 
     def wait(self, tb: int):
         """Waits for the peer's next signal on this channel (acquire, bounded)."""
+        if self._group(tb, "wait"):
+            for m, t in zip(self.members, tb.tbs):
+                m.wait(t)
+            return
         self._op(tb, "wait")
 
     def put(self, dst: Chunk, src: Chunk, tb: int):
         """Copies src (this rank) to dst (the peer)."""
+        if self._group(tb, "put"):
+            return self._spread(tb, "put", dst, src)
         self._pair(tb, "put", dst, src, True)
         self._op(tb, "put", src=src.ref(), dst=dst.ref())
 
     def put_packets(self, dst: Chunk, src: Chunk, tb: int):
         """Writes src (this rank) as LL packets into dst (the peer's scratch): no signal
         needed, the reader waits for the packets' flags."""
+        if self._group(tb, "put_packets"):
+            return self._spread(tb, "put_packets", dst, src)
         if self.kind != "memory":
             raise PlanError(f"{_program()._where(self.rank, tb)} (put_packets): packets go "
                             f"through memory channels only")
@@ -437,6 +551,8 @@ class _Channel:
     def read_put_packets(self, dst: Chunk, src: Chunk, tb: int):
         """Reads LL packets from src (this rank's scratch, waiting for them) and forwards
         them as packets into dst (the peer's scratch)."""
+        if self._group(tb, "read_put_packets"):
+            return self._spread(tb, "read_put_packets", dst, src)
         if self.kind != "memory":
             raise PlanError(f"{_program()._where(self.rank, tb)} (read_put_packets): packets "
                             f"go through memory channels only")
@@ -456,6 +572,8 @@ class MemoryChannel(_Channel):
 
     def get(self, dst: Chunk, src: Chunk, tb: int):
         """Copies src (the peer) to dst (this rank)."""
+        if self._group(tb, "get"):
+            return self._spread(tb, "get", dst, src)
         self._pair(tb, "get", dst, src, False)
         self._op(tb, "get", src=src.ref(), dst=dst.ref())
 
@@ -469,12 +587,40 @@ class PortChannel(_Channel):
 
     def flush(self, tb: int):
         """Waits until every earlier put on this channel has left its source."""
+        if self._group(tb, "flush"):
+            for m, t in zip(self.members, tb.tbs):
+                m.flush(t)
+            return
         self._op(tb, "flush")
 
     def put_with_signal(self, dst: Chunk, src: Chunk, tb: int):
+        if self._group(tb, "put_with_signal"):
+            # every member signals, also one whose part is empty (its peer waits for it)
+            for i, (m, t) in enumerate(zip(self.members, tb.tbs)):
+                part = [p for p in tb.parts(src.size) if p[0] == i]
+                if part:
+                    _, _, at, n = part[0]
+                    getattr(m, "put_with_signal")(dst.sub(at, n), src.sub(at, n), t)
+                else:
+                    m.signal(t)
+                    if "put_with_signal".endswith("flush"):
+                        m.flush(t)
+            return
         self._pair(tb, "put_with_signal", dst, src, True)
         self._op(tb, "put_with_signal", src=src.ref(), dst=dst.ref())
 
     def put_with_signal_and_flush(self, dst: Chunk, src: Chunk, tb: int):
+        if self._group(tb, "put_with_signal_and_flush"):
+            # every member signals, also one whose part is empty (its peer waits for it)
+            for i, (m, t) in enumerate(zip(self.members, tb.tbs)):
+                part = [p for p in tb.parts(src.size) if p[0] == i]
+                if part:
+                    _, _, at, n = part[0]
+                    getattr(m, "put_with_signal_and_flush")(dst.sub(at, n), src.sub(at, n), t)
+                else:
+                    m.signal(t)
+                    if "put_with_signal_and_flush".endswith("flush"):
+                        m.flush(t)
+            return
         self._pair(tb, "put_with_signal_and_flush", dst, src, True)
         self._op(tb, "put_with_signal_and_flush", src=src.ref(), dst=dst.ref())

@@ -153,6 +153,83 @@ class Dsl(unittest.TestCase):
         self.assertEqual(code, 0, out)
 
 
+def grouped_read_allreduce(n, parts=8, tbs=(0, 1, 2, 3)):
+    """Every rank reads every peer's whole input through memory channels and reduces it,
+    the work spread over a thread-block group."""
+    with L.Program(f"ar_tbg_{n}r", L.AllReduce(world_size=n, parts=parts)) as prog:
+        g = L.ThreadBlockGroup(tbs)
+        for r in range(n):
+            me = L.Rank(r)
+            srcs = [me.input[0:parts]]
+            for q in range(n):
+                if q != r:
+                    ch = L.MemoryChannel(dst_rank=q, src_rank=r, tb=g)
+                    srcs.append(ch.remote(L.Rank(q).input[0:parts]))
+            me.reduce(me.output[0:parts], srcs, tb=g)
+    return prog
+
+
+def grouped_allgather(sizes=(3, 3), parts=7):
+    """Two ranks put their input into each other's output in thread-block groups (of
+    sizes[r] on rank r), then signal and wait on every member channel."""
+    with L.Program("ag_tbg", L.AllGather(world_size=2, parts=parts)) as prog:
+        for r in range(2):
+            p, me = 1 - r, L.Rank(r)
+            g = L.ThreadBlockGroup(range(sizes[r]))
+            mine = slice(r * parts, (r + 1) * parts)
+            me.copy(me.output[mine], me.input[0:parts], tb=g)
+            ch = L.MemoryChannel(dst_rank=p, src_rank=r, tb=g)
+            ch.put(L.Rank(p).output[mine], me.input[0:parts], tb=g)
+            ch.signal(tb=g)
+            ch.wait(tb=g)
+    return prog
+
+
+class ThreadBlockGroups(unittest.TestCase):
+    def test_parts_are_near_equal_and_skip_empty(self):
+        g = L.ThreadBlockGroup([5, 2, 7])
+        self.assertEqual(list(g.parts(7)), [(0, 5, 0, 3), (1, 2, 3, 2), (2, 7, 5, 2)])
+        self.assertEqual(list(g.parts(2)), [(0, 5, 0, 1), (1, 2, 1, 1)])
+
+    def test_grouped_reduce_spreads_over_thread_blocks(self):
+        for n in (2, 4):
+            d = grouped_read_allreduce(n).to_dict()
+            tbs = d["ranks"][1]["thread_blocks"]
+            self.assertEqual(len(tbs), 4)
+            self.assertEqual(len(d["ranks"][1]["channels"]), 4 * (n - 1))
+            for t, tb in enumerate(tbs):
+                (op,) = tb["ops"]
+                self.assertEqual(op["op"], "reduce")
+                self.assertEqual(op["dst"], {"buffer": "output", "index": 2 * t, "count": 2})
+                self.assertEqual(len(op["srcs"]), n)
+            code, out = verify(d)
+            self.assertEqual(code, 0, out)
+
+    def test_grouped_channel_ops_verify(self):
+        d = grouped_allgather().to_dict()
+        ops = [o["op"] for o in d["ranks"][0]["thread_blocks"][2]["ops"]]
+        self.assertEqual(ops, ["copy", "put", "signal", "wait"])
+        code, out = verify(d)
+        self.assertEqual(code, 0, out)
+
+    def test_groups_of_different_sizes_are_rejected(self):
+        code, out = verify(grouped_allgather(sizes=(3, 2)).to_dict())
+        self.assertNotEqual(code, 0, out)
+
+    def test_errors(self):
+        self.assertRaisesRegex(L.PlanError, r"needs one or more", L.ThreadBlockGroup, [])
+        self.assertRaisesRegex(L.PlanError, r"appears twice", L.ThreadBlockGroup, [1, 1])
+        with L.Program("e", L.AllGather(world_size=2, parts=4)):
+            g = L.ThreadBlockGroup([0, 1])
+            ch = L.MemoryChannel(dst_rank=1, src_rank=0, tb=g)
+            self.assertRaisesRegex(L.PlanError, r"belongs to ThreadBlockGroup\(\[0, 1\]\)",
+                                   ch.signal, 0)
+            self.assertRaisesRegex(L.PlanError, r"belongs to ThreadBlockGroup\(\[0, 1\]\)",
+                                   ch.signal, L.ThreadBlockGroup([0, 2]))
+            one = L.MemoryChannel(dst_rank=1, src_rank=0, tb=0)
+            self.assertRaisesRegex(L.PlanError, r"belongs to tb 0, not to", one.wait, g)
+
+
 class Shipped(unittest.TestCase):
     def test_generated_files_are_current(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -444,6 +444,30 @@ def plans():
         torch.cuda.synchronize()
         check(f"plan reduce_scatter {n}", from_torch(o, "float32"),
               reduce_expected(full, "sum", "float32")[R * n:(R + 1) * n])
+    # thread-block groups (maco.language.ThreadBlockGroup): the read-reduce allreduce with
+    # each rank's work spread over 4 thread blocks, built and run from Python
+    import maco.language as L
+
+    with L.Program(f"ar_tbg_{N}r", L.AllReduce(world_size=N, parts=8)) as gp:
+        grp = L.ThreadBlockGroup(range(4))
+        for r in range(N):
+            me = L.Rank(r)
+            srcs = [me.input[0:8]]
+            for q in range(N):
+                if q != r:
+                    srcs.append(L.MemoryChannel(dst_rank=q, src_rank=r, tb=grp).remote(
+                        L.Rank(q).input[0:8]))
+            me.reduce(me.output[0:8], srcs, tb=grp)
+    gplan = comm.load_plan(gp)
+    for n in (5, 100003):
+        ins = [values(r, n, "float32", 1700 + n) for r in range(N)]
+        out = torch.empty(n, device=DEV)
+        Torch.poison(out)
+        gplan(to_torch(ins[R], "float32"), out)
+        torch.cuda.synchronize()
+        check(f"plan with thread-block groups {n}", from_torch(out, "float32"),
+              reduce_expected(ins, "sum", "float32"))
+    gplan.close()
     # a CUDA graph of a plan call, replayed on new inputs
     plan = progs[0]
     gx = torch.zeros(5003, device=DEV)
