@@ -29,6 +29,8 @@ for s in ${STEPS:-example c_torchrun backend patch pytest_gpu pytest_cpu}; do
         --master-port 29518 tests/python/gpu_torch_backend.py patch ;;
     pytest_gpu) step pytest_gpu 300 python3 -m pytest -q -s -p no:cacheprovider \
         tests/python/test_gpu.py ;;
+    coll) for n in 2 4; do step coll_$n 120 "$run" -n $n --timeout 110 python3 \
+        tests/python/gpu_collectives.py; done ;;
     persist) for n in 1 2 4; do step persist_$n 150 "$run" -n $n --timeout 140 python3 \
         tests/python/gpu_persistent.py; done ;;
     nccl_boot) step nccl_boot 60 ctest --test-dir "$B" -R '^gpu_nccl_bootstrap_1$' -V ;;
@@ -39,7 +41,7 @@ for s in ${STEPS:-example c_torchrun backend patch pytest_gpu pytest_cpu}; do
         tests/python/test_multiprocess.py ;;
   esac
 done
-for f in example c_torchrun backend patch pytest_gpu pytest_cpu bench_nccl bench_maco persist_1 persist_2 persist_4 nccl_boot; do
+for f in example c_torchrun backend patch pytest_gpu pytest_cpu bench_nccl bench_maco persist_1 persist_2 persist_4 nccl_boot coll_2 coll_4; do
   [ -f "$OUT/$f.txt" ] && { echo "--- $f"; grep -E "PASS|FAIL|TIME|Traceback|rror|^\[?[0-9]\]? ?[0-9] |result|passed|failed|correct|SKIP|BENCH|Operation|persistent kernel|real NCCL|OK \\]" "$OUT/$f.txt" | head -${LINES_PER_STEP:-16}; }
 done
 echo "=== summary"
