@@ -10,7 +10,10 @@
  * inputs.
  */
 #include <cuda_runtime.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -658,3 +661,49 @@ TEST_F(Collectives, BadInputWritesNothing)
 }
 
 } // namespace
+
+/*
+ * A rank killed in the middle of a collective (run alone: ctest gpu_hier_killed_rank sets
+ * TEST_KILL_RANK; across simulated nodes, hier over TCP). The last rank starts a large
+ * allreduce with everyone and dies without a word 20 ms later; the others' calls must end (no
+ * hang: the kernel stops at the communicator's error or at MACO_DEVICE_TIMEOUT) and their
+ * asynchronous error must name the dead rank. The survivors leave with _exit afterwards, as
+ * their communicator is failed for good.
+ */
+TEST_F(Collectives, RankKilledMidCallIsNamed)
+{
+    if (std::getenv("TEST_KILL_RANK") == nullptr)
+        GTEST_SKIP() << "runs alone (ctest gpu_hier_killed_rank sets TEST_KILL_RANK)";
+    const int victim = NRanks() - 1;
+    const size_t count = size_t(1) << 24; /* 64 MiB of float32: long enough over TCP */
+    maco_test::AllowLog("");              /* survivors log the failure in several ways */
+    float *buf = nullptr;
+    CUDA_OK(cudaMalloc(&buf, count * sizeof(float)));
+    CUDA_OK(cudaMemsetAsync(buf, 0, count * sizeof(float), stream_));
+    /* One complete call first: channels, rails and scratch are set up. */
+    ASSERT_EQ(maco_allreduce(buf, buf, 1 << 16, MACO_FLOAT32, MACO_SUM, Comm(), stream_), MACO_OK);
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    if (Rank() == victim) {
+        maco_allreduce(buf, buf, count, MACO_FLOAT32, MACO_SUM, Comm(), stream_);
+        usleep(20000);
+        _exit(0); /* dies mid-call, without goodbye */
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    maco_status_t st = MACO_OK;
+    for (int i = 0; i < 3 && st == MACO_OK; i++) /* later calls fail at once */
+        st = maco_allreduce(buf, buf, count, MACO_FLOAT32, MACO_SUM, Comm(), stream_);
+    cudaError_t ce = cudaStreamSynchronize(stream_);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    maco_status_t async_st = MACO_OK;
+    EXPECT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
+    std::string why = maco_comm_get_last_error(Comm());
+    std::printf("rank %d: calls returned %s, stream %s, async error %s after %.1f s: %s\n", Rank(),
+                maco_status_string(st), cudaGetErrorString(ce), maco_status_string(async_st), secs,
+                why.c_str());
+    EXPECT_NE(async_st, MACO_OK);
+    EXPECT_NE(why.find("rank " + std::to_string(victim)), std::string::npos) << why;
+    EXPECT_LT(secs, 60.0);
+    std::fflush(stdout);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+}

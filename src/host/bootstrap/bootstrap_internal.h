@@ -47,6 +47,10 @@ maco_status_t maco__bootstrap_exchange(maco_bootstrap_t bs, int peer, uint32_t t
  */
 maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer);
 
+/* 1 when `peer`'s bootstrap link has ended (goodbye, or closed without one: it exited or
+ * crashed), else 0. Records no error (safe inside error reporting). Thread-safe. */
+int maco__bootstrap_peer_gone(maco_bootstrap_t bs, int peer);
+
 /** For tests: the socket of the link to `peer` (-1 if none). */
 int maco__bootstrap_link_fd(maco_bootstrap_t bs, int peer);
 

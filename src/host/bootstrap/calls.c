@@ -218,6 +218,23 @@ maco_status_t maco_bootstrap_get_host_id(maco_bootstrap_t bs, int rank, const ch
     return MACO_OK;
 }
 
+/* 0: the peer's link is up; 1: it said goodbye (destroyed its bootstrap); 2: the link ended
+ * without goodbye (the peer exited or crashed). Records no error. */
+static int maco__peer_link_state(maco_bootstrap_t bs, int peer)
+{
+    int state = __atomic_load_n(&bs->peers[peer].state, __ATOMIC_ACQUIRE);
+    int fd = __atomic_load_n(&bs->peers[peer].fd, __ATOMIC_ACQUIRE);
+    if (state == MACO__PEER_BYE || state == MACO__PEER_CLOSED)
+        return 1;
+    int lost = state == MACO__PEER_LOST || fd < 0;
+    if (!lost) {
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        lost = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    return lost ? 2 : 0;
+}
+
 maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
 {
     if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank)
@@ -225,23 +242,23 @@ maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
     maco_status_t failed = (maco_status_t)__atomic_load_n((int *)&bs->failed, __ATOMIC_ACQUIRE);
     if (failed != MACO_OK)
         return maco__error_quiet(failed, "the job failed: %s", bs->failed_text);
-    int state = __atomic_load_n(&bs->peers[peer].state, __ATOMIC_ACQUIRE);
-    int fd = __atomic_load_n(&bs->peers[peer].fd, __ATOMIC_ACQUIRE);
-    if (state == MACO__PEER_BYE || state == MACO__PEER_CLOSED)
+    int state = maco__peer_link_state(bs, peer);
+    if (state == 1)
         return maco__error_quiet(MACO_ERR_REMOTE,
                                  "rank %d left the job (it destroyed its bootstrap)", peer);
-    int lost = state == MACO__PEER_LOST || fd < 0;
-    if (!lost) {
-        char c;
-        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        lost = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-    }
-    if (lost)
+    if (state == 2)
         return maco__error_quiet(MACO_ERR_REMOTE,
                                  "rank %d's connection ended without goodbye (it exited or "
                                  "crashed)",
                                  peer);
     return MACO_OK;
+}
+
+int maco__bootstrap_peer_gone(maco_bootstrap_t bs, int peer)
+{
+    if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank)
+        return 0;
+    return maco__peer_link_state(bs, peer) != 0;
 }
 
 int maco__bootstrap_link_fd(maco_bootstrap_t bs, int peer)

@@ -1,16 +1,43 @@
 /*
  * comm_base.c - what every layer above the bootstrap may call on a communicator: its errors
  * (the first error's message, asynchronous errors of proxies and device-side waits), the "no
- * usable GPU" answer, and the extension the collectives install (comm_internal.h). A leaf: it
- * calls only the logger (docs/design.md, layers).
+ * usable GPU" answer, and the extension the collectives install (comm_internal.h). It calls
+ * only the logger and the bootstrap's link check (docs/design.md, layers).
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "bootstrap_internal.h"
 #include "comm_internal.h"
 #include "log.h"
 #include "maco/device/persistent.h"
+
+/* A remote failure or a timeout is often the effect of a peer that died elsewhere in the job
+ * (a wait on rank 2, which waited on the dead rank 3): the first error's text gets the ranks
+ * whose bootstrap link has ended, so every survivor's error names the root cause. */
+static void maco__comm_name_gone_peers(maco_comm_t comm)
+{
+    char list[160];
+    size_t len = 0;
+    int gone = 0;
+    list[0] = '\0';
+    for (int r = 0; r < comm->nranks && comm->bs != NULL; r++) {
+        if (r == comm->rank || !maco__bootstrap_peer_gone(comm->bs, r))
+            continue;
+        if (++gone > 16)
+            continue;
+        int n = snprintf(list + len, sizeof(list) - len, "%s%d", gone > 1 ? ", " : "", r);
+        if (n > 0 && (size_t)n < sizeof(list) - len)
+            len += (size_t)n;
+    }
+    if (gone == 0)
+        return;
+    size_t used = strlen(comm->first_error);
+    snprintf(comm->first_error + used, sizeof(comm->first_error) - used,
+             " [rank%s %s%s left the job: %s bootstrap connection ended]", gone > 1 ? "s" : "",
+             list, gone > 16 ? ", ..." : "", gone > 1 ? "their" : "its");
+}
 
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
 {
@@ -20,6 +47,8 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
     if (comm->first_status == MACO_OK) {
         comm->first_status = status;
         snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
+        if (status == MACO_ERR_REMOTE || status == MACO_ERR_TIMEOUT)
+            maco__comm_name_gone_peers(comm);
     }
     pthread_mutex_unlock(&comm->error_lock);
     return status;
