@@ -213,7 +213,37 @@ TEST_F(BootstrapEnv, SocketIfnameChoosesTheInterfaceByNameOrPrefix)
     maco_test::AllowLog("MACO_SOCKET_IFNAME='no-such-interface0' matches no interface");
     maco__sockaddr_t a;
     EXPECT_EQ(maco__socket_default_address(&a), MACO_ERR_INVALID_ARGUMENT);
+    /* NCCL_SOCKET_IFNAME's syntax: a list, exact names, exclusions. */
+    for (std::string pattern :
+         { "no-such0," + name, "=" + name, "=no-such0," + name, std::string("^no-such0,lo") }) {
+        setenv("MACO_SOCKET_IFNAME", pattern.c_str(), 1);
+        ASSERT_EQ(maco__socket_default_address(&a), MACO_OK) << pattern;
+        char text[96];
+        maco__sockaddr_format(&a, text, sizeof(text));
+        if (pattern != "^no-such0,lo") {
+            EXPECT_EQ(std::string(text).rfind(want + ":", 0), 0u) << pattern << " " << text;
+        }
+    }
+    setenv("MACO_SOCKET_IFNAME", ("=" + name.substr(0, name.size() - 1) + "X").c_str(), 1);
+    maco_test::AllowLog("matches no interface");
+    EXPECT_EQ(maco__socket_default_address(&a), MACO_ERR_INVALID_ARGUMENT);
     unsetenv("MACO_SOCKET_IFNAME");
+}
+
+TEST_F(BootstrapEnv, IfnameMatchSpeaksNcclSyntax)
+{
+    struct Case {
+        const char *spec, *name;
+        int want;
+    } cases[] = {
+        { "eth", "eth0", 1 },        { "eth", "ib0", 0 },       { "=eth", "eth0", 0 },
+        { "=eth0", "eth0", 1 },      { "=eth0", "eth01", 0 },   { "ib,eth", "eth1", 1 },
+        { "ib,eth", "lo", 0 },       { "^docker,lo", "lo", 0 }, { "^docker,lo", "docker0", 0 },
+        { "^docker,lo", "eth0", 1 }, { "^=eth0", "eth01", 1 },  { "^=eth0", "eth0", 0 },
+        { ",eth,", "eth2", 1 },      { "^", "eth0", 1 },
+    };
+    for (const Case &c : cases)
+        EXPECT_EQ(maco__ifname_match(c.spec, c.name), c.want) << c.spec << " " << c.name;
 }
 
 } // namespace

@@ -89,11 +89,8 @@ void maco_nccl__env_apply(void)
         maco_nccl__map("NCCL_DEBUG_SUBSYS", "MACO_LOG_SUBSYS", subsys);
     /* Both expand %h (host) and %p (pid). */
     maco_nccl__map("NCCL_DEBUG_FILE", "MACO_LOG_FILE", getenv("NCCL_DEBUG_FILE"));
-    /* NCCL: a comma list of prefixes, "=" for exact names, "^" to exclude. MACO takes one name
-     * or prefix: a single included entry maps, exclusions are not mapped (MACO then picks the
-     * interface that reaches rank 0). */
-    if ((v = getenv("NCCL_SOCKET_IFNAME")) != NULL && v[0] != '^' && strchr(v, ',') == NULL)
-        maco_nccl__map("NCCL_SOCKET_IFNAME", "MACO_SOCKET_IFNAME", v[0] == '=' ? v + 1 : v);
+    /* The same syntax in both: a comma list of prefixes, "=" for exact names, "^" to exclude. */
+    maco_nccl__map("NCCL_SOCKET_IFNAME", "MACO_SOCKET_IFNAME", getenv("NCCL_SOCKET_IFNAME"));
     /* The same syntax in both. */
     maco_nccl__map("NCCL_IB_HCA", "MACO_IB_HCA", getenv("NCCL_IB_HCA"));
     maco_nccl__map("NCCL_IB_GID_INDEX", "MACO_IB_GID_INDEX", getenv("NCCL_IB_GID_INDEX"));

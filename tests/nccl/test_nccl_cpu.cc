@@ -424,7 +424,7 @@ TEST(NcclEnv, NcclVariablesMapOntoMacos)
     ASSERT_NE(getenv("MACO_LOG_SUBSYS"), nullptr);
     EXPECT_STREQ(getenv("MACO_LOG_SUBSYS"), "^bootstrap,proxy");
     ASSERT_NE(getenv("MACO_SOCKET_IFNAME"), nullptr);
-    EXPECT_STREQ(getenv("MACO_SOCKET_IFNAME"), "lo");
+    EXPECT_STREQ(getenv("MACO_SOCKET_IFNAME"), "=lo"); /* the same syntax in both */
     ASSERT_NE(getenv("MACO_IB_HCA"), nullptr);
     EXPECT_STREQ(getenv("MACO_IB_HCA"), "=mlx5_0:1");
     /* An explicit MACO_* value wins over NCCL's. */

@@ -52,8 +52,8 @@ extern "C" {
       "Node identity override (default: host name + boot id); ranks with equal ids share a "       \
       "node.")                                                                                     \
     X(SOCKET_IFNAME, STRING, "", "",                                                               \
-      "Network interface (name or prefix) for bootstrap sockets. Default: the one that "           \
-      "reaches rank 0.")                                                                           \
+      "Network interfaces for bootstrap sockets, as NCCL_SOCKET_IFNAME: prefixes (eth,ib), "       \
+      "=exact names, ^ to exclude. Default: the first up non-loopback IPv4 one.")                  \
     X(DEVICE_TIMEOUT, DURATION, "60s", "ms",                                                       \
       "Deadline of every device-side wait (semaphores, LL packets); 0 disables it.")               \
     X(SHARED_GPU, BOOL, "0", "",                                                                   \

@@ -178,9 +178,32 @@ maco_status_t maco__sockaddr_parse(const char *text, const char *what, maco__soc
     return MACO_OK;
 }
 
+int maco__ifname_match(const char *spec, const char *name)
+{
+    int exclude = spec[0] == '^';
+    if (exclude)
+        spec++;
+    int exact = spec[0] == '=';
+    if (exact)
+        spec++;
+    int hit = 0;
+    while (!hit && *spec != '\0') {
+        size_t len = strcspn(spec, ",");
+        if (len > 0)
+            hit = exact ? strlen(name) == len && strncmp(name, spec, len) == 0
+                        : strncmp(name, spec, len) == 0;
+        spec += len;
+        if (*spec == ',')
+            spec++;
+    }
+    return exclude ? !hit : hit;
+}
+
 maco_status_t maco__socket_default_address(maco__sockaddr_t *addr)
 {
     const char *want = maco__config_string(MACO_CFG_SOCKET_IFNAME);
+    /* An exclusion list ("^docker,lo") chooses as the default does among what it leaves. */
+    int include = want[0] != '\0' && want[0] != '^';
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0)
         return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "getifaddrs failed: %s",
@@ -192,12 +215,10 @@ maco_status_t maco__socket_default_address(maco__sockaddr_t *addr)
         int family = it->ifa_addr->sa_family;
         if (family != AF_INET && family != AF_INET6)
             continue;
-        if (want[0] != '\0') {
-            if (strncmp(it->ifa_name, want, strlen(want)) != 0)
-                continue;
-        } else if ((it->ifa_flags & IFF_LOOPBACK) || family != AF_INET) {
+        if (want[0] != '\0' && !maco__ifname_match(want, it->ifa_name))
             continue;
-        }
+        if (!include && ((it->ifa_flags & IFF_LOOPBACK) || family != AF_INET))
+            continue;
         pick = it;
         break;
     }

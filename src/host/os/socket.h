@@ -38,9 +38,17 @@ uint16_t maco__sockaddr_port(const maco__sockaddr_t *addr);
 void maco__sockaddr_set_port(maco__sockaddr_t *addr, uint16_t port);
 
 /**
+ * Whether interface `name` is chosen by `spec`, in NCCL_SOCKET_IFNAME's syntax: a comma list
+ * of name prefixes ("eth,ib"), of exact names after "=" ("=eth0"), and either form after "^"
+ * to exclude instead ("^docker,lo"). Returns 1 or 0.
+ */
+int maco__ifname_match(const char *spec, const char *name);
+
+/**
  * The address to listen on for the bootstrap root when nothing else says: the first
- * address of the interface named (or prefixed) by MACO_SOCKET_IFNAME; else the first
- * up, non-loopback IPv4 interface; else 127.0.0.1.
+ * address of an interface MACO_SOCKET_IFNAME chooses (maco__ifname_match; with an exclusion
+ * list, the first up non-loopback IPv4 interface it does not exclude); else the first up,
+ * non-loopback IPv4 interface; else 127.0.0.1.
  */
 maco_status_t maco__socket_default_address(maco__sockaddr_t *addr);
 
