@@ -1,11 +1,12 @@
 /*
- * bench_gemm_tile.cu - the persistent kernel's GEMM (one task per 128 x 128 tile of C, tiles
- * from cuBLASDx) against cuBLAS on one GPU, bf16 in, fp32 accumulation, bf16 out, row-major:
- * 4096^3 and two tensor-parallel MLP shapes (hidden 8192, FFN 28672 over 8 ranks, 4096
- * tokens: the column-parallel up projection 4096 x 3584 x 8192 and the row-parallel down
- * projection 4096 x 8192 x 3584). A benchmark, not a test (docs/performance.md).
+ * bench_gemm_tile.cu - the persistent kernel's GEMM (one task per 128 x 128 tile of C) against
+ * cuBLAS on one GPU, with each of its tile implementations (MACO_GEMM_TILE=cublasdx, then
+ * gmma: Hopper wgmma through CuTe, where the library has it and the GPU runs it), bf16 in, fp32
+ * accumulation, bf16 out, row-major: 4096^3 and two tensor-parallel MLP shapes (hidden 8192, FFN
+ * 28672 over 8 ranks, 4096 tokens: the column-parallel up projection 4096 x 3584 x 8192 and the
+ * row-parallel down projection 4096 x 8192 x 3584). A benchmark, not a test (docs/performance.md).
  *
- *   usage: bench_gemm_tile [--iters I]
+ *   usage: bench_gemm_tile [--iters I] [--tiles cublasdx,gmma]
  * Exit status 0 and "SKIP" when the library has no GEMM tiles (built without MathDx).
  */
 #include <cublas_v2.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "maco/maco.h"
@@ -44,9 +46,15 @@ __global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed)
 int main(int argc, char **argv)
 {
     int iters = 20;
+    std::vector<std::string> kinds = { "cublasdx", "gmma" };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tiles") && i + 1 < argc) {
+            kinds.clear();
+            for (char *s = strtok(argv[++i], ","); s != nullptr; s = strtok(nullptr, ","))
+                kinds.push_back(s);
+        }
     }
     char why[400];
     if (maco_cuda_device_count(why, sizeof(why)) < 1) {
@@ -72,8 +80,8 @@ int main(int argc, char **argv)
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("# bench_gemm_tile on %s (%d SMs), bf16 in, fp32 accumulate, bf16 out, %d iterations\n",
            prop.name, prop.multiProcessorCount, iters);
-    printf("%6s %6s %6s %8s %12s %12s %9s %8s %s\n", "M", "N", "K", "tiles", "cuBLAS(TF/s)",
-           "persist(TF/s)", "ratio", "maxrel", "split (workers/schedulers)");
+    printf("%6s %6s %6s %8s %-9s %12s %12s %9s %8s %s\n", "M", "N", "K", "tiles", "tile-impl",
+           "cuBLAS(TF/s)", "persist(TF/s)", "ratio", "maxrel", "split (workers/schedulers)");
     const int shapes[][3] = { { 4096, 4096, 4096 }, { 4096, 3584, 8192 }, { 4096, 8192, 3584 } };
     int wrong = 0;
     for (const auto &sh : shapes) {
@@ -107,74 +115,78 @@ int main(int argc, char **argv)
         CK(cudaEventElapsedTime(&ms_cublas, e0, e1));
         ms_cublas /= (float)iters;
 
-        maco_task_graph_t g;
-        maco_task_graph_create(&g);
-        int tm = M / MACO_GEMM_TILE_M, tn = N / MACO_GEMM_TILE_N;
-        for (int r = 0; r < tm; r++)
-            for (int c = 0; c < tn; c++) {
-                maco_task_t t;
-                memset(&t, 0, sizeof(t));
-                t.type = MACO_TASK_GEMM_TILE;
-                t.datatype = MACO_BFLOAT16;
-                t.a = A;
-                t.b = B;
-                t.out = C2 + (size_t)r * MACO_GEMM_TILE_M * N + (size_t)c * MACO_GEMM_TILE_N;
-                t.m = (uint32_t)M;
-                t.n = (uint32_t)N;
-                t.k = (uint32_t)K;
-                t.ldc = (uint32_t)N;
-                t.tile_row = (uint32_t)r;
-                t.tile_col = (uint32_t)c;
-                maco_task_graph_add_task(g, &t, nullptr);
+        for (const std::string &kind : kinds) {
+            setenv("MACO_GEMM_TILE", kind.c_str(), 1); /* read by maco_persistent_kernel_create */
+            CK(cudaMemset(C2, 0, (size_t)M * N * 2));
+            maco_task_graph_t g;
+            maco_task_graph_create(&g);
+            int tm = M / MACO_GEMM_TILE_M, tn = N / MACO_GEMM_TILE_N;
+            for (int r = 0; r < tm; r++)
+                for (int c = 0; c < tn; c++) {
+                    maco_task_t t;
+                    memset(&t, 0, sizeof(t));
+                    t.type = MACO_TASK_GEMM_TILE;
+                    t.datatype = MACO_BFLOAT16;
+                    t.a = A;
+                    t.b = B;
+                    t.out = C2 + (size_t)r * MACO_GEMM_TILE_M * N + (size_t)c * MACO_GEMM_TILE_N;
+                    t.m = (uint32_t)M;
+                    t.n = (uint32_t)N;
+                    t.k = (uint32_t)K;
+                    t.ldc = (uint32_t)N;
+                    t.tile_row = (uint32_t)r;
+                    t.tile_col = (uint32_t)c;
+                    maco_task_graph_add_task(g, &t, nullptr);
+                }
+            maco_persistent_kernel_t pk;
+            maco_status_t st = maco_persistent_kernel_create(comm, g, nullptr, &pk);
+            maco_task_graph_destroy(g);
+            if (st == MACO_ERR_UNSUPPORTED) {
+                printf("SKIP %s: %s\n", kind.c_str(), maco_log_last_error());
+                continue;
             }
-        maco_persistent_kernel_t pk;
-        maco_status_t st = maco_persistent_kernel_create(comm, g, nullptr, &pk);
-        maco_task_graph_destroy(g);
-        if (st == MACO_ERR_UNSUPPORTED) {
-            printf("SKIP: %s\n", maco_log_last_error());
-            return 0;
-        }
-        if (st != MACO_OK) {
-            printf("create: %s\n", maco_log_last_error());
-            return 2;
-        }
-        maco_persistent_config_t cfg;
-        maco_persistent_kernel_get_config(pk, &cfg);
-        maco_persistent_kernel_launch(pk, stream);
-        maco_persistent_kernel_launch(pk, stream);
-        CK(cudaEventRecord(e0, stream));
-        for (int i = 0; i < iters; i++)
+            if (st != MACO_OK) {
+                printf("create: %s\n", maco_log_last_error());
+                return 2;
+            }
+            maco_persistent_config_t cfg;
+            maco_persistent_kernel_get_config(pk, &cfg);
             maco_persistent_kernel_launch(pk, stream);
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        float ms_pk = 0;
-        CK(cudaEventElapsedTime(&ms_pk, e0, e1));
-        ms_pk /= (float)iters;
-        maco_status_t as;
-        maco_comm_get_async_error(comm, &as);
-        if (as != MACO_OK) {
-            printf("async error: %s\n", maco_comm_get_last_error(comm));
-            return 2;
+            maco_persistent_kernel_launch(pk, stream);
+            CK(cudaEventRecord(e0, stream));
+            for (int i = 0; i < iters; i++)
+                maco_persistent_kernel_launch(pk, stream);
+            CK(cudaEventRecord(e1, stream));
+            CK(cudaEventSynchronize(e1));
+            float ms_pk = 0;
+            CK(cudaEventElapsedTime(&ms_pk, e0, e1));
+            ms_pk /= (float)iters;
+            maco_status_t as;
+            maco_comm_get_async_error(comm, &as);
+            if (as != MACO_OK) {
+                printf("async error: %s\n", maco_comm_get_last_error(comm));
+                return 2;
+            }
+            /* Both results: relative difference against the largest |value| (fp32 sums in
+             * different orders, each rounded once to bf16). */
+            std::vector<__nv_bfloat16> h1((size_t)M * N), h2((size_t)M * N);
+            CK(cudaMemcpy(h1.data(), C1, h1.size() * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(h2.data(), C2, h2.size() * 2, cudaMemcpyDeviceToHost));
+            double maxabs = 0, maxdiff = 0;
+            for (size_t i = 0; i < h1.size(); i++) {
+                double a = __bfloat162float(h1[i]), b = __bfloat162float(h2[i]);
+                maxabs = fmax(maxabs, fabs(a));
+                maxdiff = fmax(maxdiff, fabs(a - b));
+            }
+            double rel = maxabs > 0 ? maxdiff / maxabs : 0;
+            if (!(rel < 2e-2))
+                wrong++;
+            double flops = 2.0 * M * N * (double)K;
+            printf("%6d %6d %6d %8d %-9s %12.1f %12.1f %8.1f%% %8.1e %d/%d\n", M, N, K, tm * tn,
+                   kind.c_str(), flops / (ms_cublas * 1e-3) / 1e12, flops / (ms_pk * 1e-3) / 1e12,
+                   100.0 * ms_cublas / ms_pk, rel, cfg.workers, cfg.schedulers);
+            maco_persistent_kernel_destroy(pk);
         }
-        /* Both results: relative difference against the largest |value| (fp32 sums in
-         * different orders, each rounded once to bf16). */
-        std::vector<__nv_bfloat16> h1((size_t)M * N), h2((size_t)M * N);
-        CK(cudaMemcpy(h1.data(), C1, h1.size() * 2, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(h2.data(), C2, h2.size() * 2, cudaMemcpyDeviceToHost));
-        double maxabs = 0, maxdiff = 0;
-        for (size_t i = 0; i < h1.size(); i++) {
-            double a = __bfloat162float(h1[i]), b = __bfloat162float(h2[i]);
-            maxabs = fmax(maxabs, fabs(a));
-            maxdiff = fmax(maxdiff, fabs(a - b));
-        }
-        double rel = maxabs > 0 ? maxdiff / maxabs : 0;
-        if (!(rel < 2e-2))
-            wrong++;
-        double flops = 2.0 * M * N * (double)K;
-        printf("%6d %6d %6d %8d %12.1f %12.1f %8.1f%% %8.1e %d/%d\n", M, N, K, tm * tn,
-               flops / (ms_cublas * 1e-3) / 1e12, flops / (ms_pk * 1e-3) / 1e12,
-               100.0 * ms_cublas / ms_pk, rel, cfg.workers, cfg.schedulers);
-        maco_persistent_kernel_destroy(pk);
         cudaFree(A);
         cudaFree(B);
         cudaFree(C1);

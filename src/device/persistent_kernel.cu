@@ -44,3 +44,26 @@ extern "C" int maco__pk_gemm_available(void)
     return 1;
 }
 #endif
+
+#if !defined(MACO_HAVE_GEMM_GMMA)
+extern "C" int maco__pk_gemm_gmma_built(void)
+{
+    return 0;
+}
+
+extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid,
+                                                 cudaStream_t stream)
+{
+    return cudaErrorNotSupported;
+}
+
+extern "C" cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p)
+{
+    return cudaErrorNotSupported;
+}
+#else
+extern "C" int maco__pk_gemm_gmma_built(void)
+{
+    return 1;
+}
+#endif

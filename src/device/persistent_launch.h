@@ -25,12 +25,29 @@ enum {
     MACO__PK_GEMM_THREADS = 256,
 };
 
+/* The Hopper GEMM tiles (persistent_gemm_gmma.cu: CuTe's SM90 GMMA atoms, built for sm_90a):
+ * the same threads, kStages shared-memory stages of 32 KiB and the dynamic shared memory the
+ * kernel asks for (the stages and 1 KiB of alignment). */
+enum {
+    MACO__PK_GEMM_GMMA_STAGES = 5,
+    MACO__PK_GEMM_GMMA_SMEM = MACO__PK_GEMM_GMMA_STAGES * 32768 + 1024,
+};
+
 /** 1 when the library was built with cuBLASDx (the GEMM kernel exists), else 0. */
 int maco__pk_gemm_available(void);
 
 /** As maco__pk_launch and maco__pk_ctas_per_sm, for the kernel with GEMM tiles. */
 cudaError_t maco__pk_gemm_launch(const maco_pk_view_t *view, int grid, cudaStream_t stream);
 cudaError_t maco__pk_gemm_ctas_per_sm(int *ctas_p);
+
+/** 1 when the library has the GMMA kernel (built for sm_90a), else 0. */
+int maco__pk_gemm_gmma_built(void);
+
+/** As maco__pk_gemm_launch and maco__pk_gemm_ctas_per_sm, for the GMMA kernel. The latter
+ * also sets the kernel's dynamic shared memory limit, and fails where the current device
+ * cannot run sm_90a code. */
+cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid, cudaStream_t stream);
+cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p);
 
 /** Launches the kernel: `grid` CTAs of `threads` threads run the graph of `view`. */
 cudaError_t maco__pk_launch(const maco_pk_view_t *view, int grid, int threads, cudaStream_t stream);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "comm_internal.h"
+#include "config.h"
 #include "cuda_util.h"
 #include "log.h"
 #include "persistent_internal.h"
@@ -21,17 +22,60 @@ struct maco_persistent_kernel {
     maco_pk_view_t view;
     maco_persistent_config_t config;
     int grid;
-    int gemm; /* runs the kernel with GEMM tiles */
+    int gemm; /* runs a kernel with GEMM tiles: MACO__PK_GEMM_* */
     uint32_t ntasks;
     void *fixed, *state;
     char **labels;  /* [ntasks] task names for the profile */
     uint8_t *roles; /* [ntasks] MACO_PK_ROLE_* */
 };
 
+/* Which kernel runs a graph with GEMM tiles. */
+enum { MACO__PK_GEMM_NONE = 0, MACO__PK_GEMM_CUBLASDX = 1, MACO__PK_GEMM_GMMA = 2 };
+
+/* Picks the GEMM tiles by MACO_GEMM_TILE (default cublasdx; auto: the GMMA ones where the
+ * library has them and the current GPU runs sm_90a code, else cuBLASDx's) and how many of its
+ * CTAs fit on an SM. */
+static maco_status_t maco__pk_gemm_pick(const char *fn, int *kind_p, int *per_sm_p)
+{
+    const char *want = maco__config_string(MACO_CFG_GEMM_TILE);
+    int auto_ = strcmp(want, "auto") == 0, gmma = strcmp(want, "gmma") == 0;
+    if (!auto_ && !gmma && strcmp(want, "cublasdx") != 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: MACO_GEMM_TILE=%s: auto, gmma or cublasdx", fn, want);
+    if (gmma && !maco__pk_gemm_gmma_built())
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
+                           "%s: MACO_GEMM_TILE=gmma: this library was built without the GMMA "
+                           "tiles (they need 90 among CMAKE_CUDA_ARCHITECTURES)",
+                           fn);
+    if ((auto_ || gmma) && maco__pk_gemm_gmma_built()) {
+        cudaError_t cerr = maco__pk_gemm_gmma_ctas_per_sm(per_sm_p);
+        if (cerr == cudaSuccess) {
+            *kind_p = MACO__PK_GEMM_GMMA;
+            return MACO_OK;
+        }
+        (void)cudaGetLastError(); /* not sticky: the kernel's image does not fit this GPU */
+        if (gmma)
+            return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
+                               "%s: MACO_GEMM_TILE=gmma: this GPU cannot run the sm_90a GMMA "
+                               "tiles: %s",
+                               fn, cudaGetErrorString(cerr));
+        MACO_LOG(MACO_LOG_INFO, MACO_SUBSYS_PERSIST,
+                 "%s: GMMA tiles not usable on this GPU (%s): cuBLASDx tiles", fn,
+                 cudaGetErrorString(cerr));
+    }
+    cudaError_t cerr = maco__pk_gemm_ctas_per_sm(per_sm_p);
+    if (cerr != cudaSuccess)
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
+                           "%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: %s", fn,
+                           cudaGetErrorString(cerr));
+    *kind_p = MACO__PK_GEMM_CUBLASDX;
+    return MACO_OK;
+}
+
 /* Resolves the CTA split (maco/persistent.h, maco_persistent_kernel_create). */
 static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *l,
                                     const maco_persistent_config_t *in,
-                                    maco_persistent_config_t *out)
+                                    maco_persistent_config_t *out, int *gemm_kind_p)
 {
     const char *fn = "maco_persistent_kernel_create";
     maco_persistent_config_t c;
@@ -56,13 +100,18 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "%s: threads = %d: a multiple of 32 in [64, %d]", fn, c.threads,
                            MACO__PK_MAX_THREADS);
-    int per_sm = 0;
-    cudaError_t cerr =
-        gemm ? maco__pk_gemm_ctas_per_sm(&per_sm) : maco__pk_ctas_per_sm(c.threads, &per_sm);
-    if (cerr != cudaSuccess)
-        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
-                           "%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: %s", fn,
-                           cudaGetErrorString(cerr));
+    int per_sm = 0, kind = MACO__PK_GEMM_NONE;
+    if (gemm) {
+        maco_status_t st = maco__pk_gemm_pick(fn, &kind, &per_sm);
+        if (st != MACO_OK)
+            return st;
+    } else {
+        cudaError_t cerr = maco__pk_ctas_per_sm(c.threads, &per_sm);
+        if (cerr != cudaSuccess)
+            return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
+                               "%s: cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: %s", fn,
+                               cudaGetErrorString(cerr));
+    }
     int T = comm->coresident_ctas;
     if (c.comm_workers == 0)
         c.comm_workers = l->ncomm_tasks > 0 ? (T / 16 > 1 ? T / 16 : 1) : 0;
@@ -97,6 +146,7 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
                            fn, total, c.workers, c.schedulers, c.comm_workers, c.threads, per_sm,
                            T);
     *out = c;
+    *gemm_kind_p = kind;
     return MACO_OK;
 }
 
@@ -138,13 +188,12 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
     k->comm = comm;
     k->ntasks = l.ntasks;
     MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, fail);
-    st = maco__pk_split(comm, &l, config, &k->config);
+    st = maco__pk_split(comm, &l, config, &k->config, &k->gemm);
     if (st != MACO_OK)
         goto fail;
     uint32_t W = (uint32_t)k->config.workers, C = (uint32_t)k->config.comm_workers,
              S = (uint32_t)k->config.schedulers, nq = W + C + S;
     k->grid = (int)nq;
-    k->gemm = l.ngemm_tasks > 0;
 
     size_t fixed_bytes = 0, state_bytes = 0;
     maco__pk_layout(&l, graph->channels, graph->nchannels, W, C, S, k->config.profile, NULL, NULL,
@@ -204,9 +253,18 @@ maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_str
             k->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
                                  "%s: the communicator has failed (%s): %s; destroy it", fn,
                                  maco_status_string(async_st), maco_comm_get_last_error(k->comm)));
-    cudaError_t cerr =
-        k->gemm ? maco__pk_gemm_launch(&k->view, k->grid, (cudaStream_t)stream)
-                : maco__pk_launch(&k->view, k->grid, k->config.threads, (cudaStream_t)stream);
+    cudaError_t cerr;
+    switch (k->gemm) {
+    case MACO__PK_GEMM_GMMA:
+        cerr = maco__pk_gemm_gmma_launch(&k->view, k->grid, (cudaStream_t)stream);
+        break;
+    case MACO__PK_GEMM_CUBLASDX:
+        cerr = maco__pk_gemm_launch(&k->view, k->grid, (cudaStream_t)stream);
+        break;
+    default:
+        cerr = maco__pk_launch(&k->view, k->grid, k->config.threads, (cudaStream_t)stream);
+        break;
+    }
     if (cerr != cudaSuccess)
         return maco__comm_record(k->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
                                                       "%s: launch of %d CTAs of %d threads "
