@@ -35,6 +35,22 @@ using maco_test::Rank;
 namespace
 {
 
+/* Uploads and fills through the legacy stream are not ordered before work on the tests'
+ * non-blocking stream: a cudaMemcpy from pageable memory may return before its DMA has landed,
+ * and cudaMemset is asynchronous. These wait for the device, so the next launch sees the data
+ * (RandomDags failed once with 2 ranks and once with 4 before these: uploads unordered). */
+cudaError_t UploadSync(void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? cudaDeviceSynchronize() : e;
+}
+
+cudaError_t FillSync(void *dst, int value, size_t bytes)
+{
+    cudaError_t e = cudaMemset(dst, value, bytes);
+    return e == cudaSuccess ? cudaDeviceSynchronize() : e;
+}
+
 class Persistent : public maco_test::GpuCase
 {
   protected:
@@ -219,7 +235,7 @@ TEST_F(Persistent, RandomDagsMatchTheHostAndReplayWithNewInputs)
         std::vector<float> host(n), res(n);
         for (int run = 0; run < 3; run++) {
             FillInputs(host, d, rng);
-            CUDA_OK(cudaMemcpy(dev_, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            CUDA_OK(UploadSync(dev_, host.data(), n * sizeof(float)));
             ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
             CUDA_OK(cudaMemcpy(res.data(), dev_, n * sizeof(float), cudaMemcpyDeviceToHost));
             d.Eval(host);
@@ -281,8 +297,8 @@ TEST_F(Persistent, ThousandsOfTinyTasks)
     for (int run = 0; run < 2; run++) {
         for (auto &x : h)
             x = std::uniform_real_distribution<float>(-1, 1)(rng);
-        CUDA_OK(cudaMemcpy(in, h.data(), total * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemset(out, 0, total * sizeof(float)));
+        CUDA_OK(UploadSync(in, h.data(), total * sizeof(float)));
+        CUDA_OK(FillSync(out, 0, total * sizeof(float)));
         ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
         CUDA_OK(cudaMemcpy(r.data(), out, total * sizeof(float), cudaMemcpyDeviceToHost));
         size_t bad = 0;
@@ -343,7 +359,7 @@ TEST_F(Persistent, HalfAndBfloat16)
         };
         for (int i = 0; i < 2 * len; i++)
             h[static_cast<size_t>(i)] = to(std::uniform_real_distribution<float>(-4, 4)(rng));
-        CUDA_OK(cudaMemcpy(dev_, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(dev_, h.data(), h.size() * 2));
         ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
         CUDA_OK(cudaMemcpy(r.data(), dev_, r.size() * 2, cudaMemcpyDeviceToHost));
         size_t bad = 0;
@@ -375,7 +391,7 @@ TEST_F(Persistent, SignalAndWaitInsideAGraphAcrossReplays)
     CUDA_OK(cudaMalloc(&dev_, 3 * len * sizeof(float) + 64));
     float *in = static_cast<float *>(dev_), *x = in + len, *y = x + len;
     uint64_t *ctr = reinterpret_cast<uint64_t *>(y + len);
-    CUDA_OK(cudaMemset(ctr, 0, 8));
+    CUDA_OK(FillSync(ctr, 0, 8));
     ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
     maco_task_t t = Task(MACO_TASK_SCALE);
     t.count = len;
@@ -407,7 +423,7 @@ TEST_F(Persistent, SignalAndWaitInsideAGraphAcrossReplays)
     for (int run = 0; run < 4; run++) {
         for (int i = 0; i < len; i++)
             h[static_cast<size_t>(i)] = static_cast<float>(run * 10000 + i);
-        CUDA_OK(cudaMemcpy(in, h.data(), len * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(in, h.data(), len * sizeof(float)));
         ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
         CUDA_OK(cudaMemcpy(r.data(), y, len * sizeof(float), cudaMemcpyDeviceToHost));
         size_t bad = 0;
@@ -440,7 +456,7 @@ TEST_F(Persistent, CapturedInACudaGraphAndReplayed)
     std::vector<float> host(n), res(n);
     for (int replay = 0; replay < 5; replay++) {
         FillInputs(host, d, rng);
-        CUDA_OK(cudaMemcpy(dev_, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(dev_, host.data(), n * sizeof(float)));
         CUDA_OK(cudaGraphLaunch(exec, stream_));
         CUDA_OK(cudaStreamSynchronize(stream_));
         maco_status_t as;
@@ -487,7 +503,7 @@ TEST_F(Persistent, UserTaskTypeInAKernelOfOurOwn)
     for (int run = 0; run < 2; run++) {
         for (int i = 0; i < len; i++)
             h[static_cast<size_t>(i)] = static_cast<float>((i + run) % 97) * 0.125f;
-        CUDA_OK(cudaMemcpy(in, h.data(), len * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(in, h.data(), len * sizeof(float)));
         CUDA_OK(test_launch_user_persistent(&view, grid, block, stream_));
         CUDA_OK(cudaStreamSynchronize(stream_));
         maco_status_t as;
@@ -598,7 +614,7 @@ TEST_F(Persistent, TilesOverAMemoryChannelBetweenTwoRanks)
     for (int run = 0; run < 3; run++) {
         for (size_t i = 0; i < n; i++)
             hin[i] = static_cast<float>((i * 7 + static_cast<size_t>(run)) % 1000) * 0.25f;
-        CUDA_OK(cudaMemcpy(in, hin.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(in, hin.data(), n * sizeof(float)));
         CUDA_OK(cudaDeviceSynchronize());
         ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
         ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
@@ -681,8 +697,8 @@ TEST_F(Persistent, GemmTilesMatchCublas)
     __nv_bfloat16 *B = A + ha.size();
     float *C = reinterpret_cast<float *>(B + hb.size()), *Cref = C + mn;
     __nv_bfloat16 *C16 = reinterpret_cast<__nv_bfloat16 *>(Cref + mn);
-    CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(UploadSync(A, ha.data(), ha.size() * 2));
+    CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
     ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
     for (int r = 0; r < tm; r++)
         for (int c = 0; c < tn; c++)
@@ -745,7 +761,7 @@ struct FusedSetup {
     void Create()
     {
         CUDA_OK(cudaMalloc(&scratch, kBytes));
-        CUDA_OK(cudaMemset(scratch, 0, kBytes));
+        CUDA_OK(FillSync(scratch, 0, kBytes));
         ASSERT_EQ(maco_mem_register(Comm(), scratch, kBytes, &mine), MACO_OK);
         ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
         chans.assign(static_cast<size_t>(NRanks()), nullptr);
@@ -839,8 +855,8 @@ TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
         CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2 + 2 * mn * 4));
         __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + ha.size();
         float *Y = reinterpret_cast<float *>(B + hb.size()), *Yref = Y + mn;
-        CUDA_OK(cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(A, ha.data(), ha.size() * 2));
+        CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
         ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
         FusedSetup *fs = nullptr;
         ASSERT_NO_FATAL_FAILURE(Fused(&fs));
@@ -931,8 +947,8 @@ TEST_F(Persistent, FusedAllgatherGemmMatchesAllgatherAndCublas)
         __nv_bfloat16 *G = B + static_cast<size_t>(k) * n; /* maco_allgather's result */
         float *Y = reinterpret_cast<float *>(G + static_cast<size_t>(NRanks()) * mk),
               *Yref = Y + out_n;
-        CUDA_OK(cudaMemcpy(A, ha.data(), mk * 2, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_OK(UploadSync(A, ha.data(), mk * 2));
+        CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
         ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
         FusedSetup *fs = nullptr;
         ASSERT_NO_FATAL_FAILURE(Fused(&fs));
@@ -987,7 +1003,7 @@ TEST_F(Persistent, FusedAllgatherGemmMatchesAllgatherAndCublas)
 TEST_F(Persistent, WaitThatNeverGetsItsSignalIsBoundedAndReported)
 {
     CUDA_OK(cudaMalloc(&dev_, 64));
-    CUDA_OK(cudaMemset(dev_, 0, 64));
+    CUDA_OK(FillSync(dev_, 0, 64));
     ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
     maco_task_t t = Task(MACO_TASK_NOP);
     t.name = "before";
