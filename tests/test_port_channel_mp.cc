@@ -539,6 +539,10 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
             usleep(200000); /* rank 0 is sending by now */
             _exit(0);       /* dies in the middle, without a word */
         }
+        /* A rejected call first: the failure below must replace it as the communicator's
+         * error (maco_comm_get_last_error says what broke the communicator). */
+        if (maco_allreduce(nullptr, nullptr, 1, MACO_FLOAT32, MACO_SUM, comm, nullptr) == MACO_OK)
+            return 16;
         auto t0 = std::chrono::steady_clock::now();
         maco_status_t st = MACO_OK;
         /* Puts and flushes until one fails; a dead peer must fail one within seconds. */

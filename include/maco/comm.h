@@ -115,8 +115,11 @@ MACO_API maco_status_t maco_comm_get_bootstrap(maco_comm_t comm, maco_bootstrap_
 
 /**
  * The full message of the first error this communicator saw (which call, which peer,
- * why), or "" when none. The string is owned by the communicator and stays valid until
- * it is destroyed. NULL comm gives "".
+ * why), or "" when none. A failure of the communicator's work (a timeout, a dead peer, a CUDA
+ * or internal error) replaces an earlier rejected call (MACO_ERR_INVALID_ARGUMENT or
+ * MACO_ERR_UNSUPPORTED, which leave the communicator usable), so the message says what broke
+ * it. The string is owned by the communicator and stays valid until it is destroyed. NULL
+ * comm gives "".
  */
 MACO_API const char *maco_comm_get_last_error(maco_comm_t comm);
 

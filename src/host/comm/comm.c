@@ -367,7 +367,8 @@ maco_status_t maco_comm_abort(maco_comm_t comm)
     /* The error first, so that anyone woken by the word finds it; the device's own report,
      * when a wait failed before, stays the one maco_comm_get_async_error gives. */
     pthread_mutex_lock(&comm->error_lock);
-    if (comm->first_status == MACO_OK) {
+    if (comm->first_status == MACO_OK || comm->first_status == MACO_ERR_INVALID_ARGUMENT ||
+        comm->first_status == MACO_ERR_UNSUPPORTED) { /* as maco__comm_record */
         comm->first_status = MACO_ERR_REMOTE;
         snprintf(comm->first_error, sizeof(comm->first_error),
                  "rank %d: the communicator was aborted (maco_comm_abort): its device waits "

@@ -44,7 +44,13 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
     if (comm == NULL || status == MACO_OK)
         return status;
     pthread_mutex_lock(&comm->error_lock);
-    if (comm->first_status == MACO_OK) {
+    /* A rejected call leaves the communicator usable: a later failure of its work replaces
+     * it, so the message says what broke the communicator (maco/comm.h). */
+    int rejected = comm->first_status == MACO_ERR_INVALID_ARGUMENT ||
+                   comm->first_status == MACO_ERR_UNSUPPORTED;
+    int failure = status != MACO_ERR_INVALID_ARGUMENT && status != MACO_ERR_UNSUPPORTED &&
+                  status != MACO_ERR_INVALID_USAGE;
+    if (comm->first_status == MACO_OK || (rejected && failure)) {
         comm->first_status = status;
         snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
         if (status == MACO_ERR_REMOTE || status == MACO_ERR_TIMEOUT)
