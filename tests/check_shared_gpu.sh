@@ -9,6 +9,12 @@ run=$1 perf=$2
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 export CUDA_MPS_PIPE_DIRECTORY=/nonexistent/maco-no-mps
 fail() { echo "FAIL: $1"; echo "$2" | tail -n 40; exit 1; }
+# No GPU at all: skip before starting ranks (a rank that fails first can have maco-run stop
+# the other before it prints why, which made a CI run read no reason and fail once).
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "SKIP: no GPU (nvidia-smi -L fails)"
+  exit 77
+fi
 
 out=$("$run" -n 2 --mps off --timeout 120 "$perf" allreduce -b 8 -e 8 -n 1 -w 0 2>&1)
 if grep -q "no usable CUDA device" <<<"$out"; then
