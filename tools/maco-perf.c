@@ -713,8 +713,9 @@ int main(int argc, char **argv)
     char why[400];
     int ndev = maco_cuda_device_count(why, sizeof(why));
     if (ndev == 0) {
-        if (!quiet_rank)
-            fprintf(stderr, "maco-perf: no usable CUDA device: %s; nothing to measure\n", why);
+        /* Every rank says it: the first rank to exit makes maco-run stop the others, which
+         * may then not get to print anything. */
+        fprintf(stderr, "maco-perf: no usable CUDA device: %s; nothing to measure\n", why);
         return 2;
     }
     perf_ctx_t c;
