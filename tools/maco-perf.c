@@ -708,8 +708,6 @@ int main(int argc, char **argv)
 {
     perf_opts_t o;
     parse_args(argc, argv, &o);
-    const char *rank_env = getenv("MACO_RANK");
-    int quiet_rank = rank_env != NULL && rank_env[0] != '\0' && strcmp(rank_env, "0") != 0;
     char why[400];
     int ndev = maco_cuda_device_count(why, sizeof(why));
     if (ndev == 0) {
