@@ -477,6 +477,15 @@ class _Channel:
                             f"belongs to {self.tb!r}; pass tb= that group")
         return True
 
+    def _on_members(self, tb, name: str) -> bool:
+        """signal/wait/flush over a group channel: each member on its own thread block.
+        False when this is not a group channel (the caller does the plain operation)."""
+        if not self._group(tb, name):
+            return False
+        for m, t in zip(self.members, tb.tbs):
+            getattr(m, name)(t)
+        return True
+
     def _spread(self, tb, name, dst: Chunk, src: Chunk):
         if dst.size != src.size:
             raise PlanError(f"rank {self.rank} ({name}): {src} and {dst} differ in size")
@@ -513,17 +522,13 @@ class _Channel:
     def signal(self, tb: int):
         """Signals the peer (release: this thread block's earlier writes are visible to the
         peer after its matching wait)."""
-        if self._group(tb, "signal"):
-            for m, t in zip(self.members, tb.tbs):
-                m.signal(t)
+        if self._on_members(tb, "signal"):
             return
         self._op(tb, "signal")
 
     def wait(self, tb: int):
         """Waits for the peer's next signal on this channel (acquire, bounded)."""
-        if self._group(tb, "wait"):
-            for m, t in zip(self.members, tb.tbs):
-                m.wait(t)
+        if self._on_members(tb, "wait"):
             return
         self._op(tb, "wait")
 
@@ -587,40 +592,31 @@ class PortChannel(_Channel):
 
     def flush(self, tb: int):
         """Waits until every earlier put on this channel has left its source."""
-        if self._group(tb, "flush"):
-            for m, t in zip(self.members, tb.tbs):
-                m.flush(t)
+        if self._on_members(tb, "flush"):
             return
         self._op(tb, "flush")
 
+    def _group_put_signal(self, tb, name: str, dst: Chunk, src: Chunk, flush: bool):
+        """put_with_signal(_and_flush) over a group channel: every member signals (and
+        flushes), also one whose part is empty, since its peer waits for the signal."""
+        parts = {i: (at, n) for i, _, at, n in tb.parts(src.size)}
+        for i, (m, t) in enumerate(zip(self.members, tb.tbs)):
+            if i in parts:
+                at, n = parts[i]
+                getattr(m, name)(dst.sub(at, n), src.sub(at, n), t)
+            else:
+                m.signal(t)
+                if flush:
+                    m.flush(t)
+
     def put_with_signal(self, dst: Chunk, src: Chunk, tb: int):
         if self._group(tb, "put_with_signal"):
-            # every member signals, also one whose part is empty (its peer waits for it)
-            for i, (m, t) in enumerate(zip(self.members, tb.tbs)):
-                part = [p for p in tb.parts(src.size) if p[0] == i]
-                if part:
-                    _, _, at, n = part[0]
-                    getattr(m, "put_with_signal")(dst.sub(at, n), src.sub(at, n), t)
-                else:
-                    m.signal(t)
-                    if "put_with_signal".endswith("flush"):
-                        m.flush(t)
-            return
+            return self._group_put_signal(tb, "put_with_signal", dst, src, False)
         self._pair(tb, "put_with_signal", dst, src, True)
         self._op(tb, "put_with_signal", src=src.ref(), dst=dst.ref())
 
     def put_with_signal_and_flush(self, dst: Chunk, src: Chunk, tb: int):
         if self._group(tb, "put_with_signal_and_flush"):
-            # every member signals, also one whose part is empty (its peer waits for it)
-            for i, (m, t) in enumerate(zip(self.members, tb.tbs)):
-                part = [p for p in tb.parts(src.size) if p[0] == i]
-                if part:
-                    _, _, at, n = part[0]
-                    getattr(m, "put_with_signal_and_flush")(dst.sub(at, n), src.sub(at, n), t)
-                else:
-                    m.signal(t)
-                    if "put_with_signal_and_flush".endswith("flush"):
-                        m.flush(t)
-            return
+            return self._group_put_signal(tb, "put_with_signal_and_flush", dst, src, True)
         self._pair(tb, "put_with_signal_and_flush", dst, src, True)
         self._op(tb, "put_with_signal_and_flush", src=src.ref(), dst=dst.ref())

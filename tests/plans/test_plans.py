@@ -212,6 +212,26 @@ class ThreadBlockGroups(unittest.TestCase):
         code, out = verify(d)
         self.assertEqual(code, 0, out)
 
+    def test_grouped_port_put_with_signal_verifies(self):
+        # 2 nodes x 1 rank: 3 chunks over a group of 4, so one member has no data and still
+        # signals (its peer waits for it)
+        with L.Program("ag_port_tbg", L.AllGather(world_size=2, parts=3),
+                       ranks_per_node=1) as prog:
+            for r in range(2):
+                p, me = 1 - r, L.Rank(r)
+                g = L.ThreadBlockGroup(range(4))
+                mine = slice(r * 3, (r + 1) * 3)
+                me.copy(me.output[mine], me.input[0:3], tb=g)
+                ch = L.PortChannel(dst_rank=p, src_rank=r, tb=g)
+                ch.put_with_signal_and_flush(L.Rank(p).output[mine], me.input[0:3], tb=g)
+                ch.wait(tb=g)
+        d = prog.to_dict()
+        ops = [[o["op"] for o in tb["ops"]] for tb in d["ranks"][0]["thread_blocks"]]
+        self.assertEqual(ops[0], ["copy", "put_with_signal_and_flush", "wait"])
+        self.assertEqual(ops[3], ["signal", "flush", "wait"])
+        code, out = verify(d)
+        self.assertEqual(code, 0, out)
+
     def test_groups_of_different_sizes_are_rejected(self):
         code, out = verify(grouped_allgather(sizes=(3, 2)).to_dict())
         self.assertNotEqual(code, 0, out)
