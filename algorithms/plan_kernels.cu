@@ -310,76 +310,18 @@ static __device__ maco_status_t maco__plan_port_op(const maco__pexec_args_t &a,
     return (maco_status_t)st_shared;
 }
 
-/* A data operation of a plan with port channels on memory channels or none: every chunk at
- * the address where it lives (maco__chunk_ptr). Packet chunks never live in host memory
- * (plan_exec.c refuses plans where they would). */
-template <class T>
-static __device__ maco_status_t maco__plan_op_host(const maco__pexec_args_t &a,
-                                                   const maco__pexec_op_t &op, uint32_t flag)
+/* The address of chunk (buffer, index) at byte offset `off` of this rank (channel < 0) or of
+ * the memory channel's peer. Plans with port channels (Port): where the chunk lives
+ * (maco__chunk_ptr; *sys_p = 1 in host memory). Others: the plan buffers, *sys_p = 0. */
+template <int Port>
+static __device__ __forceinline__ char *maco__chunk_at(const maco__pexec_args_t &a, int channel,
+                                                       int buffer, uint32_t index, uint64_t off,
+                                                       int *sys_p)
 {
-    const maco_memory_channel_device_t *ch = op.channel >= 0 ? &a.chans[op.channel] : NULL;
-    const maco__plan_ref_t *srcs = a.refs + op.src_first;
-    maco_status_t st = MACO_OK;
-    for (uint32_t j = 0; j < op.dst.count && st == MACO_OK; j++) {
-        int part = (int)(((uint32_t)op.part0 + j) % (uint32_t)a.parts);
-        uint64_t elems = maco__part_elems(a, part), bytes = elems * a.esz;
-        uint32_t di = op.dst.index + j, si = srcs[0].index + j;
-        uint64_t doff = maco__chunk_off(a, op.dst.buffer, di);
-        uint64_t soff = maco__chunk_off(a, srcs[0].buffer, si);
-        int dsys, ssys;
-        switch (op.code) {
-        case MACO__POP_PUT: {
-            char *d = maco__chunk_ptr(a, op.channel, op.dst.buffer, di, doff, &dsys);
-            const char *s = maco__chunk_ptr(a, -1, srcs[0].buffer, si, soff, &ssys);
-            maco__plan_copy(d, s, bytes, ssys);
-            break;
-        }
-        case MACO__POP_GET: {
-            char *d = maco__chunk_ptr(a, -1, op.dst.buffer, di, doff, &dsys);
-            const char *s = maco__chunk_ptr(a, op.channel, srcs[0].buffer, si, soff, &ssys);
-            maco__plan_copy(d, s, bytes, ssys);
-            break;
-        }
-        case MACO__POP_PUT_PACKETS:
-            maco_memory_channel_put_packets_ll16(ch, doff, soff, bytes, threadIdx.x, blockDim.x,
-                                                 flag);
-            break;
-        case MACO__POP_READ_PUT_PACKETS:
-            st =
-                maco__plan_forward_packets(a, (maco_ll16_packet_t *)(ch->remote + doff),
-                                           (const maco_ll16_packet_t *)(a.buf + soff), bytes, flag);
-            break;
-        case MACO__POP_COPY:
-            if (!srcs[0].packets) {
-                char *d = maco__chunk_ptr(a, -1, op.dst.buffer, di, doff, &dsys);
-                const char *s = maco__chunk_ptr(a, -1, srcs[0].buffer, si, soff, &ssys);
-                maco__plan_copy(d, s, bytes, ssys);
-                break;
-            }
-            /* fall through: unpacking packets is a reduce of one source */
-        case MACO__POP_REDUCE: {
-            const char *src[MACO__PLAN_MAX_SRCS];
-            uint8_t pk[MACO__PLAN_MAX_SRCS];
-            for (int k = 0; k < op.nsrcs; k++) {
-                uint64_t off = maco__chunk_off(a, srcs[k].buffer, srcs[k].index + j);
-                int sys;
-                src[k] = maco__chunk_ptr(a, srcs[k].channel, srcs[k].buffer, srcs[k].index + j, off,
-                                         &sys);
-                pk[k] = srcs[k].packets ? 1 : (sys ? 2 : 0);
-            }
-            int divide = a.avg && op.code == MACO__POP_REDUCE && op.dst.buffer == MACO__PBUF_OUTPUT;
-            char *d = maco__chunk_ptr(a, -1, op.dst.buffer, di, doff, &dsys);
-            st = maco__plan_reduce<T, 1>(a, d, src, pk, op.nsrcs, elems, flag, divide);
-            break;
-        }
-        default:
-            break;
-        }
-    }
-    int failed = __syncthreads_or(st != MACO_OK);
-    if (failed && st == MACO_OK)
-        st = MACO_ERR_REMOTE;
-    return st;
+    if (Port)
+        return maco__chunk_ptr(a, channel, buffer, index, off, sys_p);
+    *sys_p = 0;
+    return (channel < 0 ? a.buf : a.chans[channel].remote) + off;
 }
 
 template <class T, int Port>
@@ -387,12 +329,8 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
                                               const maco__pexec_op_t &op, uint32_t flag)
 {
     __shared__ int st_shared;
-    if (Port) {
-        if (op.port)
-            return maco__plan_port_op(a, op);
-        if (op.code > MACO__POP_FLUSH)
-            return maco__plan_op_host<T>(a, op, flag);
-    }
+    if (Port && op.port)
+        return maco__plan_port_op(a, op);
     const maco_memory_channel_device_t *ch = op.channel >= 0 ? &a.chans[op.channel] : NULL;
     maco_status_t st = MACO_OK;
     switch (op.code) {
@@ -411,19 +349,27 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
     default:
         break;
     }
+    /* Data operations: every chunk at the address where it lives (maco__chunk_at). Packet
+     * chunks never live in host memory (plan_exec.c refuses plans where they would). */
     const maco__plan_ref_t *srcs = a.refs + op.src_first;
     for (uint32_t j = 0; j < op.dst.count && st == MACO_OK; j++) {
         int part = (int)(((uint32_t)op.part0 + j) % (uint32_t)a.parts);
         uint64_t elems = maco__part_elems(a, part), bytes = elems * a.esz;
-        uint64_t doff = maco__chunk_off(a, op.dst.buffer, op.dst.index + j);
-        uint64_t soff = maco__chunk_off(a, srcs[0].buffer, srcs[0].index + j);
+        uint32_t di = op.dst.index + j, si = srcs[0].index + j;
+        uint64_t doff = maco__chunk_off(a, op.dst.buffer, di);
+        uint64_t soff = maco__chunk_off(a, srcs[0].buffer, si);
+        int dsys, ssys;
         switch (op.code) {
         case MACO__POP_PUT:
-            maco_memory_channel_put(ch, doff, soff, bytes, threadIdx.x, blockDim.x);
+        case MACO__POP_GET: {
+            int put = op.code == MACO__POP_PUT;
+            char *d =
+                maco__chunk_at<Port>(a, put ? op.channel : -1, op.dst.buffer, di, doff, &dsys);
+            const char *src =
+                maco__chunk_at<Port>(a, put ? -1 : op.channel, srcs[0].buffer, si, soff, &ssys);
+            maco__plan_copy(d, src, bytes, ssys);
             break;
-        case MACO__POP_GET:
-            maco_memory_channel_get(ch, doff, soff, bytes, threadIdx.x, blockDim.x);
-            break;
+        }
         case MACO__POP_PUT_PACKETS:
             maco_memory_channel_put_packets_ll16(ch, doff, soff, bytes, threadIdx.x, blockDim.x,
                                                  flag);
@@ -435,21 +381,25 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
             break;
         case MACO__POP_COPY:
             if (!srcs[0].packets) {
-                maco_copy(a.buf + doff, a.buf + soff, bytes, threadIdx.x, blockDim.x);
+                char *d = maco__chunk_at<Port>(a, -1, op.dst.buffer, di, doff, &dsys);
+                const char *src = maco__chunk_at<Port>(a, -1, srcs[0].buffer, si, soff, &ssys);
+                maco__plan_copy(d, src, bytes, ssys);
                 break;
             }
             /* fall through: unpacking packets is a reduce of one source */
         case MACO__POP_REDUCE: {
             const char *src[MACO__PLAN_MAX_SRCS];
             uint8_t pk[MACO__PLAN_MAX_SRCS];
-            for (int s = 0; s < op.nsrcs; s++) {
-                uint64_t off = maco__chunk_off(a, srcs[s].buffer, srcs[s].index + j);
-                src[s] = srcs[s].channel >= 0 ? a.chans[srcs[s].channel].remote + off : a.buf + off;
-                pk[s] = srcs[s].packets;
+            for (int k = 0; k < op.nsrcs; k++) {
+                uint64_t off = maco__chunk_off(a, srcs[k].buffer, srcs[k].index + j);
+                int sys;
+                src[k] = maco__chunk_at<Port>(a, srcs[k].channel, srcs[k].buffer, srcs[k].index + j,
+                                              off, &sys);
+                pk[k] = srcs[k].packets ? 1 : (sys ? 2 : 0);
             }
             int divide = a.avg && op.code == MACO__POP_REDUCE && op.dst.buffer == MACO__PBUF_OUTPUT;
-            st =
-                maco__plan_reduce<T, Port>(a, a.buf + doff, src, pk, op.nsrcs, elems, flag, divide);
+            char *d = maco__chunk_at<Port>(a, -1, op.dst.buffer, di, doff, &dsys);
+            st = maco__plan_reduce<T, Port>(a, d, src, pk, op.nsrcs, elems, flag, divide);
             break;
         }
         default:
