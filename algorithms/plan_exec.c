@@ -397,14 +397,9 @@ static maco_status_t maco__plan_channels(maco_plan_t plan)
             if (st != MACO_OK)
                 goto out;
         }
-        /* A port channel is published to its proxy thread only after the creation's last
-         * exchange (proxy/port_channel.c), so a peer that returned first could launch and
-         * signal it before this side's proxy knows it (seen on one H100: the TCP receiver
-         * failed the connection on a signal for an unknown channel). Every rank has
-         * published all of its channels once this barrier returns. */
-        st = maco_bootstrap_barrier(comm->bs);
-        if (st != MACO_OK)
-            goto out;
+        /* A peer that finished creating a port channel first may signal it before this side
+         * published it: the TCP transport holds such a message until the channel appears
+         * (proxy/transport_tcp.c), so no barrier is needed here. */
         for (int c = 0; c < nch; c++) {
             info[c].peer = R->channels[c].peer;
             info[c].port = R->channels[c].type == MACO__PCHAN_PORT;
