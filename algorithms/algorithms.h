@@ -109,6 +109,10 @@ typedef struct maco__coll {
     char forced[MACO_COLLECTIVE_COUNT][32];
     int64_t inplace_max;
     int64_t p2p_ll_max; /* MACO_P2P_LL_MAX: largest message a sender sends as LL packets */
+    /* maco_collective_set_max_ctas: the most CTAs a collective or send/recv kernel launches
+     * (0: no cap beyond comm->coresident_ctas). Equal on every rank (the call checks). */
+    int max_ctas;
+    int last_ctas; /* CTAs of the last kernel launched (maco_collective_get_stats) */
     /* MACO_ALGO_<COLLECTIVE>=plan:FILE: the plan that runs the collective (plan_exec.c). */
     struct maco_plan *plans[MACO_COLLECTIVE_COUNT];
 } maco__coll_t;
@@ -131,6 +135,14 @@ void maco__plan_free_forced(maco__coll_t *c);
 static inline maco__coll_t *maco__coll_of(maco_comm_t comm)
 {
     return (maco__coll_t *)comm->coll;
+}
+
+/** The most CTAs a kernel that waits on peers may launch: comm->coresident_ctas, capped by
+ * maco_collective_set_max_ctas. The same on every rank. */
+static inline int maco__coll_ctas(maco_comm_t comm, const maco__coll_t *c)
+{
+    return c->max_ctas > 0 && c->max_ctas < comm->coresident_ctas ? c->max_ctas
+                                                                  : comm->coresident_ctas;
 }
 
 /** The node of rank r (from rank_at). */

@@ -140,8 +140,7 @@ maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
  * rank computes the same numbers from the same inputs.
  */
 static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t comm,
-                                       const maco__coll_t *coll, maco__coll_args_t *a,
-                                       cudaStream_t s)
+                                       maco__coll_t *coll, maco__coll_args_t *a, cudaStream_t s)
 {
     const maco__coll_layout_t *l = &coll->layout;
     size_t esz = maco_datatype_size(c->datatype);
@@ -152,8 +151,8 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
     size_t slots = (size_t)l->hier_slots;
     if (slots > (size_t)l->rsag_slots) /* the barrier's semaphores are the rsag slots' */
         slots = (size_t)l->rsag_slots;
-    if (slots > (size_t)comm->coresident_ctas)
-        slots = (size_t)comm->coresident_ctas;
+    if (slots > (size_t)maco__coll_ctas(comm, coll))
+        slots = (size_t)maco__coll_ctas(comm, coll);
     int split = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE ||
                 c->coll == MACO_COLL_BROADCAST;
     size_t per_seg = split ? (size_t)coll->ln : 1;
@@ -192,6 +191,7 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
     maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
     cudaError_t cerr = maco__hier_launchers[kt](&h, reducing ? (int)c->op : (int)MACO_SUM,
                                                 (int)blocks, MACO__COLL_THREADS, s);
+    coll->last_ctas = (int)blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                                                    "%s: launching hier for %zu bytes failed: %s "
@@ -252,8 +252,9 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
     size_t n = (size_t)coll_state->ln;
     size_t threads = MACO__COLL_THREADS;
     /* Every kernel here waits on peers: its CTAs must be co-resident with theirs, also
-     * when ranks share a GPU (comm_internal.h, coresident_ctas). */
-    size_t max_blocks = (size_t)comm->coresident_ctas;
+     * when ranks share a GPU (comm_internal.h, coresident_ctas), and at most what
+     * maco_collective_set_max_ctas allows. */
+    size_t max_blocks = (size_t)maco__coll_ctas(comm, coll_state);
     size_t blocks;
     if (kernel == MACO__KERNEL_MESH)
         maco__describe(c, comm, coll_state, &a);
@@ -297,14 +298,15 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
     maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
     cudaError_t cerr = maco__launchers[kt](&a, kernel, reducing ? (int)c->op : (int)MACO_SUM,
                                            (int)blocks, (int)threads, s);
+    coll_state->last_ctas = (int)blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                                              "%s: launching %s for %zu bytes failed: %s (%s)",
                                              c->fn, maco__coll_algorithm(c->coll, kernel), unit,
                                              cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
-    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: %s", maco__coll_name(c->coll), unit,
-               maco_datatype_name(c->datatype), maco_redop_name(c->op),
-               maco__coll_algorithm(c->coll, kernel));
+    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: %s on %zu CTAs", maco__coll_name(c->coll),
+               unit, maco_datatype_name(c->datatype), maco_redop_name(c->op),
+               maco__coll_algorithm(c->coll, kernel), blocks);
     return MACO_OK;
 }

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -175,6 +176,7 @@ maco_status_t maco_collective_get_stats(maco_comm_t comm, maco_collective_stats_
                                                    cudaGetErrorString(cerr)));
     stats_p->inplace_launches = v[0];
     stats_p->scratch_launches = v[1];
+    stats_p->last_launch_ctas = coll->last_ctas;
     return MACO_OK;
 }
 
@@ -246,4 +248,47 @@ maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_collective_t 
                     name, maco__coll_name(coll), maco__coll_algorithm(coll, 0),
                     maco__coll_algorithm(coll, 1), has_third ? ", " : "", has_third ? third : "",
                     has_fourth ? " or " : "", has_fourth ? fourth : ""));
+}
+
+maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ctas)
+{
+    const char *fn = "maco_collective_set_max_ctas";
+    if (comm == NULL || max_ctas < 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: %s", fn,
+                           comm == NULL ? "comm is NULL" : "max_ctas is negative");
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, fn, &c);
+    if (st != MACO_OK)
+        return st;
+    int32_t *all = (int32_t *)calloc((size_t)comm->nranks, sizeof(int32_t));
+    if (all == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "%s: no memory", fn);
+    all[comm->rank] = (int32_t)max_ctas;
+    st = maco_bootstrap_allgather(comm->bs, all, sizeof(int32_t));
+    if (st == MACO_OK)
+        for (int r = 1; r < comm->nranks; r++)
+            if (all[r] != all[0]) {
+                st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                 "%s: rank %d passed max_ctas=%d but rank 0 passed %d; every "
+                                 "rank must pass the same value (the cap is unchanged)",
+                                 fn, r, (int)all[r], (int)all[0]);
+                break;
+            }
+    free(all);
+    if (st == MACO_OK)
+        c->max_ctas = max_ctas;
+    return st;
+}
+
+maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p)
+{
+    if (comm == NULL || max_ctas_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_collective_get_max_ctas: %s is NULL",
+                           comm == NULL ? "comm" : "max_ctas_p");
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, "maco_collective_get_max_ctas", &c);
+    if (st == MACO_OK)
+        *max_ctas_p = c->max_ctas;
+    return st;
 }

@@ -194,7 +194,7 @@ typedef struct maco__group_comm {
 } maco__group_comm_t;
 
 /* The p2p kernel's arguments for `plan` on this communicator, and its launch. */
-static maco_status_t maco__group_launch_p2p(maco_comm_t comm, const maco__coll_t *c,
+static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
                                             const maco__p2p_plan_t *plan, maco_stream_t stream,
                                             const char *prefix)
 {
@@ -218,12 +218,15 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, const maco__coll_t
     a.rank = c->lrank;
     a.nranks = c->ln;
     a.lanes = l->p2p_lanes;
-    /* Every item may wait on a peer: at most the co-resident CTAs (comm_internal.h). */
+    /* Every item may wait on a peer: at most the co-resident CTAs (comm_internal.h), and
+     * the cap of maco_collective_set_max_ctas. */
     int items = plan->npairs * l->p2p_lanes;
-    int blocks = items < comm->coresident_ctas ? items : comm->coresident_ctas;
+    int cap = maco__coll_ctas(comm, c);
+    int blocks = items < cap ? items : cap;
     if (blocks < 1)
         blocks = 1;
     cudaError_t cerr = maco__launch_p2p(&a, blocks, MACO__P2P_LAUNCH_THREADS, (cudaStream_t)stream);
+    c->last_ctas = blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,

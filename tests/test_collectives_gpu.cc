@@ -596,6 +596,52 @@ TEST_F(Collectives, RankOrderFoldBitwise)
     }
 }
 
+/* maco_collective_set_max_ctas: no kernel launches more CTAs than the cap, the results stay
+ * right, the cap limits a call that would take more, and ranks that pass different caps all
+ * get an error naming the first one that differs (and keep the old cap). */
+TEST_F(Collectives, MaxCtasCapsEveryKernelAndMustAgree)
+{
+    int coresident = 0, cap = -1;
+    ASSERT_EQ(maco_comm_get_coresident_ctas(Comm(), &coresident), MACO_OK);
+    maco_test::AllowLog("maco_collective_set_max_ctas");
+    EXPECT_EQ(maco_collective_set_max_ctas(Comm(), -1), MACO_ERR_INVALID_ARGUMENT);
+    if (NRanks() > 1) {
+        const int last = NRanks() - 1;
+        EXPECT_EQ(maco_collective_set_max_ctas(Comm(), Rank() == last ? 4 : 3),
+                  MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_log_last_error();
+        EXPECT_NE(
+            msg.find("rank " + std::to_string(last) + " passed max_ctas=4 but rank 0 passed 3"),
+            std::string::npos)
+            << msg;
+        ASSERT_EQ(maco_collective_get_max_ctas(Comm(), &cap), MACO_OK);
+        EXPECT_EQ(cap, 0);
+    }
+    const size_t big = (static_cast<size_t>(4) << 20) + 5; /* floats: mesh/rsag or hier */
+    for (int want : { 1, 3 }) {
+        ASSERT_EQ(maco_collective_set_max_ctas(Comm(), want), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+        ASSERT_EQ(maco_collective_get_max_ctas(Comm(), &cap), MACO_OK);
+        EXPECT_EQ(cap, want);
+        for (maco_collective_t coll : kColls) {
+            for (size_t unit : { static_cast<size_t>(3), static_cast<size_t>(50000), big }) {
+                Shape s = { coll, MACO_FLOAT32, MACO_SUM, unit, false, 0, NRanks() - 1 };
+                ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+                const int ctas = Stats().last_launch_ctas;
+                EXPECT_GE(ctas, 1);
+                EXPECT_LE(ctas, want) << maco_collective_name(coll) << " unit " << unit;
+            }
+        }
+    }
+    /* Without the cap the large allreduce takes more CTAs than 3 (where the GPU has them). */
+    ASSERT_EQ(maco_collective_set_max_ctas(Comm(), 0), MACO_OK);
+    Shape s = { MACO_COLL_ALLREDUCE, MACO_FLOAT32, MACO_SUM, big, false, 0, 0 };
+    ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
+    if (coresident > 3) {
+        EXPECT_GT(Stats().last_launch_ctas, 3);
+    }
+}
+
 /* Bad input: MACO_ERR_INVALID_ARGUMENT naming the argument, and nothing written. */
 TEST_F(Collectives, BadInputWritesNothing)
 {

@@ -310,11 +310,41 @@ MACO_API maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_coll
 MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_collective_t coll,
                                                      const char *name);
 
+/**
+ * Caps the CTAs (thread blocks) of this communicator's collective and send/recv kernels at
+ * `max_ctas`, leaving the other SMs of the GPU to work that runs beside them (the seeds'
+ * "comm_sms": compute on the rest overlaps communication). 0 removes the cap. The cap never
+ * raises a kernel above maco_comm_get_coresident_ctas(); a kernel launches
+ * min(its own choice by size, max_ctas, coresident CTAs) CTAs. One-shot and two-shot LL
+ * kernels already stop at 64 CTAs, the mesh kernels at the scratch's slots. Not capped:
+ * send/recv and all-to-all between nodes (one CTA per remote pair) and execution plans
+ * (their CTA count is part of the plan).
+ *
+ * Collective and blocking: every rank calls it with the same value before its next
+ * collective on `comm` (the kernels' CTAs pair up across ranks, so a mismatch would hang);
+ * the call exchanges the values over the bootstrap network and fails on every rank when one
+ * differs. Not thread-safe with other calls on `comm`; stream-ordered calls already issued
+ * keep the CTA count they were launched with.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL comm, max_ctas < 0, or ranks passed different
+ * values: the message names the first rank whose value differs from rank 0's),
+ * MACO_ERR_UNSUPPORTED (no usable GPU), the bootstrap's errors (a peer gone or timed out).
+ */
+MACO_API maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ctas);
+
+/** The cap set by maco_collective_set_max_ctas (0: none). Errors: MACO_ERR_INVALID_ARGUMENT
+ * (NULL argument), MACO_ERR_UNSUPPORTED (no usable GPU). */
+MACO_API maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p);
+
 /** Mesh-family kernel launches of a communicator since its creation, by the path they
- * took (counted on the device; graph replays count every replay). */
+ * took (counted on the device; graph replays count every replay), and the size of the last
+ * launch. */
 typedef struct maco_collective_stats {
     uint64_t inplace_launches; /* registered buffers used in place */
     uint64_t scratch_launches; /* through the scratch buffer */
+    /* CTAs (thread blocks) of the last collective, all-to-all or send/recv kernel this
+     * communicator launched, counted on the host at launch (0: none yet); shows the cap of
+     * maco_collective_set_max_ctas at work. */
+    int last_launch_ctas;
 } maco_collective_stats_t;
 
 /**

@@ -8,6 +8,14 @@ Level 1 (one default communicator)::
     y = maco.allreduce(x)            # x: a CUDA tensor; in place, returns x
     g = maco.allgather(x)            # shape (world_size, *x.shape)
 
+Level 2 (SMs split between compute and communication, overlapped)::
+
+    ctx = maco.Context(compute_sms=96, comm_sms=32)
+    y = ctx.compute(lambda: x @ w1)
+    work = ctx.allreduce(y, async_op=True)
+    z = ctx.compute(lambda: x @ w2)
+    y = work.wait()
+
 Explicit communicators: :class:`maco.Communicator`. torch.distributed: ``import maco.torch``
 registers the backend ``"maco"``; :func:`maco.patch_torch_distributed` routes an existing
 group's collectives through MACO.
@@ -16,6 +24,7 @@ group's collectives through MACO.
 from . import _maco
 from ._comm import (Communicator, Plan, Registration, cuda_device_count, empty, group,
                     unique_id)
+from .context import Context, Work
 from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
                       InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
                       SystemCallError, UnsupportedError, error_class)
@@ -69,4 +78,5 @@ __all__ = [
     "SUM", "PROD", "MIN", "MAX", "AVG",
     "patch_torch_distributed", "unpatch_torch_distributed", "config",
     "PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler",
+    "Context", "Work",
 ]

@@ -756,11 +756,38 @@ class Communicator:
         Every rank must force the same one."""
         self._c.set_algorithm(_collective(collective), name)
 
+    def set_max_ctas(self, max_ctas: Optional[int]) -> None:
+        """Caps the CTAs of this communicator's collective and send/recv kernels (None or 0:
+        no cap), leaving the rest of the GPU's SMs to compute that overlaps them
+        (``maco_collective_set_max_ctas``). Collective and blocking: every rank passes the
+        same value, else :class:`InvalidArgumentError` on every rank naming the first rank
+        that differs. Calls already issued keep their CTA count.
+
+        Raises:
+            ValueError: ``max_ctas`` negative.
+        """
+        n = 0 if max_ctas is None else int(max_ctas)
+        if n < 0:
+            raise ValueError(f"max_ctas: {max_ctas} is negative")
+        self._c.set_max_ctas(n)
+
+    @property
+    def max_ctas(self) -> int:
+        """The cap of :meth:`set_max_ctas` (0: none)."""
+        return self._c.max_ctas()[0]
+
+    @property
+    def coresident_ctas(self) -> int:
+        """The most CTAs a kernel that waits on peers launches on this communicator (SM count
+        divided by the ranks sharing the GPU, minimum over ranks)."""
+        return self._c.max_ctas()[1]
+
     def stats(self) -> dict:
-        """``{"inplace": n, "scratch": m}``: mesh kernel launches that used registered
-        buffers in place and that went through scratch. Synchronises the device."""
-        i, s = self._c.stats()
-        return {"inplace": i, "scratch": s}
+        """``{"inplace": n, "scratch": m, "last_launch_ctas": c}``: mesh kernel launches that
+        used registered buffers in place and that went through scratch, and the CTAs of the
+        last collective kernel launched (0: none yet). Synchronises the device."""
+        i, s, c = self._c.stats()
+        return {"inplace": i, "scratch": s, "last_launch_ctas": c}
 
 
 class Plan:

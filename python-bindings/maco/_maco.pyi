@@ -212,7 +212,15 @@ class Comm:
 
     def set_algorithm(self, collective: int, name: str | None) -> None: ...
 
-    def stats(self) -> tuple[int, int]:
+    def set_max_ctas(self, max_ctas: int) -> None:
+        """maco_collective_set_max_ctas (collective, blocking)."""
+
+    def max_ctas(self) -> tuple[int, int]:
         """
-        (in-place launches, scratch launches) of the mesh kernels; synchronises the device.
+        (cap set by set_max_ctas or 0, co-resident CTAs of a kernel that waits on peers).
+        """
+
+    def stats(self) -> tuple[int, int, int]:
+        """
+        (in-place launches, scratch launches) of the mesh kernels and the CTAs of the last collective kernel; synchronises the device.
         """

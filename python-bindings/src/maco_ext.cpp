@@ -1129,13 +1129,35 @@ NB_MODULE(_maco, m)
             },
             nb::arg("collective"), nb::arg("name").none())
         .def(
+            "set_max_ctas",
+            [](const Comm &c, int n) {
+                maco_comm_t comm = c.get();
+                checked("maco_collective_set_max_ctas", comm,
+                        [&] { return maco_collective_set_max_ctas(comm, n); });
+            },
+            nb::arg("max_ctas"), "maco_collective_set_max_ctas (collective, blocking).")
+        .def(
+            "max_ctas",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                int n = 0;
+                checked("maco_collective_get_max_ctas", comm,
+                        [&] { return maco_collective_get_max_ctas(comm, &n); });
+                int co = 0;
+                checked("maco_comm_get_coresident_ctas", comm,
+                        [&] { return maco_comm_get_coresident_ctas(comm, &co); });
+                return std::make_pair(n, co);
+            },
+            "(cap set by set_max_ctas or 0, co-resident CTAs of a kernel that waits on peers).")
+        .def(
             "stats",
             [](const Comm &c) {
                 maco_comm_t comm = c.get();
                 maco_collective_stats_t s{};
                 checked("maco_collective_get_stats", comm,
                         [&] { return maco_collective_get_stats(comm, &s); });
-                return std::make_pair(s.inplace_launches, s.scratch_launches);
+                return std::make_tuple(s.inplace_launches, s.scratch_launches, s.last_launch_ctas);
             },
-            "(in-place launches, scratch launches) of the mesh kernels; synchronises the device.");
+            "(in-place launches, scratch launches) of the mesh kernels and the CTAs of the last "
+            "collective kernel; synchronises the device.");
 }

@@ -234,6 +234,21 @@ def test_communicator_without_gpu(comm):
         comm.register(FakeCudaArray((8,)))
 
 
+def test_context_and_cta_cap_without_gpu(comm):
+    """Level 2 on a machine without a GPU: the CTA cap is refused by the C library with its
+    reason, a negative cap before it; maco.Context says PyTorch sees no CUDA device."""
+    with pytest.raises(ValueError, match="max_ctas"):
+        comm.set_max_ctas(-1)
+    with pytest.raises(maco.UnsupportedError) as e:
+        comm.set_max_ctas(8)
+    assert "maco_collective_set_max_ctas" in str(e.value)
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this check is for machines where PyTorch sees no GPU")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        maco.Context(comm, comm_sms=8)
+
+
 def test_cpu_tensors_are_refused(comm):
     with pytest.raises(TypeError, match=r"x: .*CPU"):
         comm.allreduce(np.ones(4, np.float32))

@@ -1,6 +1,7 @@
 """GPU tests of the maco package (skipped, with the reason, without a GPU): the checks of
 gpu_collectives.py under maco-run with 2 and 4 ranks (sharing the GPUs there are, through
-MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 ranks, and
+MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 ranks, gpu_context.py
+(maco.Context, Level 2) with 1 and 2 ranks, and
 gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend and through
 patch_torch_distributed."""
 
@@ -49,6 +50,14 @@ def test_persistent_kernel(ranks):
     out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,
                os.path.join(HERE, "gpu_persistent.py")])
     assert out.count("PASS gpu_persistent") + out.count("SKIP gpu_persistent") == ranks
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_context(ranks):
+    pytest.importorskip("torch")
+    out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,
+               os.path.join(HERE, "gpu_context.py")])
+    assert out.count("PASS gpu_context") == ranks
 
 
 @pytest.mark.parametrize("mode", ["backend", "patch"])
