@@ -164,6 +164,14 @@ maco_status_t maco__coll_require(maco_comm_t comm, const char *fn, maco__coll_t 
 
 /* ---- select.c ---- */
 
+/**
+ * Sets c->max_ctas to `max_ctas` after checking over the bootstrap that every rank passed the
+ * same value (collective, blocking). MACO_ERR_INVALID_ARGUMENT naming the first rank that
+ * differs (`what` starts the message), else the bootstrap's errors.
+ */
+maco_status_t maco__coll_agree_max_ctas(maco_comm_t comm, maco__coll_t *c, int max_ctas,
+                                        const char *what);
+
 /** Reads MACO_ALGO_<COLLECTIVE> and MACO_ALLREDUCE_INPLACE_MAX into c (at creation). */
 maco_status_t maco__coll_read_settings(maco__coll_t *c);
 /** The collective's name ("allreduce") and the name of its kernel `kernel` (MACO__KERNEL_*). */

@@ -6,7 +6,6 @@
 
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -260,24 +259,7 @@ maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ctas)
     maco_status_t st = maco__coll_require(comm, fn, &c);
     if (st != MACO_OK)
         return st;
-    int32_t *all = (int32_t *)calloc((size_t)comm->nranks, sizeof(int32_t));
-    if (all == NULL)
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "%s: no memory", fn);
-    all[comm->rank] = (int32_t)max_ctas;
-    st = maco_bootstrap_allgather(comm->bs, all, sizeof(int32_t));
-    if (st == MACO_OK)
-        for (int r = 1; r < comm->nranks; r++)
-            if (all[r] != all[0]) {
-                st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                 "%s: rank %d passed max_ctas=%d but rank 0 passed %d; every "
-                                 "rank must pass the same value (the cap is unchanged)",
-                                 fn, r, (int)all[r], (int)all[0]);
-                break;
-            }
-    free(all);
-    if (st == MACO_OK)
-        c->max_ctas = max_ctas;
-    return st;
+    return maco__coll_agree_max_ctas(comm, c, max_ctas, fn);
 }
 
 maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p)

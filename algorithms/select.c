@@ -5,6 +5,7 @@
  * placed by measurement (docs/performance.md).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -158,4 +159,27 @@ int maco__p2p_ll(const maco__coll_t *c, maco_collective_t coll, uint64_t bytes)
     if (strcasecmp(forced, "copy") == 0)
         return 0;
     return bytes <= (uint64_t)c->p2p_ll_max;
+}
+
+maco_status_t maco__coll_agree_max_ctas(maco_comm_t comm, maco__coll_t *c, int max_ctas,
+                                        const char *what)
+{
+    int32_t *all = (int32_t *)calloc((size_t)comm->nranks, sizeof(int32_t));
+    if (all == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "%s: no memory", what);
+    all[comm->rank] = (int32_t)max_ctas;
+    maco_status_t st = maco_bootstrap_allgather(comm->bs, all, sizeof(int32_t));
+    if (st == MACO_OK)
+        for (int r = 1; r < comm->nranks; r++)
+            if (all[r] != all[0]) {
+                st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                 "%s: rank %d passed max_ctas=%d but rank 0 passed %d; every "
+                                 "rank must pass the same value (the cap is unchanged)",
+                                 what, r, (int)all[r], (int)all[0]);
+                break;
+            }
+    free(all);
+    if (st == MACO_OK)
+        c->max_ctas = max_ctas;
+    return st;
 }

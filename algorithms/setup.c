@@ -464,6 +464,16 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
         st = maco__coll_rails(comm, c);
     if (st == MACO_OK)
         st = maco__plan_load_forced(comm, c);
+    if (st == MACO_OK) { /* every rank, so the exchange pairs up even where the value is 0 */
+        int64_t cap = 0;
+        st = maco__config_int64(MACO_CFG_COLL_MAX_CTAS, &cap);
+        if (st == MACO_OK && (cap < 0 || cap > INT32_MAX))
+            st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                             "MACO_COLL_MAX_CTAS=%lld: must be in [0, %d]", (long long)cap,
+                             INT32_MAX);
+        if (st == MACO_OK)
+            st = maco__coll_agree_max_ctas(comm, c, (int)cap, "MACO_COLL_MAX_CTAS");
+    }
 out:
     free(ptr);
     free(chans);
