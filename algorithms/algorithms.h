@@ -137,12 +137,22 @@ static inline maco__coll_t *maco__coll_of(maco_comm_t comm)
     return (maco__coll_t *)comm->coll;
 }
 
-/** The most CTAs a kernel that waits on peers may launch: comm->coresident_ctas, capped by
- * maco_collective_set_max_ctas. The same on every rank. */
+/*
+ * The most CTAs a collective or send/recv kernel may launch: maco_collective_set_max_ctas's
+ * cap where set, else comm->coresident_ctas, halved when ranks share a GPU (any GPU of the
+ * job, so the number is the same on every rank). Why the half: with k ranks on one GPU, k x (SMs /
+ * k) waiting CTAs fill every SM, and on one H100 with 4 ranks under MPS (33 CTAs each) the fused
+ * GEMM + allreduce test's plain allreduce then timed out in 3 of 4 runs, every rank waiting for LL
+ * packets from a rank whose CTAs never ran; with 16 CTAs each (MACO_COLL_MAX_CTAS=16), 4 of 4
+ * passed (docs/results/2026-11-24/context-h100/). Leaving half the SMs free gives other kernels
+ * (another rank's GEMM, a persistent kernel) room beside the waiting CTAs.
+ */
 static inline int maco__coll_ctas(maco_comm_t comm, const maco__coll_t *c)
 {
-    return c->max_ctas > 0 && c->max_ctas < comm->coresident_ctas ? c->max_ctas
-                                                                  : comm->coresident_ctas;
+    int bound = comm->coresident_ctas;
+    if (comm->any_gpu_shared && bound > 1)
+        bound /= 2;
+    return c->max_ctas > 0 && c->max_ctas < bound ? c->max_ctas : bound;
 }
 
 /** The node of rank r (from rank_at). */

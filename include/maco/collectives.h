@@ -314,8 +314,9 @@ MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_coll
  * Caps the CTAs (thread blocks) of this communicator's collective and send/recv kernels at
  * `max_ctas`, leaving the other SMs of the GPU to work that runs beside them (the seeds'
  * "comm_sms": compute on the rest overlaps communication). 0 removes the cap. The cap never
- * raises a kernel above maco_comm_get_coresident_ctas(); a kernel launches
- * min(its own choice by size, max_ctas, coresident CTAs) CTAs. One-shot and two-shot LL
+ * raises a kernel above its default bound: maco_comm_get_coresident_ctas(), halved when any
+ * GPU of the job runs several ranks (README, "Co-residency"); a kernel launches
+ * min(its own choice by size, max_ctas, that bound) CTAs. One-shot and two-shot LL
  * kernels already stop at 64 CTAs, the mesh kernels at the scratch's slots. Not capped:
  * send/recv and all-to-all between nodes (one CTA per remote pair) and execution plans
  * (their CTA count is part of the plan).

@@ -172,6 +172,8 @@ static void maco__comm_check_sharing(maco_comm_t comm, const maco__rank_info_t *
         }
         if (r == me)
             comm->gpu_ranks = sharers;
+        if (sharers > 1)
+            comm->any_gpu_shared = 1;
         if (all[r].sm_count / sharers < ctas)
             ctas = all[r].sm_count / sharers;
     }

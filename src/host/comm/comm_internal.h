@@ -86,7 +86,8 @@ struct maco_comm {
     char first_error[1024];
 
     /* GPU resources (valid when gpu_unavailable is ""). */
-    int gpu_ranks; /* ranks on this rank's GPU, this one included (1: not shared) */
+    int gpu_ranks;      /* ranks on this rank's GPU, this one included (1: not shared) */
+    int any_gpu_shared; /* 1 when some GPU of the job runs several ranks (equal on all ranks) */
     /* The most CTAs a kernel that waits on peers or on its own grid may launch: over all
      * ranks, min(SM count its context reports / ranks on its GPU), at least 1. One CTA per
      * SM always fits, so every CTA of every rank sharing a GPU is resident at once
