@@ -157,6 +157,36 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_hdr_bytes(uint32_t lo, uint32_
     return (uint64_t)lo | ((uint64_t)(hi & 0xffffffu) << 32);
 }
 
+/*
+ * The hierarchical all-to-all across nodes (MACO_ALGO_ALLTOALL=hier; hier_a2a_kernel.cu has
+ * the protocol). With ln ranks on each of `nnodes` nodes, rank (k, i) hands its block for
+ * rank (m, j) of another node to its local peer (k, j) over memory channels; (k, j) sends
+ * node m's rail peer (m, j) one message holding the ln blocks of node k's ranks for (m, j).
+ * The blocks move in segments: segment s is elements [s P, min(count, (s + 1) P)) of every
+ * block (P = piece), and CTA b carries segments b, b + blocks, ... through its own slot.
+ * A rail message of a segment holds the ln pieces at a stride of P elements; it must fit one
+ * region of the slot (hpiece bytes: algorithms.h, the hier layout).
+ */
+typedef struct maco__hier_a2a_shape {
+    uint64_t piece;     /* P: elements of each block per segment (whole 16-byte words) */
+    uint64_t nseg;      /* segments: ceil(count / P) */
+    uint64_t msg_bytes; /* bytes of a full segment's rail message: ln * P * esz */
+    int32_t blocks;     /* CTAs: min(nseg, slots) */
+    int32_t pad;
+} maco__hier_a2a_shape_t;
+
+/*
+ * The shape of a hierarchical all-to-all of `count` elements of `esz` bytes per block (esz
+ * 1, 2, 4 or 8; count > 0), `ln` ranks per node, `slots` CTA slots whose regions hold
+ * `hpiece` bytes: pieces of about count / slots elements (enough segments for every slot),
+ * at least 4 KiB where the block allows, a whole number of 16-byte words, and at most
+ * hpiece / ln bytes (one rail message per region). Every rank gets the same shape from the
+ * same inputs. Returns 0 and leaves *shape_p untouched when a region cannot hold ln words
+ * (hpiece < 16 ln) or an argument is out of range; else 1. Pure.
+ */
+int maco__hier_a2a_shape(uint64_t count, uint64_t esz, int ln, uint64_t hpiece, int slots,
+                         maco__hier_a2a_shape_t *shape_p);
+
 #ifdef __cplusplus
 }
 #endif
