@@ -209,8 +209,9 @@ int maco__hier_a2a_shape(uint64_t count, uint64_t esz, int ln, uint64_t hpiece, 
     const uint64_t word = 16 / esz; /* elements per 16-byte word */
     const uint64_t pmax = hpiece / (uint64_t)ln / 16 * word;
     uint64_t p = (count + (uint64_t)slots - 1) / (uint64_t)slots;
-    if (p < 4096 / esz)
-        p = 4096 / esz;
+    const uint64_t pmin = MACO__HIER_A2A_MIN_MSG / (uint64_t)ln / esz;
+    if (p < pmin)
+        p = pmin;
     p = (p + word - 1) / word * word;
     if (p > pmax)
         p = pmax;

@@ -40,15 +40,16 @@ static const struct {
 
 /*
  * All-to-all across nodes: whether maco_alltoall runs hier rather than direct by default, for
- * `msg` bytes per block with `ln` ranks per node. PROVISIONAL: placed by one measurement of
- * simulated nodes (TCP over loopback, every rank on one H100 under MPS;
+ * `msg` bytes per block with `ln` ranks per node: with 2 or more ranks per node, every size.
+ * With one rank per node hier aggregates nothing (a rank has as many rail peers as remote
+ * ranks) and only adds a copy: direct. PROVISIONAL: placed by measurements of simulated
+ * nodes (TCP over loopback, 4 ranks on one H100 under MPS, blocks of 256 B to 16 MiB;
  * docs/performance.md, "All-to-all across nodes"), not on a real network.
  */
 static int maco__hier_a2a_default(size_t msg, int ln)
 {
     (void)msg;
-    (void)ln;
-    return 0;
+    return ln >= 2;
 }
 
 /* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole

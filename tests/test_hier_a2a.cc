@@ -53,10 +53,17 @@ TEST_F(HierA2A, ShapeCoversEveryElementOnceAndFitsARegion)
                         EXPECT_LT((s.nseg - 1) * s.piece, count) << at;
                         EXPECT_GE(s.nseg * s.piece, count) << at;
                         EXPECT_EQ((uint64_t)s.blocks, std::min<uint64_t>(s.nseg, slots)) << at;
-                        /* Small blocks travel whole in one segment (pieces of 4 KiB at
-                         * least, where a region allows). */
-                        if (count * esz <= 4096 && hp / (uint64_t)ln >= 4096 + 16) {
+                        /* Blocks up to MACO__HIER_A2A_MIN_MSG / ln bytes travel whole in
+                         * one segment where a region holds them; else no segment is smaller
+                         * than that but the last, or the region caps it. */
+                        const uint64_t min_piece = MACO__HIER_A2A_MIN_MSG / (uint64_t)ln;
+                        if (count * esz <= min_piece && hp / (uint64_t)ln >= min_piece + 16) {
                             EXPECT_EQ(s.nseg, 1u) << at;
+                        }
+                        if (s.nseg > 1) {
+                            EXPECT_TRUE(s.piece * esz + 16 > min_piece ||
+                                        s.msg_bytes + 16 * (uint64_t)ln > hp)
+                                << at;
                         }
                     }
 }
@@ -71,12 +78,23 @@ TEST_F(HierA2A, ShapeOfTwoNodesOfTwo)
     const uint64_t hp = scratch / ((uint64_t)ctas * 2 * ln * nnodes) / 256 * 256;
     ASSERT_EQ(hp, (uint64_t)512 << 10);
     maco__hier_a2a_shape_t s;
-    /* 1 MiB of float32 per block: 8 segments of 128 KiB, one per CTA. */
+    /* 1 MiB of float32 per block: not 8 segments of 128 KiB but 4 of 256 KiB (rail
+     * messages of MACO__HIER_A2A_MIN_MSG = 512 KiB). */
     ASSERT_EQ(maco__hier_a2a_shape(262144, 4, ln, hp, ctas, &s), 1);
-    EXPECT_EQ(s.piece, 32768u);
-    EXPECT_EQ(s.nseg, 8u);
+    EXPECT_EQ(s.piece, 65536u);
+    EXPECT_EQ(s.nseg, 4u);
+    EXPECT_EQ(s.blocks, 4);
+    EXPECT_EQ(s.msg_bytes, (uint64_t)512 << 10);
+    /* 4 MiB per block: 8 segments of 512 KiB would not fit a region (512 KiB for both
+     * blocks): 16 of 256 KiB. */
+    ASSERT_EQ(maco__hier_a2a_shape((uint64_t)4 << 20, 1, ln, hp, ctas, &s), 1);
+    EXPECT_EQ(s.piece, (uint64_t)256 << 10);
+    EXPECT_EQ(s.nseg, 16u);
     EXPECT_EQ(s.blocks, 8);
-    EXPECT_EQ(s.msg_bytes, (uint64_t)256 << 10);
+    /* 64 KiB per block: one segment, one CTA. */
+    ASSERT_EQ(maco__hier_a2a_shape(65536, 1, ln, hp, ctas, &s), 1);
+    EXPECT_EQ(s.nseg, 1u);
+    EXPECT_EQ(s.blocks, 1);
     /* 64 MiB per block: pieces capped at hpiece / ln = 256 KiB, 256 segments. */
     ASSERT_EQ(maco__hier_a2a_shape((uint64_t)64 << 20, 1, ln, hp, ctas, &s), 1);
     EXPECT_EQ(s.piece, (uint64_t)256 << 10);

@@ -189,9 +189,9 @@ int Nodes(maco_comm_t comm)
 
 /* All-to-all across nodes through the hierarchical path (MACO_ALGO_ALLTOALL=hier) and the
  * default choice: every type, counts on both sides of the segment boundaries (pieces of
- * 4 KiB at least, of hpiece / ln at most: p2p_plan.h, maco__hier_a2a_shape; run with a small
- * MACO_SCRATCH_SIZE for many segments per CTA), odd counts, misaligned buffers, fresh inputs
- * every call, poisoned outputs checked bitwise. */
+ * 512 KiB / ln at least, of hpiece / ln at most: p2p_plan.h, maco__hier_a2a_shape; run with a
+ * small MACO_SCRATCH_SIZE for many segments per CTA), odd counts, misaligned buffers, fresh
+ * inputs every call, poisoned outputs checked bitwise. */
 TEST_F(P2P, AllToAllHierAcrossNodes)
 {
     if (Nodes(Comm()) < 2)
@@ -199,9 +199,16 @@ TEST_F(P2P, AllToAllHierAcrossNodes)
     for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
         maco_datatype_t dt = static_cast<maco_datatype_t>(t);
         size_t esz = maco_datatype_size(dt);
-        std::vector<size_t> units = {
-            1, 3, 1023, 4096 / esz - 1, 4096 / esz, 4096 / esz + 1, 32768 / esz + 3
-        };
+        /* Pieces of 256 KiB (2 nodes x 2, 32 MiB scratch), 32 KiB (4 MiB scratch) and 64 KiB
+         * (4 nodes x 1, 4 MiB scratch): counts on both sides of each. */
+        std::vector<size_t> units = { 1,
+                                      3,
+                                      1023,
+                                      32768 / esz - 1,
+                                      32768 / esz + 3,
+                                      65536 / esz + 1,
+                                      262144 / esz - 1,
+                                      262144 / esz + 1 };
         if (t == MACO_FLOAT32 || t == MACO_INT8 || t == MACO_BFLOAT16 || t == MACO_FLOAT64)
             units.push_back((1u << 20) / esz + 5); /* several segments per CTA */
         if (t == MACO_INT8)
