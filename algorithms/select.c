@@ -40,16 +40,19 @@ static const struct {
 
 /*
  * All-to-all across nodes: whether maco_alltoall runs hier rather than direct by default, for
- * `msg` bytes per block with `ln` ranks per node: with 2 or more ranks per node, every size.
- * With one rank per node hier aggregates nothing (a rank has as many rail peers as remote
- * ranks) and only adds a copy: direct. PROVISIONAL: placed by measurements of simulated
- * nodes (TCP over loopback, 4 ranks on one H100 under MPS, blocks of 256 B to 16 MiB;
- * docs/performance.md, "All-to-all across nodes"), not on a real network.
+ * `msg` bytes per block with `ln` ranks per node: blocks of MACO__HIER_A2A_DEFAULT_MIN
+ * bytes and more when a node has 2 or more ranks. Below, the direct path (ll, copy) was
+ * faster in the last measurement; with one rank per node hier aggregates nothing (as many
+ * rail peers as remote ranks) and its one measurement with the final shape is the only one
+ * it won. PROVISIONAL: placed by measurements of simulated nodes (TCP over loopback, 4 ranks
+ * on one H100 under MPS, 2 nodes x 2, blocks of 256 B to 16 MiB; docs/performance.md,
+ * "All-to-all across nodes"), not on a real network; larger ln was not measured.
  */
+#define MACO__HIER_A2A_DEFAULT_MIN ((size_t)512 << 10)
+
 static int maco__hier_a2a_default(size_t msg, int ln)
 {
-    (void)msg;
-    return ln >= 2;
+    return ln >= 2 && msg >= MACO__HIER_A2A_DEFAULT_MIN;
 }
 
 /* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole

@@ -157,6 +157,36 @@ TEST_F(HierA2A, ForcingHierOnOneNodeNamesTheVariable)
               MACO_ERR_UNSUPPORTED);
 }
 
+/* The default across nodes (provisional, from one measurement on simulated nodes): hier for
+ * blocks of 512 KiB and more with 2+ ranks per node; the direct path (ll up to
+ * MACO_P2P_LL_MAX, copy above) for smaller blocks, one rank per node, and on one node. */
+TEST_F(HierA2A, DefaultChoiceBySizeAndRanksPerNode)
+{
+    struct {
+        int nnodes, ln;
+        size_t count, esz;
+        int kernel;
+    } cases[] = {
+        { 2, 2, 1, 4, MACO__KERNEL_LL },
+        { 2, 2, 16384, 4, MACO__KERNEL_LL },    /* 64 KiB: MACO_P2P_LL_MAX */
+        { 2, 2, 16385, 4, MACO__KERNEL_MESH },  /* copy */
+        { 2, 2, 131071, 4, MACO__KERNEL_MESH }, /* 512 KiB - 4 */
+        { 2, 2, 131072, 4, MACO__KERNEL_HIER }, /* 512 KiB */
+        { 2, 2, 524288, 1, MACO__KERNEL_HIER }, /* 512 KiB of int8 */
+        { 4, 8, (size_t)64 << 20, 2, MACO__KERNEL_HIER },
+        { 4, 1, (size_t)4 << 20, 4, MACO__KERNEL_MESH }, /* one rank per node: direct */
+        { 1, 4, (size_t)4 << 20, 4, MACO__KERNEL_MESH }, /* one node */
+    };
+    for (const auto &t : cases) {
+        int kernel = -1;
+        ASSERT_EQ(maco__coll_select(nullptr, State(t.nnodes, t.ln, ""), MACO_COLL_ALLTOALL, t.count,
+                                    t.esz, &kernel),
+                  MACO_OK);
+        EXPECT_EQ(kernel, t.kernel) << t.nnodes << " nodes x " << t.ln << ", " << t.count
+                                    << " elements of " << t.esz << " bytes";
+    }
+}
+
 /* Forced hier where a region cannot hold a word per local rank is refused, naming why. */
 TEST_F(HierA2A, ForcingHierWithoutRoomIsRefused)
 {
