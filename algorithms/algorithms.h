@@ -335,6 +335,11 @@ MACO__DECLARE_LAUNCHER(fp8_e4m3)
 MACO__DECLARE_LAUNCHER(fp8_e5m2)
 #undef MACO__DECLARE_LAUNCHER
 
+/* The hierarchical all-to-all across nodes (hier_a2a_kernel.cu), on the hier kernel's
+ * arguments (c.piece_elems: maco__hier_a2a_shape's piece); returns the launch's CUDA error. */
+cudaError_t maco__launch_hier_a2a(const maco__hier_args_t *args, int blocks, int threads,
+                                  cudaStream_t stream);
+
 /* ------------------------------------------------------------------ send/recv, all-to-all */
 
 /*

@@ -153,21 +153,34 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
         slots = (size_t)l->rsag_slots;
     if (slots > (size_t)maco__coll_ctas(comm, coll))
         slots = (size_t)maco__coll_ctas(comm, coll);
-    int split = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE ||
-                c->coll == MACO_COLL_BROADCAST;
-    size_t per_seg = split ? (size_t)coll->ln : 1;
-    size_t word = 16 / esz; /* elements per 16-byte word */
-    size_t pmax = l->hier_piece_max / wide / word * word;
-    size_t p = (c->count + per_seg * slots - 1) / (per_seg * slots);
-    if (p < 4096 / esz)
-        p = 4096 / esz;
-    p = (p + word - 1) / word * word;
-    if (p > pmax)
-        p = pmax;
+    size_t p, blocks;
+    if (c->coll == MACO_COLL_ALLTOALL) {
+        /* maco__coll_select took hier only where this shape exists. */
+        maco__hier_a2a_shape_t shape;
+        if (!maco__hier_a2a_shape(c->count, esz, coll->ln, l->hier_piece_max, (int)slots, &shape))
+            return maco__comm_record(comm, maco__error(MACO_ERR_INTERNAL, MACO_SUBSYS_COLL,
+                                                       "%s: no hier all-to-all shape for %zu "
+                                                       "elements of %zu bytes",
+                                                       c->fn, c->count, esz));
+        p = shape.piece;
+        blocks = (size_t)shape.blocks;
+    } else {
+        int split = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE ||
+                    c->coll == MACO_COLL_BROADCAST;
+        size_t per_seg = split ? (size_t)coll->ln : 1;
+        size_t word = 16 / esz; /* elements per 16-byte word */
+        size_t pmax = l->hier_piece_max / wide / word * word;
+        p = (c->count + per_seg * slots - 1) / (per_seg * slots);
+        if (p < 4096 / esz)
+            p = 4096 / esz;
+        p = (p + word - 1) / word * word;
+        if (p > pmax)
+            p = pmax;
+        size_t seg = p * per_seg;
+        size_t nseg = (c->count + seg - 1) / seg;
+        blocks = nseg < slots ? nseg : slots;
+    }
     a->piece_elems = p;
-    size_t seg = p * per_seg;
-    size_t nseg = (c->count + seg - 1) / seg;
-    size_t blocks = nseg < slots ? nseg : slots;
     maco__hier_args_t h;
     memset(&h, 0, sizeof(h));
     h.c = *a;
@@ -189,8 +202,10 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
             }
     h.accsz = (uint32_t)accsz;
     maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
-    cudaError_t cerr = maco__hier_launchers[kt](&h, reducing ? (int)c->op : (int)MACO_SUM,
-                                                (int)blocks, MACO__COLL_THREADS, s);
+    cudaError_t cerr = c->coll == MACO_COLL_ALLTOALL
+                           ? maco__launch_hier_a2a(&h, (int)blocks, MACO__COLL_THREADS, s)
+                           : maco__hier_launchers[kt](&h, reducing ? (int)c->op : (int)MACO_SUM,
+                                                      (int)blocks, MACO__COLL_THREADS, s);
     coll->last_ctas = (int)blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,

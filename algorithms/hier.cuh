@@ -179,6 +179,37 @@ static __device__ __forceinline__ int maco__hier_put(const maco_port_channel_dev
     return st != MACO_OK;
 }
 
+/* Thread 0 waits for (`raise`: raises) one signal on port channel `w` (0: data, 1:
+ * acknowledgements) of the rail peer on every node but `k`, in node order; `rail` is the
+ * CTA's [nnodes][2]. The CTA agrees on a failure: true in every thread when it must stop. */
+static __device__ __forceinline__ bool maco__hier_each_node(const maco_port_channel_device_t *rail,
+                                                            int nnodes, int k, int w, bool raise)
+{
+    bool fail = false;
+    if (threadIdx.x == 0)
+        for (int m = 0; m < nnodes && !fail; m++)
+            if (m != k)
+                fail = (raise ? maco_port_channel_signal(&rail[2 * m + w])
+                              : maco_port_channel_wait(&rail[2 * m + w])) != MACO_OK;
+    return maco__cta_failed(fail);
+}
+
+/* A CTA's start in the hier kernels (this one, hier_a2a_kernel.cu): its slot's memory
+ * channels with the node's ranks into `ch` (shared memory; the mesh barrier's); returns
+ * whether this thread waits on one of them in the barrier, and sets *rail_p to the slot's
+ * port channels [nnodes][2] (data, acknowledgements). */
+static __device__ __forceinline__ bool
+maco__hier_cta_begin(const maco__hier_args_t &h, maco_memory_channel_device_t *ch,
+                     const maco_port_channel_device_t **rail_p)
+{
+    const uint32_t L = (uint32_t)h.c.nranks, me = (uint32_t)h.c.rank, tid = threadIdx.x;
+    if (tid < L && tid != me)
+        ch[tid] = h.c.channels[(uint64_t)blockIdx.x * L + tid];
+    __syncthreads();
+    *rail_p = h.rail + (uint64_t)blockIdx.x * (uint64_t)h.nnodes * 2;
+    return tid < L && tid != me;
+}
+
 template <class T, int Op>
 __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
 {
@@ -186,11 +217,8 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
     __shared__ maco_memory_channel_device_t ch[MACO__MAXR];
     const int L = a.nranks, me = a.rank, N = h.nnodes, k = h.node, coll = a.coll;
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
-    if (tid < (uint32_t)L && tid != (uint32_t)me)
-        ch[tid] = a.channels[(uint64_t)blockIdx.x * (uint64_t)L + tid];
-    __syncthreads();
-    const bool waiter = tid < (uint32_t)L && tid != (uint32_t)me;
-    const maco_port_channel_device_t *rail = h.rail + (uint64_t)blockIdx.x * (uint64_t)N * 2;
+    const maco_port_channel_device_t *rail;
+    const bool waiter = maco__hier_cta_begin(h, ch, &rail);
 #define MACO__DATA(m) (&rail[2 * (m)])
 #define MACO__ACK(m) (&rail[2 * (m) + 1])
     const uint64_t hp = h.hpiece;

@@ -157,6 +157,44 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_hdr_bytes(uint32_t lo, uint32_
     return (uint64_t)lo | ((uint64_t)(hi & 0xffffffu) << 32);
 }
 
+/*
+ * The hierarchical all-to-all across nodes (MACO_ALGO_ALLTOALL=hier; hier_a2a_kernel.cu has
+ * the protocol). With ln ranks on each of `nnodes` nodes, rank (k, i) hands its block for
+ * rank (m, j) of another node to its local peer (k, j) over memory channels; (k, j) sends
+ * node m's rail peer (m, j) one message holding the ln blocks of node k's ranks for (m, j).
+ * The blocks move in segments: segment s is elements [s P, min(count, (s + 1) P)) of every
+ * block (P = piece), and CTA b carries segments b, b + blocks, ... through its own slot.
+ * A rail message of a segment holds the ln pieces at a stride of P elements; it must fit one
+ * region of the slot (hpiece bytes: algorithms.h, the hier layout).
+ */
+/* The smallest rail message of a segment (bytes) where the blocks and the region allow:
+ * fewer, larger segments. On one H100 with 2 simulated nodes x 2 (TCP over loopback), 8
+ * segments of 32-128 KiB messages took 575-865 us where 1-2 of 512 KiB-1 MiB took 436-797
+ * (1-2 MiB all-to-alls), and above 4 MiB 8 segments of 512 KiB were fastest
+ * (docs/performance.md, "All-to-all across nodes"). Provisional: a loopback measurement. */
+#define MACO__HIER_A2A_MIN_MSG ((uint64_t)512 << 10)
+
+typedef struct maco__hier_a2a_shape {
+    uint64_t piece;     /* P: elements of each block per segment (whole 16-byte words) */
+    uint64_t nseg;      /* segments: ceil(count / P) */
+    uint64_t msg_bytes; /* bytes of a full segment's rail message: ln * P * esz */
+    int32_t blocks;     /* CTAs: min(nseg, slots) */
+    int32_t pad;
+} maco__hier_a2a_shape_t;
+
+/*
+ * The shape of a hierarchical all-to-all of `count` elements of `esz` bytes per block (esz
+ * 1, 2, 4 or 8; count > 0), `ln` ranks per node, `slots` CTA slots whose regions hold
+ * `hpiece` bytes: pieces of about count / slots elements (enough segments for every slot),
+ * at least MACO__HIER_A2A_MIN_MSG / ln bytes (rail messages of 512 KiB) where the block
+ * allows, a whole number of 16-byte words, and at most hpiece / ln bytes (one rail message
+ * per region). Every rank gets the same shape from the
+ * same inputs. Returns 0 and leaves *shape_p untouched when a region cannot hold ln words
+ * (hpiece < 16 ln) or an argument is out of range; else 1. Pure.
+ */
+int maco__hier_a2a_shape(uint64_t count, uint64_t esz, int ln, uint64_t hpiece, int slots,
+                         maco__hier_a2a_shape_t *shape_p);
+
 #ifdef __cplusplus
 }
 #endif

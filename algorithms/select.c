@@ -26,8 +26,9 @@ static const struct {
     { "broadcast", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_BROADCAST },
     { "reduce", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_REDUCE },
     /* How a sender moves each message (p2p_kernels.cu): LL packets or chunks through
-     * scratch. Any size works either way, so forcing one never fails for size. */
-    { "alltoall", { "ll", "copy", NULL, NULL }, MACO_CFG_ALGO_ALLTOALL },
+     * scratch. Any size works either way, so forcing one never fails for size. Across
+     * nodes maco_alltoall may also run hierarchical (hier_a2a_kernel.cu). */
+    { "alltoall", { "ll", "copy", NULL, "hier" }, MACO_CFG_ALGO_ALLTOALL },
     { "sendrecv", { "ll", "copy", NULL, NULL }, MACO_CFG_ALGO_SENDRECV },
 };
 
@@ -37,6 +38,23 @@ static const struct {
  * to what its scratch holds (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
  */
 #define MACO__ONESHOT_CUTOFF ((size_t)128 << 10)
+
+/*
+ * All-to-all across nodes: whether maco_alltoall runs hier rather than direct by default, for
+ * `msg` bytes per block with `ln` ranks per node: blocks of MACO__HIER_A2A_DEFAULT_MIN
+ * bytes and more when a node has 2 or more ranks. Below, the direct path (ll, copy) was
+ * faster in the last measurement; with one rank per node hier aggregates nothing (as many
+ * rail peers as remote ranks) and its one measurement with the final shape is the only one
+ * it won. PROVISIONAL: placed by measurements of simulated nodes (TCP over loopback, 4 ranks
+ * on one H100 under MPS, 2 nodes x 2, blocks of 256 B to 16 MiB; docs/performance.md,
+ * "All-to-all across nodes"), not on a real network; larger ln was not measured.
+ */
+#define MACO__HIER_A2A_DEFAULT_MIN ((size_t)512 << 10)
+
+static int maco__hier_a2a_default(size_t msg, int ln)
+{
+    return ln >= 2 && msg >= MACO__HIER_A2A_DEFAULT_MIN;
+}
 
 /* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole
  * number of 8-byte packets), or 0 when two-shot cannot take the call: a block would be
@@ -99,6 +117,10 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
     int p2p = coll == MACO_COLL_ALLTOALL || coll == MACO_COLL_SENDRECV;
     size_t n = (size_t)c->ln;
     int across = c->nnodes > 1 && !p2p;
+    /* All-to-all across nodes: hier where its shape exists (p2p_plan.h), else direct. */
+    maco__hier_a2a_shape_t a2a;
+    int a2a_hier = coll == MACO_COLL_ALLTOALL && c->nnodes > 1 &&
+                   maco__hier_a2a_shape(count, esz, c->ln, c->layout.hier_piece_max, 1, &a2a);
     int twoshot = coll == MACO_COLL_ALLREDUCE && maco__coll_twoshot_block(count, esz, n, cap) != 0;
     const char *forced = c->forced[coll];
     if (forced[0] != '\0') {
@@ -106,8 +128,23 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
             if (maco__colls[coll].algo[k] == NULL ||
                 strcasecmp(forced, maco__colls[coll].algo[k]) != 0)
                 continue;
-            /* hier is the one algorithm across nodes, and works only there. */
-            if ((k == MACO__KERNEL_HIER) != across)
+            /* All-to-all: ll and copy everywhere (direct), hier only across nodes. */
+            if (coll == MACO_COLL_ALLTOALL && k == MACO__KERNEL_HIER && c->nnodes < 2)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s needs ranks on several nodes; the ranks are on 1 "
+                                   "node (use ll or copy, or leave it unset)",
+                                   maco__config_name(maco__colls[coll].force), forced);
+            if (coll == MACO_COLL_ALLTOALL && k == MACO__KERNEL_HIER && !a2a_hier)
+                return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                                   "%s=%s cannot take %zu elements of %zu bytes with %d ranks "
+                                   "per node: a region of its scratch (%zu bytes, from "
+                                   "MACO_SCRATCH_SIZE and MACO_HIER_CTAS) must hold 16 bytes "
+                                   "per rank of a node",
+                                   maco__config_name(maco__colls[coll].force), forced, count, esz,
+                                   c->ln, (size_t)c->layout.hier_piece_max);
+            /* hier is the one algorithm of the other collectives across nodes, and works
+             * only there. */
+            if (!p2p && (k == MACO__KERNEL_HIER) != across)
                 return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                                    "%s=%s %s; the ranks are on %d node%s",
                                    maco__config_name(maco__colls[coll].force), forced,
@@ -138,7 +175,7 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
                            maco__colls[coll].algo[3] ? " or " : "",
                            maco__colls[coll].algo[3] ? maco__colls[coll].algo[3] : "");
     }
-    if (across)
+    if (across || (a2a_hier && maco__hier_a2a_default(msg, c->ln)))
         *kernel_p = MACO__KERNEL_HIER;
     else if (p2p)
         *kernel_p = msg <= (size_t)c->p2p_ll_max ? MACO__KERNEL_LL : MACO__KERNEL_MESH;

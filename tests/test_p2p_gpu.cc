@@ -111,6 +111,32 @@ class P2P : public maco_test::BufferCase
             *first = res[1];
     }
 
+    /* One maco_alltoall of `unit` elements per block from in_ + kGuard + skew_send to out_ +
+     * kGuard + skew_recv on fresh inputs and a poisoned output, checked bitwise (every byte
+     * outside the received blocks still poison). */
+    void CheckedAllToAll(size_t unit, maco_datatype_t dt, const char *mode, uint64_t seed,
+                         size_t skew_send, size_t skew_recv)
+    {
+        const size_t n = static_cast<size_t>(NRanks());
+        size_t bytes = unit * maco_datatype_size(dt) * n;
+        ASSERT_NO_FATAL_FAILURE(Reserve(bytes + 16));
+        char *send = in_ + kGuard + skew_send;
+        char *recv = out_ + kGuard + skew_recv;
+        Poison();
+        Fill(send, unit * n, dt, seed);
+        ASSERT_EQ(maco_alltoall(send, recv, unit, dt, Comm(), S()), MACO_OK)
+            << maco_comm_get_last_error(Comm());
+        CUDA_OK(maco_perf_check_coll(recv, unit * n, MACO_COLL_ALLTOALL, dt, MACO_SUM, 0, unit,
+                                     seed, Rank(), NRanks(), &counters_[0], &counters_[1],
+                                     stream_));
+        ExpectPoisonOutside({ { kGuard + skew_recv, bytes } });
+        unsigned long long wrong = 1, first = 0;
+        ASSERT_NO_FATAL_FAILURE(Wrong(&wrong, &first));
+        ASSERT_EQ(wrong, 0u) << "alltoall " << maco_datatype_name(dt) << " count " << unit
+                             << " mode '" << mode << "' skews " << skew_send << "/" << skew_recv
+                             << ", first wrong element " << first;
+    }
+
     void Force(maco_collective_t coll, const char *mode)
     {
         ASSERT_EQ(maco_collective_set_algorithm(Comm(), coll, mode[0] ? mode : nullptr), MACO_OK);
@@ -131,7 +157,6 @@ std::string Describe(const char *what, maco_datatype_t dt, size_t count, const c
  * size, aligned and misaligned (differently on the two sides) buffers. */
 TEST_F(P2P, AllToAllEveryTypeModeAndAlignment)
 {
-    const size_t n = static_cast<size_t>(NRanks());
     for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
         maco_datatype_t dt = static_cast<maco_datatype_t>(t);
         size_t esz = maco_datatype_size(dt);
@@ -146,28 +171,138 @@ TEST_F(P2P, AllToAllEveryTypeModeAndAlignment)
                     if (unit > 10000 && skews.first != 0 && mode[0] != 'c')
                         continue;
                     ASSERT_NO_FATAL_FAILURE(Force(MACO_COLL_ALLTOALL, mode));
-                    size_t bytes = unit * esz * n;
-                    ASSERT_NO_FATAL_FAILURE(Reserve(bytes + 16));
-                    char *send = in_ + kGuard + skews.first;
-                    char *recv = out_ + kGuard + skews.second;
-                    uint64_t seed = Seed(unit);
-                    Poison();
-                    Fill(send, unit * n, dt, seed);
-                    ASSERT_EQ(maco_alltoall(send, recv, unit, dt, Comm(), S()), MACO_OK)
-                        << maco_comm_get_last_error(Comm());
-                    CUDA_OK(maco_perf_check_coll(recv, unit * n, MACO_COLL_ALLTOALL, dt, MACO_SUM,
-                                                 0, unit, seed, Rank(), NRanks(), &counters_[0],
-                                                 &counters_[1], stream_));
-                    ExpectPoisonOutside({ { kGuard + skews.second, bytes } });
-                    unsigned long long wrong = 1, first = 0;
-                    ASSERT_NO_FATAL_FAILURE(Wrong(&wrong, &first));
-                    ASSERT_EQ(wrong, 0u)
-                        << Describe("alltoall", dt, unit, mode, skews.first, skews.second)
-                        << ", first wrong element " << first;
+                    ASSERT_NO_FATAL_FAILURE(
+                        CheckedAllToAll(unit, dt, mode, Seed(unit), skews.first, skews.second));
                 }
             }
         }
     }
+}
+
+/* Nodes of the communicator (MACO_HOST_ID / maco-run --simulate-nodes make several). */
+int Nodes(maco_comm_t comm)
+{
+    int nn = 1;
+    EXPECT_EQ(maco_comm_get_nnodes(comm, &nn), MACO_OK);
+    return nn;
+}
+
+/* All-to-all across nodes through the hierarchical path (MACO_ALGO_ALLTOALL=hier) and the
+ * default choice: every type, counts on both sides of the segment boundaries (pieces of
+ * 512 KiB / ln at least, of hpiece / ln at most: p2p_plan.h, maco__hier_a2a_shape; run with a
+ * small MACO_SCRATCH_SIZE for many segments per CTA), odd counts, misaligned buffers, fresh
+ * inputs every call, poisoned outputs checked bitwise. */
+TEST_F(P2P, AllToAllHierAcrossNodes)
+{
+    if (Nodes(Comm()) < 2)
+        GTEST_SKIP() << "needs ranks on several nodes (maco-run --simulate-nodes)";
+    for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
+        maco_datatype_t dt = static_cast<maco_datatype_t>(t);
+        size_t esz = maco_datatype_size(dt);
+        /* Pieces of 256 KiB (2 nodes x 2, 32 MiB scratch), 32 KiB (4 MiB scratch) and 64 KiB
+         * (4 nodes x 1, 4 MiB scratch): counts on both sides of each. */
+        std::vector<size_t> units = { 1,
+                                      3,
+                                      1023,
+                                      32768 / esz - 1,
+                                      32768 / esz + 3,
+                                      65536 / esz + 1,
+                                      262144 / esz - 1,
+                                      262144 / esz + 1 };
+        if (t == MACO_FLOAT32 || t == MACO_INT8 || t == MACO_BFLOAT16 || t == MACO_FLOAT64)
+            units.push_back((1u << 20) / esz + 5); /* several segments per CTA */
+        if (t == MACO_INT8)
+            units.push_back((3u << 20) + 7);
+        for (size_t unit : units) {
+            for (const char *mode : { "hier", "" }) {
+                for (auto skews : { std::make_pair<size_t, size_t>(0, 0),
+                                    std::make_pair<size_t, size_t>(1, 3) }) {
+                    if (unit > 10000 && skews.first != 0 && mode[0] == '\0')
+                        continue;
+                    ASSERT_NO_FATAL_FAILURE(Force(MACO_COLL_ALLTOALL, mode));
+                    if (mode[0] != '\0') {
+                        const char *algo = nullptr;
+                        ASSERT_EQ(maco_collective_get_algorithm(Comm(), MACO_COLL_ALLTOALL, unit,
+                                                                dt, &algo),
+                                  MACO_OK);
+                        ASSERT_STREQ(algo, "hier");
+                    }
+                    ASSERT_NO_FATAL_FAILURE(
+                        CheckedAllToAll(unit, dt, mode, Seed(unit * 16 + static_cast<uint64_t>(t)),
+                                        skews.first, skews.second));
+                }
+            }
+        }
+    }
+}
+
+/* A CUDA graph holding a hierarchical all-to-all, a hier allreduce on other buffers and a
+ * second, larger hierarchical all-to-all, replayed 40 times with new inputs: the port
+ * channels' and barriers' counters advance on the device, and calls of different kinds do
+ * not disturb each other's rail regions. */
+TEST_F(P2P, AllToAllHierGraphReplayed)
+{
+    if (Nodes(Comm()) < 2)
+        GTEST_SKIP() << "needs ranks on several nodes (maco-run --simulate-nodes)";
+    const int n = NRanks(), me = Rank();
+    ASSERT_NO_FATAL_FAILURE(Force(MACO_COLL_ALLTOALL, "hier"));
+    const size_t ua = 3001;   /* bf16 per block */
+    const size_t ub = 200003; /* int8 per block: several segments */
+    const size_t abytes = ua * 2 * static_cast<size_t>(n), bbytes = ub * static_cast<size_t>(n);
+    ASSERT_NO_FATAL_FAILURE(Reserve(abytes + 64 + bbytes));
+    char *sa = in_ + kGuard, *ra = out_ + kGuard;
+    char *sb = sa + abytes + 64, *rb = ra + abytes + 64;
+    float *ar = nullptr;
+    const size_t ar_count = 50000;
+    CUDA_OK(cudaMalloc(&ar, 2 * ar_count * sizeof(float)));
+    CUDA_OK(cudaMemset(ar, 0, 2 * ar_count * sizeof(float)));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    maco_status_t st1 = maco_alltoall(sa, ra, ua, MACO_BFLOAT16, Comm(), S());
+    maco_status_t st2 =
+        maco_allreduce(ar, ar + ar_count, ar_count, MACO_FLOAT32, MACO_SUM, Comm(), S());
+    maco_status_t st3 = maco_alltoall(sb, rb, ub, MACO_INT8, Comm(), S());
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    ASSERT_EQ(st1, MACO_OK) << maco_comm_get_last_error(Comm());
+    ASSERT_EQ(st2, MACO_OK) << maco_comm_get_last_error(Comm());
+    ASSERT_EQ(st3, MACO_OK) << maco_comm_get_last_error(Comm());
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 40; replay++) {
+        uint64_t seed = Seed(static_cast<uint64_t>(replay));
+        Poison();
+        Fill(sa, ua * static_cast<size_t>(n), MACO_BFLOAT16, seed);
+        Fill(sb, ub * static_cast<size_t>(n), MACO_INT8, seed ^ 7);
+        CUDA_OK(cudaGraphLaunch(exec, stream_));
+        CUDA_OK(maco_perf_check_coll(ra, ua * static_cast<size_t>(n), MACO_COLL_ALLTOALL,
+                                     MACO_BFLOAT16, MACO_SUM, 0, ua, seed, me, n, &counters_[0],
+                                     &counters_[1], stream_));
+        CUDA_OK(maco_perf_check_coll(rb, ub * static_cast<size_t>(n), MACO_COLL_ALLTOALL, MACO_INT8,
+                                     MACO_SUM, 0, ub, seed ^ 7, me, n, &counters_[0], &counters_[1],
+                                     stream_));
+        ExpectPoisonOutside({ { kGuard, abytes }, { kGuard + abytes + 64, bbytes } });
+        unsigned long long wrong = 1;
+        ASSERT_NO_FATAL_FAILURE(Wrong(&wrong));
+        ASSERT_EQ(wrong, 0u) << "replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(ar);
+}
+
+/* On one node, forcing hier is a clear error naming the variable, and nothing runs. */
+TEST_F(P2P, AllToAllHierOnOneNodeIsRefused)
+{
+    if (Nodes(Comm()) > 1)
+        GTEST_SKIP() << "runs on one node";
+    maco_test::AllowLog("MACO_ALGO_ALLTOALL=hier needs ranks on several nodes");
+    ASSERT_NO_FATAL_FAILURE(Force(MACO_COLL_ALLTOALL, "hier"));
+    ASSERT_NO_FATAL_FAILURE(Reserve(64 * static_cast<size_t>(NRanks())));
+    EXPECT_EQ(maco_alltoall(in_ + kGuard, out_ + kGuard, 16, MACO_FLOAT32, Comm(), S()),
+              MACO_ERR_INVALID_ARGUMENT);
+    std::string msg = maco_comm_get_last_error(Comm());
+    EXPECT_NE(msg.find("MACO_ALGO_ALLTOALL=hier needs ranks on several nodes"), std::string::npos)
+        << msg;
 }
 
 /* The count matrix and layouts of an all-to-allv, the same on every rank (shared seed). */

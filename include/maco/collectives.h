@@ -209,7 +209,13 @@ MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t co
  * order relative to the other calls on the communicator, with the same count (a receiver that
  * gets a different count reports it, see above). count 0 returns MACO_OK and does nothing.
  * Inside a group it joins the group's sends and receives (one launch).
- * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for overlapping buffers.
+ * Across nodes, outside a group, it may run hierarchical ("hier", docs/design.md,
+ * "Collectives across nodes"): each rank hands its blocks for another node to the local rank
+ * of the destination's local index, which sends one message per node over its rail; forced
+ * with MACO_ALGO_ALLTOALL=hier, else chosen by size (blocks of 512 KiB and more with 2 or more
+ * ranks per node, provisionally). Its own kernel launch, also safe to capture in a graph.
+ * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for overlapping buffers, and for
+ * MACO_ALGO_ALLTOALL=hier on one node (the message names the variable).
  */
 MACO_API maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t count,
                                      maco_datatype_t datatype, maco_comm_t comm,
@@ -288,9 +294,11 @@ MACO_API maco_status_t maco_group_end(void);
  * that collective takes it) on this communicator; "copy" for a single rank; "plan" when
  * MACO_ALGO_<COLLECTIVE>=plan:FILE made it run an execution plan (maco/plan.h). For
  * MACO_COLL_ALLTOALL and MACO_COLL_SENDRECV, `count` is a message's elements and the name is
- * how its sender moves it: "ll" or "copy". The string is
- * static. Errors: MACO_ERR_INVALID_ARGUMENT (NULL argument, type or collective out of
- * range), MACO_ERR_UNSUPPORTED and the forced-algorithm errors as the collective itself.
+ * how its sender moves it: "ll" or "copy", or "hier" for maco_alltoall across nodes
+ * outside a group (maco_alltoallv and all-to-alls inside groups always move their blocks
+ * directly). The string is static. Errors: MACO_ERR_INVALID_ARGUMENT (NULL argument, type or
+ * collective out of range), MACO_ERR_UNSUPPORTED and the forced-algorithm errors as the collective
+ * itself.
  */
 MACO_API maco_status_t maco_collective_get_algorithm(maco_comm_t comm, maco_collective_t coll,
                                                      size_t count, maco_datatype_t datatype,

@@ -77,7 +77,8 @@ extern "C" {
     X(ALGO_REDUCE, STRING, "", "",                                                                 \
       "Force a reduce algorithm: ll or mesh (one node), hier (across nodes).")                     \
     X(ALGO_ALLTOALL, STRING, "", "",                                                               \
-      "Force how all-to-all messages travel: ll (LL packets) or copy (through scratch).")          \
+      "Force how all-to-all messages travel: ll (LL packets) or copy (through scratch), or "       \
+      "hier across nodes (maco_alltoall outside groups: blocks gathered per rail).")               \
     X(ALGO_SENDRECV, STRING, "", "",                                                               \
       "Force how send/recv messages travel: ll (LL packets) or copy (through scratch).")           \
     X(P2P_LL_MAX, SIZE, "64K", "bytes",                                                            \
