@@ -9,7 +9,9 @@
  *   [W, W + C)        communication workers: the same loop, for tasks of the comm role
  *                     (by default the waits: on a peer's signal, on a counter), so that a
  *                     wait never holds a compute worker;
- *   [W + C, W + C + S) schedulers (one thread each): hand ready tasks to workers.
+ *   [W + C, W + C + S) schedulers: all their threads push the roots (tasks without
+ *                     predecessors) to workers' queues at the start, in parallel; then one
+ *                     thread each hands the tasks that become ready to workers.
  * All CTAs must be resident at once (workers wait for work that other CTAs produce); the
  * host sizes the grid so they are (maco_persistent_kernel_create).
  *
@@ -218,9 +220,24 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
 
 /* Scheduler `s` (0..S-1) of launch `run`: pushes its share of the roots, then hands every task
  * of its inbox to a worker of the task's role until the launch ends. One thread. MACO_OK or
- * the first error. */
+ * the first error. The same as maco_pk_schedule_roots(v, s, 0, 1), then
+ * maco_pk_schedule_inbox(v, s, run). */
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view_t *v, uint32_t s,
                                                               uint64_t run);
+
+/* Scheduler `s`'s share of the roots (roots[s], roots[s + S], ...): the k-th of them goes to
+ * the queue of s's own workers of its role in turn (k modulo their number; at the start of a
+ * launch every queue is empty, so the turn is the balance). Cooperative over (lane, nlanes):
+ * each lane pushes every nlanes-th root, so a scheduler CTA hands out its roots with all its
+ * threads at once rather than one queue push after another. MACO_OK or a push's error. */
+MACO_HOST_DEVICE static inline maco_status_t
+maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes);
+
+/* Scheduler `s` of launch `run` after its roots: hands every task of its inbox to a worker of
+ * the task's role (the least loaded of the next few of its own) until the launch ends. One
+ * thread. MACO_OK or the first error. */
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
+                                                                    uint32_t s, uint64_t run);
 
 /* Marks the launch failed: every CTA leaves at its next check. */
 MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v);
