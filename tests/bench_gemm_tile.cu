@@ -6,13 +6,17 @@
  * 28672 over 8 ranks, 4096 tokens: the column-parallel up projection 4096 x 3584 x 8192 and the
  * row-parallel down projection 4096 x 8192 x 3584). A benchmark, not a test (docs/performance.md).
  *
- *   usage: bench_gemm_tile [--iters I] [--tiles cublasdx,gmma]
+ *   usage: bench_gemm_tile [--iters I] [--tiles cublasdx,gmma] [--schedulers S] [--profile]
+ * --schedulers S: S scheduler CTAs (the rest of the SMs are workers) instead of the default split.
+ * --profile: after the timed calls, one more call with per-task timing, and a line of where the
+ * time goes: the median tile (task) time, the span of the launch, how busy the workers were.
  * Exit status 0 and "SKIP" when the library has no GEMM tiles (built without MathDx).
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -45,11 +49,17 @@ __global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, nullptr, _IOLBF, 0); /* each row as it is measured, even into a pipe */
     int iters = 20;
     std::vector<std::string> kinds = { "cublasdx", "gmma" };
+    int schedulers = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--schedulers") && i + 1 < argc)
+            schedulers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--profile"))
+            profile = 1;
         else if (!strcmp(argv[i], "--tiles") && i + 1 < argc) {
             kinds.clear();
             for (char *s = strtok(argv[++i], ","); s != nullptr; s = strtok(nullptr, ","))
@@ -138,8 +148,13 @@ int main(int argc, char **argv)
                     t.tile_col = (uint32_t)c;
                     maco_task_graph_add_task(g, &t, nullptr);
                 }
+            maco_persistent_config_t want;
+            memset(&want, 0, sizeof(want));
+            want.schedulers = schedulers;
+            want.profile = profile;
             maco_persistent_kernel_t pk;
-            maco_status_t st = maco_persistent_kernel_create(comm, g, nullptr, &pk);
+            maco_status_t st = maco_persistent_kernel_create(
+                comm, g, schedulers != 0 || profile ? &want : nullptr, &pk);
             maco_task_graph_destroy(g);
             if (st == MACO_ERR_UNSUPPORTED) {
                 printf("SKIP %s: %s\n", kind.c_str(), maco_log_last_error());
@@ -185,6 +200,42 @@ int main(int argc, char **argv)
             printf("%6d %6d %6d %8d %-9s %12.1f %12.1f %8.1f%% %8.1e %d/%d\n", M, N, K, tm * tn,
                    kind.c_str(), flops / (ms_cublas * 1e-3) / 1e12, flops / (ms_pk * 1e-3) / 1e12,
                    100.0 * ms_cublas / ms_pk, rel, cfg.workers, cfg.schedulers);
+            if (profile) {
+                /* One more call, then its per-task records: tile times, launch span, and the
+                 * workers' busy fraction (sum of tile times over workers x span). */
+                int ntasks = tm * tn;
+                maco_persistent_kernel_launch(pk, stream);
+                CK(cudaStreamSynchronize(stream));
+                std::vector<maco_task_profile_t> rec((size_t)ntasks);
+                if (maco_persistent_kernel_get_profile(pk, rec.data(), rec.size()) == MACO_OK) {
+                    std::vector<double> dur;
+                    uint64_t t0 = ~0ull, t1 = 0, first_end = ~0ull;
+                    double busy = 0;
+                    for (const auto &r : rec) {
+                        dur.push_back((double)(r.end_ns - r.start_ns) * 1e-3);
+                        busy += dur.back();
+                        t0 = r.start_ns < t0 ? r.start_ns : t0;
+                        t1 = r.end_ns > t1 ? r.end_ns : t1;
+                        first_end = r.end_ns < first_end ? r.end_ns : first_end;
+                    }
+                    std::vector<double> sorted = dur;
+                    std::sort(sorted.begin(), sorted.end());
+                    double span = (double)(t1 - t0) * 1e-3;
+                    /* When each worker started its last tile, relative to the first start. */
+                    std::vector<uint64_t> last_start((size_t)cfg.workers, 0);
+                    for (const auto &r : rec)
+                        if (r.cta >= 0 && r.cta < cfg.workers && r.start_ns > last_start[r.cta])
+                            last_start[r.cta] = r.start_ns;
+                    printf("  profile %s: tile us min %.1f median %.1f max %.1f; span %.1f us; "
+                           "workers busy %.1f%%; first tile ends at %.1f us; last tile starts "
+                           "at %.1f us\n",
+                           kind.c_str(), sorted.front(), sorted[sorted.size() / 2], sorted.back(),
+                           span, 100.0 * busy / (span * cfg.workers),
+                           (double)(first_end - t0) * 1e-3,
+                           (double)(*std::max_element(last_start.begin(), last_start.end()) - t0) *
+                               1e-3);
+                }
+            }
             maco_persistent_kernel_destroy(pk);
         }
         cudaFree(A);

@@ -104,7 +104,9 @@ typedef enum maco_task_role {
  *   multiple of 8 and at least MACO_GEMM_TILE_N. Needs a
  *   library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
  *   maco_persistent_kernel_create returns MACO_ERR_UNSUPPORTED), and a kernel of
- *   MACO_GEMM_TILE_THREADS threads per CTA (the default there).
+ *   MACO_GEMM_TILE_THREADS threads per CTA (the default there; with MACO_GEMM_TILE=gmma the
+ *   kernel launches 128 more, a warpgroup that issues the TMA copies, and
+ *   maco_persistent_kernel_get_config reports the threads launched).
  * - user types (>= MACO_TASK_USER): any of the fields, passed through unchecked.
  * `name` (may be NULL) is copied: error messages and the profile show it.
  */

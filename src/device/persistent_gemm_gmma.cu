@@ -1,10 +1,16 @@
 /*
  * persistent_gemm_gmma.cu - the library's persistent kernel with GEMM tiles made of Hopper's
- * warpgroup MMA (wgmma, HGMMA in SASS) through CuTe's SM90 GMMA atoms, from the CUTLASS that
- * NVIDIA MathDx ships (the same package as cuBLASDx). cuBLASDx 0.4 emits only mma.sync on
- * sm_90 (docs/performance.md); this tile is the alternative issue 20 names. We still write no
- * GEMM of our own: CuTe picks the instruction (SM90_64x128x16_F32BF16BF16_SS), the swizzled
- * shared-memory layouts and the wgmma descriptors; this file moves tiles and fences.
+ * warpgroup MMA (wgmma, HGMMA in SASS) fed by the tensor memory accelerator (TMA, the bulk
+ * tensor copy engine), through CUTLASS's own SM90 mainloop from the CUTLASS that NVIDIA MathDx
+ * ships (the same package as cuBLASDx). cuBLASDx 0.4 emits only mma.sync on sm_90
+ * (docs/performance.md); this tile is the alternative issue 20 names. We write no GEMM of our
+ * own: CUTLASS's collective mainloop cutlass::gemm::collective::CollectiveMma<
+ * MainloopSm90TmaGmma> (MainloopSm90TmaGmmaWarpSpecialized,
+ * sm90_mma_tma_gmma_ss_warpspecialized.hpp) runs the K loop (its load() on the producer, its
+ * mma() on the consumers),
+ * its PipelineTmaAsync mbarriers order the stages, CuTe picks the instruction
+ * (SM90_64x128x16_F32BF16BF16_SS), the swizzled shared-memory layouts and the TMA boxes; this
+ * file builds the tensor maps, calls the mainloop once per tile and stores the tile.
  *
  * Built for sm_90a only (wgmma needs the arch-specific target; CMake compiles this file in its
  * own object library with CUDA_ARCHITECTURES 90a when 90 is among the architectures). The
@@ -13,18 +19,27 @@
  * A tile task computes the 128 x 128 tile A[m0 .. m0 + 128, 0..K) x B[0..K, n0 .. n0 + 128)
  * with bf16 inputs and fp32 accumulation, and stores it as fp32 or bf16 (the task's dtype) at
  * ptr[0] with row stride ldc; A is M x K row-major (lda = K: K-major for GMMA), B is K x N
- * row-major (ldb = N: N-major, "MN-major" for GMMA). The CTA's 256 threads are two consumer
- * warpgroups, each 64 rows x 128 columns of the tile. K advances in steps of 64 through
- * kStages shared-memory stages (32 KiB each) filled by cp.async from all 256 threads: the
- * copy of step s + kStages - 2 is in flight while step s multiplies, and one wgmma batch
- * (step s - 1) may still run when step s is issued. When K is not a multiple of 64 (it is a
- * multiple of 32) the last step's upper half is zero-filled (cp.async with src-size 0).
+ * row-major (ldb = N: N-major, "MN-major" for GMMA). A and B are read through TMA tensor maps
+ * that the host encodes when it creates the kernel (maco__pk_gemm_gmma_map_encode, one per
+ * distinct A, B, M, N, K), stored in device memory at view.gemm_maps; the task's `gemm_map`
+ * names its entry. The CTA's 384 threads are warp-specialized as in CUTLASS's
+ * KernelTmaWarpSpecializedCooperative: warpgroup 0 is the producer (one elected thread of its
+ * warp 0 issues the TMA copies, its other warps idle), warpgroups 1 and 2 are the consumers,
+ * each 64 rows x 128 columns of the tile, and store the tile from their registers. K advances
+ * in steps of 64 through kStages shared-memory stages of 32 KiB, each guarded by a full and an
+ * empty mbarrier (cutlass::PipelineTmaAsync): the producer runs up to kStages steps ahead of
+ * the tensor cores. TMA fills the rows past K with zeros (K is a multiple of 32). The pipeline
+ * is initialized afresh for every tile, so a tile leaves no state behind for the next task.
+ *
+ * The mainloop's mbarrier waits are CUTLASS's and unbounded: each waits for a copy that this
+ * CTA issued from memory the host validated (graph.c), or for this CTA's own warpgroups, so
+ * none depends on another CTA or a peer.
  */
-#include <cute/tensor.hpp> /* first: the atom headers below need its declarations */
+#include <cute/tensor.hpp> /* first: the headers below need its declarations */
 
-#include <cute/arch/copy_sm80.hpp>
-#include <cute/atom/copy_traits_sm80.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/gemm/collective/collective_mma_decl.hpp>
+#include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
 
 #include "maco/device/persistent.h"
 #include "persistent_launch.h"
@@ -35,43 +50,47 @@ namespace
 using namespace cute;
 using T = cutlass::bfloat16_t;
 
-constexpr int kStages = MACO__PK_GEMM_GMMA_STAGES;
 using TileM = Int<MACO__PK_GEMM_TM>;
 using TileN = Int<MACO__PK_GEMM_TN>;
 using TileK = Int<64>;
-
-/* A stage: A's 128 x 64 (K-major, 128-byte swizzle) and B's 128 (N) x 64 (K) (N-major, 128-byte
- * swizzle), the layouts the GMMA descriptors describe. */
-using SmemLayoutA =
-    decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<TileM, TileK, Int<kStages>>{}));
-using SmemLayoutB =
-    decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<TileN, TileK, Int<kStages>>{}));
-constexpr int kSmemElemsA = (int)cosize_v<SmemLayoutA>;
-constexpr int kSmemElemsB = (int)cosize_v<SmemLayoutB>;
-/* + 1024: the swizzled layouts need a 1024-byte aligned base; dynamic shared memory starts after
- * the runtime's static shared variables, so the base is aligned at run time. */
-constexpr int kSmemBytes = (kSmemElemsA + kSmemElemsB) * (int)sizeof(T) + 1024;
-static_assert(kSmemBytes <= MACO__PK_GEMM_GMMA_SMEM, "persistent_launch.h states the size");
+using TileShape = Shape<TileM, TileN, TileK>;
 
 /* Two warpgroups stacked along M: 128 x 128 per CTA, 64 x 128 x 16 per wgmma. */
 using TiledMma = decltype(make_tiled_mma(
     SM90_64x128x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}, Layout<Shape<_2, _1, _1>>{}));
 static_assert(size(TiledMma{}) == MACO__PK_GEMM_THREADS, "two warpgroups per CTA");
 
-/* gmem -> smem copies: 16 bytes (8 bf16) per cp.async, zero-filled past K. A: 32 rows x 8
- * threads along K per pass; B: 16 threads along N x 16 rows of K per pass. */
-using CopyAtom = Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, T>;
-using TiledCopyA = decltype(make_tiled_copy(CopyAtom{}, Layout<Shape<_32, _8>, Stride<_8, _1>>{},
-                                            Layout<Shape<_1, _8>>{}));
-using TiledCopyB = decltype(make_tiled_copy(CopyAtom{}, Layout<Shape<_16, _16>, Stride<_1, _16>>{},
-                                            Layout<Shape<_8, _1>>{}));
+/* A: (M, K, 1) with strides (K, 1, M K): K-major. B as (N, K, 1) with strides (1, N, K N):
+ * N-major (row-major K x N). */
+using StrideA = Stride<int64_t, _1, int64_t>;
+using StrideB = Stride<_1, int64_t, int64_t>;
+
+using Mainloop = cutlass::gemm::collective::CollectiveMma<
+    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<MACO__PK_GEMM_GMMA_STAGES>, TileShape, T,
+    StrideA, T, StrideB, TiledMma, SM90_TMA_LOAD, GMMA::Layout_K_SW128_Atom<T>, void,
+    cute::identity, SM90_TMA_LOAD, GMMA::Layout_MN_SW128_Atom<T>, void, cute::identity>;
+using Pipeline = Mainloop::MainloopPipeline;
+constexpr int kConsumerThreads = (int)size(TiledMma{});
+static_assert(kConsumerThreads + 128 == MACO__PK_GEMM_GMMA_THREADS, "a producer warpgroup more");
+
+/* One GEMM's tensor maps (two CUtensorMaps, 64-byte aligned, inside the mainloop's Params) and
+ * its M, which sizes A's coordinate tensor. */
+struct GemmMap {
+    Mainloop::Params params;
+    int32_t m;
+};
+
+/* + 1024: the swizzled layouts need a 1024-byte aligned base; dynamic shared memory starts after
+ * the runtime's static shared variables, so the base is aligned at run time. */
+constexpr int kSmemBytes = (int)sizeof(Mainloop::SharedStorage) + 1024;
+static_assert(kSmemBytes <= MACO__PK_GEMM_GMMA_SMEM, "persistent_launch.h states the size");
 
 } // namespace
 
 __device__ maco_status_t maco__pk_gemm_gmma_tile(const maco_pk_view_t *v, const maco_pk_task_t *t,
                                                  uint32_t task)
 {
-    if (t->type != MACO_PK_GEMM_TILE) {
+    if (t->type != MACO_PK_GEMM_TILE || v->gemm_maps == NULL) {
         if (threadIdx.x == 0)
             maco__pk_record(v, MACO_ERR_INVALID_ARGUMENT, (int)task, MACO_DEVICE_ERR_TASK_TYPE,
                             t->type, 0);
@@ -80,87 +99,55 @@ __device__ maco_status_t maco__pk_gemm_gmma_tile(const maco_pk_view_t *v, const 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char maco__pk_gmma_smem[];
     uint32_t base = (uint32_t)__cvta_generic_to_shared(maco__pk_gmma_smem);
-    T *smem = (T *)(maco__pk_gmma_smem + ((1024u - (base & 1023u)) & 1023u));
+    auto &storage =
+        *(Mainloop::SharedStorage *)(maco__pk_gmma_smem + ((1024u - (base & 1023u)) & 1023u));
 
-    const T *A = (const T *)t->ptr[1];
-    const T *B = (const T *)t->ptr[2];
+    const GemmMap &map = ((const GemmMap *)v->gemm_maps)[t->gemm_map];
     const int K = (int)(uint32_t)t->count, N = (int)(uint32_t)(t->count >> 32);
     const int ldc = (int)t->aux;
     const int m0 = (int)(uint32_t)t->ptr[3], n0 = (int)(uint32_t)(t->ptr[3] >> 32);
-    const int steps = (K + TileK{} - 1) / TileK{};
+    const int warp = (int)(threadIdx.x / 32);
+    const bool producer = threadIdx.x < 128;
 
-    /* This tile's rows of A (128 x K, K-major) and columns of B (128 x K as (N, K), N-major). */
-    Tensor gA = make_tensor(make_gmem_ptr(A + (size_t)m0 * K), make_shape(TileM{}, K),
-                            make_stride(K, _1{}));
-    Tensor gB = make_tensor(make_gmem_ptr(B + n0), make_shape(TileN{}, K), make_stride(_1{}, N));
-    Tensor gAk = local_tile(gA, Shape<TileM, TileK>{}, make_coord(0, _)); /* (128, 64, steps) */
-    Tensor gBk = local_tile(gB, Shape<TileN, TileK>{}, make_coord(0, _));
-    Tensor sA = make_tensor(make_smem_ptr(smem), SmemLayoutA{}); /* (128, 64, kStages) */
-    Tensor sB = make_tensor(make_smem_ptr(smem + kSmemElemsA), SmemLayoutB{});
+    /* Roles as in CUTLASS's cooperative kernel: warp 0 produces, warpgroups 1 and 2 consume. */
+    Pipeline::Params pp;
+    pp.role = producer ? (warp == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::NonParticipant)
+                       : Pipeline::ThreadCategory::Consumer;
+    pp.is_leader = threadIdx.x == 0;
+    pp.num_consumers = kConsumerThreads;
+    pp.transaction_bytes = map.params.tma_transaction_bytes;
 
-    auto thr_copy_a = TiledCopyA{}.get_slice(threadIdx.x);
-    auto thr_copy_b = TiledCopyB{}.get_slice(threadIdx.x);
-    Tensor tAgA = thr_copy_a.partition_S(gAk); /* (CPY, CPY_M, CPY_K, steps) */
-    Tensor tAsA = thr_copy_a.partition_D(sA);  /* (CPY, CPY_M, CPY_K, kStages) */
-    Tensor tBgB = thr_copy_b.partition_S(gBk);
-    Tensor tBsB = thr_copy_b.partition_D(sB);
-    /* The K coordinate of each copy, for the zero fill past K. */
-    Tensor tAcA = thr_copy_a.partition_S(make_identity_tensor(Shape<TileM, TileK>{}));
-    Tensor tBcB = thr_copy_b.partition_S(make_identity_tensor(Shape<TileN, TileK>{}));
-    CopyAtom atom;
+    __syncthreads(); /* the previous tile of this CTA is done with the stages and barriers */
+    Pipeline pipeline(storage.pipeline, pp, Shape<_1, _1, _1>{}); /* warp 0 initializes */
+    __syncthreads(); /* the barriers are initialized for every thread */
 
-    auto load = [&](int step, int stage) {
-        const int k0 = step * TileK{};
-        CUTE_UNROLL
-        for (int m = 0; m < size<1>(tAsA); m++)
-            CUTE_UNROLL
-        for (int k = 0; k < size<2>(tAsA); k++)
-            copy(atom.with(k0 + get<1>(tAcA(0, m, k)) < K), tAgA(_, m, k, step),
-                 tAsA(_, m, k, stage));
-        CUTE_UNROLL
-        for (int n = 0; n < size<1>(tBsB); n++)
-            CUTE_UNROLL
-        for (int k = 0; k < size<2>(tBsB); k++)
-            copy(atom.with(k0 + get<1>(tBcB(0, n, k)) < K), tBgB(_, n, k, step),
-                 tBsB(_, n, k, stage));
-    };
+    Mainloop mainloop;
+    const int k_tiles = (K + TileK{} - 1) / TileK{};
+    if (producer) {
+        if (warp == 0) {
+            if (threadIdx.x == 0)
+                Mainloop::prefetch_tma_descriptors(map.params);
+            auto inputs = mainloop.load_init(make_shape(map.m, N, K, 1), map.params);
+            auto k_tile_iter = make_coord_iterator(shape<3>(get<0>(inputs)));
+            auto write = cutlass::make_producer_start_state<Pipeline>();
+            mainloop.load(map.params, pipeline, write, inputs,
+                          make_coord(m0 / TileM{}, n0 / TileN{}, _0{}, _0{}), k_tile_iter, k_tiles,
+                          (int)threadIdx.x, 0u, storage.tensors);
+            write.advance(k_tiles);
+            mainloop.load_tail(pipeline, write); /* every stage consumed: nothing in flight */
+        }
+        return MACO_OK;
+    }
 
+    const int ct = (int)threadIdx.x - 128; /* consumer thread 0..255 */
     TiledMma mma;
-    auto thr_mma = mma.get_thread_slice(threadIdx.x);
-    Tensor tCsA = thr_mma.partition_A(sA); /* (MMA, MMA_M, MMA_K, kStages) */
-    Tensor tCsB = thr_mma.partition_B(sB);
-    Tensor tCrA = thr_mma.make_fragment_A(tCsA); /* GMMA descriptors */
-    Tensor tCrB = thr_mma.make_fragment_B(tCsB);
     Tensor acc = partition_fragment_C(mma, Shape<TileM, TileN>{});
-    clear(acc);
+    cutlass::PipelineState<Mainloop::DispatchPolicy::Stages> read;
+    mainloop.mma(pipeline, read, acc, k_tiles, ct, storage.tensors, map.params);
+    mainloop.mma_tail(pipeline, read, k_tiles);
 
-    __syncthreads(); /* the previous tile of this CTA is done with the stages */
-    CUTE_UNROLL
-    for (int s = 0; s < kStages - 2; s++) {
-        if (s < steps)
-            load(s, s);
-        cp_async_fence();
-    }
-    for (int s = 0; s < steps; s++) {
-        const int stage = s % kStages;
-        /* Step s has landed for this thread; the barrier makes every thread's copies visible
-         * and, since each warpgroup waited for its step s - 2 batch before it, frees the stage
-         * of step s - 2 for the load below. */
-        cp_async_wait<kStages - 3>();
-        __syncthreads();
-        warpgroup_fence_operand(acc);
-        warpgroup_arrive();
-        gemm(mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), acc);
-        warpgroup_commit_batch();
-        if (s + kStages - 2 < steps)
-            load(s + kStages - 2, (s + kStages - 2) % kStages);
-        cp_async_fence();
-        warpgroup_wait<1>(); /* step s - 1's batch is done: its stage is free after the barrier */
-        warpgroup_fence_operand(acc);
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
-
+    auto thr_mma = mma.get_thread_slice(ct);
     if (t->dtype == MACO__PK_BF16) {
         T *C = (T *)t->ptr[0];
         Tensor gC =
@@ -187,7 +174,7 @@ __device__ maco_status_t maco__pk_gemm_gmma_tile(const maco_pk_view_t *v, const 
 #endif
 }
 
-__global__ void __launch_bounds__(MACO__PK_GEMM_THREADS, 1)
+__global__ void __launch_bounds__(MACO__PK_GEMM_GMMA_THREADS, 1)
     maco__pk_gemm_gmma_kernel(maco_pk_view_t view)
 {
     maco_pk_run(&view, maco__pk_gemm_gmma_tile);
@@ -196,7 +183,7 @@ __global__ void __launch_bounds__(MACO__PK_GEMM_THREADS, 1)
 extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid,
                                                  cudaStream_t stream)
 {
-    maco__pk_gemm_gmma_kernel<<<grid, MACO__PK_GEMM_THREADS, kSmemBytes, stream>>>(*view);
+    maco__pk_gemm_gmma_kernel<<<grid, MACO__PK_GEMM_GMMA_THREADS, kSmemBytes, stream>>>(*view);
     return cudaGetLastError();
 }
 
@@ -209,5 +196,26 @@ extern "C" cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p)
     if (e != cudaSuccess)
         return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_p, maco__pk_gemm_gmma_kernel,
-                                                         MACO__PK_GEMM_THREADS, kSmemBytes);
+                                                         MACO__PK_GEMM_GMMA_THREADS, kSmemBytes);
+}
+
+extern "C" size_t maco__pk_gemm_gmma_map_bytes(void)
+{
+    return sizeof(GemmMap);
+}
+
+extern "C" int maco__pk_gemm_gmma_map_encode(void *map_p, const void *a, const void *b, uint32_t m,
+                                             uint32_t n, uint32_t k)
+{
+    /* TMA needs 16-byte aligned bases and row strides (K and N are multiples of 32 and 128:
+     * graph.c checks them). */
+    if ((uintptr_t)a % 16 != 0 || (uintptr_t)b % 16 != 0 || k % 8 != 0 || n % 8 != 0)
+        return -1;
+    Mainloop::Arguments args{ (const T *)a, StrideA{ (int64_t)k, _1{}, (int64_t)m * k },
+                              (const T *)b, StrideB{ _1{}, (int64_t)n, (int64_t)k * n } };
+    GemmMap map{ Mainloop::to_underlying_arguments(make_shape((int)m, (int)n, (int)k, 1), args,
+                                                   nullptr),
+                 (int32_t)m };
+    memcpy(map_p, &map, sizeof(map));
+    return 0;
 }

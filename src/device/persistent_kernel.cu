@@ -51,7 +51,7 @@ extern "C" int maco__pk_gemm_gmma_built(void)
     return 0;
 }
 
-extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid,
+extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid, int design,
                                                  cudaStream_t stream)
 {
     return cudaErrorNotSupported;
@@ -60,6 +60,17 @@ extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int
 extern "C" cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p)
 {
     return cudaErrorNotSupported;
+}
+
+extern "C" size_t maco__pk_gemm_gmma_map_bytes(void)
+{
+    return 64;
+}
+
+extern "C" int maco__pk_gemm_gmma_map_encode(void *map, const void *a, const void *b, uint32_t m,
+                                             uint32_t n, uint32_t k)
+{
+    return -1;
 }
 #else
 extern "C" int maco__pk_gemm_gmma_built(void)

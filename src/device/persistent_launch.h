@@ -25,12 +25,14 @@ enum {
     MACO__PK_GEMM_THREADS = 256,
 };
 
-/* The Hopper GEMM tiles (persistent_gemm_gmma.cu: CuTe's SM90 GMMA atoms, built for sm_90a):
- * the same threads, kStages shared-memory stages of 32 KiB and the dynamic shared memory the
- * kernel asks for (the stages and 1 KiB of alignment). */
+/* The Hopper GEMM tiles (persistent_gemm_gmma.cu: CUTLASS's SM90 TMA + GMMA warp-specialized
+ * mainloop, built for sm_90a): a producer warpgroup and two consumer warpgroups per CTA,
+ * kStages shared-memory stages of 32 KiB, and at most this dynamic shared memory (the stages,
+ * the pipeline's mbarriers and 1 KiB of alignment). */
 enum {
-    MACO__PK_GEMM_GMMA_STAGES = 5,
-    MACO__PK_GEMM_GMMA_SMEM = MACO__PK_GEMM_GMMA_STAGES * 32768 + 1024,
+    MACO__PK_GEMM_GMMA_THREADS = 384,
+    MACO__PK_GEMM_GMMA_STAGES = 6,
+    MACO__PK_GEMM_GMMA_SMEM = MACO__PK_GEMM_GMMA_STAGES * 32768 + 2048,
 };
 
 /** 1 when the library was built with cuBLASDx (the GEMM kernel exists), else 0. */
@@ -43,11 +45,21 @@ cudaError_t maco__pk_gemm_ctas_per_sm(int *ctas_p);
 /** 1 when the library has the GMMA kernel (built for sm_90a), else 0. */
 int maco__pk_gemm_gmma_built(void);
 
-/** As maco__pk_gemm_launch and maco__pk_gemm_ctas_per_sm, for the GMMA kernel. The latter
- * also sets the kernel's dynamic shared memory limit, and fails where the current device
- * cannot run sm_90a code. */
+/** As maco__pk_gemm_launch and maco__pk_gemm_ctas_per_sm, for the GMMA kernel (of
+ * MACO__PK_GEMM_GMMA_THREADS threads per CTA). The latter also sets the kernel's dynamic shared
+ * memory limit, and fails where the current device cannot run sm_90a code. */
 cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid, cudaStream_t stream);
 cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p);
+
+/** Bytes of one GEMM's entry of view.gemm_maps for the GMMA kernel (a multiple of 64). */
+size_t maco__pk_gemm_gmma_map_bytes(void);
+
+/** Encodes the TMA tensor maps of C = A B (A M x K, B K x N, row-major bf16 in device memory)
+ * into `map` (maco__pk_gemm_gmma_map_bytes() bytes, 64-byte aligned host memory; the entry is
+ * copied to device memory as is). 0, or -1 when A or B is not 16-byte aligned or a row is not a
+ * multiple of 16 bytes. Host only; needs no device work. */
+int maco__pk_gemm_gmma_map_encode(void *map, const void *a, const void *b, uint32_t m, uint32_t n,
+                                  uint32_t k);
 
 /** Launches the kernel: `grid` CTAs of `threads` threads run the graph of `view`. */
 cudaError_t maco__pk_launch(const maco_pk_view_t *view, int grid, int threads, cudaStream_t stream);

@@ -9,7 +9,9 @@
  *   [W, W + C)        communication workers: the same loop, for tasks of the comm role
  *                     (by default the waits: on a peer's signal, on a counter), so that a
  *                     wait never holds a compute worker;
- *   [W + C, W + C + S) schedulers (one thread each): hand ready tasks to workers.
+ *   [W + C, W + C + S) schedulers: all their threads push the roots (tasks without
+ *                     predecessors) to workers' queues at the start, in parallel; then one
+ *                     thread each hands the tasks that become ready to workers.
  * All CTAs must be resident at once (workers wait for work that other CTAs produce); the
  * host sizes the grid so they are (maco_persistent_kernel_create).
  *
@@ -76,8 +78,9 @@ enum {
     MACO_PK_GEMM_TILE = 10,     /* one 128 x 128 tile of A x B (bf16 in, fp32 accumulate):
                                    ptr[0] the tile's (0, 0) in C, ptr[1] A, ptr[2] B,
                                    ptr[3] m0 | n0 << 32,
-                                   count K | N << 32, aux ldc, dtype C's type. Run by the
-                                   library's cuBLASDx kernel (the `user` function there) */
+                                   count K | N << 32, aux ldc, dtype C's type, gemm_map
+                                   the GEMM's tensor maps (GMMA kernel). Run by the
+                                   library's GEMM kernels (the `user` function there) */
     MACO_PK_TYPE_COUNT = 11,
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
@@ -108,7 +111,9 @@ enum {
  * One task as the device reads it (64 bytes, 8-byte aligned, written by the host once):
  *   0 u16 type   4 u32 ndeps   8 u32 succ_begin   12 u32 succ_count
  *   2 u8 role    3 u8 dtype (maco_datatype_t of element-wise tasks)
- *  16 f32 alpha  20 u32 aux (channel index; user types: anything)
+ *  16 f32 alpha, or u32 gemm_map for GEMM tiles (the index of the GEMM's TMA tensor maps in
+ *                 view.gemm_maps; the host sets it only for the GMMA kernel)
+ *  20 u32 aux (channel index; user types: anything)
  *  24 u64 count (elements; bytes for copies and puts; signals per run for waits)
  *  32 u64 ptr[4]: out, a, b, and a fourth argument (puts: ptr[1] = source offset,
  *                 ptr[0] = destination offset)
@@ -120,7 +125,10 @@ typedef struct maco_pk_task {
     uint32_t ndeps;
     uint32_t succ_begin;
     uint32_t succ_count;
-    float alpha;
+    union {
+        float alpha;
+        uint32_t gemm_map;
+    };
     uint32_t aux;
     uint64_t count;
     uint64_t ptr[4];
@@ -169,6 +177,9 @@ typedef struct maco_pk_view {
     const maco_pk_queue_t *queues; /* [W + C + S]: workers, comm workers, scheduler inboxes */
     const maco_memory_channel_device_t *channels; /* [nchannels] (the channel tasks' aux) */
     maco_pk_profile_record_t *profile;            /* [ntasks] or NULL */
+    /* The GMMA kernel's TMA tensor maps, one entry per distinct GEMM (tasks' gemm_map), in
+     * device memory; NULL for the other kernels. */
+    const void *gemm_maps;
     maco_device_wait_bound_t bound;
     uint32_t ntasks, nroots;
     uint32_t nworkers, ncomm, nschedulers, nchannels;
@@ -209,9 +220,24 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
 
 /* Scheduler `s` (0..S-1) of launch `run`: pushes its share of the roots, then hands every task
  * of its inbox to a worker of the task's role until the launch ends. One thread. MACO_OK or
- * the first error. */
+ * the first error. The same as maco_pk_schedule_roots(v, s, 0, 1), then
+ * maco_pk_schedule_inbox(v, s, run). */
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view_t *v, uint32_t s,
                                                               uint64_t run);
+
+/* Scheduler `s`'s share of the roots (roots[s], roots[s + S], ...): the k-th of them goes to
+ * the queue of s's own workers of its role in turn (k modulo their number; at the start of a
+ * launch every queue is empty, so the turn is the balance). Cooperative over (lane, nlanes):
+ * each lane pushes every nlanes-th root, so a scheduler CTA hands out its roots with all its
+ * threads at once rather than one queue push after another. MACO_OK or a push's error. */
+MACO_HOST_DEVICE static inline maco_status_t
+maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes);
+
+/* Scheduler `s` of launch `run` after its roots: hands every task of its inbox to a worker of
+ * the task's role (the least loaded of the next few of its own) until the launch ends. One
+ * thread. MACO_OK or the first error. */
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
+                                                                    uint32_t s, uint64_t run);
 
 /* Marks the launch failed: every CTA leaves at its next check. */
 MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v);

@@ -25,8 +25,9 @@ struct maco_persistent_kernel {
     int gemm; /* runs a kernel with GEMM tiles: MACO__PK_GEMM_* */
     uint32_t ntasks;
     void *fixed, *state;
-    char **labels;  /* [ntasks] task names for the profile */
-    uint8_t *roles; /* [ntasks] MACO_PK_ROLE_* */
+    void *gemm_maps; /* the GMMA kernel's TMA tensor maps (view.gemm_maps), or NULL */
+    char **labels;   /* [ntasks] task names for the profile */
+    uint8_t *roles;  /* [ntasks] MACO_PK_ROLE_* */
 };
 
 /* Which kernel runs a graph with GEMM tiles. */
@@ -105,6 +106,9 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
         maco_status_t st = maco__pk_gemm_pick(fn, &kind, &per_sm);
         if (st != MACO_OK)
             return st;
+        /* The GMMA tiles add a producer warpgroup to the MACO_GEMM_TILE_THREADS that compute. */
+        if (kind == MACO__PK_GEMM_GMMA)
+            c.threads = MACO__PK_GEMM_GMMA_THREADS;
     } else {
         cudaError_t cerr = maco__pk_ctas_per_sm(c.threads, &per_sm);
         if (cerr != cudaSuccess)
@@ -150,12 +154,62 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
     return MACO_OK;
 }
 
+/* For the GMMA kernel: encodes the TMA tensor maps of each distinct GEMM of the graph (same A,
+ * B, M, N, K) into device memory at *maps_p and sets each GEMM tile's gemm_map in `l`. */
+static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, maco__pk_lowered_t *l,
+                                        void **maps_p)
+{
+    size_t bytes = maco__pk_gemm_gmma_map_bytes();
+    uint32_t *first = malloc(l->ngemm_tasks * sizeof(uint32_t)); /* task of each distinct GEMM */
+    unsigned char *host = aligned_alloc(64, (l->ngemm_tasks * bytes + 63) / 64 * 64);
+    void *dev = NULL;
+    uint32_t nmaps = 0;
+    maco_status_t st = MACO_OK;
+    if (first == NULL || host == NULL) {
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+        goto out;
+    }
+    for (uint32_t i = 0; i < l->ntasks; i++) {
+        const maco_task_t *t = &g->tasks[i];
+        if (t->type != MACO_TASK_GEMM_TILE)
+            continue;
+        uint32_t j = 0;
+        for (; j < nmaps; j++) {
+            const maco_task_t *u = &g->tasks[first[j]];
+            if (u->a == t->a && u->b == t->b && u->m == t->m && u->n == t->n && u->k == t->k)
+                break;
+        }
+        if (j == nmaps) {
+            if (maco__pk_gemm_gmma_map_encode(host + (size_t)nmaps * bytes, t->a, t->b, t->m, t->n,
+                                              t->k) != 0) {
+                st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                                 "%s: GEMM tile %u: the GMMA tiles read A (%p) and B (%p) with "
+                                 "TMA, which needs 16-byte aligned matrices",
+                                 fn, i, t->a, t->b);
+                goto out;
+            }
+            first[nmaps++] = i;
+        }
+        l->tasks[i].gemm_map = j;
+    }
+    MACO_CUDA_GOTO(cudaMalloc(&dev, nmaps * bytes), st, out);
+    MACO_CUDA_GOTO(cudaMemcpy(dev, host, nmaps * bytes, cudaMemcpyHostToDevice), st, out);
+    *maps_p = dev;
+    dev = NULL;
+out:
+    cudaFree(dev);
+    free(host);
+    free(first);
+    return st;
+}
+
 static void maco__pk_free(maco_persistent_kernel_t k)
 {
     if (k == NULL)
         return;
     cudaFree(k->fixed);
     cudaFree(k->state);
+    cudaFree(k->gemm_maps);
     if (k->labels != NULL)
         for (uint32_t i = 0; i < k->ntasks; i++)
             free(k->labels[i]);
@@ -208,9 +262,15 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
         goto fail;
     }
+    if (k->gemm == MACO__PK_GEMM_GMMA) {
+        st = maco__pk_gemm_maps(fn, graph, &l, &k->gemm_maps);
+        if (st != MACO_OK)
+            goto fail;
+    }
     maco__pk_layout(&l, graph->channels, graph->nchannels, W, C, S, k->config.profile, k->fixed,
                     k->state, host, &k->view, &fixed_bytes, &state_bytes);
     k->view.bound = comm->bound;
+    k->view.gemm_maps = k->gemm_maps;
     MACO_CUDA_GOTO(cudaMemcpy(k->fixed, host, fixed_bytes, cudaMemcpyHostToDevice), st, fail);
 
     for (uint32_t i = 0; i < l.ntasks; i++) {

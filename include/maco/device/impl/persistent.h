@@ -244,8 +244,11 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
 
 /* Scheduler s hands `task` to one of its workers of the task's role: the first of up to four
  * (round robin from rr[role]) whose queue is empty, else the least loaded of them. */
-MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_view_t *v, uint32_t s,
-                                                               uint32_t task, uint32_t rr[2])
+/* Scheduler s's own workers of `task`'s role: queues[*base_p + j * *stride_p] for j in
+ * [0, *cnt_p). Returns the role's index in a scheduler's round-robin state (1: comm). */
+MACO_HOST_DEVICE static inline uint32_t maco__pk_own_workers(const maco_pk_view_t *v, uint32_t s,
+                                                             uint32_t task, uint32_t *base_p,
+                                                             uint32_t *stride_p, uint32_t *cnt_p)
 {
     uint32_t comm = v->tasks[task].role == MACO_PK_ROLE_COMM && v->ncomm > 0 ? 1u : 0u;
     uint32_t base = comm ? v->nworkers : 0u, n = comm ? v->ncomm : v->nworkers;
@@ -255,11 +258,22 @@ MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_vie
         stride = v->nschedulers;
         cnt = (n - s + stride - 1) / stride;
     }
+    *base_p = base + first;
+    *stride_p = stride;
+    *cnt_p = cnt;
+    return comm;
+}
+
+MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_view_t *v, uint32_t s,
+                                                               uint32_t task, uint32_t rr[2])
+{
+    uint32_t first = 0, stride = 1, cnt = 1;
+    uint32_t comm = maco__pk_own_workers(v, s, task, &first, &stride, &cnt);
     uint32_t tries = cnt < 4 ? cnt : 4, best = rr[comm] % cnt;
     uint64_t best_load = ~0ull;
     for (uint32_t k = 0; k < tries; k++) {
         uint32_t j = (rr[comm] + k) % cnt;
-        const maco_pk_queue_t *q = &v->queues[base + first + j * stride];
+        const maco_pk_queue_t *q = &v->queues[first + j * stride];
         uint64_t load = maco__pk_ld_relaxed(q->reserve) - maco__pk_ld_relaxed(q->head);
         if (load < best_load) {
             best_load = load;
@@ -269,18 +283,36 @@ MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_vie
         }
     }
     rr[comm] = best + 1;
-    return maco_pk_queue_push(v, &v->queues[base + first + best * stride], task);
+    return maco_pk_queue_push(v, &v->queues[first + best * stride], task);
+}
+
+MACO_HOST_DEVICE static inline maco_status_t
+maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes)
+{
+    uint32_t S = v->nschedulers;
+    for (uint32_t k = lane; (uint64_t)s + (uint64_t)k * S < v->nroots; k += nlanes) {
+        uint32_t task = v->roots[s + k * S], first = 0, stride = 1, cnt = 1;
+        (void)maco__pk_own_workers(v, s, task, &first, &stride, &cnt);
+        maco_status_t st = maco_pk_queue_push(v, &v->queues[first + (k % cnt) * stride], task);
+        if (st != MACO_OK)
+            return st;
+    }
+    return MACO_OK;
 }
 
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view_t *v, uint32_t s,
                                                               uint64_t run)
 {
+    maco_status_t st = maco_pk_schedule_roots(v, s, 0, 1);
+    if (st != MACO_OK)
+        return st;
+    return maco_pk_schedule_inbox(v, s, run);
+}
+
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
+                                                                    uint32_t s, uint64_t run)
+{
     uint32_t rr[2] = { 0, 0 };
-    for (uint32_t i = s; i < v->nroots; i += v->nschedulers) {
-        maco_status_t st = maco__pk_dispatch(v, s, v->roots[i], rr);
-        if (st != MACO_OK)
-            return st;
-    }
     uint32_t inbox = v->nworkers + v->ncomm + s;
     for (;;) {
         uint32_t task = 0;
@@ -489,8 +521,13 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
             if (tid < 32)
                 maco_pk_complete(v, t, run, tid, 32); /* an error aborts: next() sees it */
         }
-    } else if (tid == 0) {
-        maco_pk_schedule(v, blockIdx.x - nw, run); /* an error aborts the launch */
+    } else {
+        /* All threads push the roots; a push's error has aborted the launch, so the inbox loop
+         * below leaves at its first check. */
+        (void)maco_pk_schedule_roots(v, blockIdx.x - nw, tid, blockDim.x);
+        __syncthreads();
+        if (tid == 0)
+            maco_pk_schedule_inbox(v, blockIdx.x - nw, run); /* an error aborts the launch */
     }
     __syncthreads();
     if (tid == 0) {
