@@ -382,30 +382,9 @@ maco_status_t maco_comm_abort(maco_comm_t comm)
         __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 },
                                     (int32_t)MACO_ERR_REMOTE, 0, __ATOMIC_RELEASE,
                                     __ATOMIC_RELAXED);
-    if (comm->cuda_device < 0 || comm->buf == NULL || comm->bound.claim == NULL)
+    if (comm->buf == NULL)
         return MACO_OK;
-    /* The claim word is device memory (maco/device/error.h says why); a kernel reads it with
-     * volatile loads, which go to L2, where the copy lands. A device thread that claimed it
-     * first has written or is writing its report, which stays the one reported. */
-    static const int32_t one = 1;
-    int cur = -1;
-    cudaGetDevice(&cur);
-    maco_status_t st = MACO_OK;
-    cudaStream_t stream = NULL;
-    MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, out);
-    MACO_CUDA_GOTO(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), st, out);
-    MACO_CUDA_GOTO(
-        cudaMemcpyAsync(comm->bound.claim, &one, sizeof(one), cudaMemcpyHostToDevice, stream), st,
-        out);
-    MACO_CUDA_GOTO(cudaStreamSynchronize(stream), st, out);
-    MACO_INFO(MACO_SUBSYS_INIT, "rank %d: communicator aborted: its device waits end now",
-              comm->rank);
-out:
-    if (stream != NULL)
-        cudaStreamDestroy(stream);
-    if (cur >= 0)
-        cudaSetDevice(cur);
-    return st;
+    return maco__comm_end_device_waits(comm);
 }
 
 maco_status_t maco_comm_init_from_env(maco_comm_t *comm_p)

@@ -2,8 +2,10 @@
  * comm_base.c - what every layer above the bootstrap may call on a communicator: its errors
  * (the first error's message, asynchronous errors of proxies and device-side waits), the "no
  * usable GPU" answer, and the extension the collectives install (comm_internal.h). It calls
- * only the logger and the bootstrap's link check (docs/design.md, layers).
+ * only the logger, the bootstrap's link check and, to end device waits after a peer failed,
+ * the CUDA runtime (docs/design.md, layers).
  */
+#include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,6 +62,43 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
     return status;
 }
 
+maco_status_t maco__comm_end_device_waits(maco_comm_t comm)
+{
+    if (comm->cuda_device < 0 || comm->bound.claim == NULL ||
+        __atomic_exchange_n(&comm->device_waits_ended, 1, __ATOMIC_ACQ_REL) != 0)
+        return MACO_OK;
+    /* The claim word is device memory (maco/device/error.h says why); a kernel reads it with
+     * volatile loads, which go to L2, where the copy lands. A device thread that claimed it
+     * first has written or is writing its report, which stays the one reported. Relaxed
+     * capture mode: this thread's calls must not invalidate a graph being captured on
+     * another thread (a proxy's thread calls this while the application may capture). */
+    static const int32_t one = 1;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    int cur = -1;
+    cudaGetDevice(&cur);
+    cudaStream_t stream = NULL;
+    cudaError_t cerr = cudaSetDevice(comm->cuda_device);
+    if (cerr == cudaSuccess)
+        cerr = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (cerr == cudaSuccess)
+        cerr =
+            cudaMemcpyAsync(comm->bound.claim, &one, sizeof(one), cudaMemcpyHostToDevice, stream);
+    if (cerr == cudaSuccess)
+        cerr = cudaStreamSynchronize(stream);
+    if (stream != NULL)
+        cudaStreamDestroy(stream);
+    if (cur >= 0)
+        cudaSetDevice(cur);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (cerr != cudaSuccess)
+        return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_INIT,
+                           "rank %d: setting the device error word failed: %s (%s)", comm->rank,
+                           cudaGetErrorName(cerr), cudaGetErrorString(cerr));
+    MACO_INFO(MACO_SUBSYS_INIT, "rank %d: device waits of the communicator end now", comm->rank);
+    return MACO_OK;
+}
+
 void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
 {
     if (comm == NULL || status == MACO_OK)
@@ -67,6 +106,10 @@ void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
     maco__comm_record(comm, status);
     __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 }, (int32_t)status, 0,
                                 __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    /* A connection to a peer failed (a proxy's transport): the kernels that wait on that peer
+     * would only end at MACO_DEVICE_TIMEOUT; they end now, with this error as the reason. */
+    if (status == MACO_ERR_REMOTE)
+        (void)maco__comm_end_device_waits(comm);
 }
 
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn)

@@ -86,8 +86,9 @@ struct maco_comm {
     char first_error[1024];
 
     /* GPU resources (valid when gpu_unavailable is ""). */
-    int gpu_ranks;      /* ranks on this rank's GPU, this one included (1: not shared) */
-    int any_gpu_shared; /* 1 when some GPU of the job runs several ranks (equal on all ranks) */
+    int gpu_ranks;          /* ranks on this rank's GPU, this one included (1: not shared) */
+    int device_waits_ended; /* maco__comm_end_device_waits ran (atomic) */
+    int any_gpu_shared;     /* 1 when some GPU of the job runs several ranks (equal on all ranks) */
     /* The most CTAs a kernel that waits on peers or on its own grid may launch: over all
      * ranks, min(SM count its context reports / ranks on its GPU), at least 1. One CTA per
      * SM always fits, so every CTA of every rank sharing a GPU is resident at once
@@ -116,6 +117,10 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);
  * kept, with this thread's last error text, and reported by maco_comm_get_async_error().
  */
 void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status);
+/* Sets the device claim word so every device wait of `comm` returns at once (once per
+ * communicator; later calls do nothing). Any thread; blocks for one 4-byte copy. MACO_OK, or
+ * MACO_ERR_CUDA. Used by maco_comm_abort and, for MACO_ERR_REMOTE, by the line above. */
+maco_status_t maco__comm_end_device_waits(maco_comm_t comm);
 
 /**
  * Collective: serializes `mine`, allgathers every rank's handle over the bootstrap and imports
