@@ -56,11 +56,11 @@ extern "C" {
       "=exact names, ^ to exclude. Default: the first up non-loopback IPv4 one.")                  \
     X(DEVICE_TIMEOUT, DURATION, "60s", "ms",                                                       \
       "Deadline of every device-side wait (semaphores, LL packets); 0 disables it.")               \
-    X(GEMM_TILE, STRING, "cublasdx", "",                                                           \
-      "GEMM tiles of the persistent kernel: cublasdx (cuBLASDx, mma.sync), gmma (Hopper TMA + "    \
-      "wgmma through CUTLASS's SM90 warp-specialized mainloop, sm_90a, 384 threads per CTA), "     \
-      "or auto (gmma where built and this GPU runs it, else cublasdx). The GMMA tiles are "        \
-      "experimental: the earlier cp.async ones timed out in a 4-rank fused test.")                 \
+    X(GEMM_TILE, STRING, "auto", "",                                                               \
+      "GEMM tiles of the persistent kernel: auto (gmma where built and this GPU runs it, else "    \
+      "cublasdx), gmma (Hopper TMA + wgmma through CUTLASS's SM90 warp-specialized mainloop, "     \
+      "sm_90a, 384 threads per CTA; 50-59% of cuBLAS on an H100) or cublasdx (cuBLASDx, "          \
+      "mma.sync, 21-25% of cuBLAS).")                                                              \
     X(SHARED_GPU, BOOL, "0", "",                                                                   \
       "Let ranks share a GPU without MPS (correct, but kernels time-slice: each hand-off "         \
       "between ranks costs a time slice, about 4 ms). Under MPS sharing needs no setting.")        \

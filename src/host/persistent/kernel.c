@@ -33,7 +33,7 @@ struct maco_persistent_kernel {
 /* Which kernel runs a graph with GEMM tiles. */
 enum { MACO__PK_GEMM_NONE = 0, MACO__PK_GEMM_CUBLASDX = 1, MACO__PK_GEMM_GMMA = 2 };
 
-/* Picks the GEMM tiles by MACO_GEMM_TILE (default cublasdx; auto: the GMMA ones where the
+/* Picks the GEMM tiles by MACO_GEMM_TILE (default auto: the GMMA ones where the
  * library has them and the current GPU runs sm_90a code, else cuBLASDx's) and how many of its
  * CTAs fit on an SM. */
 static maco_status_t maco__pk_gemm_pick(const char *fn, int *kind_p, int *per_sm_p)
