@@ -41,12 +41,16 @@
  *                              overflows size_t; send and receive buffers that overlap other
  *                              than exactly in place (below); a forced algorithm too small
  *                              for the size. The message names the argument and the limit.
- *   MACO_ERR_UNSUPPORTED       no GPU on this rank; ranks on several nodes; an unknown
+ *   MACO_ERR_UNSUPPORTED       no GPU on this rank; ranks on several nodes whose
+ *                              collectives could not be set up (the message says why:
+ *                              MACO_SCRATCH_SIZE too small, no transport); an unknown
  *                              MACO_ALGO_<COLLECTIVE> value.
  *   MACO_ERR_INVALID_USAGE     an earlier asynchronous error on this communicator.
  *   MACO_ERR_CUDA              the launch failed.
  * A kernel that waits longer than MACO_DEVICE_TIMEOUT for a peer stops and reports
- * through maco_comm_get_async_error() (naming the peer); nothing hangs.
+ * through maco_comm_get_async_error() (naming the peer); nothing hangs. When a proxy sees a
+ * peer's connection fail (across nodes), every device wait of the communicator ends at once
+ * with that error.
  */
 #ifndef MACO_COLLECTIVES_H
 #define MACO_COLLECTIVES_H
@@ -181,7 +185,7 @@ MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t co
  * collectives above, with the same buffer rules (device memory of the communicator's GPU, any
  * alignment, registered or not; every message goes through the receiver's scratch) and the
  * same common errors (comm NULL, datatype out of range, a buffer NULL with a count > 0, sizes
- * that overflow; MACO_ERR_UNSUPPORTED without a GPU and across nodes; MACO_ERR_INVALID_USAGE
+ * that overflow; MACO_ERR_UNSUPPORTED without a GPU; MACO_ERR_INVALID_USAGE
  * after an asynchronous error; MACO_ERR_CUDA when the launch fails). Nothing is enqueued and
  * nothing written when a call returns an error. Counts and displacements are in elements;
  * one message is at most 2^56 - 1 bytes.
