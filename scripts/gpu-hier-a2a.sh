@@ -1,42 +1,23 @@
 #!/usr/bin/env bash
 # Runs the hierarchical all-to-all's checks and measurements (issue 17) on a lent one-GPU
-# machine over a bundle of binaries built elsewhere: BUNDLE/build holds libmaco, maco-run,
-# maco-perf, test_gpu_mp and ctest's files of a build made in /work/hier-a2a/build (the
-# ctest files name that path, so it is linked to the bundle here). Ranks share the GPU under
-# MPS (maco-run starts and stops it); nodes are simulated (--simulate-nodes: MACO_HOST_ID,
-# TCP over loopback between them). Logs go to $OUT; a summary is printed last. BUDGET
-# seconds (default 280) bound the whole run.
-#   usage: BUNDLE/gpu-hier-a2a.sh [sweep|tune|final]
+# machine from the checkout's root, over a carried build (build/, or gpu-bundle/build from
+# scripts/gpu-bundle.sh; scripts/gpu-common.sh makes ctest's paths resolve). Ranks share the
+# GPU under MPS (maco-run starts and stops it); nodes are simulated (--simulate-nodes:
+# MACO_HOST_ID, TCP over loopback between them). Logs go to $OUT; a summary is printed last.
+#   usage: bash scripts/gpu-hier-a2a.sh [sweep|tune|final]
 set -uo pipefail
-B=$(cd "$(dirname "$0")" && pwd)/build
-OUT=${OUT:-/tmp/maco-hier-a2a-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
-export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-20s}
-BUDGET=${BUDGET:-280}
+cd "$(dirname "$0")/.."
+. scripts/gpu-common.sh
 T0=$(date +%s)
+export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-20s}
 RUN=$B/tools/maco-run
 PERF=$B/tools/maco-perf
 TEST=$B/tests/test_gpu_mp
-export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-}
-if [ ! -e /work/hier-a2a/build ]; then mkdir -p /work/hier-a2a && ln -s "$B" /work/hier-a2a/build; fi
-summary=()
-step() { # name timeout command...
-  local name=$1 t=$2; shift 2
-  local left=$(( BUDGET - ($(date +%s) - T0) ))
-  if [ "$left" -lt 15 ]; then summary+=("$(printf '%-34s skipped (budget)' "$name")"); return 0; fi
-  [ "$t" -gt "$left" ] && t=$left
-  local t1; t1=$(date +%s)
-  timeout -k 5 "$t" "$@" > "$OUT/$name.txt" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-34s rc=%-3d %4ds  %s' "$name" "$rc" $(( $(date +%s) - t1 )) \
-    "$(grep -hE '\[  PASSED  \]|\[  FAILED  \]|tests passed|Wrong values' "$OUT/$name.txt" | sed 's/^\[[0-9]*\] //' | sort | uniq -c | tr -s ' ' | head -2 | tr '\n' ';')")")
-}
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; uname -r; nproc; date -u; } > "$OUT/machine.txt" 2>&1
 mode=${1:-sweep}
 # The new tests as ctest runs them (2 nodes x 2 with 32 MiB and 4 MiB scratch, 4 nodes x 1),
 # maco-perf's checked alltoall with hier forced, and the one-node refusal.
-step ctest-hier-a2a 200 ctest --test-dir /work/hier-a2a/build -R 'gpu_hier_a2a' -V
+step ctest-hier-a2a 200 ctest --test-dir "$B" -R 'gpu_hier_a2a' -V
 step one-node-refusal 40 "$RUN" -n 2 --timeout 38 "$TEST" --gtest_filter='P2P.AllToAllHier*'
 if [ "$mode" = tune ]; then
   # hier with 8, 4, 2 and 1 CTAs (MACO_HIER_CTAS: fewer, larger segments) against the direct
