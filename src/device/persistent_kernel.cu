@@ -51,7 +51,7 @@ extern "C" int maco__pk_gemm_gmma_built(void)
     return 0;
 }
 
-extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid, int design,
+extern "C" cudaError_t maco__pk_gemm_gmma_launch(const maco_pk_view_t *view, int grid,
                                                  cudaStream_t stream)
 {
     return cudaErrorNotSupported;
