@@ -96,7 +96,7 @@ class Context:
             Every rank must pass the same value (the call is collective and blocking).
         overlap: False runs collectives on the caller's current stream (serialised with
             compute, as plain ``maco.allreduce`` does); True on the Context's stream.
-        device: the CUDA device (default: the communicator's).
+    The device is the communicator's (its collectives run there).
 
     Raises:
         ValueError: a count that is not positive, ``compute_sms + comm_sms`` above the GPU's SM
@@ -108,7 +108,7 @@ class Context:
 
     def __init__(self, comm: Optional[Communicator] = None, *, world_size: Optional[int] = None,
                  compute_sms: Optional[int] = None, comm_sms: Optional[int] = None,
-                 overlap: bool = True, device: Any = None):
+                 overlap: bool = True):
         import torch
 
         if not torch.cuda.is_available():
@@ -124,10 +124,8 @@ class Context:
             raise ValueError(f"world_size: {world_size} but the communicator has {comm.size} "
                              "ranks")
         self.comm = comm
-        if device is None:
-            device = comm.device if comm.device is not None else torch.cuda.current_device()
-        self.device = torch.device("cuda", torch.device("cuda", device).index
-                                   if not isinstance(device, int) else device)
+        self.device = torch.device(
+            "cuda", comm.device if comm.device is not None else torch.cuda.current_device())
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.sm_count = sms
         used = (self.compute_sms or 0) + (self.comm_sms or 0)
@@ -194,19 +192,19 @@ class Context:
 
     # ------------------------------------------------------------ communication
 
-    def _issue(self, run: Callable[[Any], Any], tensors: tuple, async_op: bool) -> Any:
+    def _issue(self, run: Callable[[Any], Any], async_op: bool) -> Any:
         import torch
 
         current = torch.cuda.current_stream(self.device)
-        if not self.overlap:
-            return run(current)
-        self._stream.wait_stream(current)
-        result = run(self._stream)  # the Communicator keeps the tensors alive for the stream
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                t.record_stream(self._stream)
+        stream = current
+        if self.overlap:
+            stream = self._stream
+            stream.wait_stream(current)
+        # Communicator calls on an explicit torch stream record it on the tensors, so the
+        # caching allocator keeps them until that stream is done.
+        result = run(stream)
         event = torch.cuda.Event()
-        event.record(self._stream)
+        event.record(stream)
         w = Work(result, event, self)
         self._pending.append(w)
         if async_op:
@@ -216,21 +214,19 @@ class Context:
     def allreduce(self, x: Any, *, op: Any = ReduceOp.SUM, out: Any = None,
                   async_op: bool = False) -> Any:
         """:meth:`maco.Communicator.allreduce` on the Context's stream (in place unless
-        ``out``). Returns the result tensor, or a :class:`Work` with ``async_op=True``. With
-        ``overlap=False`` it runs on the current stream and returns the tensor."""
-        return self._issue(lambda s: self.comm.allreduce(x, out, op=op, stream=s), (x, out),
-                           async_op)
+        ``out``). Returns the result tensor, or a :class:`Work` with ``async_op=True`` (with
+        ``overlap=False`` too: the work then ran on the current stream)."""
+        return self._issue(lambda s: self.comm.allreduce(x, out, op=op, stream=s), async_op)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """:meth:`maco.Communicator.allgather` (``out`` shape ``(world_size, *x.shape)``)."""
-        return self._issue(lambda s: self.comm.allgather(x, out, stream=s), (x, out), async_op)
+        return self._issue(lambda s: self.comm.allgather(x, out, stream=s), async_op)
 
     def reduce_scatter(self, x: Any, *, op: Any = ReduceOp.SUM, out: Any = None,
                        async_op: bool = False) -> Any:
         """:meth:`maco.Communicator.reduce_scatter` (``x``'s first dimension split over the
         ranks)."""
-        return self._issue(lambda s: self.comm.reduce_scatter(x, out, op=op, stream=s), (x, out),
-                           async_op)
+        return self._issue(lambda s: self.comm.reduce_scatter(x, out, op=op, stream=s), async_op)
 
 
 def _green_context(sms: int, device: Any) -> tuple[Any, str]:

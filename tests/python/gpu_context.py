@@ -144,6 +144,11 @@ serial = maco.Context(comm, comm_sms=COMM_SMS, overlap=False)
 t = ints((3333,), R, 90).to(DEV)
 serial.allreduce(t)
 check("overlap=False", torch.equal(t.cpu(), sum(ints((3333,), r, 90) for r in range(N))))
+t2 = ints((3333,), R, 91).to(DEV)
+w = serial.allreduce(t2, async_op=True)
+check("overlap=False, async_op=True gives a Work", isinstance(w, maco.Work), type(w).__name__)
+check("overlap=False async value", torch.equal(w.wait().cpu(),
+                                               sum(ints((3333,), r, 91) for r in range(N))))
 serial.close()
 
 comm.barrier()
