@@ -961,14 +961,16 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
     }
     uint32_t id = maco__get_u32(k->rx_header + 4);
     uint64_t off = maco__get_u64(k->rx_header + 8), bytes = maco__get_u64(k->rx_header + 16);
+    /* nchannels first: maco_port_channel_create stores channels[id] before it raises
+     * nchannels past id, so with created > id the channel (or its destruction) is visible. */
+    uint32_t created = __atomic_load_n(&p->nchannels, __ATOMIC_ACQUIRE);
     struct maco_port_channel *ch =
         id < MACO_TRIGGER_MAX_CHANNELS ? __atomic_load_n(&p->channels[id], __ATOMIC_ACQUIRE) : NULL;
     int data = kind == MACO__TCP_PUT || kind == MACO__TCP_VALUE;
     /* The channel this rank is creating right now: the peer's side of the creation can end
      * first and use it at once, before maco_port_channel_create publishes it here. The header
      * waits (as for a receive buffer); a creation that fails leaves it to the stall rule. */
-    if (ch == NULL && (kind == MACO__TCP_SIGNAL || data) &&
-        id == __atomic_load_n(&p->nchannels, __ATOMIC_ACQUIRE))
+    if (ch == NULL && (kind == MACO__TCP_SIGNAL || data) && id == created)
         return 1;
     if ((!data && kind != MACO__TCP_SIGNAL) || ch == NULL || ch->tp != g ||
         (data &&
