@@ -349,8 +349,10 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
     default:
         break;
     }
-    /* Data operations: every chunk at the address where it lives (maco__chunk_at). Packet
-     * chunks never live in host memory (plan_exec.c refuses plans where they would). */
+    /* Data operations: every chunk at the address where it lives (maco__chunk_at); LL packets
+     * always in the plan buffer (put_packets writes them there, on the peer, and their readers
+     * read them there, also where a port put writes the same chunk at another time; a
+     * put_packets source that a port put writes is refused at load: plan_exec.c). */
     const maco__plan_ref_t *srcs = a.refs + op.src_first;
     for (uint32_t j = 0; j < op.dst.count && st == MACO_OK; j++) {
         int part = (int)(((uint32_t)op.part0 + j) % (uint32_t)a.parts);
@@ -392,10 +394,15 @@ static __device__ maco_status_t maco__plan_op(const maco__pexec_args_t &a,
             uint8_t pk[MACO__PLAN_MAX_SRCS];
             for (int k = 0; k < op.nsrcs; k++) {
                 uint64_t off = maco__chunk_off(a, srcs[k].buffer, srcs[k].index + j);
+                if (srcs[k].packets) { /* packets land in the plan buffer only */
+                    src[k] = a.buf + off;
+                    pk[k] = 1;
+                    continue;
+                }
                 int sys;
                 src[k] = maco__chunk_at<Port>(a, srcs[k].channel, srcs[k].buffer, srcs[k].index + j,
                                               off, &sys);
-                pk[k] = srcs[k].packets ? 1 : (sys ? 2 : 0);
+                pk[k] = sys ? 2 : 0;
             }
             int divide = a.avg && op.code == MACO__POP_REDUCE && op.dst.buffer == MACO__PBUF_OUTPUT;
             char *d = maco__chunk_at<Port>(a, -1, op.dst.buffer, di, doff, &dsys);
