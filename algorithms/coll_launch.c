@@ -206,13 +206,13 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
                            ? maco__launch_hier_a2a(&h, (int)blocks, MACO__COLL_THREADS, s)
                            : maco__hier_launchers[kt](&h, reducing ? (int)c->op : (int)MACO_SUM,
                                                       (int)blocks, MACO__COLL_THREADS, s);
-    coll->last_ctas = (int)blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                                                    "%s: launching hier for %zu bytes failed: %s "
                                                    "(%s)",
                                                    c->fn, c->count * esz, cudaGetErrorName(cerr),
                                                    cudaGetErrorString(cerr)));
+    coll->last_ctas = (int)blocks;
     MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: hier, %zu CTAs, pieces of %zu elements",
                maco__coll_name(c->coll), c->count * esz, maco_datatype_name(c->datatype),
                maco_redop_name(c->op), blocks, p);
@@ -313,13 +313,13 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
     maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
     cudaError_t cerr = maco__launchers[kt](&a, kernel, reducing ? (int)c->op : (int)MACO_SUM,
                                            (int)blocks, (int)threads, s);
-    coll_state->last_ctas = (int)blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                                              "%s: launching %s for %zu bytes failed: %s (%s)",
                                              c->fn, maco__coll_algorithm(c->coll, kernel), unit,
                                              cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
+    coll_state->last_ctas = (int)blocks;
     MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: %s on %zu CTAs", maco__coll_name(c->coll),
                unit, maco_datatype_name(c->datatype), maco_redop_name(c->op),
                maco__coll_algorithm(c->coll, kernel), blocks);

@@ -226,7 +226,6 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
     if (blocks < 1)
         blocks = 1;
     cudaError_t cerr = maco__launch_p2p(&a, blocks, MACO__P2P_LAUNCH_THREADS, (cudaStream_t)stream);
-    c->last_ctas = blocks;
     if (cerr != cudaSuccess)
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
@@ -234,6 +233,7 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
                                              "%d CTAs) failed: %s (%s)",
                                              prefix, plan->nops, blocks, cudaGetErrorName(cerr),
                                              cudaGetErrorString(cerr)));
+    c->last_ctas = blocks;
     MACO_TRACE(MACO_SUBSYS_COLL, "%ssend/recv kernel: %d pairs, %d ops, %d CTAs", prefix,
                plan->npairs, plan->nops, blocks);
     return MACO_OK;

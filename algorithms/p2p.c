@@ -173,19 +173,15 @@ maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t count,
      * maco_alltoallv, always direct. */
     maco__coll_t *c = maco__coll_of(comm);
     if (maco__group_depth() == 0 && c != NULL && c->nnodes > 1) {
+        maco__coll_call_t call = { MACO_COLL_ALLTOALL, fn,       sendbuf, recvbuf, count,
+                                   datatype,           MACO_SUM, 0 };
+        maco__coll_t *coll_state = NULL;
         int kernel = -1;
-        st = maco__coll_select(comm, c, MACO_COLL_ALLTOALL, count, esz, &kernel);
+        st = maco__coll_prepare(&call, comm, &coll_state, &kernel); /* selects, once */
         if (st != MACO_OK)
             return maco__p2p_fail(comm, fn, st);
-        if (kernel == MACO__KERNEL_HIER) {
-            maco__coll_call_t call = { MACO_COLL_ALLTOALL, fn,       sendbuf, recvbuf, count,
-                                       datatype,           MACO_SUM, 0 };
-            maco__coll_t *coll_state = NULL;
-            st = maco__coll_prepare(&call, comm, &coll_state, &kernel);
-            if (st == MACO_OK)
-                st = maco__coll_launch(&call, comm, coll_state, kernel, stream);
-            return st;
-        }
+        if (kernel == MACO__KERNEL_HIER)
+            return maco__coll_launch(&call, comm, coll_state, kernel, stream);
     }
     size_t *v = (size_t *)malloc(2 * n * sizeof(size_t));
     if (v == NULL)

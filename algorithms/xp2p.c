@@ -137,7 +137,6 @@ maco_status_t maco__xp2p_launch(maco_comm_t comm, maco__coll_t *c, const maco__p
         cerr = cudaErrorLaunchOutOfResources;
     if (cerr == cudaSuccess)
         cerr = maco__launch_xp2p(&a, blocks, MACO__XP2P_THREADS, (cudaStream_t)stream);
-    c->last_ctas = blocks;
     if (cerr != cudaSuccess) {
         cudaGetLastError();
         return maco__comm_record(comm,
@@ -147,6 +146,7 @@ maco_status_t maco__xp2p_launch(maco_comm_t comm, maco__coll_t *c, const maco__p
                                              prefix, plan->npairs, plan->nops,
                                              cudaGetErrorName(cerr), cudaGetErrorString(cerr)));
     }
+    c->last_ctas = blocks;
     MACO_TRACE(MACO_SUBSYS_COLL, "%ssend/recv kernel across nodes: %d pairs, %d ops", prefix,
                plan->npairs, plan->nops);
     return MACO_OK;

@@ -183,9 +183,10 @@ static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, mac
             if (maco__pk_gemm_gmma_map_encode(host + (size_t)nmaps * bytes, t->a, t->b, t->m, t->n,
                                               t->k) != 0) {
                 st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
-                                 "%s: GEMM tile %u: the GMMA tiles read A (%p) and B (%p) with "
-                                 "TMA, which needs 16-byte aligned matrices",
-                                 fn, i, t->a, t->b);
+                                 "%s: GEMM tile %u (m %u, n %u, k %u): the GMMA tiles read A "
+                                 "(%p) and B (%p) with TMA, which needs 16-byte aligned bases "
+                                 "and rows (n and k multiples of 8 bf16)",
+                                 fn, i, (unsigned)t->m, (unsigned)t->n, (unsigned)t->k, t->a, t->b);
                 goto out;
             }
             first[nmaps++] = i;

@@ -242,8 +242,6 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
     return status;
 }
 
-/* Scheduler s hands `task` to one of its workers of the task's role: the first of up to four
- * (round robin from rr[role]) whose queue is empty, else the least loaded of them. */
 /* Scheduler s's own workers of `task`'s role: queues[*base_p + j * *stride_p] for j in
  * [0, *cnt_p). Returns the role's index in a scheduler's round-robin state (1: comm). */
 MACO_HOST_DEVICE static inline uint32_t maco__pk_own_workers(const maco_pk_view_t *v, uint32_t s,
@@ -264,6 +262,8 @@ MACO_HOST_DEVICE static inline uint32_t maco__pk_own_workers(const maco_pk_view_
     return comm;
 }
 
+/* Scheduler s hands `task` to one of its workers of the task's role: the first of up to four
+ * (round robin from rr[role]) whose queue is empty, else the least loaded of them. */
 MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_view_t *v, uint32_t s,
                                                                uint32_t task, uint32_t rr[2])
 {
