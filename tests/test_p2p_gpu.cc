@@ -273,7 +273,13 @@ TEST_F(P2P, AllToAllHierGraphReplayed)
         Poison();
         Fill(sa, ua * static_cast<size_t>(n), MACO_BFLOAT16, seed);
         Fill(sb, ub * static_cast<size_t>(n), MACO_INT8, seed ^ 7);
+        /* The allreduce between them: fresh input, poisoned output, checked like the rest. */
+        Fill(reinterpret_cast<char *>(ar), ar_count, MACO_FLOAT32, seed ^ 11);
+        CUDA_OK(cudaMemsetAsync(ar + ar_count, 0x7f, ar_count * sizeof(float), stream_));
         CUDA_OK(cudaGraphLaunch(exec, stream_));
+        CUDA_OK(maco_perf_check_coll(ar + ar_count, ar_count, MACO_COLL_ALLREDUCE, MACO_FLOAT32,
+                                     MACO_SUM, 0, ar_count, seed ^ 11, me, n, &counters_[0],
+                                     &counters_[1], stream_));
         CUDA_OK(maco_perf_check_coll(ra, ua * static_cast<size_t>(n), MACO_COLL_ALLTOALL,
                                      MACO_BFLOAT16, MACO_SUM, 0, ua, seed, me, n, &counters_[0],
                                      &counters_[1], stream_));
