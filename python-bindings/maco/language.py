@@ -349,6 +349,16 @@ def _sub_source(src, offset: int, length: int, member):
     return src  # not a chunk: the operation itself reports it
 
 
+def _check_split_sizes(where: str, what: str, dst: Chunk, srcs) -> None:
+    """Before an operation is split over a thread-block group: every source (a chunk, its
+    packets or a remote chunk) has dst's size, as the one-thread-block operation requires
+    (a split would cut a longer source silently)."""
+    for x in srcs:
+        c = x.chunk if isinstance(x, (_Packets, _Remote)) else x
+        if isinstance(c, Chunk) and c.size != dst.size:
+            raise PlanError(f"{where} ({what}): {c} and {dst} differ in size")
+
+
 class Rank:
     """Rank ``rank`` of the active program: its buffers and local operations."""
 
@@ -370,6 +380,7 @@ class Rank:
         """dst := src on this rank; src may be ``chunk.packets()`` (scratch holding LL packets:
         waits for them)."""
         if isinstance(tb, ThreadBlockGroup):
+            _check_split_sizes(f"rank {self.rank}", "copy", dst, [src])
             for _, t, at, n in tb.parts(dst.size):
                 self.copy(dst.sub(at, n), _sub_source(src, at, n, None), t)
             return
@@ -393,6 +404,7 @@ class Rank:
         ``chunk.packets()`` (scratch LL packets of this rank) or ``channel.remote(chunk)``
         (a peer's chunk read through a memory channel). dst may be one of the sources."""
         if isinstance(tb, ThreadBlockGroup):
+            _check_split_sizes(f"rank {self.rank}", "reduce", dst, srcs)
             for i, t, at, n in tb.parts(dst.size):
                 self.reduce(dst.sub(at, n), [_sub_source(x, at, n, (tb, i)) for x in srcs], t)
             return
@@ -487,8 +499,7 @@ class _Channel:
         return True
 
     def _spread(self, tb, name, dst: Chunk, src: Chunk):
-        if dst.size != src.size:
-            raise PlanError(f"rank {self.rank} ({name}): {src} and {dst} differ in size")
+        _check_split_sizes(f"rank {self.rank}", name, dst, [src])
         for i, t, at, n in tb.parts(src.size):
             getattr(self.members[i], name)(dst.sub(at, n), src.sub(at, n), t)
 
@@ -599,6 +610,7 @@ class PortChannel(_Channel):
     def _group_put_signal(self, tb, name: str, dst: Chunk, src: Chunk, flush: bool):
         """put_with_signal(_and_flush) over a group channel: every member signals (and
         flushes), also one whose part is empty, since its peer waits for the signal."""
+        _check_split_sizes(f"rank {self.rank}", name, dst, [src])
         parts = {i: (at, n) for i, _, at, n in tb.parts(src.size)}
         for i, (m, t) in enumerate(zip(self.members, tb.tbs)):
             if i in parts:

@@ -87,6 +87,12 @@ class MacoWork(dist.Work):
         self._comm = comm
         self._device = device
         self._pg = pg  # set while the work is a queued send or receive, until it is issued
+        self._error: Optional[BaseException] = None  # issuing its queued batch failed
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._comm.check_async_error()
 
     def _issue(self) -> None:
         pg = self._pg
@@ -97,7 +103,7 @@ class MacoWork(dist.Work):
         self._issue()
         if self._event is not None:
             _current_stream(self._device).wait_event(self._event)
-        self._comm.check_async_error()
+        self._raise()
         return True
 
     def block_current_stream(self) -> None:
@@ -109,19 +115,21 @@ class MacoWork(dist.Work):
         self._issue()
         if self._event is not None:
             self._event.synchronize()
-        self._comm.check_async_error()
+        self._raise()
 
     def is_completed(self) -> bool:
         self._issue()
         return self._event is None or self._event.query()
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._comm._c.async_error() == 0
+        return self.is_completed() and self._error is None and self._comm._c.async_error() == 0
 
     def exception(self) -> Any:
         try:
-            self._comm.check_async_error()
+            self._raise()
         except MacoError as e:
+            return e
+        except Exception as e:  # issuing the queued batch failed (an argument error)
             return e
         return None
 
@@ -150,7 +158,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
         self.comm = comm
         self._fallback = fallback
         self._streams: dict = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # held while the p2p queue is issued (_flush_p2p)
         # Queued sends and receives: (is_send, tensors, peer, ready event, work), in call order.
         self._p2p: list = []
 
@@ -371,31 +379,38 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return work
 
     def _flush_p2p(self) -> None:
-        """Issues the queued sends and receives as one MACO group on the group's stream."""
+        """Issues the queued sends and receives as one MACO group on the group's stream.
+        Under the group's lock, so a work waited for on another thread meanwhile finds its
+        operation issued (or its batch's error), never an empty queue."""
         with self._lock:
             ops, self._p2p = self._p2p, []
-        if not ops:
-            return
-        device = ops[0][1][0].device
-        s = self._stream(device)
-        for _, _, _, ready, _ in ops:
-            s.wait_event(ready)
-        try:
-            with _group():
-                for is_send, tensors, peer, _, _ in ops:
+            if not ops:
+                return
+            device = ops[0][1][0].device
+            s = self._stream(device)
+            for _, _, _, ready, _ in ops:
+                s.wait_event(ready)
+            error: Optional[BaseException] = None
+            try:
+                with _group():
+                    for is_send, tensors, peer, _, _ in ops:
+                        for t in tensors:
+                            if is_send:
+                                self.comm.send(t, peer, stream=s)
+                            else:
+                                self.comm.recv(t, peer, stream=s)
+            except BaseException as e:  # nothing of the group was issued: every work fails
+                error = e
+                raise
+            finally:
+                ev = torch.cuda.Event()
+                ev.record(s)
+                for _, tensors, _, _, work in ops:
                     for t in tensors:
-                        if is_send:
-                            self.comm.send(t, peer, stream=s)
-                        else:
-                            self.comm.recv(t, peer, stream=s)
-        finally:
-            ev = torch.cuda.Event()
-            ev.record(s)
-            for _, tensors, _, _, work in ops:
-                for t in tensors:
-                    t.record_stream(s)
-                work._event = ev
-                work._pg = None
+                        t.record_stream(s)
+                    work._event = ev
+                    work._error = error
+                    work._pg = None
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's names
         if self._cpu(tensors):
@@ -420,7 +435,10 @@ class ProcessGroupMaco(dist.ProcessGroup):
         inp = input_tensors[0]
         if self.rank() == root:
             if len(output_tensors) != 1 or len(output_tensors[0]) != self.size():
-                raise ValueError(f"gather_list: {self.size()} tensors are needed on the root")
+                got = len(output_tensors[0]) if len(output_tensors) == 1 else None
+                raise ValueError(f"gather_list: {self.size()} tensors are needed on the root, "
+                                 f"got {got if got is not None else len(output_tensors)} "
+                                 f"{'tensors' if got is not None else 'lists'}")
             outs = output_tensors[0]
             for r, o in enumerate(outs):
                 if o.numel() != inp.numel() or o.dtype != inp.dtype:
@@ -450,7 +468,10 @@ class ProcessGroupMaco(dist.ProcessGroup):
         out = output_tensors[0]
         if self.rank() == root:
             if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
-                raise ValueError(f"scatter_list: {self.size()} tensors are needed on the root")
+                got = len(input_tensors[0]) if len(input_tensors) == 1 else None
+                raise ValueError(f"scatter_list: {self.size()} tensors are needed on the root, "
+                                 f"got {got if got is not None else len(input_tensors)} "
+                                 f"{'tensors' if got is not None else 'lists'}")
             ins = input_tensors[0]
             for r, t in enumerate(ins):
                 if t.numel() != out.numel() or t.dtype != out.dtype:

@@ -340,6 +340,7 @@ class PKernel
     PKernel &operator=(const PKernel &) = delete;
     ~PKernel()
     {
+        nb::gil_scoped_release nogil; /* maco_persistent_kernel_destroy blocks (as ~Plan) */
         release();
     }
 
@@ -365,6 +366,25 @@ class PKernel
 
     int add_task(const nb::dict &d)
     {
+        /* maco_task_t's fields (maco/persistent.h); another key is a typo that would
+         * otherwise leave its field 0. */
+        static const char *const fields[] = {
+            "type", "role", "datatype",   "channel",    "count",    "alpha",    "out",
+            "a",    "b",    "src_offset", "dst_offset", "rows",     "ld_in",    "ld_out",
+            "m",    "n",    "k",          "ldc",        "tile_row", "tile_col", "name"
+        };
+        for (auto item : d) {
+            std::string key = nb::cast<std::string>(item.first);
+            bool known = false;
+            for (const char *f : fields)
+                known = known || key == f;
+            if (!known)
+                throw nb::value_error(("add_task: unknown field '" + key +
+                                       "' (maco_task_t has type, role, datatype, channel, count, "
+                                       "alpha, out, a, b, src_offset, dst_offset, rows, ld_in, "
+                                       "ld_out, m, n, k, ldc, tile_row, tile_col, name)")
+                                          .c_str());
+        }
         maco_task_t t{};
         auto u64 = [&](const char *key) -> uint64_t {
             return d.contains(key) ? nb::cast<uint64_t>(d[key]) : 0;

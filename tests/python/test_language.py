@@ -103,3 +103,20 @@ def test_load_plan_without_a_gpu(tmp_path):
             c.load_plan(tmp_path / "missing.json")
     finally:
         c.close()
+
+
+def test_group_operations_refuse_sources_of_another_size():
+    """A thread-block group splits an operation by the destination's size: a source of another
+    size is an error (as on one thread block), not silently cut."""
+    import maco.language as L
+
+    g = L.ThreadBlockGroup([0, 1])
+    with L.Program("x", L.AllReduce(world_size=2, parts=4)):
+        me = L.Rank(0)
+        with pytest.raises(L.PlanError, match=r"rank 0 \(copy\): .* differ in size"):
+            me.copy(me.output[0:2], me.input[0:4], tb=g)
+        with pytest.raises(L.PlanError, match=r"rank 0 \(reduce\): .* differ in size"):
+            me.reduce(me.output[0:2], [me.output[0:2], me.input[0:3]], tb=g)
+        ch = L.PortChannel(dst_rank=1, src_rank=0, tb=g)
+        with pytest.raises(L.PlanError, match=r"rank 0 \(put_with_signal\): .* differ in size"):
+            ch.put_with_signal(L.Rank(1).output[0:2], me.input[0:4], tb=g)
