@@ -90,8 +90,7 @@ maco_status_t maco_nccl_library_symbol(const char *name, void **sym_p, char *why
     }
     void *sym = dlsym(maco__nccl_handle, name);
     if (sym == NULL) {
-        snprintf(why, why_bytes,
-                 "the NCCL at MACO_NCCL_LIBRARY='%s' has no %s (NCCL 2.28 or later needed)",
+        snprintf(why, why_bytes, "the NCCL at MACO_NCCL_LIBRARY='%s' has no %s (an older NCCL?)",
                  maco__nccl_path, name);
         return MACO_ERR_UNSUPPORTED;
     }
@@ -252,7 +251,10 @@ maco_status_t maco_comm_create_from_nccl(struct ncclComm *nccl_comm, maco_comm_t
     cudaStream_t stream = NULL;
     MACO_CUDA_GOTO(cudaSetDevice(device), st, fail);
     MACO_CUDA_GOTO(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), st, fail);
-    MACO_CUDA_GOTO(cudaMalloc(&dbuf, sizeof(setup)), st, fail);
+    /* Stream-ordered allocation, copies and free on the call's own stream: none of them waits
+     * for other work on the device (a plain cudaMemcpy or cudaFree could wait behind an
+     * application kernel that never ends); the one wait for NCCL is maco__nccl_wait's. */
+    MACO_CUDA_GOTO(cudaMallocAsync(&dbuf, sizeof(setup), stream), st, fail);
     MACO_CUDA_GOTO(cudaMemcpyAsync(dbuf, &setup, sizeof(setup), cudaMemcpyHostToDevice, stream), st,
                    fail);
     res = f.Broadcast(dbuf, dbuf, sizeof(setup), MACO_NCCL_UINT8, 0, nccl_comm, stream);
@@ -265,8 +267,11 @@ maco_status_t maco_comm_create_from_nccl(struct ncclComm *nccl_comm, maco_comm_t
         /* NCCL's kernel may still read or write the buffer: both stay allocated. */
         return st;
     }
-    MACO_CUDA_GOTO(cudaMemcpy(&setup, dbuf, sizeof(setup), cudaMemcpyDeviceToHost), st, fail);
-    cudaFree(dbuf);
+    /* The broadcast is done (maco__nccl_wait): this copy waits for nothing else. */
+    MACO_CUDA_GOTO(cudaMemcpyAsync(&setup, dbuf, sizeof(setup), cudaMemcpyDeviceToHost, stream), st,
+                   fail);
+    MACO_CUDA_GOTO(cudaStreamSynchronize(stream), st, fail);
+    cudaFreeAsync(dbuf, stream);
     cudaStreamDestroy(stream);
     dbuf = NULL;
     stream = NULL;
@@ -295,7 +300,7 @@ maco_status_t maco_comm_create_from_nccl(struct ncclComm *nccl_comm, maco_comm_t
     return MACO_OK;
 fail:
     if (dbuf != NULL)
-        cudaFree(dbuf);
+        cudaFreeAsync(dbuf, stream);
     if (stream != NULL)
         cudaStreamDestroy(stream);
     return st;

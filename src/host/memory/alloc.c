@@ -225,7 +225,8 @@ maco_status_t maco_mem_free(maco_comm_t comm, void *ptr)
     if (a == NULL)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                                    "maco_mem_free: %p was not returned by "
-                                                   "maco_mem_alloc or maco_mem_alloc_host",
+                                                   "maco_mem_alloc, maco_mem_alloc_device or "
+                                                   "maco_mem_alloc_host",
                                                    ptr));
     maco_status_t st = maco_mem_deregister(a->reg);
     if (a->is_host) {
