@@ -82,11 +82,13 @@ MACO_API maco_status_t maco_comm_create_from_nccl(struct ncclComm *nccl_comm, ma
  * RTLD_NOW | RTLD_LOCAL, plus RTLD_DEEPBIND except under AddressSanitizer, so that the
  * library's calls between its own functions stay inside it) and kept loaded for the life of
  * the process; the outcome of that first load is kept (a later change of MACO_NCCL_LIBRARY
- * is not seen). On success *sym_p is the symbol's address. A query: it logs nothing and the
- * caller decides whether a missing NCCL is an error; on failure `why` (when not NULL,
+ * is not seen). On success *sym_p is the symbol's address. A query: it logs one INFO line when
+ * the library loads, nothing on failure, and the caller decides whether a missing NCCL is an
+ * error; on failure `why` (when not NULL,
  * `why_bytes` bytes, 256 or more advised) gets a sentence naming MACO_NCCL_LIBRARY's value
  * and the cause. Not blocking beyond the first load. Thread-safe.
- * Errors: MACO_ERR_INVALID_ARGUMENT (`name` or `sym_p` NULL); MACO_ERR_UNSUPPORTED (the
+ * Errors: MACO_ERR_INVALID_ARGUMENT (`name` or `sym_p` NULL, or MACO_NCCL_LIBRARY longer
+ * than 255 characters); MACO_ERR_UNSUPPORTED (the
  * library cannot be opened: dlerror's text; or it has no such symbol); MACO_ERR_INVALID_USAGE
  * (the library is MACO's own NCCL-compatible library).
  */

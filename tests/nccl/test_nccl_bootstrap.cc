@@ -7,6 +7,8 @@
  *   unset     argument errors (no library loaded);
  *   missing   MACO_NCCL_LIBRARY names no file: MACO_ERR_UNSUPPORTED naming the path;
  *   self      MACO_NCCL_LIBRARY is libmaco_nccl.so: MACO_ERR_INVALID_USAGE;
+ *   long      MACO_NCCL_LIBRARY longer than 255 characters: MACO_ERR_INVALID_ARGUMENT with
+ *             its length, and no library opened under a cut path;
  *   gpu       a real NCCL communicator (one rank: ncclCommInitAll on device 0; under maco-run
  *             with several ranks: ncclCommInitRank with rank 0's id sent over a MACO
  *             bootstrap), a MACO communicator made from it, and a checked maco_allreduce,
@@ -113,6 +115,23 @@ TEST_F(NcclBootstrap, NoLibrary)
                         std::string(path) + "'"),
               std::string::npos)
         << last;
+}
+
+TEST_F(NcclBootstrap, RefusesTooLongPath)
+{
+    if (!Mode("long"))
+        GTEST_SKIP() << "TEST_NCCL_BOOT=long runs it";
+    const char *path = getenv("MACO_NCCL_LIBRARY");
+    ASSERT_NE(path, nullptr);
+    ASSERT_GT(strlen(path), 255u);
+    void *sym = reinterpret_cast<void *>(0x1);
+    char why[512] = "";
+    EXPECT_EQ(maco_nccl_library_symbol("ncclAllReduce", &sym, why, sizeof(why)),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(sym, reinterpret_cast<void *>(0x1));
+    std::string want = "MACO_NCCL_LIBRARY is " + std::to_string(strlen(path)) +
+                       " characters long; at most 255 are taken";
+    EXPECT_NE(std::string(why).find(want), std::string::npos) << why;
 }
 
 TEST_F(NcclBootstrap, RefusesMacosOwnLibrary)

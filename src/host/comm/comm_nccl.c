@@ -47,8 +47,15 @@ static char maco__nccl_why[512];
 
 static void maco__nccl_load(void)
 {
-    snprintf(maco__nccl_path, sizeof(maco__nccl_path), "%s",
-             maco__config_string(MACO_CFG_NCCL_LIBRARY));
+    const char *want = maco__config_string(MACO_CFG_NCCL_LIBRARY);
+    if (strlen(want) >= sizeof(maco__nccl_path)) { /* never open a cut path */
+        maco__nccl_load_status = MACO_ERR_INVALID_ARGUMENT;
+        snprintf(maco__nccl_why, sizeof(maco__nccl_why),
+                 "MACO_NCCL_LIBRARY is %zu characters long; at most %zu are taken", strlen(want),
+                 sizeof(maco__nccl_path) - 1);
+        return;
+    }
+    snprintf(maco__nccl_path, sizeof(maco__nccl_path), "%s", want);
     void *h = dlopen(maco__nccl_path, MACO_NCCL_DLOPEN_FLAGS);
     if (h == NULL) {
         maco__nccl_load_status = MACO_ERR_UNSUPPORTED;
