@@ -28,13 +28,23 @@
  * algbw = size / time; busbw = algbw * factor, nccl-tests' definitions (its
  * doc/PERFORMANCE.md): 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and
  * alltoall, 1 for broadcast, reduce and sendrecv. GB/s are 1e9 bytes per second.
- * Buffers: cudaMalloc by default, so MACO goes through its scratch buffer; with -R 1 they
- * come from maco_mem_alloc (registered with the communicator), which MACO's mesh-family
- * algorithms use in place. NCCL gets the same buffers either way, unregistered.
+ * Buffers: cudaMalloc by default, so MACO goes through its scratch buffer, and NCCL gets the
+ * same buffers, unregistered (NCCL's classic kernels). With -R 1 each library gets its own
+ * registered buffers: MACO's from maco_mem_alloc (registered with the communicator; the
+ * mesh-family algorithms use them in place), NCCL's from ncclMemAlloc registered with
+ * ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC) (NCCL >= 2.27: its symmetric-memory
+ * kernels where it has one for the operation, size and type; nccl.h, "Symmetric memory").
+ * NCCL's path: with --nccl, for each size rank 0 turns NCCL's TUNING log on around one extra,
+ * untimed call (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=TUNING into a temporary NCCL_DEBUG_FILE,
+ * re-read through ncclResetDebugInit, then the user's settings restored the same way), and
+ * the "nccl path" column shows what that line said: "symmetric KERNEL" or "ALGO/PROTO"
+ * (classic), "-" when NCCL logged none (send/recv, one rank). The timed calls run with the
+ * log as the user set it.
  * Exit status: 0 when no value was wrong, 1 when some were (or an error), 2 for bad usage
  * or no GPU.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -77,6 +88,15 @@ typedef struct perf_nccl {
     int (*group_start)(void);
     int (*group_end)(void);
     int (*comm_destroy)(perf_nccl_comm_t);
+    /* -R 1: buffers from ncclMemAlloc registered as symmetric windows (NULL before 2.27). */
+    int (*mem_alloc)(void **, size_t);
+    int (*mem_free)(void *);
+    int (*win_register)(perf_nccl_comm_t, void *, size_t, void **, int);
+    int (*win_deregister)(perf_nccl_comm_t, void *);
+    void (*reset_debug)(void); /* ncclResetDebugInit: re-reads NCCL_DEBUG*; NULL if absent */
+    char *in, *out;            /* NCCL's own buffers with -R 1 (else MACO's) */
+    void *win_in, *win_out;
+    char library[512]; /* the file NCCL was loaded from */
     const char *(*get_error_string)(int);
     int (*get_version)(int *);
     perf_nccl_comm_t comm;
@@ -141,10 +161,12 @@ static void usage(FILE *f)
             "  -n, -w   timed and warm-up calls per size (default 20 and 5)\n"
             "  -c       checked calls per size and placement (default 1)\n"
             "  -G       capture the timed calls in a CUDA graph and replay it REPLAYS times\n"
-            "  -R       1: buffers from maco_mem_alloc (registered: used in place); 0: cudaMalloc "
+            "  -R       1: buffers from maco_mem_alloc (registered: used in place), NCCL's from\n"
+            "           ncclMemAlloc registered as symmetric windows; 0: cudaMalloc for both "
             "(default)\n"
             "  --inplace  also run in place (default: out of place only)\n"
-            "  --nccl   also run the system NCCL (MACO_NCCL_LIBRARY names it)\n"
+            "  --nccl   also run the system NCCL (MACO_NCCL_LIBRARY names it) and show the path\n"
+            "           it took (its TUNING log for one extra call per size)\n"
             "  --json   write one JSON object per size and placement to FILE (rank 0)\n");
 }
 
@@ -337,7 +359,21 @@ static void nccl_load(perf_nccl_t *nc)
     PERF_SYM(get_error_string, "ncclGetErrorString");
     PERF_SYM(get_version, "ncclGetVersion");
 #undef PERF_SYM
+    /* Optional: symmetric windows (2.27 on) and the debug-log reset (for NCCL's path). */
+#define PERF_OPT(field, name)                                                                      \
+    if (maco_nccl_library_symbol(name, (void **)&nc->field, NULL, 0) != MACO_OK)                   \
+    nc->field = NULL
+    PERF_OPT(mem_alloc, "ncclMemAlloc");
+    PERF_OPT(mem_free, "ncclMemFree");
+    PERF_OPT(win_register, "ncclCommWindowRegister");
+    PERF_OPT(win_deregister, "ncclCommWindowDeregister");
+    PERF_OPT(reset_debug, "ncclResetDebugInit");
+#undef PERF_OPT
     nc->get_version(&nc->version);
+    Dl_info info;
+    snprintf(nc->library, sizeof(nc->library), "%s",
+             dladdr((void *)nc->get_version, &info) != 0 && info.dli_fname != NULL ? info.dli_fname
+                                                                                   : "?");
 }
 
 static void nccl_init(perf_nccl_t *nc, maco_comm_t comm, int rank, int nranks)
@@ -355,6 +391,43 @@ static void nccl_init(perf_nccl_t *nc, maco_comm_t comm, int rank, int nranks)
     int r = nc->comm_init_rank(&nc->comm, nranks, id, rank);
     if (r != 0)
         PERF_DIE("ncclCommInitRank failed: %s", nc->get_error_string(r));
+}
+
+/* -R 1: NCCL's own buffers, `bytes` each, from ncclMemAlloc, registered as symmetric windows
+ * (collective: every rank registers the same sizes in the same order). */
+static void nccl_alloc_symmetric(perf_nccl_t *nc, size_t bytes)
+{
+    if (nc->mem_alloc == NULL || nc->mem_free == NULL || nc->win_register == NULL ||
+        nc->win_deregister == NULL)
+        PERF_DIE("-R 1 --nccl: NCCL %d.%d.%d (%s) has no ncclMemAlloc/ncclCommWindowRegister "
+                 "(symmetric windows need NCCL >= 2.27); run -R 0 against it",
+                 nc->version / 10000, (nc->version / 100) % 100, nc->version % 100, nc->library);
+    char **bufs[2] = { &nc->in, &nc->out };
+    void **wins[2] = { &nc->win_in, &nc->win_out };
+    for (int i = 0; i < 2; i++) {
+        int r = nc->mem_alloc((void **)bufs[i], bytes);
+        if (r != 0)
+            PERF_DIE("ncclMemAlloc of %zu bytes failed: %s", bytes, nc->get_error_string(r));
+        r = nc->win_register(nc->comm, *bufs[i], bytes, wins[i],
+                             0x01 /* NCCL_WIN_COLL_SYMMETRIC */);
+        if (r != 0)
+            PERF_DIE("ncclCommWindowRegister(%zu bytes, NCCL_WIN_COLL_SYMMETRIC) failed: %s", bytes,
+                     nc->get_error_string(r));
+    }
+}
+
+/* Deregisters and frees what nccl_alloc_symmetric made, then destroys the communicator. */
+static void nccl_finalize(perf_nccl_t *nc)
+{
+    if (nc->win_in != NULL)
+        nc->win_deregister(nc->comm, nc->win_in);
+    if (nc->win_out != NULL)
+        nc->win_deregister(nc->comm, nc->win_out);
+    nc->comm_destroy(nc->comm);
+    if (nc->win_in != NULL)
+        nc->mem_free(nc->in);
+    if (nc->win_out != NULL)
+        nc->mem_free(nc->out);
 }
 
 typedef struct perf_ctx {
@@ -407,10 +480,12 @@ static double perf_busbw_factor(maco_collective_t coll, int n)
     }
 }
 
-/* Fills in the buffers of a case; `count` is nccl-tests' count (elements of the largest
- * buffer), already a multiple of nranks for allgather and reduce_scatter. */
-static void perf_case_init(perf_case_t *k, perf_ctx_t *c, maco_collective_t coll,
-                           maco_datatype_t dt, maco_redop_t op, int root, int inplace, size_t count)
+/* Fills in the buffers of a case over the buffers `in` and `out` (MACO's or NCCL's); `count` is
+ * nccl-tests' count (elements of the largest buffer), already a multiple of nranks for
+ * allgather and reduce_scatter. */
+static void perf_case_init(perf_case_t *k, perf_ctx_t *c, char *in, char *out,
+                           maco_collective_t coll, maco_datatype_t dt, maco_redop_t op, int root,
+                           int inplace, size_t count)
 {
     size_t esz = maco_datatype_size(dt), n = (size_t)c->nranks;
     memset(k, 0, sizeof(*k));
@@ -425,18 +500,18 @@ static void perf_case_init(perf_case_t *k, perf_ctx_t *c, maco_collective_t coll
     size_t ub = k->unit * esz;
     k->send_bytes = coll == MACO_COLL_REDUCE_SCATTER || coll == MACO_COLL_ALLTOALL ? ub * n : ub;
     k->recv_bytes = coll == MACO_COLL_ALLGATHER || coll == MACO_COLL_ALLTOALL ? ub * n : ub;
-    k->recv = c->out;
-    k->send = c->in;
+    k->recv = out;
+    k->send = in;
     k->touched = k->recv_bytes;
     if (inplace) {
         if (coll == MACO_COLL_ALLGATHER) {
-            k->send = c->out + (size_t)c->rank * ub;
+            k->send = out + (size_t)c->rank * ub;
         } else if (coll == MACO_COLL_REDUCE_SCATTER) {
-            k->send = c->out;
-            k->recv = c->out + (size_t)c->rank * ub;
+            k->send = out;
+            k->recv = out + (size_t)c->rank * ub;
             k->touched = k->send_bytes;
         } else {
-            k->send = c->out;
+            k->send = out;
         }
     }
 }
@@ -662,6 +737,80 @@ static double perf_time(perf_ctx_t *c, const perf_opts_t *o, const perf_case_t *
     return perf_max_over_ranks(c, (double)ms * 1000.0 / calls);
 }
 
+/* setenv, or unsetenv when `v` is NULL. */
+static void perf_setenv(const char *name, const char *v)
+{
+    if (v != NULL)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+}
+
+static char *perf_strdup_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL ? strdup(v) : NULL;
+}
+
+/* Reduces one NCCL TUNING line to "symmetric KERNEL" or "ALGO/PROTO" in `out`. The formats
+ * are NCCL's INFO(NCCL_TUNING, ...) lines (src/enqueue.cc, src/scheduler/symmetric_sched.cc):
+ *   "AllReduce [Symmetric]: 1024 Bytes -> Kernel AllReduce_AGxLL_R nchannels 8 ..."
+ *   "AllReduce: 1024 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..7}" */
+static void perf_nccl_path_of(const char *line, char *out, size_t cap)
+{
+    const char *kernel = strstr(line, "-> Kernel ");
+    const char *algo = strstr(line, "-> Algo ");
+    char a[64] = "", b[64] = "";
+    if (strstr(line, "[Symmetric]") != NULL && kernel != NULL &&
+        sscanf(kernel, "-> Kernel %63s", a) == 1)
+        snprintf(out, cap, "symmetric %s", a);
+    else if (algo != NULL && sscanf(algo, "-> Algo %63s proto %63s", a, b) == 2)
+        snprintf(out, cap, "%s/%s", a, b);
+    else
+        snprintf(out, cap, "?");
+}
+
+/* NCCL's path for the case `k` (see the top of this file): every rank makes one untimed NCCL
+ * call; around it rank 0 points NCCL's TUNING log at a temporary file and reads back the last
+ * line. `out` gets "-" when NCCL logged nothing for the call and "unknown" without
+ * ncclResetDebugInit (NCCL reads its log settings once otherwise). */
+static void perf_nccl_path(perf_ctx_t *c, const perf_case_t *k, char *out, size_t cap)
+{
+    perf_nccl_t *nc = c->nccl;
+    snprintf(out, cap, nc->reset_debug != NULL ? "-" : "unknown");
+    if (nc->reset_debug == NULL)
+        return;
+    static const char *const vars[3] = { "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE" };
+    char *saved[3] = { NULL, NULL, NULL };
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/maco-perf-nccl-%d.log", (int)getpid());
+    if (c->rank == 0) {
+        for (int i = 0; i < 3; i++)
+            saved[i] = perf_strdup_env(vars[i]);
+        setenv("NCCL_DEBUG", "INFO", 1);
+        setenv("NCCL_DEBUG_SUBSYS", "TUNING", 1);
+        setenv("NCCL_DEBUG_FILE", path, 1);
+        nc->reset_debug();
+    }
+    int r = perf_launch(c, 1, k);
+    PERF_CUDA(cudaStreamSynchronize(c->stream));
+    if (c->rank != 0)
+        return;
+    for (int i = 0; i < 3; i++) {
+        perf_setenv(vars[i], saved[i]);
+        free(saved[i]);
+    }
+    nc->reset_debug(); /* NCCL closes the file when it next logs */
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    while (r == 0 && f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strstr(line, " Bytes -> ") != NULL)
+            perf_nccl_path_of(line, out, cap);
+    if (f != NULL)
+        fclose(f);
+    unlink(path);
+}
+
 static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *gpu,
                         const perf_nccl_t *nccl)
 {
@@ -674,12 +823,20 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
                c->gpu_ranks);
     printf("# buffers: %s\n", o->reg ? "maco_mem_alloc (-R 1: registered, used in place)"
                                      : "cudaMalloc (-R 0: unregistered, through scratch)");
+    if (o->nccl)
+        printf("# NCCL's buffers: %s\n",
+               o->reg ? "ncclMemAlloc, registered with ncclCommWindowRegister("
+                        "NCCL_WIN_COLL_SYMMETRIC) (-R 1: its symmetric kernels where it has one)"
+                      : "the same cudaMalloc buffers, unregistered (-R 0: its classic kernels)");
     if (o->graph)
         printf("# -G %d: the %d timed calls are one CUDA graph, replayed %d times\n", o->graph,
                o->iters, o->graph);
     if (o->nccl)
-        printf("# NCCL %d.%d.%d (NCCL_NVLS_ENABLE=0); ratio = MACO busbw / NCCL busbw\n",
-               nccl->version / 10000, (nccl->version / 100) % 100, nccl->version % 100);
+        printf("# NCCL %d.%d.%d from %s (NCCL_NVLS_ENABLE=0); ratio = MACO busbw / NCCL busbw; "
+               "nccl path = its TUNING log for one extra call%s\n",
+               nccl->version / 10000, (nccl->version / 100) % 100, nccl->version % 100,
+               nccl->library,
+               nccl->reset_debug != NULL ? "" : " (not known: no ncclResetDebugInit)");
     if (o->nccl && o->coll == MACO_COLL_ALLTOALL)
         printf("# NCCL's alltoall: %s\n", nccl->alltoall != NULL
                                               ? "ncclAlltoAll"
@@ -700,7 +857,7 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
     if (o->nccl)
         for (int ip = 0; ip < np; ip++)
             printf(" %9s %7s %5s", "time", "busbw", "ratio");
-    printf("  algorithm\n");
+    printf("  algorithm%s\n", o->nccl ? "  | nccl path" : "");
     fflush(stdout);
 }
 
@@ -766,6 +923,12 @@ int main(int argc, char **argv)
         nccl_load(&nccl);
         nccl_init(&nccl, c.comm, c.rank, c.nranks);
         c.nccl = &nccl;
+        if (o.reg) {
+            nccl_alloc_symmetric(&nccl, o.max_bytes + PERF_GUARD);
+        } else {
+            nccl.in = c.in;
+            nccl.out = c.out;
+        }
     }
     FILE *json = NULL;
     if (o.json_path != NULL && c.rank == 0) {
@@ -799,18 +962,24 @@ int main(int argc, char **argv)
                 if (count == 0)
                     continue;
                 size_t bytes = count * esz;
-                perf_case_t k[2];
+                perf_case_t k[2], kn[2];
                 double t[2], nt[2] = { 0, 0 };
                 unsigned long long wrong[2];
+                char npath[2][96] = { "", "" };
                 for (int ip = 0; ip < np; ip++) {
-                    perf_case_init(&k[ip], &c, o.coll, dt, op, o.root, ip, count);
+                    perf_case_init(&k[ip], &c, c.in, c.out, o.coll, dt, op, o.root, ip, count);
                     unsigned long long w = 0;
                     for (int r = 0; r < o.checks; r++)
                         w += perf_check(&c, &k[ip], r);
                     wrong[ip] = perf_sum_over_ranks(&c, w);
                     t[ip] = perf_time(&c, &o, &k[ip], 0);
-                    if (o.nccl)
-                        nt[ip] = perf_time(&c, &o, &k[ip], 1);
+                    if (o.nccl) {
+                        perf_case_init(&kn[ip], &c, nccl.in, nccl.out, o.coll, dt, op, o.root, ip,
+                                       count);
+                        nt[ip] = perf_time(&c, &o, &kn[ip], 1);
+                        if (nt[ip] > 0)
+                            perf_nccl_path(&c, &kn[ip], npath[ip], sizeof(npath[ip]));
+                    }
                     total_wrong += wrong[ip];
                 }
                 const char *algo = "?";
@@ -837,7 +1006,12 @@ int main(int argc, char **argv)
                             printf(" %9s %7s %5s", "n/a", "n/a", "n/a");
                     }
                 }
-                printf("  %s\n", algo);
+                if (o.nccl && np == 2 && strcmp(npath[0], npath[1]) != 0)
+                    printf("  %s  | %s ; in place %s\n", algo, npath[0], npath[1]);
+                else if (o.nccl)
+                    printf("  %s  | %s\n", algo, npath[0]);
+                else
+                    printf("  %s\n", algo);
                 fflush(stdout);
                 for (int ip = 0; ip < np && json != NULL; ip++) {
                     fprintf(
@@ -852,8 +1026,11 @@ int main(int argc, char **argv)
                         ip ? "true" : "false", o.graph ? "true" : "false", o.reg ? "true" : "false",
                         algo, c.nranks, t[ip], algbw[ip], busbw[ip], wrong[ip]);
                     if (o.nccl && nt[ip] > 0)
-                        fprintf(json, ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f", nt[ip],
-                                nbusbw[ip]);
+                        fprintf(
+                            json,
+                            ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f, "
+                            "\"nccl_path\": \"%s\", \"nccl_version\": %d, \"nccl_symmetric\": %s",
+                            nt[ip], nbusbw[ip], npath[ip], nccl.version, o.reg ? "true" : "false");
                     fprintf(json, "}");
                     first_json = 0;
                 }
@@ -873,7 +1050,7 @@ int main(int argc, char **argv)
         fclose(json);
     }
     if (o.nccl)
-        nccl.comm_destroy(nccl.comm);
+        nccl_finalize(&nccl);
     if (o.reg) {
         maco_mem_free(c.comm, c.in);
         maco_mem_free(c.comm, c.out);
