@@ -9,11 +9,12 @@
 #   check       maco-perf <each collective> -b 8 -e 1G -f 2 -d all -o all -c 1 (every type,
 #               op and size checked once; -n 1 -w 0: no timing): 0 wrong values expected
 #   tables-K    run K (1, 2, 3) of the tables: every collective, -R 0 and -R 1, eager and
-#               -G 10, -b 8 -e 1G -f 4 --nccl (-R 0: NCCL's classic kernels on cudaMalloc
+#               -G 10, -b 8 -e 1G -f 2 --nccl (-R 0: NCCL's classic kernels on cudaMalloc
 #               buffers; -R 1: ncclMemAlloc buffers registered as symmetric windows)
 #   nccl-new    the tables once more against the newest NCCL (MACO_NCCL_LIBRARY): the
 #               image's nvidia-nccl-cu13 wheel, or NEW_NCCL=/path/libnccl.so.2 (carried)
 #   report      scripts/issue22_report.py over everything in $OUT: tables, targets, runs
+# COLLS="allreduce ..." limits the collectives (default: all seven).
 # With one GPU the same stages rehearse the scripts: 4 ranks share the GPU under MPS (NCCL
 # cannot: maco-perf skips it), the tables run with 1 rank so NCCL's part still runs, sizes
 # stop at 64 MiB. Logs and JSON in $OUT (tar'ed into issue22-STAGES.tgz at the end, since
@@ -33,7 +34,7 @@ else
 fi
 { nvidia-smi -L; nvidia-smi topo -m; "$B/tools/maco-info"; python3 -m pip show nvidia-nccl-cu13 2>/dev/null \
   | grep -E '^(Name|Version|Location)'; } > "$OUT/machine.txt" 2>&1
-colls="allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv"
+colls=${COLLS:-"allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv"}
 
 # The newest NCCL: NEW_NCCL, else the image's wheel (PyTorch's dependency).
 new_nccl() {
@@ -56,7 +57,7 @@ tables() { # suffix [env...]
       # unregistered baseline that earlier tables did not have at 4 GPUs.
       for g in 0 10; do
         step "perf-$c-R$reg-g$g-$sfx" 120 env "$@" "$R" -n "$ntab" $mps --timeout 115 "$P" "$c" \
-          -b 8 -e "$emax" -f 4 --nccl -n 20 -w 5 -R $reg -G $g \
+          -b 8 -e "$emax" -f 2 --nccl -n 20 -w 5 -R $reg -G $g \
           --json "$OUT/perf-$c-R$reg-g$g-$sfx.json"
       done
     done
