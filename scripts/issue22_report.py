@@ -89,8 +89,9 @@ def table(key, slot, before):
     runs, new = slot["runs"], slot["new"]
     sizes = sorted(set().union(*[set(r) for r in runs]) if runs else set(new or {}))
     label = "classic" if reg == 0 else "symmetric windows"
+    nranks = next((r[sz]["nranks"] for r in runs or [new] for sz in r), 0)
     print(f"\n### {coll}, -R {reg}, {'-G ' + str(graph) if graph else 'eager'} "
-          f"({len(runs)} run(s); NCCL {label})\n")
+          f"({nranks} ranks, {len(runs)} run(s); NCCL {label})\n")
     print("| size | algorithm | MACO us | spread | NCCL us | NCCL path | MACO busbw | NCCL busbw "
           "| MACO/NCCL busbw | new NCCL us | new NCCL path | MACO us before | vs before |")
     print("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |")
@@ -191,6 +192,10 @@ def main():
             before = load(old)
         res[key] = table(key, data[key], before)
     print("\n## Issue 22's targets (medians of the runs)\n")
+    ranks = sorted({r["nranks"] for rows in res.values() for r in rows.values()})
+    if ranks != [4]:
+        print(f"(these tables have {', '.join(map(str, ranks))} rank(s); the targets are for 4 "
+              "GPUs, one rank each: a rehearsal, not a verdict)\n")
     for line in targets(res):
         print(line)
     wrong = sum(r["wrong"] for rows in res.values() for r in rows.values())
