@@ -275,15 +275,48 @@ TEST_F(MacoRunMps, StoppedOnSigintAndSigterm)
     }
 }
 
-/* Simulated nodes pick GPUs from 0 on every node, so they share GPUs even when there are as
- * many GPUs as ranks (regression: 2 ranks as 2 nodes on a 2-GPU machine both took GPU 0
- * without MPS and were refused). */
-TEST_F(MacoRunMps, AutoStartsADaemonForSimulatedNodes)
+/* Fewer GPUs than simulated nodes: every node's ranks pick GPUs from 0, so the nodes share
+ * them and need MPS (regression: 2 ranks as 2 nodes on one GPU both took GPU 0 without MPS
+ * and were refused). */
+TEST_F(MacoRunMps, AutoStartsADaemonWhenSimulatedNodesShareGpus)
 {
     std::string out;
-    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 2 --simulate-nodes 2 --gpus 2 true 2>&1", &out),
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH +
+                           " -n 2 --simulate-nodes 2 --gpus 1 sh -c 'echo "
+                           "\"gpus=${CUDA_VISIBLE_DEVICES-unset}\"' 2>&1",
+                       &out),
               0)
         << out;
+    EXPECT_NE(Calls().find("call [-d]"), std::string::npos) << "no daemon started: " << Calls();
+    EXPECT_NE(out.find("[1] gpus=unset"), std::string::npos) << out;
+}
+
+/* At least one GPU per simulated node: node k gets GPUs k * G/K .. (k + 1) * G/K - 1
+ * (CUDA_VISIBLE_DEVICES, entries of the list maco-run was given), as on real nodes; MPS only
+ * where a node has more ranks than GPUs. */
+TEST_F(MacoRunMps, SimulatedNodesGetGpusOfTheirOwn)
+{
+    const std::string echo = " sh -c 'echo \"r$MACO_RANK gpus=$CUDA_VISIBLE_DEVICES\"' 2>&1";
+    std::string out;
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 4 --simulate-nodes 2 --gpus 4" + echo, &out), 0)
+        << out;
+    for (const char *want : { "r0 gpus=0,1", "r1 gpus=0,1", "r2 gpus=2,3", "r3 gpus=2,3" })
+        EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+    EXPECT_EQ(Calls(), "") << "MPS started although every rank has a GPU";
+
+    ASSERT_EQ(RunShell(Env() + "CUDA_VISIBLE_DEVICES=7,5,3,1 " + MACO_RUN_PATH +
+                           " -n 4 --simulate-nodes 2 --gpus 4" + echo,
+                       &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("r1 gpus=7,5"), std::string::npos) << out;
+    EXPECT_NE(out.find("r3 gpus=3,1"), std::string::npos) << out;
+
+    /* 2 GPUs for 2 nodes of 2 ranks: one GPU per node, shared by its ranks under MPS. */
+    ASSERT_EQ(RunShell(Env() + MACO_RUN_PATH + " -n 4 --simulate-nodes 2 --gpus 2" + echo, &out), 0)
+        << out;
+    EXPECT_NE(out.find("r1 gpus=0"), std::string::npos) << out;
+    EXPECT_NE(out.find("r2 gpus=1"), std::string::npos) << out;
     EXPECT_NE(Calls().find("call [-d]"), std::string::npos) << "no daemon started: " << Calls();
 }
 

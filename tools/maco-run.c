@@ -31,9 +31,14 @@
  * limit is below about 2 per rank plus a margin, it exits 1 before starting anything, naming
  * the number needed and the limit.
  *
- * MPS (several ranks on one GPU): with --mps auto (the default), when this machine has fewer
- * visible GPUs than ranks per node, or simulates several nodes (each node's ranks pick GPUs
- * from 0, so the nodes share them), and at least one GPU, and nvidia-cuda-mps-control is on PATH,
+ * Simulated nodes and GPUs: with K simulated nodes and G >= K visible GPUs, node k's ranks get
+ * GPUs k * G/K .. (k + 1) * G/K - 1 through CUDA_VISIBLE_DEVICES (entries of the list maco-run
+ * was given, else ordinals), so each node has GPUs of its own as real nodes do; with G < K
+ * every node's ranks pick from all GPUs by local rank and the nodes share them.
+ *
+ * MPS (several ranks on one GPU): with --mps auto (the default), when ranks share GPUs (fewer
+ * visible GPUs than ranks per node, fewer GPUs per simulated node than its ranks, or fewer GPUs
+ * than simulated nodes), and at least one GPU, and nvidia-cuda-mps-control is on PATH,
  * maco-run starts a private MPS control daemon: its pipe and log folders live in a temporary
  * folder maco-run creates (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, passed to the
  * ranks), so it never talks to an MPS server it did not start. An MPS daemon that the ranks'
@@ -115,7 +120,9 @@ static void usage(FILE *f)
                "  -n N                 number of ranks to start (1..4096)\n"
                "  --timeout SECONDS    kill every rank and exit 124 after this long (default: "
                "none)\n"
-               "  --simulate-nodes K   give the ranks K different MACO_HOST_ID values\n"
+               "  --simulate-nodes K   give the ranks K different MACO_HOST_ID values and, with at "
+               "least K GPUs,\n"
+               "                       each node GPUs of its own (CUDA_VISIBLE_DEVICES)\n"
                "  --mps auto|on|off    start a private MPS daemon so ranks can share GPUs: auto "
                "(default) when\n"
                "                       there are fewer GPUs than ranks, on always, off never\n"
@@ -838,7 +845,41 @@ static int supervise(rank_proc_t *ranks, long nranks, long timeout_s, struct pol
 
 /* Starts the ranks and runs the job to its end (the contract at the top of this file);
  * `mps_pipe_dir` is the private MPS daemon's pipe folder, NULL when maco-run started none. */
-static int run_ranks(long nranks, long timeout_s, long sim_nodes, char **prog,
+/* Simulated node `node`'s share of the GPUs: `per` of the visible ones from node * per on, as
+ * a CUDA_VISIBLE_DEVICES value in `out` (entries of an existing CUDA_VISIBLE_DEVICES list, else
+ * ordinals). Returns -1 when that list has too few entries (the variable is then left alone). */
+static int node_gpu_list(long node, long per, char *out, size_t cap)
+{
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    size_t len = 0;
+    out[0] = '\0';
+    for (long i = node * per; i < (node + 1) * per; i++) {
+        char item[128];
+        if (vis != NULL) {
+            const char *p = vis;
+            for (long k = 0; k < i && p != NULL; k++) {
+                p = strchr(p, ',');
+                p = p != NULL ? p + 1 : NULL;
+            }
+            if (p == NULL || *p == '\0' || *p == ',')
+                return -1;
+            size_t n = strcspn(p, ",");
+            if (n >= sizeof(item))
+                return -1;
+            memcpy(item, p, n);
+            item[n] = '\0';
+        } else {
+            snprintf(item, sizeof(item), "%ld", i);
+        }
+        int w = snprintf(out + len, cap - len, "%s%s", len ? "," : "", item);
+        if (w < 0 || (size_t)w >= cap - len)
+            return -1;
+        len += (size_t)w;
+    }
+    return 0;
+}
+
+static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus, char **prog,
                      const char *mps_pipe_dir)
 {
     int port = pick_port();
@@ -919,6 +960,10 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, char **prog,
                 host[sizeof(host) - 1] = '\0';
                 snprintf(host_text, sizeof(host_text), "%s/simulated-node-%ld", host, r / per_node);
                 setenv("MACO_HOST_ID", host_text, 1);
+                char list[1024];
+                if (node_gpus > 0 &&
+                    node_gpu_list(r / per_node, node_gpus, list, sizeof(list)) == 0)
+                    setenv("CUDA_VISIBLE_DEVICES", list, 1);
             }
             execvp(prog[0], prog);
             fprintf(stderr, "maco-run: cannot run %s: %s\n", prog[0], strerror(errno));
@@ -1054,9 +1099,32 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    /* MPS: ranks sharing GPUs need one MPS server to run at the same time. Ranks pick GPUs
-     * by local rank, so with simulated nodes every node's local rank 0 takes GPU 0: ranks of
-     * different simulated nodes share GPUs however many there are. */
+    /* Simulated nodes: ranks pick GPUs by local rank, so every node's local rank 0 would take
+     * GPU 0. With at least one GPU per node, each node gets GPUs of its own instead (node k:
+     * GPUs k * G/K .. (k + 1) * G/K - 1 of the G visible, through CUDA_VISIBLE_DEVICES), as on
+     * real nodes; with fewer GPUs than nodes the nodes share them (MPS below). */
+    long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
+    long node_gpus = 0;
+    if (sim_nodes > 1) {
+        if (gpus < 0)
+            gpus = count_gpus();
+        node_gpus = gpus >= sim_nodes ? gpus / sim_nodes : 0;
+        char first[1024], last[1024];
+        if (node_gpus > 0 && (node_gpu_list(0, node_gpus, first, sizeof(first)) != 0 ||
+                              node_gpu_list(sim_nodes - 1, node_gpus, last, sizeof(last)) != 0)) {
+            fprintf(stderr,
+                    "maco-run: CUDA_VISIBLE_DEVICES lists fewer than the %ld GPUs the driver "
+                    "shows; the simulated nodes share GPUs\n",
+                    gpus);
+            node_gpus = 0;
+        }
+        if (node_gpus > 0)
+            fprintf(stderr,
+                    "maco-run: %ld simulated nodes on %ld GPUs: each node's ranks see %ld GPU(s) "
+                    "of their own (CUDA_VISIBLE_DEVICES=%s on the first node, %s on the last)\n",
+                    sim_nodes, gpus, node_gpus, first, last);
+    }
+    /* MPS: ranks sharing GPUs need one MPS server to run at the same time. */
     mps_t mps;
     memset(&mps, 0, sizeof(mps));
     if (strcmp(mps_mode, "off") != 0 && (strcmp(mps_mode, "on") == 0 || nranks > 1)) {
@@ -1064,8 +1132,10 @@ int main(int argc, char **argv)
         if (!want) {
             if (gpus < 0)
                 gpus = count_gpus();
-            long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
-            want = gpus > 0 && (gpus < per_node || sim_nodes > 1);
+            if (node_gpus > 0)
+                want = node_gpus < per_node;
+            else
+                want = gpus > 0 && (gpus < per_node || sim_nodes > 1);
         }
         if (want && !on_path(MPS_CONTROL)) {
             if (strcmp(mps_mode, "on") == 0) {
@@ -1089,8 +1159,8 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    int rc =
-        run_ranks(nranks, timeout_s, sim_nodes, argv + argi, mps.started ? mps.pipe_dir : NULL);
+    int rc = run_ranks(nranks, timeout_s, sim_nodes, node_gpus, argv + argi,
+                       mps.started ? mps.pipe_dir : NULL);
     mps_stop(&mps);
     reap_exited();
     return rc;
