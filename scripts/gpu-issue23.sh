@@ -6,12 +6,13 @@
 # 570 s: the device tool stops a command at 600 s; steps that no longer fit are listed as
 # skipped):
 #   nodes  4 ranks as 2 simulated nodes x 2 (maco-run --simulate-nodes 2, TCP between the
-#          nodes, memory channels inside), one GPU per rank (scripts/simulated-node-gpus.sh):
+#          nodes, memory channels inside), one GPU per rank (maco-run gives each simulated
+#          node GPUs of its own when there are enough):
 #          what ctest's multi-node entries run (gpu_tcp_4_two_nodes, gpu_hier_four_two,
 #          gpu_hier_a2a_four_two(_small), gpu_hier_a2a_perf, gpu_hier_killed_rank,
 #          gpu_plan_2x2, gpu_plan_algo_2x2, group_mp_4_two_nodes), the P2P suite at 2 x 2 and
 #          the collectives at 4 nodes x 1; then the ctest entries themselves (their own command
-#          lines: the two nodes share GPUs 0 and 1 under MPS)
+#          lines; maco-run gives their simulated nodes GPUs of their own too)
 #   perf   maco-perf allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall,
 #          sendrecv at 2 x 2 and at 1 node x 4 with the same flags (PERF_FLAGS), checked
 #          (-c 1), JSON; the 2 x 2 runs log which transport each proxy uses; markdown tables
@@ -114,17 +115,12 @@ trun() {
   fi
 }
 
-# NODES: maco-run of 4 ranks as K simulated nodes, one GPU per rank when there are 4 GPUs
-# (each node narrowed to its own, no MPS), else sharing them under MPS.
+# NODES: maco-run of 4 ranks as K simulated nodes; maco-run gives each node GPUs of its own
+# when there are at least K (one per rank with 4 GPUs, no MPS), else they share under MPS.
 #   nodes K TIMEOUT; then: step NAME TIMEOUT [env VAR=VALUE...] "${NODES[@]}" PROGRAM [ARGS...]
 nodes() {
   local k=$1 t=$2
-  if [ "$ngpu" -ge 4 ]; then
-    NODES=("$R" -n 4 --simulate-nodes "$k" --mps off --timeout "$((t - 5))" --
-      scripts/simulated-node-gpus.sh $((4 / k)))
-  else
-    NODES=("$R" -n 4 --simulate-nodes "$k" --timeout "$((t - 5))" --)
-  fi
+  NODES=("$R" -n 4 --simulate-nodes "$k" --timeout "$((t - 5))" --)
 }
 
 # The real NCCL (the fallback of MACO's libnccl, test_nccl_bootstrap's communicator):

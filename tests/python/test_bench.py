@@ -220,10 +220,9 @@ def dry_run(tmp_path, ngpu, *stages):
 def test_issue23_runbook_plans(tmp_path):
     four = dry_run(tmp_path, 4)
     assert len(four) > 30
-    # 2 nodes x 2, a GPU per rank: each node narrowed to its own GPUs, no MPS
-    assert "--simulate-nodes 2 --mps off" in four["hier_2x2"]
-    assert "simulated-node-gpus.sh 2 " in four["hier_2x2"]
-    assert "simulated-node-gpus.sh 1 " in four["hier_4x1nodes"]
+    # 2 nodes x 2: maco-run gives each simulated node GPUs of its own (tests/test_maco_run.cc)
+    assert "--simulate-nodes 2 " in four["hier_2x2"]
+    assert "--simulate-nodes 4 " in four["hier_4x1nodes"]
     assert "--simulate-nodes" not in four["perf-4x1-sendrecv"]
     assert "MACO_LOG_SUBSYS=proxy" in four["perf-2x2-alltoall"]
     assert "LD_PRELOAD=" in four["torch_check_4"] and "--mps on" not in four["torch_check_4"]
@@ -232,7 +231,7 @@ def test_issue23_runbook_plans(tmp_path):
     assert "maco-run -n 4" in four["from_nccl_4"] and "TEST_NCCL_BOOT=gpu" in four["from_nccl_4"]
     assert "--trace" in four["fused_4"]
     one = dry_run(tmp_path, 1, "nodes", "apps")
-    assert "--mps off" not in one["hier_2x2"] and "simulated-node-gpus" not in one["hier_2x2"]
+    assert "--mps off" not in one["hier_2x2"]
     assert "--mps on" in one["ddp-maco-backend"] and "--nproc-per-node 4" in one["ddp-maco-backend"]
     assert "--nproc-per-node 1" in one["ddp-nccl"] and "--mps on" not in one["ddp-nccl"]
     assert "run_bootstrap_gpu.sh" in one["from_nccl_1"]
@@ -240,24 +239,3 @@ def test_issue23_runbook_plans(tmp_path):
     r = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-issue23.sh"), "bogus"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown stage" in r.stderr
-
-
-def test_simulated_node_gpus(tmp_path):
-    maco_run = os.environ.get("TEST_MACO_RUN") or os.path.join(REPO, "build", "tools", "maco-run")
-    if not os.access(maco_run, os.X_OK):
-        pytest.skip("maco-run not built (set TEST_MACO_RUN)")
-    wrap = os.path.join(REPO, "scripts", "simulated-node-gpus.sh")
-    show = ["sh", "-c", 'echo "$MACO_RANK $MACO_LOCAL_RANK $CUDA_VISIBLE_DEVICES"']
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-
-    def ranks(n, k, per, visible=None):
-        e = dict(env, CUDA_VISIBLE_DEVICES=visible) if visible is not None else env
-        r = subprocess.run([maco_run, "-n", str(n), "--simulate-nodes", str(k), "--mps", "off",
-                            "--timeout", "30", "--", wrap, str(per), *show],
-                           capture_output=True, text=True, env=e, timeout=60)
-        return r.returncode, sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines()
-                                    if "] " in line)
-    assert ranks(4, 2, 2) == (0, ["0 0 0,1", "1 1 0,1", "2 0 2,3", "3 1 2,3"])
-    assert ranks(4, 4, 1, "4,5,6,7") == (0, ["0 0 4", "1 0 5", "2 0 6", "3 0 7"])
-    rc, _ = ranks(4, 2, 2, "0,1")  # node 1 has no GPUs left
-    assert rc != 0
