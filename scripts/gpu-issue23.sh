@@ -271,7 +271,7 @@ done
   echo "================ steps (rc, seconds, last PASS/FAIL/SKIP line)"
   printf '%s\n' "${summary[@]}"
   ls "$OUT"/perf-2x2-*.txt > /dev/null 2>&1 &&
-    echo "transports between the simulated nodes: $(grep -ho 'proxy uses the [a-z_]* transport' \
+    echo "transports between the simulated nodes: $(grep -ho 'proxy uses the [A-Za-z_]* transport' \
       "$OUT"/perf-2x2-*.txt | sort | uniq -c | tr '\n' ';')"
   for f in "$OUT"/*-nccl*.txt "$OUT"/*-maco-backend.txt "$OUT"/fused_4.txt; do
     [ -f "$f" ] && grep -hE '^(\[[0-9]+\] )?(RESULT|SKIP)' "$f" | cut -c1-200
