@@ -16,12 +16,14 @@ preloaded; without it the run prints 'SKIP: ...' and exits 77.
 --mode ddp: torch DistributedDataParallel around a GPT-style decoder (default: 12 blocks of
 attention + MLP, hidden 768, 12 heads, vocabulary 32768, 1024 positions, the output layer tied
 to the token embedding: 111,008,256 parameters; the count is printed), trained with
-AdamW. The whole model is bfloat16 (parameters, activations, gradients): DDP's reducer then
+AdamW. The model DDP wraps is bfloat16 (parameters, activations, gradients): DDP's reducer
 all-reduces bf16 gradient buckets itself (default 25 MB buckets, --bucket-mb), the same call
-sequence on every backend. Keeping fp32 master weights would need a comm hook to send bf16
-gradients (bf16_compress_hook), which adds a cast kernel and a Python callback per bucket
-inside the measured step and goes through a different torch path (dist.all_reduce and a
-future) than the reducer's own; a loss curve in bf16 is enough to compare backends.
+sequence on every backend, without a comm hook. AdamW updates fp32 master copies of the
+parameters (the gradients cast up after the all-reduce, the bf16 parameters copied back after
+the step), as mixed-precision training does: AdamW directly on bf16 parameters loses every
+update below half a bf16 ulp, so a one-ulp difference in a gradient sum (another reduction
+order) changes which updates survive and the curves of two correct backends drift apart by
+several percent in 50 steps (seen on an H100, 2026-11-24: NCCL at 1 rank against MACO at 4).
 Data: a fixed global batch per step (--global-batch sequences of --seq-len + 1 tokens), each
 rank taking its contiguous share (world size must divide it), generated from (--seed, step)
 only: the same on every backend and world size, so curves of different world sizes compare
@@ -405,16 +407,22 @@ def main(argv=None) -> int:
         net = net.to(dev, torch.bfloat16)
         model = DDP(net, device_ids=[dev.index] if use_cuda else None,
                     bucket_cap_mb=a.bucket_mb)
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+        live = list(model.parameters())
+        master = [p.detach().float().requires_grad_(True) for p in live]
+        opt = torch.optim.AdamW(master, lr=a.lr, weight_decay=0.0)
         batches = ddp_batches(a, rank, world, dev)
 
         def step(s):
             x, y = batches[s]
             logits = model(x)
             loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.view(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            model.zero_grad(set_to_none=True)
+            loss.backward()  # DDP all-reduces the bf16 gradients here
+            for m, p in zip(master, live):
+                m.grad = p.grad.float()
             opt.step()
+            with torch.no_grad():
+                torch._foreach_copy_(live, master)  # fp32 masters to the bf16 model
             return loss
         shape = dict(layers=a.layers, hidden=a.hidden, heads=a.heads, vocab=a.vocab,
                      seq_len=a.seq_len, global_batch=a.global_batch)

@@ -320,7 +320,15 @@ class Bench:
             e.record()
         t.cuda.synchronize()
         med = statistics.median(s.elapsed_time(e) for s, e in ev)
-        return max(json.loads(b) for b in self.comm.allgather_bytes(json.dumps(med).encode()))
+        return max(self.gather_json(med))
+
+    def gather_json(self, obj) -> list:
+        """Every rank's ``obj`` (JSON-serializable), in rank order. The bootstrap's allgather
+        takes equal lengths, so the lengths go first and every text is padded to the longest."""
+        text = json.dumps(obj).encode()
+        n = max(int.from_bytes(x, "little")
+                for x in self.comm.allgather_bytes(len(text).to_bytes(8, "little")))
+        return [json.loads(x.rstrip(b" ")) for x in self.comm.allgather_bytes(text.ljust(n))]
 
     def check(self, name: str, got, want, exact: bool) -> None:
         t = self.torch
@@ -548,7 +556,7 @@ def main(argv=None) -> int:
         rows += b.run_case(c, trace=(c["pattern"], c["m"]) == trace_case)
     text = table(rows)
     b.log(text)
-    fails = [json.loads(x) for x in b.comm.allgather_bytes(json.dumps(b.failures).encode())]
+    fails = b.gather_json(b.failures)
     failures = [f for fl in fails for f in fl]
     if b.rank == 0:
         if a.json:
