@@ -222,7 +222,85 @@ TEST_F(TaskGraph, GemmTileChecksAndLowering)
     EXPECT_EQ(l.tasks[0].count, 64u | (384ull << 32));                       /* K | N << 32 */
     EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
     EXPECT_EQ(l.tasks[0].aux, 384u);
+    EXPECT_EQ(l.tasks[0].gemm.tile_n, 128u); /* tile_n 0: the narrow width */
     maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, WideGemmTileChecksAndLowering)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = reinterpret_cast<void *>(0x100000);
+    t.b = reinterpret_cast<void *>(0x200000);
+    t.out = reinterpret_cast<void *>(0x300000);
+    t.m = 256;
+    t.n = 512;
+    t.k = 64;
+    t.ldc = 256; /* tiles stored one after another */
+    t.tile_row = 1;
+    t.tile_col = 1;
+    t.tile_n = MACO_GEMM_TILE_N_WIDE;
+    t.name = "wide";
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
+    EXPECT_EQ(l.tasks[0].gemm.tile_n, 256u);
+    maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 384; /* not a multiple of 256 */
+    t.k = 64;
+    t.ldc = 384;
+    t.tile_n = MACO_GEMM_TILE_N_WIDE;
+    t.name = "w384";
+    Add(t);
+    ExpectInvalid({ "\"w384\"", "multiples of 128 and 256 (tile_n)" });
+}
+
+TEST_F(TaskGraph, GemmTileWidthIs128Or256)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 512;
+    t.k = 64;
+    t.ldc = 512;
+    t.tile_n = 64;
+    t.name = "w64";
+    Add(t);
+    ExpectInvalid({ "\"w64\"", "tile_n = 64: 0, 128 or 256" });
+}
+
+TEST_F(TaskGraph, WideGemmTileLdcAtLeastItsWidth)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 512;
+    t.k = 64;
+    t.ldc = 128;
+    t.tile_n = MACO_GEMM_TILE_N_WIDE;
+    t.name = "ld";
+    Add(t);
+    ExpectInvalid({ "\"ld\"", "ldc = 128: at least 256 (tile_n)" });
 }
 
 TEST_F(TaskGraph, GemmTileOutOfRange)

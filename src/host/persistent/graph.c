@@ -274,21 +274,27 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
                      (int)t->datatype);
             return -1;
         }
-        if (t->m == 0 || t->n == 0 || t->k == 0 || t->m % MACO_GEMM_TILE_M != 0 ||
-            t->n % MACO_GEMM_TILE_N != 0 || t->k % MACO_GEMM_TILE_K != 0) {
+        uint32_t tn = maco__gemm_tile_n(t);
+        if (tn != MACO_GEMM_TILE_N && tn != MACO_GEMM_TILE_N_WIDE) {
+            snprintf(why, n, "tile_n = %u: 0, %d or %d", t->tile_n, MACO_GEMM_TILE_N,
+                     MACO_GEMM_TILE_N_WIDE);
+            return -1;
+        }
+        if (t->m == 0 || t->n == 0 || t->k == 0 || t->m % MACO_GEMM_TILE_M != 0 || t->n % tn != 0 ||
+            t->k % MACO_GEMM_TILE_K != 0) {
             snprintf(why, n,
-                     "m x n x k = %u x %u x %u: m and n must be non-zero multiples of %d and %d, "
-                     "k of %d",
-                     t->m, t->n, t->k, MACO_GEMM_TILE_M, MACO_GEMM_TILE_N, MACO_GEMM_TILE_K);
+                     "m x n x k = %u x %u x %u: m and n must be non-zero multiples of %d and %u "
+                     "(tile_n), k of %d",
+                     t->m, t->n, t->k, MACO_GEMM_TILE_M, tn, MACO_GEMM_TILE_K);
             return -1;
         }
-        if (t->ldc < MACO_GEMM_TILE_N || t->ldc % 8 != 0) {
-            snprintf(why, n, "ldc = %u: at least %d and a multiple of 8", t->ldc, MACO_GEMM_TILE_N);
+        if (t->ldc < tn || t->ldc % 8 != 0) {
+            snprintf(why, n, "ldc = %u: at least %u (tile_n) and a multiple of 8", t->ldc, tn);
             return -1;
         }
-        if (t->tile_row >= t->m / MACO_GEMM_TILE_M || t->tile_col >= t->n / MACO_GEMM_TILE_N) {
-            snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C", t->tile_row,
-                     t->tile_col, t->m / MACO_GEMM_TILE_M, t->n / MACO_GEMM_TILE_N);
+        if (t->tile_row >= t->m / MACO_GEMM_TILE_M || t->tile_col >= t->n / tn) {
+            snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C (tile_n %u)",
+                     t->tile_row, t->tile_col, t->m / MACO_GEMM_TILE_M, t->n / tn, tn);
             return -1;
         }
         if (t->out == NULL || t->a == NULL || t->b == NULL ||
@@ -485,7 +491,9 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
             d->ptr[3] = (uint64_t)t->rows | (uint64_t)t->ld_in << 16 | (uint64_t)t->ld_out << 40;
         } else if (t->type == MACO_TASK_GEMM_TILE) {
             d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
-                        (uint64_t)(t->tile_col * MACO_GEMM_TILE_N) << 32;
+                        (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
+            d->gemm.map = 0; /* the GMMA kernel's maps: set by maco_persistent_kernel_create */
+            d->gemm.tile_n = (uint16_t)maco__gemm_tile_n(t);
             d->count = (uint64_t)t->k | (uint64_t)t->n << 32;
             d->aux = t->ldc;
             out->ngemm_tasks++;
