@@ -7,16 +7,16 @@
  * row-parallel down projection 4096 x 8192 x 3584). A benchmark, not a test (docs/performance.md).
  *
  *   usage: bench_gemm_tile [--iters I] [--tiles cublasdx,gmma] [--schedulers S] [--profile]
- *                          [--tile-n 128,256,mix]
+ *                          [--tile-n 128,256,plan] [--order G,...] [--shapes MxNxK,...]
  * --schedulers S: S scheduler CTAs (the rest of the SMs are workers) instead of the default split.
  * --profile: after the timed calls, one more call with per-task timing, and a line of where the
  * time goes: the median tile (task) time, the span of the launch, how busy the workers were.
- * --tile-n: the tile widths to run, each a row of its own: 128 (every tile 128 x 128), 256
- * (128 x 256, where N allows), mix (128 x 256, except that when the last round of wide tiles
- * would leave at least half of the workers idle, its tiles become twice as many 128 x 128 ones
- * at the end of the order: the last round then takes about half as long). Default: all three.
- * --order G,...: the order of the tiles, each a row of its own: groups of G tile rows one after
- * the other, inside a group column by column (G = 1: row-major, the default).
+ * --tile-n: the tiles to run, each a row of its own: 128 (every tile 128 x 128), 256 (128 x 256),
+ * plan (maco_gemm_plan_tiles for the default split's workers: its widths and order; the row says
+ * how many narrow tiles it has, "plan128"). Default: all three.
+ * --shapes MxNxK,...: the problems instead of the three above (multiples of 128 x 256 x 64).
+ * --order G,...: the order of the 128 and 256 tiles, each a row of its own: groups of G tile
+ * rows one after the other, inside a group column by column (G = 1: row-major, the default).
  * Exit status 0 and "SKIP" when the library has no GEMM tiles (built without MathDx).
  */
 #include <cublas_v2.h>
@@ -54,13 +54,45 @@ __global__ void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed)
     }
 }
 
+/* The tiles in the order the workers take them: "128" or "256" in groups of `group` tile rows,
+ * one group after the other, inside a group column by column (`group` 1: row-major); "plan":
+ * maco_gemm_plan_tiles for the default split's workers (or all SMs but `schedulers`). */
+static bool tile_order(maco_comm_t comm, const std::string &width, int group, int schedulers, int M,
+                       int N, std::vector<maco_gemm_tile_t> *order)
+{
+    const uint32_t rows = (uint32_t)M / MACO_GEMM_TILE_M;
+    if (width != "plan") {
+        const uint32_t tn = width == "256" ? MACO_GEMM_TILE_N_WIDE : MACO_GEMM_TILE_N;
+        const uint32_t cols = (uint32_t)N / tn;
+        for (uint32_t g0 = 0; g0 < rows; g0 += (uint32_t)group)
+            for (uint32_t c = 0; c < cols; c++)
+                for (uint32_t r = g0; r < rows && r < g0 + (uint32_t)group; r++)
+                    order->push_back({ r, c, tn });
+        return true;
+    }
+    int ctas = 0;
+    maco_comm_get_coresident_ctas(comm, &ctas);
+    int workers = ctas - (schedulers != 0 ? schedulers : (ctas / 32 > 1 ? ctas / 32 : 1));
+    order->resize((size_t)rows * ((uint32_t)N / MACO_GEMM_TILE_N));
+    size_t count = 0;
+    if (maco_gemm_plan_tiles((uint32_t)M, (uint32_t)N, workers, order->data(), &count) != MACO_OK) {
+        printf("plan: %s\n", maco_log_last_error());
+        return false;
+    }
+    order->resize(count);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, nullptr, _IOLBF, 0); /* each row as it is measured, even into a pipe */
     int iters = 20;
     std::vector<std::string> kinds = { "cublasdx", "gmma" };
-    std::vector<std::string> widths = { "128", "256", "mix" };
+    std::vector<std::string> widths = { "128", "256", "plan" };
     std::vector<int> groups = { 1 };
+    std::vector<std::vector<int>> shapes = { { 4096, 4096, 4096 },
+                                             { 4096, 3584, 8192 },
+                                             { 4096, 8192, 3584 } };
     int schedulers = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -73,6 +105,13 @@ int main(int argc, char **argv)
             kinds.clear();
             for (char *s = strtok(argv[++i], ","); s != nullptr; s = strtok(nullptr, ","))
                 kinds.push_back(s);
+        } else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
+            shapes.clear();
+            for (char *s = strtok(argv[++i], ","); s != nullptr; s = strtok(nullptr, ",")) {
+                int m = 0, n = 0, k = 0;
+                if (sscanf(s, "%dx%dx%d", &m, &n, &k) == 3)
+                    shapes.push_back({ m, n, k });
+            }
         } else if (!strcmp(argv[i], "--order") && i + 1 < argc) {
             groups.clear();
             for (char *s = strtok(argv[++i], ","); s != nullptr; s = strtok(nullptr, ","))
@@ -110,7 +149,7 @@ int main(int argc, char **argv)
     printf("%6s %6s %6s %8s %-9s %-11s %12s %12s %9s %8s %s\n", "M", "N", "K", "tiles", "tile-impl",
            "width/order", "cuBLAS(TF/s)", "persist(TF/s)", "ratio", "maxrel",
            "split (workers/schedulers)");
-    const int shapes[][3] = { { 4096, 4096, 4096 }, { 4096, 3584, 8192 }, { 4096, 8192, 3584 } };
+
     int wrong = 0;
     for (const auto &sh : shapes) {
         int M = sh[0], N = sh[1], K = sh[2];
@@ -146,67 +185,36 @@ int main(int argc, char **argv)
         for (const std::string &kind : kinds)
             for (const std::string &width : widths)
                 for (int group : groups) {
-                    setenv("MACO_GEMM_TILE", kind.c_str(),
-                           1); /* read by maco_persistent_kernel_create */
-                    if (width != "128" && N % MACO_GEMM_TILE_N_WIDE != 0)
-                        continue;
+                    /* read by maco_persistent_kernel_create */
+                    setenv("MACO_GEMM_TILE", kind.c_str(), 1);
+                    if ((width == "256" && N % MACO_GEMM_TILE_N_WIDE != 0) ||
+                        (width == "plan" && group != groups[0]))
+                        continue; /* the plan has its own order */
                     /* Poisoned: every element must be written (0xffff is a bf16 NaN). */
                     CK(cudaMemset(C2, 0xff, (size_t)M * N * 2));
                     maco_task_graph_t g;
                     maco_task_graph_create(&g);
-                    /* The tiles in the order the workers take them (row-major; with "mix", the last
-                     * round of wide tiles as narrow ones at the end). */
-                    struct TilePos {
-                        int r, c, n; /* row and column in elements' tiles, width */
-                    };
-                    std::vector<TilePos> order;
-                    const int rows = M / MACO_GEMM_TILE_M;
-                    /* Groups of `group` tile rows, one after the other; inside a group column by
-                     * column (a column's tiles of the group's rows in turn): `group` 1 is
-                     * row-major. */
-                    auto grid = [&](int tn, std::vector<TilePos> *o) {
-                        const int cols = N / tn;
-                        for (int g0 = 0; g0 < rows; g0 += group)
-                            for (int c = 0; c < cols; c++)
-                                for (int r = g0; r < rows && r < g0 + group; r++)
-                                    o->push_back({ r, c, tn });
-                    };
-                    if (width == "128") {
-                        grid(MACO_GEMM_TILE_N, &order);
-                    } else {
-                        std::vector<TilePos> wide_order;
-                        grid(MACO_GEMM_TILE_N_WIDE, &wide_order);
-                        const int wide = (int)wide_order.size();
-                        int workers = 0;
-                        maco_comm_get_coresident_ctas(comm, &workers);
-                        workers -= schedulers != 0 ? schedulers : workers / 32;
-                        int tail = width == "mix" && workers > 0 ? wide % workers : 0;
-                        if (2 * tail > workers)
-                            tail = 0; /* two narrow rounds would take as long as one wide */
-                        for (int i = 0; i < wide - tail; i++)
-                            order.push_back(wide_order[i]);
-                        for (int i = wide - tail; i < wide; i++)
-                            for (int h = 0; h < 2; h++)
-                                order.push_back(
-                                    { wide_order[i].r, 2 * wide_order[i].c + h, MACO_GEMM_TILE_N });
-                    }
+                    std::vector<maco_gemm_tile_t> order;
+                    if (!tile_order(comm, width, group, schedulers, M, N, &order))
+                        return 2;
                     int narrow = 0;
-                    for (const TilePos &p : order) {
+                    for (const maco_gemm_tile_t &p : order) {
                         maco_task_t t;
                         memset(&t, 0, sizeof(t));
                         t.type = MACO_TASK_GEMM_TILE;
                         t.datatype = MACO_BFLOAT16;
                         t.a = A;
                         t.b = B;
-                        t.out = C2 + (size_t)p.r * MACO_GEMM_TILE_M * N + (size_t)p.c * p.n;
+                        t.out = C2 + (size_t)p.tile_row * MACO_GEMM_TILE_M * N +
+                                (size_t)p.tile_col * p.tile_n;
                         t.m = (uint32_t)M;
                         t.n = (uint32_t)N;
                         t.k = (uint32_t)K;
                         t.ldc = (uint32_t)N;
-                        t.tile_row = (uint32_t)p.r;
-                        t.tile_col = (uint32_t)p.c;
-                        t.tile_n = (uint32_t)p.n;
-                        narrow += p.n == MACO_GEMM_TILE_N;
+                        t.tile_row = p.tile_row;
+                        t.tile_col = p.tile_col;
+                        t.tile_n = p.tile_n;
+                        narrow += p.tile_n == MACO_GEMM_TILE_N;
                         maco_task_graph_add_task(g, &t, nullptr);
                     }
                     const int ntasks = (int)order.size();
@@ -269,8 +277,8 @@ int main(int argc, char **argv)
                         wrong++;
                     double flops = 2.0 * M * N * (double)K;
                     char wlabel[32];
-                    if (width == "mix")
-                        snprintf(wlabel, sizeof(wlabel), "mix%d/g%d", narrow, group);
+                    if (width == "plan")
+                        snprintf(wlabel, sizeof(wlabel), "plan%d", narrow);
                     else
                         snprintf(wlabel, sizeof(wlabel), "%s/g%d", width.c_str(), group);
                     printf("%6d %6d %6d %8d %-9s %-11s %12.1f %12.1f %8.1f%% %8.1e %d/%d\n", M, N,
@@ -311,7 +319,7 @@ int main(int argc, char **argv)
                                 (size_t)cfg.workers);
                             std::vector<double> wide_us, narrow_us, gaps;
                             for (size_t i = 0; i < rec.size(); i++) {
-                                (order[i].n == MACO_GEMM_TILE_N ? narrow_us : wide_us)
+                                (order[i].tile_n == MACO_GEMM_TILE_N ? narrow_us : wide_us)
                                     .push_back(dur[i]);
                                 if (rec[i].cta >= 0 && rec[i].cta < cfg.workers)
                                     per[rec[i].cta].push_back({ rec[i].start_ns, rec[i].end_ns });

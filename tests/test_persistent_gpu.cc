@@ -714,8 +714,8 @@ TEST_F(Persistent, GemmTilesMatchCublas)
                 t.datatype = half ? MACO_BFLOAT16 : MACO_FLOAT32;
                 t.a = A;
                 t.b = B;
-                size_t off = static_cast<size_t>(r) * MACO_GEMM_TILE_M * n +
-                             static_cast<size_t>(c) * width;
+                size_t off =
+                    static_cast<size_t>(r) * MACO_GEMM_TILE_M * n + static_cast<size_t>(c) * width;
                 t.out = half ? static_cast<void *>(C16 + off) : static_cast<void *>(C + off);
                 t.m = m;
                 t.n = n;

@@ -141,6 +141,34 @@ typedef struct maco_task {
 #define MACO_GEMM_TILE_K 32
 #define MACO_GEMM_TILE_THREADS 256
 
+/** Where one GEMM tile goes: maco_task_t's tile_row, tile_col and tile_n. */
+typedef struct maco_gemm_tile {
+    uint32_t tile_row, tile_col, tile_n;
+} maco_gemm_tile_t;
+
+/**
+ * Plans the GEMM tiles of an m x n C for a kernel of `workers` compute workers: their widths and
+ * the order to add them in. The workers take root tasks in the order they were added, the k-th
+ * root to worker k mod workers (maco/device/persistent.h: the schedulers' round-robin), so the
+ * order decides which tiles run at the same time and on which CTAs. The plan
+ * (docs/performance.md, "GEMM tiles", has the measurements behind it):
+ * - widths: MACO_GEMM_TILE_N_WIDE where n is a multiple of 256 and there are at least `workers`
+ *   wide tiles, else MACO_GEMM_TILE_N (MACO_GEMM_TILE_WIDTH=128 or 256 forces one, 256 only
+ *   where n allows); when the last round of wide tiles would leave at least half of the workers
+ *   idle, its tiles become twice as many narrow ones at the end, so that round takes about half
+ *   as long;
+ * - order: groups of G = ceil(workers / columns) tile rows, one group after the other, inside a
+ *   group column by column: a round of the workers covers whole rows of C (every column of B
+ *   once per round, each of A's rows for all of them), and the tiles that share a column of B
+ *   go to consecutive workers.
+ * `tiles` has room for (m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N) entries (the most there
+ * can be), or is NULL to count only; *ntiles_p gets the number of tiles. Host only, no GPU
+ * needed; thread-safe. Errors: MACO_ERR_INVALID_ARGUMENT (ntiles_p NULL, m or n not a non-zero
+ * multiple of 128, workers < 1).
+ */
+MACO_API maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers,
+                                            maco_gemm_tile_t *tiles, size_t *ntiles_p);
+
 /** Creates an empty graph. Host memory only (no GPU needed). Errors: MACO_ERR_INVALID_ARGUMENT
  * (NULL), MACO_ERR_NO_MEMORY. */
 MACO_API maco_status_t maco_task_graph_create(maco_task_graph_t *graph_p);
@@ -211,10 +239,11 @@ typedef struct maco_fused_gemm {
 /**
  * Row-parallel linear (GEMM + allreduce): out (m x n fp32, row-major) = sum over ranks r, in
  * rank order, of A_r (m x k) x B_r (k x n), equal on every rank bit for bit. Each rank's
- * product is computed in 128 x 128 tiles; a tile goes to every peer as soon as it is done and
- * is reduced as soon as every rank's copy has arrived, while later tiles are still being
- * computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after tile).
- * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
+ * product is computed in tiles of 128 x 128, or 128 x 256 where n allows and there are at least
+ * as many of them as SMs (MACO_GEMM_TILE_WIDTH overrides); a tile goes to every peer as soon as
+ * it is done and is reduced as soon as every rank's copy has arrived, while later tiles are
+ * still being computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after
+ * tile). *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
  * tasks; tasks added before it do not wait for it, nor it for them (add dependencies to order
  * it). Waits go to communication workers: give the kernel at least one. Errors:
  * MACO_ERR_INVALID_ARGUMENT (NULL, shapes, a channel index missing), MACO_ERR_NO_MEMORY.

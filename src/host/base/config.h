@@ -62,9 +62,9 @@ extern "C" {
       "sm_90a, 384 threads per CTA; 50-59% of cuBLAS on an H100) or cublasdx (cuBLASDx, "          \
       "mma.sync, 21-25% of cuBLAS).")                                                              \
     X(GEMM_TILE_WIDTH, STRING, "auto", "",                                                         \
-      "Width of the GEMM tiles that the fused operators make: auto (256 where n allows it and "    \
-      "there are at least as many 128 x 256 tiles as SMs, else 128), 128 or 256 (256 only "        \
-      "where n is a multiple of 256).")                                                            \
+      "Width of the GEMM tiles that maco_gemm_plan_tiles and the fused operators make: auto "      \
+      "(256 where n allows it and there are at least as many 128 x 256 tiles as workers or SMs, "  \
+      "else 128), 128 or 256 (256 only where n is a multiple of 256).")                            \
     X(SHARED_GPU, BOOL, "0", "",                                                                   \
       "Let ranks share a GPU without MPS (correct, but kernels time-slice: each hand-off "         \
       "between ranks costs a time slice, about 4 ms). Under MPS sharing needs no setting.")        \
