@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -222,7 +223,185 @@ TEST_F(TaskGraph, GemmTileChecksAndLowering)
     EXPECT_EQ(l.tasks[0].count, 64u | (384ull << 32));                       /* K | N << 32 */
     EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
     EXPECT_EQ(l.tasks[0].aux, 384u);
+    EXPECT_EQ(l.tasks[0].gemm.tile_n, 128u); /* tile_n 0: the narrow width */
     maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, WideGemmTileChecksAndLowering)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = reinterpret_cast<void *>(0x100000);
+    t.b = reinterpret_cast<void *>(0x200000);
+    t.out = reinterpret_cast<void *>(0x300000);
+    t.m = 256;
+    t.n = 512;
+    t.k = 64;
+    t.ldc = 256; /* tiles stored one after another */
+    t.tile_row = 1;
+    t.tile_col = 1;
+    t.tile_n = MACO_GEMM_TILE_N_WIDE;
+    t.name = "wide";
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
+    EXPECT_EQ(l.tasks[0].gemm.tile_n, 256u);
+    maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 384; /* not a multiple of 256 */
+    t.k = 64;
+    t.ldc = 384;
+    t.tile_n = MACO_GEMM_TILE_N_WIDE;
+    t.name = "w384";
+    Add(t);
+    ExpectInvalid({ "\"w384\"", "multiples of 128 and 256 (tile_n)" });
+}
+
+TEST_F(TaskGraph, GemmTileWidthIs128Or256)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 512;
+    t.k = 64;
+    t.ldc = 512;
+    t.tile_n = 64;
+    t.name = "w64";
+    Add(t);
+    ExpectInvalid({ "\"w64\"", "tile_n = 64: 0, 128 or 256" });
+}
+
+TEST_F(TaskGraph, WideGemmTileLdcAtLeastItsWidth)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_FLOAT32;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 512;
+    t.k = 64;
+    t.ldc = 128;
+    t.tile_n = MACO_GEMM_TILE_N_WIDE;
+    t.name = "ld";
+    Add(t);
+    ExpectInvalid({ "\"ld\"", "ldc = 128: at least 256 (tile_n)" });
+}
+
+/* Every element of C covered by exactly one planned tile, each tile inside C. */
+static void ExpectPlanCoversC(uint32_t m, uint32_t n, const std::vector<maco_gemm_tile_t> &tiles)
+{
+    std::vector<int> cover(static_cast<size_t>(m / 128) * (n / 128), 0); /* per 128 x 128 */
+    for (const maco_gemm_tile_t &t : tiles) {
+        ASSERT_TRUE(t.tile_n == 128 || t.tile_n == 256) << t.tile_n;
+        ASSERT_LT(t.tile_row, m / 128);
+        ASSERT_LT(t.tile_col, n / t.tile_n);
+        for (uint32_t h = 0; h < t.tile_n / 128; h++)
+            cover[static_cast<size_t>(t.tile_row) * (n / 128) + t.tile_col * (t.tile_n / 128) +
+                  h]++;
+    }
+    for (size_t i = 0; i < cover.size(); i++)
+        ASSERT_EQ(cover[i], 1) << "128 x 128 block " << i << " of " << m << " x " << n;
+}
+
+static std::vector<maco_gemm_tile_t> Plan(uint32_t m, uint32_t n, int workers)
+{
+    size_t count = 0;
+    EXPECT_EQ(maco_gemm_plan_tiles(m, n, workers, nullptr, &count), MACO_OK);
+    std::vector<maco_gemm_tile_t> tiles(static_cast<size_t>(m / 128) * (n / 128));
+    size_t got = 0;
+    EXPECT_EQ(maco_gemm_plan_tiles(m, n, workers, tiles.data(), &got), MACO_OK);
+    EXPECT_EQ(got, count);
+    tiles.resize(got);
+    return tiles;
+}
+
+TEST(GemmPlan, WideTilesInGroupsOfRowsAndANarrowLastRound)
+{
+    /* 4096 x 3584 on 128 workers: 32 x 14 wide tiles = 3.5 rounds; the last half round as 128
+     * narrow tiles. Groups of ceil(128 / 14) = 10 rows, column by column. */
+    std::vector<maco_gemm_tile_t> t = Plan(4096, 3584, 128);
+    ASSERT_EQ(t.size(), 384u + 128u);
+    ExpectPlanCoversC(4096, 3584, t);
+    for (size_t i = 0; i < 384; i++)
+        EXPECT_EQ(t[i].tile_n, 256u) << i;
+    for (size_t i = 384; i < t.size(); i++)
+        EXPECT_EQ(t[i].tile_n, 128u) << i;
+    EXPECT_EQ(t[1].tile_row, 1u);
+    EXPECT_EQ(t[1].tile_col, 0u);
+    EXPECT_EQ(t[10].tile_row, 0u); /* the group's next column */
+    EXPECT_EQ(t[10].tile_col, 1u);
+    EXPECT_EQ(t[140].tile_row, 10u); /* the second group */
+    EXPECT_EQ(t[140].tile_col, 0u);
+    EXPECT_EQ(t[385].tile_col, t[384].tile_col + 1); /* a wide tile's two halves, in turn */
+    /* 4096^3: 512 wide tiles, 4 whole rounds, groups of 8 rows. */
+    t = Plan(4096, 4096, 128);
+    ASSERT_EQ(t.size(), 512u);
+    ExpectPlanCoversC(4096, 4096, t);
+    EXPECT_EQ(t[8].tile_row, 0u);
+    EXPECT_EQ(t[8].tile_col, 1u);
+}
+
+TEST(GemmPlan, NarrowTilesWhenWideOnesCannotFillTheWorkers)
+{
+    /* 128 x 8192 on 132 workers: 32 wide tiles would leave 100 idle; 64 narrow ones. */
+    std::vector<maco_gemm_tile_t> t = Plan(128, 8192, 132);
+    ASSERT_EQ(t.size(), 64u);
+    ExpectPlanCoversC(128, 8192, t);
+    /* n not a multiple of 256. */
+    t = Plan(4096, 384, 8);
+    ASSERT_EQ(t.size(), 32u * 3);
+    ExpectPlanCoversC(4096, 384, t);
+    for (const maco_gemm_tile_t &x : t)
+        EXPECT_EQ(x.tile_n, 128u);
+}
+
+TEST(GemmPlan, TileWidthSetting)
+{
+    setenv("MACO_GEMM_TILE_WIDTH", "128", 1);
+    std::vector<maco_gemm_tile_t> t = Plan(4096, 4096, 128);
+    EXPECT_EQ(t.size(), 1024u);
+    setenv("MACO_GEMM_TILE_WIDTH", "256", 1);
+    t = Plan(128, 8192, 132); /* wide although they leave workers idle, and no narrow tail */
+    EXPECT_EQ(t.size(), 32u);
+    ExpectPlanCoversC(128, 8192, t);
+    unsetenv("MACO_GEMM_TILE_WIDTH");
+}
+
+TEST(GemmPlan, EveryShapeCovered)
+{
+    std::mt19937 rng(7);
+    for (int i = 0; i < 300; i++) {
+        uint32_t m = 128 * (1 + rng() % 40), n = 128 * (1 + rng() % 40);
+        int workers = 1 + static_cast<int>(rng() % 200);
+        ASSERT_NO_FATAL_FAILURE(ExpectPlanCoversC(m, n, Plan(m, n, workers)))
+            << m << " x " << n << ", " << workers << " workers";
+    }
+}
+
+TEST(GemmPlan, BadArguments)
+{
+    maco_test::AllowLog("maco_gemm_plan_tiles");
+    size_t count = 0;
+    EXPECT_EQ(maco_gemm_plan_tiles(200, 256, 8, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_gemm_plan_tiles(256, 256, 0, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_gemm_plan_tiles(256, 256, 8, nullptr, nullptr), MACO_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(TaskGraph, GemmTileOutOfRange)

@@ -682,8 +682,11 @@ static size_t CountOutsideFp32Bound(const std::vector<float> &got, const std::ve
 
 TEST_F(Persistent, GemmTilesMatchCublas)
 {
-    /* k = 544 = 17 x 32: whole steps of 64 (the GMMA tiles) and a half step zero-filled. */
-    const int m = 384, n = 256, k = 544, tm = m / MACO_GEMM_TILE_M, tn = n / MACO_GEMM_TILE_N;
+    /* k = 544 = 17 x 32: whole steps of 64 (the GMMA tiles) and a half step zero-filled. Both
+     * tile widths, mixed: a row of the fp32 C in wide tiles, the next in narrow ones (tile_n 0,
+     * the default), and the bf16 C the other way round, so each worker meets both widths one
+     * after the other (the GMMA kernel's pipeline changes its stage layout between them). */
+    const int m = 384, n = 256, k = 544, tm = m / MACO_GEMM_TILE_M;
     std::mt19937_64 rng(seed_);
     std::vector<__nv_bfloat16> ha, hb;
     std::vector<float> fa, fb;
@@ -699,16 +702,20 @@ TEST_F(Persistent, GemmTilesMatchCublas)
     __nv_bfloat16 *C16 = reinterpret_cast<__nv_bfloat16 *>(Cref + mn);
     CUDA_OK(UploadSync(A, ha.data(), ha.size() * 2));
     CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
+    CUDA_OK(FillSync(C, 0xff, mn * 4)); /* NaN: every element must be written */
+    CUDA_OK(FillSync(C16, 0xff, mn * 2));
     ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
     for (int r = 0; r < tm; r++)
-        for (int c = 0; c < tn; c++)
-            for (int half = 0; half < 2; half++) { /* fp32 row-major, and bf16 row-major */
+        for (int half = 0; half < 2; half++) { /* fp32 row-major, and bf16 row-major */
+            const bool wide = (r + half) % 2 == 0;
+            const int width = wide ? MACO_GEMM_TILE_N_WIDE : MACO_GEMM_TILE_N;
+            for (int c = 0; c < n / width; c++) {
                 maco_task_t t = Task(MACO_TASK_GEMM_TILE);
                 t.datatype = half ? MACO_BFLOAT16 : MACO_FLOAT32;
                 t.a = A;
                 t.b = B;
-                size_t off = static_cast<size_t>(r) * MACO_GEMM_TILE_M * n +
-                             static_cast<size_t>(c) * MACO_GEMM_TILE_N;
+                size_t off =
+                    static_cast<size_t>(r) * MACO_GEMM_TILE_M * n + static_cast<size_t>(c) * width;
                 t.out = half ? static_cast<void *>(C16 + off) : static_cast<void *>(C + off);
                 t.m = m;
                 t.n = n;
@@ -716,9 +723,11 @@ TEST_F(Persistent, GemmTilesMatchCublas)
                 t.ldc = n;
                 t.tile_row = static_cast<uint32_t>(r);
                 t.tile_col = static_cast<uint32_t>(c);
+                t.tile_n = wide ? MACO_GEMM_TILE_N_WIDE : (r % 2 == 0 ? MACO_GEMM_TILE_N : 0);
                 t.name = half ? "gemm bf16" : "gemm fp32";
                 Add(t);
             }
+        }
     maco_persistent_config_t cfg = { 4, 1, 0, 0, 0 };
     maco_status_t st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
     if (st == MACO_ERR_UNSUPPORTED)

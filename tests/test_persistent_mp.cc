@@ -5,6 +5,7 @@
  * against the channel's buffers, and the task counts follow the documented structure. On a
  * machine without a GPU, creating the kernel is refused with MACO_ERR_UNSUPPORTED.
  */
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -102,18 +103,52 @@ TEST_F(FusedBuilders, GemmAllreduceScratchTooSmallIsFoundByValidation)
     EXPECT_NE(msg.find("leaves channel"), std::string::npos) << msg;
 }
 
-TEST_F(FusedBuilders, AllgatherGemmValidatesWithTheDocumentedStructure)
+/* MACO_GEMM_TILE_WIDTH for the scope of one test. */
+struct TileWidth {
+    explicit TileWidth(const char *w)
+    {
+        setenv("MACO_GEMM_TILE_WIDTH", w, 1);
+    }
+    ~TileWidth()
+    {
+        unsetenv("MACO_GEMM_TILE_WIDTH");
+    }
+};
+
+/* The wide tiles (MACO_GEMM_TILE_WIDTH=256): half as many tiles, and every put of a tile
+ * (128 x 256 fp32) still inside the scratch. */
+TEST_F(FusedBuilders, GemmAllreduceWideTilesValidate)
 {
-    const uint32_t m = 256, n = 256, k = 128;
-    const int blocks = 256 / 128, tn = 256 / 128, p = NRanks() - 1;
-    ASSERT_NO_FATAL_FAILURE(Channels(static_cast<uint64_t>(NRanks()) * m * k * 2));
+    TileWidth wide("256");
+    const uint32_t m = 256, n = 512, k = 64;
+    const int tiles = (256 / 128) * (512 / 256), p = NRanks() - 1;
+    ASSERT_NO_FATAL_FAILURE(Channels(static_cast<uint64_t>(NRanks()) * m * n * 4));
     maco_fused_gemm_t op = Op(m, n, k);
-    ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
+    ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_OK)
         << maco_log_last_error();
     EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    /* ready (2 per peer), done, per own block a copy and a put and signal per peer, a wait per
-     * peer block, a GEMM tile per row block of every rank and column. */
-    EXPECT_EQ(NTasks(), 2 * p + 1 + blocks * (1 + 2 * p) + p * blocks + NRanks() * blocks * tn);
+    int per_tile = 1 + 3 * p + (p > 0 ? p : 1);
+    EXPECT_EQ(NTasks(), 2 * p + 1 + tiles * per_tile);
+}
+
+TEST_F(FusedBuilders, AllgatherGemmValidatesWithTheDocumentedStructure)
+{
+    for (int width : { 128, 256 }) {
+        TileWidth w(width == 128 ? "128" : "256");
+        maco_task_graph_destroy(g_);
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        const uint32_t m = 256, n = 256, k = 128;
+        const int blocks = 256 / 128, tn = 256 / width, p = NRanks() - 1;
+        ASSERT_NO_FATAL_FAILURE(Channels(static_cast<uint64_t>(NRanks()) * m * k * 2));
+        maco_fused_gemm_t op = Op(m, n, k);
+        ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
+            << maco_log_last_error();
+        EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+        /* ready (2 per peer), done, per own block a copy and a put and signal per peer, a wait
+         * per peer block, a GEMM tile per row block of every rank and column. */
+        EXPECT_EQ(NTasks(), 2 * p + 1 + blocks * (1 + 2 * p) + p * blocks + NRanks() * blocks * tn)
+            << "tile width " << width;
+    }
 }
 
 TEST_F(FusedBuilders, BadShapesAndChannelsAreRefused)

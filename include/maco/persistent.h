@@ -55,8 +55,8 @@ typedef enum maco_task_type {
                                        local[src_offset..) */
     MACO_TASK_CHANNEL_SIGNAL = 8, /**< signals the channel's peer */
     MACO_TASK_CHANNEL_WAIT = 9,   /**< waits for the channel's peer's next signal */
-    MACO_TASK_GEMM_TILE = 10,     /**< one MACO_GEMM_TILE_M x MACO_GEMM_TILE_N tile of C = A x B
-                                       through cuBLASDx (see maco_task_t) */
+    MACO_TASK_GEMM_TILE = 10,     /**< one MACO_GEMM_TILE_M x tile_n tile of C = A x B (see
+                                       maco_task_t) */
     MACO_TASK_TYPE_COUNT = 11,
     /** First user type: run by the `user` function of a kernel the user compiles around
      * maco_pk_run() (maco/device/persistent.h; maco_persistent_kernel_get_launch). */
@@ -93,20 +93,24 @@ typedef enum maco_task_role {
  *   src_offset (in the channel's local buffer) and dst_offset (in its remote one), both
  *   ranges inside their buffers. Waits on one channel must be ordered by dependencies (each
  *   channel keeps one expected count).
- * - GEMM_TILE: a = A, b = B, the problem's m, n, k, the tile's tile_row and tile_col; the
- *   tile A[tile_row * MACO_GEMM_TILE_M .. + MACO_GEMM_TILE_M, 0..k) x B[0..k, tile_col *
- *   MACO_GEMM_TILE_N .. + MACO_GEMM_TILE_N), accumulated in fp32, is stored at `out` (its
- *   element (0, 0)) with row stride ldc (elements of `datatype`: MACO_FLOAT32 or
- *   MACO_BFLOAT16): for a row-major C, out = C + tile_row * 128 * ldc + tile_col * 128; for
- *   tiles stored one after another, out = T + tile * 128 * 128 and ldc = 128. A is m x k and B
- *   k x n, both bfloat16 and row-major with no padding (lda = k, ldb = n). m and n are
- *   multiples of the tile, k of MACO_GEMM_TILE_K; the three pointers 16-byte aligned, ldc a
- *   multiple of 8 and at least MACO_GEMM_TILE_N. Needs a
- *   library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
+ * - GEMM_TILE: a = A, b = B, the problem's m, n, k, the tile's width tile_n (0 or
+ *   MACO_GEMM_TILE_N: 128 columns; MACO_GEMM_TILE_N_WIDE: 256) and its position tile_row,
+ *   tile_col (in tiles of this width); the tile A[tile_row * MACO_GEMM_TILE_M .. +
+ *   MACO_GEMM_TILE_M, 0..k) x B[0..k, tile_col * tile_n .. + tile_n), accumulated in fp32, is
+ *   stored at `out` (its element (0, 0)) with row stride ldc (elements of `datatype`:
+ *   MACO_FLOAT32 or MACO_BFLOAT16): for a row-major C, out = C + tile_row * 128 * ldc +
+ *   tile_col * tile_n; for tiles stored one after another, out = T + tile * 128 * tile_n and
+ *   ldc = tile_n. A is m x k and B k x n, both bfloat16 and row-major with no padding (lda = k,
+ *   ldb = n). m is a multiple of MACO_GEMM_TILE_M, n of tile_n, k of MACO_GEMM_TILE_K; the
+ *   three pointers 16-byte aligned, ldc a multiple of 8 and at least tile_n. Tiles of both
+ *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
+ *   fewer bytes read per FLOP (on an H100 the narrow tiles are bound by that traffic:
+ *   docs/performance.md); narrow ones give more tasks to spread over the SMs when C is small.
+ *   Needs a library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
  *   maco_persistent_kernel_create returns MACO_ERR_UNSUPPORTED), and a kernel of
- *   MACO_GEMM_TILE_THREADS threads per CTA (the default there; with MACO_GEMM_TILE=gmma the
- *   kernel launches 128 more, a warpgroup that issues the TMA copies, and
- *   maco_persistent_kernel_get_config reports the threads launched).
+ *   MACO_GEMM_TILE_THREADS threads per CTA (the default there; with the GMMA tiles, the
+ *   default on Hopper, the kernel launches 128 more, a warpgroup that issues the TMA copies,
+ *   and maco_persistent_kernel_get_config reports the threads launched).
  * - user types (>= MACO_TASK_USER): any of the fields, passed through unchecked.
  * `name` (may be NULL) is copied: error messages and the profile show it.
  */
@@ -125,14 +129,45 @@ typedef struct maco_task {
     const char *name;
     uint32_t rows, ld_in, ld_out; /**< element-wise: a 2D block (0: one row) */
     uint32_t m, n, k, ldc;        /**< GEMM_TILE: the problem (elements) */
-    uint32_t tile_row, tile_col;  /**< GEMM_TILE: which tile of C */
+    uint32_t tile_row, tile_col;  /**< GEMM_TILE: which tile of C (in tiles of tile_n) */
+    uint32_t tile_n;              /**< GEMM_TILE: the tile's width, 0 (128), 128 or 256 */
 } maco_task_t;
 
-/** The tile of MACO_TASK_GEMM_TILE (elements) and its kernel's threads per CTA. */
+/** The tile of MACO_TASK_GEMM_TILE (elements: rows, the default width, the wide width, the
+ * step of k) and its kernel's threads per CTA. */
 #define MACO_GEMM_TILE_M 128
 #define MACO_GEMM_TILE_N 128
+#define MACO_GEMM_TILE_N_WIDE 256
 #define MACO_GEMM_TILE_K 32
 #define MACO_GEMM_TILE_THREADS 256
+
+/** Where one GEMM tile goes: maco_task_t's tile_row, tile_col and tile_n. */
+typedef struct maco_gemm_tile {
+    uint32_t tile_row, tile_col, tile_n;
+} maco_gemm_tile_t;
+
+/**
+ * Plans the GEMM tiles of an m x n C for a kernel of `workers` compute workers: their widths and
+ * the order to add them in. The workers take root tasks in the order they were added, the k-th
+ * root to worker k mod workers (maco/device/persistent.h: the schedulers' round-robin), so the
+ * order decides which tiles run at the same time and on which CTAs. The plan
+ * (docs/performance.md, "GEMM tiles", has the measurements behind it):
+ * - widths: MACO_GEMM_TILE_N_WIDE where n is a multiple of 256 and there are at least `workers`
+ *   wide tiles, else MACO_GEMM_TILE_N (MACO_GEMM_TILE_WIDTH=128 or 256 forces one, 256 only
+ *   where n allows); when the last round of wide tiles would leave at least half of the workers
+ *   idle, its tiles become twice as many narrow ones at the end, so that round takes about half
+ *   as long;
+ * - order: groups of G = ceil(workers / columns) tile rows, one group after the other, inside a
+ *   group column by column: a round of the workers covers whole rows of C (every column of B
+ *   once per round, each of A's rows for all of them), and the tiles that share a column of B
+ *   go to consecutive workers.
+ * `tiles` has room for (m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N) entries (the most there
+ * can be), or is NULL to count only; *ntiles_p gets the number of tiles. Host only, no GPU
+ * needed; thread-safe. Errors: MACO_ERR_INVALID_ARGUMENT (ntiles_p NULL, m or n not a non-zero
+ * multiple of 128, workers < 1).
+ */
+MACO_API maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers,
+                                            maco_gemm_tile_t *tiles, size_t *ntiles_p);
 
 /** Creates an empty graph. Host memory only (no GPU needed). Errors: MACO_ERR_INVALID_ARGUMENT
  * (NULL), MACO_ERR_NO_MEMORY. */
@@ -204,10 +239,11 @@ typedef struct maco_fused_gemm {
 /**
  * Row-parallel linear (GEMM + allreduce): out (m x n fp32, row-major) = sum over ranks r, in
  * rank order, of A_r (m x k) x B_r (k x n), equal on every rank bit for bit. Each rank's
- * product is computed in 128 x 128 tiles; a tile goes to every peer as soon as it is done and
- * is reduced as soon as every rank's copy has arrived, while later tiles are still being
- * computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after tile).
- * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
+ * product is computed in tiles of 128 x 128, or 128 x 256 where n allows and there are at least
+ * as many of them as SMs (MACO_GEMM_TILE_WIDTH overrides); a tile goes to every peer as soon as
+ * it is done and is reduced as soon as every rank's copy has arrived, while later tiles are
+ * still being computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after
+ * tile). *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
  * tasks; tasks added before it do not wait for it, nor it for them (add dependencies to order
  * it). Waits go to communication workers: give the kernel at least one. Errors:
  * MACO_ERR_INVALID_ARGUMENT (NULL, shapes, a channel index missing), MACO_ERR_NO_MEMORY.

@@ -30,6 +30,9 @@ def cuda_device_count() -> tuple[int, str]:
 def plan_verify_file(path: str) -> tuple[int, str]:
     """(status, report) of MACO's plan verifier on a plan file: (0, "") when valid."""
 
+def plan_gemm_tiles(m: int, n: int, workers: int) -> list[tuple[int, int, int]]:
+    """[(tile_row, tile_col, tile_n), ...] in the order to add them: maco_gemm_plan_tiles."""
+
 def unique_id() -> bytes:
     """
     A new 128-byte unique id; rank 0 of the job must be created in this process.

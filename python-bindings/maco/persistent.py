@@ -15,8 +15,9 @@ run by calling it::
     k()                                               # one launch on torch's current stream
     k.print_summary(); k.export_chrome_trace("trace.json")
 
-Operations (``TaskGraph``): ``matmul`` (GEMM tiles of 128 x 128 through cuBLASDx: A (m, k) and
-B (k, n) bfloat16 row-major, C float32 or bfloat16; m, n multiples of 128, k of 32),
+Operations (``TaskGraph``): ``matmul`` (GEMM tiles of 128 x 128 or 128 x 256 in the order
+``maco_gemm_plan_tiles`` plans for the kernel's workers: A (m, k) and B (k, n) bfloat16
+row-major, C float32 or bfloat16; m, n multiples of 128, k of 32),
 ``allreduce`` of a matmul's float32 output (becomes the fused GEMM + allreduce:
 ``maco_task_graph_add_gemm_allreduce``; the sum is in rank order, bitwise equal on every rank),
 ``allgather`` of an A operand feeding a matmul (the fused allgather + GEMM:
@@ -39,6 +40,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
+from . import _maco
 from ._comm import Communicator
 from ._errors import InvalidArgumentError
 from ._tensor import describe, stream_handle
@@ -95,7 +97,8 @@ class TaskGraph:
     # ------------------------------------------------------------ operations
 
     def matmul(self, a: Any, b: Any, output: Any = None, *, name: str = "matmul") -> KernelTensor:
-        """C = A x B in 128 x 128 tiles (bfloat16 in, float32 accumulation). ``a`` (m, k) and
+        """C = A x B in tiles of 128 x 128 or 128 x 256 (``maco_gemm_plan_tiles``: widths and
+        order for the kernel's compute workers; bfloat16 in, float32 accumulation). ``a`` (m, k) and
         ``b`` (k, n) bfloat16, contiguous; ``output`` (m, n) float32 or bfloat16 (None: a new
         float32 output). With ``a`` from :meth:`allgather`: the fused allgather + GEMM, output
         (world_size * m, n) float32.
@@ -253,12 +256,11 @@ class TaskGraph:
             m, n, kk = args["m"], args["n"], args["k"]
             dt = int(to_maco_dtype(out.dtype))
             es = out.tensor.element_size()
-            for tr in range(m // _TILE_M):
-                for tc in range(n // _TILE_N):
-                    k._add({"type": _GEMM_TILE, "name": args["name"], "a": a.tensor.data_ptr(),
-                            "b": b.tensor.data_ptr(), "datatype": dt, "m": m, "n": n, "k": kk,
-                            "tile_row": tr, "tile_col": tc, "ldc": n,
-                            "out": out.tensor.data_ptr() + (tr * _TILE_M * n + tc * _TILE_N) * es})
+            for tr, tc, tn in _maco.plan_gemm_tiles(m, n, k._gemm_workers()):
+                k._add({"type": _GEMM_TILE, "name": args["name"], "a": a.tensor.data_ptr(),
+                        "b": b.tensor.data_ptr(), "datatype": dt, "m": m, "n": n, "k": kk,
+                        "tile_row": tr, "tile_col": tc, "tile_n": tn, "ldc": n,
+                        "out": out.tensor.data_ptr() + (tr * _TILE_M * n + tc * tn) * es})
         else:  # the fused operators
             a, b, out = args["a"], args["b"], args["out"]
             m, n, kk = args["m"], args["n"], args["k"]
@@ -319,6 +321,20 @@ class PersistentKernel:
         self._ntasks = 0
         self._graph_done = False
         self._compiled = False
+
+    def _gemm_workers(self) -> int:
+        """The compute workers that maco_persistent_kernel_create will give a graph of GEMM
+        tiles: num_workers, else its default split (one CTA per SM: the co-resident CTAs less
+        the communication workers and max(1, rest / 32) schedulers)."""
+        workers, schedulers, comm_workers = self._cfg[0], self._cfg[1], self._cfg[2]
+        if workers > 0:
+            return workers
+        ctas = self.comm.coresident_ctas
+        if comm_workers > 0:
+            ctas -= comm_workers
+        if schedulers <= 0:
+            schedulers = max(1, ctas // 32)
+        return max(1, ctas - schedulers)
 
     # ------------------------------------------------------------ tensors
 

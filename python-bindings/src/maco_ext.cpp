@@ -14,6 +14,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -369,9 +370,9 @@ class PKernel
         /* maco_task_t's fields (maco/persistent.h); another key is a typo that would
          * otherwise leave its field 0. */
         static const char *const fields[] = {
-            "type", "role", "datatype",   "channel",    "count",    "alpha",    "out",
-            "a",    "b",    "src_offset", "dst_offset", "rows",     "ld_in",    "ld_out",
-            "m",    "n",    "k",          "ldc",        "tile_row", "tile_col", "name"
+            "type", "role",       "datatype",   "channel",  "count",  "alpha",  "out", "a",
+            "b",    "src_offset", "dst_offset", "rows",     "ld_in",  "ld_out", "m",   "n",
+            "k",    "ldc",        "tile_row",   "tile_col", "tile_n", "name"
         };
         for (auto item : d) {
             std::string key = nb::cast<std::string>(item.first);
@@ -382,7 +383,8 @@ class PKernel
                 throw nb::value_error(("add_task: unknown field '" + key +
                                        "' (maco_task_t has type, role, datatype, channel, count, "
                                        "alpha, out, a, b, src_offset, dst_offset, rows, ld_in, "
-                                       "ld_out, m, n, k, ldc, tile_row, tile_col, name)")
+                                       "ld_out, m, n, k, ldc, tile_row, tile_col, tile_n, "
+                                       "name)")
                                           .c_str());
         }
         maco_task_t t{};
@@ -409,6 +411,7 @@ class PKernel
         t.ldc = (uint32_t)u64("ldc");
         t.tile_row = (uint32_t)u64("tile_row");
         t.tile_col = (uint32_t)u64("tile_col");
+        t.tile_n = (uint32_t)u64("tile_n");
         std::string name = d.contains("name") ? nb::cast<std::string>(d["name"]) : std::string();
         t.name = name.empty() ? nullptr : name.c_str();
         int id = -1;
@@ -828,6 +831,22 @@ NB_MODULE(_maco, m)
         nb::arg("path"),
         "(status, report) of MACO's plan verifier on a plan file (maco_plan_verify_file): "
         "status 0 and \"\" when the plan is valid.");
+    m.def(
+        "plan_gemm_tiles",
+        [](uint32_t m, uint32_t n, int workers) {
+            size_t count = 0;
+            checked("maco_gemm_plan_tiles", nullptr,
+                    [&] { return maco_gemm_plan_tiles(m, n, workers, nullptr, &count); });
+            std::vector<maco_gemm_tile_t> tiles(count);
+            checked("maco_gemm_plan_tiles", nullptr,
+                    [&] { return maco_gemm_plan_tiles(m, n, workers, tiles.data(), &count); });
+            std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> out;
+            for (size_t i = 0; i < count; i++)
+                out.emplace_back(tiles[i].tile_row, tiles[i].tile_col, tiles[i].tile_n);
+            return out;
+        },
+        nb::arg("m"), nb::arg("n"), nb::arg("workers"),
+        "[(tile_row, tile_col, tile_n), ...] in the order to add them: maco_gemm_plan_tiles.");
     m.def("unique_id", &unique_id_create,
           "A new 128-byte unique id; rank 0 of the job must be created in this process.");
     m.def(

@@ -4,11 +4,13 @@
  * when CMake finds MathDx (MACO_MATHDX_DIR). We do not write a GEMM of our own: cuBLASDx
  * chooses the MMA instructions and the shared-memory layouts; this file only moves tiles.
  *
- * A tile task computes the 128 x 128 tile A[m0 .. m0 + 128, 0..K) x B[0..K, n0 .. n0 + 128)
- * with bf16 inputs and fp32 accumulation, and stores it as fp32 or bf16 (the task's dtype) at
- * ptr[0] with row stride ldc; A is M x K row-major (lda = K), B is K x N row-major (ldb = N). K
- * advances in steps of 32 through two shared-memory stages: the copy of step s + 1 (cp.async
- * through cublasdx::copy) is in flight while step s multiplies.
+ * A tile task computes the 128 x W tile A[m0 .. m0 + 128, 0..K) x B[0..K, n0 .. n0 + W) (W =
+ * the task's gemm.tile_n, 128 or 256) with bf16 inputs and fp32 accumulation, and stores it as
+ * fp32 or bf16 (the task's dtype) at ptr[0] with row stride ldc; A is M x K row-major (lda = K),
+ * B is K x N row-major (ldb = N). A wide tile is computed as its two 128-column halves, one
+ * after the other (these tiles are the fallback where the GMMA ones cannot run; the wide width
+ * exists for those). K advances in steps of 32 through two shared-memory stages: the copy of
+ * step s + 1 (cp.async through cublasdx::copy) is in flight while step s multiplies.
  */
 #include <cublasdx.hpp>
 
@@ -32,20 +34,35 @@ constexpr int kStageB = MACO__PK_GEMM_TK * MACO__PK_GEMM_TN;
 
 } // namespace
 
+/* The 128 x 128 tile at column n0 (of B and of the problem) whose (0, 0) in C is C0. */
+static __device__ __forceinline__ void maco__pk_gemm_half(const maco_pk_task_t *t, uint32_t n0,
+                                                          char *C0);
+
 __device__ maco_status_t maco__pk_gemm_tile(const maco_pk_view_t *v, const maco_pk_task_t *t,
                                             uint32_t task)
 {
-    if (t->type != MACO_PK_GEMM_TILE) {
+    if (t->type != MACO_PK_GEMM_TILE ||
+        (t->gemm.tile_n != MACO__PK_GEMM_TN && t->gemm.tile_n != 2 * MACO__PK_GEMM_TN)) {
         if (threadIdx.x == 0)
             maco__pk_record(v, MACO_ERR_INVALID_ARGUMENT, (int)task, MACO_DEVICE_ERR_TASK_TYPE,
                             t->type, 0);
         return MACO_ERR_INVALID_ARGUMENT;
     }
+    const uint32_t n0 = (uint32_t)(t->ptr[3] >> 32);
+    const uint32_t esz = t->dtype == MACO__PK_BF16 ? 2u : 4u;
+    for (uint32_t h = 0; h < t->gemm.tile_n; h += MACO__PK_GEMM_TN)
+        maco__pk_gemm_half(t, n0 + h, (char *)t->ptr[0] + (size_t)h * esz);
+    return MACO_OK;
+}
+
+static __device__ __forceinline__ void maco__pk_gemm_half(const maco_pk_task_t *t, uint32_t n0,
+                                                          char *C0)
+{
     __shared__ __align__(128) __nv_bfloat16 smem[2 * (kStageA + kStageB)];
     const __nv_bfloat16 *A = (const __nv_bfloat16 *)t->ptr[1];
     const __nv_bfloat16 *B = (const __nv_bfloat16 *)t->ptr[2];
     const uint32_t K = (uint32_t)t->count, N = (uint32_t)(t->count >> 32), ldc = t->aux;
-    const uint32_t m0 = (uint32_t)t->ptr[3], n0 = (uint32_t)(t->ptr[3] >> 32);
+    const uint32_t m0 = (uint32_t)t->ptr[3];
 
     auto a_gmem = Blas::get_layout_gmem_a(K);
     auto b_gmem = Blas::get_layout_gmem_b(N);
@@ -84,17 +101,16 @@ __device__ maco_status_t maco__pk_gemm_tile(const maco_pk_view_t *v, const maco_
     }
     auto c_gmem = Blas::get_layout_gmem_c(ldc);
     if (t->dtype == MACO__PK_BF16) {
-        __nv_bfloat16 *C = (__nv_bfloat16 *)t->ptr[0];
+        __nv_bfloat16 *C = (__nv_bfloat16 *)C0;
         auto out = cublasdx::make_fragment_like<__nv_bfloat16>(acc);
         cublasdx::transform(acc, out, [](float x) { return __float2bfloat16_rn(x); });
         auto gc = cublasdx::make_tensor(C, c_gmem);
         cublasdx::copy_fragment<16>(out, gc, partitioner);
     } else {
-        float *C = (float *)t->ptr[0];
+        float *C = (float *)C0;
         auto gc = cublasdx::make_tensor(C, c_gmem);
         cublasdx::copy_fragment<16>(acc, gc, partitioner);
     }
-    return MACO_OK;
 }
 
 __global__ void __launch_bounds__(MACO__PK_GEMM_THREADS, 1)

@@ -27,12 +27,15 @@ enum {
 
 /* The Hopper GEMM tiles (persistent_gemm_gmma.cu: CUTLASS's SM90 TMA + GMMA warp-specialized
  * mainloop, built for sm_90a): a producer warpgroup and two consumer warpgroups per CTA,
- * kStages shared-memory stages of 32 KiB, and at most this dynamic shared memory (the stages,
- * the pipeline's mbarriers and 1 KiB of alignment). */
+ * MACO__PK_GEMM_GMMA_STAGES shared-memory stages of 48 KiB (a wide tile's 64-deep step of A and
+ * B; a narrow tile uses 32 KiB of each), and at most this dynamic shared memory (the stages,
+ * the mbarriers, the task ring and 1 KiB of alignment). At most MACO__PK_GEMM_MAPS_MAX distinct
+ * GEMMs (A, B, M, N, K, tile width) per graph (the descriptor's u16 gemm.map). */
 enum {
     MACO__PK_GEMM_GMMA_THREADS = 384,
-    MACO__PK_GEMM_GMMA_STAGES = 6,
-    MACO__PK_GEMM_GMMA_SMEM = MACO__PK_GEMM_GMMA_STAGES * 32768 + 2048,
+    MACO__PK_GEMM_GMMA_STAGES = 4,
+    MACO__PK_GEMM_GMMA_SMEM = MACO__PK_GEMM_GMMA_STAGES * 49152 + 2048,
+    MACO__PK_GEMM_MAPS_MAX = 65535,
 };
 
 /** 1 when the library was built with cuBLASDx (the GEMM kernel exists), else 0. */
@@ -55,11 +58,12 @@ cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p);
 size_t maco__pk_gemm_gmma_map_bytes(void);
 
 /** Encodes the TMA tensor maps of C = A B (A M x K, B K x N, row-major bf16 in device memory)
- * into `map` (maco__pk_gemm_gmma_map_bytes() bytes, 64-byte aligned host memory; the entry is
- * copied to device memory as is). 0, or -1 when A or B is not 16-byte aligned or a row is not a
- * multiple of 16 bytes. Host only; needs no device work. */
+ * for tiles of tile_n (128 or 256) columns into `map` (maco__pk_gemm_gmma_map_bytes() bytes,
+ * 64-byte aligned host memory; the entry is copied to device memory as is). 0, or -1 when A or B
+ * is not 16-byte aligned, a row is not a multiple of 16 bytes or tile_n is neither. Host only;
+ * needs no device work. */
 int maco__pk_gemm_gmma_map_encode(void *map, const void *a, const void *b, uint32_t m, uint32_t n,
-                                  uint32_t k);
+                                  uint32_t k, uint32_t tile_n);
 
 /** Launches the kernel: `grid` CTAs of `threads` threads run the graph of `view`. */
 cudaError_t maco__pk_launch(const maco_pk_view_t *view, int grid, int threads, cudaStream_t stream);

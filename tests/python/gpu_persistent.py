@@ -127,6 +127,27 @@ if len(prof) != k.num_tasks or any(e < s for s, e, _, _ in prof):
     failures.append(f"profile: {len(prof)} records for {k.num_tasks} tasks, or end < start")
 k.close()
 
+# 2b. GEMM tiles of both widths: for 3 workers, maco_gemm_plan_tiles makes 256 x 512 into three
+# 128 x 256 tiles and, for the last round, two 128 x 128 ones.
+m, kk, nn = 256, 160, 512
+a = ints((m, kk), R, 12, torch.bfloat16)
+b = ints((kk, nn), R, 13, torch.bfloat16)
+plan = maco._maco.plan_gemm_tiles(m, nn, 3)
+checks += 1
+if sorted(t[2] for t in plan) != [128, 128, 256, 256, 256]:
+    failures.append(f"plan for 3 workers: {plan}")
+k = maco.PersistentKernel(comm, num_workers=3)
+A, B = k.register_tensor(a, name="A"), k.register_tensor(b, name="B")
+C = k.register_output((m, nn), torch.float32, name="C")
+with k.task_graph() as g:
+    g.matmul(A, B, output=C, name="gemm_wide")
+k.compile()
+poison(C.tensor)
+k()
+torch.cuda.synchronize()
+check("gemm wide and narrow tiles", C.tensor, a.float() @ b.float())
+k.close()
+
 # 3. fused GEMM + allreduce (row-parallel): y = sum over ranks of X_r W_r, in rank order
 m, kk, nn = 256, 128, 256
 xs = [ints((m, kk), r, 20, torch.bfloat16) for r in range(N)]

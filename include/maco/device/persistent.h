@@ -75,12 +75,12 @@ enum {
     MACO_PK_CHANNEL_PUT = 7,    /* channel aux: remote[dst..+count) = local[src..+count) */
     MACO_PK_CHANNEL_SIGNAL = 8, /* channel aux: signal the peer */
     MACO_PK_CHANNEL_WAIT = 9,   /* channel aux: wait for the peer's next signal */
-    MACO_PK_GEMM_TILE = 10,     /* one 128 x 128 tile of A x B (bf16 in, fp32 accumulate):
-                                   ptr[0] the tile's (0, 0) in C, ptr[1] A, ptr[2] B,
-                                   ptr[3] m0 | n0 << 32,
-                                   count K | N << 32, aux ldc, dtype C's type, gemm_map
+    MACO_PK_GEMM_TILE = 10,     /* one 128 x gemm.tile_n tile of A x B (bf16 in, fp32
+                                   accumulate; tile_n 128 or 256): ptr[0] the tile's (0, 0)
+                                   in C, ptr[1] A, ptr[2] B, ptr[3] m0 | n0 << 32,
+                                   count K | N << 32, aux ldc, dtype C's type, gemm.map
                                    the GEMM's tensor maps (GMMA kernel). Run by the
-                                   library's GEMM kernels (the `user` function there) */
+                                   library's GEMM kernels */
     MACO_PK_TYPE_COUNT = 11,
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
@@ -111,8 +111,9 @@ enum {
  * One task as the device reads it (64 bytes, 8-byte aligned, written by the host once):
  *   0 u16 type   4 u32 ndeps   8 u32 succ_begin   12 u32 succ_count
  *   2 u8 role    3 u8 dtype (maco_datatype_t of element-wise tasks)
- *  16 f32 alpha, or u32 gemm_map for GEMM tiles (the index of the GEMM's TMA tensor maps in
- *                 view.gemm_maps; the host sets it only for the GMMA kernel)
+ *  16 f32 alpha; for GEMM tiles u16 gemm.map (the index of the GEMM's TMA tensor maps in
+ *                 view.gemm_maps; the host sets it only for the GMMA kernel) and at 18 u16
+ *                 gemm.tile_n (the tile's width: 128 or 256)
  *  20 u32 aux (channel index; user types: anything)
  *  24 u64 count (elements; bytes for copies and puts; signals per run for waits)
  *  32 u64 ptr[4]: out, a, b, and a fourth argument (puts: ptr[1] = source offset,
@@ -127,7 +128,10 @@ typedef struct maco_pk_task {
     uint32_t succ_count;
     union {
         float alpha;
-        uint32_t gemm_map;
+        struct {
+            uint16_t map;
+            uint16_t tile_n;
+        } gemm;
     };
     uint32_t aux;
     uint64_t count;

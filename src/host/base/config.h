@@ -59,8 +59,12 @@ extern "C" {
     X(GEMM_TILE, STRING, "auto", "",                                                               \
       "GEMM tiles of the persistent kernel: auto (gmma where built and this GPU runs it, else "    \
       "cublasdx), gmma (Hopper TMA + wgmma through CUTLASS's SM90 warp-specialized mainloop, "     \
-      "sm_90a, 384 threads per CTA; 50-59% of cuBLAS on an H100) or cublasdx (cuBLASDx, "          \
-      "mma.sync, 21-25% of cuBLAS).")                                                              \
+      "sm_90a, 384 threads per CTA; 83.8-89.3% of cuBLAS on an H100 with maco_gemm_plan_tiles's "  \
+      "tiles) or cublasdx (cuBLASDx, mma.sync, 22.0-25.8% of cuBLAS).")                            \
+    X(GEMM_TILE_WIDTH, STRING, "auto", "",                                                         \
+      "Width of the GEMM tiles that maco_gemm_plan_tiles and the fused operators make: auto "      \
+      "(256 where n allows it and there are at least as many 128 x 256 tiles as workers or SMs, "  \
+      "else 128), 128 or 256 (256 only where n is a multiple of 256).")                            \
     X(SHARED_GPU, BOOL, "0", "",                                                                   \
       "Let ranks share a GPU without MPS (correct, but kernels time-slice: each hand-off "         \
       "between ranks costs a time slice, about 4 ms). Under MPS sharing needs no setting.")        \

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
 #include "log.h"
 #include "persistent_internal.h"
 
@@ -20,9 +21,35 @@ typedef struct maco__fused {
     maco_task_graph_t g;
     const maco_fused_gemm_t *op;
     int rank, nranks;
+    uint32_t tile_n; /* the GEMM tiles' width (maco__gemm_pick_tile_n) */
     char name[96];
     int prev_sig[MACO__FUSED_MAX_RANKS], prev_wait[MACO__FUSED_MAX_RANKS];
 } maco__fused_t;
+
+/* The tile width for an m x n C on comm's SMs: MACO_GEMM_TILE_N_WIDE where n allows it and the
+ * wide tiles still fill every SM at least once, else MACO_GEMM_TILE_N; MACO_GEMM_TILE_WIDTH
+ * overrides. */
+static uint32_t maco__gemm_pick_tile_n(maco_comm_t comm, uint32_t m, uint32_t n)
+{
+    /* A wide tile reads a third fewer bytes per FLOP than two narrow ones and pays the per-task
+     * costs once; but half as many tasks leave SMs idle when C is small (docs/performance.md,
+     * "GEMM tiles"): wide only when there are at least as many wide tiles as SMs. */
+    if (n % MACO_GEMM_TILE_N_WIDE != 0)
+        return MACO_GEMM_TILE_N;
+    const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
+    if (strcmp(want, "128") == 0)
+        return MACO_GEMM_TILE_N;
+    if (strcmp(want, "256") == 0)
+        return MACO_GEMM_TILE_N_WIDE;
+    if (strcmp(want, "auto") != 0)
+        MACO_LOG(MACO_LOG_WARN, MACO_SUBSYS_PERSIST,
+                 "MACO_GEMM_TILE_WIDTH=%s: auto, 128 or 256; auto is used", want);
+    int ctas = 0;
+    if (comm == NULL || maco_comm_get_coresident_ctas(comm, &ctas) != MACO_OK || ctas < 1)
+        ctas = 1;
+    uint64_t wide = (uint64_t)(m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N_WIDE);
+    return wide >= (uint64_t)ctas ? MACO_GEMM_TILE_N_WIDE : MACO_GEMM_TILE_N;
+}
 
 static maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what, int *id_p)
 {
@@ -67,6 +94,7 @@ static maco_status_t maco__fused_check(maco_task_graph_t g, const maco_fused_gem
                                fn, q, op->channels[q], g->nchannels);
         f->prev_sig[q] = f->prev_wait[q] = -1;
     }
+    f->tile_n = maco__gemm_pick_tile_n(op->comm, op->m, op->n);
     snprintf(f->name, sizeof(f->name), "%s%s", op->name ? op->name : "",
              op->name && op->name[0] ? " " : "");
     return MACO_OK;
@@ -136,6 +164,7 @@ static maco_status_t maco__fused_gemm_tile(maco__fused_t *f, const void *a, uint
     t.ldc = ldc;
     t.tile_row = row;
     t.tile_col = col;
+    t.tile_n = f->tile_n;
     return maco__fused_add(f, &t, "gemm", id_p);
 }
 
@@ -162,8 +191,8 @@ static maco_status_t maco__fused_ready(maco__fused_t *f, int *ready)
     return st;
 }
 
-/* out = a + b over a tile (MACO_GEMM_TILE_M rows of MACO_GEMM_TILE_N), a and b with row
- * stride MACO_GEMM_TILE_N, out with ld_out; after every task of deps[0..ndeps). */
+/* out = a + b over a tile (MACO_GEMM_TILE_M rows of f->tile_n), a and b with row stride
+ * f->tile_n, out with ld_out; after every task of deps[0..ndeps). */
 static maco_status_t maco__fused_add_tile(maco__fused_t *f, const float *a, const float *b,
                                           float *out, uint32_t ld_out, float alpha_b,
                                           const int *deps, int ndeps, int *id_p)
@@ -173,11 +202,11 @@ static maco_status_t maco__fused_add_tile(maco__fused_t *f, const float *a, cons
     x.type = alpha_b == 0.0f ? MACO_TASK_SCALE : MACO_TASK_ADD;
     x.datatype = MACO_FLOAT32;
     x.alpha = 1.0f;
-    x.count = MACO_GEMM_TILE_N;
+    x.count = f->tile_n;
     x.rows = MACO_GEMM_TILE_M;
     x.a = a;
     x.b = b;
-    x.ld_in = MACO_GEMM_TILE_N;
+    x.ld_in = f->tile_n;
     x.out = out;
     x.ld_out = ld_out;
     maco_status_t st = maco__fused_add(f, &x, "reduce", id_p);
@@ -193,8 +222,8 @@ maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco
     maco_status_t st = maco__fused_check(g, op, "maco_task_graph_add_gemm_allreduce", &f);
     if (st != MACO_OK)
         return st;
-    const uint32_t tn = op->n / MACO_GEMM_TILE_N, ntiles = (op->m / MACO_GEMM_TILE_M) * tn;
-    const uint64_t tile = (uint64_t)MACO_GEMM_TILE_M * MACO_GEMM_TILE_N;
+    const uint32_t tn = op->n / f.tile_n, ntiles = (op->m / MACO_GEMM_TILE_M) * tn;
+    const uint64_t tile = (uint64_t)MACO_GEMM_TILE_M * f.tile_n;
     const uint64_t mn = (uint64_t)op->m * op->n;
     float *scratch = op->scratch, *out = op->out;
     int ready[MACO__FUSED_MAX_RANKS], done = -1;
@@ -209,8 +238,7 @@ maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco
         uint32_t row = t / tn, col = t % tn;
         uint64_t mine = (uint64_t)f.rank * mn + t * tile; /* my slot, tile t (elements) */
         int gemm, have[MACO__FUSED_MAX_RANKS], sent[MACO__FUSED_MAX_RANKS], nsent = 0;
-        st = maco__fused_gemm_tile(&f, op->a, op->m, row, col, scratch + mine, MACO_GEMM_TILE_N,
-                                   &gemm);
+        st = maco__fused_gemm_tile(&f, op->a, op->m, row, col, scratch + mine, f.tile_n, &gemm);
         for (int q = 0; q < f.nranks && st == MACO_OK; q++) {
             if (q == f.rank) {
                 have[q] = gemm;
@@ -222,8 +250,7 @@ maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco
         }
         /* Sum in rank order, partial sums in slot 0 (after this rank's puts read its own slot),
          * the last one straight into out (row-major). */
-        float *dst =
-            out + (uint64_t)row * MACO_GEMM_TILE_M * op->n + (uint64_t)col * MACO_GEMM_TILE_N;
+        float *dst = out + (uint64_t)row * MACO_GEMM_TILE_M * op->n + (uint64_t)col * f.tile_n;
         float *acc = scratch + t * tile;
         int prev = have[0];
         for (int q = 1; q < f.nranks && st == MACO_OK; q++) {
@@ -235,8 +262,8 @@ maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco
                     deps[nd++] = sent[i];
             int last = q == f.nranks - 1;
             st = maco__fused_add_tile(&f, acc, scratch + (uint64_t)q * mn + t * tile,
-                                      last ? dst : acc, last ? op->n : MACO_GEMM_TILE_N, 1.0f, deps,
-                                      nd, &add);
+                                      last ? dst : acc, last ? op->n : f.tile_n, 1.0f, deps, nd,
+                                      &add);
             prev = add;
         }
         if (st == MACO_OK && f.nranks == 1) /* one rank: the product is the result */
@@ -256,7 +283,7 @@ maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t g, const maco
     maco_status_t st = maco__fused_check(g, op, "maco_task_graph_add_allgather_gemm", &f);
     if (st != MACO_OK)
         return st;
-    const uint32_t tn = op->n / MACO_GEMM_TILE_N, blocks = op->m / MACO_GEMM_TILE_M;
+    const uint32_t tn = op->n / f.tile_n, blocks = op->m / MACO_GEMM_TILE_M;
     const uint32_t mt = op->m * (uint32_t)f.nranks;            /* rows of the gathered A */
     const uint64_t block = (uint64_t)MACO_GEMM_TILE_M * op->k; /* elements of a row block */
     char *gathered = op->scratch;
@@ -303,7 +330,7 @@ maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t g, const maco
                 int gemm;
                 st = maco__fused_gemm_tile(&f, gathered, mt, row, col,
                                            out + (uint64_t)row * MACO_GEMM_TILE_M * op->n +
-                                               (uint64_t)col * MACO_GEMM_TILE_N,
+                                               (uint64_t)col * f.tile_n,
                                            op->n, &gemm);
                 if (st == MACO_OK)
                     st = maco__fused_dep(&f, gemm, have[q][c]);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "log.h"
 #include "persistent_internal.h"
 
@@ -274,21 +275,27 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
                      (int)t->datatype);
             return -1;
         }
-        if (t->m == 0 || t->n == 0 || t->k == 0 || t->m % MACO_GEMM_TILE_M != 0 ||
-            t->n % MACO_GEMM_TILE_N != 0 || t->k % MACO_GEMM_TILE_K != 0) {
+        uint32_t tn = maco__gemm_tile_n(t);
+        if (tn != MACO_GEMM_TILE_N && tn != MACO_GEMM_TILE_N_WIDE) {
+            snprintf(why, n, "tile_n = %u: 0, %d or %d", t->tile_n, MACO_GEMM_TILE_N,
+                     MACO_GEMM_TILE_N_WIDE);
+            return -1;
+        }
+        if (t->m == 0 || t->n == 0 || t->k == 0 || t->m % MACO_GEMM_TILE_M != 0 || t->n % tn != 0 ||
+            t->k % MACO_GEMM_TILE_K != 0) {
             snprintf(why, n,
-                     "m x n x k = %u x %u x %u: m and n must be non-zero multiples of %d and %d, "
-                     "k of %d",
-                     t->m, t->n, t->k, MACO_GEMM_TILE_M, MACO_GEMM_TILE_N, MACO_GEMM_TILE_K);
+                     "m x n x k = %u x %u x %u: m and n must be non-zero multiples of %d and %u "
+                     "(tile_n), k of %d",
+                     t->m, t->n, t->k, MACO_GEMM_TILE_M, tn, MACO_GEMM_TILE_K);
             return -1;
         }
-        if (t->ldc < MACO_GEMM_TILE_N || t->ldc % 8 != 0) {
-            snprintf(why, n, "ldc = %u: at least %d and a multiple of 8", t->ldc, MACO_GEMM_TILE_N);
+        if (t->ldc < tn || t->ldc % 8 != 0) {
+            snprintf(why, n, "ldc = %u: at least %u (tile_n) and a multiple of 8", t->ldc, tn);
             return -1;
         }
-        if (t->tile_row >= t->m / MACO_GEMM_TILE_M || t->tile_col >= t->n / MACO_GEMM_TILE_N) {
-            snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C", t->tile_row,
-                     t->tile_col, t->m / MACO_GEMM_TILE_M, t->n / MACO_GEMM_TILE_N);
+        if (t->tile_row >= t->m / MACO_GEMM_TILE_M || t->tile_col >= t->n / tn) {
+            snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C (tile_n %u)",
+                     t->tile_row, t->tile_col, t->m / MACO_GEMM_TILE_M, t->n / tn, tn);
             return -1;
         }
         if (t->out == NULL || t->a == NULL || t->b == NULL ||
@@ -485,7 +492,9 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
             d->ptr[3] = (uint64_t)t->rows | (uint64_t)t->ld_in << 16 | (uint64_t)t->ld_out << 40;
         } else if (t->type == MACO_TASK_GEMM_TILE) {
             d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
-                        (uint64_t)(t->tile_col * MACO_GEMM_TILE_N) << 32;
+                        (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
+            d->gemm.map = 0; /* the GMMA kernel's maps: set by maco_persistent_kernel_create */
+            d->gemm.tile_n = (uint16_t)maco__gemm_tile_n(t);
             d->count = (uint64_t)t->k | (uint64_t)t->n << 32;
             d->aux = t->ldc;
             out->ngemm_tasks++;
@@ -516,6 +525,62 @@ void maco__pk_lowered_free(maco__pk_lowered_t *l)
     free(l->succ);
     free(l->roots);
     memset(l, 0, sizeof(*l));
+}
+
+/* Appends the tiles of width tn in groups of `group` tile rows, column by column inside a
+ * group; returns the new count. */
+static size_t maco__gemm_plan_grid(uint32_t rows, uint32_t cols, uint32_t tn, uint32_t group,
+                                   maco_gemm_tile_t *tiles, size_t at)
+{
+    for (uint32_t g0 = 0; g0 < rows; g0 += group)
+        for (uint32_t c = 0; c < cols; c++)
+            for (uint32_t r = g0; r < rows && r < g0 + group; r++, at++)
+                if (tiles != NULL)
+                    tiles[at] = (maco_gemm_tile_t){ r, c, tn };
+    return at;
+}
+
+maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers, maco_gemm_tile_t *tiles,
+                                   size_t *ntiles_p)
+{
+    const char *fn = "maco_gemm_plan_tiles";
+    if (ntiles_p == NULL || m == 0 || n == 0 || m % MACO_GEMM_TILE_M != 0 ||
+        n % MACO_GEMM_TILE_N != 0 || workers < 1)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: m = %u, n = %u, workers = %d, ntiles_p %p: m and n non-zero "
+                           "multiples of %d, workers >= 1",
+                           fn, m, n, workers, (void *)ntiles_p, MACO_GEMM_TILE_M);
+    const uint32_t rows = m / MACO_GEMM_TILE_M, W = (uint32_t)workers;
+    const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
+    uint32_t tn = MACO_GEMM_TILE_N;
+    if (n % MACO_GEMM_TILE_N_WIDE == 0) {
+        uint64_t wide = (uint64_t)rows * (n / MACO_GEMM_TILE_N_WIDE);
+        if (strcmp(want, "256") == 0 || (strcmp(want, "128") != 0 && wide >= W))
+            tn = MACO_GEMM_TILE_N_WIDE;
+    }
+    const uint32_t cols = n / tn;
+    uint32_t group = (W + cols - 1) / cols;
+    group = group < 1 ? 1 : group > rows ? rows : group;
+    size_t at = maco__gemm_plan_grid(rows, cols, tn, group, tiles, 0);
+    if (tn == MACO_GEMM_TILE_N_WIDE && strcmp(want, "256") != 0) {
+        /* The last round's wide tiles, each as two narrow ones at the end. */
+        size_t tail = at % W;
+        if (tail != 0 && 2 * tail <= W) {
+            size_t first = at - tail;
+            if (tiles != NULL) {
+                for (size_t i = tail; i-- > 0;) { /* back to front: the halves land later */
+                    maco_gemm_tile_t t = tiles[first + i];
+                    tiles[first + 2 * i] =
+                        (maco_gemm_tile_t){ t.tile_row, 2 * t.tile_col, MACO_GEMM_TILE_N };
+                    tiles[first + 2 * i + 1] =
+                        (maco_gemm_tile_t){ t.tile_row, 2 * t.tile_col + 1, MACO_GEMM_TILE_N };
+                }
+            }
+            at += tail;
+        }
+    }
+    *ntiles_p = at;
+    return MACO_OK;
 }
 
 maco_status_t maco_task_graph_validate(maco_task_graph_t g)

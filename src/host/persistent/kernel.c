@@ -155,7 +155,8 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
 }
 
 /* For the GMMA kernel: encodes the TMA tensor maps of each distinct GEMM of the graph (same A,
- * B, M, N, K) into device memory at *maps_p and sets each GEMM tile's gemm_map in `l`. */
+ * B, M, N, K and tile width: the width sets B's TMA box) into device memory at *maps_p and sets
+ * each GEMM tile's gemm.map in `l`. */
 static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, maco__pk_lowered_t *l,
                                         void **maps_p)
 {
@@ -176,12 +177,20 @@ static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, mac
         uint32_t j = 0;
         for (; j < nmaps; j++) {
             const maco_task_t *u = &g->tasks[first[j]];
-            if (u->a == t->a && u->b == t->b && u->m == t->m && u->n == t->n && u->k == t->k)
+            if (u->a == t->a && u->b == t->b && u->m == t->m && u->n == t->n && u->k == t->k &&
+                maco__gemm_tile_n(u) == maco__gemm_tile_n(t))
                 break;
         }
         if (j == nmaps) {
+            if (nmaps == MACO__PK_GEMM_MAPS_MAX) {
+                st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                                 "%s: GEMM tile %u: more than %d distinct GEMMs (A, B, m, n, k, "
+                                 "tile_n) in one graph",
+                                 fn, i, MACO__PK_GEMM_MAPS_MAX);
+                goto out;
+            }
             if (maco__pk_gemm_gmma_map_encode(host + (size_t)nmaps * bytes, t->a, t->b, t->m, t->n,
-                                              t->k) != 0) {
+                                              t->k, maco__gemm_tile_n(t)) != 0) {
                 st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                                  "%s: GEMM tile %u (m %u, n %u, k %u): the GMMA tiles read A "
                                  "(%p) and B (%p) with TMA, which needs 16-byte aligned bases "
@@ -191,7 +200,7 @@ static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, mac
             }
             first[nmaps++] = i;
         }
-        l->tasks[i].gemm_map = j;
+        l->tasks[i].gemm.map = (uint16_t)j;
     }
     MACO_CUDA_GOTO(cudaMalloc(&dev, nmaps * bytes), st, out);
     MACO_CUDA_GOTO(cudaMemcpy(dev, host, nmaps * bytes, cudaMemcpyHostToDevice), st, out);

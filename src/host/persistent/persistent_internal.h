@@ -47,6 +47,12 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t graph, const char *fn,
 
 void maco__pk_lowered_free(maco__pk_lowered_t *l);
 
+/** A GEMM tile's width in columns: tile_n, where 0 means MACO_GEMM_TILE_N. */
+static inline uint32_t maco__gemm_tile_n(const maco_task_t *t)
+{
+    return t->tile_n == 0 ? MACO_GEMM_TILE_N : t->tile_n;
+}
+
 /** What the profile calls task `t`: its name, else its type's ("add", "copy", ...). */
 const char *maco__task_label(const maco_task_t *t);
 

@@ -423,12 +423,15 @@ static __device__ __forceinline__ maco_status_t maco__pk_wait_counter(const maco
     return MACO_OK;
 }
 
+/* Runs task `task` (descriptor t) with threads tid = 0 .. nthreads - 1 of the CTA (the whole
+ * CTA in maco_pk_run; the GMMA kernel's 256 consumer threads there). Single-thread parts (waits,
+ * signals) run on tid 0. */
 static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_view_t *v,
                                                                  const maco_pk_task_t *t,
                                                                  uint32_t task, uint64_t run,
-                                                                 maco_pk_user_fn_t user)
+                                                                 maco_pk_user_fn_t user,
+                                                                 uint32_t tid, uint32_t nthreads)
 {
-    uint32_t tid = threadIdx.x, nthreads = blockDim.x;
     switch (t->type) {
     case MACO_PK_NOP:
         return MACO_OK;
@@ -468,17 +471,45 @@ static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_v
     }
 }
 
-static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco_pk_user_fn_t user)
+/* The `run` (earlier launches) of this launch, read by thread 0 and given to every thread. */
+static __device__ __forceinline__ uint64_t maco__pk_cta_run(const maco_pk_view_t *v)
 {
     __shared__ uint64_t run_s;
+    if (threadIdx.x == 0)
+        run_s = maco__pk_ld_relaxed(&v->ctr[MACO_PK_CTR_LAUNCHES]);
+    __syncthreads();
+    return run_s;
+}
+
+/* A scheduler CTA (block index >= W + C): all threads push the roots; a push's error has aborted
+ * the launch, so the inbox loop after them leaves at its first check. */
+static __device__ __forceinline__ void maco__pk_scheduler_cta(const maco_pk_view_t *v, uint64_t run)
+{
+    uint32_t s = blockIdx.x - (v->nworkers + v->ncomm);
+    (void)maco_pk_schedule_roots(v, s, threadIdx.x, blockDim.x);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        maco_pk_schedule_inbox(v, s, run); /* an error aborts the launch */
+}
+
+/* The end of every CTA (all threads): the last CTA out counts the launch, the next one's `run`. */
+static __device__ __forceinline__ void maco__pk_cta_exit(const maco_pk_view_t *v, uint64_t run)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t total = (uint64_t)gridDim.x * (run + 1);
+        if (maco__pk_fetch_add_acq_rel(&v->ctr[MACO_PK_CTR_EXITED], 1) + 1 == total)
+            maco__pk_st_release(&v->ctr[MACO_PK_CTR_LAUNCHES], run + 1);
+    }
+}
+
+static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco_pk_user_fn_t user)
+{
     __shared__ uint32_t task_s;
     __shared__ int32_t got_s, status_s;
     uint32_t tid = threadIdx.x;
     uint32_t nw = v->nworkers + v->ncomm;
-    if (tid == 0)
-        run_s = maco__pk_ld_relaxed(&v->ctr[MACO_PK_CTR_LAUNCHES]);
-    __syncthreads();
-    uint64_t run = run_s;
+    uint64_t run = maco__pk_cta_run(v);
     if (blockIdx.x < nw) {
         for (;;) {
             uint64_t start = 0;
@@ -495,7 +526,7 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
             if (got_s != 1)
                 break;
             uint32_t t = task_s;
-            maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user);
+            maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user, tid, blockDim.x);
             if (st != MACO_OK)
                 atomicCAS((int *)&status_s, 0, (int)st);
             __syncthreads();
@@ -522,20 +553,9 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
                 maco_pk_complete(v, t, run, tid, 32); /* an error aborts: next() sees it */
         }
     } else {
-        /* All threads push the roots; a push's error has aborted the launch, so the inbox loop
-         * below leaves at its first check. */
-        (void)maco_pk_schedule_roots(v, blockIdx.x - nw, tid, blockDim.x);
-        __syncthreads();
-        if (tid == 0)
-            maco_pk_schedule_inbox(v, blockIdx.x - nw, run); /* an error aborts the launch */
+        maco__pk_scheduler_cta(v, run);
     }
-    __syncthreads();
-    if (tid == 0) {
-        /* The last CTA out counts the launch: the next one's `run`. */
-        uint64_t total = (uint64_t)gridDim.x * (run + 1);
-        if (maco__pk_fetch_add_acq_rel(&v->ctr[MACO_PK_CTR_EXITED], 1) + 1 == total)
-            maco__pk_st_release(&v->ctr[MACO_PK_CTR_LAUNCHES], run + 1);
-    }
+    maco__pk_cta_exit(v, run);
 }
 
 #endif /* __CUDACC__ */
