@@ -19,7 +19,8 @@
 #          (scripts/nodes_tables.py)
 #   apps   tests/nccl/torch_check.py under torchrun (4 ranks) with MACO's libnccl preloaded;
 #          tests/python/bench_ddp.py (ddp and tp-mlp) with NVIDIA's NCCL, with MACO's libnccl
-#          preloaded and with the maco backend, compared by scripts/compare_runs.py;
+#          preloaded and with the maco backend, compared by scripts/compare_runs.py (ddp:
+#          against the noise floor of a --perturb-ulp run of NVIDIA's NCCL);
 #          maco_comm_create_from_nccl on a 4-rank NCCL communicator (test_nccl_bootstrap)
 #   fused  tests/python/bench_fused.py at world size 4 with --trace
 # With fewer than 4 GPUs the same steps run with ranks sharing the GPU(s) under MPS (maco-run
@@ -228,8 +229,17 @@ for s in "${stages[@]}"; do
         trun 4 200
         step "$mode-maco-backend" 200 "${TRUN[@]}" tests/python/bench_ddp.py --mode "$mode" \
           --backend maco --label "$mode-maco-backend" --json "$OUT/$mode-maco-backend.json"
+        noise=()
+        if [ "$mode" = ddp ]; then
+          # The noise floor: the reference with every gradient moved by about a bf16 ulp
+          # (bench_ddp --perturb-ulp; compare_runs --noise takes its tolerance from it).
+          trun "$nccl_n" 200
+          step ddp-nccl-noise 200 "${TRUN[@]}" tests/python/bench_ddp.py --mode ddp \
+            --backend nccl --perturb-ulp --label ddp-nccl-perturbed --json "$OUT/ddp-nccl-noise.json"
+          noise=(--noise "$OUT/ddp-nccl-noise.json")
+        fi
         step "compare-$mode" 30 python3 scripts/compare_runs.py "$OUT/$mode-nccl.json" \
-          "$OUT/$mode-nccl-on-maco.json" "$OUT/$mode-maco-backend.json" \
+          "$OUT/$mode-nccl-on-maco.json" "$OUT/$mode-maco-backend.json" "${noise[@]}" \
           --markdown "$OUT/compare-$mode.md"
       done
       if [ "$ngpu" -ge 4 ]; then

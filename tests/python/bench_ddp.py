@@ -24,6 +24,10 @@ the step), as mixed-precision training does: AdamW directly on bf16 parameters l
 update below half a bf16 ulp, so a one-ulp difference in a gradient sum (another reduction
 order) changes which updates survive and the curves of two correct backends drift apart by
 several percent in 50 steps (seen on an H100, 2026-11-24: NCCL at 1 rank against MACO at 4).
+Even with fp32 masters the curve is chaotic once the model starts to learn (the loss drops
+fast after about step 25 here, and when it starts depends on the last bits): --perturb-ulp
+runs the reference with every gradient element moved by about one bf16 ulp, which
+scripts/compare_runs.py --noise turns into the tolerance ("within bf16 noise").
 Data: a fixed global batch per step (--global-batch sequences of --seq-len + 1 tokens), each
 rank taking its contiguous share (world size must divide it), generated from (--seed, step)
 only: the same on every backend and world size, so curves of different world sizes compare
@@ -115,6 +119,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sequences per step over all ranks (default 32)")
     g.add_argument("--bucket-mb", type=float, default=25.0,
                    help="DDP bucket_cap_mb (default 25, DDP's own default)")
+    g.add_argument("--perturb-ulp", action="store_true",
+                   help="the noise floor: scale every all-reduced gradient element by 1, "
+                        "1 + 2^-8 or 1 - 2^-8 (random, the same on every rank): about one "
+                        "bfloat16 ulp, what another summation order changes")
     t = p.add_argument_group("tp-mlp")
     t.add_argument("--tokens", type=int, help="tokens per step (default 256)")
     t.add_argument("--ffn-mult", type=int, default=4, help="up projection width / hidden")
@@ -420,6 +428,12 @@ def main(argv=None) -> int:
             loss.backward()  # DDP all-reduces the bf16 gradients here
             for m, p in zip(master, live):
                 m.grad = p.grad.float()
+            if a.perturb_ulp:  # (seed, step): the same on every rank, replicas stay equal
+                g = torch.Generator(device=dev)
+                g.manual_seed(a.seed * 1000003 + s)
+                for m in master:
+                    r = torch.randint(-1, 2, m.grad.shape, generator=g, device=dev)
+                    m.grad.mul_(1.0 + r.float() * 2.0**-8)
             opt.step()
             with torch.no_grad():
                 torch._foreach_copy_(live, master)  # fp32 masters to the bf16 model
@@ -503,7 +517,7 @@ def main(argv=None) -> int:
                backend=a.backend, nccl_library=nccl_lib, world_size=world,
                local_world_size=local_world, gpus_visible=ngpu, ranks_share_gpu=shared,
                gpu=gpu, torch=torch.__version__, params=params, shape=shape, **extra,
-               seed=a.seed,
+               seed=a.seed, perturbed=bool(a.mode == "ddp" and a.perturb_ulp),
                lr=a.lr, steps=a.steps, warmup=a.warmup, loss=losses, step_ms=step_ms,
                **summarize(step_ms, a.warmup), in_sync=in_sync, nccl_calls=counts,
                failures=all_failures, ok=not all_failures)

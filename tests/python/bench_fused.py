@@ -23,7 +23,8 @@ torch.mm(out_dtype=float32), the fused kernel's own output type), times in ms:
   t_seq_nccl   GEMM then NCCL collective, on one stream (t_seq_maco: GEMM then MACO's)
   t_fused      one launch of a maco.PersistentKernel whose task graph is the fused operator
                (graph.allreduce(graph.matmul(X, W)) or graph.matmul(graph.allgather(X), W)):
-               GEMM tiles of 128 x 128 from bf16 with fp32 output, each tile sent and reduced
+               GEMM tiles (128 x 128, or 128 x 256 where there are enough: maco_fused_gemm_*)
+               from bf16 with fp32 output, each tile sent and reduced
                (or each 128-row block of X gathered) while later tiles compute
 
 Each time is the median over --iters timed iterations (after --warmup untimed ones), each
@@ -45,7 +46,7 @@ sums, so the fused output (poisoned with NaN first) must equal bit for bit the f
 (cuBLAS fp32 GEMM, TF32 off, and MACO's collective), after its first launch and again after the
 timed launches; the unfused outputs must match the reference within their bf16 rounding
 (relative Frobenius error <= 2^-6). The fused operators need M (allgather_gemm: M / ws) and H
-(allreduce: H / ws rows of W) to be multiples of the 128 x 128 x 32 tile; other cases are timed
+(allreduce: H / ws rows of W) to be multiples of the 128-row, 32-deep tile; other cases are timed
 unfused only and say why. --trace FILE writes the Chrome trace (chrome://tracing, Perfetto: one
 lane per CTA, compute and communication tasks) of one fused launch of --trace-case (default
 the first fused case at M = 1024), rank 0's, from a second kernel built with profile=True, and

@@ -73,6 +73,15 @@ def test_ddp_gloo_is_deterministic_and_compare_runs_says_so(gloo_run, tmp_path):
         p = tmp_path / f"c{factor}.json"
         p.write_text(json.dumps(c))
         assert compare_runs.main([str(a), str(p)]) == want
+    # --perturb-ulp: every gradient element moved by about a bf16 ulp: a curve that leaves
+    # the unperturbed one after the first update, replicas still equal, marked in the JSON
+    n = tmp_path / "n.json"
+    out = torchrun(2, "--backend", "gloo", *SMALL, "--perturb-ulp", "--label", "n", "--json",
+                   str(n))
+    rn = load(n)
+    assert rn["perturbed"] and not ra["perturbed"] and "replicas equal on 2 rank(s)" in out
+    assert rn["loss"][0] == ra["loss"][0] and rn["loss"][1:] != ra["loss"][1:]
+    assert compare_runs.main([str(a), str(b), "--noise", str(n)]) == 0
 
 
 @needs_torch
@@ -128,6 +137,31 @@ def test_compare_runs_verdicts():
     assert rows[1]["ratio"] == pytest.approx(0.8)
     text = compare_runs.markdown(rows, run([2.0, 1.5], [2.0, 1.5])[0], 0.02)
     assert text.count("\n| ") == 3 and "| 0.800 |" in text
+
+
+def test_compare_runs_noise_floor(tmp_path):
+    """--noise: the tolerance per step is twice the perturbed reference's largest relative
+    difference so far (at least rtol); a curve outside it, or inside it too early, fails."""
+    ref = [10.0, 10.0, 9.0, 8.0]
+    noise = dict(run(ref, [10.0, 10.0, 9.0, 7.6])[1], label="noise", perturbed=True)  # 5% late
+    ok = run(ref, [10.0, 10.05, 9.1, 7.3])[1]         # 0.5%, 1.1%, 8.75% < 10% at the end
+    early = run(ref, [10.0, 10.0, 9.5, 8.0])[1]       # 5.6% at step 2: noise is 0 there
+    late = run(ref, [10.0, 10.0, 9.0, 6.9])[1]        # 13.75% > 10%
+    rows, problems = compare_runs.compare([run(ref, ref)[0], ok], 0.02, noise)
+    assert not problems and rows[1]["verdict"] == "same curve"
+    assert rows[2]["verdict"].startswith("noise floor")
+    _, problems = compare_runs.compare([run(ref, ref)[0], early], 0.02, noise)
+    assert problems and "at step 2" in problems[0] and "2.00%" in problems[0]
+    _, problems = compare_runs.compare([run(ref, ref)[0], late], 0.02, noise)
+    assert problems and "at step 3" in problems[0] and "10.00%" in problems[0]
+    assert compare_runs.tolerances(ref, noise["loss"], 0.02) == pytest.approx(
+        [0.02, 0.02, 0.02, 0.1])
+    # A noise file that is not a --perturb-ulp run is refused.
+    paths = []
+    for i, r in enumerate((run(ref, ref)[0], ok, dict(noise, perturbed=False))):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps({k: v for k, v in r.items() if k != "_path"}))
+    assert compare_runs.main([str(paths[0]), str(paths[1]), "--noise", str(paths[2])]) == 2
 
 
 def test_compare_runs_refuses_other_files(tmp_path):
