@@ -240,10 +240,13 @@ typedef struct maco_fused_gemm {
  * Row-parallel linear (GEMM + allreduce): out (m x n fp32, row-major) = sum over ranks r, in
  * rank order, of A_r (m x k) x B_r (k x n), equal on every rank bit for bit. Each rank's
  * product is computed in tiles of 128 x 128, or 128 x 256 where n allows and there are at least
- * as many of them as SMs (MACO_GEMM_TILE_WIDTH overrides); a tile goes to every peer as soon as
- * it is done and is reduced as soon as every rank's copy has arrived, while later tiles are
- * still being computed. scratch: nranks * m * n fp32 (slot r holds rank r's product, tile after
- * tile). *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
+ * as many of them as SMs (MACO_GEMM_TILE_WIDTH overrides). Tile t is reduced by rank
+ * t mod nranks, its owner, while later tiles are still being computed: as soon as a rank has
+ * computed tile t it puts it to the owner, which sums the nranks products in rank order once
+ * they have arrived and puts the sum to every peer (a reduce-scatter then an allgather, tile by
+ * tile: each rank sends 2 (nranks - 1) / nranks of the product's bytes). scratch: nranks * m *
+ * n fp32 (slot r holds rank r's product, tile after tile; slot 0 also the sums that arrive).
+ * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
  * tasks; tasks added before it do not wait for it, nor it for them (add dependencies to order
  * it). Waits go to communication workers: give the kernel at least one. Errors:
  * MACO_ERR_INVALID_ARGUMENT (NULL, shapes, a channel index missing), MACO_ERR_NO_MEMORY.

@@ -141,7 +141,8 @@ class TaskGraph:
     def allreduce(self, y: Any, *, name: str = "allreduce") -> KernelTensor:
         """Sums ``y`` over ranks in place, where ``y`` is the float32 output of this graph's
         last :meth:`matmul` that produced it: the two become the fused GEMM + allreduce (each
-        tile reduced as soon as every rank has produced it). Returns ``y``.
+        tile reduced by its owner rank as soon as every rank has produced it, the sum then put
+        to every rank). Returns ``y``.
 
         Raises: ValueError for any other ``y`` (the runtime fuses allreduce with a GEMM;
         use :meth:`maco.Communicator.allreduce` outside the kernel otherwise)."""

@@ -234,42 +234,61 @@ maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco
     nop.type = MACO_TASK_NOP;
     if (st == MACO_OK)
         st = maco__fused_add(&f, &nop, "done", &done);
+    /* Tile t is reduced by its owner, rank t mod nranks (a reduce-scatter followed by an
+     * allgather, tile by tile): every other rank puts its product of t into the owner's slot
+     * for it, the owner sums the nranks products in rank order into its slot 0 and puts that
+     * sum into slot 0 of every peer, and each rank copies slot 0 to out. Every rank sends
+     * 2 (nranks - 1) / nranks of the product's bytes, as a ring allreduce does, and does
+     * 1 / nranks of the adds; the one-shot scheme before it (each rank sending its whole
+     * product to every peer and reducing every tile itself) sent nranks / 2 times as much.
+     * Slot 0 of tile t is free to overwrite: on the owner it held an input of the first add;
+     * on rank 0 it held rank 0's product, whose put to the owner landed before the owner's
+     * wait for it returned; elsewhere it is unused. */
     for (uint32_t t = 0; t < ntiles && st == MACO_OK; t++) {
         uint32_t row = t / tn, col = t % tn;
+        const int owner = (int)(t % (uint32_t)f.nranks);
         uint64_t mine = (uint64_t)f.rank * mn + t * tile; /* my slot, tile t (elements) */
-        int gemm, have[MACO__FUSED_MAX_RANKS], sent[MACO__FUSED_MAX_RANKS], nsent = 0;
-        st = maco__fused_gemm_tile(&f, op->a, op->m, row, col, scratch + mine, f.tile_n, &gemm);
-        for (int q = 0; q < f.nranks && st == MACO_OK; q++) {
-            if (q == f.rank) {
-                have[q] = gemm;
-                continue;
-            }
-            st = maco__fused_send(&f, q, mine * 4, tile * 4, gemm, ready[q], &sent[nsent++]);
-            if (st == MACO_OK)
-                st = maco__fused_wait(&f, q, &have[q]);
-        }
-        /* Sum in rank order, partial sums in slot 0 (after this rank's puts read its own slot),
-         * the last one straight into out (row-major). */
         float *dst = out + (uint64_t)row * MACO_GEMM_TILE_M * op->n + (uint64_t)col * f.tile_n;
-        float *acc = scratch + t * tile;
-        int prev = have[0];
-        for (int q = 1; q < f.nranks && st == MACO_OK; q++) {
-            int deps[2 + MACO__FUSED_MAX_RANKS], nd = 0, add;
-            deps[nd++] = prev;
-            deps[nd++] = have[q];
-            if (q == 1)
-                for (int i = 0; i < nsent; i++)
-                    deps[nd++] = sent[i];
-            int last = q == f.nranks - 1;
-            st = maco__fused_add_tile(&f, acc, scratch + (uint64_t)q * mn + t * tile,
-                                      last ? dst : acc, last ? op->n : f.tile_n, 1.0f, deps, nd,
-                                      &add);
-            prev = add;
+        float *acc = scratch + t * tile; /* slot 0, tile t */
+        int gemm, copy = -1;
+        st = maco__fused_gemm_tile(&f, op->a, op->m, row, col, scratch + mine, f.tile_n, &gemm);
+        if (st == MACO_OK && f.nranks == 1) { /* one rank: the product is the result */
+            st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &gemm, 1, &copy);
+        } else if (st == MACO_OK && owner != f.rank) {
+            int sent, res;
+            st = maco__fused_send(&f, owner, mine * 4, tile * 4, gemm, ready[owner], &sent);
+            if (st == MACO_OK)
+                st = maco__fused_wait(&f, owner, &res); /* the owner's sum in slot 0 */
+            if (st == MACO_OK)
+                st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &res, 1, &copy);
+        } else if (st == MACO_OK) {
+            int have[MACO__FUSED_MAX_RANKS], prev;
+            for (int q = 0; q < f.nranks && st == MACO_OK; q++)
+                have[q] = gemm;
+            for (int q = 0; q < f.nranks && st == MACO_OK; q++)
+                if (q != f.rank)
+                    st = maco__fused_wait(&f, q, &have[q]);
+            /* Sum in rank order, partial sums and the result in slot 0. */
+            prev = have[0];
+            for (int q = 1; q < f.nranks && st == MACO_OK; q++) {
+                int deps[2] = { prev, have[q] }, add;
+                st = maco__fused_add_tile(&f, acc, scratch + (uint64_t)q * mn + t * tile, acc,
+                                          f.tile_n, 1.0f, deps, 2, &add);
+                prev = add;
+            }
+            for (int q = 0; q < f.nranks && st == MACO_OK; q++) {
+                int sent;
+                if (q == f.rank)
+                    continue;
+                st = maco__fused_send(&f, q, t * tile * 4, tile * 4, prev, ready[q], &sent);
+                if (st == MACO_OK)
+                    st = maco__fused_dep(&f, done, sent);
+            }
+            if (st == MACO_OK)
+                st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &prev, 1, &copy);
         }
-        if (st == MACO_OK && f.nranks == 1) /* one rank: the product is the result */
-            st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &gemm, 1, &prev);
         if (st == MACO_OK)
-            st = maco__fused_dep(&f, done, prev);
+            st = maco__fused_dep(&f, done, copy);
     }
     if (st == MACO_OK && last_p != NULL)
         *last_p = done;
