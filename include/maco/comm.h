@@ -139,9 +139,12 @@ MACO_API const char *maco_comm_get_last_error(maco_comm_t comm);
  * - MACO_ERR_INVALID_USAGE: a proxy got a trigger for a channel that does not exist or that
  *   its transport cannot carry (a corrupt trigger), or a collective kernel met a peer's
  *   registration this rank has not mapped (deregistered while in use);
- * - MACO_ERR_CUDA: a proxy's copy, stream write or event failed.
+ * - MACO_ERR_CUDA: a proxy's copy, stream write or event failed; or the CUDA context of the
+ *   communicator's device has a sticky error (a kernel faulted, e.g. on a dead peer's memory
+ *   mapped by CUDA IPC: the message names the ranks whose bootstrap connection has ended).
  * The status stays set for the communicator's lifetime. Does not block and does not
- * synchronise with the device. Thread-safe.
+ * synchronise with the device (it asks the context with cudaStreamQuery on an idle stream of
+ * the communicator's own, made at the first call). Thread-safe.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL).
  */
 MACO_API maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p);

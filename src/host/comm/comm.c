@@ -291,6 +291,8 @@ static void maco__comm_free(maco_comm_t comm)
         cudaFree(comm->buf);
     if (comm->err_report)
         cudaFreeHost((void *)comm->err_report);
+    if (comm->probe_stream != NULL)
+        cudaStreamDestroy((cudaStream_t)comm->probe_stream);
     cudaGetLastError();
     free(comm->peer_buf);
     free(comm->peer_buf_mem);

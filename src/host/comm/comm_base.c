@@ -55,7 +55,7 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
     if (comm->first_status == MACO_OK || (rejected && failure)) {
         comm->first_status = status;
         snprintf(comm->first_error, sizeof(comm->first_error), "%s", maco__last_error());
-        if (status == MACO_ERR_REMOTE || status == MACO_ERR_TIMEOUT)
+        if (status == MACO_ERR_REMOTE || status == MACO_ERR_TIMEOUT || status == MACO_ERR_CUDA)
             maco__comm_name_gone_peers(comm);
     }
     pthread_mutex_unlock(&comm->error_lock);
@@ -125,6 +125,52 @@ const char *maco_comm_get_last_error(maco_comm_t comm)
     return comm == NULL ? "" : comm->first_error;
 }
 
+/*
+ * A kernel that faulted leaves no report in the claim word: the context's sticky error says
+ * it. One cause is a peer that died while this rank's kernels read its memory (mapped into
+ * this process by CUDA IPC: it vanishes with the peer's process, and the next load is an
+ * illegal address), so the recorded error names the ranks whose bootstrap link has ended.
+ * The question goes to a stream of the communicator's own that never gets work: idle, it
+ * answers cudaSuccess unless the context failed, and it is tied to no stream the application
+ * may be capturing (relaxed capture mode besides, as a watchdog thread may call this while
+ * another thread captures). Returns MACO_ERR_CUDA after recording it as the asynchronous
+ * error, else MACO_OK.
+ */
+static maco_status_t maco__comm_check_context(maco_comm_t comm)
+{
+    if (comm->cuda_device < 0 || comm->gpu_unavailable[0] != '\0')
+        return MACO_OK;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    int cur = -1;
+    cudaGetDevice(&cur);
+    cudaError_t e = cur == comm->cuda_device ? cudaSuccess : cudaSetDevice(comm->cuda_device);
+    pthread_mutex_lock(&comm->error_lock);
+    if (e == cudaSuccess && comm->probe_stream == NULL) {
+        cudaStream_t s = NULL;
+        e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        comm->probe_stream = e == cudaSuccess ? (void *)s : NULL;
+    }
+    cudaStream_t probe = (cudaStream_t)comm->probe_stream;
+    pthread_mutex_unlock(&comm->error_lock);
+    if (e == cudaSuccess)
+        e = cudaStreamQuery(probe);
+    if (cur >= 0 && cur != comm->cuda_device)
+        cudaSetDevice(cur);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e == cudaSuccess || e == cudaErrorNotReady)
+        return MACO_OK;
+    maco__error_quiet(MACO_ERR_CUDA,
+                      "rank %d: the CUDA context of device %d failed: %s (%s); every later CUDA "
+                      "call there fails (a kernel faulted: a peer process that died while this "
+                      "rank's kernels read its memory is one cause)",
+                      comm->rank, comm->cuda_device, cudaGetErrorName(e), cudaGetErrorString(e));
+    maco__comm_record(comm, MACO_ERR_CUDA);
+    __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 }, (int32_t)MACO_ERR_CUDA,
+                                0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    return MACO_ERR_CUDA;
+}
+
 maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_status_p)
 {
     if (comm == NULL || async_status_p == NULL)
@@ -137,11 +183,11 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
         *async_status_p = (maco_status_t)host_status;
         return MACO_OK;
     }
-    if (comm->err_report == NULL)
+    int32_t status = comm->err_report == NULL ? 0 : comm->err_report->status;
+    if (status == 0) {
+        *async_status_p = maco__comm_check_context(comm);
         return MACO_OK;
-    int32_t status = comm->err_report->status;
-    if (status == 0)
-        return MACO_OK;
+    }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     const maco_device_error_t *e = comm->err_report;
     if (e->what == MACO_DEVICE_ERR_REGISTRATION) {

@@ -88,7 +88,10 @@ struct maco_comm {
     /* GPU resources (valid when gpu_unavailable is ""). */
     int gpu_ranks;          /* ranks on this rank's GPU, this one included (1: not shared) */
     int device_waits_ended; /* maco__comm_end_device_waits ran (atomic) */
-    int any_gpu_shared;     /* 1 when some GPU of the job runs several ranks (equal on all ranks) */
+    /* A stream of its own, never given work, that maco_comm_get_async_error queries for the
+     * context's sticky error (created at the first query, under error_lock). */
+    void *probe_stream;
+    int any_gpu_shared; /* 1 when some GPU of the job runs several ranks (equal on all ranks) */
     /* The most CTAs a kernel that waits on peers or on its own grid may launch: over all
      * ranks, min(SM count its context reports / ranks on its GPU), at least 1. One CTA per
      * SM always fits, so every CTA of every rank sharing a GPU is resident at once
