@@ -24,6 +24,7 @@ typedef struct maco__fused {
     uint32_t tile_n; /* the GEMM tiles' width (maco__gemm_pick_tile_n) */
     char name[96];
     int prev_sig[MACO__FUSED_MAX_RANKS], prev_wait[MACO__FUSED_MAX_RANKS];
+    int last_wait; /* the operator's waits run one after another, in the order they are added */
 } maco__fused_t;
 
 /* The tile width for an m x n C on comm's SMs: MACO_GEMM_TILE_N_WIDE where n allows it and the
@@ -94,6 +95,7 @@ static maco_status_t maco__fused_check(maco_task_graph_t g, const maco_fused_gem
                                fn, q, op->channels[q], g->nchannels);
         f->prev_sig[q] = f->prev_wait[q] = -1;
     }
+    f->last_wait = -1;
     f->tile_n = maco__gemm_pick_tile_n(op->comm, op->m, op->n);
     snprintf(f->name, sizeof(f->name), "%s%s", op->name ? op->name : "",
              op->name && op->name[0] ? " " : "");
@@ -133,7 +135,14 @@ static maco_status_t maco__fused_send(maco__fused_t *f, int q, uint64_t off, uin
     return st;
 }
 
-/* The next wait on peer q's channel; its id in *id_p. */
+/* The next wait on peer q's channel; its id in *id_p. Every wait of the operator also follows
+ * the one added before it, whatever its channel: a wait holds a communication worker until its
+ * signal comes, and in GEMM + allreduce a peer's signal can need this rank's earlier waits
+ * (the owner of a tile sends the sum only after every product of it arrived, and a rank's
+ * signals on a channel are chained). Waits taken in the order they were added (tile order)
+ * only ever wait for signals that need earlier waits, so one communication worker cannot
+ * deadlock; taken as they became ready, a wait of a later tile could hold the only worker
+ * while an earlier tile's wait that its signal needs sat behind it (seen at 4 ranks). */
 static maco_status_t maco__fused_wait(maco__fused_t *f, int q, int *id_p)
 {
     maco_task_t t;
@@ -143,7 +152,10 @@ static maco_status_t maco__fused_wait(maco__fused_t *f, int q, int *id_p)
     maco_status_t st = maco__fused_add(f, &t, "wait", id_p);
     if (st == MACO_OK)
         st = maco__fused_dep(f, *id_p, f->prev_wait[q]);
+    if (st == MACO_OK)
+        st = maco__fused_dep(f, *id_p, f->last_wait);
     f->prev_wait[q] = *id_p;
+    f->last_wait = *id_p;
     return st;
 }
 
