@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22's runs (re-verify every GPU path on 2 and 4 GPUs; MACO against NCCL's classic and
 # symmetric-memory kernels, both NCCL versions), on a lent GPU machine over a carried build
-# (scripts/gpu-bundle.sh; docs/multi-gpu-runbook.md says what to carry and the calls).
+# (scripts/gpu-issue23-bundle.sh; docs/multi-gpu-runbook.md says what to carry and the calls).
 #   usage: bash scripts/gpu-issue22.sh STAGE [STAGE...]
 # Stages (each fits one device call of 10 minutes on 4 H200s; several may be named):
 #   verify      ctest -L gpu (the whole GPU suite), then compute-sanitizer memcheck of the
@@ -21,6 +21,11 @@
 # the device tool returns at most 8 files); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# scripts/gpu-issue23-bundle.sh packs the build (MACO's libnccl and its tests, which ctest -L gpu
+# runs, included) as gpu-bundle/build.tgz.
+if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
+  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
+fi
 . scripts/gpu-common.sh
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-30s}
 R="$B/tools/maco-run"
