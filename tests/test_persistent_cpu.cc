@@ -253,7 +253,8 @@ TEST_F(TaskGraph, WideGemmTileChecksAndLowering)
     maco__pk_lowered_free(&l);
 }
 
-TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
+/* A 256-row GEMM tile task over fake device pointers (validation only reads the fields). */
+static maco_task_t GemmTileTask(uint32_t n, uint32_t ldc, uint32_t tile_n, const char *name)
 {
     maco_task_t t;
     memset(&t, 0, sizeof(t));
@@ -261,46 +262,29 @@ TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
     t.datatype = MACO_FLOAT32;
     t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
     t.m = 256;
-    t.n = 384; /* not a multiple of 256 */
+    t.n = n;
     t.k = 64;
-    t.ldc = 384;
-    t.tile_n = MACO_GEMM_TILE_N_WIDE;
-    t.name = "w384";
-    Add(t);
+    t.ldc = ldc;
+    t.tile_n = tile_n;
+    t.name = name;
+    return t;
+}
+
+TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
+{
+    Add(GemmTileTask(384, 384, MACO_GEMM_TILE_N_WIDE, "w384")); /* n not a multiple of 256 */
     ExpectInvalid({ "\"w384\"", "multiples of 128 and 256 (tile_n)" });
 }
 
 TEST_F(TaskGraph, GemmTileWidthIs128Or256)
 {
-    maco_task_t t;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_GEMM_TILE;
-    t.datatype = MACO_FLOAT32;
-    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
-    t.m = 256;
-    t.n = 512;
-    t.k = 64;
-    t.ldc = 512;
-    t.tile_n = 64;
-    t.name = "w64";
-    Add(t);
+    Add(GemmTileTask(512, 512, 64, "w64"));
     ExpectInvalid({ "\"w64\"", "tile_n = 64: 0, 128 or 256" });
 }
 
 TEST_F(TaskGraph, WideGemmTileLdcAtLeastItsWidth)
 {
-    maco_task_t t;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_GEMM_TILE;
-    t.datatype = MACO_FLOAT32;
-    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
-    t.m = 256;
-    t.n = 512;
-    t.k = 64;
-    t.ldc = 128;
-    t.tile_n = MACO_GEMM_TILE_N_WIDE;
-    t.name = "ld";
-    Add(t);
+    Add(GemmTileTask(512, 128, MACO_GEMM_TILE_N_WIDE, "ld"));
     ExpectInvalid({ "\"ld\"", "ldc = 128: at least 256 (tile_n)" });
 }
 
