@@ -199,60 +199,6 @@ TEST_F(TaskGraph, UnknownChannel)
     ExpectInvalid({ "task 0", "channel_signal", "channel 3 does not exist" });
 }
 
-TEST_F(TaskGraph, GemmTileChecksAndLowering)
-{
-    maco_task_t t;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_GEMM_TILE;
-    t.datatype = MACO_BFLOAT16;
-    t.a = reinterpret_cast<void *>(0x100000);
-    t.b = reinterpret_cast<void *>(0x200000);
-    t.out = reinterpret_cast<void *>(0x300000);
-    t.m = 256;
-    t.n = 384;
-    t.k = 64;
-    t.ldc = 384;
-    t.tile_row = 1;
-    t.tile_col = 2;
-    t.name = "g";
-    Add(t);
-    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    maco__pk_lowered_t l;
-    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
-    EXPECT_EQ(l.ngemm_tasks, 1u);
-    EXPECT_EQ(l.tasks[0].count, 64u | (384ull << 32));                       /* K | N << 32 */
-    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
-    EXPECT_EQ(l.tasks[0].aux, 384u);
-    EXPECT_EQ(l.tasks[0].gemm.tile_n, 128u); /* tile_n 0: the narrow width */
-    maco__pk_lowered_free(&l);
-}
-
-TEST_F(TaskGraph, WideGemmTileChecksAndLowering)
-{
-    maco_task_t t;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_GEMM_TILE;
-    t.datatype = MACO_FLOAT32;
-    t.a = reinterpret_cast<void *>(0x100000);
-    t.b = reinterpret_cast<void *>(0x200000);
-    t.out = reinterpret_cast<void *>(0x300000);
-    t.m = 256;
-    t.n = 512;
-    t.k = 64;
-    t.ldc = 256; /* tiles stored one after another */
-    t.tile_row = 1;
-    t.tile_col = 1;
-    t.tile_n = MACO_GEMM_TILE_N_WIDE;
-    t.name = "wide";
-    Add(t);
-    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    maco__pk_lowered_t l;
-    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
-    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
-    EXPECT_EQ(l.tasks[0].gemm.tile_n, 256u);
-    maco__pk_lowered_free(&l);
-}
-
 /* A 256-row GEMM tile task over fake device pointers (validation only reads the fields). */
 static maco_task_t GemmTileTask(uint32_t n, uint32_t ldc, uint32_t tile_n, const char *name)
 {
@@ -268,6 +214,39 @@ static maco_task_t GemmTileTask(uint32_t n, uint32_t ldc, uint32_t tile_n, const
     t.tile_n = tile_n;
     t.name = name;
     return t;
+}
+
+TEST_F(TaskGraph, GemmTileChecksAndLowering)
+{
+    maco_task_t t = GemmTileTask(384, 384, 0, "g");
+    t.datatype = MACO_BFLOAT16;
+    t.tile_row = 1;
+    t.tile_col = 2;
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.ngemm_tasks, 1u);
+    EXPECT_EQ(l.tasks[0].count, 64u | (384ull << 32));                       /* K | N << 32 */
+    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
+    EXPECT_EQ(l.tasks[0].aux, 384u);
+    EXPECT_EQ(l.tasks[0].gemm.tile_n, 128u); /* tile_n 0: the narrow width */
+    maco__pk_lowered_free(&l);
+}
+
+TEST_F(TaskGraph, WideGemmTileChecksAndLowering)
+{
+    maco_task_t t = GemmTileTask(512, 256, MACO_GEMM_TILE_N_WIDE, "wide"); /* tiles stored one
+                                                                               after another */
+    t.tile_row = 1;
+    t.tile_col = 1;
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK);
+    EXPECT_EQ(l.tasks[0].ptr[3], 128u | (static_cast<uint64_t>(256) << 32)); /* m0 | n0 */
+    EXPECT_EQ(l.tasks[0].gemm.tile_n, 256u);
+    maco__pk_lowered_free(&l);
 }
 
 TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
