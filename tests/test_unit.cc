@@ -25,6 +25,7 @@
 #include "maco/config.h"
 #include "maco_test.h"
 #include "socket.h"
+#include "perf_nccl_log.h"
 
 namespace
 {
@@ -823,4 +824,31 @@ TEST(ProcessToken, ThreadsOfOneProcessAgreeAndAForkedChildDiffers)
         ASSERT_EQ(waitpid(pid, &status, 0), pid);
         ASSERT_EQ(ok, 1) << "round " << round << ": threads saw different tokens";
     }
+}
+
+/* maco-perf's reading of NCCL's TUNING lines (tools/perf_nccl_log.h), on lines in the formats
+ * NCCL 2.28-2.31 print, with their prefix; anything else is "?", and a short buffer is cut,
+ * not overrun. */
+TEST(PerfNcclLog, SymmetricAndClassicLines)
+{
+    char out[96];
+    maco_perf_nccl_path_of("vm:812:812 [0] NCCL INFO AllReduce [Symmetric]: 4096 Bytes -> Kernel "
+                           "AllReduce_AGxLL_R nchannels 16 nthreads 512 nWorks 1\n",
+                           out, sizeof(out));
+    EXPECT_STREQ(out, "symmetric AllReduce_AGxLL_R");
+    maco_perf_nccl_path_of("vm:812:812 [0] NCCL INFO ReduceScatter: 262144 Bytes -> Algo RING "
+                           "proto SIMPLE channel{Lo..Hi}={0..3}\n",
+                           out, sizeof(out));
+    EXPECT_STREQ(out, "RING/SIMPLE");
+    maco_perf_nccl_path_of("vm:812:812 [0] NCCL INFO Channel 00/24 : 0 1\n", out, sizeof(out));
+    EXPECT_STREQ(out, "?");
+    /* "[Symmetric]" without a kernel name is not taken as one. */
+    maco_perf_nccl_path_of("AllReduce [Symmetric]: 8 Bytes -> Algo NVLS proto SIMPLE", out,
+                           sizeof(out));
+    EXPECT_STREQ(out, "NVLS/SIMPLE");
+    char small[8];
+    memset(small, 'x', sizeof(small));
+    maco_perf_nccl_path_of("AllGather [Symmetric]: 8 Bytes -> Kernel AllGather_LL", small,
+                           sizeof(small));
+    EXPECT_STREQ(small, "symmetr"); /* 7 characters and the terminator */
 }

@@ -58,6 +58,7 @@
 
 #include "maco/maco.h"
 #include "perf_kernels.h"
+#include "perf_nccl_log.h"
 
 /* ------------------------------------------------------------------ NCCL, by dlopen */
 
@@ -752,24 +753,6 @@ static char *perf_strdup_env(const char *name)
     return v != NULL ? strdup(v) : NULL;
 }
 
-/* Reduces one NCCL TUNING line to "symmetric KERNEL" or "ALGO/PROTO" in `out`. The formats
- * are NCCL's INFO(NCCL_TUNING, ...) lines (src/enqueue.cc, src/scheduler/symmetric_sched.cc):
- *   "AllReduce [Symmetric]: 1024 Bytes -> Kernel AllReduce_AGxLL_R nchannels 8 ..."
- *   "AllReduce: 1024 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..7}" */
-static void perf_nccl_path_of(const char *line, char *out, size_t cap)
-{
-    const char *kernel = strstr(line, "-> Kernel ");
-    const char *algo = strstr(line, "-> Algo ");
-    char a[64] = "", b[64] = "";
-    if (strstr(line, "[Symmetric]") != NULL && kernel != NULL &&
-        sscanf(kernel, "-> Kernel %63s", a) == 1)
-        snprintf(out, cap, "symmetric %s", a);
-    else if (algo != NULL && sscanf(algo, "-> Algo %63s proto %63s", a, b) == 2)
-        snprintf(out, cap, "%s/%s", a, b);
-    else
-        snprintf(out, cap, "?");
-}
-
 /* NCCL's path for the case `k` (see the top of this file): every rank makes one untimed NCCL
  * call; around it rank 0 points NCCL's TUNING log at a temporary file and reads back the last
  * line. `out` gets "-" when NCCL logged nothing for the call and "unknown" without
@@ -805,7 +788,7 @@ static void perf_nccl_path(perf_ctx_t *c, const perf_case_t *k, char *out, size_
     char line[1024];
     while (r == 0 && f != NULL && fgets(line, sizeof(line), f) != NULL)
         if (strstr(line, " Bytes -> ") != NULL)
-            perf_nccl_path_of(line, out, cap);
+            maco_perf_nccl_path_of(line, out, cap);
     if (f != NULL)
         fclose(f);
     unlink(path);
