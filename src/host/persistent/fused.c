@@ -270,6 +270,8 @@ maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco
             int sent, res;
             st = maco__fused_send(&f, owner, mine * 4, tile * 4, gemm, ready[owner], &sent);
             if (st == MACO_OK)
+                st = maco__fused_dep(&f, done, sent);
+            if (st == MACO_OK)
                 st = maco__fused_wait(&f, owner, &res); /* the owner's sum in slot 0 */
             if (st == MACO_OK)
                 st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &res, 1, &copy);
