@@ -113,8 +113,7 @@ maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
     maco_status_t st = maco__coll_require(comm, c->fn, &coll_state);
     if (st != MACO_OK)
         return st;
-    maco_status_t async_st;
-    maco_comm_get_async_error(comm, &async_st);
+    maco_status_t async_st = maco__comm_async_status(comm); /* no context query: hot path */
     if (async_st != MACO_OK)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
                                                    "%s: the communicator has failed (%s): %s; "

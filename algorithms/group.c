@@ -296,8 +296,7 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     st = maco__coll_require(comm, first_fn, &c);
     if (st != MACO_OK)
         return st;
-    maco_status_t async_st;
-    maco_comm_get_async_error(comm, &async_st);
+    maco_status_t async_st = maco__comm_async_status(comm); /* no context query: hot path */
     if (async_st != MACO_OK) {
         char who[96];
         if (g->implicit)

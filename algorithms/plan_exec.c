@@ -574,8 +574,7 @@ maco_status_t maco_plan_execute(maco_plan_t plan, const void *sendbuf, void *rec
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                                                    "%s: %s is NULL with count %zu", fn,
                                                    sendbuf == NULL ? "sendbuf" : "recvbuf", count));
-    maco_status_t async_st;
-    maco_comm_get_async_error(comm, &async_st);
+    maco_status_t async_st = maco__comm_async_status(comm); /* no context query: hot path */
     if (async_st != MACO_OK)
         return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
                                                    "%s: the communicator has failed (%s); destroy "

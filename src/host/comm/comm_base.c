@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "bootstrap_internal.h"
 #include "comm_internal.h"
@@ -64,8 +65,12 @@ maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status)
 
 maco_status_t maco__comm_end_device_waits(maco_comm_t comm)
 {
+    /* 0: not yet, 2: a thread is writing the word, 1: written. A failed write goes back to 0,
+     * so a later call (maco_comm_abort after a proxy's failure) tries again. */
+    int32_t expect = 0;
     if (comm->cuda_device < 0 || comm->bound.claim == NULL ||
-        __atomic_exchange_n(&comm->device_waits_ended, 1, __ATOMIC_ACQ_REL) != 0)
+        !__atomic_compare_exchange_n(&comm->device_waits_ended, &expect, 2, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
         return MACO_OK;
     /* The claim word is device memory (maco/device/error.h says why); a kernel reads it with
      * volatile loads, which go to L2, where the copy lands. A device thread that claimed it
@@ -84,13 +89,26 @@ maco_status_t maco__comm_end_device_waits(maco_comm_t comm)
     if (cerr == cudaSuccess)
         cerr =
             cudaMemcpyAsync(comm->bound.claim, &one, sizeof(one), cudaMemcpyHostToDevice, stream);
-    if (cerr == cudaSuccess)
-        cerr = cudaStreamSynchronize(stream);
-    if (stream != NULL)
-        cudaStreamDestroy(stream);
+    /* Bounded like every other wait (MACO_DEVICE_TIMEOUT): a copy engine that never runs the
+     * 4-byte copy must not hang a proxy thread or maco_comm_abort. */
+    uint64_t waited_ns = 0;
+    while (cerr == cudaSuccess && (cerr = cudaStreamQuery(stream)) == cudaErrorNotReady &&
+           waited_ns < comm->timeout_ns) {
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+        waited_ns += 100000;
+    }
+    if (stream != NULL && cerr != cudaErrorNotReady)
+        cudaStreamDestroy(stream); /* a copy still pending keeps its stream */
     if (cur >= 0)
         cudaSetDevice(cur);
     cudaThreadExchangeStreamCaptureMode(&mode);
+    __atomic_store_n(&comm->device_waits_ended, cerr == cudaSuccess ? 1 : 0, __ATOMIC_RELEASE);
+    if (cerr == cudaErrorNotReady)
+        return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_INIT,
+                           "rank %d: the 4-byte copy that sets the device error word did not run "
+                           "within MACO_DEVICE_TIMEOUT (%llu ms)",
+                           comm->rank, (unsigned long long)(comm->timeout_ns / 1000000ull));
     if (cerr != cudaSuccess)
         return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_INIT,
                            "rank %d: setting the device error word failed: %s (%s)", comm->rank,
@@ -145,20 +163,30 @@ static maco_status_t maco__comm_check_context(maco_comm_t comm)
     int cur = -1;
     cudaGetDevice(&cur);
     cudaError_t e = cur == comm->cuda_device ? cudaSuccess : cudaSetDevice(comm->cuda_device);
-    pthread_mutex_lock(&comm->error_lock);
-    if (e == cudaSuccess && comm->probe_stream == NULL) {
-        cudaStream_t s = NULL;
-        e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-        comm->probe_stream = e == cudaSuccess ? (void *)s : NULL;
+    void *probe = __atomic_load_n(&comm->probe_stream, __ATOMIC_ACQUIRE);
+    if (e == cudaSuccess && probe == NULL) {
+        cudaStream_t made = NULL;
+        e = cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking);
+        void *none = NULL;
+        if (e == cudaSuccess &&
+            !__atomic_compare_exchange_n(&comm->probe_stream, &none, (void *)made, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            cudaStreamDestroy(made); /* another thread's came first */
+        probe = __atomic_load_n(&comm->probe_stream, __ATOMIC_ACQUIRE);
     }
-    cudaStream_t probe = (cudaStream_t)comm->probe_stream;
-    pthread_mutex_unlock(&comm->error_lock);
     if (e == cudaSuccess)
-        e = cudaStreamQuery(probe);
+        e = cudaStreamQuery((cudaStream_t)probe);
     if (cur >= 0 && cur != comm->cuda_device)
         cudaSetDevice(cur);
     cudaThreadExchangeStreamCaptureMode(&mode);
-    if (e == cudaSuccess || e == cudaErrorNotReady)
+    /* Only the errors that leave the context unusable (cuda_runtime_api.h: "sticky"): any
+     * other answer (busy, out of resources for the stream) says nothing about the
+     * communicator's work. */
+    if (e != cudaErrorIllegalAddress && e != cudaErrorLaunchFailure &&
+        e != cudaErrorHardwareStackError && e != cudaErrorIllegalInstruction &&
+        e != cudaErrorMisalignedAddress && e != cudaErrorInvalidAddressSpace &&
+        e != cudaErrorInvalidPc && e != cudaErrorAssert && e != cudaErrorLaunchTimeout &&
+        e != cudaErrorECCUncorrectable)
         return MACO_OK;
     maco__error_quiet(MACO_ERR_CUDA,
                       "rank %d: the CUDA context of device %d failed: %s (%s); every later CUDA "
@@ -176,18 +204,22 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
     if (comm == NULL || async_status_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "maco_comm_get_async_error: NULL argument");
-    *async_status_p = MACO_OK;
+    *async_status_p = maco__comm_async_status(comm);
+    if (*async_status_p == MACO_OK)
+        *async_status_p = maco__comm_check_context(comm);
+    return MACO_OK;
+}
+
+maco_status_t maco__comm_async_status(maco_comm_t comm)
+{
     int32_t host_status = __atomic_load_n(&comm->host_async_status, __ATOMIC_ACQUIRE);
     if (host_status != 0) {
         /* A proxy's error: its text is the communicator's first error. */
-        *async_status_p = (maco_status_t)host_status;
-        return MACO_OK;
+        return (maco_status_t)host_status;
     }
     int32_t status = comm->err_report == NULL ? 0 : comm->err_report->status;
-    if (status == 0) {
-        *async_status_p = maco__comm_check_context(comm);
+    if (status == 0)
         return MACO_OK;
-    }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     const maco_device_error_t *e = comm->err_report;
     if (e->what == MACO_DEVICE_ERR_REGISTRATION) {
@@ -196,8 +228,7 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                           "this rank has not mapped (deregistered while in use?)",
                           comm->rank, (int)e->peer, (int)e->object);
         maco__comm_record(comm, (maco_status_t)status);
-        *async_status_p = (maco_status_t)status;
-        return MACO_OK;
+        return (maco_status_t)status;
     }
     if (e->what == MACO_DEVICE_ERR_COUNT_MISMATCH) {
         /* object: bits 0-1 the receive's kind (send/recv, all-to-all, all-to-allv), bits
@@ -220,8 +251,7 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                 (unsigned long long)e->expected, (int)e->peer, (unsigned long long)e->observed,
                 (unsigned long long)(e->observed / esz), esz);
         maco__comm_record(comm, (maco_status_t)status);
-        *async_status_p = (maco_status_t)status;
-        return MACO_OK;
+        return (maco_status_t)status;
     }
     if (e->what >= MACO_DEVICE_WAIT_TASK && e->what <= MACO_DEVICE_ERR_TASK_FAILED) {
         unsigned long long x = (unsigned long long)e->expected, y = (unsigned long long)e->observed;
@@ -254,8 +284,7 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                 (maco_status_t)status, "rank %d: persistent kernel: task %d (type %llu) failed: %s",
                 comm->rank, (int)e->object, x, maco_status_string((maco_status_t)status));
         maco__comm_record(comm, (maco_status_t)status);
-        *async_status_p = (maco_status_t)status;
-        return MACO_OK;
+        return (maco_status_t)status;
     }
     maco__error_quiet((maco_status_t)status,
                       "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
@@ -269,8 +298,7 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
                       (int)e->object, (unsigned long long)e->expected,
                       (unsigned long long)e->observed);
     maco__comm_record(comm, (maco_status_t)status);
-    *async_status_p = (maco_status_t)status;
-    return MACO_OK;
+    return (maco_status_t)status;
 }
 
 void maco__comm_set_unavailable(maco_comm_t comm, const char *why)

@@ -86,10 +86,10 @@ struct maco_comm {
     char first_error[1024];
 
     /* GPU resources (valid when gpu_unavailable is ""). */
-    int gpu_ranks;          /* ranks on this rank's GPU, this one included (1: not shared) */
-    int device_waits_ended; /* maco__comm_end_device_waits ran (atomic) */
+    int gpu_ranks;              /* ranks on this rank's GPU, this one included (1: not shared) */
+    int32_t device_waits_ended; /* maco__comm_end_device_waits: 0, 2 writing, 1 done (atomic) */
     /* A stream of its own, never given work, that maco_comm_get_async_error queries for the
-     * context's sticky error (created at the first query, under error_lock). */
+     * context's sticky error (created at the first query; atomic). */
     void *probe_stream;
     int any_gpu_shared; /* 1 when some GPU of the job runs several ranks (equal on all ranks) */
     /* The most CTAs a kernel that waits on peers or on its own grid may launch: over all
@@ -111,6 +111,12 @@ struct maco_comm {
     char ext_unavailable[256]; /* why the extension set nothing up ("" when it did or was not asked)
                                 */
 };
+
+/**
+ * The communicator's asynchronous status as maco_comm_get_async_error gives it, without asking
+ * the CUDA context (a proxy's error, a device-side report): cheap, for every launch path.
+ */
+maco_status_t maco__comm_async_status(maco_comm_t comm);
 
 /** Copies this thread's last error into the communicator if it has none yet. */
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);
