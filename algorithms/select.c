@@ -203,7 +203,9 @@ maco_status_t maco__coll_agree_max_ctas(maco_comm_t comm, maco__coll_t *c, int m
 {
     int32_t *all = (int32_t *)calloc((size_t)comm->nranks, sizeof(int32_t));
     if (all == NULL)
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "%s: no memory", what);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL,
+                           "%s: no memory for %d ranks' values (%zu bytes)", what, comm->nranks,
+                           (size_t)comm->nranks * sizeof(int32_t));
     all[comm->rank] = (int32_t)max_ctas;
     maco_status_t st = maco_bootstrap_allgather(comm->bs, all, sizeof(int32_t));
     if (st == MACO_OK)

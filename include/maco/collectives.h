@@ -329,8 +329,9 @@ MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_coll
  * raises a kernel above its default bound: maco_comm_get_coresident_ctas(), halved when any
  * GPU of the job runs several ranks (README, "Co-residency"); a kernel launches
  * min(its own choice by size, max_ctas, that bound) CTAs. One-shot and two-shot LL
- * kernels already stop at 64 CTAs, the mesh kernels at the scratch's slots. Not capped:
- * send/recv and all-to-all between nodes (one CTA per remote pair) and execution plans
+ * kernels already stop at 64 CTAs, the mesh kernels at the scratch's slots. Not capped: the
+ * direct (xp2p) send/recv and all-to-all between nodes (one CTA per remote pair; the
+ * hierarchical all-to-all is capped) and execution plans
  * (their CTA count is part of the plan).
  *
  * Collective and blocking: every rank calls it with the same value before its next
@@ -344,8 +345,9 @@ MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_coll
  */
 MACO_API maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ctas);
 
-/** The cap set by maco_collective_set_max_ctas (0: none). Errors: MACO_ERR_INVALID_ARGUMENT
- * (NULL argument), MACO_ERR_UNSUPPORTED (no usable GPU). */
+/** The cap set by maco_collective_set_max_ctas (0: none), in CTAs. Local and non-blocking;
+ * not thread-safe with maco_collective_set_max_ctas on the same communicator. Errors:
+ * MACO_ERR_INVALID_ARGUMENT (NULL argument), MACO_ERR_UNSUPPORTED (no usable GPU). */
 MACO_API maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p);
 
 /** Mesh-family kernel launches of a communicator since its creation, by the path they

@@ -167,7 +167,9 @@ static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, mac
     uint32_t nmaps = 0;
     maco_status_t st = MACO_OK;
     if (first == NULL || host == NULL) {
-        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                         "%s: out of host memory for the tensor maps of %u GEMM tasks (%zu bytes)",
+                         fn, l->ngemm_tasks, (size_t)l->ngemm_tasks * (bytes + sizeof(uint32_t)));
         goto out;
     }
     for (uint32_t i = 0; i < l->ntasks; i++) {
@@ -246,7 +248,9 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
     maco_persistent_kernel_t k = calloc(1, sizeof(*k));
     char *host = NULL;
     if (k == NULL) {
-        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+        st =
+            maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                        "%s: out of host memory for the kernel object (%zu bytes)", fn, sizeof(*k));
         goto fail;
     }
     k->comm = comm;
@@ -269,7 +273,9 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
     k->labels = calloc(l.ntasks, sizeof(char *));
     k->roles = calloc(l.ntasks, 1);
     if (host == NULL || k->labels == NULL || k->roles == NULL) {
-        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+        st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                         "%s: out of host memory for the graph of %u tasks (%zu bytes)", fn,
+                         l.ntasks, (size_t)fixed_bytes + (size_t)l.ntasks * (sizeof(char *) + 1));
         goto fail;
     }
     if (k->gemm == MACO__PK_GEMM_GMMA) {
@@ -316,8 +322,7 @@ maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_str
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST, "%s: kernel is NULL",
                            fn);
     MACO__LOG_RANK_SCOPE(k->comm->rank);
-    maco_status_t async_st;
-    maco_comm_get_async_error(k->comm, &async_st);
+    maco_status_t async_st = maco__comm_async_status(k->comm);
     if (async_st != MACO_OK)
         return maco__comm_record(
             k->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
