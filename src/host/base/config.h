@@ -103,8 +103,9 @@ extern "C" {
       "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
       "slot and semaphores.")                                                                      \
     X(COLL_MAX_CTAS, INT, "0", "",                                                                 \
-      "Most CTAs a collective or send/recv kernel launches (0: no cap beyond SM count / ranks "    \
-      "sharing the GPU); the rest of the SMs stay free for other work. Every rank must set the "   \
+      "Most CTAs a collective or send/recv kernel launches (0: no cap beyond the co-resident "     \
+      "bound, SM count / ranks sharing the GPU, halved when any GPU of the job is shared); the "   \
+      "rest of the SMs stay free for other work. Every rank must set the "                         \
       "same value (checked at creation). maco_collective_set_max_ctas changes it.")                \
     X(HIER_CTAS, INT, "8", "",                                                                     \
       "Collectives across nodes: CTAs (1..64), each with its own scratch slot and port "           \

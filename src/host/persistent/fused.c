@@ -27,29 +27,14 @@ typedef struct maco__fused {
     int last_wait; /* the operator's waits run one after another, in the order they are added */
 } maco__fused_t;
 
-/* The tile width for an m x n C on comm's SMs: MACO_GEMM_TILE_N_WIDE where n allows it and the
- * wide tiles still fill every SM at least once, else MACO_GEMM_TILE_N; MACO_GEMM_TILE_WIDTH
- * overrides. */
+/* The tile width for an m x n C on comm's SMs (maco__gemm_tile_width: wide where the wide
+ * tiles still fill every SM at least once). */
 static uint32_t maco__gemm_pick_tile_n(maco_comm_t comm, uint32_t m, uint32_t n)
 {
-    /* A wide tile reads a third fewer bytes per FLOP than two narrow ones and pays the per-task
-     * costs once; but half as many tasks leave SMs idle when C is small (docs/performance.md,
-     * "GEMM tiles"): wide only when there are at least as many wide tiles as SMs. */
-    if (n % MACO_GEMM_TILE_N_WIDE != 0)
-        return MACO_GEMM_TILE_N;
-    const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
-    if (strcmp(want, "128") == 0)
-        return MACO_GEMM_TILE_N;
-    if (strcmp(want, "256") == 0)
-        return MACO_GEMM_TILE_N_WIDE;
-    if (strcmp(want, "auto") != 0)
-        MACO_LOG(MACO_LOG_WARN, MACO_SUBSYS_PERSIST,
-                 "MACO_GEMM_TILE_WIDTH=%s: auto, 128 or 256; auto is used", want);
     int ctas = 0;
     if (comm == NULL || maco_comm_get_coresident_ctas(comm, &ctas) != MACO_OK || ctas < 1)
         ctas = 1;
-    uint64_t wide = (uint64_t)(m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N_WIDE);
-    return wide >= (uint64_t)ctas ? MACO_GEMM_TILE_N_WIDE : MACO_GEMM_TILE_N;
+    return maco__gemm_tile_width(m, n, (uint64_t)ctas, NULL);
 }
 
 static maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what, int *id_p)

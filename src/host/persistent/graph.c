@@ -540,6 +540,26 @@ static size_t maco__gemm_plan_grid(uint32_t rows, uint32_t cols, uint32_t tn, ui
     return at;
 }
 
+uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forced_p)
+{
+    /* A wide tile reads a third fewer bytes per FLOP than two narrow ones and pays the per-task
+     * costs once; but half as many tasks leave workers idle when C is small (docs/performance.md,
+     * "GEMM tiles"): wide only when there are at least as many wide tiles as units. */
+    const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
+    int forced = strcmp(want, "128") == 0 || strcmp(want, "256") == 0;
+    if (!forced && strcmp(want, "auto") != 0)
+        MACO_LOG(MACO_LOG_WARN, MACO_SUBSYS_PERSIST,
+                 "MACO_GEMM_TILE_WIDTH=%s: auto, 128 or 256; auto is used", want);
+    if (forced_p != NULL)
+        *forced_p = forced;
+    if (n % MACO_GEMM_TILE_N_WIDE != 0 || strcmp(want, "128") == 0)
+        return MACO_GEMM_TILE_N;
+    if (strcmp(want, "256") == 0)
+        return MACO_GEMM_TILE_N_WIDE;
+    uint64_t wide = (uint64_t)(m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N_WIDE);
+    return wide >= units ? MACO_GEMM_TILE_N_WIDE : MACO_GEMM_TILE_N;
+}
+
 maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers, maco_gemm_tile_t *tiles,
                                    size_t *ntiles_p)
 {
@@ -551,18 +571,13 @@ maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers, maco_gem
                            "multiples of %d, workers >= 1",
                            fn, m, n, workers, (void *)ntiles_p, MACO_GEMM_TILE_M);
     const uint32_t rows = m / MACO_GEMM_TILE_M, W = (uint32_t)workers;
-    const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
-    uint32_t tn = MACO_GEMM_TILE_N;
-    if (n % MACO_GEMM_TILE_N_WIDE == 0) {
-        uint64_t wide = (uint64_t)rows * (n / MACO_GEMM_TILE_N_WIDE);
-        if (strcmp(want, "256") == 0 || (strcmp(want, "128") != 0 && wide >= W))
-            tn = MACO_GEMM_TILE_N_WIDE;
-    }
+    int forced = 0;
+    const uint32_t tn = maco__gemm_tile_width(m, n, W, &forced);
     const uint32_t cols = n / tn;
     uint32_t group = (W + cols - 1) / cols;
     group = group < 1 ? 1 : group > rows ? rows : group;
     size_t at = maco__gemm_plan_grid(rows, cols, tn, group, tiles, 0);
-    if (tn == MACO_GEMM_TILE_N_WIDE && strcmp(want, "256") != 0) {
+    if (tn == MACO_GEMM_TILE_N_WIDE && !forced) {
         /* The last round's wide tiles, each as two narrow ones at the end. */
         size_t tail = at % W;
         if (tail != 0 && 2 * tail <= W) {

@@ -89,4 +89,11 @@ uint32_t maco__pk_ntasks(maco_persistent_kernel_t k);
 }
 #endif
 
+/* The GEMM tile width for an m x n C spread over `units` workers or SMs: MACO_GEMM_TILE_WIDTH
+ * when it forces one (256 only where n is a multiple of 256), else MACO_GEMM_TILE_N_WIDE when
+ * n allows it and there are at least `units` wide tiles, else MACO_GEMM_TILE_N. *forced_p (may
+ * be NULL) says whether the variable forced the width. Warns once per call on an unknown
+ * value. Used by maco_gemm_plan_tiles and the fused operators. */
+uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forced_p);
+
 #endif /* MACO_PERSISTENT_INTERNAL_H */
