@@ -232,9 +232,8 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view
 /* Scheduler `s`'s share of the roots (roots[s], roots[s + S], ...): the k-th of them goes to
  * the queue of s's own workers of its role in turn (k modulo their number; at the start of a
  * launch every queue is empty, so the turn is the balance). Cooperative over (lane, nlanes):
- * lane l pushes to the queues whose index modulo nlanes is l, so a scheduler CTA hands out its
- * roots with many threads at once while each queue still gets its roots in the order they were
- * added (one lane per queue). MACO_OK or a push's error. */
+ * each lane pushes every nlanes-th root, so a scheduler CTA hands out its roots with all its
+ * threads at once rather than one queue push after another. MACO_OK or a push's error. */
 MACO_HOST_DEVICE static inline maco_status_t
 maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes);
 

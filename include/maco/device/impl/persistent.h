@@ -289,18 +289,11 @@ MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_vie
 MACO_HOST_DEVICE static inline maco_status_t
 maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes)
 {
-    /* Root k of this scheduler goes to its worker k mod cnt. Each queue is pushed by one lane
-     * only, in increasing k, so a worker runs its roots in the order they were added
-     * (maco_gemm_plan_tiles relies on it); with more lanes than workers two lanes would race
-     * on one queue and its order would be random. */
     uint32_t S = v->nschedulers;
-    for (uint32_t k = 0; (uint64_t)s + (uint64_t)k * S < v->nroots; k++) {
+    for (uint32_t k = lane; (uint64_t)s + (uint64_t)k * S < v->nroots; k += nlanes) {
         uint32_t task = v->roots[s + k * S], first = 0, stride = 1, cnt = 1;
         (void)maco__pk_own_workers(v, s, task, &first, &stride, &cnt);
-        uint32_t q = k % cnt;
-        if (q % nlanes != lane)
-            continue;
-        maco_status_t st = maco_pk_queue_push(v, &v->queues[first + q * stride], task);
+        maco_status_t st = maco_pk_queue_push(v, &v->queues[first + (k % cnt) * stride], task);
         if (st != MACO_OK)
             return st;
     }
