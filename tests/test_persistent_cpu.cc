@@ -252,7 +252,7 @@ TEST_F(TaskGraph, WideGemmTileChecksAndLowering)
 TEST_F(TaskGraph, WideGemmTileNeedsItsWidth)
 {
     Add(GemmTileTask(384, 384, MACO_GEMM_TILE_N_WIDE, "w384")); /* n not a multiple of 256 */
-    ExpectInvalid({ "\"w384\"", "multiples of 128 and 256 (tile_n)" });
+    ExpectInvalid({ "\"w384\"", "n a non-zero multiple of 256 (tile_n)" });
 }
 
 TEST_F(TaskGraph, GemmTileWidthIs128Or256)
@@ -362,7 +362,11 @@ TEST(GemmPlan, BadArguments)
 {
     maco_test::AllowLog("maco_gemm_plan_tiles");
     size_t count = 0;
-    EXPECT_EQ(maco_gemm_plan_tiles(200, 256, 8, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_gemm_plan_tiles(0, 256, 8, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_gemm_plan_tiles(256, 200, 8, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
+    /* A partial last row of tiles is a row: 200 x 256 on 8 workers is 2 x 2 narrow tiles. */
+    EXPECT_EQ(maco_gemm_plan_tiles(200, 256, 8, nullptr, &count), MACO_OK);
+    EXPECT_EQ(count, 4u);
     EXPECT_EQ(maco_gemm_plan_tiles(256, 256, 0, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(maco_gemm_plan_tiles(256, 256, 8, nullptr, nullptr), MACO_ERR_INVALID_ARGUMENT);
 }
@@ -393,12 +397,33 @@ TEST_F(TaskGraph, GemmTileShape)
     t.type = MACO_TASK_GEMM_TILE;
     t.datatype = MACO_FLOAT32;
     t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
+    t.m = 256;
+    t.n = 200;
+    t.k = 64;
+    t.ldc = 256;
+    Add(t);
+    ExpectInvalid({ "gemm_tile", "256 x 200 x 64", "n a non-zero multiple of 128" });
+}
+
+/* m need not be a multiple of 128: the last row of tiles is partial, and rows past it do not
+ * exist. */
+TEST_F(TaskGraph, GemmTilePartialLastRow)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_GEMM_TILE;
+    t.datatype = MACO_BFLOAT16;
+    t.a = t.b = t.out = reinterpret_cast<void *>(0x100000);
     t.m = 200;
     t.n = 256;
     t.k = 64;
     t.ldc = 256;
+    t.tile_row = 1; /* rows 128..199 */
     Add(t);
-    ExpectInvalid({ "gemm_tile", "200 x 256 x 64", "multiples" });
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    t.tile_row = 2;
+    Add(t);
+    ExpectInvalid({ "gemm_tile", "tile (2, 0) is outside the 2 x 2 tiles" });
 }
 
 TEST_F(TaskGraph, RowsOfAnElementwiseTask)
@@ -409,6 +434,59 @@ TEST_F(TaskGraph, RowsOfAnElementwiseTask)
     t.ld_out = 16;
     Add(t);
     ExpectInvalid({ "\"rows\"", "rows = 4, ld_in = 8" });
+}
+
+TEST_F(TaskGraph, GateAndSignalAreChecked)
+{
+    static uint64_t ctr[2];
+    maco_task_t t = AddTask("gated");
+    t.wait_on = reinterpret_cast<const uint64_t *>(reinterpret_cast<uintptr_t>(ctr) + 4);
+    t.wait_count = 1;
+    Add(t);
+    ExpectInvalid({ "\"gated\"", "gate: wait_on", "8-byte aligned" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.wait_on = ctr;
+    t.wait_count = 0;
+    Add(t);
+    ExpectInvalid({ "\"gated\"", "wait_count (0) at least 1" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.wait_count = 1;
+    t.signal_to = reinterpret_cast<uint64_t *>(reinterpret_cast<uintptr_t>(ctr) + 2);
+    Add(t);
+    ExpectInvalid({ "\"gated\"", "signal_to" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.signal_to = &ctr[1];
+    Add(t);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+}
+
+TEST_F(TaskGraph, SumAndCopyBlocksAreChecked)
+{
+    maco_task_t t = AddTask("sum");
+    t.type = MACO_TASK_SUM;
+    t.ninputs = 0;
+    Add(t);
+    ExpectInvalid({ "\"sum\"", "sum of 0 inputs", "1 to 64 inputs" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.ninputs = 4;
+    t.input_stride = 6; /* not a multiple of 4 bytes */
+    Add(t);
+    ExpectInvalid({ "\"sum\"", "multiple of the 4-byte element" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    maco_task_t c = AddTask("copy2d");
+    c.type = MACO_TASK_COPY;
+    c.count = 64;
+    c.rows = 4;
+    c.ld_in = c.ld_out = 0x4000;
+    c.a = reinterpret_cast<void *>(0x10000);
+    c.out = reinterpret_cast<void *>(0x10000 + 3 * 0x4000); /* the last row of a: overlap */
+    Add(c);
+    ExpectInvalid({ "\"copy2d\"", "overlapping" });
 }
 
 TEST_F(TaskGraph, NullArguments)

@@ -1,8 +1,9 @@
 /*
- * test_persistent_mp.cc - the fused operators' graph builders without a GPU, under maco-run:
- * every rank builds GEMM + allreduce and allgather + GEMM over fake (aligned) device pointers
- * and channel handles whose buffer sizes are the scratch's; validation then checks every put
- * against the channel's buffers, and the task counts follow the documented structure. On a
+ * test_persistent_mp.cc - the fused operators' public graph builders without a GPU, under
+ * maco-run (rank and world size from a real communicator): every rank builds the three
+ * operators over fake (aligned) device pointers and channel handles of the sizes
+ * maco_fused_gemm_scratch_bytes gives; the graphs validate and their task counts follow the
+ * documented structure (test_fused_cpu.cc runs the same graphs end to end on the CPU). On a
  * machine without a GPU, creating the kernel is refused with MACO_ERR_UNSUPPORTED.
  */
 #include <cstdlib>
@@ -32,18 +33,31 @@ class FusedBuilders : public maco_test::Test
         maco_task_graph_destroy(g_);
         maco_test::Test::TearDown();
     }
-    /* Fake channels to every peer over a scratch of `bytes` on both sides. */
-    void Channels(uint64_t bytes)
+    static void *Fake(uintptr_t a)
     {
+        return reinterpret_cast<void *>(a);
+    }
+    /* Fake channels to every peer over the operator's scratch and over out (m x n). */
+    void Channels(maco_fused_op_t kind, uint32_t m, uint32_t n, uint32_t k, maco_datatype_t t)
+    {
+        size_t bytes = 0;
+        ASSERT_EQ(maco_fused_gemm_scratch_bytes(kind, NRanks(), m, n, k, t, &bytes), MACO_OK);
         index_.assign(static_cast<size_t>(NRanks()), -1);
+        out_index_.assign(static_cast<size_t>(NRanks()), -1);
         for (int q = 0; q < NRanks(); q++) {
             if (q == Rank())
                 continue;
             maco_memory_channel_device_t h;
             memset(&h, 0, sizeof(h));
-            h.local_bytes = bytes;
-            h.remote_bytes = bytes;
+            h.local = static_cast<char *>(Fake(0x40000000));
+            h.remote = static_cast<char *>(Fake(0x50000000));
+            h.local_bytes = h.remote_bytes = bytes;
             ASSERT_EQ(maco_task_graph_add_channel(g_, &h, &index_[static_cast<size_t>(q)]),
+                      MACO_OK);
+            h.local = static_cast<char *>(Fake(0x30000000));
+            h.remote = static_cast<char *>(Fake(0x60000000));
+            h.local_bytes = h.remote_bytes = static_cast<uint64_t>(m) * n * 4;
+            ASSERT_EQ(maco_task_graph_add_channel(g_, &h, &out_index_[static_cast<size_t>(q)]),
                       MACO_OK);
         }
     }
@@ -53,13 +67,15 @@ class FusedBuilders : public maco_test::Test
         memset(&op, 0, sizeof(op));
         op.comm = Comm();
         op.channels = index_.data();
-        op.a = reinterpret_cast<void *>(0x10000000);
-        op.b = reinterpret_cast<void *>(0x20000000);
-        op.out = reinterpret_cast<void *>(0x30000000);
-        op.scratch = reinterpret_cast<void *>(0x40000000);
+        op.out_channels = out_index_.data();
+        op.a = Fake(0x10000000);
+        op.b = Fake(0x20000000);
+        op.out = Fake(0x30000000);
+        op.scratch = Fake(0x40000000);
         op.m = m;
         op.n = n;
         op.k = k;
+        op.out_type = MACO_FLOAT32;
         op.name = "op";
         return op;
     }
@@ -69,116 +85,98 @@ class FusedBuilders : public maco_test::Test
         EXPECT_EQ(maco_task_graph_get_ntasks(g_, &n), MACO_OK);
         return n;
     }
-    /* The tasks of maco_task_graph_add_gemm_allreduce's tiles on this rank (see the test). */
-    int FusedAllreduceTasks(int tiles) const
+    /* The tiles the builders plan for an m x n GEMM on this rank's CTAs. */
+    int Tiles(uint32_t m, uint32_t n)
     {
-        const int n = NRanks(), p = n - 1;
-        int sum = 0;
-        for (int t = 0; t < tiles; t++)
-            sum += 2 + (n == 1 ? 0 : t % n == Rank() ? 4 * p : 3);
-        return sum;
+        int ctas = 0;
+        if (maco_comm_get_coresident_ctas(Comm(), &ctas) != MACO_OK || ctas < 1)
+            ctas = 1;
+        size_t t = 0;
+        EXPECT_EQ(maco_gemm_plan_tiles(m, n, ctas, nullptr, &t), MACO_OK);
+        return static_cast<int>(t);
     }
     maco_task_graph_t g_ = nullptr;
-    std::vector<int> index_;
+    std::vector<int> index_, out_index_;
 };
 
 TEST_F(FusedBuilders, GemmAllreduceValidatesWithTheDocumentedStructure)
 {
-    const uint32_t m = 256, n = 384, k = 64;
-    const int tiles = (256 / 128) * (384 / 128), p = NRanks() - 1;
-    ASSERT_NO_FATAL_FAILURE(Channels(static_cast<uint64_t>(NRanks()) * m * n * 4));
+    const uint32_t m = 200, n = 384, k = 64; /* a partial last row of tiles */
+    const int p = NRanks() - 1, tiles = Tiles(m, n);
+    ASSERT_NO_FATAL_FAILURE(Channels(MACO_FUSED_GEMM_ALLREDUCE, m, n, k, MACO_FLOAT32));
     maco_fused_gemm_t op = Op(m, n, k);
     int last = -1;
     ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, &last), MACO_OK) << maco_log_last_error();
     EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    /* ready: a signal and a wait per peer; done; per tile: the GEMM and the copy to out, then
-     * on its owner (rank t mod nranks) a wait per peer, p adds and a put and signal per peer;
-     * elsewhere a put, signal and wait (nothing more with one rank). */
-    EXPECT_EQ(NTasks(), 2 * p + 1 + FusedAllreduceTasks(tiles));
-    EXPECT_GE(last, 0);
+    /* A GEMM per tile; on its owner (tile p of the plan: rank p mod nranks) a sum and a copy
+     * to each peer; one "done" (with one rank: the GEMMs and done). */
+    int owned = 0;
+    for (int t = 0; t < tiles; t++)
+        owned += t % NRanks() == Rank() ? 1 : 0;
+    EXPECT_EQ(NTasks(), tiles + (p > 0 ? owned * (1 + p) : 0) + 1);
+    EXPECT_EQ(last, NTasks() - 1);
 }
 
-TEST_F(FusedBuilders, GemmAllreduceScratchTooSmallIsFoundByValidation)
+TEST_F(FusedBuilders, GemmReduceScatterValidatesWithTheDocumentedStructure)
 {
-    if (NRanks() < 2)
-        GTEST_SKIP() << "no puts with one rank";
-    ASSERT_NO_FATAL_FAILURE(Channels(256u * 384 * 2)); /* half a slot, not nranks of them */
-    maco_fused_gemm_t op = Op(256, 384, 64);
-    ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_OK);
-    maco_test::AllowLog("leaves channel");
-    EXPECT_EQ(maco_task_graph_validate(g_), MACO_ERR_INVALID_ARGUMENT);
-    std::string msg = maco_log_last_error();
-    EXPECT_NE(msg.find("op put"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("leaves channel"), std::string::npos) << msg;
-}
-
-/* MACO_GEMM_TILE_WIDTH for the scope of one test. */
-struct TileWidth {
-    explicit TileWidth(const char *w)
-    {
-        setenv("MACO_GEMM_TILE_WIDTH", w, 1);
-    }
-    ~TileWidth()
-    {
-        unsetenv("MACO_GEMM_TILE_WIDTH");
-    }
-};
-
-/* The wide tiles (MACO_GEMM_TILE_WIDTH=256): half as many tiles, and every put of a tile
- * (128 x 256 fp32) still inside the scratch. */
-TEST_F(FusedBuilders, GemmAllreduceWideTilesValidate)
-{
-    TileWidth wide("256");
-    const uint32_t m = 256, n = 512, k = 64;
-    const int tiles = (256 / 128) * (512 / 256), p = NRanks() - 1;
-    ASSERT_NO_FATAL_FAILURE(Channels(static_cast<uint64_t>(NRanks()) * m * n * 4));
+    const uint32_t k = 64, n = 512, m = 96u * static_cast<uint32_t>(NRanks());
+    const int p = NRanks() - 1, tiles = Tiles(m / NRanks(), n);
+    ASSERT_NO_FATAL_FAILURE(Channels(MACO_FUSED_GEMM_REDUCE_SCATTER, m, n, k, MACO_BFLOAT16));
     maco_fused_gemm_t op = Op(m, n, k);
-    ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_OK)
+    op.out_type = MACO_BFLOAT16;
+    ASSERT_EQ(maco_task_graph_add_gemm_reduce_scatter(g_, &op, nullptr), MACO_OK)
         << maco_log_last_error();
     EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    EXPECT_EQ(NTasks(), 2 * p + 1 + FusedAllreduceTasks(tiles));
+    /* A ready signal per peer, a GEMM per tile of every rank's row block, a sum per tile of
+     * this rank's block, done. */
+    EXPECT_EQ(NTasks(), p + NRanks() * tiles + (p > 0 ? tiles : 0) + 1);
 }
 
 TEST_F(FusedBuilders, AllgatherGemmValidatesWithTheDocumentedStructure)
 {
-    for (int width : { 128, 256 }) {
-        TileWidth w(width == 128 ? "128" : "256");
-        maco_task_graph_destroy(g_);
-        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
-        const uint32_t m = 256, n = 256, k = 128;
-        const int blocks = 256 / 128, tn = 256 / width, p = NRanks() - 1;
-        ASSERT_NO_FATAL_FAILURE(Channels(static_cast<uint64_t>(NRanks()) * m * k * 2));
-        maco_fused_gemm_t op = Op(m, n, k);
-        ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
-            << maco_log_last_error();
-        EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-        /* ready (2 per peer), done, per own block a copy and a put and signal per peer, a wait
-         * per peer block, a GEMM tile per row block of every rank and column. */
-        EXPECT_EQ(NTasks(), 2 * p + 1 + blocks * (1 + 2 * p) + p * blocks + NRanks() * blocks * tn)
-            << "tile width " << width;
-    }
+    const uint32_t m = 160, n = 256, k = 128; /* two row blocks, the second partial */
+    const int blocks = 2, p = NRanks() - 1, tiles = Tiles(m, n);
+    ASSERT_NO_FATAL_FAILURE(Channels(MACO_FUSED_ALLGATHER_GEMM, m, n, k, MACO_FLOAT32));
+    maco_fused_gemm_t op = Op(m, n, k);
+    ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
+        << maco_log_last_error();
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+    /* A ready signal and a put per row block to each peer, a GEMM per tile of every rank's
+     * shard, done. */
+    EXPECT_EQ(NTasks(), p + p * blocks + NRanks() * tiles + 1);
 }
 
 TEST_F(FusedBuilders, BadShapesAndChannelsAreRefused)
 {
-    ASSERT_NO_FATAL_FAILURE(Channels(1u << 24));
+    ASSERT_NO_FATAL_FAILURE(Channels(MACO_FUSED_GEMM_ALLREDUCE, 256, 256, 64, MACO_FLOAT32));
     maco_test::AllowLog("maco_task_graph_add_");
-    maco_fused_gemm_t op = Op(200, 256, 64);
+    maco_fused_gemm_t op = Op(256, 200, 64);
     EXPECT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(maco_log_last_error()).find("200 x 256 x 64"), std::string::npos);
+    EXPECT_NE(std::string(maco_log_last_error()).find("256 x 200 x 64"), std::string::npos);
     op = Op(256, 256, 48);
     EXPECT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_ERR_INVALID_ARGUMENT);
     op = Op(256, 256, 64);
     op.scratch = nullptr;
     EXPECT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_ERR_INVALID_ARGUMENT);
     if (NRanks() > 1) {
+        op = Op(255, 256, 64);
+        EXPECT_EQ(maco_task_graph_add_gemm_reduce_scatter(g_, &op, nullptr),
+                  MACO_ERR_INVALID_ARGUMENT);
         std::vector<int> none(static_cast<size_t>(NRanks()), -1);
         op = Op(256, 256, 64);
         op.channels = none.data();
         EXPECT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_ERR_INVALID_ARGUMENT);
         EXPECT_NE(std::string(maco_log_last_error()).find("is not a channel of the graph"),
                   std::string::npos);
+        /* A scratch smaller than maco_fused_gemm_scratch_bytes says so. */
+        op = Op(512, 256, 64);
+        EXPECT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, nullptr), MACO_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(maco_log_last_error()).find("maco_fused_gemm_scratch_bytes"),
+                  std::string::npos);
     }
+    int ntasks = -1;
+    EXPECT_EQ(maco_task_graph_get_ntasks(g_, &ntasks), MACO_OK);
+    EXPECT_EQ(ntasks, 0);
 }
 
 TEST_F(FusedBuilders, KernelCreationWithoutAGpuIsUnsupported)

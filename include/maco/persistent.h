@@ -57,7 +57,9 @@ typedef enum maco_task_type {
     MACO_TASK_CHANNEL_WAIT = 9,   /**< waits for the channel's peer's next signal */
     MACO_TASK_GEMM_TILE = 10,     /**< one MACO_GEMM_TILE_M x tile_n tile of C = A x B (see
                                        maco_task_t) */
-    MACO_TASK_TYPE_COUNT = 11,
+    MACO_TASK_SUM = 11,           /**< out[i] = in_0[i] + ... + in_{ninputs-1}[i] in that order,
+                                       in_j = a + j * input_stride (bytes) */
+    MACO_TASK_TYPE_COUNT = 12,
     /** First user type: run by the `user` function of a kernel the user compiles around
      * maco_pk_run() (maco/device/persistent.h; maco_persistent_kernel_get_launch). */
     MACO_TASK_USER = 256,
@@ -84,7 +86,22 @@ typedef enum maco_task_role {
  *   RESIDUAL_ADD); device pointers aligned to the element size. out may equal a or b.
  *   A 2D block: rows (2..65535; 0 or 1: one row of count elements), ld_in (row stride of a and
  *   b) and ld_out (of out), in elements, each at least count and below 2^24.
- * - COPY: out, a, count (bytes); the ranges must not overlap.
+ * - COPY: out, a, count (bytes); the ranges must not overlap. A 2D block: rows (2..65535) of
+ *   count bytes, ld_in and ld_out the row strides in BYTES (each at least count, below 2^24).
+ * - SUM: an element-wise task (datatype, count, rows, ld_in, ld_out, out as for ADD) over
+ *   ninputs (1..64) inputs, a, a + input_stride, a + 2 * input_stride, ... (input_stride in
+ *   bytes, a multiple of the element size), each with row stride ld_in: out = the inputs summed
+ *   in that order in fp32 and rounded once. A reduction in rank order is a SUM over per-rank
+ *   slots.
+ * - Any task may have a gate and a signal (maco/device/persistent.h, "Gates and signals"):
+ *   wait_on (an 8-byte aligned uint64_t counter on this rank's GPU or host-mapped, never
+ *   reset) with wait_count >= 1: the task starts only once the counter reaches wait_count *
+ *   (r + 1) in launch r of the kernel, after its dependencies; `signal_to` (such a counter, or a
+ *   peer's through a memory channel's mapping): 1 is added to it (release, system scope) after
+ *   the task's writes. wait_peer names the rank expected to signal wait_on (-1: several) in a
+ *   timeout's message. A gate holds its worker while it waits: give gated tasks that wait for
+ *   peers a role whose workers cannot be what those peers wait for (the fused operators below
+ *   show how).
  * - SIGNAL: out, a device or host-mapped uint64_t counter (8-byte aligned) that is never reset.
  * - WAIT: a, such a counter; count (>= 1): the signals it gets per launch. The wait of the
  *   launch numbered r (0, 1, ...) of this kernel object ends once the counter is at least
@@ -101,8 +118,10 @@ typedef enum maco_task_role {
  *   MACO_FLOAT32 or MACO_BFLOAT16): for a row-major C, out = C + tile_row * 128 * ldc +
  *   tile_col * tile_n; for tiles stored one after another, out = T + tile * 128 * tile_n and
  *   ldc = tile_n. A is m x k and B k x n, both bfloat16 and row-major with no padding (lda = k,
- *   ldb = n). m is a multiple of MACO_GEMM_TILE_M, n of tile_n, k of MACO_GEMM_TILE_K; the
- *   three pointers 16-byte aligned, ldc a multiple of 8 and at least tile_n. Tiles of both
+ *   ldb = n). n is a multiple of tile_n, k of MACO_GEMM_TILE_K; m need not be a multiple of
+ *   MACO_GEMM_TILE_M: the last row of tiles then stores only its rows below m (the GMMA tiles
+ *   only: the cuBLASDx kernel refuses such a graph); the three pointers 16-byte aligned, ldc a
+ *   multiple of 8 and at least tile_n. Tiles of both
  *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
  *   fewer bytes read per FLOP (on an H100 the narrow tiles are bound by that traffic:
  *   docs/performance.md); narrow ones give more tasks to spread over the SMs when C is small.
@@ -131,6 +150,12 @@ typedef struct maco_task {
     uint32_t m, n, k, ldc;        /**< GEMM_TILE: the problem (elements) */
     uint32_t tile_row, tile_col;  /**< GEMM_TILE: which tile of C (in tiles of tile_n) */
     uint32_t tile_n;              /**< GEMM_TILE: the tile's width, 0 (128), 128 or 256 */
+    uint32_t ninputs;             /**< SUM: inputs (1..64) */
+    uint64_t input_stride;        /**< SUM: bytes from one input to the next */
+    const uint64_t *wait_on;      /**< gate: counter (NULL: no gate) */
+    uint64_t wait_count;          /**< gate: signals per launch (>= 1 with a gate) */
+    uint64_t *signal_to;          /**< counter to add 1 to after the task (NULL: none) */
+    int wait_peer;                /**< gate: the rank that signals wait_on (-1: several) */
 } maco_task_t;
 
 /** The tile of MACO_TASK_GEMM_TILE (elements: rows, the default width, the wide width, the
@@ -161,10 +186,12 @@ typedef struct maco_gemm_tile {
  *   group column by column: a round of the workers covers whole rows of C (every column of B
  *   once per round, each of A's rows for all of them), and the tiles that share a column of B
  *   go to consecutive workers.
- * `tiles` has room for (m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N) entries (the most there
- * can be), or is NULL to count only; *ntiles_p gets the number of tiles. Host only, no GPU
- * needed; thread-safe. Errors: MACO_ERR_INVALID_ARGUMENT (ntiles_p NULL, m or n not a non-zero
- * multiple of 128, workers < 1).
+ * m need not be a multiple of MACO_GEMM_TILE_M: a partial last row of tiles is planned as a
+ * row (GEMM tiles store only its rows below m). `tiles` has room for ceil(m /
+ * MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N) entries (the most there can be), or is NULL to
+ * count only; *ntiles_p gets the number of tiles. Host only, no GPU needed; thread-safe.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (ntiles_p NULL, m = 0, n not a non-zero multiple of 128,
+ * workers < 1).
  */
 MACO_API maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers,
                                             maco_gemm_tile_t *tiles, size_t *ntiles_p);
@@ -220,46 +247,117 @@ MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
 
 /**
  * A GEMM fused with a collective, tile by tile, over memory channels (maco/memory_channel.h).
- * Every rank adds the same operator, with its own inputs, to its own graph. `channels[q]` is
- * the graph's index (maco_task_graph_add_channel) of a channel to rank q whose local buffer
- * is this rank's `scratch` registration and whose remote buffer is rank q's (entry `rank`
- * ignored); the channels carry nothing else while the graph runs.
+ * Every rank adds the same operator, with its own inputs and the same m, n, k, to its own
+ * graph, on ranks with the same number of CTAs (maco_comm_get_coresident_ctas: the tile plan,
+ * and so which counter each tile signals, follows it).
+ *
+ * How the tiles move (every operator): a GEMM tile that a peer needs is stored by the GEMM
+ * itself into the peer's scratch through the channel's mapping (NVLink stores), and then adds 1
+ * to a counter in the peer's scratch; the peer's task that reads it has a gate on that counter
+ * (maco_task_t: gates and signals). Sums and copies to peers run on the communication workers,
+ * GEMM tiles on the compute workers; no gated task waits for a worker that could be held by a
+ * gated task, so no launch deadlocks (src/host/persistent/fused.c gives the argument). With
+ * comm_workers left to the runtime (maco_persistent_config_t), the kernel gets the number the
+ * operator asks for: one communication worker per 8 CTAs (per 16 for the reduce-scatter), at
+ * least 2.
+ *
+ * Memory:
+ * - `channels[q]` is the graph's index (maco_task_graph_add_channel) of a channel to rank q
+ *   whose local buffer is this rank's registration of `scratch` (from its start) and whose
+ *   remote buffer is rank q's; entry `rank` is ignored. Both at least
+ *   maco_fused_gemm_scratch_bytes() bytes.
+ * - scratch starts with the operator's counters: they must be zero before the first launch
+ *   of the first kernel built from the graph (allocate it zeroed), and one kernel object at a
+ *   time uses them (the counters count that kernel's launches; another kernel over the same
+ *   scratch needs it zeroed again on every rank).
+ * - GEMM + allreduce also needs `out_channels[q]`: a channel to rank q whose local buffer is
+ *   this rank's registration of `out` (from its start, m x n elements) and whose remote buffer
+ *   is rank q's: the owner of a tile writes its sum straight into every rank's out.
+ * The channels carry nothing else while the graph runs.
+ *
+ * Shapes: a and b bf16 row-major (lda = k, ldb = n), 16-byte aligned; n a multiple of
+ * MACO_GEMM_TILE_N, k of MACO_GEMM_TILE_K; m from 1 to 2^24 (a partial last row of 128-row
+ * tiles is computed with zero rows and stored only up to m: GMMA tiles, i.e. Hopper); at most
+ * 2^20 tiles of 128 x 128. out row-major with ldc = n, of `out_type` (MACO_FLOAT32 or
+ * MACO_BFLOAT16): the GEMM's fp32 accumulators are rounded to it once, and the reductions send
+ * products of that type and sum them in fp32 in rank order, rounding once (bf16 products are
+ * what a bf16 layer's GEMM hands to its allreduce). Results are equal on every rank bit for
+ * bit and do not depend on timing.
  */
 typedef struct maco_fused_gemm {
-    maco_comm_t comm;    /**< gives the rank and world size */
-    const int *channels; /**< [nranks] */
-    const void *a;       /**< bf16, row-major, see each operator */
-    const void *b;       /**< bf16, k x n, row-major */
-    void *out;           /**< see each operator */
-    void *scratch;       /**< the channels' local buffer, see each operator for its size */
-    uint32_t m, n, k;    /**< multiples of MACO_GEMM_TILE_M, _N and _K */
-    const char *name;    /**< prefix of the tasks' names (profile), may be NULL */
+    maco_comm_t comm;         /**< gives the rank, world size and CTA count */
+    const int *channels;      /**< [nranks] channels over scratch */
+    const void *a;            /**< bf16, row-major, see each operator */
+    const void *b;            /**< bf16, k x n, row-major */
+    void *out;                /**< see each operator */
+    void *scratch;            /**< the channels' local buffer (maco_fused_gemm_scratch_bytes) */
+    uint32_t m, n, k;         /**< see each operator */
+    const char *name;         /**< prefix of the tasks' names (profile), may be NULL */
+    const int *out_channels;  /**< [nranks] GEMM + allreduce: channels over out (else unused) */
+    maco_datatype_t out_type; /**< MACO_FLOAT32 or MACO_BFLOAT16 */
 } maco_fused_gemm_t;
 
+/** The three fused operators. */
+typedef enum maco_fused_op {
+    MACO_FUSED_GEMM_ALLREDUCE = 0,      /**< maco_task_graph_add_gemm_allreduce */
+    MACO_FUSED_GEMM_REDUCE_SCATTER = 1, /**< maco_task_graph_add_gemm_reduce_scatter */
+    MACO_FUSED_ALLGATHER_GEMM = 2,      /**< maco_task_graph_add_allgather_gemm */
+} maco_fused_op_t;
+
 /**
- * Row-parallel linear (GEMM + allreduce): out (m x n fp32, row-major) = sum over ranks r, in
- * rank order, of A_r (m x k) x B_r (k x n), equal on every rank bit for bit. Each rank's
- * product is computed in tiles of 128 x 128, or 128 x 256 where n allows and there are at least
- * as many of them as SMs (MACO_GEMM_TILE_WIDTH overrides). Tile t is reduced by rank
- * t mod nranks, its owner, while later tiles are still being computed: as soon as a rank has
- * computed tile t it puts it to the owner, which sums the nranks products in rank order once
- * they have arrived and puts the sum to every peer (a reduce-scatter then an allgather, tile by
- * tile: each rank sends 2 (nranks - 1) / nranks of the product's bytes). scratch: nranks * m *
- * n fp32 (slot r holds rank r's product, tile after tile; slot 0 also the sums that arrive).
- * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's
- * tasks; tasks added before it do not wait for it, nor it for them (add dependencies to order
- * it). Waits go to communication workers: give the kernel at least one. Errors:
- * MACO_ERR_INVALID_ARGUMENT (NULL, shapes, a channel index missing), MACO_ERR_NO_MEMORY.
+ * The bytes of scratch an operator needs on every rank (*bytes_p): its counters (8 bytes per
+ * 128 x 128 tile of the result, or per 128-row block of the gathered A, and 8 per rank,
+ * rounded up to 256) and then its data: GEMM + allreduce nranks x m x n elements of out_type
+ * (every rank's product), GEMM + reduce-scatter m x n (nranks slots of the m / nranks rows each
+ * rank keeps), allgather + GEMM nranks x m x k bf16 (the gathered A). Host only; thread-safe.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (bytes_p NULL, kind, nranks outside 1..64, m, n or k zero,
+ * n not a multiple of 128, m not a multiple of nranks for the reduce-scatter, out_type, a size
+ * past size_t).
+ */
+MACO_API maco_status_t maco_fused_gemm_scratch_bytes(maco_fused_op_t kind, int nranks, uint32_t m,
+                                                     uint32_t n, uint32_t k,
+                                                     maco_datatype_t out_type, size_t *bytes_p);
+
+/**
+ * Row-parallel linear (GEMM + allreduce): out (m x n, out_type) = the sum over ranks r, in rank
+ * order, of A_r (m x k, `a`) x B_r (k x n, `b`). The tiles follow maco_gemm_plan_tiles; tile p
+ * (in plan order) is owned by rank p mod nranks. Every rank's GEMM stores its product of tile
+ * p into the owner's scratch slot for it and signals the owner's counter of p; the owner sums
+ * the nranks products in rank order into its out once they have all come, and copies the sum
+ * into every peer's out (out_channels), signalling the peer; a rank's launch ends once the sums
+ * of every tile it does not own have come. Each rank sends 2 (nranks - 1) / nranks of the
+ * result's bytes (a reduce-scatter then an allgather, tile by tile, while later tiles compute).
+ * *last_p (may be NULL) gets the id of a task that finishes after all of the operator's tasks;
+ * tasks added before it do not wait for it, nor it for them (add dependencies to order it).
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, shapes, out_type, a channel that is missing or does
+ * not link scratch / out as above, more than 2^20 tiles), MACO_ERR_UNSUPPORTED (more than 64
+ * ranks), MACO_ERR_NO_MEMORY.
  */
 MACO_API maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t graph,
                                                           const maco_fused_gemm_t *op, int *last_p);
 
 /**
- * Column-parallel linear (allgather + GEMM): out (nranks * m x n, fp32, row-major) =
- * [A_0; A_1; ...; A_{nranks-1}] x B_r, where A_q (m x k) is rank q's `a`. Each rank puts its
- * A in blocks of 128 rows into every peer's scratch as the first tasks of the launch; the
- * tiles of a block start as soon as that block has arrived. scratch: nranks * m * k bf16 (the
- * gathered A). *last_p as for maco_task_graph_add_gemm_allreduce. Errors: as it.
+ * Row-parallel linear with a sequence-parallel output (GEMM + reduce-scatter): out ((m /
+ * nranks) x n, out_type) = rows [rank * m / nranks, (rank + 1) * m / nranks) of the sum over
+ * ranks r, in rank order, of A_r (m x k) x B_r (k x n); m a multiple of nranks (any, not only
+ * of 128: a block of fewer rows is one partial row of tiles). Each rank computes the row block
+ * of rank + 1 first, then rank + 2, ..., its own last; the tiles of rank o's block are stored
+ * into o's scratch and signal o's counter of the tile (once o has started the launch: o's
+ * "ready" signal); o sums each tile's nranks products in rank order into out. out_channels is
+ * not used. *last_p and errors as for maco_task_graph_add_gemm_allreduce.
+ */
+MACO_API maco_status_t maco_task_graph_add_gemm_reduce_scatter(maco_task_graph_t graph,
+                                                               const maco_fused_gemm_t *op,
+                                                               int *last_p);
+
+/**
+ * Column-parallel linear with a sequence-parallel input (allgather + GEMM): out (nranks * m x
+ * n, out_type, row-major) = [A_0; A_1; ...; A_{nranks-1}] x B_r, where A_q (m x k, any m) is
+ * rank q's `a`. Each rank copies its A in blocks of 128 rows into every peer's scratch (peers
+ * in the order rank + 1, rank + 2, ..., each once it has started the launch), each block
+ * signalling the peer's counter of it; the tiles of the own shard run first, reading `a`, then
+ * those of rank - 1's shard, rank - 2's, ..., each tile gated on its block's counter.
+ * out_channels is not used. *last_p and errors as for maco_task_graph_add_gemm_allreduce.
  */
 MACO_API maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t graph,
                                                           const maco_fused_gemm_t *op, int *last_p);

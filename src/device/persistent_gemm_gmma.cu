@@ -25,12 +25,13 @@
  *
  * A worker CTA's 384 threads (layout of CUTLASS's KernelTmaWarpSpecializedCooperative, roles
  * kept for the whole launch rather than per tile):
- *   warp 0        the producer: pops the worker's next task (maco_pk_next), hands its id to
+ *   warp 0        the producer: pops the worker's next task (maco_pk_next), waits for its
+ *                 gate (if any: maco_pk_gate), hands its id to
  *                 the consumers through a two-slot task ring in shared memory, and for a GEMM
  *                 tile issues the TMA copies of its K steps (one elected thread);
  *   warp 1        the completion warp: after the consumers hand a finished task over (a
- *                 second ring), writes its profile record and releases its successors
- *                 (maco_pk_complete);
+ *                 second ring), writes its profile record, adds the task's signal (if any:
+ *                 maco_pk_post_signal) and releases its successors (maco_pk_complete);
  *   warps 2, 3    idle (a warpgroup of its own keeps the consumers at warpgroups 1 and 2, as
  *                 wgmma wants);
  *   warpgroups 1, 2  the consumers (256 threads): GEMM tiles (each warpgroup 64 rows x W
@@ -240,9 +241,14 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
     read.advance(k_tiles);
 
     /* Straight from the registers: each thread holds pairs of adjacent columns, stored as one
-     * 4-byte (bf16) or 8-byte (fp32) access each (C and ldc keep them aligned: graph.c). */
+     * 4-byte (bf16) or 8-byte (fp32) access each (C and ldc keep them aligned: graph.c). The
+     * last row of tiles of a GEMM whose M is not a multiple of 128 stores only its rows below M
+     * (TMA read zeros past M), one element at a time. C may be a peer's memory mapped through a
+     * memory channel: the stores then cross NVLink, the fused operators' reduce-scatter. */
     auto thr_mma = mma.get_thread_slice(ct);
     using Store = AutoVectorizingCopyWithAssumedAlignment<64>;
+    const int rows = map.m - (int)(uint32_t)t->ptr[3]; /* rows of C from this tile's first */
+    Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(TileM{}, TileN{})));
     if (t->dtype == MACO__PK_BF16) {
         T *C = (T *)t->ptr[0];
         Tensor gC =
@@ -252,13 +258,27 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
         CUTE_UNROLL
         for (int i = 0; i < size(acc); i++)
             out(i) = T(acc(i));
-        copy(Store{}, out, tCgC);
+        if (rows >= TileM{}) {
+            copy(Store{}, out, tCgC);
+        } else {
+            CUTE_UNROLL
+            for (int i = 0; i < size(out); i++)
+                if (get<0>(tCcC(i)) < rows)
+                    tCgC(i) = out(i);
+        }
     } else {
         float *C = (float *)t->ptr[0];
         Tensor gC =
             make_tensor(make_gmem_ptr(C), make_shape(TileM{}, TileN{}), make_stride(ldc, _1{}));
         Tensor tCgC = thr_mma.partition_C(gC);
-        copy(Store{}, acc, tCgC);
+        if (rows >= TileM{}) {
+            copy(Store{}, acc, tCgC);
+        } else {
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); i++)
+                if (get<0>(tCcC(i)) < rows)
+                    tCgC(i) = acc(i);
+        }
     }
 }
 
@@ -282,7 +302,12 @@ __device__ void producer_warp(const maco_pk_view_t *v, Smem &s, uint64_t run)
         if (lane == 0 && *(volatile int32_t *)&s.failed == 0) {
             maco_status_t st = MACO_OK;
             uint32_t t = 0;
-            if (maco_pk_next(v, blockIdx.x, run, &t, &st) == 1)
+            /* The gate (if any) before the task goes to the consumers and its TMA loads are
+             * issued: a gated tile's A may be what a peer is writing. A gate that failed has
+             * recorded why and aborted the launch: this CTA ends (its consumers finish the
+             * task they hold). */
+            if (maco_pk_next(v, blockIdx.x, run, &t, &st) == 1 &&
+                maco_pk_gate(v, t, run) == MACO_OK)
                 task = t;
         }
         task = __shfl_sync(0xffffffffu, task, 0);
@@ -409,6 +434,9 @@ __device__ void completion_warp(const maco_pk_view_t *v, Smem &s, uint64_t run)
                     r->sm = sm;
                     r->cta = blockIdx.x;
                 }
+                if (lane == 0)
+                    maco_pk_post_signal(v, task); /* after the consumers' stores (acquired) */
+                __syncwarp();
                 maco_pk_complete(v, task, run, lane, 32); /* an error aborts: next() sees it */
             }
         }

@@ -10,8 +10,13 @@
  *                     (by default the waits: on a peer's signal, on a counter), so that a
  *                     wait never holds a compute worker;
  *   [W + C, W + C + S) schedulers: all their threads push the roots (tasks without
- *                     predecessors) to workers' queues at the start, in parallel; then one
- *                     thread each hands the tasks that become ready to workers.
+ *                     predecessors) to workers' queues at the start, in parallel; then, once
+ *                     every scheduler has pushed its roots (a counter they all add to and
+ *                     wait on, bounded), one thread each hands the tasks that become ready to
+ *                     workers. So in every worker's queue the roots come before any task
+ *                     that became ready later: a worker reaches a non-root task only after it
+ *                     has run every root it was given (the fused operators' freedom from
+ *                     deadlock rests on this: maco/persistent.h).
  * All CTAs must be resident at once (workers wait for work that other CTAs produce); the
  * host sizes the grid so they are (maco_persistent_kernel_create).
  *
@@ -39,7 +44,16 @@
  * The state is advanced only on the device (the last CTA to exit counts the launch), so a
  * graph can be launched again, and captured in a CUDA graph, with no host work in between.
  *
- * Bounds. A task's own waits (a counter, a peer's semaphore) are bounded by the
+ * Gates and signals. A task may also carry a gate and a signal (maco_pk_sync_t, in the view's
+ * `sync` array beside the descriptors): once it is handed to a worker, the worker's thread 0
+ * waits (acquire, system scope, bounded) until the gate's counter reaches wait_count * (run +
+ * 1), then the CTA runs the task; after the task's writes (a CTA barrier), thread 0 adds 1 to
+ * the signal's counter (a system-scope fence, then a release add), which may be a peer's
+ * counter seen through a memory channel's mapping. A gate holds its worker while it waits,
+ * like a wait task, but costs no task of its own and no trip through a scheduler, and the
+ * counter it reads is local: the cheapest way for one rank's tile to wait for another rank's.
+ *
+ * Bounds. A task's own waits (a counter, a peer's semaphore, a gate) are bounded by the
  * communicator's MACO_DEVICE_TIMEOUT and report through its error word
  * (maco/device/error.h); a task that fails sets the graph's abort word and every CTA leaves.
  * A CTA with nothing to do waits at most twice that bound without any task finishing
@@ -66,7 +80,8 @@ extern "C" {
 /* Task types (maco_task_type_t in maco/persistent.h has the same values). */
 enum {
     MACO_PK_NOP = 0,
-    MACO_PK_COPY = 1,           /* out[0..count) = a[0..count), bytes */
+    MACO_PK_COPY = 1,           /* out[0..count) = a[0..count), bytes; ptr[3] as for ADD
+                                   with the two strides in bytes: a 2D block of rows */
     MACO_PK_ADD = 2,            /* out[i] = a[i] + b[i], count elements */
     MACO_PK_SCALE = 3,          /* out[i] = alpha * a[i] */
     MACO_PK_RESIDUAL_ADD = 4,   /* out[i] = a[i] + alpha * b[i] */
@@ -79,9 +94,14 @@ enum {
                                    accumulate; tile_n 128 or 256): ptr[0] the tile's (0, 0)
                                    in C, ptr[1] A, ptr[2] B, ptr[3] m0 | n0 << 32,
                                    count K | N << 32, aux ldc, dtype C's type, gemm.map
-                                   the GEMM's tensor maps (GMMA kernel). Run by the
-                                   library's GEMM kernels */
-    MACO_PK_TYPE_COUNT = 11,
+                                   the GEMM's tensor maps (GMMA kernel; they hold M: rows
+                                   of the last row of tiles past M are not stored). Run by
+                                   the library's GEMM kernels */
+    MACO_PK_SUM = 11,           /* out[i] = in_0[i] + in_1[i] + ... + in_{aux-1}[i], summed
+                                   in that order in fp32, rounded once: in_j = ptr[1] +
+                                   j * ptr[2] (bytes); count elements per row, ptr[3] rows
+                                   and strides as for ADD */
+    MACO_PK_TYPE_COUNT = 12,
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
 };
@@ -98,13 +118,16 @@ enum { MACO_PK_ROLE_COMPUTE = 0, MACO_PK_ROLE_COMM = 1 };
  *   WAIT_TASK_QUEUE    a full queue: the queue, the position to write, the consumer's position
  *   ERR_TASK_TYPE      not a wait: a task of a type this kernel cannot run: the task, its type
  *   ERR_TASK_FAILED    not a wait: a task returned an error and recorded nothing more specific
- *                      (a user task type): the task, its type */
+ *                      (a user task type): the task, its type
+ *   WAIT_TASK_GATE     a task's gate (maco_pk_sync_t): the task, the value waited for, the last
+ *                      value read; the report's peer is the sync entry's `peer` */
 enum {
     MACO_DEVICE_WAIT_TASK = 16,
     MACO_DEVICE_WAIT_TASK_COUNTER = 17,
     MACO_DEVICE_WAIT_TASK_QUEUE = 18,
     MACO_DEVICE_ERR_TASK_TYPE = 19,
     MACO_DEVICE_ERR_TASK_FAILED = 20,
+    MACO_DEVICE_WAIT_TASK_GATE = 21,
 };
 
 /*
@@ -152,13 +175,33 @@ typedef struct maco_pk_queue {
 
 MACO_STATIC_ASSERT(sizeof(maco_pk_queue_t) == 32, "maco_pk_queue_t is 32 bytes");
 
+/*
+ * A task's gate and signal (32 bytes, 8-byte aligned; see "Gates and signals" above):
+ *   0 u64 *wait        the gate's counter (this GPU's memory, or host-mapped); NULL: no gate
+ *   8 u64 wait_count   signals the gate needs per launch (>= 1 with a gate)
+ *  16 u64 *signal      the counter to add 1 to after the task (may be a peer's, mapped); NULL:
+ *                      none
+ *  24 i32 peer         the rank expected to signal `wait` (-1: several), for the timeout report
+ *  28 u32 reserved     zero
+ */
+typedef struct maco_pk_sync {
+    const uint64_t *wait;
+    uint64_t wait_count;
+    uint64_t *signal;
+    int32_t peer;
+    uint32_t reserved;
+} maco_pk_sync_t;
+MACO_STATIC_ASSERT(sizeof(maco_pk_sync_t) == 32, "maco_pk_sync_t is 32 bytes");
+MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_pk_sync_t) == 8, "maco_pk_sync_t alignment");
+
 /* Counters of one graph in device memory (each on its own 128-byte line), never reset. */
 enum {
     MACO_PK_CTR_DONE = 0,      /* u64: tasks finished, all launches */
     MACO_PK_CTR_LAUNCHES = 16, /* u64: launches finished (the `run` of the next one) */
     MACO_PK_CTR_EXITED = 32,   /* u64: CTAs that left, all launches */
     MACO_PK_CTR_ABORT = 48,    /* u64: non-zero once a task failed (stays set) */
-    MACO_PK_CTR_WORDS = 64,
+    MACO_PK_CTR_ROOTS = 64,    /* u64: schedulers that pushed their roots, all launches */
+    MACO_PK_CTR_WORDS = 80,
 };
 
 /* Per-task timing of the last launch (profiling on): 24 bytes. */
@@ -180,6 +223,7 @@ typedef struct maco_pk_view {
     uint64_t *ctr;                 /* [MACO_PK_CTR_WORDS] */
     const maco_pk_queue_t *queues; /* [W + C + S]: workers, comm workers, scheduler inboxes */
     const maco_memory_channel_device_t *channels; /* [nchannels] (the channel tasks' aux) */
+    const maco_pk_sync_t *sync;                   /* [ntasks] gates and signals, or NULL */
     maco_pk_profile_record_t *profile;            /* [ntasks] or NULL */
     /* The GMMA kernel's TMA tensor maps, one entry per distinct GEMM (tasks' gemm_map), in
      * device memory; NULL for the other kernels. */
@@ -242,6 +286,23 @@ maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint3
  * thread. MACO_OK or the first error. */
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
                                                                     uint32_t s, uint64_t run);
+
+/* Scheduler `s`, after it pushed its roots: counts it and waits (bounded) until all S
+ * schedulers of launch `run` have, so that no worker's queue gets a non-root task before its
+ * roots. One thread. MACO_OK, or the wait's error (the launch is then aborted). */
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_roots_pushed(const maco_pk_view_t *v,
+                                                                  uint32_t s, uint64_t run);
+
+/* Worker side, before running `task` of launch `run`: waits (bounded) for its gate, if it has
+ * one. One thread. MACO_OK, or MACO_ERR_TIMEOUT (reported as MACO_DEVICE_WAIT_TASK_GATE) /
+ * MACO_ERR_REMOTE (the launch was aborted). */
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_gate(const maco_pk_view_t *v, uint32_t task,
+                                                          uint64_t run);
+
+/* Worker side, after `task`'s writes are done by every thread that made them (a barrier):
+ * adds 1 to its signal's counter, if it has one (system-scope fence, then a release add). One
+ * thread. */
+MACO_HOST_DEVICE static inline void maco_pk_post_signal(const maco_pk_view_t *v, uint32_t task);
 
 /* Marks the launch failed: every CTA leaves at its next check. */
 MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v);

@@ -253,7 +253,7 @@ maco_status_t maco__comm_async_status(maco_comm_t comm)
         maco__comm_record(comm, (maco_status_t)status);
         return (maco_status_t)status;
     }
-    if (e->what >= MACO_DEVICE_WAIT_TASK && e->what <= MACO_DEVICE_ERR_TASK_FAILED) {
+    if (e->what >= MACO_DEVICE_WAIT_TASK && e->what <= MACO_DEVICE_WAIT_TASK_GATE) {
         unsigned long long x = (unsigned long long)e->expected, y = (unsigned long long)e->observed;
         if (e->what == MACO_DEVICE_WAIT_TASK)
             maco__error_quiet((maco_status_t)status,
@@ -272,6 +272,21 @@ maco_status_t maco__comm_async_status(maco_comm_t comm)
             maco__error_quiet((maco_status_t)status,
                               "rank %d: persistent kernel: task queue %d stayed full for %llu ms "
                               "(position %llu to write, its consumer at %llu)",
+                              comm->rank, (int)e->object,
+                              (unsigned long long)(comm->timeout_ns / 1000000ull), x, y);
+        else if (e->what == MACO_DEVICE_WAIT_TASK_GATE && e->peer >= 0)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: persistent kernel: task %d waited %llu ms for rank %d "
+                              "at its gate (its counter was to reach %llu, last read %llu): is "
+                              "rank %d alive and running the same graph?",
+                              comm->rank, (int)e->object,
+                              (unsigned long long)(comm->timeout_ns / 1000000ull), (int)e->peer, x,
+                              y, (int)e->peer);
+        else if (e->what == MACO_DEVICE_WAIT_TASK_GATE)
+            maco__error_quiet((maco_status_t)status,
+                              "rank %d: persistent kernel: task %d waited %llu ms at its gate "
+                              "for signals of several ranks (its counter was to reach %llu, "
+                              "last read %llu)",
                               comm->rank, (int)e->object,
                               (unsigned long long)(comm->timeout_ns / 1000000ull), x, y);
         else if (e->what == MACO_DEVICE_ERR_TASK_TYPE)

@@ -1,41 +1,63 @@
 /*
- * fused.c - fused operators as task graphs: GEMM + allreduce and allgather + GEMM, tile by
- * tile over memory channels (maco/persistent.h says what each computes). Each is built from
- * the runtime's own task types: GEMM tiles (cuBLASDx), channel puts, signals and waits, and
- * element-wise adds in rank order (so every rank gets the same bits).
+ * fused.c - fused GEMM + collective operators as task graphs (maco/persistent.h says what each
+ * computes): GEMM + allreduce, GEMM + reduce-scatter and allgather + GEMM, tile by tile over
+ * memory channels, with no task that waits on a peer holding a worker that a peer waits for.
  *
- * Order on a channel: puts to a peer are followed by one signal each; the signals on a
- * channel are chained (signal i after signal i - 1) and so are the waits, so the peer's i-th
- * wait returns only after the i-th put has landed.
+ * How a tile crosses to a peer. A GEMM tile that a peer needs is stored by the GEMM itself into
+ * the peer's scratch through the channel's mapping (NVLink stores from the tile's epilogue), and
+ * the tile's signal adds 1 to a counter in the peer's scratch (after a system-scope fence). The
+ * task that consumes it carries a gate on that counter (maco/device/persistent.h, "Gates and
+ * signals"): one counter per tile (or per row block of A), never reset, compared with
+ * (signals per launch) x (launch + 1). No chained semaphores, no wait tasks: a tile waits only
+ * for its own inputs, in any order.
+ *
+ * Why nothing deadlocks. A gate holds its worker while it waits, so every gated task must wait
+ * only for work that cannot be stuck behind a gated task:
+ *   - roots come first in every worker's queue (the schedulers push all roots before any task
+ *     that became ready later: maco_pk_roots_pushed), so a worker runs a non-root task only
+ *     after all its roots;
+ *   - compute workers run the GEMM tiles (roots; gated, if at all, on what peers' communication
+ *     workers send or on a peer's start) and, in allgather + GEMM, tiles released right after
+ *     the launch's first task;
+ *   - communication workers run, as roots, the "ready" signals only (ungated), and after them
+ *     the sums (gated on peers' GEMM tiles, which never wait for a communication worker of
+ *     theirs beyond its roots), the copies of sums to peers and the puts of A (gated on a
+ *     peer's ready signal, a root of that peer's communication workers).
+ * Every gate therefore waits for tasks that are roots or that wait only for roots, and roots
+ * never wait behind anything but roots: no cycle.
+ *
+ * Between launches. A rank that starts launch L + 1 may store into a peer's scratch while that
+ * peer is still in launch L. Where the peer could still be reading that memory, the stores are
+ * gated on the peer's "ready" signal, which the peer sends at the start of its own launch L + 1
+ * (its launch L is then over). GEMM + allreduce needs none: a rank ends launch L only after every
+ * owner sent it every sum, and an owner sends a tile's sum only after it read the rank's
+ * product of it.
  */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
 #include "log.h"
 #include "persistent_internal.h"
 
-enum { MACO__FUSED_MAX_RANKS = 64 };
+enum {
+    MACO__FUSED_MAX_RANKS = 64,
+    MACO__FUSED_MAX_TILES = 1 << 20, /* tiles of one operator (each several tasks) */
+};
 
 typedef struct maco__fused {
     maco_task_graph_t g;
     const maco_fused_gemm_t *op;
-    int rank, nranks;
-    uint32_t tile_n; /* the GEMM tiles' width (maco__gemm_pick_tile_n) */
+    maco_fused_op_t kind;
+    const char *fn;
+    int rank, nranks, units;
+    size_t esz;         /* bytes of an element of out (and of the GEMM + reduce products) */
+    uint64_t ctr_bytes; /* the counters at the start of scratch */
     char name[96];
-    int prev_sig[MACO__FUSED_MAX_RANKS], prev_wait[MACO__FUSED_MAX_RANKS];
-    int last_wait; /* the operator's waits run one after another, in the order they are added */
+    int ready_sig; /* a task of this rank that runs first in every launch (-1: none) */
 } maco__fused_t;
-
-/* The tile width for an m x n C on comm's SMs (maco__gemm_tile_width: wide where the wide
- * tiles still fill every SM at least once). */
-static uint32_t maco__gemm_pick_tile_n(maco_comm_t comm, uint32_t m, uint32_t n)
-{
-    int ctas = 0;
-    if (comm == NULL || maco_comm_get_coresident_ctas(comm, &ctas) != MACO_OK || ctas < 1)
-        ctas = 1;
-    return maco__gemm_tile_width(m, n, (uint64_t)ctas, NULL);
-}
 
 static maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what, int *id_p)
 {
@@ -50,108 +72,228 @@ static maco_status_t maco__fused_dep(maco__fused_t *f, int task, int on)
     return on < 0 ? MACO_OK : maco_task_graph_add_dependency(f->g, task, on);
 }
 
-static maco_status_t maco__fused_check(maco_task_graph_t g, const maco_fused_gemm_t *op,
-                                       const char *fn, maco__fused_t *f)
+/* Peer q's address of `local` (a byte inside this rank's scratch, or inside its `out` for
+ * out_channels), through channel index `ch`. */
+static void *maco__fused_remote(const maco__fused_t *f, int ch, const void *local)
 {
-    if (g == NULL || op == NULL || op->comm == NULL || op->channels == NULL || op->a == NULL ||
-        op->b == NULL || op->out == NULL || op->scratch == NULL)
+    const maco_memory_channel_device_t *c = &f->g->channels[ch];
+    return c->remote + ((const char *)local - c->local);
+}
+
+/* The counters (uint64_t, at the start of scratch) and the data after them. */
+static uint64_t *maco__fused_ctr(const maco__fused_t *f, uint64_t i)
+{
+    return (uint64_t *)f->op->scratch + i;
+}
+
+static char *maco__fused_data(const maco__fused_t *f)
+{
+    return (char *)f->op->scratch + f->ctr_bytes;
+}
+
+static uint64_t maco__round256(uint64_t x)
+{
+    return (x + 255) / 256 * 256;
+}
+
+static uint64_t maco__fused_tile_rows(uint64_t m)
+{
+    return (m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M;
+}
+
+/* The counters of an operator: one per tile (at most ceil(m / 128) x n / 128 of them, or row
+ * blocks of A for allgather + GEMM), then one per rank. */
+static uint64_t maco__fused_nctr(maco_fused_op_t kind, int nranks, uint32_t m, uint32_t n)
+{
+    switch (kind) {
+    case MACO_FUSED_GEMM_ALLREDUCE:
+        return maco__fused_tile_rows(m) * (n / MACO_GEMM_TILE_N) + (uint64_t)nranks;
+    case MACO_FUSED_GEMM_REDUCE_SCATTER:
+        return maco__fused_tile_rows(m / (uint32_t)nranks) * (n / MACO_GEMM_TILE_N) +
+               (uint64_t)nranks;
+    default:
+        return (uint64_t)nranks * maco__fused_tile_rows(m) + (uint64_t)nranks;
+    }
+}
+
+static size_t maco__fused_esz(maco_datatype_t t)
+{
+    return t == MACO_FLOAT32 ? 4 : 2;
+}
+
+maco_status_t maco_fused_gemm_scratch_bytes(maco_fused_op_t kind, int nranks, uint32_t m,
+                                            uint32_t n, uint32_t k, maco_datatype_t out_type,
+                                            size_t *bytes_p)
+{
+    if (bytes_p == NULL || nranks < 1 || nranks > MACO__FUSED_MAX_RANKS || m == 0 || n == 0 ||
+        k == 0 || n % MACO_GEMM_TILE_N != 0 ||
+        (kind != MACO_FUSED_GEMM_ALLREDUCE && kind != MACO_FUSED_GEMM_REDUCE_SCATTER &&
+         kind != MACO_FUSED_ALLGATHER_GEMM) ||
+        (out_type != MACO_FLOAT32 && out_type != MACO_BFLOAT16) ||
+        (kind == MACO_FUSED_GEMM_REDUCE_SCATTER && m % (uint32_t)nranks != 0))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "maco_fused_gemm_scratch_bytes: kind %d, nranks %d, m %u, n %u, k %u, "
+                           "out_type %d, bytes_p %p: a maco_fused_op_t, 1 to %d ranks, m, n, k "
+                           "non-zero, n a multiple of %d, m a multiple of nranks for the "
+                           "reduce-scatter, out_type MACO_FLOAT32 or MACO_BFLOAT16",
+                           (int)kind, nranks, m, n, k, (int)out_type, (void *)bytes_p,
+                           MACO__FUSED_MAX_RANKS, MACO_GEMM_TILE_N);
+    uint64_t ctr = maco__round256(maco__fused_nctr(kind, nranks, m, n) * 8);
+    uint64_t esz = maco__fused_esz(out_type), data;
+    if (kind == MACO_FUSED_GEMM_ALLREDUCE)
+        data = (uint64_t)nranks * m * n * esz; /* every rank's product (slot r: rank r's) */
+    else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
+        data = (uint64_t)m * n * esz; /* nranks slots of (m / nranks) x n */
+    else
+        data = (uint64_t)nranks * m * k * 2; /* every rank's A shard, bf16 */
+    if (data > SIZE_MAX - ctr)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "maco_fused_gemm_scratch_bytes: %llu bytes do not fit a size_t",
+                           (unsigned long long)data);
+    *bytes_p = (size_t)(ctr + data);
+    return MACO_OK;
+}
+
+/* Checks the operator and fills f. */
+static maco_status_t maco__fused_check(maco_task_graph_t g, const maco_fused_gemm_t *op,
+                                       maco_fused_op_t kind, const char *fn, int rank, int nranks,
+                                       int units, maco__fused_t *f)
+{
+    if (g == NULL || op == NULL || op->channels == NULL || op->a == NULL || op->b == NULL ||
+        op->out == NULL || op->scratch == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "%s: NULL argument (graph, op or one of its pointers)", fn);
     memset(f, 0, sizeof(*f));
     f->g = g;
     f->op = op;
-    maco_comm_get_rank(op->comm, &f->rank);
-    maco_comm_get_nranks(op->comm, &f->nranks);
-    if (f->nranks > MACO__FUSED_MAX_RANKS)
+    f->kind = kind;
+    f->fn = fn;
+    f->rank = rank;
+    f->nranks = nranks;
+    f->units = units < 1 ? 1 : units;
+    f->ready_sig = -1;
+    if (nranks < 1 || nranks > MACO__FUSED_MAX_RANKS)
         return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
-                           "%s: %d ranks; fused operators take at most %d", fn, f->nranks,
+                           "%s: %d ranks; fused operators take 1 to %d", fn, nranks,
                            MACO__FUSED_MAX_RANKS);
-    if (op->m == 0 || op->n == 0 || op->k == 0 || op->m % MACO_GEMM_TILE_M != 0 ||
-        op->n % MACO_GEMM_TILE_N != 0 || op->k % MACO_GEMM_TILE_K != 0)
+    if (op->out_type != MACO_FLOAT32 && op->out_type != MACO_BFLOAT16)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
-                           "%s: m x n x k = %u x %u x %u: m and n must be non-zero multiples of "
-                           "%d and %d, k of %d",
-                           fn, op->m, op->n, op->k, MACO_GEMM_TILE_M, MACO_GEMM_TILE_N,
-                           MACO_GEMM_TILE_K);
-    for (int q = 0; q < f->nranks; q++) {
-        if (q != f->rank && (op->channels[q] < 0 || op->channels[q] >= g->nchannels))
+                           "%s: out_type %d: MACO_FLOAT32 or MACO_BFLOAT16", fn, (int)op->out_type);
+    f->esz = maco__fused_esz(op->out_type);
+    if (op->m == 0 || op->n == 0 || op->k == 0 || op->n % MACO_GEMM_TILE_N != 0 ||
+        op->k % MACO_GEMM_TILE_K != 0 || op->m > (1u << 24))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: m x n x k = %u x %u x %u: m from 1 to 2^24, n a non-zero "
+                           "multiple of %d, k of %d",
+                           fn, op->m, op->n, op->k, MACO_GEMM_TILE_N, MACO_GEMM_TILE_K);
+    if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER && op->m % (uint32_t)nranks != 0)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: m = %u rows are not a multiple of the %d ranks (each gets m / "
+                           "nranks rows of the sum)",
+                           fn, op->m, nranks);
+    uint64_t rows_all =
+        kind == MACO_FUSED_ALLGATHER_GEMM ? (uint64_t)op->m * (uint64_t)nranks : (uint64_t)op->m;
+    if (maco__fused_tile_rows(rows_all) * (op->n / MACO_GEMM_TILE_N) > MACO__FUSED_MAX_TILES)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: m x n = %llu x %u makes more than %d tiles of 128 x 128; split "
+                           "the GEMM",
+                           fn, (unsigned long long)rows_all, op->n, MACO__FUSED_MAX_TILES);
+    size_t need = 0;
+    maco_status_t st =
+        maco_fused_gemm_scratch_bytes(kind, nranks, op->m, op->n, op->k, op->out_type, &need);
+    if (st != MACO_OK)
+        return st;
+    f->ctr_bytes = maco__round256(maco__fused_nctr(kind, nranks, op->m, op->n) * 8);
+    for (int q = 0; q < nranks; q++) {
+        if (q == rank)
+            continue;
+        int ch = op->channels[q];
+        if (ch < 0 || ch >= g->nchannels)
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                                "%s: channels[%d] = %d is not a channel of the graph (it has %d)",
-                               fn, q, op->channels[q], g->nchannels);
-        f->prev_sig[q] = f->prev_wait[q] = -1;
+                               fn, q, ch, g->nchannels);
+        const maco_memory_channel_device_t *c = &g->channels[ch];
+        if (c->local != (char *)op->scratch || c->local_bytes < need || c->remote_bytes < need)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                               "%s: channels[%d] (graph channel %d) must link this rank's "
+                               "scratch %p with rank %d's, each of at least %zu bytes "
+                               "(maco_fused_gemm_scratch_bytes); it links %p (%llu bytes) with "
+                               "%llu bytes",
+                               fn, q, ch, op->scratch, q, need, (void *)c->local,
+                               (unsigned long long)c->local_bytes,
+                               (unsigned long long)c->remote_bytes);
+        if (kind != MACO_FUSED_GEMM_ALLREDUCE)
+            continue;
+        if (op->out_channels == NULL)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                               "%s: out_channels is NULL: each rank's sums go straight into its "
+                               "peers' out, so out must be registered and linked to every "
+                               "peer's",
+                               fn);
+        int oc = op->out_channels[q];
+        uint64_t out_bytes = (uint64_t)op->m * op->n * f->esz;
+        const maco_memory_channel_device_t *o =
+            oc >= 0 && oc < g->nchannels ? &g->channels[oc] : NULL;
+        if (o == NULL || o->local != (char *)op->out || o->local_bytes < out_bytes ||
+            o->remote_bytes < out_bytes)
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                               "%s: out_channels[%d] = %d must be a channel of the graph (it has "
+                               "%d) linking this rank's out %p with rank %d's, each registered "
+                               "from its start with at least m x n elements (%llu bytes)",
+                               fn, q, oc, g->nchannels, op->out, q, (unsigned long long)out_bytes);
     }
-    f->last_wait = -1;
-    f->tile_n = maco__gemm_pick_tile_n(op->comm, op->m, op->n);
     snprintf(f->name, sizeof(f->name), "%s%s", op->name ? op->name : "",
              op->name && op->name[0] ? " " : "");
     return MACO_OK;
 }
 
-/* Put [off, off + bytes) of scratch to the same offset of peer q's scratch (after tasks
- * `after` and `ready`), then signal. */
-static maco_status_t maco__fused_send(maco__fused_t *f, int q, uint64_t off, uint64_t bytes,
-                                      int after, int ready, int *put_p)
+/* The plan of an m x n GEMM's tiles (maco_gemm_plan_tiles for f->units workers) into a new
+ * array (free it), *count_p tiles. */
+static maco_status_t maco__fused_plan(maco__fused_t *f, uint32_t m, maco_gemm_tile_t **tiles_p,
+                                      size_t *count_p)
 {
-    maco_task_t t;
-    int put, sig;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_CHANNEL_PUT;
-    t.channel = (uint32_t)f->op->channels[q];
-    t.count = bytes;
-    t.src_offset = off;
-    t.dst_offset = off;
-    maco_status_t st = maco__fused_add(f, &t, "put", &put);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, put, after);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, put, ready);
-    if (put_p != NULL)
-        *put_p = put;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_CHANNEL_SIGNAL;
-    t.channel = (uint32_t)f->op->channels[q];
-    if (st == MACO_OK)
-        st = maco__fused_add(f, &t, "signal", &sig);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, sig, put);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, sig, f->prev_sig[q]);
-    f->prev_sig[q] = sig;
-    return st;
+    size_t cap = 0;
+    maco_status_t st = maco_gemm_plan_tiles(m, f->op->n, f->units, NULL, &cap);
+    if (st != MACO_OK)
+        return st;
+    maco_gemm_tile_t *tiles = malloc(cap * sizeof(*tiles));
+    if (tiles == NULL)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                           "%s: out of host memory for the plan of %zu tiles", f->fn, cap);
+    st = maco_gemm_plan_tiles(m, f->op->n, f->units, tiles, count_p);
+    if (st != MACO_OK) {
+        free(tiles);
+        return st;
+    }
+    *tiles_p = tiles;
+    return MACO_OK;
 }
 
-/* The next wait on peer q's channel; its id in *id_p. Every wait of the operator also follows
- * the one added before it, whatever its channel: a wait holds a communication worker until its
- * signal comes, and in GEMM + allreduce a peer's signal can need this rank's earlier waits
- * (the owner of a tile sends the sum only after every product of it arrived, and a rank's
- * signals on a channel are chained). Waits taken in the order they were added (tile order)
- * only ever wait for signals that need earlier waits, so one communication worker cannot
- * deadlock; taken as they became ready, a wait of a later tile could hold the only worker
- * while an earlier tile's wait that its signal needs sat behind it (seen at 4 ranks). */
-static maco_status_t maco__fused_wait(maco__fused_t *f, int q, int *id_p)
+/* The element offset of a tile in a row-major matrix of f->op->n columns. */
+static uint64_t maco__fused_tile_off(const maco__fused_t *f, const maco_gemm_tile_t *t)
 {
-    maco_task_t t;
-    memset(&t, 0, sizeof(t));
-    t.type = MACO_TASK_CHANNEL_WAIT;
-    t.channel = (uint32_t)f->op->channels[q];
-    maco_status_t st = maco__fused_add(f, &t, "wait", id_p);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, *id_p, f->prev_wait[q]);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, *id_p, f->last_wait);
-    f->prev_wait[q] = *id_p;
-    f->last_wait = *id_p;
-    return st;
+    return (uint64_t)t->tile_row * MACO_GEMM_TILE_M * f->op->n + (uint64_t)t->tile_col * t->tile_n;
 }
 
-static maco_status_t maco__fused_gemm_tile(maco__fused_t *f, const void *a, uint32_t m,
-                                           uint32_t row, uint32_t col, void *out, uint32_t ldc,
-                                           int *id_p)
+/* Rows of a tile of an m-row matrix (the last row of tiles may be partial). */
+static uint32_t maco__fused_rows(uint32_t m, const maco_gemm_tile_t *t)
+{
+    uint32_t left = m - t->tile_row * MACO_GEMM_TILE_M;
+    return left < MACO_GEMM_TILE_M ? left : MACO_GEMM_TILE_M;
+}
+
+/* A GEMM tile of A (m x k) x B into `out` (row stride ldc, out_type), gated on `wait` (may be
+ * NULL) and signalling `signal` (may be NULL). */
+static maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t m,
+                                      const maco_gemm_tile_t *tile, void *out, uint32_t ldc,
+                                      const uint64_t *wait, int wait_peer, uint64_t *signal,
+                                      int *id_p)
 {
     maco_task_t t;
     memset(&t, 0, sizeof(t));
     t.type = MACO_TASK_GEMM_TILE;
-    t.datatype = MACO_FLOAT32;
+    t.role = MACO_TASK_ROLE_COMPUTE;
+    t.datatype = f->op->out_type;
     t.a = a;
     t.b = f->op->b;
     t.out = out;
@@ -159,203 +301,346 @@ static maco_status_t maco__fused_gemm_tile(maco__fused_t *f, const void *a, uint
     t.n = f->op->n;
     t.k = f->op->k;
     t.ldc = ldc;
-    t.tile_row = row;
-    t.tile_col = col;
-    t.tile_n = f->tile_n;
+    t.tile_row = tile->tile_row;
+    t.tile_col = tile->tile_col;
+    t.tile_n = tile->tile_n;
+    t.wait_on = wait;
+    t.wait_count = 1;
+    t.wait_peer = wait_peer;
+    t.signal_to = signal;
     return maco__fused_add(f, &t, "gemm", id_p);
 }
 
 /* The start of a launch: a signal to every peer that this rank's scratch is free (its last
- * launch is over), and the wait for each peer's; every put to peer q waits for ready[q]. Without
- * it a peer a launch ahead could overwrite a slot this rank still reads. */
-static maco_status_t maco__fused_ready(maco__fused_t *f, int *ready)
+ * launch is over): counter `first + rank` of each peer's scratch. Roots of the communication
+ * workers, which nothing holds up. */
+static maco_status_t maco__fused_ready(maco__fused_t *f, uint64_t first)
 {
     maco_status_t st = MACO_OK;
     for (int q = 0; q < f->nranks && st == MACO_OK; q++) {
-        ready[q] = -1;
         if (q == f->rank)
             continue;
         maco_task_t t;
-        int sig;
+        int id;
         memset(&t, 0, sizeof(t));
-        t.type = MACO_TASK_CHANNEL_SIGNAL;
-        t.channel = (uint32_t)f->op->channels[q];
-        st = maco__fused_add(f, &t, "ready", &sig);
-        f->prev_sig[q] = sig;
-        if (st == MACO_OK)
-            st = maco__fused_wait(f, q, &ready[q]);
+        t.type = MACO_TASK_NOP;
+        t.role = MACO_TASK_ROLE_COMM;
+        t.signal_to = maco__fused_remote(f, f->op->channels[q],
+                                         maco__fused_ctr(f, first + (uint64_t)f->rank));
+        st = maco__fused_add(f, &t, "ready", &id);
+        if (f->ready_sig < 0)
+            f->ready_sig = id;
     }
     return st;
 }
 
-/* out = a + b over a tile (MACO_GEMM_TILE_M rows of f->tile_n), a and b with row stride
- * f->tile_n, out with ld_out; after every task of deps[0..ndeps). */
-static maco_status_t maco__fused_add_tile(maco__fused_t *f, const float *a, const float *b,
-                                          float *out, uint32_t ld_out, float alpha_b,
-                                          const int *deps, int ndeps, int *id_p)
+/* The operator's end: a NOP after every task in deps[0..ndeps), gated on `wait` (count per
+ * launch) where wait is not NULL. */
+static maco_status_t maco__fused_done(maco__fused_t *f, const uint64_t *wait, uint64_t count,
+                                      const int *deps, size_t ndeps, int *id_p)
 {
-    maco_task_t x;
-    memset(&x, 0, sizeof(x));
-    x.type = alpha_b == 0.0f ? MACO_TASK_SCALE : MACO_TASK_ADD;
-    x.datatype = MACO_FLOAT32;
-    x.alpha = 1.0f;
-    x.count = f->tile_n;
-    x.rows = MACO_GEMM_TILE_M;
-    x.a = a;
-    x.b = b;
-    x.ld_in = f->tile_n;
-    x.out = out;
-    x.ld_out = ld_out;
-    maco_status_t st = maco__fused_add(f, &x, "reduce", id_p);
-    for (int i = 0; i < ndeps && st == MACO_OK; i++)
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_NOP;
+    t.role = MACO_TASK_ROLE_COMM;
+    if (wait != NULL && count > 0) {
+        t.wait_on = wait;
+        t.wait_count = count;
+        t.wait_peer = -1;
+    }
+    maco_status_t st = maco__fused_add(f, &t, "done", id_p);
+    for (size_t i = 0; i < ndeps && st == MACO_OK; i++)
         st = maco__fused_dep(f, *id_p, deps[i]);
     return st;
 }
 
-maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco_fused_gemm_t *op,
-                                                 int *last_p)
+/* The sum of the nranks slots' tile `t` (slots `slot_bytes` apart from `first`, row stride n)
+ * into `out` (row stride n), in rank order; gated on `wait` (nranks - 1 signals per launch),
+ * after task `after`. */
+static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t, uint32_t m,
+                                     const char *first, uint64_t slot_bytes, void *out,
+                                     const uint64_t *wait, int after, int *id_p)
 {
-    maco__fused_t f;
-    maco_status_t st = maco__fused_check(g, op, "maco_task_graph_add_gemm_allreduce", &f);
-    if (st != MACO_OK)
-        return st;
-    const uint32_t tn = op->n / f.tile_n, ntiles = (op->m / MACO_GEMM_TILE_M) * tn;
-    const uint64_t tile = (uint64_t)MACO_GEMM_TILE_M * f.tile_n;
-    const uint64_t mn = (uint64_t)op->m * op->n;
-    float *scratch = op->scratch, *out = op->out;
-    int ready[MACO__FUSED_MAX_RANKS], done = -1;
-    st = maco__fused_ready(&f, ready);
-    /* One NOP that every tile's last reduce precedes (the operator's end). */
-    maco_task_t nop;
-    memset(&nop, 0, sizeof(nop));
-    nop.type = MACO_TASK_NOP;
+    maco_task_t x;
+    memset(&x, 0, sizeof(x));
+    x.type = MACO_TASK_SUM;
+    x.role = MACO_TASK_ROLE_COMM;
+    x.datatype = f->op->out_type;
+    x.count = t->tile_n;
+    x.rows = maco__fused_rows(m, t);
+    x.ld_in = f->op->n;
+    x.ld_out = f->op->n;
+    x.a = first;
+    x.out = out;
+    x.ninputs = (uint32_t)f->nranks;
+    x.input_stride = slot_bytes;
+    x.wait_on = wait;
+    x.wait_count = (uint64_t)f->nranks - 1;
+    x.wait_peer = -1;
+    maco_status_t st = maco__fused_add(f, &x, "sum", id_p);
     if (st == MACO_OK)
-        st = maco__fused_add(&f, &nop, "done", &done);
-    /* Tile t is reduced by its owner, rank t mod nranks (a reduce-scatter followed by an
-     * allgather, tile by tile): every other rank puts its product of t into the owner's slot
-     * for it, the owner sums the nranks products in rank order into its slot 0 and puts that
-     * sum into slot 0 of every peer, and each rank copies slot 0 to out. Every rank sends
-     * 2 (nranks - 1) / nranks of the product's bytes, as a ring allreduce does, and does
-     * 1 / nranks of the adds; the one-shot scheme before it (each rank sending its whole
-     * product to every peer and reducing every tile itself) sent nranks / 2 times as much.
-     * Slot 0 of tile t is free to overwrite: on the owner it held an input of the first add;
-     * on rank 0 it held rank 0's product, whose put to the owner landed before the owner's
-     * wait for it returned; elsewhere it is unused. */
-    for (uint32_t t = 0; t < ntiles && st == MACO_OK; t++) {
-        uint32_t row = t / tn, col = t % tn;
-        const int owner = (int)(t % (uint32_t)f.nranks);
-        uint64_t mine = (uint64_t)f.rank * mn + t * tile; /* my slot, tile t (elements) */
-        float *dst = out + (uint64_t)row * MACO_GEMM_TILE_M * op->n + (uint64_t)col * f.tile_n;
-        float *acc = scratch + t * tile; /* slot 0, tile t */
-        int gemm, copy = -1;
-        st = maco__fused_gemm_tile(&f, op->a, op->m, row, col, scratch + mine, f.tile_n, &gemm);
-        if (st == MACO_OK && f.nranks == 1) { /* one rank: the product is the result */
-            st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &gemm, 1, &copy);
-        } else if (st == MACO_OK && owner != f.rank) {
-            int sent, res;
-            st = maco__fused_send(&f, owner, mine * 4, tile * 4, gemm, ready[owner], &sent);
-            if (st == MACO_OK)
-                st = maco__fused_dep(&f, done, sent);
-            if (st == MACO_OK)
-                st = maco__fused_wait(&f, owner, &res); /* the owner's sum in slot 0 */
-            if (st == MACO_OK)
-                st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &res, 1, &copy);
-        } else if (st == MACO_OK) {
-            int have[MACO__FUSED_MAX_RANKS], prev;
-            for (int q = 0; q < f.nranks && st == MACO_OK; q++)
-                have[q] = gemm;
-            for (int q = 0; q < f.nranks && st == MACO_OK; q++)
-                if (q != f.rank)
-                    st = maco__fused_wait(&f, q, &have[q]);
-            /* Sum in rank order, partial sums and the result in slot 0. */
-            prev = have[0];
-            for (int q = 1; q < f.nranks && st == MACO_OK; q++) {
-                int deps[2] = { prev, have[q] }, add;
-                st = maco__fused_add_tile(&f, acc, scratch + (uint64_t)q * mn + t * tile, acc,
-                                          f.tile_n, 1.0f, deps, 2, &add);
-                prev = add;
-            }
-            for (int q = 0; q < f.nranks && st == MACO_OK; q++) {
-                int sent;
-                if (q == f.rank)
-                    continue;
-                st = maco__fused_send(&f, q, t * tile * 4, tile * 4, prev, ready[q], &sent);
-                if (st == MACO_OK)
-                    st = maco__fused_dep(&f, done, sent);
-            }
-            if (st == MACO_OK)
-                st = maco__fused_add_tile(&f, acc, NULL, dst, op->n, 0.0f, &prev, 1, &copy);
-        }
-        if (st == MACO_OK)
-            st = maco__fused_dep(&f, done, copy);
-    }
-    if (st == MACO_OK && last_p != NULL)
-        *last_p = done;
+        st = maco__fused_dep(f, *id_p, after);
     return st;
 }
 
-maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t g, const maco_fused_gemm_t *op,
-                                                 int *last_p)
+/* Row-parallel linear. Tile p (in plan order) is owned by rank p mod nranks: every rank's GEMM
+ * stores its product of p into the owner's slot for it (scratch data: nranks slots of m x n,
+ * slot r rank r's) and signals the owner's counter p; the owner sums the nranks slots in rank
+ * order into its out and copies the sum into every peer's out (out_channels), signalling the
+ * peer's counter `done`; a rank's launch ends once the sums of all tiles it does not own came. */
+static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
 {
-    maco__fused_t f;
-    maco_status_t st = maco__fused_check(g, op, "maco_task_graph_add_allgather_gemm", &f);
+    const maco_fused_gemm_t *op = f->op;
+    maco_gemm_tile_t *plan = NULL;
+    size_t ntiles = 0, ndeps = 0;
+    maco_status_t st = maco__fused_plan(f, op->m, &plan, &ntiles);
     if (st != MACO_OK)
         return st;
-    const uint32_t tn = op->n / f.tile_n, blocks = op->m / MACO_GEMM_TILE_M;
-    const uint32_t mt = op->m * (uint32_t)f.nranks;            /* rows of the gathered A */
-    const uint64_t block = (uint64_t)MACO_GEMM_TILE_M * op->k; /* elements of a row block */
-    char *gathered = op->scratch;
-    float *out = op->out;
-    int ready[MACO__FUSED_MAX_RANKS], done = -1;
-    st = maco__fused_ready(&f, ready);
-    maco_task_t nop;
-    memset(&nop, 0, sizeof(nop));
-    nop.type = MACO_TASK_NOP;
-    if (st == MACO_OK)
-        st = maco__fused_add(&f, &nop, "done", &done);
-    /* This rank's blocks: into its own slot of the gathered A, then to every peer. */
-    int have[MACO__FUSED_MAX_RANKS][256];
-    if (blocks > 256)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
-                           "maco_task_graph_add_allgather_gemm: m = %u: at most %d rows per rank",
-                           op->m, 256 * MACO_GEMM_TILE_M);
-    for (uint32_t c = 0; c < blocks && st == MACO_OK; c++) {
-        uint64_t off = ((uint64_t)f.rank * blocks + c) * block * 2; /* bytes */
-        maco_task_t x;
-        int copy;
-        memset(&x, 0, sizeof(x));
-        x.type = MACO_TASK_COPY;
-        x.count = block * 2;
-        x.a = (const char *)op->a + (uint64_t)c * block * 2;
-        x.out = gathered + off;
-        st = maco__fused_add(&f, &x, "copy", &copy);
-        have[f.rank][c] = copy;
-        for (int q = 0; q < f.nranks && st == MACO_OK; q++) {
-            if (q == f.rank)
+    int *deps = malloc((ntiles * (size_t)f->nranks + 1) * sizeof(int));
+    if (deps == NULL) {
+        free(plan);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
+    }
+    const uint64_t slot = (uint64_t)op->m * op->n * f->esz;
+    const uint64_t done_ctr = maco__fused_tile_rows(op->m) * (op->n / MACO_GEMM_TILE_N);
+    char *data = maco__fused_data(f), *out = op->out;
+    uint64_t not_owned = 0;
+    for (size_t p = 0; p < ntiles && st == MACO_OK; p++) {
+        const maco_gemm_tile_t *t = &plan[p];
+        const int owner = (int)(p % (size_t)f->nranks);
+        const uint64_t off = maco__fused_tile_off(f, t) * f->esz; /* bytes in a slot and in out */
+        int gemm, sum;
+        if (f->nranks == 1) { /* one rank: the product is the result */
+            st = maco__fused_gemm(f, op->a, op->m, t, out + off, op->n, NULL, -1, NULL, &gemm);
+            deps[ndeps++] = gemm;
+            continue;
+        }
+        char *mine = data + (uint64_t)f->rank * slot + off;
+        if (owner != f->rank) {
+            st = maco__fused_gemm(
+                f, op->a, op->m, t, maco__fused_remote(f, op->channels[owner], mine), op->n, NULL,
+                -1, maco__fused_remote(f, op->channels[owner], maco__fused_ctr(f, p)), &gemm);
+            deps[ndeps++] = gemm;
+            not_owned++;
+            continue;
+        }
+        st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, -1, NULL, &gemm);
+        if (st == MACO_OK)
+            st = maco__fused_sum(f, t, op->m, data + off, slot, out + off, maco__fused_ctr(f, p),
+                                 gemm, &sum);
+        for (int q = 0; q < f->nranks && st == MACO_OK; q++) {
+            if (q == f->rank)
                 continue;
-            st = maco__fused_send(&f, q, off, block * 2, copy, ready[q], NULL);
+            maco_task_t x;
+            int put;
+            memset(&x, 0, sizeof(x));
+            x.type = MACO_TASK_COPY;
+            x.role = MACO_TASK_ROLE_COMM;
+            x.count = (uint64_t)t->tile_n * f->esz;
+            x.rows = maco__fused_rows(op->m, t);
+            x.ld_in = x.ld_out = (uint32_t)(op->n * f->esz);
+            x.a = out + off;
+            x.out = maco__fused_remote(f, op->out_channels[q], out + off);
+            x.signal_to = maco__fused_remote(f, op->channels[q], maco__fused_ctr(f, done_ctr));
+            st = maco__fused_add(f, &x, "put", &put);
+            if (st == MACO_OK)
+                st = maco__fused_dep(f, put, sum);
+            deps[ndeps++] = put;
         }
     }
-    /* Peers' blocks, in the order they send them. */
-    for (int q = 0; q < f.nranks && st == MACO_OK; q++)
-        for (uint32_t c = 0; c < blocks && st == MACO_OK && q != f.rank; c++)
-            st = maco__fused_wait(&f, q, &have[q][c]);
-    /* Tiles: block c of rank q is row block q * blocks + c of the gathered A. */
-    for (int q = 0; q < f.nranks && st == MACO_OK; q++)
-        for (uint32_t c = 0; c < blocks && st == MACO_OK; c++)
-            for (uint32_t col = 0; col < tn && st == MACO_OK; col++) {
-                uint32_t row = (uint32_t)q * blocks + c;
-                int gemm;
-                st = maco__fused_gemm_tile(&f, gathered, mt, row, col,
-                                           out + (uint64_t)row * MACO_GEMM_TILE_M * op->n +
-                                               (uint64_t)col * f.tile_n,
-                                           op->n, &gemm);
-                if (st == MACO_OK)
-                    st = maco__fused_dep(&f, gemm, have[q][c]);
-                if (st == MACO_OK)
-                    st = maco__fused_dep(&f, done, gemm);
-            }
+    int done = -1;
+    if (st == MACO_OK)
+        st = maco__fused_done(f, maco__fused_ctr(f, done_ctr), not_owned, deps, ndeps, &done);
     if (st == MACO_OK && last_p != NULL)
         *last_p = done;
+    free(deps);
+    free(plan);
     return st;
+}
+
+/* Row-parallel linear with a sequence-parallel output. The m rows of A (and of the sum) are
+ * nranks blocks of ms = m / nranks rows; rank o keeps block o of the sum. For block o, every
+ * rank's GEMM of A's rows [o ms, (o + 1) ms) stores its product into rank o's slot for it
+ * (scratch data: nranks slots of ms x n) and signals o's counter of the tile; rank o sums the
+ * slots in rank order into out. Each rank computes the blocks in the order rank + 1, rank + 2,
+ * ..., its own last (at any moment every rank sends to another rank: the links are evenly
+ * loaded, and the sends of the earlier blocks overlap the own block's GEMM). */
+static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last_p)
+{
+    const maco_fused_gemm_t *op = f->op;
+    const uint32_t ms = op->m / (uint32_t)f->nranks;
+    maco_gemm_tile_t *plan = NULL;
+    size_t ntiles = 0, ndeps = 0;
+    maco_status_t st = maco__fused_plan(f, ms, &plan, &ntiles);
+    if (st != MACO_OK)
+        return st;
+    int *deps = malloc((ntiles * (size_t)f->nranks + 1) * sizeof(int));
+    if (deps == NULL) {
+        free(plan);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
+    }
+    const uint64_t slot = (uint64_t)ms * op->n * f->esz;
+    const uint64_t ready = maco__fused_tile_rows(ms) * (op->n / MACO_GEMM_TILE_N);
+    char *data = maco__fused_data(f), *out = op->out;
+    if (f->nranks > 1)
+        st = maco__fused_ready(f, ready);
+    for (int step = 1; step <= f->nranks && st == MACO_OK; step++) {
+        const int o = (f->rank + step) % f->nranks; /* the own block last */
+        const char *a = (const char *)op->a + (uint64_t)o * ms * op->k * 2;
+        for (size_t p = 0; p < ntiles && st == MACO_OK; p++) {
+            const maco_gemm_tile_t *t = &plan[p];
+            const uint64_t off = maco__fused_tile_off(f, t) * f->esz;
+            char *mine = data + (uint64_t)f->rank * slot + off;
+            int gemm, sum;
+            if (f->nranks == 1) {
+                st = maco__fused_gemm(f, a, ms, t, out + off, op->n, NULL, -1, NULL, &gemm);
+                deps[ndeps++] = gemm;
+            } else if (o != f->rank) {
+                /* Into o's slot, once o is ready (its last launch read the slot). */
+                st = maco__fused_gemm(f, a, ms, t, maco__fused_remote(f, op->channels[o], mine),
+                                      op->n, maco__fused_ctr(f, ready + (uint64_t)o), o,
+                                      maco__fused_remote(f, op->channels[o], maco__fused_ctr(f, p)),
+                                      &gemm);
+                deps[ndeps++] = gemm;
+            } else {
+                st = maco__fused_gemm(f, a, ms, t, mine, op->n, NULL, -1, NULL, &gemm);
+                if (st == MACO_OK)
+                    st = maco__fused_sum(f, t, ms, data + off, slot, out + off,
+                                         maco__fused_ctr(f, p), gemm, &sum);
+                deps[ndeps++] = sum;
+            }
+        }
+    }
+    int done = -1;
+    if (st == MACO_OK)
+        st = maco__fused_done(f, NULL, 0, deps, ndeps, &done);
+    if (st == MACO_OK && last_p != NULL)
+        *last_p = done;
+    free(deps);
+    free(plan);
+    return st;
+}
+
+/* Column-parallel linear with a sequence-parallel input. Rank r's A shard (m x k) is put, in
+ * row blocks of 128, into every peer's slot r of the gathered A (scratch data: nranks slots of
+ * m x k bf16), each block signalling the peer's counter of (r, block); the tiles of rank q's
+ * rows read slot q (the own shard straight from a) and are gated on the counter of their row
+ * block. Puts go to peers in the order rank + 1, rank + 2, ..., so a rank's shards arrive in
+ * the order rank - 1, rank - 2, ...: its tiles run in that order, after its own shard's. */
+static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
+{
+    const maco_fused_gemm_t *op = f->op;
+    const uint32_t blocks = (uint32_t)maco__fused_tile_rows(op->m);
+    const uint64_t slot = (uint64_t)op->m * op->k * 2,
+                   block = (uint64_t)MACO_GEMM_TILE_M * op->k * 2;
+    const uint64_t ready = (uint64_t)f->nranks * blocks;
+    maco_gemm_tile_t *plan = NULL;
+    size_t ntiles = 0, ndeps = 0;
+    maco_status_t st = maco__fused_plan(f, op->m, &plan, &ntiles);
+    if (st != MACO_OK)
+        return st;
+    int *deps = malloc((ntiles * (size_t)f->nranks + 1) * sizeof(int));
+    if (deps == NULL) {
+        free(plan);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
+    }
+    char *data = maco__fused_data(f), *out = op->out;
+    int *more =
+        realloc(deps, (ntiles * (size_t)f->nranks + (size_t)f->nranks * blocks + 1) * sizeof(int));
+    if (more == NULL) {
+        free(deps);
+        free(plan);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
+    }
+    deps = more; /* every tile and every put */
+    if (f->nranks > 1)
+        st = maco__fused_ready(f, ready);
+    /* This rank's blocks to every peer, each once the peer is ready. */
+    for (int step = 1; step < f->nranks && st == MACO_OK; step++) {
+        const int q = (f->rank + step) % f->nranks;
+        for (uint32_t b = 0; b < blocks && st == MACO_OK; b++) {
+            const uint64_t at = (uint64_t)b * block;
+            const uint64_t bytes = b + 1 < blocks ? block : slot - at;
+            maco_task_t x;
+            int put;
+            memset(&x, 0, sizeof(x));
+            x.type = MACO_TASK_COPY;
+            x.role = MACO_TASK_ROLE_COMM;
+            x.count = bytes;
+            x.a = (const char *)op->a + at;
+            x.out = maco__fused_remote(f, op->channels[q], data + (uint64_t)f->rank * slot + at);
+            x.wait_on = maco__fused_ctr(f, ready + (uint64_t)q);
+            x.wait_count = 1;
+            x.wait_peer = q;
+            x.signal_to = maco__fused_remote(f, op->channels[q],
+                                             maco__fused_ctr(f, (uint64_t)f->rank * blocks + b));
+            st = maco__fused_add(f, &x, "put", &put);
+            if (st == MACO_OK) /* not a root: behind the ready signals in every queue */
+                st = maco__fused_dep(f, put, f->ready_sig);
+            deps[ndeps++] = put;
+        }
+    }
+    /* The tiles: the own shard's first (roots), then rank - 1's, rank - 2's, ... (released with
+     * the launch's first task, so that they come after every root in the workers' queues). */
+    for (int step = 0; step < f->nranks && st == MACO_OK; step++) {
+        const int q = (f->rank - step + f->nranks) % f->nranks;
+        const char *a = q == f->rank ? (const char *)op->a : data + (uint64_t)q * slot;
+        for (size_t p = 0; p < ntiles && st == MACO_OK; p++) {
+            const maco_gemm_tile_t *t = &plan[p];
+            const uint64_t row0 = (uint64_t)q * op->m; /* the shard's first row of out */
+            char *dst = out + (row0 * op->n + maco__fused_tile_off(f, t)) * f->esz;
+            int gemm;
+            st = maco__fused_gemm(
+                f, a, op->m, t, dst, op->n,
+                q == f->rank ? NULL : maco__fused_ctr(f, (uint64_t)q * blocks + t->tile_row), q,
+                NULL, &gemm);
+            if (st == MACO_OK && q != f->rank)
+                st = maco__fused_dep(f, gemm, f->ready_sig);
+            deps[ndeps++] = gemm;
+        }
+    }
+    int done = -1;
+    if (st == MACO_OK)
+        st = maco__fused_done(f, NULL, 0, deps, ndeps, &done);
+    if (st == MACO_OK && last_p != NULL)
+        *last_p = done;
+    free(deps);
+    free(plan);
+    return st;
+}
+
+maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
+                                maco_fused_op_t kind, int rank, int nranks, int units, int *last_p)
+{
+    static const char *const fns[3] = { "maco_task_graph_add_gemm_allreduce",
+                                        "maco_task_graph_add_gemm_reduce_scatter",
+                                        "maco_task_graph_add_allgather_gemm" };
+    const char *fn = (unsigned)kind < 3 ? fns[kind] : "maco__fused_build";
+    maco__fused_t f;
+    maco_status_t st = maco__fused_check(g, op, kind, fn, rank, nranks, units, &f);
+    if (st != MACO_OK)
+        return st;
+    int before = g->ntasks;
+    if (kind == MACO_FUSED_GEMM_ALLREDUCE)
+        st = maco__fused_gemm_allreduce(&f, last_p);
+    else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
+        st = maco__fused_gemm_reduce_scatter(&f, last_p);
+    else
+        st = maco__fused_allgather_gemm(&f, last_p);
+    if (st != MACO_OK)
+        return st;
+    /* The split the operator wants when the caller leaves it to the runtime: enough
+     * communication workers to move its bytes while the GEMM runs (one per 8 CTAs, at least 2),
+     * fewer for the reduce-scatter, whose GEMMs store the products themselves. */
+    int want = kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? units / 16 : units / 8;
+    want = want < 2 ? 2 : want;
+    if (nranks > 1 && want > g->comm_workers_hint)
+        g->comm_workers_hint = want;
+    MACO_LOG(MACO_LOG_DEBUG, MACO_SUBSYS_PERSIST, "%s: rank %d of %d: %d tasks (%s)", fn, rank,
+             nranks, g->ntasks - before, f.name);
+    return MACO_OK;
 }

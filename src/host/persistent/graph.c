@@ -13,7 +13,7 @@
 
 static const char *const maco__task_type_names[MACO_TASK_TYPE_COUNT] = {
     "nop",         "copy",           "add",          "scale",     "residual_add", "signal", "wait",
-    "channel_put", "channel_signal", "channel_wait", "gemm_tile",
+    "channel_put", "channel_signal", "channel_wait", "gemm_tile", "sum",
 };
 
 /* The device's type values are the public ones. */
@@ -27,6 +27,7 @@ _Static_assert(MACO__SAME(MACO_TASK_COPY, MACO_PK_COPY) && MACO__SAME(MACO_TASK_
                    MACO__SAME(MACO_TASK_CHANNEL_SIGNAL, MACO_PK_CHANNEL_SIGNAL) &&
                    MACO__SAME(MACO_TASK_CHANNEL_WAIT, MACO_PK_CHANNEL_WAIT) &&
                    MACO__SAME(MACO_TASK_GEMM_TILE, MACO_PK_GEMM_TILE) &&
+                   MACO__SAME(MACO_TASK_SUM, MACO_PK_SUM) &&
                    MACO__SAME(MACO_TASK_TYPE_COUNT, MACO_PK_TYPE_COUNT) &&
                    MACO__SAME(MACO_TASK_USER, MACO_PK_USER),
                "task types match the device's");
@@ -154,6 +155,43 @@ maco_status_t maco_task_graph_get_ntasks(maco_task_graph_t g, int *ntasks_p)
 
 /* ---------------------------------------------------------------- checks */
 
+/* Why the 2D block of task `t` (rows of `row` units, strides ld_in and ld_out in the same
+ * units) is out of range, in `why`; 0 when it is fine or one row. */
+static int maco__rows_check(const maco_task_t *t, uint64_t row, const char *unit, char *why,
+                            size_t n)
+{
+    if (t->rows > 1 && (t->rows > 0xffff || t->ld_in < row || t->ld_out < row ||
+                        t->ld_in >= (1u << 24) || t->ld_out >= (1u << 24))) {
+        snprintf(why, n,
+                 "rows = %u, ld_in = %u, ld_out = %u for rows of %llu %s: rows at most 65535, "
+                 "strides at least the row and below 2^24",
+                 t->rows, t->ld_in, t->ld_out, (unsigned long long)row, unit);
+        return -1;
+    }
+    return 0;
+}
+
+/* Why the gate and signal of task `t` are out of range, in `why`; 0 when they are fine. */
+static int maco__sync_check(const maco_task_t *t, char *why, size_t n)
+{
+    if (t->wait_on != NULL && ((uintptr_t)t->wait_on % 8 != 0 || t->wait_count == 0)) {
+        snprintf(why, n,
+                 "gate: wait_on (%p) must be 8-byte aligned and wait_count (%llu) at least 1",
+                 (const void *)t->wait_on, (unsigned long long)t->wait_count);
+        return -1;
+    }
+    if (t->wait_on != NULL && t->wait_count > (UINT64_MAX >> 32)) {
+        snprintf(why, n, "gate: wait_count %llu is above 2^32 - 1 (it is multiplied by launches)",
+                 (unsigned long long)t->wait_count);
+        return -1;
+    }
+    if (t->signal_to != NULL && (uintptr_t)t->signal_to % 8 != 0) {
+        snprintf(why, n, "signal_to (%p) must be 8-byte aligned", (void *)t->signal_to);
+        return -1;
+    }
+    return 0;
+}
+
 /* Why task `t` is out of range, in `why`; 0 when it is fine. */
 static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, char *why, size_t n)
 {
@@ -161,6 +199,8 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
         snprintf(why, n, "role %d is not a maco_task_role_t", (int)t->role);
         return -1;
     }
+    if (maco__sync_check(t, why, n) != 0)
+        return -1;
     if ((int)t->type >= MACO_TASK_USER) {
         if ((int)t->type > 0xffff) {
             snprintf(why, n, "user type %d is above 65535", (int)t->type);
@@ -176,21 +216,38 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
     switch (t->type) {
     case MACO_TASK_NOP:
         return 0;
-    case MACO_TASK_COPY:
+    case MACO_TASK_COPY: {
         if (t->count > 0 && (t->out == NULL || t->a == NULL)) {
             snprintf(why, n, "copy of %llu bytes with a NULL %s", (unsigned long long)t->count,
                      t->out == NULL ? "out" : "a");
             return -1;
         }
-        if (t->count > 0) {
-            uintptr_t o = (uintptr_t)t->out, a = (uintptr_t)t->a;
-            if (o < a + t->count && a < o + t->count) {
-                snprintf(why, n, "copy of %llu bytes between overlapping ranges (out %p, a %p)",
-                         (unsigned long long)t->count, t->out, t->a);
-                return -1;
-            }
+        if (t->rows > 1 && t->count >= (1u << 24)) {
+            snprintf(why, n, "copy of %u rows of %llu bytes: rows below 2^24 bytes", t->rows,
+                     (unsigned long long)t->count);
+            return -1;
+        }
+        if (maco__rows_check(t, t->count, "bytes", why, n) != 0)
+            return -1;
+        /* The spans from the first byte to the last (a 2D block's rows between them
+         * included): no overlap, and no wrap past the end of the address space. */
+        uint64_t rows = t->rows > 1 ? t->rows : 1;
+        uint64_t span_a = (rows - 1) * (t->rows > 1 ? t->ld_in : 0) + t->count;
+        uint64_t span_o = (rows - 1) * (t->rows > 1 ? t->ld_out : 0) + t->count;
+        uintptr_t o = (uintptr_t)t->out, a = (uintptr_t)t->a;
+        if (t->count > 0 && (a > UINTPTR_MAX - span_a || o > UINTPTR_MAX - span_o)) {
+            snprintf(why, n, "copy of %llu bytes from %p to %p runs past the end of memory",
+                     (unsigned long long)t->count, t->a, t->out);
+            return -1;
+        }
+        if (t->count > 0 && o < a + span_a && a < o + span_o) {
+            snprintf(why, n, "copy of %llu bytes between overlapping ranges (out %p, a %p)",
+                     (unsigned long long)t->count, t->out, t->a);
+            return -1;
         }
         return 0;
+    }
+    case MACO_TASK_SUM:
     case MACO_TASK_ADD:
     case MACO_TASK_SCALE:
     case MACO_TASK_RESIDUAL_ADD: {
@@ -204,21 +261,24 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
                      (int)t->datatype);
             return -1;
         }
-        if (t->count == 0) {
-            snprintf(why, n, "count is 0 (elements, at least 1)");
+        if (t->count == 0 || t->count >= (1u << 24)) {
+            snprintf(why, n, "count is %llu (elements per row, at least 1 and below 2^24)",
+                     (unsigned long long)t->count);
             return -1;
         }
-        if (t->rows > 1 && (t->rows > 0xffff || t->ld_in < t->count || t->ld_out < t->count ||
-                            t->ld_in >= (1u << 24) || t->ld_out >= (1u << 24))) {
+        if (maco__rows_check(t, t->count, "elements", why, n) != 0)
+            return -1;
+        if (t->type == MACO_TASK_SUM &&
+            (t->ninputs < 1 || t->ninputs > 64 || t->input_stride % esz != 0)) {
             snprintf(why, n,
-                     "rows = %u, ld_in = %u, ld_out = %u for rows of %llu elements: rows at most "
-                     "65535, strides at least the row and below 2^24",
-                     t->rows, t->ld_in, t->ld_out, (unsigned long long)t->count);
+                     "sum of %u inputs %llu bytes apart: 1 to 64 inputs, a stride that is a "
+                     "multiple of the %zu-byte element",
+                     t->ninputs, (unsigned long long)t->input_stride, esz);
             return -1;
         }
         const void *ptrs[3] = { t->out, t->a, t->b };
         static const char *names[3] = { "out", "a", "b" };
-        int nptr = t->type == MACO_TASK_SCALE ? 2 : 3;
+        int nptr = t->type == MACO_TASK_SCALE || t->type == MACO_TASK_SUM ? 2 : 3;
         for (int i = 0; i < nptr; i++) {
             if (ptrs[i] == NULL) {
                 snprintf(why, n, "%s is NULL", names[i]);
@@ -281,21 +341,23 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
                      MACO_GEMM_TILE_N_WIDE);
             return -1;
         }
-        if (t->m == 0 || t->n == 0 || t->k == 0 || t->m % MACO_GEMM_TILE_M != 0 || t->n % tn != 0 ||
-            t->k % MACO_GEMM_TILE_K != 0) {
+        if (t->m == 0 || t->n == 0 || t->k == 0 || t->n % tn != 0 || t->k % MACO_GEMM_TILE_K != 0 ||
+            t->m > INT32_MAX) {
             snprintf(why, n,
-                     "m x n x k = %u x %u x %u: m and n must be non-zero multiples of %d and %u "
-                     "(tile_n), k of %d",
-                     t->m, t->n, t->k, MACO_GEMM_TILE_M, tn, MACO_GEMM_TILE_K);
+                     "m x n x k = %u x %u x %u: m from 1 to 2^31 - 1, n a non-zero multiple of "
+                     "%u (tile_n), k of %d",
+                     t->m, t->n, t->k, tn, MACO_GEMM_TILE_K);
             return -1;
         }
         if (t->ldc < tn || t->ldc % 8 != 0) {
             snprintf(why, n, "ldc = %u: at least %u (tile_n) and a multiple of 8", t->ldc, tn);
             return -1;
         }
-        if (t->tile_row >= t->m / MACO_GEMM_TILE_M || t->tile_col >= t->n / tn) {
+        const uint32_t tile_rows =
+            (uint32_t)(((uint64_t)t->m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M);
+        if (t->tile_row >= tile_rows || t->tile_col >= t->n / tn) {
             snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C (tile_n %u)",
-                     t->tile_row, t->tile_col, t->m / MACO_GEMM_TILE_M, t->n / tn, tn);
+                     t->tile_row, t->tile_col, tile_rows, t->n / tn, tn);
             return -1;
         }
         if (t->out == NULL || t->a == NULL || t->b == NULL ||
@@ -411,9 +473,10 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
     out->tasks = calloc((size_t)nt, sizeof(maco_pk_task_t));
     out->succ = malloc(((size_t)g->nedges + 1) * sizeof(uint32_t));
     out->roots = malloc((size_t)nt * sizeof(uint32_t));
+    out->sync = calloc((size_t)nt, sizeof(maco_pk_sync_t));
     if (pred_begin == NULL || indeg == NULL || nsucc == NULL || order == NULL ||
         (g->nedges > 0 && e == NULL) || out->tasks == NULL || out->succ == NULL ||
-        out->roots == NULL) {
+        out->roots == NULL || out->sync == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                          "%s: out of host memory for %d tasks", fn, nt);
         goto fail;
@@ -470,6 +533,13 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
         const maco_task_t *t = &g->tasks[i];
         maco_pk_task_t *d = &out->tasks[i];
         d->type = (uint16_t)t->type;
+        if (t->wait_on != NULL || t->signal_to != NULL) {
+            out->sync[i].wait = t->wait_on;
+            out->sync[i].wait_count = t->wait_on != NULL ? t->wait_count : 0;
+            out->sync[i].signal = t->signal_to;
+            out->sync[i].peer = t->wait_on != NULL ? t->wait_peer : -1;
+            out->nsync++;
+        }
         int comm = t->role == MACO_TASK_ROLE_COMM ||
                    (t->role == MACO_TASK_ROLE_AUTO &&
                     (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT));
@@ -488,8 +558,13 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
             d->ptr[0] = t->dst_offset;
             d->ptr[1] = t->src_offset;
         } else if (t->rows > 1 && (t->type == MACO_TASK_ADD || t->type == MACO_TASK_SCALE ||
-                                   t->type == MACO_TASK_RESIDUAL_ADD)) {
+                                   t->type == MACO_TASK_RESIDUAL_ADD || t->type == MACO_TASK_SUM ||
+                                   t->type == MACO_TASK_COPY)) {
             d->ptr[3] = (uint64_t)t->rows | (uint64_t)t->ld_in << 16 | (uint64_t)t->ld_out << 40;
+        }
+        if (t->type == MACO_TASK_SUM) {
+            d->aux = t->ninputs;
+            d->ptr[2] = t->input_stride;
         } else if (t->type == MACO_TASK_GEMM_TILE) {
             d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
                         (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
@@ -498,11 +573,13 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
             d->count = (uint64_t)t->k | (uint64_t)t->n << 32;
             d->aux = t->ldc;
             out->ngemm_tasks++;
+            out->npartial_gemm += t->m % MACO_GEMM_TILE_M != 0 ? 1u : 0u;
         } else if ((int)t->type >= MACO_TASK_USER) {
             d->ptr[3] = t->src_offset;
         }
     }
     out->ntasks = (uint32_t)nt;
+    out->comm_workers_hint = g->comm_workers_hint;
     free(e);
     free(pred_begin);
     free(indeg);
@@ -524,6 +601,7 @@ void maco__pk_lowered_free(maco__pk_lowered_t *l)
     free(l->tasks);
     free(l->succ);
     free(l->roots);
+    free(l->sync);
     memset(l, 0, sizeof(*l));
 }
 
@@ -556,7 +634,8 @@ uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forc
         return MACO_GEMM_TILE_N;
     if (strcmp(want, "256") == 0)
         return MACO_GEMM_TILE_N_WIDE;
-    uint64_t wide = (uint64_t)(m / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N_WIDE);
+    uint64_t wide =
+        (((uint64_t)m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N_WIDE);
     return wide >= units ? MACO_GEMM_TILE_N_WIDE : MACO_GEMM_TILE_N;
 }
 
@@ -564,13 +643,14 @@ maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers, maco_gem
                                    size_t *ntiles_p)
 {
     const char *fn = "maco_gemm_plan_tiles";
-    if (ntiles_p == NULL || m == 0 || n == 0 || m % MACO_GEMM_TILE_M != 0 ||
-        n % MACO_GEMM_TILE_N != 0 || workers < 1)
+    if (ntiles_p == NULL || m == 0 || n == 0 || n % MACO_GEMM_TILE_N != 0 || workers < 1)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
-                           "%s: m = %u, n = %u, workers = %d, ntiles_p %p: m and n non-zero "
-                           "multiples of %d, workers >= 1",
-                           fn, m, n, workers, (void *)ntiles_p, MACO_GEMM_TILE_M);
-    const uint32_t rows = m / MACO_GEMM_TILE_M, W = (uint32_t)workers;
+                           "%s: m = %u, n = %u, workers = %d, ntiles_p %p: m >= 1, n a non-zero "
+                           "multiple of %d, workers >= 1",
+                           fn, m, n, workers, (void *)ntiles_p, MACO_GEMM_TILE_N);
+    /* A partial last row of tiles counts as a row (the GEMM tiles store only its rows < m). */
+    const uint32_t rows = (uint32_t)(((uint64_t)m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M);
+    const uint32_t W = (uint32_t)workers;
     int forced = 0;
     const uint32_t tn = maco__gemm_tile_width(m, n, W, &forced);
     const uint32_t cols = n / tn;
@@ -641,8 +721,10 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     size_t o_roots = maco__round256(o_succ + (l->nsucc + 1) * sizeof(uint32_t));
     size_t o_queues = maco__round256(o_roots + l->nroots * sizeof(uint32_t));
     size_t o_chan = maco__round256(o_queues + nq * sizeof(maco_pk_queue_t));
-    *fixed_bytes_p =
+    size_t o_sync =
         maco__round256(o_chan + (size_t)nchannels * sizeof(maco_memory_channel_device_t));
+    *fixed_bytes_p =
+        maco__round256(o_sync + (l->nsync > 0 ? l->ntasks * sizeof(maco_pk_sync_t) : 0));
     size_t o_ctr = 0;
     size_t o_arrive = maco__round256(MACO_PK_CTR_WORDS * sizeof(uint64_t));
     size_t o_qctl = maco__round256(o_arrive + l->ntasks * sizeof(uint64_t));
@@ -667,6 +749,8 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     }
     if (nchannels > 0)
         memcpy(host + o_chan, channels, (size_t)nchannels * sizeof(maco_memory_channel_device_t));
+    if (l->nsync > 0)
+        memcpy(host + o_sync, l->sync, l->ntasks * sizeof(maco_pk_sync_t));
     memset(view, 0, sizeof(*view));
     view->tasks = (const maco_pk_task_t *)(fx + o_tasks);
     view->succ = (const uint32_t *)(fx + o_succ);
@@ -675,6 +759,7 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     view->ctr = (uint64_t *)(sx + o_ctr);
     view->queues = (const maco_pk_queue_t *)(fx + o_queues);
     view->channels = (const maco_memory_channel_device_t *)(fx + o_chan);
+    view->sync = l->nsync > 0 ? (const maco_pk_sync_t *)(fx + o_sync) : NULL;
     view->profile = profile ? (maco_pk_profile_record_t *)(sx + o_prof) : NULL;
     view->ntasks = l->ntasks;
     view->nroots = l->nroots;

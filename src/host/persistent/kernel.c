@@ -106,6 +106,13 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
         maco_status_t st = maco__pk_gemm_pick(fn, &kind, &per_sm);
         if (st != MACO_OK)
             return st;
+        if (kind == MACO__PK_GEMM_CUBLASDX && l->npartial_gemm > 0)
+            return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
+                               "%s: %u GEMM tiles belong to a GEMM whose m is not a multiple of "
+                               "%d; only the GMMA tiles (Hopper, MACO_GEMM_TILE=auto or gmma) "
+                               "store a partial last row of tiles, and this kernel uses "
+                               "cuBLASDx's",
+                               fn, l->npartial_gemm, MACO_GEMM_TILE_M);
         /* The GMMA tiles add a producer warpgroup to the MACO_GEMM_TILE_THREADS that compute. */
         if (kind == MACO__PK_GEMM_GMMA)
             c.threads = MACO__PK_GEMM_GMMA_THREADS;
@@ -117,7 +124,10 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
                                cudaGetErrorString(cerr));
     }
     int T = comm->coresident_ctas;
-    if (c.comm_workers == 0)
+    if (c.comm_workers == 0 && l->ncomm_tasks > 0 && l->comm_workers_hint > 0)
+        c.comm_workers =
+            l->comm_workers_hint < T / 2 ? l->comm_workers_hint : (T / 2 > 1 ? T / 2 : 1);
+    else if (c.comm_workers == 0)
         c.comm_workers = l->ncomm_tasks > 0 ? (T / 16 > 1 ? T / 16 : 1) : 0;
     else if (c.comm_workers == MACO_PERSISTENT_NONE)
         c.comm_workers = 0;
@@ -432,4 +442,40 @@ int maco__pk_role(maco_persistent_kernel_t k, uint32_t task)
 uint32_t maco__pk_ntasks(maco_persistent_kernel_t k)
 {
     return k->ntasks;
+}
+
+/* ---------------------------------------------------------------- fused operators
+ * The builders (fused.c, host only) with the communicator's rank, world size and CTAs. */
+
+/* Rank, world size and CTAs of op->comm for the public builders. */
+static maco_status_t maco__fused_public(maco_task_graph_t g, const maco_fused_gemm_t *op,
+                                        maco_fused_op_t kind, int *last_p)
+{
+    int rank = 0, nranks = 1, ctas = 0;
+    if (op == NULL || op->comm == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "fused operator: op or op->comm is NULL");
+    maco_comm_get_rank(op->comm, &rank);
+    maco_comm_get_nranks(op->comm, &nranks);
+    if (maco_comm_get_coresident_ctas(op->comm, &ctas) != MACO_OK || ctas < 1)
+        ctas = 1;
+    return maco__fused_build(g, op, kind, rank, nranks, ctas, last_p);
+}
+
+maco_status_t maco_task_graph_add_gemm_allreduce(maco_task_graph_t g, const maco_fused_gemm_t *op,
+                                                 int *last_p)
+{
+    return maco__fused_public(g, op, MACO_FUSED_GEMM_ALLREDUCE, last_p);
+}
+
+maco_status_t maco_task_graph_add_gemm_reduce_scatter(maco_task_graph_t g,
+                                                      const maco_fused_gemm_t *op, int *last_p)
+{
+    return maco__fused_public(g, op, MACO_FUSED_GEMM_REDUCE_SCATTER, last_p);
+}
+
+maco_status_t maco_task_graph_add_allgather_gemm(maco_task_graph_t g, const maco_fused_gemm_t *op,
+                                                 int *last_p)
+{
+    return maco__fused_public(g, op, MACO_FUSED_ALLGATHER_GEMM, last_p);
 }

@@ -27,6 +27,7 @@ struct maco_task_graph {
     int nedges, edge_cap;
     maco_memory_channel_device_t *channels;
     int nchannels, channel_cap;
+    int comm_workers_hint; /* communication workers the fused operators ask for (0: none) */
 };
 
 /* A validated graph in the device's form (host memory). */
@@ -37,8 +38,12 @@ typedef struct maco__pk_lowered {
     uint32_t nsucc;
     uint32_t *roots; /* [nroots] */
     uint32_t nroots;
-    uint32_t ncomm_tasks; /* tasks of the COMM role */
-    uint32_t ngemm_tasks; /* GEMM tiles */
+    uint32_t ncomm_tasks;   /* tasks of the COMM role */
+    uint32_t ngemm_tasks;   /* GEMM tiles */
+    uint32_t npartial_gemm; /* GEMM tiles of a GEMM whose m is not a multiple of 128 */
+    maco_pk_sync_t *sync;   /* [ntasks] gates and signals (all zero for tasks without) */
+    uint32_t nsync;         /* tasks with a gate or a signal */
+    int comm_workers_hint;  /* the graph's (maco_task_graph) */
 } maco__pk_lowered_t;
 
 /** Validates `graph` (errors as maco_task_graph_validate, prefixed with `fn`) and lowers it. */
@@ -62,7 +67,8 @@ enum { MACO__PK_WORKER_QUEUE_MAX = 4096 };
 /*
  * The memory of a kernel object of W compute workers, C communication workers and S
  * schedulers, in two allocations (offsets multiples of 256 bytes):
- *   fixed: tasks[ntasks] | succ[nsucc] | roots[nroots] | queues[W + C + S] | channels[]
+ *   fixed: tasks[ntasks] | succ[nsucc] | roots[nroots] | queues[W + C + S] | channels[] |
+ *          sync[ntasks] (only where a task has a gate or a signal)
  *   state: ctr[MACO_PK_CTR_WORDS] | arrive[ntasks] | 256 bytes per queue (reserve at 0, head
  *          at 128) | every queue's slots | profile records[ntasks] (profile != 0)
  * state must start zeroed; it is advanced only by the kernel. Queues: W compute workers, C
@@ -77,6 +83,12 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
                      int nchannels, uint32_t W, uint32_t C, uint32_t S, int profile, void *fixed,
                      void *state, void *fixed_host, maco_pk_view_t *view, size_t *fixed_bytes_p,
                      size_t *state_bytes_p);
+
+/* The fused operators' builder (fused.c) with the rank, world size and CTA count given rather
+ * than read from op->comm (which may be NULL): the public maco_task_graph_add_* call it with
+ * the communicator's, the CPU tests with simulated ranks. */
+maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
+                                maco_fused_op_t kind, int rank, int nranks, int units, int *last_p);
 
 /* kernel.c, for the profile's writers (profile.c). */
 maco_status_t maco__pk_profile_read(maco_persistent_kernel_t k, const char *fn,

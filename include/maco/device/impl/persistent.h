@@ -6,6 +6,7 @@
 #define MACO_DEVICE_IMPL_PERSISTENT_H
 
 #include <time.h>
+#include <sched.h>
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
@@ -45,6 +46,19 @@ MACO_HOST_DEVICE static inline int32_t maco__pk_ld_relaxed_i32(const int32_t *p)
     return *(const volatile int32_t *)p;
 #else
     return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
+/* The counter of a gate: written by other GPUs (through a memory channel's mapping) or the
+ * host, so the acquire is at system scope. */
+MACO_HOST_DEVICE static inline uint64_t maco__pk_ld_acquire_sys(const uint64_t *p)
+{
+#if defined(__CUDA_ARCH__)
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+#else
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif
 }
 
@@ -109,6 +123,9 @@ typedef struct maco__pk_spin {
 MACO_HOST_DEVICE static inline maco_status_t maco__pk_spin(const maco_pk_view_t *v,
                                                            maco__pk_spin_t *s, uint32_t factor)
 {
+#if !defined(__CUDA_ARCH__)
+    sched_yield(); /* host threads in the CTAs' roles (CPU tests) share few cores */
+#endif
     if ((++s->iterations & 255u) != 0)
         return MACO_OK;
     if (maco__pk_ld_relaxed(&v->ctr[MACO_PK_CTR_ABORT]) != 0)
@@ -125,19 +142,21 @@ MACO_HOST_DEVICE static inline maco_status_t maco__pk_spin(const maco_pk_view_t 
     return MACO_OK;
 }
 
-/* Records a failure in the communicator's report (the first one wins; maco/device/error.h). */
-MACO_HOST_DEVICE static inline void maco__pk_record(const maco_pk_view_t *v, maco_status_t status,
-                                                    int object, uint32_t what, uint64_t expected,
-                                                    uint64_t observed)
+/* Records a failure in the communicator's report (the first one wins; maco/device/error.h);
+ * `peer` is the rank it concerns (-1: none or several). */
+MACO_HOST_DEVICE static inline void maco__pk_record_peer(const maco_pk_view_t *v,
+                                                         maco_status_t status, int peer, int object,
+                                                         uint32_t what, uint64_t expected,
+                                                         uint64_t observed)
 {
 #if defined(__CUDA_ARCH__)
-    maco_device_error_record(&v->bound, status, -1, object, what, expected, observed);
+    maco_device_error_record(&v->bound, status, peer, object, what, expected, observed);
 #else
     int32_t zero = 0;
     if (v->bound.claim == 0 || !__atomic_compare_exchange_n(v->bound.claim, &zero, 1, 0,
                                                             __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return;
-    v->bound.report->peer = -1;
+    v->bound.report->peer = peer;
     v->bound.report->object = object;
     v->bound.report->what = what;
     v->bound.report->expected = expected;
@@ -147,9 +166,73 @@ MACO_HOST_DEVICE static inline void maco__pk_record(const maco_pk_view_t *v, mac
 #endif
 }
 
+MACO_HOST_DEVICE static inline void maco__pk_record(const maco_pk_view_t *v, maco_status_t status,
+                                                    int object, uint32_t what, uint64_t expected,
+                                                    uint64_t observed)
+{
+    maco__pk_record_peer(v, status, -1, object, what, expected, observed);
+}
+
 MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v)
 {
     maco__pk_st_release(&v->ctr[MACO_PK_CTR_ABORT], 1);
+}
+
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_gate(const maco_pk_view_t *v, uint32_t task,
+                                                          uint64_t run)
+{
+    if (v->sync == 0 || v->sync[task].wait == 0)
+        return MACO_OK;
+    const maco_pk_sync_t *g = &v->sync[task];
+    const uint64_t want = g->wait_count * (run + 1);
+    uint64_t seen = 0;
+    maco__pk_spin_t spin = { 0, 0 };
+    while ((seen = maco__pk_ld_acquire_sys(g->wait)) < want) {
+        maco_status_t st = maco__pk_spin(v, &spin, 1);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco__pk_record_peer(v, st, g->peer, (int)task, MACO_DEVICE_WAIT_TASK_GATE, want,
+                                     seen);
+            maco_pk_abort(v);
+            return st;
+        }
+    }
+    return MACO_OK;
+}
+
+MACO_HOST_DEVICE static inline void maco_pk_post_signal(const maco_pk_view_t *v, uint32_t task)
+{
+    if (v->sync == 0 || v->sync[task].signal == 0)
+        return;
+        /* The fence orders every write the task made (its CTA's, seen through the barrier before
+         * this call) before the add, for a reader on another GPU that acquires the counter. */
+#if defined(__CUDA_ARCH__)
+    __threadfence_system();
+    maco_red_add_release_sys_u64(v->sync[task].signal, 1);
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    __atomic_fetch_add(v->sync[task].signal, 1, __ATOMIC_RELEASE);
+#endif
+}
+
+MACO_HOST_DEVICE static inline maco_status_t maco_pk_roots_pushed(const maco_pk_view_t *v,
+                                                                  uint32_t s, uint64_t run)
+{
+    const uint64_t want = (uint64_t)v->nschedulers * (run + 1);
+    uint64_t seen = maco__pk_fetch_add_acq_rel(&v->ctr[MACO_PK_CTR_ROOTS], 1) + 1;
+    maco__pk_spin_t spin = { 0, 0 };
+    while (seen < want) {
+        maco_status_t st = maco__pk_spin(v, &spin, 1);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco__pk_record(v, st, (int)(v->nworkers + v->ncomm + s), MACO_DEVICE_WAIT_TASK,
+                                want, seen);
+            maco_pk_abort(v);
+            return st;
+        }
+        seen = maco__pk_ld_acquire(&v->ctr[MACO_PK_CTR_ROOTS]);
+    }
+    return MACO_OK;
 }
 
 /* -------- queues */
@@ -304,6 +387,8 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view
                                                               uint64_t run)
 {
     maco_status_t st = maco_pk_schedule_roots(v, s, 0, 1);
+    if (st == MACO_OK)
+        st = maco_pk_roots_pushed(v, s, run);
     if (st != MACO_OK)
         return st;
     return maco_pk_schedule_inbox(v, s, run);
@@ -404,6 +489,129 @@ static __device__ __forceinline__ void maco__pk_elementwise(const maco_pk_task_t
     }
 }
 
+/* The rows and strides of a 2D element-wise or copy task (ptr[3]: rows in bits 0-15, 0
+ * meaning one row of `count`; the input stride in bits 16-39, the output's in bits 40-63). */
+static __device__ __forceinline__ uint64_t maco__pk_rows(const maco_pk_task_t *t, uint64_t *ldi,
+                                                         uint64_t *ldo)
+{
+    uint64_t rows = t->ptr[3] & 0xffffu;
+    *ldi = (t->ptr[3] >> 16) & 0xffffffu;
+    *ldo = t->ptr[3] >> 40;
+    if (rows == 0) {
+        rows = 1;
+        *ldi = *ldo = t->count;
+    }
+    return rows;
+}
+
+/* COPY: `count` bytes, or `rows` rows of `count` bytes with strides in bytes. Four 16-byte
+ * vectors in flight per thread where every address and stride is 16-byte aligned (a row of a
+ * GEMM tile, which is also how the fused operators send tiles to peers). */
+static __device__ __forceinline__ void maco__pk_copy(const maco_pk_task_t *t, uint32_t tid,
+                                                     uint32_t nthreads)
+{
+    char *out = (char *)t->ptr[0];
+    const char *a = (const char *)t->ptr[1];
+    uint64_t ldi, ldo, n = t->count;
+    uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
+    if (rows == 1) {
+        maco_copy(out, a, n, tid, nthreads);
+        return;
+    }
+    if ((((uintptr_t)out | (uintptr_t)a | n | ldi | ldo) & 15u) != 0) {
+        for (uint64_t r = 0; r < rows; r++)
+            maco_copy(out + r * ldo, a + r * ldi, n, tid, nthreads);
+        return;
+    }
+    const uint64_t nv = n / 16, total = rows * nv, stride = nthreads;
+    uint64_t v = tid;
+    for (; v + 3 * stride < total; v += 4 * stride) {
+        uint4 x[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            uint64_t w = v + u * stride, r = w / nv;
+            x[u] = ((const uint4 *)(a + r * ldi))[w - r * nv];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            uint64_t w = v + u * stride, r = w / nv;
+            ((uint4 *)(out + r * ldo))[w - r * nv] = x[u];
+        }
+    }
+    for (; v < total; v += stride) {
+        uint64_t r = v / nv;
+        ((uint4 *)(out + r * ldo))[v - r * nv] = ((const uint4 *)(a + r * ldi))[v - r * nv];
+    }
+}
+
+/* Eight bf16 of a 16-byte vector, added to acc (or assigned, first). */
+static __device__ __forceinline__ void maco__pk_acc_bf16x8(float *acc, uint4 x, int first)
+{
+    uint32_t w[4] = { x.x, x.y, x.z, x.w };
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float lo = __uint_as_float(w[i] << 16), hi = __uint_as_float(w[i] & 0xffff0000u);
+        acc[2 * i] = first ? lo : acc[2 * i] + lo;
+        acc[2 * i + 1] = first ? hi : acc[2 * i + 1] + hi;
+    }
+}
+
+/* SUM: out = in_0 + in_1 + ... in that order (fp32), in_j = ptr[1] + j * ptr[2] bytes; rows and
+ * strides (elements) as for ADD. 16-byte vectors (4 fp32 or 8 bf16) where aligned. */
+static __device__ __forceinline__ void maco__pk_sum(const maco_pk_task_t *t, uint32_t tid,
+                                                    uint32_t nthreads)
+{
+    char *out = (char *)t->ptr[0];
+    const char *in = (const char *)t->ptr[1];
+    const uint64_t in_stride = t->ptr[2];
+    const uint32_t nin = t->aux, dtype = t->dtype;
+    const uint64_t esz = dtype == MACO__PK_F32 ? 4 : 2, n = t->count;
+    uint64_t ldi, ldo;
+    uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
+    uintptr_t align =
+        (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) | (ldo * esz);
+    if ((align & 15u) == 0 && dtype != MACO__PK_F16) {
+        const uint64_t per = 16 / esz, nv = n / per, total = rows * nv;
+        for (uint64_t v = tid; v < total; v += nthreads) {
+            uint64_t r = v / nv, i = v - r * nv;
+            const char *src = in + (r * ldi) * esz + i * 16;
+            float acc[8];
+            if (dtype == MACO__PK_F32) {
+                for (uint32_t j = 0; j < nin; j++) {
+                    float4 x = *(const float4 *)(src + j * in_stride);
+                    acc[0] = j == 0 ? x.x : acc[0] + x.x;
+                    acc[1] = j == 0 ? x.y : acc[1] + x.y;
+                    acc[2] = j == 0 ? x.z : acc[2] + x.z;
+                    acc[3] = j == 0 ? x.w : acc[3] + x.w;
+                }
+                *(float4 *)(out + (r * ldo) * esz + i * 16) =
+                    make_float4(acc[0], acc[1], acc[2], acc[3]);
+            } else {
+                for (uint32_t j = 0; j < nin; j++)
+                    maco__pk_acc_bf16x8(acc, *(const uint4 *)(src + j * in_stride), j == 0);
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+                    w[q] = *(uint32_t *)&h;
+                }
+                *(uint4 *)(out + (r * ldo) * esz + i * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        return;
+    }
+    const uint64_t total = rows * n;
+    for (uint64_t e = tid; e < total; e += nthreads) {
+        uint64_t r = e / n, i = e - r * n;
+        float acc = 0.0f;
+        for (uint32_t j = 0; j < nin; j++) {
+            float x = maco__pk_load(in + j * in_stride + (r * ldi) * esz, i, dtype);
+            acc = j == 0 ? x : acc + x;
+        }
+        maco__pk_store(out + (r * ldo) * esz, i, dtype, acc);
+    }
+}
+
 /* MACO_PK_WAIT: one thread waits until the counter has the run's count of signals. */
 static __device__ __forceinline__ maco_status_t maco__pk_wait_counter(const maco_pk_view_t *v,
                                                                       const maco_pk_task_t *t,
@@ -436,7 +644,10 @@ static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_v
     case MACO_PK_NOP:
         return MACO_OK;
     case MACO_PK_COPY:
-        maco_copy((void *)t->ptr[0], (const void *)t->ptr[1], t->count, tid, nthreads);
+        maco__pk_copy(t, tid, nthreads);
+        return MACO_OK;
+    case MACO_PK_SUM:
+        maco__pk_sum(t, tid, nthreads);
         return MACO_OK;
     case MACO_PK_ADD:
     case MACO_PK_SCALE:
@@ -482,13 +693,13 @@ static __device__ __forceinline__ uint64_t maco__pk_cta_run(const maco_pk_view_t
 }
 
 /* A scheduler CTA (block index >= W + C): all threads push the roots; a push's error has aborted
- * the launch, so the inbox loop after them leaves at its first check. */
+ * the launch, so the barrier and the inbox loop after them leave at their first check. */
 static __device__ __forceinline__ void maco__pk_scheduler_cta(const maco_pk_view_t *v, uint64_t run)
 {
     uint32_t s = blockIdx.x - (v->nworkers + v->ncomm);
     (void)maco_pk_schedule_roots(v, s, threadIdx.x, blockDim.x);
     __syncthreads();
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0 && maco_pk_roots_pushed(v, s, run) == MACO_OK)
         maco_pk_schedule_inbox(v, s, run); /* an error aborts the launch */
 }
 
@@ -518,7 +729,8 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
                 maco_status_t st = MACO_OK;
                 got_s = maco_pk_next(v, blockIdx.x, run, &t, &st);
                 task_s = t;
-                status_s = MACO_OK;
+                /* The gate (if any) before the task: the profile's start is after it. */
+                status_s = got_s == 1 ? maco_pk_gate(v, t, run) : MACO_OK;
                 if (v->profile != 0)
                     start = maco_globaltimer_ns();
             }
@@ -526,9 +738,11 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
             if (got_s != 1)
                 break;
             uint32_t t = task_s;
-            maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user, tid, blockDim.x);
-            if (st != MACO_OK)
-                atomicCAS((int *)&status_s, 0, (int)st);
+            if (status_s == MACO_OK) {
+                maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user, tid, blockDim.x);
+                if (st != MACO_OK)
+                    atomicCAS((int *)&status_s, 0, (int)st);
+            }
             __syncthreads();
             if (status_s != MACO_OK) {
                 if (tid == 0) {
@@ -549,6 +763,9 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
                 r->sm = sm;
                 r->cta = blockIdx.x;
             }
+            if (tid == 0)
+                maco_pk_post_signal(v, t); /* after the barrier: every thread's writes */
+            __syncwarp();
             if (tid < 32)
                 maco_pk_complete(v, t, run, tid, 32); /* an error aborts: next() sees it */
         }

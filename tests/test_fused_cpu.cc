@@ -1,0 +1,470 @@
+/*
+ * test_fused_cpu.cc - the fused operators (GEMM + allreduce, GEMM + reduce-scatter, allgather +
+ * GEMM) run end to end without a GPU: 1 to 4 simulated ranks in one process, each with the graph
+ * that maco__fused_build makes for it, laid out as the kernel object lays it out and run by host
+ * threads in the roles of worker, communication and scheduler CTAs through the runtime's own
+ * protocol functions (maco_pk_next, maco_pk_gate, maco_pk_post_signal, maco_pk_complete,
+ * maco_pk_schedule), with the tasks' work done on the CPU (GEMM tiles from bf16 with fp32
+ * accumulation, sums in rank order, 2D copies). Channels are host pointers into the other
+ * ranks' buffers, as a memory channel's mapping is on the GPU. Each case runs three launches
+ * on fresh random inputs, outputs poisoned before each, and checks every element bit for bit
+ * against a reference computed the same way (small integers: exact products). A deadlock
+ * shows as the runtime's own timeout. This checks the graphs (data flow, counters, gates,
+ * deadlock freedom under random timing), not the GPU kernels.
+ */
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "maco_test.h"
+#include "persistent_internal.h"
+
+namespace
+{
+
+uint16_t ToBf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even (no NaN here) */
+    return static_cast<uint16_t>(u >> 16);
+}
+
+float FromBf16(uint16_t h)
+{
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float Load(const char *p, uint64_t i, maco_datatype_t t)
+{
+    if (t == MACO_FLOAT32) {
+        float f;
+        memcpy(&f, p + i * 4, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + i * 2, 2);
+    return FromBf16(h);
+}
+
+void Store(char *p, uint64_t i, maco_datatype_t t, float f)
+{
+    if (t == MACO_FLOAT32) {
+        memcpy(p + i * 4, &f, 4);
+    } else {
+        uint16_t h = ToBf16(f);
+        memcpy(p + i * 2, &h, 2);
+    }
+}
+
+/* A buffer with a 256-byte aligned start. */
+struct Buf {
+    std::vector<uint64_t> raw;
+    char *p = nullptr;
+    size_t bytes = 0;
+    void Alloc(size_t n)
+    {
+        raw.assign(n / 8 + 64, 0);
+        uintptr_t a = reinterpret_cast<uintptr_t>(raw.data());
+        p = reinterpret_cast<char *>((a + 255) / 256 * 256);
+        bytes = n;
+    }
+};
+
+struct Rank {
+    maco_task_graph_t g = nullptr;
+    maco__pk_lowered_t l{};
+    std::vector<uint64_t> fixed, state;
+    maco_pk_view_t v{};
+    maco_device_error_t report{};
+    int32_t claim = 0;
+    Buf a, b, out, scratch;
+    std::vector<int> channels, out_channels;
+    ~Rank()
+    {
+        maco__pk_lowered_free(&l);
+        maco_task_graph_destroy(g);
+    }
+};
+
+struct Case {
+    maco_fused_op_t kind;
+    int nranks;
+    uint32_t m, n, k;
+    maco_datatype_t out_type;
+    uint32_t W, C, S; /* workers, communication workers, schedulers per rank */
+};
+
+class FusedCpu : public maco_test::Test
+{
+  protected:
+    /* Runs task `t` of rank r on the CPU (one thread). */
+    static void Exec(Rank &rk, uint32_t t)
+    {
+        const maco_pk_task_t *d = &rk.v.tasks[t];
+        const maco_task_t *src = &rk.g->tasks[t];
+        uint64_t rows = d->ptr[3] & 0xffffu, ldi = (d->ptr[3] >> 16) & 0xffffffu,
+                 ldo = d->ptr[3] >> 40;
+        if (rows == 0) {
+            rows = 1;
+            ldi = ldo = d->count;
+        }
+        switch (d->type) {
+        case MACO_PK_NOP:
+            break;
+        case MACO_PK_COPY:
+            for (uint64_t r = 0; r < rows; r++)
+                memcpy(reinterpret_cast<char *>(d->ptr[0]) + r * ldo,
+                       reinterpret_cast<const char *>(d->ptr[1]) + r * ldi, d->count);
+            break;
+        case MACO_PK_SUM: {
+            maco_datatype_t dt = static_cast<maco_datatype_t>(d->dtype);
+            uint64_t esz = dt == MACO_FLOAT32 ? 4 : 2;
+            for (uint64_t r = 0; r < rows; r++)
+                for (uint64_t i = 0; i < d->count; i++) {
+                    float acc = 0;
+                    for (uint32_t j = 0; j < d->aux; j++) {
+                        const char *in = reinterpret_cast<const char *>(d->ptr[1]) + j * d->ptr[2] +
+                                         r * ldi * esz;
+                        float x = Load(in, i, dt);
+                        acc = j == 0 ? x : acc + x;
+                    }
+                    Store(reinterpret_cast<char *>(d->ptr[0]) + r * ldo * esz, i, dt, acc);
+                }
+            break;
+        }
+        case MACO_PK_GEMM_TILE: {
+            const uint16_t *A = reinterpret_cast<const uint16_t *>(d->ptr[1]);
+            const uint16_t *B = reinterpret_cast<const uint16_t *>(d->ptr[2]);
+            uint32_t K = static_cast<uint32_t>(d->count), N = static_cast<uint32_t>(d->count >> 32);
+            uint32_t m0 = static_cast<uint32_t>(d->ptr[3]),
+                     n0 = static_cast<uint32_t>(d->ptr[3] >> 32);
+            uint32_t valid = src->m - m0 < 128 ? src->m - m0 : 128;
+            maco_datatype_t dt = static_cast<maco_datatype_t>(d->dtype);
+            uint64_t esz = dt == MACO_FLOAT32 ? 4 : 2;
+            char *C = reinterpret_cast<char *>(d->ptr[0]);
+            for (uint32_t i = 0; i < valid; i++)
+                for (uint32_t j = 0; j < d->gemm.tile_n; j++) {
+                    float acc = 0;
+                    for (uint32_t kk = 0; kk < K; kk++)
+                        acc += FromBf16(A[(uint64_t)(m0 + i) * K + kk]) *
+                               FromBf16(B[(uint64_t)kk * N + n0 + j]);
+                    Store(C + (uint64_t)i * d->aux * esz, j, dt, acc);
+                }
+            break;
+        }
+        default:
+            ADD_FAILURE() << "task " << t << " of type " << d->type << " in a fused graph";
+        }
+    }
+
+    /* One launch of every rank at once. Returns false (with a failure) when a rank failed. */
+    static bool Launch(std::vector<Rank> &ranks, uint64_t run, uint64_t seed)
+    {
+        std::vector<std::thread> th;
+        std::atomic<int> failed{ 0 };
+        for (size_t r = 0; r < ranks.size(); r++) {
+            Rank &rk = ranks[r];
+            uint32_t nw = rk.v.nworkers + rk.v.ncomm;
+            for (uint32_t w = 0; w < nw; w++)
+                th.emplace_back([&rk, &failed, w, run, seed, r] {
+                    std::mt19937_64 rng(seed * 1000003u + r * 131u + w);
+                    for (;;) {
+                        uint32_t t = 0;
+                        maco_status_t st = MACO_OK;
+                        int got = maco_pk_next(&rk.v, w, run, &t, &st);
+                        if (got < 0)
+                            failed++;
+                        if (got <= 0)
+                            return;
+                        if (maco_pk_gate(&rk.v, t, run) != MACO_OK) {
+                            failed++;
+                            return;
+                        }
+                        if (rng() % 4 == 0) /* shake the interleavings */
+                            std::this_thread::yield();
+                        Exec(rk, t);
+                        maco_pk_post_signal(&rk.v, t);
+                        maco_pk_complete(&rk.v, t, run, 0, 1);
+                    }
+                });
+            for (uint32_t s = 0; s < rk.v.nschedulers; s++)
+                th.emplace_back([&rk, &failed, s, run] {
+                    if (maco_pk_schedule(&rk.v, s, run) != MACO_OK)
+                        failed++;
+                });
+        }
+        for (auto &t : th)
+            t.join();
+        /* The last "CTA" out counts the launch, as maco__pk_cta_exit does. */
+        for (auto &rk : ranks)
+            rk.v.ctr[MACO_PK_CTR_LAUNCHES] = run + 1;
+        if (failed.load() != 0) {
+            for (size_t r = 0; r < ranks.size(); r++)
+                if (ranks[r].report.status != 0)
+                    ADD_FAILURE() << "rank " << r << ": what " << ranks[r].report.what
+                                  << ", object " << ranks[r].report.object << ", peer "
+                                  << ranks[r].report.peer << ", expected "
+                                  << ranks[r].report.expected << ", observed "
+                                  << ranks[r].report.observed;
+            ADD_FAILURE() << failed.load() << " CTA(s) failed in launch " << run;
+            return false;
+        }
+        return true;
+    }
+
+    static void Build(const Case &c, std::vector<Rank> &ranks)
+    {
+        const int n = c.nranks;
+        const uint64_t esz = c.out_type == MACO_FLOAT32 ? 4 : 2;
+        size_t scratch = 0;
+        ASSERT_EQ(maco_fused_gemm_scratch_bytes(c.kind, n, c.m, c.n, c.k, c.out_type, &scratch),
+                  MACO_OK);
+        uint64_t out_rows = c.kind == MACO_FUSED_ALLGATHER_GEMM        ? (uint64_t)c.m * n
+                            : c.kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? c.m / n
+                                                                       : c.m;
+        for (auto &rk : ranks) {
+            rk.a.Alloc((size_t)c.m * c.k * 2);
+            rk.b.Alloc((size_t)c.k * c.n * 2);
+            rk.out.Alloc(out_rows * c.n * esz);
+            rk.scratch.Alloc(scratch);
+            ASSERT_EQ(maco_task_graph_create(&rk.g), MACO_OK);
+        }
+        for (int r = 0; r < n; r++) {
+            Rank &rk = ranks[(size_t)r];
+            rk.channels.assign((size_t)n, -1);
+            rk.out_channels.assign((size_t)n, -1);
+            for (int q = 0; q < n; q++) {
+                if (q == r)
+                    continue;
+                maco_memory_channel_device_t h;
+                memset(&h, 0, sizeof(h));
+                h.local = rk.scratch.p;
+                h.remote = ranks[(size_t)q].scratch.p;
+                h.local_bytes = h.remote_bytes = scratch;
+                ASSERT_EQ(maco_task_graph_add_channel(rk.g, &h, &rk.channels[(size_t)q]), MACO_OK);
+                h.local = rk.out.p;
+                h.remote = ranks[(size_t)q].out.p;
+                h.local_bytes = h.remote_bytes = rk.out.bytes;
+                ASSERT_EQ(maco_task_graph_add_channel(rk.g, &h, &rk.out_channels[(size_t)q]),
+                          MACO_OK);
+            }
+            maco_fused_gemm_t op;
+            memset(&op, 0, sizeof(op));
+            op.channels = rk.channels.data();
+            op.out_channels = rk.out_channels.data();
+            op.a = rk.a.p;
+            op.b = rk.b.p;
+            op.out = rk.out.p;
+            op.scratch = rk.scratch.p;
+            op.m = c.m;
+            op.n = c.n;
+            op.k = c.k;
+            op.out_type = c.out_type;
+            op.name = "op";
+            int last = -1;
+            ASSERT_EQ(maco__fused_build(rk.g, &op, c.kind, r, n, (int)c.W, &last), MACO_OK)
+                << maco_log_last_error();
+            ASSERT_GE(last, 0);
+            ASSERT_EQ(maco__task_graph_lower(rk.g, "test", &rk.l), MACO_OK)
+                << maco_log_last_error();
+            size_t fb = 0, sb = 0;
+            maco__pk_layout(&rk.l, nullptr, 0, c.W, c.C, c.S, 0, nullptr, nullptr, nullptr, &rk.v,
+                            &fb, &sb);
+            rk.fixed.assign(fb / 8 + 1, 0);
+            rk.state.assign(sb / 8 + 1, 0);
+            maco__pk_layout(&rk.l, nullptr, 0, c.W, c.C, c.S, 0, rk.fixed.data(), rk.state.data(),
+                            rk.fixed.data(), &rk.v, &fb, &sb);
+            rk.v.bound.report = &rk.report;
+            rk.v.bound.claim = &rk.claim;
+            rk.v.bound.timeout_ns = 60ull * 1000000000ull;
+        }
+    }
+
+    /* Fresh inputs: integers in [-2, 2] (products and sums exact). Outputs poisoned. */
+    static void Fill(const Case &c, std::vector<Rank> &ranks, std::mt19937_64 &rng)
+    {
+        for (auto &rk : ranks) {
+            uint16_t *a = reinterpret_cast<uint16_t *>(rk.a.p);
+            uint16_t *b = reinterpret_cast<uint16_t *>(rk.b.p);
+            for (uint64_t i = 0; i < (uint64_t)c.m * c.k; i++)
+                a[i] = ToBf16(static_cast<float>(static_cast<int>(rng() % 5) - 2));
+            for (uint64_t i = 0; i < (uint64_t)c.k * c.n; i++)
+                b[i] = ToBf16(static_cast<float>(static_cast<int>(rng() % 5) - 2));
+            memset(rk.out.p, 0xff, rk.out.bytes); /* NaN in fp32 and bf16 */
+        }
+    }
+
+    /* Rank q's product (m x n rows of A_q x B_q), rounded to the output type. */
+    static std::vector<float> Product(const Case &c, const Rank &rk, const Rank &bk)
+    {
+        std::vector<float> p((size_t)c.m * c.n);
+        const uint16_t *a = reinterpret_cast<const uint16_t *>(rk.a.p);
+        const uint16_t *b = reinterpret_cast<const uint16_t *>(bk.b.p);
+        for (uint32_t i = 0; i < c.m; i++)
+            for (uint32_t j = 0; j < c.n; j++) {
+                float acc = 0;
+                for (uint32_t kk = 0; kk < c.k; kk++)
+                    acc +=
+                        FromBf16(a[(uint64_t)i * c.k + kk]) * FromBf16(b[(uint64_t)kk * c.n + j]);
+                p[(size_t)i * c.n + j] = c.out_type == MACO_FLOAT32 ? acc : FromBf16(ToBf16(acc));
+            }
+        return p;
+    }
+
+    static void Check(const Case &c, std::vector<Rank> &ranks, uint64_t run)
+    {
+        const int n = c.nranks;
+        for (int r = 0; r < n; r++) {
+            const Rank &rk = ranks[(size_t)r];
+            std::vector<float> want;
+            if (c.kind == MACO_FUSED_ALLGATHER_GEMM) {
+                for (int q = 0; q < n; q++) {
+                    std::vector<float> p = Product(c, ranks[(size_t)q], rk);
+                    want.insert(want.end(), p.begin(), p.end());
+                }
+            } else {
+                std::vector<float> sum;
+                for (int q = 0; q < n; q++) {
+                    std::vector<float> p = Product(c, ranks[(size_t)q], ranks[(size_t)q]);
+                    if (q == 0)
+                        sum = p;
+                    else
+                        for (size_t i = 0; i < sum.size(); i++)
+                            sum[i] += p[i];
+                }
+                for (auto &x : sum)
+                    x = c.out_type == MACO_FLOAT32 ? x : FromBf16(ToBf16(x));
+                if (c.kind == MACO_FUSED_GEMM_REDUCE_SCATTER) {
+                    const size_t rows = c.m / n;
+                    want.assign(sum.begin() + (ptrdiff_t)(r * rows * c.n),
+                                sum.begin() + (ptrdiff_t)((r + 1) * rows * c.n));
+                } else {
+                    want = sum;
+                }
+            }
+            int wrong = 0;
+            for (size_t i = 0; i < want.size(); i++) {
+                float got = Load(rk.out.p, i, c.out_type);
+                if (!(got == want[i]) && wrong++ < 3)
+                    ADD_FAILURE() << "launch " << run << " rank " << r << " element " << i
+                                  << " (row " << i / c.n << ", column " << i % c.n << "): " << got
+                                  << ", expected " << want[i];
+            }
+            EXPECT_EQ(wrong, 0) << "launch " << run << " rank " << r << ": " << wrong << " of "
+                                << want.size() << " wrong";
+        }
+    }
+
+    void Run(const Case &c)
+    {
+        std::vector<Rank> ranks((size_t)c.nranks);
+        ASSERT_NO_FATAL_FAILURE(Build(c, ranks));
+        std::mt19937_64 rng(std::random_device{}());
+        for (uint64_t run = 0; run < 3; run++) {
+            Fill(c, ranks, rng);
+            ASSERT_TRUE(Launch(ranks, run, rng()));
+            Check(c, ranks, run);
+        }
+    }
+};
+
+TEST_F(FusedCpu, GemmAllreduce)
+{
+    for (int n = 1; n <= 4; n++) {
+        SCOPED_TRACE("ranks " + std::to_string(n));
+        Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 200, 512, 64, MACO_FLOAT32, 3, 2, 1 });
+        Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 128, 384, 32, MACO_BFLOAT16, 2, 1, 2 });
+    }
+}
+
+TEST_F(FusedCpu, GemmReduceScatter)
+{
+    for (int n = 1; n <= 4; n++) {
+        SCOPED_TRACE("ranks " + std::to_string(n));
+        /* 100 rows per rank (one partial row of tiles), and 32 (the M = 128 case at 4 ranks). */
+        Run({ MACO_FUSED_GEMM_REDUCE_SCATTER, n, 100u * (uint32_t)n, 512, 64, MACO_BFLOAT16, 3, 2,
+              1 });
+        Run({ MACO_FUSED_GEMM_REDUCE_SCATTER, n, 32u * (uint32_t)n, 256, 32, MACO_FLOAT32, 1, 1,
+              1 });
+    }
+}
+
+TEST_F(FusedCpu, AllgatherGemm)
+{
+    for (int n = 1; n <= 4; n++) {
+        SCOPED_TRACE("ranks " + std::to_string(n));
+        Run({ MACO_FUSED_ALLGATHER_GEMM, n, 160, 256, 64, MACO_BFLOAT16, 2, 2, 1 });
+        Run({ MACO_FUSED_ALLGATHER_GEMM, n, 32, 384, 32, MACO_FLOAT32, 1, 1, 1 });
+    }
+}
+
+/* Bad input: each error names what is wrong, and nothing is added. */
+TEST_F(FusedCpu, BadInputIsRefusedWithTheReason)
+{
+    maco_task_graph_t g = nullptr;
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    Buf s, a, b, o;
+    s.Alloc(1 << 20);
+    a.Alloc(1 << 16);
+    b.Alloc(1 << 16);
+    o.Alloc(1 << 16);
+    std::vector<int> ch(2, -1);
+    maco_memory_channel_device_t h;
+    memset(&h, 0, sizeof(h));
+    h.local = s.p;
+    h.remote = s.p;
+    h.local_bytes = h.remote_bytes = 64; /* far too small */
+    ASSERT_EQ(maco_task_graph_add_channel(g, &h, &ch[1]), MACO_OK);
+    maco_fused_gemm_t op;
+    memset(&op, 0, sizeof(op));
+    op.channels = ch.data();
+    op.a = a.p;
+    op.b = b.p;
+    op.out = o.p;
+    op.scratch = s.p;
+    op.m = 128;
+    op.n = 128;
+    op.k = 32;
+    op.out_type = MACO_FLOAT32;
+    maco_test::AllowLog("scratch");
+    EXPECT_EQ(maco__fused_build(g, &op, MACO_FUSED_ALLGATHER_GEMM, 0, 2, 4, nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco_log_last_error()).find("maco_fused_gemm_scratch_bytes"),
+              std::string::npos)
+        << maco_log_last_error();
+    maco_test::AllowLog("out_type");
+    op.out_type = MACO_FLOAT16;
+    EXPECT_EQ(maco__fused_build(g, &op, MACO_FUSED_ALLGATHER_GEMM, 0, 2, 4, nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco_log_last_error()).find("out_type"), std::string::npos);
+    maco_test::AllowLog("multiple of the");
+    op.out_type = MACO_FLOAT32;
+    op.m = 129;
+    EXPECT_EQ(maco__fused_build(g, &op, MACO_FUSED_GEMM_REDUCE_SCATTER, 0, 2, 4, nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco_log_last_error()).find("multiple of the 2 ranks"), std::string::npos)
+        << maco_log_last_error();
+    maco_test::AllowLog("out_channels");
+    op.m = 128;
+    h.local_bytes = h.remote_bytes = 1 << 20;
+    ASSERT_EQ(maco_task_graph_add_channel(g, &h, &ch[1]), MACO_OK);
+    EXPECT_EQ(maco__fused_build(g, &op, MACO_FUSED_GEMM_ALLREDUCE, 0, 2, 4, nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco_log_last_error()).find("out_channels"), std::string::npos);
+    int ntasks = -1;
+    EXPECT_EQ(maco_task_graph_get_ntasks(g, &ntasks), MACO_OK);
+    EXPECT_EQ(ntasks, 0);
+    maco_task_graph_destroy(g);
+}
+
+} // namespace
