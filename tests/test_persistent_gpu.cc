@@ -758,53 +758,66 @@ TEST_F(Persistent, GemmTilesMatchCublas)
  * allocated again could meet a stale mapping of the old one (cudaErrorAlreadyMapped on the
  * 2-rank H100 run of 2026-11-24). */
 struct FusedSetup {
-    static constexpr size_t kBytes = 8u << 20;
-    void *scratch = nullptr;
-    maco_mem_t mine = nullptr;
-    std::vector<maco_mem_t> peers;
-    std::vector<maco_memory_channel_t> chans;
-    std::vector<maco_memory_channel_device_t> handles;
-    std::vector<int> index; /* the graph's channel index per rank */
+    static constexpr size_t kBytes = 16u << 20;
+    /* [0] the scratch, [1] the output (GEMM + allreduce writes peers' outputs). */
+    void *buf[2] = { nullptr, nullptr };
+    maco_mem_t mine[2] = { nullptr, nullptr };
+    std::vector<maco_mem_t> peers[2];
+    std::vector<maco_memory_channel_t> chans[2];
+    std::vector<maco_memory_channel_device_t> handles[2];
+    std::vector<int> index[2]; /* the graph's channel index per rank */
 
     /* Fatal failures: call inside ASSERT_NO_FATAL_FAILURE. */
     void Create()
     {
-        CUDA_OK(cudaMalloc(&scratch, kBytes));
-        CUDA_OK(FillSync(scratch, 0, kBytes));
-        ASSERT_EQ(maco_mem_register(Comm(), scratch, kBytes, &mine), MACO_OK);
-        ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine, &peers));
-        chans.assign(static_cast<size_t>(NRanks()), nullptr);
-        handles.resize(static_cast<size_t>(NRanks()));
-        for (int q = 0; q < NRanks(); q++) {
-            if (q == Rank())
-                continue;
-            size_t i = static_cast<size_t>(q);
-            ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine, peers[i], &chans[i]), MACO_OK);
-            ASSERT_EQ(maco_memory_channel_get_device_handle(chans[i], &handles[i]), MACO_OK);
+        for (int b = 0; b < 2; b++) {
+            CUDA_OK(cudaMalloc(&buf[b], kBytes));
+            CUDA_OK(FillSync(buf[b], 0, kBytes));
+            ASSERT_EQ(maco_mem_register(Comm(), buf[b], kBytes, &mine[b]), MACO_OK);
+            ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine[b], &peers[b]));
+            chans[b].assign(static_cast<size_t>(NRanks()), nullptr);
+            handles[b].resize(static_cast<size_t>(NRanks()));
+            for (int q = 0; q < NRanks(); q++) {
+                if (q == Rank())
+                    continue;
+                size_t i = static_cast<size_t>(q);
+                ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine[b], peers[b][i],
+                                                     &chans[b][i]),
+                          MACO_OK);
+                ASSERT_EQ(maco_memory_channel_get_device_handle(chans[b][i], &handles[b][i]),
+                          MACO_OK);
+            }
         }
     }
-    /* Adds the channels to `g`; index[] gets their indices there. */
+    /* Zeroes the scratch (the operators' counters start at zero with each kernel object) on
+     * every rank, then adds both channel sets to `g`; index[] gets their indices there. */
     void AddTo(maco_task_graph_t g, size_t bytes)
     {
         ASSERT_LE(bytes, kBytes);
-        index.assign(static_cast<size_t>(NRanks()), -1);
-        for (int q = 0; q < NRanks(); q++) {
-            if (q != Rank()) {
-                ASSERT_EQ(maco_task_graph_add_channel(g, &handles[static_cast<size_t>(q)],
-                                                      &index[static_cast<size_t>(q)]),
-                          MACO_OK);
+        CUDA_OK(FillSync(buf[0], 0, kBytes));
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        for (int b = 0; b < 2; b++) {
+            index[b].assign(static_cast<size_t>(NRanks()), -1);
+            for (int q = 0; q < NRanks(); q++) {
+                if (q != Rank()) {
+                    ASSERT_EQ(maco_task_graph_add_channel(g, &handles[b][static_cast<size_t>(q)],
+                                                          &index[b][static_cast<size_t>(q)]),
+                              MACO_OK);
+                }
             }
         }
     }
     ~FusedSetup()
     {
-        for (auto c : chans)
-            maco_memory_channel_destroy(c);
-        for (auto p : peers)
-            if (p != nullptr)
-                maco_mem_deregister(p);
-        maco_mem_deregister(mine);
-        cudaFree(scratch);
+        for (int b = 0; b < 2; b++) {
+            for (auto c : chans[b])
+                maco_memory_channel_destroy(c);
+            for (auto p : peers[b])
+                if (p != nullptr)
+                    maco_mem_deregister(p);
+            maco_mem_deregister(mine[b]);
+            cudaFree(buf[b]);
+        }
     }
 };
 
@@ -835,99 +848,164 @@ static void Fused(FusedSetup **fs_p)
     *fs_p = g_fused;
 }
 
-static uint64_t HashFloats(const std::vector<float> &v)
+/* Small integers in [-2, 2] as bf16, the same on every rank for (seed, rank, what). */
+static std::vector<__nv_bfloat16> SmallInts(uint64_t seed, int rank, int what, size_t n)
 {
-    uint64_t hash = 1469598103934665603ull;
-    for (float x : v) {
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        hash = (hash ^ u) * 1099511628211ull;
-    }
-    return hash;
+    std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(rank) * 7919u +
+                        static_cast<uint64_t>(what));
+    std::vector<__nv_bfloat16> v(n);
+    for (auto &x : v)
+        x = __float2bfloat16_rn(static_cast<float>(static_cast<int>(rng() % 5) - 2));
+    return v;
 }
 
-/* Row-parallel linear, maco_task_graph_add_gemm_allreduce: Y = sum over ranks of X_r W_r, each
- * output tile reduced as soon as every rank's tile is there. Against cuBLAS + maco_allreduce
- * (fp32 accumulation bound), and bitwise across ranks; three launches (the scratch handshake
- * lets them follow each other without a barrier). */
-TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
+/* A (m x k) x B (k x n) on the host, exact for small integers. */
+static std::vector<float> HostGemm(const std::vector<__nv_bfloat16> &a,
+                                   const std::vector<__nv_bfloat16> &b, int m, int n, int k)
 {
-    const int shapes[][3] = { { 256, 256, 256 }, { 512, 384, 1024 } };
-    for (const auto &sh : shapes) {
-        const int m = sh[0], n = sh[1], k = sh[2];
-        const size_t mn = static_cast<size_t>(m) * n;
-        std::mt19937_64 rng(seed_ + static_cast<uint64_t>(Rank()) * 7919 + m);
-        std::vector<__nv_bfloat16> ha, hb;
-        std::vector<float> fa, fb;
-        RandomBf16(rng, static_cast<size_t>(m) * k, &ha, &fa);
-        RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
-        CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2 + 2 * mn * 4));
+    std::vector<float> c(static_cast<size_t>(m) * n, 0.0f);
+    for (int i = 0; i < m; i++)
+        for (int q = 0; q < k; q++) {
+            float x = __bfloat162float(a[static_cast<size_t>(i) * k + q]);
+            if (x == 0.0f)
+                continue;
+            for (int j = 0; j < n; j++)
+                c[static_cast<size_t>(i) * n + j] +=
+                    x * __bfloat162float(b[static_cast<size_t>(q) * n + j]);
+        }
+    return c;
+}
+
+/*
+ * The three fused operators against a host reference, bit for bit: inputs are small integers,
+ * so products and sums are exact and the only rounding is the output type's (the reference
+ * rounds each rank's product to it, then the sum, as the operators do). Outputs are poisoned
+ * (NaN) before each of three launches back to back (the ready handshake and the launch count
+ * of the counters between them); m = 200 or a shard of 96 rows makes a partial last row of
+ * tiles; both output types.
+ */
+class FusedOperators : public Persistent
+{
+  protected:
+    void Check(maco_fused_op_t kind, int m, int n, int k, maco_datatype_t type)
+    {
+        SCOPED_TRACE("kind " + std::to_string(kind) + " m " + std::to_string(m) + " n " +
+                     std::to_string(n) + " k " + std::to_string(k) + " type " +
+                     std::to_string(type));
+        const int nr = NRanks();
+        uint64_t seed = seed_;
+        ASSERT_EQ(maco_bootstrap_broadcast(maco_test::Bootstrap(), 0, &seed, 8), MACO_OK);
+        const size_t esz = type == MACO_FLOAT32 ? 4 : 2;
+        const int out_rows = kind == MACO_FUSED_ALLGATHER_GEMM        ? m * nr
+                             : kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? m / nr
+                                                                      : m;
+        const size_t out_n = static_cast<size_t>(out_rows) * n;
+        std::vector<std::vector<__nv_bfloat16>> as, bs;
+        for (int q = 0; q < nr; q++) {
+            as.push_back(SmallInts(seed, q, 1, static_cast<size_t>(m) * k));
+            bs.push_back(SmallInts(seed, q, 2, static_cast<size_t>(k) * n));
+        }
+        const auto &ha = as[static_cast<size_t>(Rank())], &hb = bs[static_cast<size_t>(Rank())];
+        CUDA_OK(cudaMalloc(&dev_, (ha.size() + hb.size()) * 2));
         __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + ha.size();
-        float *Y = reinterpret_cast<float *>(B + hb.size()), *Yref = Y + mn;
         CUDA_OK(UploadSync(A, ha.data(), ha.size() * 2));
         CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
-        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
         FusedSetup *fs = nullptr;
         ASSERT_NO_FATAL_FAILURE(Fused(&fs));
-        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, static_cast<size_t>(NRanks()) * mn * 4));
+        size_t need = 0;
+        ASSERT_EQ(maco_fused_gemm_scratch_bytes(kind, nr, static_cast<uint32_t>(m),
+                                                static_cast<uint32_t>(n), static_cast<uint32_t>(k),
+                                                type, &need),
+                  MACO_OK);
+        ASSERT_LE(out_n * esz, FusedSetup::kBytes);
+        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, need));
         maco_fused_gemm_t op;
         memset(&op, 0, sizeof(op));
         op.comm = Comm();
-        op.channels = fs->index.data();
+        op.channels = fs->index[0].data();
+        op.out_channels = fs->index[1].data();
         op.a = A;
         op.b = B;
-        op.out = Y;
-        op.scratch = fs->scratch;
-        op.m = m;
-        op.n = n;
-        op.k = k;
-        op.name = "rowpar";
+        op.out = fs->buf[1];
+        op.scratch = fs->buf[0];
+        op.m = static_cast<uint32_t>(m);
+        op.n = static_cast<uint32_t>(n);
+        op.k = static_cast<uint32_t>(k);
+        op.out_type = type;
+        op.name = "fused";
         int last = -1;
-        ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, &last), MACO_OK)
-            << maco_log_last_error();
+        maco_status_t st = kind == MACO_FUSED_GEMM_ALLREDUCE
+                               ? maco_task_graph_add_gemm_allreduce(g_, &op, &last)
+                           : kind == MACO_FUSED_GEMM_REDUCE_SCATTER
+                               ? maco_task_graph_add_gemm_reduce_scatter(g_, &op, &last)
+                               : maco_task_graph_add_allgather_gemm(g_, &op, &last);
+        ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
         maco_persistent_config_t cfg;
         memset(&cfg, 0, sizeof(cfg));
         cfg.profile = 1;
-        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
+        st = maco_persistent_kernel_create(Comm(), g_, &cfg, &k_);
         if (st == MACO_ERR_UNSUPPORTED)
             GTEST_SKIP() << maco_log_last_error();
         ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
-        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
-        for (int run = 0; run < 3; run++) {
-            ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+        /* The reference. */
+        std::vector<float> want;
+        if (kind == MACO_FUSED_ALLGATHER_GEMM) {
+            for (int q = 0; q < nr; q++) {
+                std::vector<float> p = HostGemm(as[static_cast<size_t>(q)], hb, m, n, k);
+                want.insert(want.end(), p.begin(), p.end());
+            }
+        } else {
+            std::vector<float> sum(static_cast<size_t>(m) * n, 0.0f);
+            for (int q = 0; q < nr; q++) {
+                std::vector<float> p =
+                    HostGemm(as[static_cast<size_t>(q)], bs[static_cast<size_t>(q)], m, n, k);
+                for (size_t i = 0; i < sum.size(); i++)
+                    sum[i] += type == MACO_FLOAT32 ? p[i]
+                                                   : __bfloat162float(__float2bfloat16_rn(p[i]));
+            }
+            size_t first = kind == MACO_FUSED_GEMM_REDUCE_SCATTER
+                               ? static_cast<size_t>(Rank()) * out_n
+                               : 0;
+            want.assign(sum.begin() + static_cast<ptrdiff_t>(first),
+                        sum.begin() + static_cast<ptrdiff_t>(first + out_n));
         }
-        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
-        cublasHandle_t h;
-        ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-        ASSERT_EQ(CublasGemm(h, m, n, k, A, B, Yref), CUBLAS_STATUS_SUCCESS);
-        CUDA_OK(cudaDeviceSynchronize());
-        cublasDestroy(h);
-        ASSERT_EQ(maco_allreduce(Yref, Yref, mn, MACO_FLOAT32, MACO_SUM, Comm(), stream_), MACO_OK);
-        CUDA_OK(cudaStreamSynchronize(stream_));
-        std::vector<float> got(mn), want(mn);
-        CUDA_OK(cudaMemcpy(got.data(), Y, mn * 4, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(want.data(), Yref, mn * 4, cudaMemcpyDeviceToHost));
-        /* Bound: every rank's products, |x||w| <= 1 each, k per element. */
-        size_t bad = 0;
-        for (size_t i = 0; i < mn; i++)
-            bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * NRanks() * k * 0x1p-20;
-        EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
-        if (Rank() == 0) { /* the last launch's profile; a Chrome trace where asked */
+        for (auto &x : want)
+            x = type == MACO_FLOAT32 ? x : __bfloat162float(__float2bfloat16_rn(x));
+        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        std::vector<char> got(out_n * esz);
+        for (int run = 0; run < 3; run++) {
+            CUDA_OK(FillSync(fs->buf[1], 0xff, out_n * esz)); /* NaN */
+            /* No peer may write this rank's out before it is poisoned: a barrier. */
+            ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+            ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+            CUDA_OK(cudaMemcpy(got.data(), fs->buf[1], out_n * esz, cudaMemcpyDeviceToHost));
+            size_t bad = 0, first_bad = 0;
+            for (size_t i = 0; i < out_n; i++) {
+                float x;
+                if (type == MACO_FLOAT32) {
+                    memcpy(&x, &got[i * 4], 4);
+                } else {
+                    __nv_bfloat16 h;
+                    memcpy(&h, &got[i * 2], 2);
+                    x = __bfloat162float(h);
+                }
+                if (!(x == want[i]) && bad++ == 0)
+                    first_bad = i;
+            }
+            EXPECT_EQ(bad, 0u) << "launch " << run << ": first wrong element " << first_bad
+                               << " of " << out_n;
+            ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+        }
+        if (Rank() == 0) {
             ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
             const char *dir = getenv("TEST_PERSIST_TRACE_DIR");
-            if (dir != nullptr && dir[0] != '\0' && NRanks() == 2 && m == 512) {
-                std::string path = std::string(dir) + "/trace_gemm_allreduce_" +
-                                   std::to_string(NRanks()) + "ranks_" + std::to_string(m) +
-                                   ".json";
+            if (dir != nullptr && dir[0] != '\0' && m == 200) {
+                std::string path = std::string(dir) + "/trace_fused_" + std::to_string(kind) +
+                                   "_" + std::to_string(nr) + "ranks.json";
                 ASSERT_EQ(maco_persistent_kernel_write_trace(k_, path.c_str()), MACO_OK);
             }
         }
-        std::vector<uint64_t> hashes(static_cast<size_t>(NRanks()));
-        hashes[static_cast<size_t>(Rank())] = HashFloats(got);
-        ASSERT_EQ(maco_bootstrap_allgather(maco_test::Bootstrap(), hashes.data(), 8), MACO_OK);
-        for (int q = 1; q < NRanks(); q++)
-            EXPECT_EQ(hashes[static_cast<size_t>(q)], hashes[0]) << "rank " << q;
-        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
         maco_persistent_kernel_destroy(k_);
         k_ = nullptr;
         maco_task_graph_destroy(g_);
@@ -935,76 +1013,26 @@ TEST_F(Persistent, FusedGemmAllreduceMatchesCublasAndAllreduce)
         cudaFree(dev_);
         dev_ = nullptr;
     }
+};
+
+TEST_F(FusedOperators, GemmAllreduce)
+{
+    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_GEMM_ALLREDUCE, 200, 512, 1024, MACO_FLOAT32));
+    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_GEMM_ALLREDUCE, 256, 384, 64, MACO_BFLOAT16));
 }
 
-/* Column-parallel linear, maco_task_graph_add_allgather_gemm: Y_r = [X_0; ...; X_{n-1}] W_r,
- * each block of 128 rows multiplied as soon as it arrived. Against maco_allgather + cuBLAS. */
-TEST_F(Persistent, FusedAllgatherGemmMatchesAllgatherAndCublas)
+TEST_F(FusedOperators, GemmReduceScatter)
 {
-    const int shapes[][3] = { { 128, 256, 256 }, { 256, 384, 512 } };
-    for (const auto &sh : shapes) {
-        const int m = sh[0], n = sh[1], k = sh[2], mt = m * NRanks();
-        const size_t mk = static_cast<size_t>(m) * k, out_n = static_cast<size_t>(mt) * n;
-        std::mt19937_64 rng(seed_ + static_cast<uint64_t>(Rank()) * 104729 + m);
-        std::vector<__nv_bfloat16> ha, hb;
-        std::vector<float> fa, fb;
-        RandomBf16(rng, mk, &ha, &fa);
-        RandomBf16(rng, static_cast<size_t>(k) * n, &hb, &fb);
-        CUDA_OK(cudaMalloc(&dev_, (mk + static_cast<size_t>(k) * n) * 2 +
-                                      static_cast<size_t>(NRanks()) * mk * 2 + 2 * out_n * 4));
-        __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + mk;
-        __nv_bfloat16 *G = B + static_cast<size_t>(k) * n; /* maco_allgather's result */
-        float *Y = reinterpret_cast<float *>(G + static_cast<size_t>(NRanks()) * mk),
-              *Yref = Y + out_n;
-        CUDA_OK(UploadSync(A, ha.data(), mk * 2));
-        CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
-        ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
-        FusedSetup *fs = nullptr;
-        ASSERT_NO_FATAL_FAILURE(Fused(&fs));
-        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, static_cast<size_t>(NRanks()) * mk * 2));
-        maco_fused_gemm_t op;
-        memset(&op, 0, sizeof(op));
-        op.comm = Comm();
-        op.channels = fs->index.data();
-        op.a = A;
-        op.b = B;
-        op.out = Y;
-        op.scratch = fs->scratch;
-        op.m = m;
-        op.n = n;
-        op.k = k;
-        op.name = "colpar";
-        ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
-            << maco_log_last_error();
-        maco_status_t st = maco_persistent_kernel_create(Comm(), g_, nullptr, &k_);
-        if (st == MACO_ERR_UNSUPPORTED)
-            GTEST_SKIP() << maco_log_last_error();
-        ASSERT_EQ(st, MACO_OK) << maco_log_last_error();
-        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
-        ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
-        ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
-        ASSERT_EQ(maco_allgather(A, G, mk * 2, MACO_UINT8, Comm(), stream_), MACO_OK);
-        CUDA_OK(cudaStreamSynchronize(stream_));
-        cublasHandle_t h;
-        ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-        ASSERT_EQ(CublasGemm(h, mt, n, k, G, B, Yref), CUBLAS_STATUS_SUCCESS);
-        CUDA_OK(cudaDeviceSynchronize());
-        cublasDestroy(h);
-        std::vector<float> got(out_n), want(out_n);
-        CUDA_OK(cudaMemcpy(got.data(), Y, out_n * 4, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(want.data(), Yref, out_n * 4, cudaMemcpyDeviceToHost));
-        size_t bad = 0;
-        for (size_t i = 0; i < out_n; i++)
-            bad += std::fabs(static_cast<double>(got[i]) - want[i]) > 4.0 * k * 0x1p-20;
-        EXPECT_EQ(bad, 0u) << m << " x " << n << " x " << k;
-        ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
-        maco_persistent_kernel_destroy(k_);
-        k_ = nullptr;
-        maco_task_graph_destroy(g_);
-        g_ = nullptr;
-        cudaFree(dev_);
-        dev_ = nullptr;
-    }
+    const int m = 96 * NRanks();
+    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_GEMM_REDUCE_SCATTER, m, 512, 64, MACO_BFLOAT16));
+    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_GEMM_REDUCE_SCATTER, 256 * NRanks(), 256, 512,
+                                  MACO_FLOAT32));
+}
+
+TEST_F(FusedOperators, AllgatherGemm)
+{
+    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_ALLGATHER_GEMM, 96, 384, 512, MACO_FLOAT32));
+    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_ALLGATHER_GEMM, 256, 256, 64, MACO_BFLOAT16));
 }
 
 /* Last, and in its own ctest entry (with a short MACO_DEVICE_TIMEOUT): the communicator stays

@@ -30,6 +30,9 @@ def cuda_device_count() -> tuple[int, str]:
 def plan_verify_file(path: str) -> tuple[int, str]:
     """(status, report) of MACO's plan verifier on a plan file: (0, "") when valid."""
 
+def fused_scratch_bytes(kind: int, nranks: int, m: int, n: int, k: int, out_type: int) -> int:
+    """Bytes of scratch a fused operator needs on every rank: maco_fused_gemm_scratch_bytes."""
+
 def plan_gemm_tiles(m: int, n: int, workers: int) -> list[tuple[int, int, int]]:
     """[(tile_row, tile_col, tile_n), ...] in the order to add them: maco_gemm_plan_tiles."""
 
@@ -70,10 +73,11 @@ class PKernel:
         """Registers scratch, imports every peer's, makes a memory channel to each
         (collective); the graph's channel index per rank (-1: this rank)."""
 
-    def add_fused(self, allgather_first: bool, channels: Sequence[int], a: int, b: int,
-                  out: int, scratch: int, m: int, n: int, k: int, name: str) -> int:
-        """maco_task_graph_add_gemm_allreduce (False) or _add_allgather_gemm (True); returns
-        the id of the operator's last task."""
+    def add_fused(self, kind: int, channels: Sequence[int], out_channels: Sequence[int],
+                  a: int, b: int, out: int, scratch: int, m: int, n: int, k: int,
+                  out_type: int, name: str) -> int:
+        """maco_task_graph_add_gemm_allreduce (kind 0), _gemm_reduce_scatter (1) or
+        _allgather_gemm (2); returns the id of the operator's last task."""
 
     def compile(self, workers: int, schedulers: int, comm_workers: int, threads: int,
                 profile: bool) -> None:

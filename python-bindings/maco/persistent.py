@@ -17,11 +17,14 @@ run by calling it::
 
 Operations (``TaskGraph``): ``matmul`` (GEMM tiles of 128 x 128 or 128 x 256 in the order
 ``maco_gemm_plan_tiles`` plans for the kernel's workers: A (m, k) and B (k, n) bfloat16
-row-major, C float32 or bfloat16; m, n multiples of 128, k of 32),
-``allreduce`` of a matmul's float32 output (becomes the fused GEMM + allreduce:
+row-major, C float32 or bfloat16; n a multiple of 128, k of 32, any m: a partial last row of
+tiles needs Hopper's GMMA tiles),
+``allreduce`` of a matmul's output (becomes the fused GEMM + allreduce:
 ``maco_task_graph_add_gemm_allreduce``; the sum is in rank order, bitwise equal on every rank),
+``reduce_scatter`` of a matmul's output (the fused GEMM + reduce-scatter:
+``maco_task_graph_add_gemm_reduce_scatter``; a new (m / world_size, n) output),
 ``allgather`` of an A operand feeding a matmul (the fused allgather + GEMM:
-``maco_task_graph_add_allgather_gemm``; the output is (world_size * m, n) float32),
+``maco_task_graph_add_allgather_gemm``; the output is (world_size * m, n)),
 element-wise ``add``, ``scale``, ``residual_add`` (float32, float16, bfloat16) and ``copy``.
 Order follows data: an operation waits for the last writer of each tensor it reads and for the
 writers and readers of the tensor it writes. Every rank builds the same graph in the same order
@@ -51,6 +54,7 @@ __all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profile
 # maco/persistent.h
 _NOP, _COPY, _ADD, _SCALE, _RESIDUAL_ADD, _GEMM_TILE = 0, 1, 2, 3, 4, 10
 _TILE_M, _TILE_N, _TILE_K = 128, 128, 32
+_FUSED = {"gemm_allreduce": 0, "gemm_reduce_scatter": 1, "allgather_gemm": 2}  # maco_fused_op_t
 _ELEMWISE_CHUNK = 1 << 16  # elements per element-wise task (several workers share a big one)
 _ELEMWISE_TYPES = (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16)
 
@@ -101,9 +105,9 @@ class TaskGraph:
         order for the kernel's compute workers; bfloat16 in, float32 accumulation). ``a`` (m, k) and
         ``b`` (k, n) bfloat16, contiguous; ``output`` (m, n) float32 or bfloat16 (None: a new
         float32 output). With ``a`` from :meth:`allgather`: the fused allgather + GEMM, output
-        (world_size * m, n) float32.
+        (world_size * m, n) float32 or bfloat16.
 
-        Raises: ValueError (shapes: m, n multiples of 128, k of 32), TypeError (dtypes)."""
+        Raises: ValueError (shapes: n a multiple of 128, k of 32), TypeError (dtypes)."""
         torch = _torch()
         gathered = isinstance(a, _Gathered)
         at = self._k._ref(a.src if gathered else a, "a")
@@ -116,9 +120,9 @@ class TaskGraph:
         k2, n = bt.shape
         if k != k2:
             raise ValueError(f"b: {k2} rows; a has {k} columns")
-        if m % _TILE_M or n % _TILE_N or k % _TILE_K:
-            raise ValueError(f"matmul: m={m} and n={n} must be multiples of 128 and k={k} of "
-                             f"32 (the GEMM tile)")
+        if m < 1 or n % _TILE_N or k % _TILE_K:
+            raise ValueError(f"matmul: n={n} must be a multiple of 128 and k={k} of 32 (the "
+                             f"GEMM tile), m={m} at least 1")
         rows = m * self._k.comm.size if gathered else m
         if output is None:
             output = self._k.register_output((rows, n), torch.float32, name=name + ".out")
@@ -129,8 +133,6 @@ class TaskGraph:
         if gathered:
             if a.used:
                 raise ValueError("a: one allgather feeds one matmul")
-            if ot.dtype != torch.float32:
-                raise TypeError("output: the fused allgather + GEMM writes float32")
             a.used = True
             self._ops.append(("allgather_gemm", dict(a=at, b=bt, out=ot, m=m, n=n, k=k,
                                                       name=name)))
@@ -139,28 +141,48 @@ class TaskGraph:
         return ot
 
     def allreduce(self, y: Any, *, name: str = "allreduce") -> KernelTensor:
-        """Sums ``y`` over ranks in place, where ``y`` is the float32 output of this graph's
-        last :meth:`matmul` that produced it: the two become the fused GEMM + allreduce (each
-        tile reduced by its owner rank as soon as every rank has produced it, the sum then put
-        to every rank). Returns ``y``.
+        """Sums ``y`` over ranks in place, where ``y`` is the float32 or bfloat16 output of
+        this graph's last :meth:`matmul` that produced it: the two become the fused GEMM +
+        allreduce (``maco_task_graph_add_gemm_allreduce``: each tile's products, in ``y``'s
+        type, summed in rank order in float32 by the tile's owner rank as soon as every rank
+        has produced it; the sum then written into every rank's ``y``). Returns ``y``.
 
         Raises: ValueError for any other ``y`` (the runtime fuses allreduce with a GEMM;
         use :meth:`maco.Communicator.allreduce` outside the kernel otherwise)."""
-        torch = _torch()
+        yt, i, args = self._producer(y, "allreduce")
+        self._ops[i] = ("gemm_allreduce", dict(args, name=f"{args['name']}+{name}"))
+        return yt
+
+    def reduce_scatter(self, y: Any, *, name: str = "reduce_scatter") -> KernelTensor:
+        """Sums ``y`` (m, n) over ranks and keeps this rank's rows: returns a new tensor
+        (m / world_size, n) of ``y``'s type holding rows [rank * m / ws, (rank + 1) * m / ws)
+        of the sum. ``y`` must be the output of this graph's last :meth:`matmul` that produced
+        it; the two become the fused GEMM + reduce-scatter
+        (``maco_task_graph_add_gemm_reduce_scatter``; sum in rank order in float32); ``y``
+        itself is not written.
+
+        Raises: ValueError for any other ``y``, or m not a multiple of the world size."""
+        yt, i, args = self._producer(y, "reduce_scatter")
+        ws = self._k.comm.size
+        if args["m"] % ws:
+            raise ValueError(f"y: {args['m']} rows are not a multiple of the world size {ws}")
+        out = self._k.register_output((args["m"] // ws, args["n"]), yt.dtype,
+                                      name=f"{name}.out")
+        self._ops[i] = ("gemm_reduce_scatter",
+                        dict(args, out=out, name=f"{args['name']}+{name}"))
+        return out
+
+    def _producer(self, y: Any, what: str):
         yt = self._k._ref(y, "y")
         for i in range(len(self._ops) - 1, -1, -1):
             kind, args = self._ops[i]
             if kind == "matmul" and args["out"] is yt:
-                if yt.dtype != torch.float32:
-                    raise TypeError("y: the fused GEMM + allreduce writes float32")
-                args = dict(args, name=f"{args['name']}+{name}")
-                self._ops[i] = ("gemm_allreduce", args)
-                return yt
+                return yt, i, args
             if yt in self._touched(kind, args):
                 break
         raise ValueError(f"y: {yt.name} is not the output of a graph.matmul of this graph (with "
                          f"nothing else touching it since); the persistent kernel fuses "
-                         f"allreduce with the GEMM that produces it")
+                         f"{what} with the GEMM that produces it")
 
     def allgather(self, x: Any) -> _Gathered:
         """Every rank's ``x`` (m, k) bfloat16, stacked: only as the ``a`` of :meth:`matmul`
@@ -265,18 +287,19 @@ class TaskGraph:
         else:  # the fused operators
             a, b, out = args["a"], args["b"], args["out"]
             m, n, kk = args["m"], args["n"], args["k"]
-            size = k.comm.size
-            if kind == "gemm_allreduce":
-                scratch = torch.zeros(size * m * n, dtype=torch.float32, device=out.tensor.device)
-            else:
-                scratch = torch.zeros(size * m * kk, dtype=torch.bfloat16,
-                                      device=out.tensor.device)
+            op = _FUSED[kind]
+            dt = int(to_maco_dtype(out.dtype))
+            size = _maco.fused_scratch_bytes(op, k.comm.size, m, n, kk, dt)
+            # Zeroed: the operator's counters start at zero (maco_fused_gemm_t).
+            scratch = torch.zeros(size, dtype=torch.uint8, device=out.tensor.device)
             k._scratch.append(scratch)
-            channels = k._h.setup_channels(scratch.data_ptr(),
-                                           scratch.numel() * scratch.element_size())
-            k._h.add_fused(kind == "allgather_gemm", channels, a.tensor.data_ptr(),
-                           b.tensor.data_ptr(), out.tensor.data_ptr(), scratch.data_ptr(), m, n,
-                           kk, args["name"])
+            channels = k._h.setup_channels(scratch.data_ptr(), size)
+            out_channels = []
+            if kind == "gemm_allreduce":  # owners write the sums into every rank's out
+                out_channels = k._h.setup_channels(out.tensor.data_ptr(),
+                                                   out.tensor.numel() * out.tensor.element_size())
+            k._h.add_fused(op, channels, out_channels, a.tensor.data_ptr(), b.tensor.data_ptr(),
+                           out.tensor.data_ptr(), scratch.data_ptr(), m, n, kk, dt, args["name"])
             k._ntasks = k._h.ntasks()
 
 

@@ -480,13 +480,14 @@ class PKernel
         return index;
     }
 
-    int add_fused(bool allgather_first, const std::vector<int> &channels, uintptr_t a, uintptr_t b,
-                  uintptr_t out, uintptr_t scratch, uint32_t m, uint32_t n, uint32_t kk,
-                  const std::string &name)
+    int add_fused(int kind, const std::vector<int> &channels, const std::vector<int> &out_channels,
+                  uintptr_t a, uintptr_t b, uintptr_t out, uintptr_t scratch, uint32_t m,
+                  uint32_t n, uint32_t kk, int out_type, const std::string &name)
     {
         maco_fused_gemm_t op{};
         op.comm = comm();
         op.channels = channels.data();
+        op.out_channels = out_channels.empty() ? nullptr : out_channels.data();
         op.a = ptr(a);
         op.b = ptr(b);
         op.out = ptr(out);
@@ -494,12 +495,16 @@ class PKernel
         op.m = m;
         op.n = n;
         op.k = kk;
+        op.out_type = static_cast<maco_datatype_t>(out_type);
         op.name = name.empty() ? nullptr : name.c_str();
         int last = -1;
         maco_task_graph_t gr = g();
-        if (allgather_first)
+        if (kind == MACO_FUSED_ALLGATHER_GEMM)
             checked("maco_task_graph_add_allgather_gemm", op.comm,
                     [&] { return maco_task_graph_add_allgather_gemm(gr, &op, &last); });
+        else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
+            checked("maco_task_graph_add_gemm_reduce_scatter", op.comm,
+                    [&] { return maco_task_graph_add_gemm_reduce_scatter(gr, &op, &last); });
         else
             checked("maco_task_graph_add_gemm_allreduce", op.comm,
                     [&] { return maco_task_graph_add_gemm_allreduce(gr, &op, &last); });
@@ -832,6 +837,20 @@ NB_MODULE(_maco, m)
         "(status, report) of MACO's plan verifier on a plan file (maco_plan_verify_file): "
         "status 0 and \"\" when the plan is valid.");
     m.def(
+        "fused_scratch_bytes",
+        [](int kind, int nranks, uint32_t m, uint32_t n, uint32_t k, int out_type) {
+            size_t bytes = 0;
+            checked("maco_fused_gemm_scratch_bytes", nullptr, [&] {
+                return maco_fused_gemm_scratch_bytes(static_cast<maco_fused_op_t>(kind), nranks, m,
+                                                     n, k, static_cast<maco_datatype_t>(out_type),
+                                                     &bytes);
+            });
+            return bytes;
+        },
+        nb::arg("kind"), nb::arg("nranks"), nb::arg("m"), nb::arg("n"), nb::arg("k"),
+        nb::arg("out_type"),
+        "Bytes of scratch a fused operator needs on every rank: maco_fused_gemm_scratch_bytes.");
+    m.def(
         "plan_gemm_tiles",
         [](uint32_t m, uint32_t n, int workers) {
             size_t count = 0;
@@ -908,11 +927,12 @@ NB_MODULE(_maco, m)
         .def("setup_channels", &PKernel::setup_channels, nb::arg("scratch"), nb::arg("bytes"),
              "Registers scratch, imports every peer's, makes a memory channel to each "
              "(collective); the graph's channel index per rank (-1: this rank).")
-        .def("add_fused", &PKernel::add_fused, nb::arg("allgather_first"), nb::arg("channels"),
-             nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("scratch"), nb::arg("m"),
-             nb::arg("n"), nb::arg("k"), nb::arg("name"),
-             "maco_task_graph_add_gemm_allreduce (False) or _add_allgather_gemm (True); "
-             "returns the id of the operator's last task.")
+        .def("add_fused", &PKernel::add_fused, nb::arg("kind"), nb::arg("channels"),
+             nb::arg("out_channels"), nb::arg("a"), nb::arg("b"), nb::arg("out"),
+             nb::arg("scratch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("out_type"),
+             nb::arg("name"),
+             "maco_task_graph_add_gemm_allreduce (kind 0), _gemm_reduce_scatter (1) or "
+             "_allgather_gemm (2); returns the id of the operator's last task.")
         .def("compile", &PKernel::compile, nb::arg("workers"), nb::arg("schedulers"),
              nb::arg("comm_workers"), nb::arg("threads"), nb::arg("profile"),
              "maco_persistent_kernel_create (validates and uploads; blocking).")

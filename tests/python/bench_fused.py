@@ -1,62 +1,51 @@
-"""Fused compute and communication against cuBLAS + a collective in sequence (issue 23,
-section 3). One process per rank, started by torchrun:
+"""Fused GEMM + collective operators against the same work done in sequence, and against
+PyTorch's async tensor parallel. One process per rank, started by torchrun:
 
     torchrun --nproc-per-node 4 tests/python/bench_fused.py --json fused.json --trace trace.json
     python3 tests/python/bench_fused.py --dry-run --world-size 4     # the cases, no GPU
 
-Tensor-parallel shapes, bfloat16 operands, M tokens (--sizes, default 128, 1024, 8192), hidden
-H (--hidden, default 8192), the GEMM split world-size (ws) ways:
+The three tensor-parallel patterns, bf16 operands, M tokens (--sizes), ws ranks:
 
-* gemm_allreduce (row-parallel linear): X [M, H/ws] @ W [H/ws, H] on each rank, then the
-  allreduce (sum) of the [M, H] products.
-* allgather_gemm (column-parallel linear): each rank's X shard [M/ws, H] gathered to [M, H],
-  then @ W [H, H/ws].
+* gemm_allreduce (row-parallel linear): X [M, K] @ W [K, N] on each rank, then the allreduce of
+  the [M, N] products.
+* gemm_reduce_scatter (row-parallel linear, sequence-parallel output): the same product, then the
+  reduce-scatter: rank r keeps rows [r M / ws, (r + 1) M / ws) of the sum.
+* allgather_gemm (column-parallel linear, sequence-parallel input): each rank's X shard
+  [M / ws, K] gathered to [M, K], then @ W [K, N].
 
-For each case and each --out-dtypes type of the unfused path's GEMM output (bfloat16: what a
-bf16 layer computes and sends, torch.matmul; float32: bf16 inputs with fp32 output,
-torch.mm(out_dtype=float32), the fused kernel's own output type), times in ms:
+Shape sets (--sets): ``tp`` (hidden H = --hidden, the split ws ways: K = H / ws, N = H for the
+two row-parallel patterns, K = H, N = H / ws for allgather_gemm) and ``llama70b`` (Llama-3-70B
+tensor parallel over ws ranks: hidden 8192, MLP 28672: allgather_gemm K = 8192, N = 28672 / ws,
+and gemm_reduce_scatter K = 28672 / ws, N = 8192).
 
-  t_gemm       the GEMM alone (torch.matmul / torch.mm: cuBLAS)
-  t_comm_nccl  the collective alone through torch.distributed's NCCL process group
-  t_comm_maco  the collective alone through maco.Communicator (unregistered torch memory, as an
-               application has it)
-  t_seq_nccl   GEMM then NCCL collective, on one stream (t_seq_maco: GEMM then MACO's)
-  t_fused      one launch of a maco.PersistentKernel whose task graph is the fused operator
-               (graph.allreduce(graph.matmul(X, W)) or graph.matmul(graph.allgather(X), W)):
-               GEMM tiles (128 x 128, or 128 x 256 where there are enough: maco_fused_gemm_*)
-               from bf16 with fp32 output, each tile sent and reduced
-               (or each 128-row block of X gathered) while later tiles compute
+For each case and output type (--out-dtypes: bfloat16, what a bf16 layer computes and sends;
+float32, bf16 inputs with fp32 output, torch.mm(out_dtype=float32)), times in ms:
 
-Each time is the median over --iters timed iterations (after --warmup untimed ones), each
-iteration between two CUDA events on the current stream, iterations back to back; then the
-largest over ranks. From them, per baseline b (nccl, maco), the figures of issue 23:
+  t_gemm       the GEMM alone (cuBLAS through torch)
+  t_comm       the collective alone on the GEMM's output type, through torch.distributed's NCCL
+               process group (t_comm_nccl) and maco.Communicator (t_comm_maco)
+  t_seq        GEMM then collective on one stream (t_seq_nccl, t_seq_maco)
+  t_fused      one launch of a maco.PersistentKernel whose graph is the fused operator, the best
+               over --comm-workers (0: the runtime's choice) with the count that gave it
+  t_asynctp    PyTorch's async TP (torch.ops.symm_mem.fused_all_gather_matmul /
+               fused_matmul_reduce_scatter; bf16 only, no allreduce form)
 
-  overlap efficiency = (t_gemm + t_comm_b - t_fused) / min(t_gemm, t_comm_b)
-  speedup            = t_seq_b / t_fused
-  comm share         = t_comm_b / (t_gemm + t_comm_b)
+Each time is the median over --iters back-to-back iterations between CUDA events, the largest
+over ranks. Figures against cuBLAS + NCCL (the issue's targets):
 
-(the seeds, /work/shared/seeds/000_*.txt, report 92.2% overlap efficiency; issue 23 asks for
->= 90%, a speedup >= 1.25x where the communication is at least 20% of the sequential time,
-and never slower than sequential: the 'targets' column says which are met). Note that the fused
-GEMM + allreduce reduces float32 products, twice the bytes of the bfloat16 rows' allreduce; the
-float32 rows compare like with like.
+  overlap efficiency = (t_gemm + t_comm - t_fused) / min(t_gemm, t_comm)  (target >= 90%)
+  speedup            = t_seq / t_fused            (>= 1.25x where comm share >= 20%; never < 1)
+  comm share         = t_comm / (t_gemm + t_comm)
 
-Checks (exit status 1 on a wrong value): inputs are small integers, exact in bf16 and in fp32
-sums, so the fused output (poisoned with NaN first) must equal bit for bit the fp32 reference
-(cuBLAS fp32 GEMM, TF32 off, and MACO's collective), after its first launch and again after the
-timed launches; the unfused outputs must match the reference within their bf16 rounding
-(relative Frobenius error <= 2^-6). The fused operators need M (allgather_gemm: M / ws) and H
-(allreduce: H / ws rows of W) to be multiples of the 128-row, 32-deep tile; other cases are timed
-unfused only and say why. --trace FILE writes the Chrome trace (chrome://tracing, Perfetto: one
-lane per CTA, compute and communication tasks) of one fused launch of --trace-case (default
-the first fused case at M = 1024), rank 0's, from a second kernel built with profile=True, and
-prints its summary table.
+Checks (exit status 1 on a wrong value): inputs are small integers, so every product is exact
+in fp32; the reference rounds each rank's product to the output type and sums in fp32 in rank
+order, rounding once (what the fused operators do), and the fused output (poisoned with NaN
+before) must equal it bit for bit, after its first launch and after the timed ones. The
+sequential and async-TP results must match within bf16 rounding (relative Frobenius error
+<= 2^-6). --trace FILE writes the Chrome trace of one fused launch (rank 0) of --trace-case.
 
-Ranks sharing one GPU (world size > GPUs; cuda:LOCAL_RANK % GPUs; start torchrun under
-`maco-run -n 1 --mps on`): NVIDIA's NCCL refuses a duplicate GPU, so the NCCL columns are
-skipped with the reason printed while the MACO ones run (the times then describe ranks
-competing for one GPU, not NVLink). The NCCL process group is torch's; with MACO's libnccl
-preloaded it is MACO's, and the JSON says so (nccl_library).
+Ranks sharing one GPU (world size > GPUs): the NCCL and async-TP columns are skipped (NVIDIA's
+NCCL refuses a duplicate GPU) and the times describe ranks competing for one GPU.
 """
 
 from __future__ import annotations
@@ -73,9 +62,13 @@ import time
 for _k in ("MACO_RANK", "MACO_WORLD_SIZE", "MACO_LOCAL_RANK", "MACO_BOOTSTRAP_ADDR",
            "MACO_BOOTSTRAP_NONCE"):
     os.environ.pop(_k, None)
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
-TILE_M, TILE_N, TILE_K = 128, 128, 32  # maco.persistent's GEMM tile
-PATTERNS = ("gemm_allreduce", "allgather_gemm")
+TILE_N, TILE_K = 128, 32  # maco.persistent's GEMM tile (any M)
+PATTERNS = ("gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm")
+SETS = ("tp", "llama70b")
+LLAMA_HIDDEN, LLAMA_MLP = 8192, 28672
 EFFICIENCY_TARGET = 0.90
 SPEEDUP_TARGET = 1.25
 COMM_SHARE_FOR_SPEEDUP = 0.20
@@ -84,53 +77,35 @@ SEQ_REL_TOL = 2.0 ** -6
 
 # --------------------------------------------------------------------------- cases
 
-def plan_case(pattern: str, m: int, hidden: int, world: int) -> dict:
-    """Shapes (rows, cols) of one case, the bytes its collective moves per rank's buffer, the
-    GEMM's FLOP, and why the fused operator cannot run it (None when it can). Raises
-    ValueError when the case cannot run at all (the split does not divide)."""
+def plan_case(pattern: str, m: int, k: int, n: int, world: int, shape_set: str = "tp") -> dict:
+    """One case: shapes (rows, cols), the collective's elements, the GEMM's FLOP per rank, and
+    why the fused operator cannot run it (None when it can). Raises ValueError when the case
+    cannot run at all (M does not split over the ranks)."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern {pattern!r}: one of {', '.join(PATTERNS)}")
-    if m < 1 or hidden < 1 or world < 1:
-        raise ValueError(f"M {m}, hidden {hidden}, world size {world}: all must be positive")
-    if hidden % world:
-        raise ValueError(f"hidden {hidden} is not a multiple of the world size {world}")
-    h_ws = hidden // world
+    if min(m, k, n, world) < 1:
+        raise ValueError(f"M {m}, K {k}, N {n}, world size {world}: all must be positive")
+    if pattern != "gemm_allreduce" and m % world:
+        raise ValueError(f"{pattern}: M {m} is not a multiple of the world size {world}")
     if pattern == "gemm_allreduce":
-        a, b, out = (m, h_ws), (h_ws, hidden), (m, hidden)
-        comm = dict(op="allreduce", elements=m * hidden)
-        why = []
-        if m % TILE_M:
-            why.append(f"M = {m} is not a multiple of {TILE_M}")
-        if hidden % TILE_N:
-            why.append(f"H = {hidden} is not a multiple of {TILE_N}")
-        if h_ws % TILE_K:
-            why.append(f"H / ws = {h_ws} is not a multiple of {TILE_K}")
+        x, out, comm = (m, k), (m, n), dict(op="allreduce", elements=m * n)
+    elif pattern == "gemm_reduce_scatter":
+        x, out, comm = (m, k), (m // world, n), dict(op="reduce_scatter", elements=m * n)
     else:
-        if m % world:
-            raise ValueError(f"allgather_gemm: M {m} is not a multiple of the world size "
-                             f"{world}")
-        a, b, out = (m // world, hidden), (hidden, h_ws), (m, h_ws)
-        comm = dict(op="allgather", elements=m * hidden)  # the gathered [M, H]
-        why = []
-        if (m // world) % TILE_M:
-            why.append(f"M / ws = {m // world} rows per rank is not a multiple of the "
-                       f"{TILE_M}-row tile")
-        if h_ws % TILE_N:
-            why.append(f"H / ws = {h_ws} is not a multiple of {TILE_N}")
-        if hidden % TILE_K:
-            why.append(f"H = {hidden} is not a multiple of {TILE_K}")
-    k = a[1]
-    gemm_rows = out[0]
-    return dict(pattern=pattern, m=m, hidden=hidden, world=world, x_shape=a, w_shape=b,
-                out_shape=out, gemm_mnk=(gemm_rows, out[1], k),
-                gemm_flop=2 * gemm_rows * out[1] * k, comm_op=comm["op"],
-                comm_elements=comm["elements"],
-                fused_skip="; ".join(why) if why else None)
+        x, out, comm = (m // world, k), (m, n), dict(op="allgather", elements=m * k)
+    why = []
+    if n % TILE_N:
+        why.append(f"N = {n} is not a multiple of {TILE_N}")
+    if k % TILE_K:
+        why.append(f"K = {k} is not a multiple of {TILE_K}")
+    return dict(pattern=pattern, set=shape_set, m=m, k=k, n=n, world=world, x_shape=x,
+                w_shape=(k, n), out_shape=out, gemm_flop=2 * m * n * k, comm_op=comm["op"],
+                comm_elements=comm["elements"], fused_skip="; ".join(why) if why else None)
 
 
 def overlap_efficiency(t_gemm: float, t_comm: float, t_fused: float) -> float:
-    """Issue 23: (t_gemm + t_comm - t_fused) / min(t_gemm, t_comm): 1 when the shorter of the
-    two is hidden entirely, 0 when nothing overlaps, negative when fusing costs time."""
+    """(t_gemm + t_comm - t_fused) / min(t_gemm, t_comm): 1 when the shorter of the two is
+    hidden entirely, 0 when nothing overlaps, negative when fusing costs time."""
     return (t_gemm + t_comm - t_fused) / min(t_gemm, t_comm)
 
 
@@ -142,60 +117,65 @@ def comm_share(t_gemm: float, t_comm: float) -> float:
     return t_comm / (t_gemm + t_comm)
 
 
-def judge(eff: float, spd: float, share: float) -> list:
-    """Issue 23's targets missed by one baseline's figures (empty: all met)."""
+def judge(eff: float, spd: float, share: float, t_fused: float = None,
+          t_asynctp: float = None) -> list:
+    """The targets missed by one row's figures against cuBLAS + NCCL (empty: all met)."""
     miss = []
-    if eff < EFFICIENCY_TARGET:
+    if share >= COMM_SHARE_FOR_SPEEDUP and eff < EFFICIENCY_TARGET:
         miss.append(f"efficiency {eff:.0%} < {EFFICIENCY_TARGET:.0%}")
     if share >= COMM_SHARE_FOR_SPEEDUP and spd < SPEEDUP_TARGET:
         miss.append(f"speedup {spd:.2f}x < {SPEEDUP_TARGET}x at comm share {share:.0%}")
     if spd < 1.0:
         miss.append(f"slower than sequential ({spd:.2f}x)")
+    if t_fused is not None and t_asynctp is not None and t_fused > t_asynctp:
+        miss.append(f"slower than async TP ({t_asynctp / t_fused:.2f}x)")
     return miss
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="128,1024,8192", help="M values (tokens), comma-separated")
-    p.add_argument("--hidden", type=int, default=8192)
+    p.add_argument("--sizes", default="128,1024,4096,8192", help="M values (tokens)")
+    p.add_argument("--sets", default=",".join(SETS), help="shape sets: tp, llama70b")
+    p.add_argument("--hidden", type=int, default=8192, help="the tp set's hidden size")
     p.add_argument("--patterns", default=",".join(PATTERNS))
-    p.add_argument("--out-dtypes", default="bfloat16,float32",
-                   help="unfused GEMM output types (bfloat16, float32)")
+    p.add_argument("--out-dtypes", default="bfloat16,float32")
     p.add_argument("--iters", type=int, default=20, help="timed iterations (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--comm-workers", default="0",
+                   help="PersistentKernel num_comm_workers to try, comma-separated (0: the "
+                        "runtime's choice); the fastest is reported")
+    p.add_argument("--workers", type=int, default=0, help="PersistentKernel num_workers")
     p.add_argument("--no-nccl", action="store_true", help="leave out the NCCL columns")
+    p.add_argument("--no-asynctp", action="store_true", help="leave out PyTorch's async TP")
     p.add_argument("--no-check", action="store_true", help="leave out the value checks")
-    p.add_argument("--workers", type=int, default=0, help="PersistentKernel num_workers (0: "
-                   "MACO's default split)")
-    p.add_argument("--schedulers", type=int, default=0)
-    p.add_argument("--comm-workers", type=int, default=0)
     p.add_argument("--trace", metavar="FILE", help="Chrome trace of one fused launch (rank 0)")
     p.add_argument("--trace-case", metavar="PATTERN:M",
-                   help="the case --trace profiles (default: the first fused one at M = 1024, "
-                        "else the first fused one)")
+                   help="the case --trace profiles (default: the first fused one at M = 1024)")
     p.add_argument("--json", metavar="FILE", help="write the results (rank 0)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the cases (shapes, bytes, which fuse) and exit; no GPU")
-    p.add_argument("--world-size", type=int,
-                   help="with --dry-run: the world size (default WORLD_SIZE, else 4)")
-    p.add_argument("--timeout", type=float, default=300,
-                   help="seconds the process group and MACO wait for peers (default 300)")
+    p.add_argument("--dry-run", action="store_true", help="print the cases and exit; no GPU")
+    p.add_argument("--world-size", type=int, help="with --dry-run: the world size (default 4)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for peers")
     a = p.parse_args(argv)
     try:
         a.sizes = [int(s) for s in a.sizes.split(",") if s]
+        a.comm_workers = [int(s) for s in a.comm_workers.split(",") if s]
     except ValueError:
-        p.error(f"--sizes {a.sizes!r}: comma-separated integers")
+        p.error("--sizes and --comm-workers: comma-separated integers")
+    a.sets = [s for s in a.sets.split(",") if s]
     a.patterns = [s for s in a.patterns.split(",") if s]
     a.out_dtypes = [s for s in a.out_dtypes.split(",") if s]
+    for s in a.sets:
+        if s not in SETS:
+            p.error(f"--sets: {s!r} is not one of {', '.join(SETS)}")
     for pt in a.patterns:
         if pt not in PATTERNS:
             p.error(f"--patterns: {pt!r} is not one of {', '.join(PATTERNS)}")
     for dt in a.out_dtypes:
         if dt not in ("bfloat16", "float32"):
             p.error(f"--out-dtypes: {dt!r} is not bfloat16 or float32")
-    if a.iters < 1 or a.warmup < 0:
-        p.error("--iters must be >= 1 and --warmup >= 0")
+    if a.iters < 1 or a.warmup < 0 or not a.comm_workers:
+        p.error("--iters must be >= 1, --warmup >= 0, --comm-workers not empty")
     if a.trace_case is not None:
         pt, _, mm = a.trace_case.partition(":")
         if pt not in a.patterns or not mm.isdigit() or int(mm) not in a.sizes:
@@ -205,7 +185,25 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def plan_all(a, world: int) -> list:
-    return [plan_case(pt, m, a.hidden, world) for pt in a.patterns for m in a.sizes]
+    cases = []
+    for s in a.sets:
+        for pt in a.patterns:
+            if s == "tp":
+                h = a.hidden
+                if h % world:
+                    raise ValueError(f"hidden {h} is not a multiple of the world size {world}")
+                k, n = (h, h // world) if pt == "allgather_gemm" else (h // world, h)
+            else:
+                if pt == "gemm_allreduce":
+                    continue
+                if LLAMA_MLP % world:
+                    raise ValueError(f"the MLP size {LLAMA_MLP} is not a multiple of the world "
+                                     f"size {world}")
+                f = LLAMA_MLP // world
+                k, n = (LLAMA_HIDDEN, f) if pt == "allgather_gemm" else (f, LLAMA_HIDDEN)
+            for m in a.sizes:
+                cases.append(plan_case(pt, m, k, n, world, s))
+    return cases
 
 
 def pick_trace_case(cases: list, wanted) -> tuple | None:
@@ -220,8 +218,8 @@ def pick_trace_case(cases: list, wanted) -> tuple | None:
 
 def describe(c: dict) -> str:
     mib = c["comm_elements"] * 2 / 2**20
-    return (f"{c['pattern']:<15} M {c['m']:>6}  X {c['x_shape']} W {c['w_shape']} -> "
-            f"{c['out_shape']}, {c['comm_op']} of {mib:.1f} MiB bf16, GEMM "
+    return (f"{c['set']:<8} {c['pattern']:<19} M {c['m']:>6}  X {c['x_shape']} W "
+            f"{c['w_shape']} -> {c['out_shape']}, {c['comm_op']} of {mib:.1f} MiB bf16, GEMM "
             f"{c['gemm_flop'] / 1e9:.1f} GFLOP; fused: "
             f"{'yes' if c['fused_skip'] is None else 'no (' + c['fused_skip'] + ')'}")
 
@@ -267,15 +265,28 @@ class Bench:
         else:
             dist.init_process_group("gloo", timeout=timeout)
             self.nccl_library = None
+        self.asynctp_skip = self._setup_asynctp()
         self.comm = maco.Communicator.from_process_group(dist.group.WORLD, device=self.dev,
                                                          timeout=a.timeout)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         self.gpu = torch.cuda.get_device_name(self.dev)
         self.failures: list = []
-        self.kernels: list = []  # kept to the end: freeing a scratch a peer mapped is unsafe
         self.trace_summary = None
         self.mm_fp32 = self._probe_mm_fp32()
+
+    def _setup_asynctp(self):
+        if self.a.no_asynctp:
+            return "--no-asynctp"
+        if self.nccl_skip is not None:
+            return "needs the NCCL process group (" + self.nccl_skip + ")"
+        try:
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+            self.group_name = self.dist.group.WORLD.group_name
+            enable_symm_mem_for_group(self.group_name)
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            return f"unavailable: {type(e).__name__}: {e}"
+        return None
 
     def log(self, text: str) -> None:
         if self.rank == 0:
@@ -292,18 +303,17 @@ class Bench:
             self.log(f"note: torch.mm(out_dtype=float32) unavailable ({e}); float32 rows skip")
             return None
         if not bool((y == 16).all()):
-            self.log("note: torch.mm(out_dtype=float32) gave wrong values; float32 rows skip")
             return None
 
         def mm_fp32(a, b, out):
             return t.mm(a, b, out_dtype=t.float32, out=out)
         return mm_fp32
 
-    def ints(self, shape, salt: int, rank: int | None = None):
-        """Small integers in [-2, 2] as bf16, from (rank, salt): exact in bf16 and fp32 sums."""
+    def ints(self, shape, salt: int):
+        """Small integers in [-2, 2] as bf16 (this rank's): exact products."""
         t = self.torch
         g = t.Generator(device=self.dev)
-        g.manual_seed(1000003 * (self.rank if rank is None else rank) + 7919 * salt + 17)
+        g.manual_seed(1000003 * self.rank + 7919 * salt + int(time.time()) % 1000)
         return t.randint(-2, 3, shape, generator=g, device=self.dev).to(t.bfloat16)
 
     def time_ms(self, fn) -> float:
@@ -324,8 +334,7 @@ class Bench:
         return max(self.gather_json(med))
 
     def gather_json(self, obj) -> list:
-        """Every rank's ``obj`` (JSON-serializable), in rank order. The bootstrap's allgather
-        takes equal lengths, so the lengths go first and every text is padded to the longest."""
+        """Every rank's ``obj`` (JSON), in rank order (lengths first, texts padded)."""
         text = json.dumps(obj).encode()
         n = max(int.from_bytes(x, "little")
                 for x in self.comm.allgather_bytes(len(text).to_bytes(8, "little")))
@@ -348,140 +357,199 @@ class Bench:
                 self.failures.append(f"rank {self.rank}: {name}: relative error {err:.3g} > "
                                      f"{SEQ_REL_TOL:.3g}")
 
-    def fused_kernel(self, c: dict, x, w, profile: bool):
+    def reference(self, c: dict, x, w, tdt):
+        """The fused operators' exact result (see the module's text)."""
+        t, comm = self.torch, self.comm
+        if c["pattern"] == "allgather_gemm":
+            xfull = comm.allgather(x).reshape(c["m"], c["k"])
+            return (xfull.float() @ w.float()).to(tdt)
+        part = (x.float() @ w.float()).to(tdt)
+        parts = comm.allgather(part).reshape(self.world, c["m"], c["n"])
+        s = parts[0].float()
+        for q in range(1, self.world):
+            s = s + parts[q].float()
+        s = s.to(tdt)
+        if c["pattern"] == "gemm_reduce_scatter":
+            rows = c["m"] // self.world
+            s = s[self.rank * rows:(self.rank + 1) * rows].contiguous()
+        del parts
+        t.cuda.synchronize()
+        return s
+
+    def fused_kernel(self, c: dict, x, w, tdt, comm_workers: int, profile: bool):
         k = self.maco.PersistentKernel(self.comm, num_workers=self.a.workers,
-                                       num_schedulers=self.a.schedulers,
-                                       num_comm_workers=self.a.comm_workers, profile=profile)
+                                       num_comm_workers=comm_workers, profile=profile)
         kx, kw = k.register_tensor(x, "X"), k.register_tensor(w, "W")
         with k.task_graph() as g:
-            if c["pattern"] == "gemm_allreduce":
-                ky = k.register_output(c["out_shape"], self.torch.float32, "Y")
-                g.allreduce(g.matmul(kx, kw, output=ky, name="rowpar"))
+            if c["pattern"] == "allgather_gemm":
+                ky = k.register_output(c["out_shape"], tdt, "Y")
+                g.matmul(g.allgather(kx), kw, output=ky, name="colpar")
             else:
-                ky = g.matmul(g.allgather(kx), kw, name="colpar")
+                ky = k.register_output((c["m"], c["n"]), tdt, "Y")
+                y = g.matmul(kx, kw, output=ky, name="rowpar")
+                if c["pattern"] == "gemm_allreduce":
+                    g.allreduce(y)
+                else:
+                    ky = g.reduce_scatter(y)
         k.compile()
-        self.kernels.append(k)
         return k, ky.tensor
 
+    def run_fused(self, c: dict, x, w, tdt, ref, trace: bool) -> dict:
+        t, a = self.torch, self.a
+        best = None
+        tag = f"{c['set']} {c['pattern']} M={c['m']} {str(tdt)[6:]} fused"
+        for cw in a.comm_workers:
+            k, y = self.fused_kernel(c, x, w, tdt, cw, profile=False)
+            if not a.no_check:
+                y.fill_(float("nan"))
+                self.comm.barrier()
+                k()
+                t.cuda.synchronize()
+                self.check(f"{tag} (comm workers {cw}), first launch", y, ref, True)
+            tf = self.time_ms(lambda: k())
+            if not a.no_check:
+                y.fill_(float("nan"))
+                self.comm.barrier()
+                k()
+                t.cuda.synchronize()
+                self.check(f"{tag} (comm workers {cw}), after the timed launches", y, ref, True)
+            used = k.config()["comm_workers"]
+            self.comm.barrier()
+            t.cuda.synchronize()
+            k.close()
+            if best is None or tf < best[0]:
+                best = (tf, used)
+        if trace:
+            k, _ = self.fused_kernel(c, x, w, tdt, a.comm_workers[0], profile=True)
+            k()
+            k()
+            t.cuda.synchronize()
+            if self.rank == 0:
+                k.export_chrome_trace(a.trace)
+            self.trace_summary = k.summary()
+            self.log(f"trace of {c['pattern']} M={c['m']} (rank 0) -> {a.trace}\n"
+                     f"{self.trace_summary}")
+            self.comm.barrier()
+            t.cuda.synchronize()
+            k.close()
+        return dict(t_fused_ms=best[0], fused_comm_workers=best[1])
+
+    def run_asynctp(self, c: dict, x, w, ref, row: dict) -> None:
+        t = self.torch
+        if self.asynctp_skip is not None:
+            row["asynctp_skip"] = self.asynctp_skip
+            return
+        try:
+            if c["pattern"] == "allgather_gemm":
+                def fn():
+                    return t.ops.symm_mem.fused_all_gather_matmul(
+                        x, [w], gather_dim=0, group_name=self.group_name)[1][0]
+            elif c["pattern"] == "gemm_reduce_scatter":
+                def fn():
+                    return t.ops.symm_mem.fused_matmul_reduce_scatter(
+                        x, w, "sum", scatter_dim=0, group_name=self.group_name)
+            else:
+                row["asynctp_skip"] = "no fused matmul + allreduce in async TP"
+                return
+            out = fn()
+            t.cuda.synchronize()
+            if not self.a.no_check:
+                self.check(f"{c['set']} {c['pattern']} M={c['m']} async TP", out, ref, False)
+            row["t_asynctp_ms"] = self.time_ms(fn)
+        except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+            row["asynctp_skip"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
     def run_case(self, c: dict, trace: bool) -> list:
-        t, comm, a = self.torch, self.comm, self.a
-        ar = c["pattern"] == "gemm_allreduce"
+        rows = []
         x = self.ints(c["x_shape"], 1)
         w = self.ints(c["w_shape"], 2)
-        # The fp32 reference from every rank's inputs: exact (small integers).
-        if ar:
-            ref = comm.allreduce(x.float() @ w.float())
-        else:
-            xfull = comm.allgather(x).reshape(c["m"], c["hidden"])
-            ref = xfull.float() @ w.float()
-        t.cuda.synchronize()
-        res = dict(fused=None, fused_skip=c["fused_skip"])
-        if c["fused_skip"] is None:
-            k, y = self.fused_kernel(c, x, w, profile=False)
-            if not a.no_check:
-                y.fill_(float("nan"))
-                k()
-                t.cuda.synchronize()
-                self.check(f"{c['pattern']} M={c['m']} fused, first launch", y, ref, True)
-            res["fused"] = self.time_ms(lambda: k())
-            if not a.no_check:
-                y.fill_(float("nan"))
-                k()
-                t.cuda.synchronize()
-                self.check(f"{c['pattern']} M={c['m']} fused, after the timed launches", y,
-                           ref, True)
-            if trace:
-                kp, _ = self.fused_kernel(c, x, w, profile=True)
-                kp()  # the second launch is the one traced
-                kp()
-                t.cuda.synchronize()
-                if self.rank == 0:
-                    kp.export_chrome_trace(a.trace)
-                self.trace_summary = kp.summary()
-                self.log(f"trace of {c['pattern']} M={c['m']} (rank 0) -> {a.trace}\n"
-                         f"{self.trace_summary}")
-        rows = []
-        for dt in a.out_dtypes:
-            rows.append(self._unfused(c, dt, x, w, ref, res))
+        for dt in self.a.out_dtypes:
+            tdt = self.torch.bfloat16 if dt == "bfloat16" else self.torch.float32
+            row = dict(c, out_dtype=dt, nccl_skip=self.nccl_skip)
+            if dt == "float32" and self.mm_fp32 is None:
+                row["skip"] = "torch.mm(out_dtype=float32) unavailable"
+                rows.append(row)
+                continue
+            ref = self.reference(c, x, w, tdt)
+            if c["fused_skip"] is None:
+                row.update(self.run_fused(c, x, w, tdt, ref, trace and dt == "bfloat16"))
+            self._unfused(c, dt, tdt, x, w, ref, row)
+            if dt == "bfloat16":
+                self.run_asynctp(c, x, w, ref, row)
+            self._figures(c, row)
+            rows.append(row)
+            del ref
         return rows
 
-    def _unfused(self, c: dict, dt: str, x, w, ref, res: dict) -> dict:
+    def _unfused(self, c: dict, dt: str, tdt, x, w, ref, row: dict) -> None:
         t, dist, comm, a = self.torch, self.dist, self.comm, self.a
-        ar = c["pattern"] == "gemm_allreduce"
-        row = dict(c, out_dtype=dt, t_fused_ms=res["fused"], fused_skip=res["fused_skip"],
-                   nccl_skip=self.nccl_skip)
-        if dt == "float32" and self.mm_fp32 is None:
-            row["skip"] = "torch.mm(out_dtype=float32) unavailable"
-            return row
-        tdt = t.bfloat16 if dt == "bfloat16" else t.float32
-        if dt == "bfloat16":
-            def gemm(a_, b_, out):
-                return t.matmul(a_, b_, out=out)
-        else:
-            gemm = self.mm_fp32
-        if ar:
-            y = t.empty(c["out_shape"], dtype=tdt, device=self.dev)
-            zeros = t.zeros(c["out_shape"], dtype=tdt, device=self.dev)  # stays 0 when summed
-            row["t_gemm_ms"] = self.time_ms(lambda: gemm(x, w, y))
-            nccl_comm = (lambda: dist.all_reduce(zeros))
-            maco_comm = (lambda: comm.allreduce(zeros))
-
-            def seq_nccl():
-                gemm(x, w, y)
-                dist.all_reduce(y)
-
-            def seq_maco():
-                gemm(x, w, y)
-                comm.allreduce(y)
-            out = y
-        else:
-            xfull = t.empty(c["m"], c["hidden"], dtype=t.bfloat16, device=self.dev)
+        gemm = (lambda a_, b_, out: t.matmul(a_, b_, out=out)) if dt == "bfloat16" \
+            else self.mm_fp32
+        pat = c["pattern"]
+        if pat == "allgather_gemm":
+            xfull = t.empty(c["m"], c["k"], dtype=t.bfloat16, device=self.dev)
             y = t.empty(c["out_shape"], dtype=tdt, device=self.dev)
             comm.allgather(x, out=xfull)
             row["t_gemm_ms"] = self.time_ms(lambda: gemm(xfull, w, y))
-            nccl_comm = (lambda: dist.all_gather_into_tensor(xfull, x))
-            maco_comm = (lambda: comm.allgather(x, out=xfull))
+            comm_fns = dict(nccl=lambda: dist.all_gather_into_tensor(xfull, x),
+                            maco=lambda: comm.allgather(x, out=xfull))
 
-            def seq_nccl():
-                dist.all_gather_into_tensor(xfull, x)
-                gemm(xfull, w, y)
-
-            def seq_maco():
-                comm.allgather(x, out=xfull)
+            def seq(name):
+                comm_fns[name]()
                 gemm(xfull, w, y)
             out = y
-        for name, comm_fn, seq_fn in (("maco", maco_comm, seq_maco),
-                                      ("nccl", nccl_comm, seq_nccl)):
+        else:
+            p = t.empty(c["m"], c["n"], dtype=tdt, device=self.dev)
+            zeros = t.zeros(c["m"], c["n"], dtype=tdt, device=self.dev)
+            row["t_gemm_ms"] = self.time_ms(lambda: gemm(x, w, p))
+            if pat == "gemm_allreduce":
+                comm_fns = dict(nccl=lambda: dist.all_reduce(zeros),
+                                maco=lambda: comm.allreduce(zeros))
+                out = p
+
+                def seq(name):
+                    gemm(x, w, p)
+                    (dist.all_reduce(p) if name == "nccl" else comm.allreduce(p))
+            else:
+                shard = t.empty(c["out_shape"], dtype=tdt, device=self.dev)
+                comm_fns = dict(nccl=lambda: dist.reduce_scatter_tensor(shard, zeros),
+                                maco=lambda: comm.reduce_scatter(zeros, out=shard))
+                out = shard
+
+                def seq(name):
+                    gemm(x, w, p)
+                    (dist.reduce_scatter_tensor(shard, p) if name == "nccl"
+                     else comm.reduce_scatter(p, out=shard))
+        for name in ("maco", "nccl"):
             if name == "nccl" and self.nccl_skip is not None:
                 continue
-            row[f"t_comm_{name}_ms"] = self.time_ms(comm_fn)
-            row[f"t_seq_{name}_ms"] = self.time_ms(seq_fn)
+            row[f"t_comm_{name}_ms"] = self.time_ms(comm_fns[name])
+            row[f"t_seq_{name}_ms"] = self.time_ms(lambda: seq(name))
             if not a.no_check:
                 out.fill_(float("nan"))
-                if not ar:
-                    xfull.fill_(float("nan"))
-                seq_fn()
+                seq(name)
                 t.cuda.synchronize()
-                self.check(f"{c['pattern']} M={c['m']} {dt} cuBLAS + {name}", out, ref,
-                           exact=dt == "float32")
-        # the figures per baseline
-        tg, tf = row["t_gemm_ms"], row["t_fused_ms"]
-        row["gemm_tflops"] = c["gemm_flop"] / (tg * 1e-3) / 1e12
+                self.check(f"{c['set']} {pat} M={c['m']} {dt} cuBLAS + {name}", out, ref,
+                           exact=False)
+
+    def _figures(self, c: dict, row: dict) -> None:
+        tg, tf = row.get("t_gemm_ms"), row.get("t_fused_ms")
+        esz = 2 if row["out_dtype"] == "bfloat16" or c["pattern"] == "allgather_gemm" else 4
+        row["gemm_tflops"] = c["gemm_flop"] / (tg * 1e-3) / 1e12 if tg else None
         for name in ("nccl", "maco"):
             tc, ts = row.get(f"t_comm_{name}_ms"), row.get(f"t_seq_{name}_ms")
-            if tc is None:
+            if tc is None or tg is None:
                 continue
-            nbytes = c["comm_elements"] * (4 if ar and dt == "float32" else 2)
-            factor = 2 * (self.world - 1) / self.world if ar else (self.world - 1) / self.world
-            row[f"busbw_{name}_gbs"] = nbytes / (tc * 1e-3) / 1e9 * factor
+            factor = 2 * (self.world - 1) / self.world if c["pattern"] == "gemm_allreduce" \
+                else (self.world - 1) / self.world
+            row[f"busbw_{name}_gbs"] = c["comm_elements"] * esz / (tc * 1e-3) / 1e9 * factor
             row[f"comm_share_{name}"] = comm_share(tg, tc)
             if tf is not None:
                 row[f"efficiency_{name}"] = overlap_efficiency(tg, tc, tf)
                 row[f"speedup_{name}"] = speedup(ts, tf)
-                row[f"targets_missed_{name}"] = judge(row[f"efficiency_{name}"],
-                                                      row[f"speedup_{name}"],
-                                                      row[f"comm_share_{name}"])
-        return row
+        if tf is not None and "speedup_nccl" in row:
+            row["targets_missed"] = judge(row["efficiency_nccl"], row["speedup_nccl"],
+                                          row["comm_share_nccl"], tf, row.get("t_asynctp_ms"))
 
 
 def fmt(v, spec=".3f") -> str:
@@ -489,30 +557,32 @@ def fmt(v, spec=".3f") -> str:
 
 
 def table(rows: list) -> str:
-    out = ["| case | M | out | t_gemm | t_comm nccl / maco | t_seq nccl / maco | t_fused | "
-           "efficiency nccl / maco | speedup nccl / maco | comm share (nccl) | targets |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| set | case | M | out | t_gemm | t_comm nccl / maco | t_seq nccl / maco | "
+           "t_asynctp | t_fused (comm SMs) | efficiency | speedup vs nccl / maco / asynctp | "
+           "comm share | targets |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    pct = (lambda v: "-" if v is None else f"{v:.0%}")
     for r in rows:
+        head = f"| {r['set']} | {r['pattern']} | {r['m']} | {r['out_dtype']} |"
         if r.get("skip"):
-            out.append(f"| {r['pattern']} | {r['m']} | {r['out_dtype']} | skipped: "
-                       f"{r['skip']} ||||||||")
+            out.append(f"{head} skipped: {r['skip']} |||||||||")
             continue
-        tgt = []
-        for n in ("nccl", "maco"):
-            miss = r.get(f"targets_missed_{n}")
-            if miss is not None:
-                tgt.append(f"{n}: {'met' if not miss else '; '.join(miss)}")
-        if r["t_fused_ms"] is None:
-            tgt = [f"not fused: {r['fused_skip']}"]
-        pct = (lambda v: "-" if v is None else f"{v:.0%}")
+        if r.get("t_fused_ms") is None:
+            tgt = f"not fused: {r.get('fused_skip')}"
+        elif r.get("targets_missed") is None:
+            tgt = "-"
+        else:
+            tgt = "met" if not r["targets_missed"] else "; ".join(r["targets_missed"])
+        tf, ta = r.get("t_fused_ms"), r.get("t_asynctp_ms")
+        sp_a = None if tf is None or ta is None else ta / tf
         out.append(
-            f"| {r['pattern']} | {r['m']} | {r['out_dtype']} | {fmt(r.get('t_gemm_ms'))} | "
-            f"{fmt(r.get('t_comm_nccl_ms'))} / {fmt(r.get('t_comm_maco_ms'))} | "
-            f"{fmt(r.get('t_seq_nccl_ms'))} / {fmt(r.get('t_seq_maco_ms'))} | "
-            f"{fmt(r.get('t_fused_ms'))} | {pct(r.get('efficiency_nccl'))} / "
-            f"{pct(r.get('efficiency_maco'))} | {fmt(r.get('speedup_nccl'), '.2f')} / "
-            f"{fmt(r.get('speedup_maco'), '.2f')} | "
-            f"{pct(r.get('comm_share_nccl', r.get('comm_share_maco')))} | {'; '.join(tgt)} |")
+            f"{head} {fmt(r.get('t_gemm_ms'))} | {fmt(r.get('t_comm_nccl_ms'))} / "
+            f"{fmt(r.get('t_comm_maco_ms'))} | {fmt(r.get('t_seq_nccl_ms'))} / "
+            f"{fmt(r.get('t_seq_maco_ms'))} | {fmt(ta)} | {fmt(tf)} "
+            f"({r.get('fused_comm_workers', '-')}) | {pct(r.get('efficiency_nccl'))} | "
+            f"{fmt(r.get('speedup_nccl'), '.2f')} / {fmt(r.get('speedup_maco'), '.2f')} / "
+            f"{fmt(sp_a, '.2f')} | {pct(r.get('comm_share_nccl', r.get('comm_share_maco')))} | "
+            f"{tgt} |")
     return "\n".join(out) + "\n"
 
 
@@ -542,19 +612,19 @@ def main(argv=None) -> int:
         b.log(f"bench_fused: {e}")
         return 2
     trace_case = pick_trace_case(cases, a.trace_case) if a.trace else None
-    if a.trace and trace_case is None:
-        b.log("note: --trace: no case fuses, no trace written")
     b.log(f"bench_fused: world size {b.world}, {b.gpu}"
-          f"{f', {b.world} ranks sharing {b.ngpu} GPU(s)' if b.shared else ''}, hidden "
-          f"{a.hidden}, median of {a.iters} iterations (ms, largest over ranks); NCCL: "
-          f"{b.nccl_library or 'skipped: ' + b.nccl_skip}")
-    if b.nccl_skip:
-        b.log(f"SKIP: the NCCL baseline: {b.nccl_skip}")
+          f"{f', {b.world} ranks sharing {b.ngpu} GPU(s)' if b.shared else ''}, median of "
+          f"{a.iters} iterations (ms, largest over ranks); NCCL: "
+          f"{b.nccl_library or 'skipped: ' + b.nccl_skip}; async TP: "
+          f"{b.asynctp_skip or 'torch ' + torch.__version__}")
     rows = []
     t0 = time.time()
     for c in cases:
         b.log(describe(c))
         rows += b.run_case(c, trace=(c["pattern"], c["m"]) == trace_case)
+        if b.rank == 0 and a.json:  # what has run so far, should a later case fail
+            with open(a.json + ".partial", "w") as f:
+                json.dump(rows, f)
     text = table(rows)
     b.log(text)
     fails = b.gather_json(b.failures)
@@ -565,10 +635,11 @@ def main(argv=None) -> int:
                 json.dump(dict(bench="bench_fused", world_size=b.world, gpu=b.gpu,
                                ranks_share_gpu=b.shared, gpus_visible=b.ngpu,
                                nccl_library=b.nccl_library, nccl_skip=b.nccl_skip,
-                               hidden=a.hidden, iters=a.iters, warmup=a.warmup,
-                               torch=torch.__version__, trace=a.trace if trace_case else None,
-                               trace_case=trace_case, trace_summary=b.trace_summary,
-                               rows=rows, failures=failures,
+                               asynctp=b.asynctp_skip or "torch " + torch.__version__,
+                               iters=a.iters, warmup=a.warmup, torch=torch.__version__,
+                               comm_workers_tried=a.comm_workers,
+                               trace=a.trace if trace_case else None, trace_case=trace_case,
+                               trace_summary=b.trace_summary, rows=rows, failures=failures,
                                ok=not failures, table=text), f, indent=1)
         for f in failures:
             print(f"FAIL {f}")
@@ -576,8 +647,6 @@ def main(argv=None) -> int:
               f"{len(failures)} wrong result(s), {time.time() - t0:.0f} s", flush=True)
     b.comm.barrier()
     torch.cuda.synchronize()
-    for k in b.kernels:
-        k.close()
     b.comm.close()
     b.dist.destroy_process_group()
     return 1 if failures else 0
