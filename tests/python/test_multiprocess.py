@@ -194,7 +194,12 @@ def _torch_backend_worker(rank, n, port):
                             world_size=n)
     pg = dist.group.WORLD
     out = dict(backend=dist.get_backend(), is_maco=isinstance(pg, mt.ProcessGroupMaco))
-    out["comm"] = (pg.comm.rank, pg.comm.size)
+    # No communicator at init (it is made at the first CUDA call, on its tensors' device);
+    # a barrier before that runs on Gloo and makes none either.
+    out["lazy"] = pg._comm is None
+    dist.barrier()
+    out["lazy_after_barrier"] = pg._comm is None
+    out["comm"] = (pg.comm.rank, pg.comm.size)  # made now (collective), without a GPU here
     dist.barrier()
     # CPU tensors go to the Gloo group beside MACO's.
     t = torch.full((5,), float(rank + 1))
@@ -218,6 +223,7 @@ def test_torch_backend_registers_and_runs_cpu_through_gloo():
     res = _run(_torch_backend_worker, n, free_port())
     for r, x in enumerate(res):
         assert x["backend"] == "maco" and x["is_maco"]
+        assert x["lazy"] and x["lazy_after_barrier"]
         assert x["comm"] == (r, n)
         assert x["cpu_sum"] == [3.0] * 5
         assert x["cpu_gather"] == [[0.0, 0.0], [1.0, 1.0]]
