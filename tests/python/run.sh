@@ -57,8 +57,8 @@ fi
 reqs=("$here/requirements.txt")
 [ "${PYTEST_TORCH:-1}" = "0" ] || reqs+=("$here/requirements-torch.txt")
 # The requirements an interpreter lacks (or has too old), one per line; prints nothing when
-# it has them all. Reads the installed distributions' metadata, imports nothing. Without
-# build=1 (a maco wheel is carried), scikit-build-core and nanobind are not needed.
+# it has them all. Reads the installed distributions' metadata, imports nothing. When a maco
+# wheel is carried (MISSING_BUILD=0), scikit-build-core and nanobind are not needed.
 missing() { # python
   MISSING_BUILD=$([ -n "$maco_whl" ] && echo 0 || echo 1) "$1" - "${reqs[@]}" <<'EOF'
 import importlib.metadata as md, importlib.util, os, re, sys
