@@ -4,10 +4,10 @@
 # (build.tgz: the build, MACO's libnccl and tests/nccl; whl/: the package's cp312 wheel built
 # against that build). The machine has no internet; nothing is installed into its python3.
 # Stages, in the order given (default: both):
-#   tests  ctest's python_gpu entry as ctest runs it, offline: tests/python/run.sh takes
-#          python3's own packages and the carried wheel (PYTEST_WHEELS=gpu-bundle/whl); then
-#          ctest's gpu_nccl_mp_3 (3 ranks on 4 GPUs: each on the GPU of its local rank, no
-#          MPS) and the CPU nccl_mp_3/4
+#   tests  ctest's gpu_nccl_mp_3 (3 ranks on 4 GPUs: each on the GPU of its local rank, no
+#          MPS) and the CPU nccl_mp_3/4; then ctest's python_gpu entry as ctest runs it,
+#          offline: tests/python/run.sh takes python3's own packages and the carried wheel
+#          (PYTEST_WHEELS=gpu-bundle/whl)
 #   torch  tests/python/gpu_torch_backend.py under torchrun with N = 4 and 3 ranks (fewer
 #          when there are fewer GPUs: then ranks share them under maco-run's MPS), modes
 #          init-then-set (init_process_group("maco"), then set_device), device-id
@@ -84,8 +84,8 @@ for s in "${stages[@]}"; do
   case $s in
   tests)
     # As ctest runs it (tests/CMakeLists.txt), offline: run.sh must not reach for the network.
-    step python_gpu 420 env PYTEST_WHEELS="$whl" ctest --test-dir "$B" -R '^python_gpu$' -V
-    step nccl_mp 240 ctest --test-dir "$B" -R '^(gpu_)?nccl_mp_' -V
+    step nccl_mp 80 ctest --test-dir "$B" -R '^(gpu_)?nccl_mp_' -V
+    step python_gpu 480 env PYTEST_WHEELS="$whl" ctest --test-dir "$B" -R '^python_gpu$' -V
     ;;
   torch)
     [ "$dry" != 0 ] || python3 -m pip install -q --no-index --no-deps --no-compile \
