@@ -55,17 +55,17 @@ if mode == "patch":
     dist.init_process_group("nccl")
     maco.patch_torch_distributed()
 else:
-    before = torch.cuda.current_device()
     if mode == "device-id":
+        before = torch.cuda.current_device()
         dist.init_process_group("maco", device_id=dev)
+        expect(torch.cuda.current_device() == before,
+               f"init_process_group changed torch's current device from {before} to "
+               f"{torch.cuda.current_device()}")
     else:
         dist.init_process_group("maco")
     pg = dist.group.WORLD
     assert isinstance(pg, mt.ProcessGroupMaco)
     assert dist.get_backend() == "maco"
-    expect(torch.cuda.current_device() == before,
-           f"init_process_group changed torch's current device from {before} to "
-           f"{torch.cuda.current_device()}")
     if mode == "device-id":
         expect(pg._comm is not None and pg.device == dev and pg.comm.device == dev.index,
                f"device_id={dev}: the communicator is on {pg.device} after init")
@@ -88,6 +88,8 @@ else:
         dist.all_reduce(x)  # binds the group to the tensor's device
         expect(pg.device == dev and pg.comm.device == dev.index,
                f"the first collective on {dev} bound the group to {pg.device}")
+        expect(x.tolist() == [float(dist.get_world_size())] * 3,
+               f"the first all_reduce: got {x.tolist()}")
         binding.append(f"{mode}: bound at the first collective to {pg.device}")
     torch.cuda.set_device(dev)  # the rest as a script does it (graphs, synchronize)
     if ngpu > 1:
