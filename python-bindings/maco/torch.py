@@ -7,6 +7,22 @@
     dist.init_process_group("maco")      # or "cuda:maco"; torchrun's variables as usual
     dist.all_reduce(x)                   # x on CUDA: MACO; on CPU: Gloo
 
+Device binding, as NCCL's process group: the group's MACO communicator uses one GPU, chosen
+
+1. by ``init_process_group("maco", device_id=torch.device("cuda", i))``: bound to cuda:i and
+   created during init_process_group (every rank passes device_id, or none does);
+2. else lazily, by the device of the first tensor of the group's first CUDA operation
+   (collective, send or receive): the communicator is created then, by every rank at its own
+   first CUDA call on the group (creation is collective: each rank must make one). So
+   ``torch.cuda.set_device(local_rank)`` may come before or after init_process_group;
+3. else, where a device is needed without a tensor (``pg.comm`` read before any CUDA call, or
+   a barrier with ``device_ids``), LOCAL_RANK modulo the visible GPUs (MACO's own choice, its
+   local rank, when LOCAL_RANK is unset). A barrier before any CUDA call binds nothing: it runs
+   on the Gloo group.
+
+A tensor on another GPU than the bound one raises ValueError naming both devices and the rank,
+before anything is enqueued.
+
 The process group runs CUDA tensors' all_reduce, all_gather(_into_tensor), reduce_scatter
 (_tensor), broadcast, reduce, all_to_all(_single), gather, scatter, send/recv (isend/irecv,
 batch_isend_irecv) and barrier on MACO, and hands
@@ -31,8 +47,11 @@ the program.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
+import os
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -144,23 +163,151 @@ class MacoWork(dist.Work):
         return fut
 
 
+class _BoundBackend:
+    """What :meth:`ProcessGroupMaco._get_backend` answers for the device bound by
+    ``device_id=``: torch.distributed then asks whether the backend can split (no) instead of
+    failing on a Python process group that registered no C++ backend."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+
 class ProcessGroupMaco(dist.ProcessGroup):
     """A torch.distributed process group whose CUDA collectives run on MACO.
 
     Created by ``init_process_group("maco")`` (through :func:`_create`), or over an existing
     group by :func:`patch_torch_distributed`. CPU tensors go to ``fallback`` (a Gloo group
     made beside it when created by init_process_group), else raise TypeError.
+
+    Args:
+        rank, size: this rank and the group's size.
+        comm: a ready communicator (its device is the bound one), or None: one is made at
+            the first use from ``store`` (rank 0 puts a unique id there) and ``timeout``, on
+            the device chosen by the rules of this module's docstring.
+        fallback: the process group CPU tensors go to (None: they raise TypeError).
+        store: the group's key-value store (needed when ``comm`` is None).
+        timeout: creation's bound (None: MACO_BOOTSTRAP_TIMEOUT).
+        device: a CUDA device to bind to now (``init_process_group``'s ``device_id``): the
+            communicator is created in the constructor (collective: every rank).
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device with an index.
     """
 
-    def __init__(self, rank: int, size: int, comm: Communicator,
-                 fallback: Optional[dist.ProcessGroup] = None):
+    def __init__(self, rank: int, size: int, comm: Optional[Communicator] = None,
+                 fallback: Optional[dist.ProcessGroup] = None, *, store: Any = None,
+                 timeout: Optional[datetime.timedelta] = None,
+                 device: Optional[torch.device] = None):
         super().__init__(rank, size)
-        self.comm = comm
+        if comm is None and store is None:
+            raise ValueError("store: required when no communicator is given (comm=None)")
+        self._comm = comm
+        self._store = store
+        self._timeout = timeout
         self._fallback = fallback
         self._streams: dict = {}
         self._lock = threading.RLock()  # held while the p2p queue is issued (_flush_p2p)
         # Queued sends and receives: (is_send, tensors, peer, ready event, work), in call order.
         self._p2p: list = []
+        # The bound device (None: not bound yet, or no GPU) and what bound it.
+        self._bound: Optional[torch.device] = None
+        self._bound_by = ""
+        self._device_id: Optional[torch.device] = None
+        if comm is not None:
+            if comm.device is not None:
+                self._bound = torch.device("cuda", comm.device)
+                self._bound_by = "the communicator the group was made with"
+        elif device is not None:
+            device = torch.device(device)
+            if device.type != "cuda" or device.index is None:
+                raise ValueError(f"device: {device} is not a CUDA device with an index "
+                                 "(e.g. torch.device('cuda', 0))")
+            self._device_id = device
+            self._bind(device, f"init_process_group's device_id={device}")
+
+    # ------------------------------------------------------------ device binding
+
+    @property
+    def comm(self) -> Communicator:
+        """The group's MACO communicator. Reading it before the group's first CUDA call
+        creates it (collective: every rank must read it) on LOCAL_RANK's GPU (rule 3 of the
+        module's docstring)."""
+        c = self._comm
+        if c is None:
+            dev = _local_rank_device()
+            why = (f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}" if dev is not None else
+                   "MACO's choice, its local rank modulo the GPUs")
+            c = self._bind(dev, f"{why}: pg.comm was read before the group's first CUDA call")
+        return c
+
+    @property
+    def device(self) -> Optional[torch.device]:
+        """The CUDA device the group is bound to; None before its first CUDA call (or on a
+        machine without a usable GPU)."""
+        return self._bound
+
+    def _bind(self, device: Optional[torch.device], why: str) -> Communicator:
+        """Creates the communicator on ``device`` (None: MACO's choice) unless there is one
+        already; collective over the group's ranks. torch's current device is left as it was.
+        """
+        with self._lock:
+            if self._comm is not None:
+                return self._comm
+            key = "maco/unique_id"
+            if self.rank() == 0:
+                self._store.set(key, unique_id())
+            uid = bytes(self._store.get(key))
+            timeout = None if self._timeout is None else self._timeout.total_seconds()
+            index = None if device is None else device.index
+            guard = (torch.cuda.device(index) if index is not None and torch.cuda.is_available()
+                     else contextlib.nullcontext())
+            with guard:  # maco_comm_create makes its device current: restore torch's
+                comm = Communicator(uid, self.rank(), self.size(), device=index,
+                                    timeout=timeout)
+            self._comm = comm
+            if comm.device is not None:
+                self._bound = torch.device("cuda", comm.device)
+                self._bound_by = why
+            return comm
+
+    def _comm_for(self, tensors: list) -> Communicator:
+        """The communicator for a CUDA call on ``tensors``: made on the first tensor's device
+        at the group's first CUDA call; afterwards every tensor must be on the bound device.
+
+        Raises:
+            ValueError: a tensor on another device than the bound one (names both, the rank
+                and the remedies); nothing is enqueued.
+        """
+        c = self._comm
+        if c is None:
+            dev = tensors[0].device
+            c = self._bind(dev, f"the first tensor of the group's first CUDA call, on {dev}")
+        b = self._bound
+        if b is not None:
+            for t in tensors:
+                d = t.device
+                if d != b:
+                    raise ValueError(
+                        f"maco process group, rank {self.rank()}: a tensor is on {d}, but the "
+                        f"group's MACO communicator is bound to {b} (by {self._bound_by}); a "
+                        f"group uses one GPU. Put the call's tensors on {b}, or bind the group "
+                        f"to {d}: torch.cuda.set_device({d.index}) before the group's first "
+                        f"CUDA call, or init_process_group('maco', "
+                        f"device_id=torch.device('cuda', {d.index}))")
+        return c
+
+    def _get_backend(self, device: Any) -> Any:
+        """torch.distributed's question for the group's backend on ``device``: on the device
+        bound by ``device_id=`` this group answers itself (it cannot split); elsewhere
+        torch's own answer (a RuntimeError: no C++ backend is registered)."""
+        d = torch.device(device)
+        if self._device_id is not None and d == self._device_id:
+            return _BoundBackend()
+        return super()._get_backend(device)
 
     # ------------------------------------------------------------ plumbing
 
@@ -190,17 +337,21 @@ class ProcessGroupMaco(dist.ProcessGroup):
 
     def _launch(self, tensors: list, outputs: list, fn: Callable[[Any], None]) -> MacoWork:
         """Runs fn(stream) on the group's stream after the current stream's work (and after
-        the queued sends and receives)."""
+        the queued sends and receives), with the tensors' device current (torch's current
+        device may be another one, e.g. after ``device_id=`` without set_device), as NCCL's
+        process group does."""
         self._flush_p2p()
+        comm = self._comm_for(tensors)
         device = tensors[0].device
         s = self._stream(device)
         s.wait_stream(_current_stream(device))
-        fn(s)
+        with torch.cuda.device(device):  # MACO launches on the current device: the tensors'
+            fn(s)
         for t in tensors:
             t.record_stream(s)
         ev = torch.cuda.Event()
         ev.record(s)
-        return MacoWork(outputs, ev, self.comm, device)
+        return MacoWork(outputs, ev, comm, device)
 
     # ------------------------------------------------------------ collectives
 
@@ -370,10 +521,11 @@ class ProcessGroupMaco(dist.ProcessGroup):
         if not 0 <= peer < self.size():
             raise ValueError(f"{'dst' if is_send else 'src'}: rank {peer} is outside the "
                              f"group's [0, {self.size()})")
+        comm = self._comm_for(tensors)
         device = tensors[0].device
         ready = torch.cuda.Event()
         ready.record(_current_stream(device))
-        work = MacoWork([] if is_send else tensors, None, self.comm, device, pg=self)
+        work = MacoWork([] if is_send else tensors, None, comm, device, pg=self)
         with self._lock:
             self._p2p.append((is_send, tensors, peer, ready, work))
         return work
@@ -392,7 +544,7 @@ class ProcessGroupMaco(dist.ProcessGroup):
                 s.wait_event(ready)
             error: Optional[BaseException] = None
             try:
-                with _group():
+                with torch.cuda.device(device), _group():
                     for is_send, tensors, peer, _, _ in ops:
                         for t in tensors:
                             if is_send:
@@ -489,19 +641,30 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return self._launch([out], [out], lambda s: self.comm.recv(out, root, stream=s))
 
     def barrier(self, opts=None):
-        """Waits for this rank's MACO work, then for every rank (host-side)."""
+        """Waits for this rank's MACO work, then for every rank (host-side). Before the
+        group's first CUDA call there is no MACO work: the Gloo group's barrier runs and
+        nothing is bound, unless ``device_ids`` names a GPU (it binds the group there)."""
         self._flush_p2p()
+        if self._comm is None:
+            ids = list(getattr(opts, "device_ids", None) or [])
+            if ids:
+                self._bind(torch.device("cuda", int(ids[0])), f"barrier's device_ids={ids}")
+            elif self._fallback is not None:
+                return self._fallback.barrier(opts or _c10d.BarrierOptions())
+        comm = self.comm
         for s in list(self._streams.values()):
             s.synchronize()
-        self.comm.barrier()
-        return MacoWork([], None, self.comm, None)
+        comm.barrier()
+        return MacoWork([], None, comm, None)
 
     def shutdown(self) -> None:
-        self._flush_p2p()
-        self.comm.close()
+        if self._comm is not None:
+            self._flush_p2p()
+            self._comm.close()
 
     def abort(self) -> None:
-        self.comm.close()
+        if self._comm is not None:
+            self._comm.close()
 
 
 def _allreduce_opts(op: Any) -> _c10d.AllreduceOptions:
@@ -511,25 +674,50 @@ def _allreduce_opts(op: Any) -> _c10d.AllreduceOptions:
     return o
 
 
-def _device() -> Any:
-    if torch.cuda.is_available():
-        return torch.cuda.current_device()
+def _local_rank_device() -> Optional[torch.device]:
+    """cuda:(LOCAL_RANK modulo the visible GPUs); None without LOCAL_RANK or a usable GPU
+    (MACO then picks its own local rank modulo the GPUs, or runs without one)."""
+    lr = os.environ.get("LOCAL_RANK", "")
+    if not lr.isdigit() or not torch.cuda.is_available():
+        return None
+    n = torch.cuda.device_count()
+    return torch.device("cuda", int(lr) % n) if n > 0 else None
+
+
+def _requested_device_id() -> Optional[torch.device]:
+    """The ``device_id=`` of the init_process_group (or new_group) call that is creating the
+    group: torch sets it as ``bound_device_id`` on a ProcessGroup that a Python backend's group
+    replaces, and hands a backend's constructor only (store, rank, size, timeout); so it is
+    read from torch's helper frame (its parameter ``device_id`` in every release since 2.3).
+    None when there is none, or it is not a CUDA device."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "_new_process_group_helper":
+            d = f.f_locals.get("device_id")
+            if isinstance(d, int) and not isinstance(d, bool):
+                d = torch.device("cuda", d)
+            if isinstance(d, torch.device) and d.type == "cuda" and d.index is not None:
+                return d
+            return None
+        f = f.f_back
     return None
 
 
 def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupMaco:
-    """init_process_group's constructor for "maco": the unique id travels through the
-    group's store; a Gloo group beside it takes CPU tensors."""
-    key = "maco/unique_id"
-    if rank == 0:
-        store.set(key, unique_id())
-    uid = bytes(store.get(key))
-    comm = Communicator(uid, rank, size, device=_device(), timeout=timeout.total_seconds())
+    """init_process_group's constructor for "maco": the communicator is made at once on
+    ``device_id`` when init_process_group was given one, else at the group's first CUDA call
+    (the module's binding rules); its unique id travels through the group's store. A Gloo
+    group beside it takes CPU tensors."""
     fallback = None
     if dist.is_gloo_available():
         fallback = dist.ProcessGroupGloo(dist.PrefixStore("maco_gloo/", store), rank, size,
                                          timeout)
-    return ProcessGroupMaco(rank, size, comm, fallback)
+    device = _requested_device_id()
+    pg = ProcessGroupMaco(rank, size, None, fallback, store=store, timeout=timeout,
+                          device=device)
+    if device is not None:
+        pg.bound_device_id = device  # what torch set on the group this one replaces
+    return pg
 
 
 def _register() -> None:
@@ -554,9 +742,11 @@ def _group_key(group: Any) -> str:
     return _pg_name(group)
 
 
-def _maco_pg(group: Any) -> Optional[ProcessGroupMaco]:
+def _maco_pg(group: Any, device: Optional[torch.device] = None) -> Optional[ProcessGroupMaco]:
     """The MACO process group shadowing ``group`` (made at its first patched call:
-    collective over the group), or None when the call must go to the original."""
+    collective over the group, on ``device``, that call's tensors' device; None: the group's
+    bound device, else torch's current one), or None when the call must go to the
+    original."""
     pg = group if group is not None else dist.group.WORLD
     if isinstance(pg, ProcessGroupMaco):
         return None
@@ -564,7 +754,7 @@ def _maco_pg(group: Any) -> Optional[ProcessGroupMaco]:
     with _patch_lock:
         m = _patched_groups.get(key)
         if m is None:
-            comm = Communicator.from_process_group(pg)
+            comm = Communicator.from_process_group(pg, device=device)
             m = ProcessGroupMaco(dist.get_rank(pg), dist.get_world_size(pg), comm)
             _patched_groups[key] = m
     return m
@@ -613,7 +803,7 @@ def _pg_or_fallback(group: Any, *tensors: Any) -> ProcessGroupMaco:
         raise _Fallback()
     if group is not None and dist.distributed_c10d._rank_not_in_group(group):
         raise _Fallback()
-    m = _maco_pg(group)
+    m = _maco_pg(group, tensors[0].device if tensors else None)
     if m is None:
         raise _Fallback()
     return m

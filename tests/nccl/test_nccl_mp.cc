@@ -20,7 +20,7 @@
 namespace
 {
 
-int g_rank, g_nranks;
+int g_rank, g_nranks, g_local_rank, g_ndev;
 ncclComm_t g_world;
 
 std::string LastError()
@@ -137,6 +137,21 @@ TEST(NcclMp, ShrinkByTheStayingRanksOnly)
     EXPECT_NE(LastError().find("shrinkFlags"), std::string::npos) << LastError();
 }
 
+/* Each rank on the GPU of its local rank (main() sets it before ncclCommInitRank, as NCCL
+ * programs do), so ranks share a GPU only where there are fewer GPUs than ranks (and maco-run
+ * started MPS for them). */
+TEST(NcclMp, EachRankUsesTheGpuOfItsLocalRank)
+{
+    int dev = -1;
+    ASSERT_EQ(ncclCommCuDevice(g_world, &dev), ncclSuccess);
+    if (g_ndev == 0) {
+        EXPECT_EQ(dev, -1);
+        GTEST_SKIP() << "no GPU";
+    }
+    EXPECT_EQ(dev, g_local_rank % g_ndev)
+        << "rank " << g_rank << ", local rank " << g_local_rank << ", " << g_ndev << " GPUs";
+}
+
 /* A barrier over g_world for the GPU test: a split whose colors are all NOCOLOR exchanges
  * over the bootstrap only. */
 void Barrier()
@@ -239,6 +254,22 @@ int main(int argc, char **argv)
     }
     g_rank = atoi(rank);
     g_nranks = atoi(size);
+    /* As an NCCL program does: ncclCommInitRank takes the calling thread's current device, so
+     * pick this rank's GPU by local rank first. Without it every rank used GPU 0, which works
+     * only where maco-run starts MPS (fewer GPUs than ranks): 3 ranks on 4 GPUs got no MPS and
+     * their collectives were refused ("ranks 0 and 1 use the same GPU and neither is an MPS
+     * client"). */
+    g_ndev = 0;
+    if (cudaGetDeviceCount(&g_ndev) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: a CPU-only run */
+        g_ndev = 0;
+    }
+    const char *local = getenv("MACO_LOCAL_RANK");
+    g_local_rank = local != nullptr ? atoi(local) : g_rank;
+    if (g_ndev > 0 && cudaSetDevice(g_local_rank % g_ndev) != cudaSuccess) {
+        fprintf(stderr, "rank %d: cudaSetDevice(%d) failed\n", g_rank, g_local_rank % g_ndev);
+        return 1;
+    }
     /* Rank 0's address from maco-run as NCCL_COMM_ID: no id needs to travel. */
     setenv("NCCL_COMM_ID", addr, 1);
     ncclUniqueId id;

@@ -13,3 +13,15 @@ class FakeCudaArray:
             "strides": strides,
             "version": 3,
         }
+
+
+class FakeCudaTensor:
+    """A stand-in for a torch CUDA tensor in the maco process group's device binding: only
+    ``device`` (torch.device("cuda", index)) and ``is_cuda`` are read before the binding
+    check raises or a test stops."""
+
+    def __init__(self, index):
+        import torch
+
+        self.device = torch.device("cuda", index)
+        self.is_cuda = True

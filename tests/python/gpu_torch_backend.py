@@ -1,10 +1,18 @@
 """GPU check of MACO under torch.distributed, one process per rank, started by torchrun:
 
     torchrun --nproc-per-node 4 tests/python/gpu_torch_backend.py backend
+    torchrun --nproc-per-node 4 tests/python/gpu_torch_backend.py init-then-set
+    torchrun --nproc-per-node 4 tests/python/gpu_torch_backend.py device-id
     torchrun --nproc-per-node 4 tests/python/gpu_torch_backend.py patch
 
-'backend': init_process_group("maco") and every collective through torch.distributed
-(sync and async_op, a CUDA graph capture). 'patch': init_process_group("nccl") and
+'backend': torch.cuda.set_device(LOCAL_RANK), then init_process_group("maco"), and every
+collective through torch.distributed (sync and async_op, a CUDA graph capture).
+'init-then-set': init_process_group("maco") first, then set_device (the group binds to the
+device of its first collective's tensors). 'device-id': init_process_group("maco",
+device_id=cuda:LOCAL_RANK) with no set_device before (the communicator is made during init on
+that GPU; the first collectives run before set_device too). In these three, with more than
+one GPU, a tensor on another GPU than the bound one must raise ValueError naming both devices
+and the rank (and the group goes on working). 'patch': init_process_group("nccl") and
 maco.patch_torch_distributed(), so the same calls run on MACO without NCCL ever creating a
 communicator (NCCL refuses ranks that share a GPU). Ranks sharing one GPU need MPS: start
 torchrun under `maco-run -n 1 --mps on` (this script ignores maco-run's own MACO_* job
@@ -24,17 +32,78 @@ import torch.distributed as dist  # noqa: E402
 import maco  # noqa: E402
 import maco.torch as mt  # noqa: E402
 
+MODES = ("backend", "init-then-set", "device-id", "patch")
 mode = sys.argv[1] if len(sys.argv) > 1 else "backend"
+if mode not in MODES:
+    sys.exit(f"mode: {mode!r} is not one of {MODES}")
 local_rank = int(os.environ["LOCAL_RANK"])
-torch.cuda.set_device(local_rank % torch.cuda.device_count())
-dev = torch.device("cuda", torch.cuda.current_device())
-if mode == "backend":
-    dist.init_process_group("maco")
-    assert isinstance(dist.group.WORLD, mt.ProcessGroupMaco)
-    assert dist.get_backend() == "maco"
-else:
+ngpu = torch.cuda.device_count()
+dev = torch.device("cuda", local_rank % ngpu)
+failures = []
+binding = []  # what the binding checks saw, for the PASS line
+
+
+def expect(cond, what):
+    """A binding check: records a failure and goes on."""
+    if not cond:
+        failures.append(what)
+
+
+if mode in ("backend", "patch"):
+    torch.cuda.set_device(dev)
+if mode == "patch":
     dist.init_process_group("nccl")
     maco.patch_torch_distributed()
+else:
+    if mode == "device-id":
+        before = torch.cuda.current_device()
+        dist.init_process_group("maco", device_id=dev)
+        expect(torch.cuda.current_device() == before,
+               f"init_process_group changed torch's current device from {before} to "
+               f"{torch.cuda.current_device()}")
+    else:
+        dist.init_process_group("maco")
+    pg = dist.group.WORLD
+    assert isinstance(pg, mt.ProcessGroupMaco)
+    assert dist.get_backend() == "maco"
+    if mode == "device-id":
+        expect(pg._comm is not None and pg.device == dev and pg.comm.device == dev.index,
+               f"device_id={dev}: the communicator is on {pg.device} after init")
+        expect(pg.bound_device_id == dev, f"bound_device_id is {pg.bound_device_id}, not {dev}")
+        # Collectives before any set_device: the group makes its device current for MACO.
+        x = torch.full((1000,), float(local_rank + 1), device=dev)
+        dist.all_reduce(x)
+        torch.cuda.synchronize(dev)
+        nw = dist.get_world_size()
+        expect(torch.equal(x.cpu(), torch.full((1000,), float(nw * (nw + 1) // 2))),
+               f"all_reduce before set_device: got {x[:3].tolist()}")
+        binding.append(f"device_id: made at init on {pg.device}")
+    else:
+        expect(pg._comm is None, "a communicator was made at init (expected at the first "
+                                 "CUDA call)")
+        if mode == "init-then-set":
+            torch.cuda.set_device(dev)
+    if mode != "device-id":
+        x = torch.ones(3, device=dev)
+        dist.all_reduce(x)  # binds the group to the tensor's device
+        expect(pg.device == dev and pg.comm.device == dev.index,
+               f"the first collective on {dev} bound the group to {pg.device}")
+        expect(x.tolist() == [float(dist.get_world_size())] * 3,
+               f"the first all_reduce: got {x.tolist()}")
+        binding.append(f"{mode}: bound at the first collective to {pg.device}")
+    torch.cuda.set_device(dev)  # the rest as a script does it (graphs, synchronize)
+    if ngpu > 1:
+        other = torch.device("cuda", (dev.index + 1) % ngpu)
+        try:
+            dist.all_reduce(torch.ones(8, device=other))
+            failures.append(f"a tensor on {other} with the group on {dev}: no error")
+        except ValueError as e:
+            msg = str(e)
+            for part in (f"rank {dist.get_rank()}", f"a tensor is on {other}",
+                         f"bound to {dev}", "set_device", "device_id"):
+                expect(part in msg, f"wrong-device error lacks {part!r}: {msg}")
+            binding.append("wrong device refused")
+dev = torch.device("cuda", torch.cuda.current_device())
 R, N = dist.get_rank(), dist.get_world_size()
 seed = torch.tensor([0], dtype=torch.int64)
 checks = 0
@@ -57,9 +126,6 @@ def data(rank, n, dtype=torch.float32, salt=0):
     g = torch.Generator(device="cpu")
     g.manual_seed(SEED * 1000003 + rank * 7919 + salt * 104729 + n)
     return torch.randint(-3, 4, (n,), generator=g).to(dtype)
-
-
-failures = []
 
 
 def check(name, got, want):
@@ -137,7 +203,7 @@ for n in (5, 4097, 300001):
                   torch.tensor([[q * 10 + R] * 2 for q in range(N)]).to(dtype))
 
 # send/recv between pairs (even ranks send first; backend only: the patch keeps torch's)
-if mode == "backend" and N % 2 == 0:
+if mode != "patch" and N % 2 == 0:
     peer = R ^ 1
     mine = data(R, 1001, salt=5).to(dev)
     got = poison(torch.empty(1001, device=dev))
@@ -151,7 +217,7 @@ if mode == "backend" and N % 2 == 0:
 
 # rings of isend/irecv and batch_isend_irecv, gather and scatter (backend only): the
 # backend queues sends and receives and issues them as one group at the first wait
-if mode == "backend":
+if mode != "patch":
     right, left = (R + 1) % N, (R - 1) % N
     for n in (1, 4097, 65537):
         mine = data(R, n, salt=20).to(dev)
@@ -194,7 +260,7 @@ if mode == "backend":
 # DistributedDataParallel on the maco backend (its reducer calls the process group's
 # allreduce directly and chains on work.get_future()): two steps of a small model, the
 # gradients against the average of every rank's gradient computed locally
-if mode == "backend":
+if mode != "patch":
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(SEED)
@@ -249,7 +315,7 @@ for _ in range(300):
 torch.cuda.synchronize()
 print(f"TIME {mode} rank {R}/{N}: 8 KiB float32 dist.all_reduce eager: "
       f"{(time.perf_counter() - t0) / 300 * 1e6:.1f} us per call")
-if mode == "backend":
+if mode != "patch":
     # the same through the group's communicator directly (what the backend adds is the rest)
     c = dist.group.WORLD.comm
     dist.barrier()
@@ -272,7 +338,7 @@ if mode == "patch":
 else:
     dist.group.WORLD.comm.check_async_error()
 print(f"PASS gpu_torch_backend {mode} rank {R}/{N}: {checks} checks in "
-      f"{time.time() - start:.1f} s")
+      f"{time.time() - start:.1f} s; {'; '.join(binding) or 'patched'}")
 if mode == "patch":
     maco.unpatch_torch_distributed()
 dist.destroy_process_group()

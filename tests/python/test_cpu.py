@@ -11,7 +11,7 @@ import pytest
 import maco
 from maco import _maco
 from conftest import REPO
-from fakes import FakeCudaArray
+from fakes import FakeCudaArray, FakeCudaTensor
 
 try:
     import torch
@@ -426,3 +426,146 @@ def test_persistent_kernel_arguments(comm):
     with pytest.raises(maco.MacoError):  # an empty graph, and no GPU here
         k.compile()
     k.close()
+
+
+# ------------------------------------------------------------------ torch backend: device binding
+# The rules of maco/torch.py's docstring, with a fake Communicator that records the device it
+# was made on (the real one needs a GPU for a device) and fake CUDA tensors.
+
+
+class _FakeComm:
+    made: list = []
+
+    def __init__(self, uid, rank, size, *, device=None, timeout=None):
+        self.uid, self.rank, self.size, self.device, self.timeout = uid, rank, size, device, timeout
+        self.barriers = 0
+        _FakeComm.made.append(self)
+
+    def barrier(self):
+        self.barriers += 1
+
+    def close(self):
+        pass
+
+
+class _FakeGloo:
+    def __init__(self):
+        self.barriers = 0
+
+    def barrier(self, opts=None):
+        self.barriers += 1
+        return "gloo-work"
+
+
+@pytest.fixture
+def fake_comms(monkeypatch):
+    import contextlib
+
+    import maco.torch as mt
+
+    _FakeComm.made = []
+    monkeypatch.setattr(mt, "Communicator", _FakeComm)
+    monkeypatch.setattr(mt, "unique_id", lambda: b"u" * 128)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    return mt
+
+
+def _maco_pg(mt, rank=1, size=2, fallback=None, **kw):
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set("maco/unique_id", b"r" * 128)  # as rank 0 would
+    return mt.ProcessGroupMaco(rank, size, None, fallback, store=store,
+                               timeout=datetime.timedelta(seconds=7), **kw)
+
+
+@needs_torch
+def test_torch_backend_binds_to_the_first_tensors_device(fake_comms):
+    """Nothing is made at init; the first CUDA call makes the communicator on its tensor's
+    device (init_process_group then torch.cuda.set_device works); a later tensor on another
+    device is an error naming both devices, the rank and the remedies, raised before
+    anything is enqueued."""
+    mt = fake_comms
+    pg = _maco_pg(mt)
+    assert _FakeComm.made == [] and pg.device is None
+    c = pg._comm_for([FakeCudaTensor(2), FakeCudaTensor(2)])
+    assert [(x.device, x.rank, x.size, x.uid, x.timeout) for x in _FakeComm.made] == [
+        (2, 1, 2, b"r" * 128, 7.0)]
+    assert pg.device == torch.device("cuda", 2) and pg.comm is c
+    assert pg._comm_for([FakeCudaTensor(2)]) is c and len(_FakeComm.made) == 1
+    with pytest.raises(ValueError) as e:
+        pg.allreduce([FakeCudaTensor(0)])
+    msg = str(e.value)
+    for part in ("rank 1", "a tensor is on cuda:0", "bound to cuda:2",
+                 "first tensor of the group's first CUDA call, on cuda:2",
+                 "torch.cuda.set_device(0)", "device_id=torch.device('cuda', 0)"):
+        assert part in msg, msg
+    with pytest.raises(ValueError, match="bound to cuda:2"):
+        pg.send([FakeCudaTensor(3)], 0)
+    with pytest.raises(ValueError, match="a tensor is on cuda:1"):
+        pg._comm_for([FakeCudaTensor(2), FakeCudaTensor(1)])
+    assert len(_FakeComm.made) == 1
+
+
+@needs_torch
+def test_torch_backend_device_id_binds_at_init(fake_comms, monkeypatch):
+    """init_process_group("maco", device_id=cuda:3): the communicator is made during init on
+    cuda:3 (read from torch's helper frame, which is all torch gives a Python backend), the
+    group reports it as bound_device_id, and torch's question for its backend on that device
+    gets an answer (torch fails on a Python group otherwise)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    mt = fake_comms
+    monkeypatch.setattr(mt.dist, "is_gloo_available", lambda: False)
+    store = dist.HashStore()
+
+    def _new_process_group_helper(device_id):  # noqa: ARG001 - read from this frame
+        return mt._create(store, 0, 2, datetime.timedelta(seconds=3))
+
+    pg = _new_process_group_helper(torch.device("cuda", 3))
+    assert [(x.device, x.rank, x.uid) for x in _FakeComm.made] == [(3, 0, b"u" * 128)]
+    assert bytes(store.get("maco/unique_id")) == b"u" * 128
+    assert pg.bound_device_id == torch.device("cuda", 3) and pg.device == torch.device("cuda", 3)
+    assert pg._get_backend(torch.device("cuda", 3)).supports_splitting is False
+    with pytest.raises(ValueError, match=r"by init_process_group's device_id=cuda:3"):
+        pg.allreduce([FakeCudaTensor(1)])
+    assert pg._comm_for([FakeCudaTensor(3)]) is _FakeComm.made[0]
+    # An int device_id is cuda:N; none (or a CPU one) leaves the group unbound until its
+    # first CUDA call.
+    pg = _new_process_group_helper(1)
+    assert _FakeComm.made[-1].device == 1
+    n = len(_FakeComm.made)
+    for none in (None, torch.device("cpu", 0)):
+        pg = _new_process_group_helper(none)
+        assert len(_FakeComm.made) == n and pg.device is None and pg.bound_device_id is None
+
+
+@needs_torch
+def test_torch_backend_falls_back_to_local_rank_without_a_tensor(fake_comms, monkeypatch):
+    """pg.comm read before any CUDA call: LOCAL_RANK modulo the visible GPUs (MACO's own
+    choice without LOCAL_RANK); a barrier before any CUDA call runs on Gloo and binds
+    nothing, unless its device_ids names a GPU."""
+    import torch.distributed as dist
+
+    mt = fake_comms
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "6")
+    assert _maco_pg(mt).comm.device == 2
+    monkeypatch.delenv("LOCAL_RANK")
+    assert _maco_pg(mt).comm.device is None
+    gloo = _FakeGloo()
+    pg = _maco_pg(mt, fallback=gloo)
+    assert pg.barrier() == "gloo-work" and gloo.barriers == 1 and pg._comm is None
+    opts = dist.BarrierOptions()
+    opts.device_ids = [3]
+    pg.barrier(opts)
+    assert pg.device == torch.device("cuda", 3) and pg.comm.barriers == 1
+    assert gloo.barriers == 1
+    pg.barrier()  # bound: MACO's barrier from now on
+    assert pg.comm.barriers == 2 and gloo.barriers == 1

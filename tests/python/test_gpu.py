@@ -2,8 +2,9 @@
 gpu_collectives.py under maco-run with 2 and 4 ranks (sharing the GPUs there are, through
 MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 ranks, gpu_context.py
 (maco.Context, Level 2) with 1 and 2 ranks, and
-gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend and through
-patch_torch_distributed."""
+gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend (bound by set_device
+before init, by the first collective after init then set_device, and by init's device_id=)
+and through patch_torch_distributed."""
 
 import os
 import shutil
@@ -60,7 +61,7 @@ def test_context(ranks):
     assert out.count("PASS gpu_context") == ranks
 
 
-@pytest.mark.parametrize("mode", ["backend", "patch"])
+@pytest.mark.parametrize("mode", ["backend", "init-then-set", "device-id", "patch"])
 def test_torch_distributed(mode):
     pytest.importorskip("torch")
     torchrun = shutil.which("torchrun")

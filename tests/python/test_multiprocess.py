@@ -194,7 +194,12 @@ def _torch_backend_worker(rank, n, port):
                             world_size=n)
     pg = dist.group.WORLD
     out = dict(backend=dist.get_backend(), is_maco=isinstance(pg, mt.ProcessGroupMaco))
-    out["comm"] = (pg.comm.rank, pg.comm.size)
+    # No communicator at init (it is made at the first CUDA call, on its tensors' device);
+    # a barrier before that runs on Gloo and makes none either.
+    out["lazy"] = pg._comm is None
+    dist.barrier()
+    out["lazy_after_barrier"] = pg._comm is None
+    out["comm"] = (pg.comm.rank, pg.comm.size)  # made now (collective), without a GPU here
     dist.barrier()
     # CPU tensors go to the Gloo group beside MACO's.
     t = torch.full((5,), float(rank + 1))
@@ -218,10 +223,45 @@ def test_torch_backend_registers_and_runs_cpu_through_gloo():
     res = _run(_torch_backend_worker, n, free_port())
     for r, x in enumerate(res):
         assert x["backend"] == "maco" and x["is_maco"]
+        assert x["lazy"] and x["lazy_after_barrier"]
         assert x["comm"] == (r, n)
         assert x["cpu_sum"] == [3.0] * 5
         assert x["cpu_gather"] == [[0.0, 0.0], [1.0, 1.0]]
         assert x["level1"] == (r, n, n)
+
+
+def _device_id_worker(rank, n):
+    """torch's own group creation with device_id=cuda:1 (its helper, as init_process_group
+    calls it; init_process_group itself refuses a CUDA device_id without a GPU), the
+    communicator faked (a real one needs the GPU): the maco group must be made on cuda:1
+    at creation and answer torch's question for its backend on that device."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import maco.torch as mt
+
+    made = []
+
+    class FakeComm:
+        def __init__(self, uid, rank, size, *, device=None, timeout=None):
+            self.device = device
+            made.append(device)
+
+    mt.Communicator = FakeComm
+    c10d = dist.distributed_c10d
+    pg, _ = c10d._new_process_group_helper(
+        1, 0, [], "maco", dist.HashStore(), "maco-device-id-test",
+        timeout=datetime.timedelta(seconds=20), device_id=torch.device("cuda", 1))
+    return dict(is_maco=isinstance(pg, mt.ProcessGroupMaco), made=made,
+                bound=str(pg.bound_device_id), device=str(pg.device))
+
+
+@needs_torch
+def test_torch_backend_device_id_through_torchs_group_creation():
+    (x,) = _run(_device_id_worker, 1)
+    assert x == dict(is_maco=True, made=[1], bound="cuda:1", device="cuda:1"), x
 
 
 def _pg_worker(rank, n, port):
