@@ -413,7 +413,7 @@ class Bench:
                 k()
                 t.cuda.synchronize()
                 self.check(f"{tag} (comm workers {cw}), after the timed launches", y, ref, True)
-            used = k.config()["comm_workers"]
+            used = k.config["comm_workers"]
             self.comm.barrier()
             t.cuda.synchronize()
             k.close()

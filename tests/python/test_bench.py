@@ -174,51 +174,53 @@ def test_bench_fused_cases_and_figures():
     sys.path.insert(0, HERE)
     import bench_fused as bf
 
-    c = bf.plan_case("gemm_allreduce", 1024, 8192, 4)
+    c = bf.plan_case("gemm_allreduce", 1024, 2048, 8192, 4)
     assert c["x_shape"] == (1024, 2048) and c["w_shape"] == (2048, 8192)
     assert c["out_shape"] == (1024, 8192) and c["comm_elements"] == 1024 * 8192
     assert c["gemm_flop"] == 2 * 1024 * 8192 * 2048 and c["fused_skip"] is None
-    c = bf.plan_case("allgather_gemm", 8192, 8192, 4)
-    assert c["x_shape"] == (2048, 8192) and c["w_shape"] == (8192, 2048)
-    assert c["out_shape"] == (8192, 2048) and c["fused_skip"] is None
-    # 128 tokens over 4 ranks: 32 rows per rank, less than one 128-row tile
-    assert "32 rows per rank" in bf.plan_case("allgather_gemm", 128, 8192, 4)["fused_skip"]
-    assert bf.plan_case("gemm_allreduce", 128, 8192, 4)["fused_skip"] is None
-    assert "M = 100" in bf.plan_case("gemm_allreduce", 100, 8192, 4)["fused_skip"]
+    c = bf.plan_case("allgather_gemm", 8192, 8192, 2048, 4)
+    assert c["x_shape"] == (2048, 8192) and c["out_shape"] == (8192, 2048)
+    c = bf.plan_case("gemm_reduce_scatter", 128, 7168, 8192, 4)
+    assert c["out_shape"] == (32, 8192) and c["fused_skip"] is None  # 32 rows per rank fuse
+    assert bf.plan_case("allgather_gemm", 128, 8192, 2048, 4)["fused_skip"] is None
+    assert "N = 100" in bf.plan_case("gemm_allreduce", 128, 64, 100, 4)["fused_skip"]
     with pytest.raises(ValueError):
-        bf.plan_case("gemm_allreduce", 128, 8192, 3)
+        bf.plan_case("allgather_gemm", 130, 8192, 2048, 4)
     with pytest.raises(ValueError):
-        bf.plan_case("allgather_gemm", 130, 8192, 4)
-    # issue 23's figures
+        bf.plan_case("gemm_reduce_scatter", 130, 8192, 2048, 4)
+    # the issue's figures
     assert bf.overlap_efficiency(1.0, 0.5, 1.0) == pytest.approx(1.0)
     assert bf.overlap_efficiency(1.0, 0.5, 1.5) == pytest.approx(0.0)
     assert bf.speedup(1.5, 1.2) == pytest.approx(1.25)
     assert bf.judge(0.95, 1.3, 0.33) == []
     assert len(bf.judge(0.5, 0.9, 0.33)) == 3  # efficiency, speedup, slower than sequential
-    assert bf.judge(0.92, 1.05, 0.1) == []  # little communication: no speedup target
+    assert bf.judge(0.5, 1.05, 0.1) == []  # little communication: no efficiency/speedup target
+    assert "async TP" in bf.judge(0.95, 1.3, 0.33, 1.0, 0.9)[0]
     a = bf.parse_args(["--trace-case", "allgather_gemm:8192"])
     cases = bf.plan_all(a, 4)
-    assert len(cases) == 6 and bf.pick_trace_case(cases, a.trace_case) == ("allgather_gemm", 8192)
+    # tp: 3 patterns x 4 sizes; llama70b: 2 patterns x 4 sizes
+    assert len(cases) == 20 and bf.pick_trace_case(cases, a.trace_case) == ("allgather_gemm", 8192)
     assert bf.pick_trace_case(cases, None) == ("gemm_allreduce", 1024)
-    assert bf.pick_trace_case(cases, ("allgather_gemm", 128)) is None  # does not fuse
-    row = dict(cases[0], out_dtype="bfloat16", t_gemm_ms=1.0, t_comm_nccl_ms=0.5,
+    llama = [c for c in cases if c["set"] == "llama70b"]
+    assert {(c["pattern"], c["k"], c["n"]) for c in llama} == {
+        ("allgather_gemm", 8192, 7168), ("gemm_reduce_scatter", 7168, 8192)}
+    row = dict(cases[1], out_dtype="bfloat16", t_gemm_ms=1.0, t_comm_nccl_ms=0.5,
                t_comm_maco_ms=0.4, t_seq_nccl_ms=1.5, t_seq_maco_ms=1.4, t_fused_ms=1.1,
-               fused_skip=None, efficiency_nccl=0.8, efficiency_maco=0.75, speedup_nccl=1.36,
-               speedup_maco=1.27, comm_share_nccl=0.33, targets_missed_nccl=["x"],
-               targets_missed_maco=[])
+               fused_comm_workers=16, fused_skip=None, efficiency_nccl=0.8, speedup_nccl=1.36,
+               speedup_maco=1.27, comm_share_nccl=0.33, targets_missed=[])
     text = bf.table([row, dict(cases[3], out_dtype="float32", skip="no mm")])
-    assert "| gemm_allreduce | 128 | bfloat16 | 1.000 |" in text and "maco: met" in text
-    assert "skipped: no mm" in text
+    assert "| tp | gemm_allreduce | 1024 | bfloat16 | 1.000 |" in text and "| met |" in text
+    assert "1.100 (16)" in text and "skipped: no mm" in text
 
 
 def test_bench_fused_dry_run():
     r = subprocess.run([sys.executable, os.path.join(HERE, "bench_fused.py"), "--dry-run",
                         "--world-size", "4"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("fused: yes") == 5 and "trace case: gemm_allreduce M=1024" in r.stdout
+    assert r.stdout.count("fused: yes") == 20 and "trace case: gemm_allreduce M=1024" in r.stdout
     r = subprocess.run([sys.executable, os.path.join(HERE, "bench_fused.py"), "--dry-run",
                         "--world-size", "3"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "not a multiple of the world size 3" in r.stdout
+    assert r.returncode == 2 and "multiple of the world size 3" in r.stdout
 
 
 def test_nodes_tables(tmp_path):

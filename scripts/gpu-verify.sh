@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# GPU verification on a machine with one or more GPUs, from the checkout's root, over a carried
+# build (scripts/gpu-issue23-bundle.sh BUILD WHEEL packs it into gpu-bundle/: the build,
+# MACO's libnccl and its tests, the Python package's cp312 wheel). Nothing is built or
+# downloaded on the GPU machine. docs/multi-gpu-runbook.md says how to bundle and call it.
+#   usage: bash scripts/gpu-verify.sh STAGE [STAGE...]
+# Stages:
+#   fused-tests  the persistent runtime's GPU suite (test_persistent_gpu: GEMM tiles, gates,
+#                the three fused operators checked bit for bit) at 1, 2 and N ranks, one rank
+#                per GPU (N = the GPUs, at most 4; ranks share under MPS with one GPU)
+#   fused-quick  test_persistent_gpu's FusedOperators only, at N ranks
+#   fused-bench  tests/python/bench_fused.py under torchrun at N ranks: the fused operators
+#                against cuBLAS + NCCL, cuBLAS + MACO and PyTorch's async TP (BENCH_ARGS adds
+#                or overrides its flags); the table, JSON and one Chrome trace into $OUT
+#   suite        ctest -L gpu (every GPU test)
+#   issue33-*    scripts/gpu-issue33.sh's stages (tests, torch)
+# BUDGET_S (default 570) bounds the call; each step has its own limit. The summary is printed
+# last; the logs are packed into $OUT/gpu-verify-<stages>.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
+if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
+  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
+fi
+. scripts/gpu-common.sh
+export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-20s} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+BUDGET_S=${BUDGET_S:-570}
+start=$(date +%s)
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+n=$ngpu mps=""
+[ "$n" -gt 4 ] && n=4
+[ "$n" -lt 2 ] && n=4 && mps="--mps on"
+R="$B/tools/maco-run"
+{ nvidia-smi -L; nvidia-smi topo -m; } > "$OUT/machine.txt" 2>&1
+# The Python package: the carried wheel into a private folder (the image's python3 has torch).
+pysite=/tmp/maco-site
+if [ -d gpu-bundle/whl ] && [ ! -d "$pysite/maco" ]; then
+  python3 -m pip install -q --no-index --no-deps --target "$pysite" gpu-bundle/whl/*.whl \
+    > "$OUT/pip.txt" 2>&1
+fi
+export PYTHONPATH="$pysite${PYTHONPATH:+:$PYTHONPATH}"
+left() { echo $((BUDGET_S - ($(date +%s) - start))); }
+bounded() { # NAME TIMEOUT COMMAND...: step, unless the budget is spent
+  local name=$1 t=$2 l
+  shift 2
+  l=$(left)
+  if [ "$l" -lt 30 ]; then summary+=("$(printf '%-22s skipped (budget)' "$name")"); return; fi
+  [ "$t" -le "$l" ] || t=$l
+  step "$name" "$t" "$@"
+}
+for stage in "$@"; do
+  case $stage in
+  fused-tests)
+    for r in 1 2 "$n"; do
+      bounded "persistent-gpu-$r" 200 "$R" -n "$r" $mps --timeout 190 \
+        "$B/tests/test_persistent_gpu" --gtest_filter=-*NeverGetsItsSignal*
+    done
+    bounded persistent-gpu-timeout 100 "$R" -n 1 --timeout 90 "$B/tests/test_persistent_gpu" \
+      --gtest_filter='*NeverGetsItsSignal*'
+    ;;
+  fused-quick)
+    bounded "fused-operators-$n" 150 "$R" -n "$n" $mps --timeout 140 \
+      "$B/tests/test_persistent_gpu" --gtest_filter='FusedOperators*'
+    ;;
+  fused-bench)
+    # shellcheck disable=SC2086
+    bounded "bench-fused-$n" "$(( $(left) - 10 ))" python3 -m torch.distributed.run \
+      --nproc-per-node "$n" tests/python/bench_fused.py --json "$OUT/bench_fused.json" \
+      --trace "$OUT/fused-trace.json" ${BENCH_ARGS:-}
+    ;;
+  suite)
+    bounded gpu-suite 480 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
+    ;;
+  issue33-*)
+    BUDGET_S=$(left) bash scripts/gpu-issue33.sh "${stage#issue33-}" > "$OUT/$stage.txt" 2>&1
+    summary+=("$(printf '%-22s rc=%d (its summary: %s.txt)' "$stage" $? "$stage")")
+    ;;
+  *)
+    echo "gpu-verify.sh: unknown stage '$stage'" >&2
+    exit 2
+    ;;
+  esac
+done
+echo "================ machine ($ngpu GPU(s); $n ranks${mps:+, sharing under MPS})"
+head -n 4 "$OUT/machine.txt"
+for f in "$OUT"/persistent-gpu-*.txt "$OUT"/fused-operators-*.txt; do
+  [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -E '^\[  (FAILED|PASSED) |Failure|wrong' "$f" | head -8; }
+done
+[ -f "$OUT/bench-fused-$n.txt" ] && { grep -E '^\| |^FAIL|^PASS|Error|error' "$OUT/bench-fused-$n.txt" | head -70; }
+echo "================ summary"
+printf '%s\n' "${summary[@]}"
+stages=$(echo "$*" | tr ' ' '-')
+keep=(bench_fused.json fused-trace.json)
+(cd "$OUT" && tar czf "../gpu-verify-$stages.tgz" --exclude='*.tgz' . && \
+  find . -maxdepth 1 -type f ! -name "${keep[0]}" ! -name "${keep[1]}" -delete && \
+  mv "../gpu-verify-$stages.tgz" .)
