@@ -73,7 +73,7 @@ struct Buf {
     size_t bytes = 0;
     void Alloc(size_t n)
     {
-        raw.assign(n / 8 + 64, 0);
+        raw.assign(n / 8 + 33, 0); /* 256 for the alignment, 8 to round up */
         uintptr_t a = reinterpret_cast<uintptr_t>(raw.data());
         p = reinterpret_cast<char *>((a + 255) / 256 * 256);
         bytes = n;
@@ -118,13 +118,21 @@ class FusedCpu : public maco_test::Test
             rows = 1;
             ldi = ldo = d->count;
         }
+        /* The output's mirrors: the same offset in each mirror channel's remote buffer. */
+        std::vector<int64_t> outs{ 0 };
+        if (rk.v.sync != nullptr)
+            for (uint32_t j = 0; j < rk.v.sync[t].out_count; j++) {
+                const maco_memory_channel_device_t *ch = &rk.v.channels[rk.v.sync[t].out_first + j];
+                outs.push_back(ch->remote - ch->local);
+            }
         switch (d->type) {
         case MACO_PK_NOP:
             break;
         case MACO_PK_COPY:
-            for (uint64_t r = 0; r < rows; r++)
-                memcpy(reinterpret_cast<char *>(d->ptr[0]) + r * ldo,
-                       reinterpret_cast<const char *>(d->ptr[1]) + r * ldi, d->count);
+            for (int64_t o : outs)
+                for (uint64_t r = 0; r < rows; r++)
+                    memcpy(reinterpret_cast<char *>(d->ptr[0]) + o + r * ldo,
+                           reinterpret_cast<const char *>(d->ptr[1]) + r * ldi, d->count);
             break;
         case MACO_PK_SUM: {
             maco_datatype_t dt = static_cast<maco_datatype_t>(d->dtype);
@@ -138,7 +146,8 @@ class FusedCpu : public maco_test::Test
                         float x = Load(in, i, dt);
                         acc = j == 0 ? x : acc + x;
                     }
-                    Store(reinterpret_cast<char *>(d->ptr[0]) + r * ldo * esz, i, dt, acc);
+                    for (int64_t o : outs)
+                        Store(reinterpret_cast<char *>(d->ptr[0]) + o + r * ldo * esz, i, dt, acc);
                 }
             break;
         }
@@ -148,14 +157,14 @@ class FusedCpu : public maco_test::Test
             uint32_t K = static_cast<uint32_t>(d->count), N = static_cast<uint32_t>(d->count >> 32);
             uint32_t m0 = static_cast<uint32_t>(d->ptr[3]),
                      n0 = static_cast<uint32_t>(d->ptr[3] >> 32);
-            uint32_t valid = src->m - m0 < 128 ? src->m - m0 : 128;
+            uint32_t valid = src->m - m0 < 128 ? src->m - m0 : 128; /* rows past m: zeros */
             maco_datatype_t dt = static_cast<maco_datatype_t>(d->dtype);
             uint64_t esz = dt == MACO_FLOAT32 ? 4 : 2;
             char *C = reinterpret_cast<char *>(d->ptr[0]);
-            for (uint32_t i = 0; i < valid; i++)
+            for (uint32_t i = 0; i < 128; i++) /* the whole tile, as the GMMA tiles store it */
                 for (uint32_t j = 0; j < d->gemm.tile_n; j++) {
                     float acc = 0;
-                    for (uint32_t kk = 0; kk < K; kk++)
+                    for (uint32_t kk = 0; kk < (i < valid ? K : 0); kk++)
                         acc += FromBf16(A[(uint64_t)(m0 + i) * K + kk]) *
                                FromBf16(B[(uint64_t)kk * N + n0 + j]);
                     Store(C + (uint64_t)i * d->aux * esz, j, dt, acc);
@@ -278,12 +287,12 @@ class FusedCpu : public maco_test::Test
             ASSERT_EQ(maco__task_graph_lower(rk.g, "test", &rk.l), MACO_OK)
                 << maco_log_last_error();
             size_t fb = 0, sb = 0;
-            maco__pk_layout(&rk.l, nullptr, 0, c.W, c.C, c.S, 0, nullptr, nullptr, nullptr, &rk.v,
-                            &fb, &sb);
+            maco__pk_layout(&rk.l, rk.g->channels, rk.g->nchannels, c.W, c.C, c.S, 0, nullptr,
+                            nullptr, nullptr, &rk.v, &fb, &sb);
             rk.fixed.assign(fb / 8 + 1, 0);
             rk.state.assign(sb / 8 + 1, 0);
-            maco__pk_layout(&rk.l, nullptr, 0, c.W, c.C, c.S, 0, rk.fixed.data(), rk.state.data(),
-                            rk.fixed.data(), &rk.v, &fb, &sb);
+            maco__pk_layout(&rk.l, rk.g->channels, rk.g->nchannels, c.W, c.C, c.S, 0,
+                            rk.fixed.data(), rk.state.data(), rk.fixed.data(), &rk.v, &fb, &sb);
             rk.v.bound.report = &rk.report;
             rk.v.bound.claim = &rk.claim;
             rk.v.bound.timeout_ns = 60ull * 1000000000ull;

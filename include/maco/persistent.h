@@ -99,9 +99,17 @@ typedef enum maco_task_role {
  *   (r + 1) in launch r of the kernel, after its dependencies; `signal_to` (such a counter, or a
  *   peer's through a memory channel's mapping): 1 is added to it (release, system scope) after
  *   the task's writes. wait_peer names the rank expected to signal wait_on (-1: several) in a
- *   timeout's message. A gate holds its worker while it waits: give gated tasks that wait for
- *   peers a role whose workers cannot be what those peers wait for (the fused operators below
- *   show how).
+ *   timeout's message. A gated task whose dependencies are done waits in its scheduler, not on
+ *   a worker, until the gate opens (up to 64 such tasks per scheduler; roots, and tasks past
+ *   that, wait on their worker): give gated roots that wait for peers a role whose workers
+ *   cannot be what those peers wait for (the fused operators below show how).
+ * - Mirrors (a task's writes repeated on peers, in the same pass): a SUM or COPY task with
+ *   out_mirror_count = c (1..8) also writes its output through graph channels
+ *   out_mirror_channel .. + c - 1, at the same offset of each channel's remote buffer as out
+ *   has in its local buffer (every byte written must lie inside both). With
+ *   signal_mirror_count = c, the signal goes not to signal_to but to its twin in each of the
+ *   channels signal_mirror_channel .. + c - 1 (signal_to inside their local buffers). One task
+ *   then sends a tile to every peer and tells each of them.
  * - SIGNAL: out, a device or host-mapped uint64_t counter (8-byte aligned) that is never reset.
  * - WAIT: a, such a counter; count (>= 1): the signals it gets per launch. The wait of the
  *   launch numbered r (0, 1, ...) of this kernel object ends once the counter is at least
@@ -119,9 +127,10 @@ typedef enum maco_task_role {
  *   tile_col * tile_n; for tiles stored one after another, out = T + tile * 128 * tile_n and
  *   ldc = tile_n. A is m x k and B k x n, both bfloat16 and row-major with no padding (lda = k,
  *   ldb = n). n is a multiple of tile_n, k of MACO_GEMM_TILE_K; m need not be a multiple of
- *   MACO_GEMM_TILE_M: the last row of tiles then stores only its rows below m (the GMMA tiles
- *   only: the cuBLASDx kernel refuses such a graph); the three pointers 16-byte aligned, ldc a
- *   multiple of 8 and at least tile_n. Tiles of both
+ *   MACO_GEMM_TILE_M: A's rows past m read as zeros and the last row of tiles stores all its
+ *   128 rows, those past m zero, so C must have room for ceil(m / 128) x 128 rows (the GMMA
+ *   tiles only: the cuBLASDx kernel refuses such a graph); the three pointers 16-byte aligned,
+ *   ldc a multiple of 8 and at least tile_n. Tiles of both
  *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
  *   fewer bytes read per FLOP (on an H100 the narrow tiles are bound by that traffic:
  *   docs/performance.md); narrow ones give more tasks to spread over the SMs when C is small.
@@ -156,6 +165,10 @@ typedef struct maco_task {
     uint64_t wait_count;          /**< gate: signals per launch (>= 1 with a gate) */
     uint64_t *signal_to;          /**< counter to add 1 to after the task (NULL: none) */
     int wait_peer;                /**< gate: the rank that signals wait_on (-1: several) */
+    uint32_t out_mirror_channel;  /**< SUM, COPY: first channel of the output's mirrors */
+    uint32_t out_mirror_count;    /**< SUM, COPY: mirrors (0..8; 0: none) */
+    uint32_t signal_mirror_channel; /**< first channel of signal_to's mirrors */
+    uint32_t signal_mirror_count;   /**< signal mirrors (0: signal_to itself) */
 } maco_task_t;
 
 /** The tile of MACO_TASK_GEMM_TILE (elements: rows, the default width, the wide width, the
@@ -187,7 +200,7 @@ typedef struct maco_gemm_tile {
  *   once per round, each of A's rows for all of them), and the tiles that share a column of B
  *   go to consecutive workers.
  * m need not be a multiple of MACO_GEMM_TILE_M: a partial last row of tiles is planned as a
- * row (GEMM tiles store only its rows below m). `tiles` has room for ceil(m /
+ * row (GEMM tiles store all 128 of its rows, zeros past m). `tiles` has room for ceil(m /
  * MACO_GEMM_TILE_M) * (n / MACO_GEMM_TILE_N) entries (the most there can be), or is NULL to
  * count only; *ntiles_p gets the number of tiles. Host only, no GPU needed; thread-safe.
  * Errors: MACO_ERR_INVALID_ARGUMENT (ntiles_p NULL, m = 0, n not a non-zero multiple of 128,
@@ -277,7 +290,8 @@ MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
  *
  * Shapes: a and b bf16 row-major (lda = k, ldb = n), 16-byte aligned; n a multiple of
  * MACO_GEMM_TILE_N, k of MACO_GEMM_TILE_K; m from 1 to 2^24 (a partial last row of 128-row
- * tiles is computed with zero rows and stored only up to m: GMMA tiles, i.e. Hopper); at most
+ * tiles is computed with zero rows, stored whole into scratch and only its rows below m into
+ * out: GMMA tiles, i.e. Hopper); at most
  * 2^20 tiles of 128 x 128. out row-major with ldc = n, of `out_type` (MACO_FLOAT32 or
  * MACO_BFLOAT16): the GEMM's fp32 accumulators are rounded to it once, and the reductions send
  * products of that type and sum them in fp32 in rank order, rounding once (bf16 products are

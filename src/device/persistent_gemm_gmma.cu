@@ -241,14 +241,13 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
     read.advance(k_tiles);
 
     /* Straight from the registers: each thread holds pairs of adjacent columns, stored as one
-     * 4-byte (bf16) or 8-byte (fp32) access each (C and ldc keep them aligned: graph.c). The
-     * last row of tiles of a GEMM whose M is not a multiple of 128 stores only its rows below M
-     * (TMA read zeros past M), one element at a time. C may be a peer's memory mapped through a
-     * memory channel: the stores then cross NVLink, the fused operators' reduce-scatter. */
+     * 4-byte (bf16) or 8-byte (fp32) access each (C and ldc keep them aligned: graph.c). All
+     * 128 rows, also in the last row of tiles of a GEMM whose M is not a multiple of 128 (TMA
+     * read zeros past M: those rows are zeros; C has room for them, maco/persistent.h). No
+     * predicate: a row test here made the kernel spill registers in the mainloop. C may be a
+     * peer's memory mapped through a memory channel: the fused operators' reduce-scatter. */
     auto thr_mma = mma.get_thread_slice(ct);
     using Store = AutoVectorizingCopyWithAssumedAlignment<64>;
-    const int rows = map.m - (int)(uint32_t)t->ptr[3]; /* rows of C from this tile's first */
-    Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(TileM{}, TileN{})));
     if (t->dtype == MACO__PK_BF16) {
         T *C = (T *)t->ptr[0];
         Tensor gC =
@@ -258,28 +257,35 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
         CUTE_UNROLL
         for (int i = 0; i < size(acc); i++)
             out(i) = T(acc(i));
-        if (rows >= TileM{}) {
-            copy(Store{}, out, tCgC);
-        } else {
-            CUTE_UNROLL
-            for (int i = 0; i < size(out); i++)
-                if (get<0>(tCcC(i)) < rows)
-                    tCgC(i) = out(i);
-        }
+        copy(Store{}, out, tCgC);
     } else {
         float *C = (float *)t->ptr[0];
         Tensor gC =
             make_tensor(make_gmem_ptr(C), make_shape(TileM{}, TileN{}), make_stride(ldc, _1{}));
         Tensor tCgC = thr_mma.partition_C(gC);
-        if (rows >= TileM{}) {
-            copy(Store{}, acc, tCgC);
-        } else {
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc); i++)
-                if (get<0>(tCcC(i)) < rows)
-                    tCgC(i) = acc(i);
-        }
+        copy(Store{}, acc, tCgC);
     }
+}
+
+/* The gate and the signal of a task, out of line, like every task but a tile (other_task):
+ * the kernel's registers go to the tiles' mainloop first. */
+__device__ __noinline__ maco_status_t gate_wait(const maco_pk_view_t *v, uint32_t task,
+                                                uint64_t run)
+{
+    return maco_pk_gate(v, task, run);
+}
+
+__device__ __noinline__ void post_signal(const maco_pk_view_t *v, uint32_t task)
+{
+    maco_pk_post_signal(v, task);
+}
+
+/* Every task but a GEMM tile, out of line: inlined, the element-wise, copy and sum loops made
+ * the kernel spill registers inside the tiles' mainloop (ptxas, 2026-11-27). */
+__device__ __noinline__ maco_status_t other_task(const maco_pk_view_t *v, const maco_pk_task_t *t,
+                                                 uint32_t task, uint64_t run, uint32_t ct)
+{
+    return maco__pk_execute(v, t, task, run, reject_task, ct, (uint32_t)kConsumerThreads);
 }
 
 /* Warp 0: pops tasks, hands them to the consumers, loads the GEMM tiles. */
@@ -378,8 +384,7 @@ __device__ void consumer_warpgroups(const maco_pk_view_t *v, Smem &s, uint64_t r
                 else
                     mma_tile<Narrow>(s, pipeline, read, map, t, ct);
             } else {
-                st = maco__pk_execute(v, t, task, run, reject_task, (uint32_t)ct,
-                                      (uint32_t)kConsumerThreads);
+                st = other_task(v, t, task, run, (uint32_t)ct);
             }
         }
         done.producer_acquire(out); /* the completion warp has read this slot's last task */
@@ -435,7 +440,7 @@ __device__ void completion_warp(const maco_pk_view_t *v, Smem &s, uint64_t run)
                     r->cta = blockIdx.x;
                 }
                 if (lane == 0)
-                    maco_pk_post_signal(v, task); /* after the consumers' stores (acquired) */
+                    post_signal(v, task); /* after the consumers' stores (acquired) */
                 __syncwarp();
                 maco_pk_complete(v, task, run, lane, 32); /* an error aborts: next() sees it */
             }

@@ -45,13 +45,18 @@
  * graph can be launched again, and captured in a CUDA graph, with no host work in between.
  *
  * Gates and signals. A task may also carry a gate and a signal (maco_pk_sync_t, in the view's
- * `sync` array beside the descriptors): once it is handed to a worker, the worker's thread 0
- * waits (acquire, system scope, bounded) until the gate's counter reaches wait_count * (run +
- * 1), then the CTA runs the task; after the task's writes (a CTA barrier), thread 0 adds 1 to
- * the signal's counter (a system-scope fence, then a release add), which may be a peer's
- * counter seen through a memory channel's mapping. A gate holds its worker while it waits,
- * like a wait task, but costs no task of its own and no trip through a scheduler, and the
- * counter it reads is local: the cheapest way for one rank's tile to wait for another rank's.
+ * `sync` array beside the descriptors). A task's gate is open once its counter reaches
+ * wait_count * (run + 1) (acquire, system scope). A scheduler holds a task whose dependencies
+ * are done but whose gate is closed, and hands it to a worker only once the gate opens, so a
+ * closed gate blocks no worker; a root (pushed straight to a worker) or a task beyond what the
+ * scheduler can hold is waited for by the worker's thread 0 (bounded) before its CTA runs it.
+ * After the task's writes (a CTA barrier), thread 0 adds 1 to the signal's counter (a
+ * system-scope fence, then a release add), which may be a peer's counter seen through a memory
+ * channel's mapping, or to that counter's twin in each of a range of channels' remote buffers
+ * (`signal mirrors`). A SUM or COPY task may likewise write its output also through a range
+ * of channels (`out mirrors`): the same bytes at the same offset of each peer's buffer, in the
+ * same pass. The counter a gate reads is local: the cheapest way for one rank's tile to wait
+ * for another rank's.
  *
  * Bounds. A task's own waits (a counter, a peer's semaphore, a gate) are bounded by the
  * communicator's MACO_DEVICE_TIMEOUT and report through its error word
@@ -105,6 +110,10 @@ enum {
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
 };
+
+/* Gated tasks one scheduler holds at most (maco_pk_schedule_inbox); out mirrors of a task at
+ * most (maco_pk_sync_t). */
+enum { MACO__PK_HELD = 64, MACO__PK_MIRRORS = 8 };
 
 /* CTA roles of a task. */
 enum { MACO_PK_ROLE_COMPUTE = 0, MACO_PK_ROLE_COMM = 1 };
@@ -176,22 +185,30 @@ typedef struct maco_pk_queue {
 MACO_STATIC_ASSERT(sizeof(maco_pk_queue_t) == 32, "maco_pk_queue_t is 32 bytes");
 
 /*
- * A task's gate and signal (32 bytes, 8-byte aligned; see "Gates and signals" above):
- *   0 u64 *wait        the gate's counter (this GPU's memory, or host-mapped); NULL: no gate
- *   8 u64 wait_count   signals the gate needs per launch (>= 1 with a gate)
- *  16 u64 *signal      the counter to add 1 to after the task (may be a peer's, mapped); NULL:
- *                      none
- *  24 i32 peer         the rank expected to signal `wait` (-1: several), for the timeout report
- *  28 u32 reserved     zero
+ * A task's gate, signal and mirrors (48 bytes, 8-byte aligned; see "Gates and signals"):
+ *   0 u64 *wait          the gate's counter (this GPU's memory, or host-mapped); NULL: no gate
+ *   8 u64 wait_count     signals the gate needs per launch (>= 1 with a gate)
+ *  16 u64 *signal        the counter to add 1 to after the task (may be a peer's, mapped);
+ *                        NULL: none. With signal mirrors: a counter in the local buffer of the
+ *                        mirror channels, whose twins (remote + (signal - local)) get the adds
+ *  24 i32 peer           the rank expected to signal `wait` (-1: several), for the timeout report
+ *  28 u16 out_first      SUM and COPY: the first of out_count channels (view.channels) through
+ *  30 u16 out_count      which the output is written too (out inside their local buffers)
+ *  32 u16 sig_first      the first of sig_count channels whose remote buffers get the signal
+ *  34 u16 sig_count      (0: `signal` itself)
+ *  36 u32, 40 u64        reserved, zero
  */
 typedef struct maco_pk_sync {
     const uint64_t *wait;
     uint64_t wait_count;
     uint64_t *signal;
     int32_t peer;
-    uint32_t reserved;
+    uint16_t out_first, out_count;
+    uint16_t sig_first, sig_count;
+    uint32_t reserved0;
+    uint64_t reserved1;
 } maco_pk_sync_t;
-MACO_STATIC_ASSERT(sizeof(maco_pk_sync_t) == 32, "maco_pk_sync_t is 32 bytes");
+MACO_STATIC_ASSERT(sizeof(maco_pk_sync_t) == 48, "maco_pk_sync_t is 48 bytes");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_pk_sync_t) == 8, "maco_pk_sync_t alignment");
 
 /* Counters of one graph in device memory (each on its own 128-byte line), never reset. */
@@ -282,8 +299,11 @@ MACO_HOST_DEVICE static inline maco_status_t
 maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes);
 
 /* Scheduler `s` of launch `run` after its roots: hands every task of its inbox to a worker of
- * the task's role (the least loaded of the next few of its own) until the launch ends. One
- * thread. MACO_OK or the first error. */
+ * the task's role (the least loaded of the next few of its own) until the launch ends. A task
+ * whose gate is still closed is held by the scheduler (up to MACO__PK_HELD of them; more go to
+ * a worker, which waits) and handed out once the gate opens, so that a gated task never blocks
+ * a worker and the tasks behind it; a gate held longer than the bound is reported
+ * (MACO_DEVICE_WAIT_TASK_GATE) and aborts the launch. One thread. MACO_OK or the first error. */
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
                                                                     uint32_t s, uint64_t run);
 
@@ -300,8 +320,8 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_gate(const maco_pk_view_t *
                                                           uint64_t run);
 
 /* Worker side, after `task`'s writes are done by every thread that made them (a barrier):
- * adds 1 to its signal's counter, if it has one (system-scope fence, then a release add). One
- * thread. */
+ * adds 1 to its signal's counter, or to each of its mirrors, if it has one (a system-scope
+ * fence, then release adds). One thread. */
 MACO_HOST_DEVICE static inline void maco_pk_post_signal(const maco_pk_view_t *v, uint32_t task);
 
 /* Marks the launch failed: every CTA leaves at its next check. */

@@ -101,6 +101,12 @@ static uint64_t maco__fused_tile_rows(uint64_t m)
     return (m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M;
 }
 
+/* Rows rounded up to whole tiles. */
+static uint64_t maco__fused_pad(uint64_t m)
+{
+    return maco__fused_tile_rows(m) * MACO_GEMM_TILE_M;
+}
+
 /* The counters of an operator: one per tile (at most ceil(m / 128) x n / 128 of them, or row
  * blocks of A for allgather + GEMM), then one per rank. */
 static uint64_t maco__fused_nctr(maco_fused_op_t kind, int nranks, uint32_t m, uint32_t n)
@@ -140,12 +146,14 @@ maco_status_t maco_fused_gemm_scratch_bytes(maco_fused_op_t kind, int nranks, ui
                            MACO__FUSED_MAX_RANKS, MACO_GEMM_TILE_N);
     uint64_t ctr = maco__round256(maco__fused_nctr(kind, nranks, m, n) * 8);
     uint64_t esz = maco__fused_esz(out_type), data;
+    /* Products are stored as whole tiles of 128 rows: slots of rows rounded up to 128. */
     if (kind == MACO_FUSED_GEMM_ALLREDUCE)
-        data = (uint64_t)nranks * m * n * esz; /* every rank's product (slot r: rank r's) */
+        data = (uint64_t)nranks * maco__fused_pad(m) * n * esz; /* slot r: rank r's product */
     else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
-        data = (uint64_t)m * n * esz; /* nranks slots of (m / nranks) x n */
-    else
-        data = (uint64_t)nranks * m * k * 2; /* every rank's A shard, bf16 */
+        data = (uint64_t)nranks * maco__fused_pad(m / (uint32_t)nranks) * n * esz;
+    else /* every rank's A shard (bf16), and each shard's partial last row of tiles */
+        data = (uint64_t)nranks * m * k * 2 +
+               (m % MACO_GEMM_TILE_M != 0 ? (uint64_t)nranks * MACO_GEMM_TILE_M * n * esz : 0);
     if (data > SIZE_MAX - ctr)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "maco_fused_gemm_scratch_bytes: %llu bytes do not fit a size_t",
@@ -312,9 +320,10 @@ static maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t 
 }
 
 /* The start of a launch: a signal to every peer that this rank's scratch is free (its last
- * launch is over): counter `first + rank` of each peer's scratch. Roots of the communication
+ * launch is over): counter `first + rank` of each peer's scratch, or `first` itself when
+ * `shared` (each rank's counter then counts all its peers' signals). Roots of the communication
  * workers, which nothing holds up. */
-static maco_status_t maco__fused_ready(maco__fused_t *f, uint64_t first)
+static maco_status_t maco__fused_ready(maco__fused_t *f, uint64_t first, int shared)
 {
     maco_status_t st = MACO_OK;
     for (int q = 0; q < f->nranks && st == MACO_OK; q++) {
@@ -325,8 +334,8 @@ static maco_status_t maco__fused_ready(maco__fused_t *f, uint64_t first)
         memset(&t, 0, sizeof(t));
         t.type = MACO_TASK_NOP;
         t.role = MACO_TASK_ROLE_COMM;
-        t.signal_to = maco__fused_remote(f, f->op->channels[q],
-                                         maco__fused_ctr(f, first + (uint64_t)f->rank));
+        t.signal_to = maco__fused_remote(
+            f, f->op->channels[q], maco__fused_ctr(f, first + (shared ? 0 : (uint64_t)f->rank)));
         st = maco__fused_add(f, &t, "ready", &id);
         if (f->ready_sig < 0)
             f->ready_sig = id;
@@ -354,12 +363,35 @@ static maco_status_t maco__fused_done(maco__fused_t *f, const uint64_t *wait, ui
     return st;
 }
 
+/* Adds a copy of the channel to each peer (channels[q], q = rank + 1, rank + 2, ...) to the
+ * graph, one after the other, for a task's mirrors; *first_p gets the first's index. */
+static maco_status_t maco__fused_peer_channels(maco__fused_t *f, const int *channels,
+                                               uint32_t *first_p)
+{
+    maco_status_t st = MACO_OK;
+    for (int step = 1; step < f->nranks && st == MACO_OK; step++) {
+        int q = (f->rank + step) % f->nranks, id = -1;
+        maco_memory_channel_device_t h = f->g->channels[channels[q]];
+        st = maco_task_graph_add_channel(f->g, &h, &id);
+        if (step == 1)
+            *first_p = (uint32_t)id;
+    }
+    return st;
+}
+
+/* Where a task's output and signal also go (maco_task_t's mirrors); count 0: nowhere. */
+typedef struct maco__fused_mirrors {
+    uint32_t out_first, sig_first, count;
+    uint64_t *signal; /* this rank's counter whose twins the peers' are */
+} maco__fused_mirrors_t;
+
 /* The sum of the nranks slots' tile `t` (slots `slot_bytes` apart from `first`, row stride n)
- * into `out` (row stride n), in rank order; gated on `wait` (nranks - 1 signals per launch),
- * after task `after`. */
+ * into `out` (row stride n) and its mirrors, in rank order; gated on `wait` (nranks - 1
+ * signals per launch), after task `after`. */
 static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t, uint32_t m,
                                      const char *first, uint64_t slot_bytes, void *out,
-                                     const uint64_t *wait, int after, int *id_p)
+                                     const uint64_t *wait, const maco__fused_mirrors_t *mir,
+                                     int after, int *id_p)
 {
     maco_task_t x;
     memset(&x, 0, sizeof(x));
@@ -374,9 +406,16 @@ static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t
     x.out = out;
     x.ninputs = (uint32_t)f->nranks;
     x.input_stride = slot_bytes;
-    x.wait_on = wait;
+    x.wait_on = f->nranks > 1 ? wait : NULL;
     x.wait_count = (uint64_t)f->nranks - 1;
     x.wait_peer = -1;
+    if (mir != NULL && mir->count > 0) {
+        x.out_mirror_channel = mir->out_first;
+        x.out_mirror_count = mir->count;
+        x.signal_to = mir->signal;
+        x.signal_mirror_channel = mir->sig_first;
+        x.signal_mirror_count = mir->count;
+    }
     maco_status_t st = maco__fused_add(f, &x, "sum", id_p);
     if (st == MACO_OK)
         st = maco__fused_dep(f, *id_p, after);
@@ -402,20 +441,25 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "%s: out of host memory for %zu tiles", f->fn, ntiles);
     }
-    const uint64_t slot = (uint64_t)op->m * op->n * f->esz;
+    const uint64_t slot = maco__fused_pad(op->m) * op->n * f->esz;
     const uint64_t done_ctr = maco__fused_tile_rows(op->m) * (op->n / MACO_GEMM_TILE_N);
     char *data = maco__fused_data(f), *out = op->out;
     uint64_t not_owned = 0;
+    /* Up to MACO__PK_MIRRORS peers, the owner's sum is written to every rank's out by the SUM
+     * itself (mirrors through copies of the out channels) and each peer's counter `done_ctr`
+     * is signalled the same way; past that, a copy task per peer. */
+    maco__fused_mirrors_t mir = { 0, 0, 0, maco__fused_ctr(f, done_ctr) };
+    if (f->nranks > 1 && f->nranks - 1 <= MACO__PK_MIRRORS) {
+        st = maco__fused_peer_channels(f, op->out_channels, &mir.out_first);
+        if (st == MACO_OK)
+            st = maco__fused_peer_channels(f, op->channels, &mir.sig_first);
+        mir.count = (uint32_t)f->nranks - 1;
+    }
     for (size_t p = 0; p < ntiles && st == MACO_OK; p++) {
         const maco_gemm_tile_t *t = &plan[p];
         const int owner = (int)(p % (size_t)f->nranks);
         const uint64_t off = maco__fused_tile_off(f, t) * f->esz; /* bytes in a slot and in out */
         int gemm, sum;
-        if (f->nranks == 1) { /* one rank: the product is the result */
-            st = maco__fused_gemm(f, op->a, op->m, t, out + off, op->n, NULL, -1, NULL, &gemm);
-            deps[ndeps++] = gemm;
-            continue;
-        }
         char *mine = data + (uint64_t)f->rank * slot + off;
         if (owner != f->rank) {
             st = maco__fused_gemm(
@@ -428,7 +472,11 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
         st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, -1, NULL, &gemm);
         if (st == MACO_OK)
             st = maco__fused_sum(f, t, op->m, data + off, slot, out + off, maco__fused_ctr(f, p),
-                                 gemm, &sum);
+                                 &mir, gemm, &sum);
+        if (mir.count > 0) { /* the sum went to every peer's out, and told each */
+            deps[ndeps++] = sum;
+            continue;
+        }
         for (int q = 0; q < f->nranks && st == MACO_OK; q++) {
             if (q == f->rank)
                 continue;
@@ -481,11 +529,11 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "%s: out of host memory for %zu tiles", f->fn, ntiles);
     }
-    const uint64_t slot = (uint64_t)ms * op->n * f->esz;
+    const uint64_t slot = maco__fused_pad(ms) * op->n * f->esz;
     const uint64_t ready = maco__fused_tile_rows(ms) * (op->n / MACO_GEMM_TILE_N);
     char *data = maco__fused_data(f), *out = op->out;
     if (f->nranks > 1)
-        st = maco__fused_ready(f, ready);
+        st = maco__fused_ready(f, ready, 0);
     for (int step = 1; step <= f->nranks && st == MACO_OK; step++) {
         const int o = (f->rank + step) % f->nranks; /* the own block last */
         const char *a = (const char *)op->a + (uint64_t)o * ms * op->k * 2;
@@ -494,10 +542,7 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
             const uint64_t off = maco__fused_tile_off(f, t) * f->esz;
             char *mine = data + (uint64_t)f->rank * slot + off;
             int gemm, sum;
-            if (f->nranks == 1) {
-                st = maco__fused_gemm(f, a, ms, t, out + off, op->n, NULL, -1, NULL, &gemm);
-                deps[ndeps++] = gemm;
-            } else if (o != f->rank) {
+            if (o != f->rank) {
                 /* Into o's slot, once o is ready (its last launch read the slot). */
                 st = maco__fused_gemm(f, a, ms, t, maco__fused_remote(f, op->channels[o], mine),
                                       op->n, maco__fused_ctr(f, ready + (uint64_t)o), o,
@@ -508,7 +553,7 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
                 st = maco__fused_gemm(f, a, ms, t, mine, op->n, NULL, -1, NULL, &gemm);
                 if (st == MACO_OK)
                     st = maco__fused_sum(f, t, ms, data + off, slot, out + off,
-                                         maco__fused_ctr(f, p), gemm, &sum);
+                                         maco__fused_ctr(f, p), NULL, gemm, &sum);
                 deps[ndeps++] = sum;
             }
         }
@@ -557,14 +602,22 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
                            "%s: out of host memory for %zu tiles", f->fn, ntiles);
     }
     deps = more; /* every tile and every put */
+    /* Up to MACO__PK_MIRRORS peers, one COPY per row block writes it into this rank's slot
+     * of every peer's gathered A (mirrors through copies of the channels) once all of them are
+     * ready, and signals each; past that, a COPY per peer and block. */
+    const int mirrored = f->nranks > 1 && f->nranks - 1 <= MACO__PK_MIRRORS;
+    uint32_t first = 0;
     if (f->nranks > 1)
-        st = maco__fused_ready(f, ready);
-    /* This rank's blocks to every peer, each once the peer is ready. */
-    for (int step = 1; step < f->nranks && st == MACO_OK; step++) {
+        st = maco__fused_ready(f, ready, mirrored);
+    if (st == MACO_OK && mirrored)
+        st = maco__fused_peer_channels(f, op->channels, &first);
+    for (int step = 1; step < (mirrored ? 2 : f->nranks) && st == MACO_OK; step++) {
         const int q = (f->rank + step) % f->nranks;
         for (uint32_t b = 0; b < blocks && st == MACO_OK; b++) {
             const uint64_t at = (uint64_t)b * block;
             const uint64_t bytes = b + 1 < blocks ? block : slot - at;
+            char *mine = data + (uint64_t)f->rank * slot + at;
+            uint64_t *arrived = maco__fused_ctr(f, (uint64_t)f->rank * blocks + b);
             maco_task_t x;
             int put;
             memset(&x, 0, sizeof(x));
@@ -572,12 +625,23 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
             x.role = MACO_TASK_ROLE_COMM;
             x.count = bytes;
             x.a = (const char *)op->a + at;
-            x.out = maco__fused_remote(f, op->channels[q], data + (uint64_t)f->rank * slot + at);
-            x.wait_on = maco__fused_ctr(f, ready + (uint64_t)q);
-            x.wait_count = 1;
-            x.wait_peer = q;
-            x.signal_to = maco__fused_remote(f, op->channels[q],
-                                             maco__fused_ctr(f, (uint64_t)f->rank * blocks + b));
+            if (mirrored) {
+                x.out = mine; /* and the same place of every peer's scratch */
+                x.out_mirror_channel = first;
+                x.out_mirror_count = (uint32_t)f->nranks - 1;
+                x.wait_on = maco__fused_ctr(f, ready);
+                x.wait_count = (uint64_t)f->nranks - 1;
+                x.wait_peer = -1;
+                x.signal_to = arrived;
+                x.signal_mirror_channel = first;
+                x.signal_mirror_count = (uint32_t)f->nranks - 1;
+            } else {
+                x.out = maco__fused_remote(f, op->channels[q], mine);
+                x.wait_on = maco__fused_ctr(f, ready + (uint64_t)q);
+                x.wait_count = 1;
+                x.wait_peer = q;
+                x.signal_to = maco__fused_remote(f, op->channels[q], arrived);
+            }
             st = maco__fused_add(f, &x, "put", &put);
             if (st == MACO_OK) /* not a root: behind the ready signals in every queue */
                 st = maco__fused_dep(f, put, f->ready_sig);
@@ -593,13 +657,34 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
             const maco_gemm_tile_t *t = &plan[p];
             const uint64_t row0 = (uint64_t)q * op->m; /* the shard's first row of out */
             char *dst = out + (row0 * op->n + maco__fused_tile_off(f, t)) * f->esz;
-            int gemm;
+            /* A partial last row of tiles is stored whole into scratch (its 128 rows would run
+             * into the next shard's), then its rows below m copied to out. */
+            const uint32_t rows = maco__fused_rows(op->m, t);
+            char *stage = data + (uint64_t)f->nranks * slot +
+                          ((uint64_t)q * MACO_GEMM_TILE_M * op->n + (uint64_t)t->tile_col * t->tile_n) *
+                              f->esz;
+            int gemm, copy;
             st = maco__fused_gemm(
-                f, a, op->m, t, dst, op->n,
+                f, a, op->m, t, rows < MACO_GEMM_TILE_M ? stage : dst, op->n,
                 q == f->rank ? NULL : maco__fused_ctr(f, (uint64_t)q * blocks + t->tile_row), q,
                 NULL, &gemm);
             if (st == MACO_OK && q != f->rank)
                 st = maco__fused_dep(f, gemm, f->ready_sig);
+            if (st == MACO_OK && rows < MACO_GEMM_TILE_M) {
+                maco_task_t x;
+                memset(&x, 0, sizeof(x));
+                x.type = MACO_TASK_COPY;
+                x.role = MACO_TASK_ROLE_COMPUTE;
+                x.count = (uint64_t)t->tile_n * f->esz;
+                x.rows = rows;
+                x.ld_in = x.ld_out = (uint32_t)(op->n * f->esz);
+                x.a = stage;
+                x.out = dst;
+                st = maco__fused_add(f, &x, "copy", &copy);
+                if (st == MACO_OK)
+                    st = maco__fused_dep(f, copy, gemm);
+                gemm = copy;
+            }
             deps[ndeps++] = gemm;
         }
     }

@@ -192,6 +192,78 @@ static int maco__sync_check(const maco_task_t *t, char *why, size_t n)
     return 0;
 }
 
+/* The bytes a SUM or COPY task writes, from out: [0, *span_p). */
+static uint64_t maco__out_span(const maco_task_t *t)
+{
+    uint64_t rows = t->rows > 1 ? t->rows : 1;
+    if (t->type == MACO_TASK_COPY)
+        return (rows - 1) * (t->rows > 1 ? t->ld_out : 0) + t->count;
+    uint64_t esz = t->datatype == MACO_FLOAT32 ? 4 : 2;
+    return ((rows - 1) * (t->rows > 1 ? t->ld_out : t->count) + t->count) * esz;
+}
+
+/* Why the mirrors of task `t` are out of range, in `why`; 0 when they are fine. */
+static int maco__mirror_check(const maco_task_graph_t g, const maco_task_t *t, char *why,
+                              size_t n)
+{
+    if (t->out_mirror_count > 0) {
+        if (t->type != MACO_TASK_SUM && t->type != MACO_TASK_COPY) {
+            snprintf(why, n, "out mirrors on a task that is not a SUM or COPY");
+            return -1;
+        }
+        if (t->out_mirror_count > MACO__PK_MIRRORS ||
+            (uint64_t)t->out_mirror_channel + t->out_mirror_count > (uint64_t)g->nchannels) {
+            snprintf(why, n,
+                     "out mirrors: channels %u .. %u: at most %d, all among the graph's %d",
+                     t->out_mirror_channel, t->out_mirror_channel + t->out_mirror_count - 1,
+                     MACO__PK_MIRRORS, g->nchannels);
+            return -1;
+        }
+        uint64_t span = maco__out_span(t);
+        for (uint32_t j = 0; j < t->out_mirror_count; j++) {
+            const maco_memory_channel_device_t *c = &g->channels[t->out_mirror_channel + j];
+            uintptr_t o = (uintptr_t)t->out, lo = (uintptr_t)c->local;
+            if (o < lo || o - lo > c->local_bytes || span > c->local_bytes - (o - lo) ||
+                span > c->remote_bytes || o - lo > c->remote_bytes - span) {
+                snprintf(why, n,
+                         "out mirror through channel %u: the %llu bytes written at %p must lie "
+                         "inside its local buffer %p (%llu bytes) and its remote one (%llu)",
+                         t->out_mirror_channel + j, (unsigned long long)span, t->out,
+                         (void *)c->local, (unsigned long long)c->local_bytes,
+                         (unsigned long long)c->remote_bytes);
+                return -1;
+            }
+        }
+    }
+    if (t->signal_mirror_count > 0) {
+        if (t->signal_to == NULL || t->signal_mirror_count > 0xffff ||
+            (uint64_t)t->signal_mirror_channel + t->signal_mirror_count > (uint64_t)g->nchannels) {
+            snprintf(why, n,
+                     "signal mirrors: channels %u .. %u of the graph's %d, with signal_to set",
+                     t->signal_mirror_channel,
+                     t->signal_mirror_channel + t->signal_mirror_count - 1, g->nchannels);
+            return -1;
+        }
+        for (uint32_t j = 0; j < t->signal_mirror_count; j++) {
+            const maco_memory_channel_device_t *c = &g->channels[t->signal_mirror_channel + j];
+            uintptr_t o = (uintptr_t)t->signal_to, lo = (uintptr_t)c->local;
+            if (o < lo || o - lo + 8 > c->local_bytes || o - lo + 8 > c->remote_bytes) {
+                snprintf(why, n,
+                         "signal mirror through channel %u: signal_to %p must lie inside its "
+                         "local buffer %p (%llu bytes) and its remote one (%llu)",
+                         t->signal_mirror_channel + j, (void *)t->signal_to, (void *)c->local,
+                         (unsigned long long)c->local_bytes, (unsigned long long)c->remote_bytes);
+                return -1;
+            }
+        }
+    }
+    if (t->out_mirror_channel > 0xffff || t->signal_mirror_channel > 0xffff) {
+        snprintf(why, n, "mirror channels above 65535");
+        return -1;
+    }
+    return 0;
+}
+
 /* Why task `t` is out of range, in `why`; 0 when it is fine. */
 static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, char *why, size_t n)
 {
@@ -199,7 +271,7 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
         snprintf(why, n, "role %d is not a maco_task_role_t", (int)t->role);
         return -1;
     }
-    if (maco__sync_check(t, why, n) != 0)
+    if (maco__sync_check(t, why, n) != 0 || maco__mirror_check(g, t, why, n) != 0)
         return -1;
     if ((int)t->type >= MACO_TASK_USER) {
         if ((int)t->type > 0xffff) {
@@ -533,11 +605,15 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
         const maco_task_t *t = &g->tasks[i];
         maco_pk_task_t *d = &out->tasks[i];
         d->type = (uint16_t)t->type;
-        if (t->wait_on != NULL || t->signal_to != NULL) {
+        if (t->wait_on != NULL || t->signal_to != NULL || t->out_mirror_count > 0) {
             out->sync[i].wait = t->wait_on;
             out->sync[i].wait_count = t->wait_on != NULL ? t->wait_count : 0;
             out->sync[i].signal = t->signal_to;
             out->sync[i].peer = t->wait_on != NULL ? t->wait_peer : -1;
+            out->sync[i].out_first = (uint16_t)t->out_mirror_channel;
+            out->sync[i].out_count = (uint16_t)t->out_mirror_count;
+            out->sync[i].sig_first = (uint16_t)t->signal_mirror_channel;
+            out->sync[i].sig_count = (uint16_t)t->signal_mirror_count;
             out->nsync++;
         }
         int comm = t->role == MACO_TASK_ROLE_COMM ||

@@ -200,19 +200,35 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_gate(const maco_pk_view_t *
     return MACO_OK;
 }
 
+MACO_HOST_DEVICE static inline void maco__pk_signal_add(uint64_t *p)
+{
+#if defined(__CUDA_ARCH__)
+    maco_red_add_release_sys_u64(p, 1);
+#else
+    __atomic_fetch_add(p, 1, __ATOMIC_RELEASE);
+#endif
+}
+
 MACO_HOST_DEVICE static inline void maco_pk_post_signal(const maco_pk_view_t *v, uint32_t task)
 {
     if (v->sync == 0 || v->sync[task].signal == 0)
         return;
-        /* The fence orders every write the task made (its CTA's, seen through the barrier before
-         * this call) before the add, for a reader on another GPU that acquires the counter. */
+    const maco_pk_sync_t *g = &v->sync[task];
+    /* The fence orders every write the task made (its CTA's, seen through the barrier before
+     * this call) before the adds, for a reader on another GPU that acquires the counter. */
 #if defined(__CUDA_ARCH__)
     __threadfence_system();
-    maco_red_add_release_sys_u64(v->sync[task].signal, 1);
 #else
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    __atomic_fetch_add(v->sync[task].signal, 1, __ATOMIC_RELEASE);
 #endif
+    if (g->sig_count == 0) {
+        maco__pk_signal_add(g->signal);
+        return;
+    }
+    for (uint32_t j = 0; j < g->sig_count; j++) {
+        const maco_memory_channel_device_t *c = &v->channels[g->sig_first + j];
+        maco__pk_signal_add((uint64_t *)(c->remote + ((char *)g->signal - c->local)));
+    }
 }
 
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_roots_pushed(const maco_pk_view_t *v,
@@ -394,22 +410,94 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view
     return maco_pk_schedule_inbox(v, s, run);
 }
 
+/* Whether `task`'s gate (if any) is open in launch `run`: one load, no wait. */
+MACO_HOST_DEVICE static inline int maco__pk_gate_open(const maco_pk_view_t *v, uint32_t task,
+                                                      uint64_t run)
+{
+    if (v->sync == 0 || v->sync[task].wait == 0)
+        return 1;
+    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= v->sync[task].wait_count * (run + 1);
+}
+
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
                                                                     uint32_t s, uint64_t run)
 {
     uint32_t rr[2] = { 0, 0 };
-    uint32_t inbox = v->nworkers + v->ncomm + s;
+    const maco_pk_queue_t *inbox = &v->queues[v->nworkers + v->ncomm + s];
+    const uint64_t target = (uint64_t)v->ntasks * (run + 1);
+    /* Tasks whose dependencies are done but whose gate is closed, held here rather than on a
+     * worker (which they would block, with the tasks queued behind them), with the time the
+     * scheduler started holding each; beyond MACO__PK_HELD they go to a worker, whose own
+     * maco_pk_gate waits (bounded). */
+    uint32_t held[MACO__PK_HELD];
+    uint64_t held_since[MACO__PK_HELD];
+    uint32_t nheld = 0;
+    uint64_t last = ~0ull;
+    maco__pk_spin_t spin = { 0, 0 };
     for (;;) {
+        int moved = 0;
         uint32_t task = 0;
         maco_status_t st = MACO_OK;
-        int got = maco_pk_next(v, inbox, run, &task, &st);
-        if (got == 0)
-            return MACO_OK;
-        if (got < 0)
-            return st;
-        st = maco__pk_dispatch(v, s, task, rr);
+        if (maco_pk_queue_pop(inbox, &task)) {
+            moved = 1;
+            if (nheld < MACO__PK_HELD && !maco__pk_gate_open(v, task, run)) {
+                held[nheld] = task;
+                held_since[nheld++] = maco__pk_now_ns();
+            } else {
+                st = maco__pk_dispatch(v, s, task, rr);
+            }
+        }
+        /* The held gates, eight loads at a time; an open one goes to a worker. */
+        for (uint32_t b = 0; b < nheld && st == MACO_OK; b += 8) {
+            int open[8];
+            for (uint32_t u = 0; u < 8; u++)
+                open[u] = b + u < nheld && maco__pk_gate_open(v, held[b + u], run);
+            for (uint32_t u = 8; u-- > 0 && st == MACO_OK;) { /* back to front: removal */
+                if (!open[u])
+                    continue;
+                moved = 1;
+                st = maco__pk_dispatch(v, s, held[b + u], rr);
+                held[b + u] = held[--nheld]; /* the last one, looked at next round */
+                held_since[b + u] = held_since[nheld];
+            }
+        }
         if (st != MACO_OK)
             return st;
+        if (moved) {
+            spin.start_ns = 0;
+            spin.iterations = 0;
+            continue;
+        }
+        uint64_t done = maco__pk_ld_acquire(&v->ctr[MACO_PK_CTR_DONE]);
+        if (done >= target && nheld == 0)
+            return MACO_OK;
+        if (done != last) { /* progress somewhere: the bound starts again */
+            last = done;
+            spin.start_ns = 0;
+            spin.iterations = 0;
+        }
+        st = maco__pk_spin(v, &spin, 2);
+        if (st == MACO_OK && nheld > 0 && v->bound.timeout_ns != 0 && (spin.iterations & 255u) == 0) {
+            uint64_t now = maco__pk_now_ns();
+            for (uint32_t i = 0; i < nheld; i++) {
+                if (now - held_since[i] <= v->bound.timeout_ns)
+                    continue;
+                const maco_pk_sync_t *g = &v->sync[held[i]];
+                uint64_t want = g->wait_count * (run + 1);
+                maco__pk_record_peer(v, MACO_ERR_TIMEOUT, g->peer, (int)held[i],
+                                     MACO_DEVICE_WAIT_TASK_GATE, want,
+                                     maco__pk_ld_acquire_sys(g->wait));
+                st = MACO_ERR_TIMEOUT;
+                break;
+            }
+        }
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco__pk_record(v, st, (int)(v->nworkers + v->ncomm + s), MACO_DEVICE_WAIT_TASK,
+                                target, done);
+            maco_pk_abort(v);
+            return st;
+        }
     }
 }
 
@@ -504,43 +592,62 @@ static __device__ __forceinline__ uint64_t maco__pk_rows(const maco_pk_task_t *t
     return rows;
 }
 
-/* COPY: `count` bytes, or `rows` rows of `count` bytes with strides in bytes. Four 16-byte
- * vectors in flight per thread where every address and stride is 16-byte aligned (a row of a
- * GEMM tile, which is also how the fused operators send tiles to peers). */
-static __device__ __forceinline__ void maco__pk_copy(const maco_pk_task_t *t, uint32_t tid,
-                                                     uint32_t nthreads)
+/* The byte offsets from a task's output to its twins in its out-mirror channels' remote
+ * buffers (maco_pk_sync_t; at most MACO__PK_MIRRORS); returns how many. */
+static __device__ __forceinline__ uint32_t maco__pk_out_mirrors(const maco_pk_view_t *v,
+                                                                uint32_t task, uint64_t *delta)
+{
+    if (v->sync == 0)
+        return 0;
+    const maco_pk_sync_t *g = &v->sync[task];
+    uint32_t n = g->out_count < MACO__PK_MIRRORS ? g->out_count : MACO__PK_MIRRORS;
+    for (uint32_t j = 0; j < n; j++) {
+        const maco_memory_channel_device_t *c = &v->channels[g->out_first + j];
+        delta[j] = (uint64_t)(uintptr_t)c->remote - (uint64_t)(uintptr_t)c->local;
+    }
+    return n;
+}
+
+/* COPY: `count` bytes, or `rows` rows of `count` bytes with strides in bytes, to out and to
+ * its mirrors. Eight 16-byte vectors in flight per thread where every address and stride is
+ * 16-byte aligned (tiles and row blocks, what the fused operators send to peers), all loaded
+ * before any is stored. */
+static __device__ __forceinline__ void maco__pk_copy(const maco_pk_view_t *v,
+                                                     const maco_pk_task_t *t, uint32_t task,
+                                                     uint32_t tid, uint32_t nthreads)
 {
     char *out = (char *)t->ptr[0];
     const char *a = (const char *)t->ptr[1];
-    uint64_t ldi, ldo, n = t->count;
+    uint64_t ldi, ldo, n = t->count, delta[MACO__PK_MIRRORS];
     uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
-    if (rows == 1) {
-        maco_copy(out, a, n, tid, nthreads);
-        return;
-    }
+    uint32_t nm = maco__pk_out_mirrors(v, task, delta);
     if ((((uintptr_t)out | (uintptr_t)a | n | ldi | ldo) & 15u) != 0) {
-        for (uint64_t r = 0; r < rows; r++)
-            maco_copy(out + r * ldo, a + r * ldi, n, tid, nthreads);
+        for (uint32_t m = 0; m <= nm; m++)
+            for (uint64_t r = 0; r < rows; r++)
+                maco_copy(out + (m == 0 ? 0 : delta[m - 1]) + r * ldo, a + r * ldi, n, tid,
+                          nthreads);
         return;
     }
+    enum { U = 8 };
     const uint64_t nv = n / 16, total = rows * nv, stride = nthreads;
-    uint64_t v = tid;
-    for (; v + 3 * stride < total; v += 4 * stride) {
-        uint4 x[4];
+    for (uint64_t v0 = tid; v0 < total; v0 += U * stride) {
+        uint4 x[U];
+        uint64_t off[U];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            uint64_t w = v + u * stride, r = w / nv;
-            x[u] = ((const uint4 *)(a + r * ldi))[w - r * nv];
+        for (int u = 0; u < U; u++) {
+            uint64_t w = v0 + u * stride, r = w / nv;
+            off[u] = r * ldo + (w - r * nv) * 16;
+            if (w < total)
+                x[u] = *(const uint4 *)(a + r * ldi + (w - r * nv) * 16);
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            uint64_t w = v + u * stride, r = w / nv;
-            ((uint4 *)(out + r * ldo))[w - r * nv] = x[u];
+        for (int u = 0; u < U; u++) {
+            if (v0 + u * stride >= total)
+                continue;
+            *(uint4 *)(out + off[u]) = x[u];
+            for (uint32_t m = 0; m < nm; m++)
+                *(uint4 *)(out + delta[m] + off[u]) = x[u];
         }
-    }
-    for (; v < total; v += stride) {
-        uint64_t r = v / nv;
-        ((uint4 *)(out + r * ldo))[v - r * nv] = ((const uint4 *)(a + r * ldi))[v - r * nv];
     }
 }
 
@@ -556,46 +663,79 @@ static __device__ __forceinline__ void maco__pk_acc_bf16x8(float *acc, uint4 x, 
     }
 }
 
+/* Four fp32 of a 16-byte vector, added to acc (or assigned, first). */
+static __device__ __forceinline__ void maco__pk_acc_f32x4(float *acc, uint4 x, int first)
+{
+    float f[4] = { __uint_as_float(x.x), __uint_as_float(x.y), __uint_as_float(x.z),
+                   __uint_as_float(x.w) };
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        acc[i] = first ? f[i] : acc[i] + f[i];
+}
+
 /* SUM: out = in_0 + in_1 + ... in that order (fp32), in_j = ptr[1] + j * ptr[2] bytes; rows and
- * strides (elements) as for ADD. 16-byte vectors (4 fp32 or 8 bf16) where aligned. */
-static __device__ __forceinline__ void maco__pk_sum(const maco_pk_task_t *t, uint32_t tid,
-                                                    uint32_t nthreads)
+ * strides (elements) as for ADD; the result also to out's mirrors. 16-byte vectors (4 fp32 or
+ * 8 bf16) where aligned, two per thread in flight for each input. */
+static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
+                                                    const maco_pk_task_t *t, uint32_t task,
+                                                    uint32_t tid, uint32_t nthreads)
 {
     char *out = (char *)t->ptr[0];
     const char *in = (const char *)t->ptr[1];
     const uint64_t in_stride = t->ptr[2];
     const uint32_t nin = t->aux, dtype = t->dtype;
     const uint64_t esz = dtype == MACO__PK_F32 ? 4 : 2, n = t->count;
-    uint64_t ldi, ldo;
+    uint64_t ldi, ldo, delta[MACO__PK_MIRRORS];
     uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
-    uintptr_t align =
-        (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) | (ldo * esz);
+    uint32_t nm = maco__pk_out_mirrors(v, task, delta);
+    uintptr_t align = (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) |
+                      (ldo * esz);
     if ((align & 15u) == 0 && dtype != MACO__PK_F16) {
-        const uint64_t per = 16 / esz, nv = n / per, total = rows * nv;
-        for (uint64_t v = tid; v < total; v += nthreads) {
-            uint64_t r = v / nv, i = v - r * nv;
-            const char *src = in + (r * ldi) * esz + i * 16;
-            float acc[8];
-            if (dtype == MACO__PK_F32) {
-                for (uint32_t j = 0; j < nin; j++) {
-                    float4 x = *(const float4 *)(src + j * in_stride);
-                    acc[0] = j == 0 ? x.x : acc[0] + x.x;
-                    acc[1] = j == 0 ? x.y : acc[1] + x.y;
-                    acc[2] = j == 0 ? x.z : acc[2] + x.z;
-                    acc[3] = j == 0 ? x.w : acc[3] + x.w;
-                }
-                *(float4 *)(out + (r * ldo) * esz + i * 16) =
-                    make_float4(acc[0], acc[1], acc[2], acc[3]);
-            } else {
-                for (uint32_t j = 0; j < nin; j++)
-                    maco__pk_acc_bf16x8(acc, *(const uint4 *)(src + j * in_stride), j == 0);
-                uint32_t w[4];
+        enum { U = 2 };
+        const uint64_t per = 16 / esz, nv = n / per, total = rows * nv, stride = nthreads;
+        for (uint64_t v0 = tid; v0 < total; v0 += U * stride) {
+            float acc[U][8];
+            uint64_t src[U], dst[U];
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-                    w[q] = *(uint32_t *)&h;
+            for (int u = 0; u < U; u++) {
+                uint64_t w = v0 + u * stride, r = w / nv, i = w - r * nv;
+                src[u] = r * ldi * esz + i * 16;
+                dst[u] = r * ldo * esz + i * 16;
+            }
+            for (uint32_t j = 0; j < nin; j++) {
+                uint4 x[U];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    x[u] = v0 + u * stride < total ? *(const uint4 *)(in + j * in_stride + src[u])
+                                                   : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (dtype == MACO__PK_F32)
+                        maco__pk_acc_f32x4(acc[u], x[u], j == 0);
+                    else
+                        maco__pk_acc_bf16x8(acc[u], x[u], j == 0);
                 }
-                *(uint4 *)(out + (r * ldo) * esz + i * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (v0 + u * stride >= total)
+                    continue;
+                uint4 y;
+                if (dtype == MACO__PK_F32) {
+                    y = make_uint4(__float_as_uint(acc[u][0]), __float_as_uint(acc[u][1]),
+                                   __float_as_uint(acc[u][2]), __float_as_uint(acc[u][3]));
+                } else {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        __nv_bfloat162 h = __floats2bfloat162_rn(acc[u][2 * q], acc[u][2 * q + 1]);
+                        w[q] = *(uint32_t *)&h;
+                    }
+                    y = make_uint4(w[0], w[1], w[2], w[3]);
+                }
+                *(uint4 *)(out + dst[u]) = y;
+                for (uint32_t m = 0; m < nm; m++)
+                    *(uint4 *)(out + delta[m] + dst[u]) = y;
             }
         }
         return;
@@ -608,7 +748,8 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_task_t *t, uin
             float x = maco__pk_load(in + j * in_stride + (r * ldi) * esz, i, dtype);
             acc = j == 0 ? x : acc + x;
         }
-        maco__pk_store(out + (r * ldo) * esz, i, dtype, acc);
+        for (uint32_t m = 0; m <= nm; m++)
+            maco__pk_store(out + (m == 0 ? 0 : delta[m - 1]) + (r * ldo) * esz, i, dtype, acc);
     }
 }
 
@@ -644,10 +785,10 @@ static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_v
     case MACO_PK_NOP:
         return MACO_OK;
     case MACO_PK_COPY:
-        maco__pk_copy(t, tid, nthreads);
+        maco__pk_copy(v, t, task, tid, nthreads);
         return MACO_OK;
     case MACO_PK_SUM:
-        maco__pk_sum(t, tid, nthreads);
+        maco__pk_sum(v, t, task, tid, nthreads);
         return MACO_OK;
     case MACO_PK_ADD:
     case MACO_PK_SCALE:
@@ -694,7 +835,7 @@ static __device__ __forceinline__ uint64_t maco__pk_cta_run(const maco_pk_view_t
 
 /* A scheduler CTA (block index >= W + C): all threads push the roots; a push's error has aborted
  * the launch, so the barrier and the inbox loop after them leave at their first check. */
-static __device__ __forceinline__ void maco__pk_scheduler_cta(const maco_pk_view_t *v, uint64_t run)
+static __device__ __noinline__ void maco__pk_scheduler_cta(const maco_pk_view_t *v, uint64_t run)
 {
     uint32_t s = blockIdx.x - (v->nworkers + v->ncomm);
     (void)maco_pk_schedule_roots(v, s, threadIdx.x, blockDim.x);
