@@ -231,11 +231,14 @@ MACO_API maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t 
  * recvcounts[q] elements from rank q land at recvbuf + rdispls[q]. recvcounts[q] on rank r
  * must equal sendcounts[r] on rank q (a receiver that gets another count reports it, see
  * above; blocks of 0 elements are exchanged too, so every pair's counts are checked). No
- * receive block may overlap another receive block or any send block; send blocks may overlap
- * each other. Every rank must call it, in the same order relative to the other calls.
+ * receive block may overlap another receive block; send blocks may overlap each other and
+ * receive blocks (in place: the send blocks a receive block overlaps are copied aside on the
+ * stream before the exchange, so they are sent as they were; see maco_recv). Every rank must
+ * call it, in the same order relative to the other calls.
  * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for a NULL array, a displacement plus
- * count that overflows, sendcounts[rank] != recvcounts[rank], or overlapping blocks (these
- * last found when the call is issued: at maco_group_end inside a group).
+ * count that overflows, sendcounts[rank] != recvcounts[rank], or overlapping receive blocks
+ * (these last found when the call is issued: at maco_group_end inside a group);
+ * MACO_ERR_CUDA when the copy of in-place blocks cannot be allocated (cudaMallocAsync).
  */
 MACO_API maco_status_t maco_alltoallv(const void *sendbuf, const size_t *sendcounts,
                                       const size_t *sdispls, void *recvbuf,
@@ -260,10 +263,19 @@ MACO_API maco_status_t maco_send(const void *buf, size_t count, maco_datatype_t 
 
 /**
  * Receives `count` elements from rank `peer` into buf (see maco_send for matching and
- * counts). buf must not overlap any other buffer of the same group.
+ * counts). buf must not overlap another receive buffer of the same group (which write lands
+ * last would be undefined). It may overlap send buffers of the group: in place, as
+ * nccl-tests' in-place sendrecv (send X to rank r + 1, receive into X from rank r - 1).
+ * Every send whose buffer overlaps a receive buffer of the group is then copied aside first,
+ * on the group's stream (a temporary from cudaMallocAsync, freed with cudaFreeAsync after the
+ * launch: stream-ordered, so CUDA graphs capture it), and sent from the copy: the send
+ * carries the buffer as it was before the group, the receive leaves the new contents. That
+ * costs one device-to-device copy of each such send and its size in device memory until the
+ * group's kernel is done.
  * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for peer outside [0, nranks), a receive
- * from this rank without its send in the same group, buf overlapping another buffer of the
- * group (the last two found when the group is issued).
+ * from this rank without its send in the same group, buf overlapping another receive buffer
+ * of the group (the last two found when the group is issued); MACO_ERR_CUDA when the copy of
+ * in-place sends cannot be made (cudaMallocAsync or cudaMemcpyAsync failed).
  */
 MACO_API maco_status_t maco_recv(void *buf, size_t count, maco_datatype_t datatype, int peer,
                                  maco_comm_t comm, maco_stream_t stream);
@@ -284,7 +296,7 @@ MACO_API maco_status_t maco_recv(void *buf, size_t count, maco_datatype_t dataty
  * the first of them, logs which call it was (its number in the group and its name) and
  * issues nothing of the group. maco_group_end checks everything before issuing anything: an
  * error it finds (the communicator's GPU or nodes, an earlier asynchronous error, a local
- * send without its receive, an overlapping receive buffer, more than 128 sends and receives
+ * send without its receive, receive buffers that overlap, more than 128 sends and receives
  * on one communicator) is returned, naming the call, and nothing is issued. Only a failed
  * launch can leave part of a group issued (MACO_ERR_CUDA).
  * maco_group_start: MACO_OK, or MACO_ERR_INVALID_USAGE when nested more than 2^20 deep.
