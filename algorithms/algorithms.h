@@ -216,6 +216,12 @@ void maco__registry_withdraw(maco_comm_t comm, maco_mem_t mem);
 uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, uint64_t *offset_p);
 /** Maps peers' new entries and writes seen[0..nranks) (entries looked at, per peer). */
 void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p);
+/** Maps peers' new entries (maco__registry_refresh without the counts): what maco_group_end
+ * does for every communicator of the group before it launches anything, since mapping (peer
+ * access, cuMem access grants) may wait for the device, whose kernels of the group wait for
+ * peers' kernels this thread launches only later. Call with the communicator's device
+ * current. */
+void maco__registry_map_new(maco_comm_t comm);
 /** Device addresses of the mapped-address table and the kernels' cache of it
  * ([nranks][MACO__REG_MAX] u64 each), NULL without a registry. */
 const uint64_t *maco__registry_table(maco_comm_t comm);

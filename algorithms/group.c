@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "algorithms.h"
+#include "cuda_util.h"
 #include "log.h"
 
 enum { MACO__P2P_LAUNCH_THREADS = 512 }; /* p2p_kernels.cu's __launch_bounds__ */
@@ -189,6 +190,7 @@ typedef struct maco__group_comm {
     maco_comm_t comm;
     maco_stream_t stream;
     maco__coll_t *coll;
+    int has_coll;
     int has_p2p;
     maco__p2p_plan_t plan;  /* pairs inside this node, peers by local index */
     maco__p2p_plan_t xplan; /* pairs with ranks of other nodes, peers by rank (xp2p.c) */
@@ -252,7 +254,7 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
  * stream-ordered, so a CUDA graph captures it (allocation, copy and free nodes). Each copy
  * keeps its source's address modulo 16 (the kernel's copies move 16-byte words when both
  * sides are equally aligned). The cost: one device-to-device copy of each in-place send.
- * *temp_p: the temporary, NULL when no op is
+ * Runs with the communicator's device current. *temp_p: the temporary, NULL when no op is
  * staged (or on error: nothing stays allocated).
  */
 static maco_status_t maco__group_stage(maco__group_comm_t *gc, const char *prefix, void **temp_p)
@@ -307,6 +309,22 @@ static maco_status_t maco__group_stage(maco__group_comm_t *gc, const char *prefi
         ops[j]->src = temp + offs[j];
     *temp_p = temp;
     return MACO_OK;
+}
+
+/* "fn" of the first call on `comm` in a group of one, else "maco_group_end: call N (fn)":
+ * how the group's messages about `comm` begin. */
+static void maco__group_who(const maco__group_t *g, maco_comm_t comm, char *who, size_t cap)
+{
+    for (int i = 0; i < g->nops; i++) {
+        if (g->ops[i].comm != comm)
+            continue;
+        if (g->implicit)
+            snprintf(who, cap, "%s", g->ops[i].fn);
+        else
+            snprintf(who, cap, "maco_group_end: call %d (%s)", g->ops[i].call, g->ops[i].fn);
+        return;
+    }
+    snprintf(who, cap, "maco_group_end");
 }
 
 /* Checks the p2p messages of gc->comm and builds their plan: first what needs no GPU (the
@@ -499,16 +517,49 @@ maco_status_t maco_group_end(void)
             ncomms++;
         }
     }
-    /* 1. Check everything. */
+    /*
+     * One thread may drive the communicators of several GPUs (one process, one communicator
+     * per GPU): each communicator's part runs with its device current (cuda_util.h, device
+     * scopes), so stream 0 is its device's legacy stream and its kernels land on its GPU;
+     * the caller's device is current again afterwards. Nothing in step 2 waits for the
+     * device or for a peer: the kernels of one communicator wait for its peers' kernels,
+     * which this same thread may launch only afterwards. So everything that could block
+     * (peer access, mapping the peers' new registrations) happens in step 1, before any
+     * launch of the group.
+     */
+    /* 1. Check everything, and map the peers' new registrations. */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
-        st = maco__group_colls(g, gcs[k].comm, 0);
+        maco_comm_t comm = gcs[k].comm;
+        int saved = -1;
+        st = maco__device_enter_status(comm->cuda_device, &saved, "maco_group_end");
+        if (st != MACO_OK) {
+            maco__comm_record(comm, st);
+            break;
+        }
+        for (int i = 0; i < g->nops; i++)
+            if (g->ops[i].comm == comm && g->ops[i].is_coll)
+                gcs[k].has_coll = 1;
+        char who[96];
+        maco__group_who(g, comm, who, sizeof(who));
+        st = maco__comm_check_stream(comm, gcs[k].stream, who);
+        if (st == MACO_OK)
+            st = maco__group_colls(g, comm, 0);
         if (st == MACO_OK)
             st = maco__group_plan(g, &gcs[k], prefix);
+        if (st == MACO_OK && gcs[k].has_coll)
+            maco__registry_map_new(comm);
+        maco__device_leave(saved);
     }
     /* 2. Issue: per communicator its collectives in call order, then its sends and receives
      * (the in-place sends' copies first). */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
         maco__group_comm_t *gc = &gcs[k];
+        int saved = -1;
+        st = maco__device_enter_status(gc->comm->cuda_device, &saved, "maco_group_end");
+        if (st != MACO_OK) {
+            maco__comm_record(gc->comm, st);
+            break;
+        }
         void *temp = NULL;
         st = maco__group_colls(g, gc->comm, 1);
         if (st == MACO_OK && gc->has_p2p)
@@ -519,6 +570,7 @@ maco_status_t maco_group_end(void)
             st = maco__xp2p_launch(gc->comm, gc->coll, &gc->xplan, gc->stream, prefix);
         if (temp != NULL && cudaFreeAsync(temp, (cudaStream_t)gc->stream) != cudaSuccess)
             cudaGetLastError(); /* the launches' own errors are the ones to report */
+        maco__device_leave(saved);
     }
 out:
     free(gcs);
