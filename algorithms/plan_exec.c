@@ -522,6 +522,14 @@ static maco_status_t maco__plan_load_here(maco_comm_t comm, const char *path, ma
         goto fail;
     }
     st = maco__mem_exchange(comm, plan->mem, plan->peer_buf, plan->peer_mem);
+    if (st == MACO_OK) {
+        cudaError_t e = maco__preload_plan();
+        if (e != cudaSuccess)
+            st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                             "maco_plan_load: loading the executor's kernels on device %d "
+                             "(cudaFuncGetAttributes) failed: %s (%s)",
+                             comm->cuda_device, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
     plan->port = port || comm->nnodes > 1;
     if (st == MACO_OK && plan->port)
         st = maco__plan_host(plan);
