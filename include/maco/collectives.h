@@ -34,19 +34,30 @@
  * and the graph can be replayed any number of times (the kernels keep their flags and
  * semaphore counts on the device).
  *
+ * Devices: every call works on the communicator's device whichever device the calling
+ * thread has current, and leaves the current device as it found it, so one thread may drive
+ * the communicators of several GPUs (put their calls in one maco_group_start/end: each
+ * communicator's kernels wait for its peers' kernels). `stream` is a stream of the
+ * communicator's device, or 0 (that device's legacy default stream), cudaStreamLegacy or
+ * cudaStreamPerThread (taken on the communicator's device); a stream created on another
+ * device is refused.
+ *
  * Errors common to every call (nothing is enqueued, nothing written):
  *   MACO_ERR_INVALID_ARGUMENT  comm NULL; datatype or op out of range; root not in
  *                              [0, nranks); a buffer NULL with count > 0; count * element
  *                              size (times nranks where a buffer holds every rank's block)
  *                              overflows size_t; send and receive buffers that overlap other
  *                              than exactly in place (below); a forced algorithm too small
- *                              for the size. The message names the argument and the limit.
+ *                              for the size; a stream of another device than the
+ *                              communicator's (cudaStreamGetDevice; both devices named).
+ *                              The message names the argument and the limit.
  *   MACO_ERR_UNSUPPORTED       no GPU on this rank; ranks on several nodes whose
  *                              collectives could not be set up (the message says why:
  *                              MACO_SCRATCH_SIZE too small, no transport); an unknown
  *                              MACO_ALGO_<COLLECTIVE> value.
  *   MACO_ERR_INVALID_USAGE     an earlier asynchronous error on this communicator.
- *   MACO_ERR_CUDA              the launch failed.
+ *   MACO_ERR_CUDA              the launch failed, or making the communicator's device
+ *                              current did (cudaSetDevice).
  * A kernel that waits longer than MACO_DEVICE_TIMEOUT for a peer stops and reports
  * through maco_comm_get_async_error() (naming the peer); nothing hangs. When a proxy sees a
  * peer's connection fail (across nodes), every device wait of the communicator ends at once
