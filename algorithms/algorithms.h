@@ -216,6 +216,12 @@ void maco__registry_withdraw(maco_comm_t comm, maco_mem_t mem);
 uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, uint64_t *offset_p);
 /** Maps peers' new entries and writes seen[0..nranks) (entries looked at, per peer). */
 void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p);
+/** Maps peers' new entries (maco__registry_refresh without the counts): what maco_group_end
+ * does for every communicator of the group before it launches anything, since mapping (peer
+ * access, cuMem access grants) may wait for the device, whose kernels of the group wait for
+ * peers' kernels this thread launches only later. Call with the communicator's device
+ * current. */
+void maco__registry_map_new(maco_comm_t comm);
 /** Device addresses of the mapped-address table and the kernels' cache of it
  * ([nranks][MACO__REG_MAX] u64 each), NULL without a registry. */
 const uint64_t *maco__registry_table(maco_comm_t comm);
@@ -320,7 +326,8 @@ typedef cudaError_t (*maco__hier_launcher_t)(const maco__hier_args_t *args, int 
     cudaError_t maco__launch_coll_##name(const maco__coll_args_t *args, int kernel, int op,        \
                                          int blocks, int threads, cudaStream_t stream);            \
     cudaError_t maco__launch_hier_##name(const maco__hier_args_t *args, int op, int blocks,        \
-                                         int threads, cudaStream_t stream);
+                                         int threads, cudaStream_t stream);                        \
+    cudaError_t maco__preload_coll_##name(void);
 MACO__DECLARE_LAUNCHER(int8)
 MACO__DECLARE_LAUNCHER(uint8)
 MACO__DECLARE_LAUNCHER(int32)
@@ -414,6 +421,24 @@ void maco__xp2p_free(maco_comm_t comm, maco__coll_t *c);
 /** Launches the p2p kernel (p2p_kernels.cu); returns the launch's CUDA error. */
 cudaError_t maco__launch_p2p(const maco__p2p_args_t *args, int blocks, int threads,
                              cudaStream_t stream);
+
+/*
+ * Kernel preloading. CUDA loads a kernel into a device's context at its first launch when
+ * lazy loading is on (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2), and loading may
+ * synchronise that context (CUDA C++ Programming Guide, "Lazy Loading": a kernel spinning
+ * until another kernel starts can deadlock). When one thread drives several communicators, a
+ * kernel of one communicator waits for its peers' kernels, which the same thread launches
+ * only afterwards: if the next launch on the same device (the p2p kernel after a collective
+ * of the same group, or another algorithm) had to load its kernel, it would wait for the
+ * first kernel, which waits for it. So every kernel a communicator may launch is loaded at
+ * its creation, as NCCL does (cudaFuncGetAttributes on each). maco__preload_coll_<type> (one
+ * per type, coll_kernels.cuh) loads the LL, two-shot LL, mesh and hier kernels of both op
+ * variants; maco__preload_p2p the send/recv, cross-node send/recv and hierarchical
+ * all-to-all kernels. On the current device; return cudaSuccess or CUDA's error.
+ */
+cudaError_t maco__preload_p2p(void);
+cudaError_t maco__preload_xp2p(void);     /* xp2p_kernel.cu (called by maco__preload_p2p) */
+cudaError_t maco__preload_hier_a2a(void); /* hier_a2a_kernel.cu (the same) */
 
 /* ------------------------------------------------------------------ calls, launches, groups */
 

@@ -27,7 +27,23 @@ static cudaError_t maco__launch_one(const maco__coll_args_t *args, int kernel, i
     return cudaGetLastError();
 }
 
-/* Defines maco__launch_coll_<name> for type trait T (algorithms.h). */
+/* Loads the kernels of type T and op Op into the current device's context (algorithms.h,
+ * maco__coll_preload). */
+template <class T, int Op> static cudaError_t maco__preload_one()
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, maco__ll_kernel<T, Op>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&fa, maco__ll2_kernel<T, Op>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&fa, maco__mesh_kernel<T, Op>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&fa, maco__hier_kernel<T, Op>);
+    return e;
+}
+
+/* Defines maco__launch_coll_<name>, maco__launch_hier_<name> and maco__preload_coll_<name>
+ * for type trait T (algorithms.h). */
 #define MACO__DEFINE_LAUNCHER(name, T)                                                             \
     extern "C" cudaError_t maco__launch_coll_##name(const maco__coll_args_t *args, int kernel,     \
                                                     int op, int blocks, int threads,               \
@@ -46,6 +62,11 @@ static cudaError_t maco__launch_one(const maco__coll_args_t *args, int kernel, i
         else                                                                                       \
             maco__hier_kernel<T, MACO__OP_SUM><<<blocks, threads, 0, stream>>>(*args);             \
         return cudaGetLastError();                                                                 \
+    }                                                                                              \
+    extern "C" cudaError_t maco__preload_coll_##name(void)                                         \
+    {                                                                                              \
+        cudaError_t e = maco__preload_one<T, MACO__OP_SUM>();                                      \
+        return e == cudaSuccess ? maco__preload_one<T, MACO__OP_RUNTIME>() : e;                    \
     }
 
 #endif /* MACO_COLL_KERNELS_CUH */

@@ -218,11 +218,32 @@ static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t c
     return MACO_OK;
 }
 
+/* maco__coll_launch's work, with the communicator's device current. */
+static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_comm_t comm,
+                                            maco__coll_t *coll_state, int kernel,
+                                            maco_stream_t stream);
+
 maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
                                 maco__coll_t *coll_state, int kernel, maco_stream_t stream)
 {
     if (c->count == 0)
         return MACO_OK;
+    /* The kernel goes to the communicator's device whichever device the calling thread has
+     * current: stream 0 is then that device's legacy stream (one thread may drive several
+     * communicators, as CuPy's and nccl-tests' one-process runs do). */
+    int saved = -1;
+    maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, c->fn);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    st = maco__coll_launch_here(c, comm, coll_state, kernel, stream);
+    maco__device_leave(saved);
+    return st;
+}
+
+static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_comm_t comm,
+                                            maco__coll_t *coll_state, int kernel,
+                                            maco_stream_t stream)
+{
     if (coll_state->plans[c->coll] != NULL) /* MACO_ALGO_<COLLECTIVE>=plan:FILE */
         return maco_plan_execute(coll_state->plans[c->coll], c->send, c->recv, c->count,
                                  c->datatype, c->op, comm, stream);

@@ -91,6 +91,8 @@ static maco_status_t maco__collective(const maco__coll_call_t *c, maco_comm_t co
     maco__coll_t *coll_state = NULL;
     int kernel = -1;
     st = maco__coll_prepare(c, comm, &coll_state, &kernel);
+    if (st == MACO_OK && c->count > 0)
+        st = maco__comm_check_stream(comm, stream, c->fn);
     if (st != MACO_OK)
         return st;
     return maco__coll_launch(c, comm, coll_state, kernel, stream);

@@ -8,9 +8,10 @@
  *   1. everything is checked before anything is issued: each collective's preparation
  *      (GPU, one node, no earlier asynchronous error, the forced algorithm) and the plan of
  *      the sends and receives (p2p_plan.c: local sends matched with local receives, no
- *      receive buffer overlapping another buffer, the launch's limits);
- *   2. the collectives are launched in call order, then one p2p kernel (p2p_kernels.cu)
- *      moves every send and receive of the communicator.
+ *      receive buffer overlapping another receive buffer, the launch's limits);
+ *   2. the collectives are launched in call order, then the sends that overlap a receive
+ *      buffer (in place) are copied aside, then one p2p kernel (p2p_kernels.cu) moves every
+ *      send and receive of the communicator.
  * A call that failed its checks inside a group fails the group: maco_group_end returns its
  * status, names it, and issues nothing. Groups nest (only the outermost end issues) and are
  * per thread (thread-local state), as NCCL's.
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "algorithms.h"
+#include "cuda_util.h"
 #include "log.h"
 
 enum { MACO__P2P_LAUNCH_THREADS = 512 }; /* p2p_kernels.cu's __launch_bounds__ */
@@ -188,6 +190,7 @@ typedef struct maco__group_comm {
     maco_comm_t comm;
     maco_stream_t stream;
     maco__coll_t *coll;
+    int has_coll;
     int has_p2p;
     maco__p2p_plan_t plan;  /* pairs inside this node, peers by local index */
     maco__p2p_plan_t xplan; /* pairs with ranks of other nodes, peers by rank (xp2p.c) */
@@ -237,6 +240,91 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
     MACO_TRACE(MACO_SUBSYS_COLL, "%ssend/recv kernel: %d pairs, %d ops, %d CTAs", prefix,
                plan->npairs, plan->nops, blocks);
     return MACO_OK;
+}
+
+/*
+ * In-place sends (MACO__P2P_FLAG_STAGE, p2p_plan.h). The send/recv kernel runs every message
+ * of the group at once and stages chunks through the receiver's buffer, so a receive may
+ * write bytes of this rank's buffer before a send of the same group has read them (in-place
+ * sendrecv: send X to rank r + 1, receive into X from rank r - 1). Each such send's bytes
+ * are first copied, on the launch's stream, into one stream-ordered temporary
+ * (cudaMallocAsync from the device's default pool), and its op reads the copy: the send
+ * carries the contents from before the group, the receive writes the new ones. The caller
+ * frees the temporary with cudaFreeAsync on the same stream after the launches. All of it is
+ * stream-ordered, so a CUDA graph captures it (allocation, copy and free nodes). Each copy
+ * keeps its source's address modulo 16 (the kernel's copies move 16-byte words when both
+ * sides are equally aligned). The cost: one device-to-device copy of each in-place send.
+ * Runs with the communicator's device current. *temp_p: the temporary, NULL when no op is
+ * staged (or on error: nothing stays allocated).
+ */
+static maco_status_t maco__group_stage(maco__group_comm_t *gc, const char *prefix, void **temp_p)
+{
+    *temp_p = NULL;
+    cudaStream_t stream = (cudaStream_t)gc->stream;
+    maco__p2p_plan_t *plans[2] = { &gc->plan, &gc->xplan };
+    /* The staged ops, in plan order, and where each goes in the temporary. */
+    maco__p2p_op_t *ops[2 * MACO__P2P_MAX_OPS];
+    uint64_t offs[2 * MACO__P2P_MAX_OPS];
+    int n = 0;
+    uint64_t total = 0;
+    for (int i = 0; i < 2; i++) {
+        const maco__p2p_plan_t *p = plans[i];
+        for (int k = 0; k < p->npairs; k++) {
+            for (int o = p->pair_first[k]; o < p->pair_first[k] + p->pair_nops[k]; o++) {
+                if (!(p->op_flags[o] & MACO__P2P_FLAG_STAGE) || p->ops[o].bytes == 0)
+                    continue;
+                ops[n] = &plans[i]->ops[o];
+                offs[n] = (total + 15) / 16 * 16 + ((uintptr_t)p->ops[o].src & 15u);
+                total = offs[n] + p->ops[o].bytes;
+                n++;
+            }
+        }
+    }
+    if (n == 0)
+        return MACO_OK;
+    char *temp = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&temp, (size_t)total, stream);
+    if (e != cudaSuccess)
+        return maco__comm_record(
+            gc->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                                  "%sthe group's %d in-place send(s) (send buffers that overlap a "
+                                  "receive buffer) need a %llu-byte copy on device %d, and "
+                                  "cudaMallocAsync failed: %s (%s)",
+                                  prefix, n, (unsigned long long)total, gc->comm->cuda_device,
+                                  cudaGetErrorName(e), cudaGetErrorString(e)));
+    for (int j = 0; j < n; j++) {
+        e = cudaMemcpyAsync(temp + offs[j], ops[j]->src, (size_t)ops[j]->bytes, cudaMemcpyDefault,
+                            stream);
+        if (e != cudaSuccess) {
+            cudaFreeAsync(temp, stream);
+            return maco__comm_record(
+                gc->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                                      "%scopying an in-place send's %llu bytes at %p aside "
+                                      "(cudaMemcpyAsync) failed: %s (%s)",
+                                      prefix, (unsigned long long)ops[j]->bytes, ops[j]->src,
+                                      cudaGetErrorName(e), cudaGetErrorString(e)));
+        }
+    }
+    for (int j = 0; j < n; j++)
+        ops[j]->src = temp + offs[j];
+    *temp_p = temp;
+    return MACO_OK;
+}
+
+/* "fn" of the first call on `comm` in a group of one, else "maco_group_end: call N (fn)":
+ * how the group's messages about `comm` begin. */
+static void maco__group_who(const maco__group_t *g, maco_comm_t comm, char *who, size_t cap)
+{
+    for (int i = 0; i < g->nops; i++) {
+        if (g->ops[i].comm != comm)
+            continue;
+        if (g->implicit)
+            snprintf(who, cap, "%s", g->ops[i].fn);
+        else
+            snprintf(who, cap, "maco_group_end: call %d (%s)", g->ops[i].call, g->ops[i].fn);
+        return;
+    }
+    snprintf(who, cap, "maco_group_end");
 }
 
 /* Checks the p2p messages of gc->comm and builds their plan: first what needs no GPU (the
@@ -429,20 +517,60 @@ maco_status_t maco_group_end(void)
             ncomms++;
         }
     }
-    /* 1. Check everything. */
+    /*
+     * One thread may drive the communicators of several GPUs (one process, one communicator
+     * per GPU): each communicator's part runs with its device current (cuda_util.h, device
+     * scopes), so stream 0 is its device's legacy stream and its kernels land on its GPU;
+     * the caller's device is current again afterwards. Nothing in step 2 waits for the
+     * device or for a peer: the kernels of one communicator wait for its peers' kernels,
+     * which this same thread may launch only afterwards. So everything that could block
+     * (peer access, mapping the peers' new registrations) happens in step 1, before any
+     * launch of the group.
+     */
+    /* 1. Check everything, and map the peers' new registrations. */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
-        st = maco__group_colls(g, gcs[k].comm, 0);
+        maco_comm_t comm = gcs[k].comm;
+        int saved = -1;
+        st = maco__device_enter_status(comm->cuda_device, &saved, "maco_group_end");
+        if (st != MACO_OK) {
+            maco__comm_record(comm, st);
+            break;
+        }
+        for (int i = 0; i < g->nops; i++)
+            if (g->ops[i].comm == comm && g->ops[i].is_coll)
+                gcs[k].has_coll = 1;
+        char who[96];
+        maco__group_who(g, comm, who, sizeof(who));
+        st = maco__comm_check_stream(comm, gcs[k].stream, who);
+        if (st == MACO_OK)
+            st = maco__group_colls(g, comm, 0);
         if (st == MACO_OK)
             st = maco__group_plan(g, &gcs[k], prefix);
+        if (st == MACO_OK && gcs[k].has_coll)
+            maco__registry_map_new(comm);
+        maco__device_leave(saved);
     }
-    /* 2. Issue: per communicator its collectives in call order, then its sends and receives. */
+    /* 2. Issue: per communicator its collectives in call order, then its sends and receives
+     * (the in-place sends' copies first). */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
-        st = maco__group_colls(g, gcs[k].comm, 1);
-        if (st == MACO_OK && gcs[k].has_p2p)
-            st = maco__group_launch_p2p(gcs[k].comm, gcs[k].coll, &gcs[k].plan, gcs[k].stream,
-                                        prefix);
-        if (st == MACO_OK && gcs[k].has_p2p)
-            st = maco__xp2p_launch(gcs[k].comm, gcs[k].coll, &gcs[k].xplan, gcs[k].stream, prefix);
+        maco__group_comm_t *gc = &gcs[k];
+        int saved = -1;
+        st = maco__device_enter_status(gc->comm->cuda_device, &saved, "maco_group_end");
+        if (st != MACO_OK) {
+            maco__comm_record(gc->comm, st);
+            break;
+        }
+        void *temp = NULL;
+        st = maco__group_colls(g, gc->comm, 1);
+        if (st == MACO_OK && gc->has_p2p)
+            st = maco__group_stage(gc, prefix, &temp);
+        if (st == MACO_OK && gc->has_p2p)
+            st = maco__group_launch_p2p(gc->comm, gc->coll, &gc->plan, gc->stream, prefix);
+        if (st == MACO_OK && gc->has_p2p)
+            st = maco__xp2p_launch(gc->comm, gc->coll, &gc->xplan, gc->stream, prefix);
+        if (temp != NULL && cudaFreeAsync(temp, (cudaStream_t)gc->stream) != cudaSuccess)
+            cudaGetLastError(); /* the launches' own errors are the ones to report */
+        maco__device_leave(saved);
     }
 out:
     free(gcs);

@@ -128,3 +128,9 @@ extern "C" cudaError_t maco__launch_hier_a2a(const maco__hier_args_t *args, int 
     maco__hier_a2a_kernel<<<blocks, threads, 0, stream>>>(*args);
     return cudaGetLastError();
 }
+
+extern "C" cudaError_t maco__preload_hier_a2a(void)
+{
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, maco__hier_a2a_kernel);
+}

@@ -180,8 +180,12 @@ maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t count,
         st = maco__coll_prepare(&call, comm, &coll_state, &kernel); /* selects, once */
         if (st != MACO_OK)
             return maco__p2p_fail(comm, fn, st);
-        if (kernel == MACO__KERNEL_HIER)
+        if (kernel == MACO__KERNEL_HIER) {
+            st = maco__comm_check_stream(comm, stream, fn);
+            if (st != MACO_OK)
+                return st;
             return maco__coll_launch(&call, comm, coll_state, kernel, stream);
+        }
     }
     size_t *v = (size_t *)malloc(2 * n * sizeof(size_t));
     if (v == NULL)

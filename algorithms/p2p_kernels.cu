@@ -402,3 +402,14 @@ extern "C" cudaError_t maco__launch_p2p(const maco__p2p_args_t *args, int blocks
     maco__p2p_kernel<<<blocks, threads, 0, stream>>>(*args);
     return cudaGetLastError();
 }
+
+extern "C" cudaError_t maco__preload_p2p(void)
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, maco__p2p_kernel);
+    if (e == cudaSuccess)
+        e = maco__preload_xp2p();
+    if (e == cudaSuccess)
+        e = maco__preload_hier_a2a();
+    return e;
+}

@@ -31,6 +31,25 @@ static void maco__p2p_span(const maco__p2p_msg_t *m, uintptr_t *lo, uintptr_t *h
     *hi = p + (uintptr_t)m->bytes;
 }
 
+/* True when send message `s` shares a byte with a receive buffer of the messages: its op
+ * must read a copy taken before the launch (MACO__P2P_FLAG_STAGE). */
+static int maco__p2p_send_in_place(const maco__p2p_msg_t *msgs, int nmsgs, const maco__p2p_msg_t *s)
+{
+    if (s->bytes == 0)
+        return 0;
+    uintptr_t lo, hi;
+    maco__p2p_span(s, &lo, &hi);
+    for (int k = 0; k < nmsgs; k++) {
+        if (msgs[k].dir != MACO__P2P_RECV || msgs[k].bytes == 0)
+            continue;
+        uintptr_t lo2, hi2;
+        maco__p2p_span(&msgs[k], &lo2, &hi2);
+        if (lo < hi2 && lo2 < hi)
+            return 1;
+    }
+    return 0;
+}
+
 maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int rank, int nranks,
                                    maco__p2p_plan_t *plan, int *call_p, char *why, size_t why_bytes)
 {
@@ -49,15 +68,16 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
                                   "(2^56 - 1)",
                                   m->call, m->fn, (unsigned long long)m->bytes);
     }
-    /* A receive buffer must not share a byte with any other buffer of the group: the
-     * messages run at the same time, in no order. */
+    /* A receive buffer must not share a byte with another receive buffer of the group: the
+     * messages run at the same time, in no order, so which write lands last is undefined.
+     * A send that shares bytes with a receive buffer is in place: its op is staged (below). */
     for (int i = 0; i < nmsgs; i++) {
         if (msgs[i].dir != MACO__P2P_RECV || msgs[i].bytes == 0)
             continue;
         uintptr_t lo, hi;
         maco__p2p_span(&msgs[i], &lo, &hi);
         for (int k = 0; k < nmsgs; k++) {
-            if (k == i || msgs[k].bytes == 0)
+            if (k == i || msgs[k].dir != MACO__P2P_RECV || msgs[k].bytes == 0)
                 continue;
             uintptr_t lo2, hi2;
             maco__p2p_span(&msgs[k], &lo2, &hi2);
@@ -71,14 +91,12 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
                 return maco__p2p_fail(
                     why, why_bytes, call_p, a->call,
                     "call %d (%s): its receive buffer %p (%llu bytes, from rank %d) overlaps "
-                    "the %s buffer %p (%llu bytes, %s rank %d) %s; the sends and receives of "
-                    "a group run at the same time, so a receive buffer must not overlap any "
-                    "other buffer of the group",
-                    a->call, a->fn, a->recv, (unsigned long long)a->bytes, (int)a->peer,
-                    b->dir == MACO__P2P_SEND ? "send" : "receive",
-                    b->dir == MACO__P2P_SEND ? (const void *)b->send : (const void *)b->recv,
-                    (unsigned long long)b->bytes, b->dir == MACO__P2P_SEND ? "to" : "from",
-                    (int)b->peer, whose);
+                    "the receive buffer %p (%llu bytes, from rank %d) %s; the sends and "
+                    "receives of a group run at the same time, so a receive buffer must not "
+                    "overlap another receive buffer of the group (send buffers may overlap "
+                    "receive buffers: in place)",
+                    a->call, a->fn, a->recv, (unsigned long long)a->bytes, (int)a->peer, b->recv,
+                    (unsigned long long)b->bytes, (int)b->peer, whose);
             }
         }
     }
@@ -161,7 +179,9 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
                     p.ops[p.nops].src = m->send;
                     p.ops[p.nops].dst = r->recv;
                     p.ops[p.nops].bytes = m->bytes;
-                    p.op_flags[p.nops] = m->flags;
+                    p.op_flags[p.nops] = (uint8_t)(m->flags & ~MACO__P2P_FLAG_STAGE);
+                    if (maco__p2p_send_in_place(msgs, nmsgs, m))
+                        p.op_flags[p.nops] |= MACO__P2P_FLAG_STAGE;
                     p.nops++;
                     count++;
                     continue;
@@ -173,7 +193,9 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
                 p.ops[p.nops].src = dir == MACO__P2P_SEND ? m->send : NULL;
                 p.ops[p.nops].dst = dir == MACO__P2P_RECV ? m->recv : NULL;
                 p.ops[p.nops].bytes = m->bytes;
-                p.op_flags[p.nops] = m->flags;
+                p.op_flags[p.nops] = (uint8_t)(m->flags & ~MACO__P2P_FLAG_STAGE);
+                if (dir == MACO__P2P_SEND && maco__p2p_send_in_place(msgs, nmsgs, m))
+                    p.op_flags[p.nops] |= MACO__P2P_FLAG_STAGE;
                 p.nops++;
                 count++;
             }

@@ -41,9 +41,13 @@ enum { MACO__P2P_KIND_SENDRECV = 0, MACO__P2P_KIND_ALLTOALL = 1, MACO__P2P_KIND_
 
 /*
  * Per-op flags byte: bits 0-1 kind (above), bits 2-3 log2 of the element size (for the
- * receiver's mismatch message), bit 7 LL (the sender sends this message as LL packets; the
- * receiver learns the mode from each chunk's header, so it does not need this bit).
+ * receiver's mismatch message), bit 6 STAGE (host only, the kernel ignores it: the op's
+ * source shares bytes with a receive buffer of the group, so the launch copies the source
+ * aside first and the op reads the copy; group.c), bit 7 LL (the sender sends this message
+ * as LL packets; the receiver learns the mode from each chunk's header, so it does not need
+ * this bit).
  */
+#define MACO__P2P_FLAG_STAGE 0x40u
 #define MACO__P2P_FLAG_LL 0x80u
 #define MACO__P2P_FLAGS(kind, esz_log2, ll)                                                        \
     ((uint8_t)((kind) | ((esz_log2) << 2) | ((ll) ? MACO__P2P_FLAG_LL : 0u)))
@@ -93,12 +97,17 @@ typedef struct maco__p2p_msg {
  * rank and the k-th receive from it become one local copy. Messages of 0 bytes that are not
  * local stay (all-to-all exchanges them so the receiver can check the count); local ones are
  * dropped.
+ * In place: a send (or a local copy's source) that shares a byte with a receive buffer of
+ * the messages is allowed, and its op gets MACO__P2P_FLAG_STAGE: the messages run at the
+ * same time and a receive may write those bytes before the send has read them, so the
+ * launch must make the op read a copy taken before it (group.c). nccl-tests' in-place
+ * sendrecv is such a group: send X to rank r + 1, receive into X from rank r - 1.
  * Errors (MACO_ERR_INVALID_ARGUMENT; *plan untouched; `why` gets a sentence naming the calls
  * by number and name; *call_p the first call at fault):
  *   a send to this rank without a receive from it, or the reverse; a local pair whose byte
- *   counts differ; a receive buffer that shares a byte with any other buffer of the messages;
- *   more than MACO__P2P_MAX_OPS ops or more than MACO__P2P_MAX_PAIRS pairs; a peer outside
- *   [0, nranks).
+ *   counts differ; a receive buffer that shares a byte with another receive buffer of the
+ *   messages (which write would land last is undefined); more than MACO__P2P_MAX_OPS ops or
+ *   more than MACO__P2P_MAX_PAIRS pairs; a peer outside [0, nranks).
  * Pure: no CUDA, no logging (the caller logs `why`); `plan` may be NULL (checks only).
  */
 maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int rank, int nranks,

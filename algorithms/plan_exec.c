@@ -114,10 +114,9 @@ maco_status_t maco_plan_verify_file(const char *path, char *report, size_t repor
     return st;
 }
 
-maco_status_t maco_plan_destroy(maco_plan_t plan)
+/* maco_plan_destroy's work, with the plan's device current. */
+static maco_status_t maco__plan_destroy_here(maco_plan_t plan)
 {
-    if (plan == NULL)
-        return MACO_OK;
     maco_status_t st = MACO_OK;
     if (plan->buf != NULL && cudaDeviceSynchronize() != cudaSuccess)
         st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
@@ -159,6 +158,18 @@ maco_status_t maco_plan_destroy(maco_plan_t plan)
     free(plan->ports);
     maco__plan_desc_free(plan->desc);
     free(plan);
+    return st;
+}
+
+maco_status_t maco_plan_destroy(maco_plan_t plan)
+{
+    if (plan == NULL)
+        return MACO_OK;
+    /* Synchronisation and frees on the communicator's device; the caller's stays current. */
+    int saved = -1;
+    (void)maco__device_enter(plan->comm->cuda_device, &saved);
+    maco_status_t st = maco__plan_destroy_here(plan);
+    maco__device_leave(saved);
     return st;
 }
 
@@ -428,12 +439,9 @@ out:
     return st;
 }
 
-maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *plan_p)
+/* maco_plan_load's work, with the communicator's device current. */
+static maco_status_t maco__plan_load_here(maco_comm_t comm, const char *path, maco_plan_t *plan_p)
 {
-    if (comm == NULL || path == NULL || plan_p == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_plan_load: %s is NULL",
-                           comm == NULL ? "comm" : (path == NULL ? "path" : "plan_p"));
     maco_status_t st = maco__comm_require_gpu(comm, "maco_plan_load");
     if (st != MACO_OK)
         return st;
@@ -514,6 +522,14 @@ maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *pl
         goto fail;
     }
     st = maco__mem_exchange(comm, plan->mem, plan->peer_buf, plan->peer_mem);
+    if (st == MACO_OK) {
+        cudaError_t e = maco__preload_plan();
+        if (e != cudaSuccess)
+            st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
+                             "maco_plan_load: loading the executor's kernels on device %d "
+                             "(cudaFuncGetAttributes) failed: %s (%s)",
+                             comm->cuda_device, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
     plan->port = port || comm->nnodes > 1;
     if (st == MACO_OK && plan->port)
         st = maco__plan_host(plan);
@@ -534,6 +550,23 @@ maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *pl
 fail:
     maco__comm_record(comm, st);
     maco_plan_destroy(plan);
+    return st;
+}
+
+maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *plan_p)
+{
+    if (comm == NULL || path == NULL || plan_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_plan_load: %s is NULL",
+                           comm == NULL ? "comm" : (path == NULL ? "path" : "plan_p"));
+    /* The plan's buffers go on the communicator's device, whichever device the calling
+     * thread has current; the caller's stays current. */
+    int saved = -1;
+    maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_plan_load");
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    st = maco__plan_load_here(comm, path, plan_p);
+    maco__device_leave(saved);
     return st;
 }
 
@@ -613,8 +646,18 @@ maco_status_t maco_plan_execute(maco_plan_t plan, const void *sendbuf, void *rec
     a.nranks = comm->nranks;
     a.avg = op == MACO_AVG;
     a.op = op == MACO_AVG ? (int32_t)MACO_SUM : (int32_t)op;
+    maco_status_t st = maco__comm_check_stream(comm, stream, fn);
+    if (st != MACO_OK)
+        return st;
+    /* On the communicator's device whichever the calling thread has current (stream 0 is
+     * then its legacy stream). */
+    int saved = -1;
+    st = maco__device_enter_status(comm->cuda_device, &saved, fn);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
     cudaError_t e =
         maco__launch_plan(&a, (int)type, plan->ntbs, MACO__PLAN_THREADS, (cudaStream_t)stream);
+    maco__device_leave(saved);
     if (e != cudaSuccess)
         return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
                                                    "%s: the executor's launch failed: %s (%s)", fn,

@@ -489,3 +489,28 @@ extern "C" cudaError_t maco__launch_plan(const maco__pexec_args_t *args, int dat
     }
     return cudaGetLastError();
 }
+
+extern "C" cudaError_t maco__preload_plan(void)
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaSuccess;
+#define MACO__PLAN_PRELOAD(T)                                                                      \
+    if (e == cudaSuccess)                                                                          \
+        e = cudaFuncGetAttributes(&fa, maco__plan_kernel<T, 0>);                                   \
+    if (e == cudaSuccess)                                                                          \
+        e = cudaFuncGetAttributes(&fa, maco__plan_kernel<T, 1>);
+    MACO__PLAN_PRELOAD(maco__t_i8)
+    MACO__PLAN_PRELOAD(maco__t_u8)
+    MACO__PLAN_PRELOAD(maco__t_i32)
+    MACO__PLAN_PRELOAD(maco__t_u32)
+    MACO__PLAN_PRELOAD(maco__t_i64)
+    MACO__PLAN_PRELOAD(maco__t_u64)
+    MACO__PLAN_PRELOAD(maco__t_f16)
+    MACO__PLAN_PRELOAD(maco__t_bf16)
+    MACO__PLAN_PRELOAD(maco__t_f32)
+    MACO__PLAN_PRELOAD(maco__t_f64)
+    MACO__PLAN_PRELOAD(maco__t_e4m3)
+    MACO__PLAN_PRELOAD(maco__t_e5m2)
+#undef MACO__PLAN_PRELOAD
+    return e;
+}

@@ -282,6 +282,12 @@ void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p)
     pthread_mutex_unlock(&g->lock);
 }
 
+void maco__registry_map_new(maco_comm_t comm)
+{
+    uint32_t seen[MACO__MAX_LOCAL_RANKS];
+    maco__registry_refresh(comm, seen);
+}
+
 const uint64_t *maco__registry_table(maco_comm_t comm)
 {
     maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;

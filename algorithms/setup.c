@@ -309,6 +309,29 @@ out:
     return st;
 }
 
+/* Every kernel the collectives may launch, loaded now (algorithms.h, kernel preloading). */
+static maco_status_t maco__coll_preload(maco_comm_t comm)
+{
+    static cudaError_t (*const preload[])(void) = {
+        maco__preload_coll_int8,    maco__preload_coll_uint8,    maco__preload_coll_int32,
+        maco__preload_coll_uint32,  maco__preload_coll_int64,    maco__preload_coll_uint64,
+        maco__preload_coll_float16, maco__preload_coll_bfloat16, maco__preload_coll_float32,
+        maco__preload_coll_float64, maco__preload_coll_fp8_e4m3, maco__preload_coll_fp8_e5m2,
+        maco__preload_p2p,
+    };
+    for (size_t i = 0; i < sizeof(preload) / sizeof(preload[0]); i++) {
+        cudaError_t e = preload[i]();
+        if (e != cudaSuccess)
+            return maco__error(MACO_ERR_CUDA, MACO_SUBSYS_INIT,
+                               "rank %d: loading the collectives' kernels on device %d "
+                               "(cudaFuncGetAttributes) failed: %s (%s); was MACO built for this "
+                               "GPU's architecture (CMAKE_CUDA_ARCHITECTURES)?",
+                               comm->rank, comm->cuda_device, cudaGetErrorName(e),
+                               cudaGetErrorString(e));
+    }
+    return MACO_OK;
+}
+
 static maco_status_t maco__coll_setup(maco_comm_t comm)
 {
     const int n = comm->nranks;
@@ -460,6 +483,8 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
                               cudaMemcpyHostToDevice),
                    st, out);
     st = maco__registry_setup(comm);
+    if (st == MACO_OK)
+        st = maco__coll_preload(comm);
     if (st == MACO_OK && c->nnodes > 1)
         st = maco__coll_rails(comm, c);
     if (st == MACO_OK)

@@ -117,3 +117,9 @@ extern "C" cudaError_t maco__launch_xp2p(const maco__xp2p_args_t *args, int bloc
     maco__xp2p_kernel<<<blocks, threads, 0, stream>>>(*args);
     return cudaGetLastError();
 }
+
+extern "C" cudaError_t maco__preload_xp2p(void)
+{
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, maco__xp2p_kernel);
+}

@@ -139,8 +139,10 @@ static maco_status_t maco__port_instance(struct maco_proxy *p, maco_transport_t 
     return MACO_OK;
 }
 
-maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_t transport,
-                                       maco_mem_t src, maco_mem_t dst, maco_port_channel_t *ch_p)
+/* maco_port_channel_create's work, with the communicator's device current. */
+static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
+                                                    maco_transport_t transport, maco_mem_t src,
+                                                    maco_mem_t dst, maco_port_channel_t *ch_p)
 {
     if (p == NULL || src == NULL || dst == NULL || ch_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -367,6 +369,24 @@ fail:
     return maco__comm_record(comm, st);
 }
 
+maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_t transport,
+                                       maco_mem_t src, maco_mem_t dst, maco_port_channel_t *ch_p)
+{
+    if (p == NULL || src == NULL || dst == NULL || ch_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: NULL argument");
+    /* A transport's first channel makes its streams and pinned buffers: on the
+     * communicator's device whichever device the calling thread has current. */
+    int saved = -1;
+    maco_status_t st =
+        maco__device_enter_status(p->comm->cuda_device, &saved, "maco_port_channel_create");
+    if (st != MACO_OK)
+        return maco__comm_record(p->comm, st);
+    st = maco__port_channel_create_here(p, peer, transport, src, dst, ch_p);
+    maco__device_leave(saved);
+    return st;
+}
+
 maco_status_t maco_port_channel_get_transport(maco_port_channel_t ch, maco_transport_t *transport_p)
 {
     if (ch == NULL || transport_p == NULL)
@@ -398,7 +418,8 @@ maco_status_t maco_port_channel_get_device_handle(maco_port_channel_t ch,
     return MACO_OK;
 }
 
-maco_status_t maco_port_channel_destroy(maco_port_channel_t ch)
+/* maco_port_channel_destroy's work, with the communicator's device current. */
+static maco_status_t maco__port_channel_destroy_here(maco_port_channel_t ch)
 {
     if (ch == NULL)
         return MACO_OK;
@@ -406,6 +427,17 @@ maco_status_t maco_port_channel_destroy(maco_port_channel_t ch)
     ch->ops->disconnect(ch, maco__transport_state(ch));
     free(ch);
     return MACO_OK;
+}
+
+maco_status_t maco_port_channel_destroy(maco_port_channel_t ch)
+{
+    if (ch == NULL)
+        return MACO_OK;
+    int saved = -1;
+    (void)maco__device_enter(ch->proxy->comm->cuda_device, &saved);
+    maco_status_t st = maco__port_channel_destroy_here(ch);
+    maco__device_leave(saved);
+    return st;
 }
 
 /* ------------------------------------------------------------------ host-side calls */

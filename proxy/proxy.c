@@ -309,7 +309,8 @@ static void *maco__proxy_main(void *arg)
 
 /* ------------------------------------------------------------------ lifecycle */
 
-maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
+/* maco_proxy_create's work, with the communicator's device current. */
+static maco_status_t maco__proxy_create_here(maco_comm_t comm, maco_proxy_t *proxy_p)
 {
     if (comm == NULL || proxy_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -369,7 +370,24 @@ fail:
     return maco__comm_record(comm, st);
 }
 
-maco_status_t maco_proxy_start(maco_proxy_t p)
+maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
+{
+    if (comm == NULL || proxy_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_proxy_create: NULL argument");
+    /* The device FIFO's memory is pinned for, and allocated on, the communicator's device
+     * whichever device the calling thread has current; the caller's stays current. */
+    int saved = -1;
+    maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_proxy_create");
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    st = maco__proxy_create_here(comm, proxy_p);
+    maco__device_leave(saved);
+    return st;
+}
+
+/* maco_proxy_start's work, with the communicator's device current. */
+static maco_status_t maco__proxy_start_here(maco_proxy_t p)
 {
     if (p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -420,7 +438,22 @@ maco_status_t maco_proxy_start(maco_proxy_t p)
     return MACO_OK;
 }
 
-maco_status_t maco_proxy_stop(maco_proxy_t p)
+maco_status_t maco_proxy_start(maco_proxy_t p)
+{
+    if (p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_proxy_start: proxy is NULL");
+    int saved = -1;
+    maco_status_t st = maco__device_enter_status(p->comm->cuda_device, &saved, "maco_proxy_start");
+    if (st != MACO_OK)
+        return maco__comm_record(p->comm, st);
+    st = maco__proxy_start_here(p);
+    maco__device_leave(saved);
+    return st;
+}
+
+/* maco_proxy_stop's work, with the communicator's device current. */
+static maco_status_t maco__proxy_stop_here(maco_proxy_t p)
 {
     if (p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -451,8 +484,6 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
     int64_t now = maco__now_ms();
     int64_t deadline = now + maco__proxy_host_bound_ms(p);
     int64_t quiet_since = now;
-    if (p->comm->cuda_device >= 0)
-        cudaSetDevice(p->comm->cuda_device);
     for (;;) {
         int work = maco__proxy_drain(p, &p->host_fifo, 1 << 30);
         if (p->has_device_fifo)
@@ -477,7 +508,21 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
     return maco__comm_record(p->comm, st);
 }
 
-maco_status_t maco_proxy_destroy(maco_proxy_t p)
+maco_status_t maco_proxy_stop(maco_proxy_t p)
+{
+    if (p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_proxy_stop: proxy is NULL");
+    /* The drain below copies on the communicator's device; the caller's stays current. */
+    int saved = -1;
+    (void)maco__device_enter(p->comm->cuda_device, &saved);
+    maco_status_t st = maco__proxy_stop_here(p);
+    maco__device_leave(saved);
+    return st;
+}
+
+/* maco_proxy_destroy's work, with the communicator's device current. */
+static maco_status_t maco__proxy_destroy_here(maco_proxy_t p)
 {
     if (p == NULL)
         return MACO_OK;
@@ -520,4 +565,15 @@ maco_status_t maco_proxy_destroy(maco_proxy_t p)
     free(p->peer_host_sems);
     free(p);
     return MACO_OK;
+}
+
+maco_status_t maco_proxy_destroy(maco_proxy_t p)
+{
+    if (p == NULL)
+        return MACO_OK;
+    int saved = -1;
+    (void)maco__device_enter(p->comm->cuda_device, &saved);
+    maco_status_t st = maco__proxy_destroy_here(p);
+    maco__device_leave(saved);
+    return st;
 }

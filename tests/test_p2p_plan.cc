@@ -3,6 +3,7 @@
  * a message is cut into chunks on lanes, the chunk header, and the plan a group's messages
  * become (pairs, call order, local copies, the checks a rank makes alone). No GPU.
  */
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -142,11 +143,14 @@ TEST_F(P2PPlan, ChecksNameTheCall)
         { { Msg(MACO__P2P_SEND, 0, 0x1000, 8, 1), Msg(MACO__P2P_RECV, 0, 0x3000, 12, 2) },
           2,
           "but the matching send, call 1" },
-        { { Msg(MACO__P2P_SEND, 1, 0x1000, 100, 1), Msg(MACO__P2P_RECV, 1, 0x1050, 100, 2) },
-          2,
-          "overlaps the send buffer" },
         { { Msg(MACO__P2P_RECV, 1, 0x1000, 100, 1), Msg(MACO__P2P_RECV, 1, 0x1063, 1, 2) },
           1,
+          "overlaps the receive buffer" },
+        /* Receives from different peers into overlapping buffers, a send between them: the
+         * send is no excuse (it is staged), the receives still collide. */
+        { { Msg(MACO__P2P_SEND, 1, 0x1000, 100, 1), Msg(MACO__P2P_RECV, 1, 0x1000, 100, 2),
+            Msg(MACO__P2P_RECV, 0, 0x1060, 8, 3) },
+          2,
           "overlaps the receive buffer" },
         { { Msg(MACO__P2P_SEND, 2, 0x1000, 100, 1) }, 1, "peer 2 is outside [0, 2)" },
         { { Msg(MACO__P2P_SEND, 1, 0x1000, MACO__P2P_MAX_BYTES + 1, 1) }, 1, "2^56" },
@@ -179,6 +183,61 @@ TEST_F(P2PPlan, ChecksNameTheCall)
     EXPECT_EQ(maco__p2p_plan_build(ok.data(), 3, rank, n, nullptr, nullptr, why, sizeof(why)),
               MACO_OK)
         << why;
+}
+
+/* In place (nccl-tests' in-place sendrecv: send X to rank r + 1, receive into X from rank
+ * r - 1): accepted, and exactly the sends whose bytes a receive of the group writes are marked
+ * for staging (their source is copied aside before the launch: group.c), local copies
+ * included; receives and sends that touch no receive buffer are not marked. */
+TEST_F(P2PPlan, SendsOverlappingReceivesAreStagedNotRefused)
+{
+    const int rank = 1, n = 4;
+    std::vector<maco__p2p_msg_t> m = {
+        Msg(MACO__P2P_SEND, 2, 0x1000, 100, 1), /* X to the next rank */
+        Msg(MACO__P2P_RECV, 0, 0x1000, 100, 2), /* into X from the previous one */
+        Msg(MACO__P2P_SEND, 3, 0x9000, 64, 3),  /* touches no receive buffer */
+        Msg(MACO__P2P_SEND, 0, 0x1063, 1, 4),   /* the last byte of X only */
+        Msg(MACO__P2P_SEND, 3, 0x1064, 8, 5),   /* just past X */
+        Msg(MACO__P2P_SEND, 1, 0x5000, 32, 6),  /* local copy onto itself */
+        Msg(MACO__P2P_RECV, 1, 0x5000, 32, 7),  /* (send 6's receive) */
+        Msg(MACO__P2P_SEND, 1, 0x7000, 16, 8),  /* local copy elsewhere */
+        Msg(MACO__P2P_RECV, 1, 0x7100, 16, 9),  /* (send 8's receive) */
+        Msg(MACO__P2P_SEND, 2, 0x70f8, 16, 10), /* overlaps receive 9 by 8 bytes */
+        Msg(MACO__P2P_RECV, 2, 0x2000, 0, 11),  /* 0 bytes: overlaps nothing */
+        Msg(MACO__P2P_SEND, 2, 0x2000, 4, 12),
+    };
+    maco__p2p_plan_t plan;
+    char why[512];
+    int call = -1;
+    ASSERT_EQ(maco__p2p_plan_build(m.data(), static_cast<int>(m.size()), rank, n, &plan, &call, why,
+                                   sizeof(why)),
+              MACO_OK)
+        << why;
+    /* Staged sources, by the address each op reads. */
+    std::vector<uintptr_t> staged, plain;
+    for (int o = 0; o < plan.nops; o++) {
+        uintptr_t src = reinterpret_cast<uintptr_t>(plan.ops[o].src);
+        if (plan.ops[o].src == nullptr)
+            continue; /* a receive */
+        ((plan.op_flags[o] & MACO__P2P_FLAG_STAGE) ? staged : plain).push_back(src);
+        /* The kind and element-size bits are the message's own. */
+        EXPECT_EQ(plan.op_flags[o] & 0x0Fu, MACO__P2P_FLAGS(MACO__P2P_KIND_SENDRECV, 2, 0));
+    }
+    std::sort(staged.begin(), staged.end());
+    std::sort(plain.begin(), plain.end());
+    EXPECT_EQ(staged, (std::vector<uintptr_t>{ 0x1000, 0x1063, 0x5000, 0x70f8 }));
+    EXPECT_EQ(plain, (std::vector<uintptr_t>{ 0x1064, 0x2000, 0x7000, 0x9000 }));
+    for (int o = 0; o < plan.nops; o++) {
+        if (plan.ops[o].src == nullptr) {
+            EXPECT_EQ(plan.op_flags[o] & MACO__P2P_FLAG_STAGE, 0u) << "a receive marked";
+        }
+    }
+    /* A caller's flags never carry the mark in: it is the planner's alone. */
+    std::vector<maco__p2p_msg_t> one = { Msg(MACO__P2P_SEND, 0, 0x1000, 8, 1) };
+    one[0].flags |= MACO__P2P_FLAG_STAGE;
+    ASSERT_EQ(maco__p2p_plan_build(one.data(), 1, rank, n, &plan, nullptr, why, sizeof(why)),
+              MACO_OK);
+    EXPECT_EQ(plan.op_flags[0] & MACO__P2P_FLAG_STAGE, 0u);
 }
 
 } // namespace

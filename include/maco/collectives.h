@@ -34,19 +34,30 @@
  * and the graph can be replayed any number of times (the kernels keep their flags and
  * semaphore counts on the device).
  *
+ * Devices: every call works on the communicator's device whichever device the calling
+ * thread has current, and leaves the current device as it found it, so one thread may drive
+ * the communicators of several GPUs (put their calls in one maco_group_start/end: each
+ * communicator's kernels wait for its peers' kernels). `stream` is a stream of the
+ * communicator's device, or 0 (that device's legacy default stream), cudaStreamLegacy or
+ * cudaStreamPerThread (taken on the communicator's device); a stream created on another
+ * device is refused.
+ *
  * Errors common to every call (nothing is enqueued, nothing written):
  *   MACO_ERR_INVALID_ARGUMENT  comm NULL; datatype or op out of range; root not in
  *                              [0, nranks); a buffer NULL with count > 0; count * element
  *                              size (times nranks where a buffer holds every rank's block)
  *                              overflows size_t; send and receive buffers that overlap other
  *                              than exactly in place (below); a forced algorithm too small
- *                              for the size. The message names the argument and the limit.
+ *                              for the size; a stream of another device than the
+ *                              communicator's (cudaStreamGetDevice; both devices named).
+ *                              The message names the argument and the limit.
  *   MACO_ERR_UNSUPPORTED       no GPU on this rank; ranks on several nodes whose
  *                              collectives could not be set up (the message says why:
  *                              MACO_SCRATCH_SIZE too small, no transport); an unknown
  *                              MACO_ALGO_<COLLECTIVE> value.
  *   MACO_ERR_INVALID_USAGE     an earlier asynchronous error on this communicator.
- *   MACO_ERR_CUDA              the launch failed.
+ *   MACO_ERR_CUDA              the launch failed, or making the communicator's device
+ *                              current did (cudaSetDevice).
  * A kernel that waits longer than MACO_DEVICE_TIMEOUT for a peer stops and reports
  * through maco_comm_get_async_error() (naming the peer); nothing hangs. When a proxy sees a
  * peer's connection fail (across nodes), every device wait of the communicator ends at once
@@ -231,11 +242,14 @@ MACO_API maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t 
  * recvcounts[q] elements from rank q land at recvbuf + rdispls[q]. recvcounts[q] on rank r
  * must equal sendcounts[r] on rank q (a receiver that gets another count reports it, see
  * above; blocks of 0 elements are exchanged too, so every pair's counts are checked). No
- * receive block may overlap another receive block or any send block; send blocks may overlap
- * each other. Every rank must call it, in the same order relative to the other calls.
+ * receive block may overlap another receive block; send blocks may overlap each other and
+ * receive blocks (in place: the send blocks a receive block overlaps are copied aside on the
+ * stream before the exchange, so they are sent as they were; see maco_recv). Every rank must
+ * call it, in the same order relative to the other calls.
  * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for a NULL array, a displacement plus
- * count that overflows, sendcounts[rank] != recvcounts[rank], or overlapping blocks (these
- * last found when the call is issued: at maco_group_end inside a group).
+ * count that overflows, sendcounts[rank] != recvcounts[rank], or overlapping receive blocks
+ * (these last found when the call is issued: at maco_group_end inside a group);
+ * MACO_ERR_CUDA when the copy of in-place blocks cannot be allocated (cudaMallocAsync).
  */
 MACO_API maco_status_t maco_alltoallv(const void *sendbuf, const size_t *sendcounts,
                                       const size_t *sdispls, void *recvbuf,
@@ -260,10 +274,19 @@ MACO_API maco_status_t maco_send(const void *buf, size_t count, maco_datatype_t 
 
 /**
  * Receives `count` elements from rank `peer` into buf (see maco_send for matching and
- * counts). buf must not overlap any other buffer of the same group.
+ * counts). buf must not overlap another receive buffer of the same group (which write lands
+ * last would be undefined). It may overlap send buffers of the group: in place, as
+ * nccl-tests' in-place sendrecv (send X to rank r + 1, receive into X from rank r - 1).
+ * Every send whose buffer overlaps a receive buffer of the group is then copied aside first,
+ * on the group's stream (a temporary from cudaMallocAsync, freed with cudaFreeAsync after the
+ * launch: stream-ordered, so CUDA graphs capture it), and sent from the copy: the send
+ * carries the buffer as it was before the group, the receive leaves the new contents. That
+ * costs one device-to-device copy of each such send and its size in device memory until the
+ * group's kernel is done.
  * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for peer outside [0, nranks), a receive
- * from this rank without its send in the same group, buf overlapping another buffer of the
- * group (the last two found when the group is issued).
+ * from this rank without its send in the same group, buf overlapping another receive buffer
+ * of the group (the last two found when the group is issued); MACO_ERR_CUDA when the copy of
+ * in-place sends cannot be made (cudaMallocAsync or cudaMemcpyAsync failed).
  */
 MACO_API maco_status_t maco_recv(void *buf, size_t count, maco_datatype_t datatype, int peer,
                                  maco_comm_t comm, maco_stream_t stream);
@@ -284,7 +307,7 @@ MACO_API maco_status_t maco_recv(void *buf, size_t count, maco_datatype_t dataty
  * the first of them, logs which call it was (its number in the group and its name) and
  * issues nothing of the group. maco_group_end checks everything before issuing anything: an
  * error it finds (the communicator's GPU or nodes, an earlier asynchronous error, a local
- * send without its receive, an overlapping receive buffer, more than 128 sends and receives
+ * send without its receive, receive buffers that overlap, more than 128 sends and receives
  * on one communicator) is returned, naming the call, and nothing is issued. Only a failed
  * launch can leave part of a group issued (MACO_ERR_CUDA).
  * maco_group_start: MACO_OK, or MACO_ERR_INVALID_USAGE when nested more than 2^20 deep.

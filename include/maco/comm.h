@@ -52,7 +52,9 @@ MACO_API maco_status_t maco_comm_init_from_env(maco_comm_t *comm_p);
 /**
  * Frees the communicator's resources: waits for its device work to finish (bounded by
  * MACO_DEVICE_TIMEOUT through the kernels' own waits), unmaps peers' memory, frees
- * device memory. Not collective. NULL is accepted and ignored.
+ * device memory. Works on the communicator's device whichever device the calling thread has
+ * current, and leaves the caller's current device as it was. Not collective. NULL is
+ * accepted and ignored.
  */
 MACO_API maco_status_t maco_comm_destroy(maco_comm_t comm);
 

@@ -79,6 +79,8 @@ MACO_API maco_status_t maco_mem_free(maco_comm_t comm, void *ptr);
  * Registers `bytes` bytes at `ptr`: device memory of the communicator's device (cudaMalloc
  * or cuMem) or pinned host memory. The memory stays owned by the caller and must outlive
  * the registration. Not collective; not blocking. Thread-safe for different communicators.
+ * Works on the communicator's device whichever device the calling thread has current, and
+ * leaves the current device as it was (so do maco_mem_import and maco_mem_deregister).
  * Device memory is also published to the communicator's peers, so collectives on it run in
  * place (maco/collectives.h); peers keep their mapping of it until the communicator is
  * destroyed.

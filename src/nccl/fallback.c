@@ -135,9 +135,16 @@ void *maco_nccl__fallback_comm(struct ncclComm *comm)
         res = maco_nccl__fail(res == ncclSuccess ? ncclRemoteError : res,
                               "the real NCCL's ncclGetUniqueId failed on rank 0");
     } else {
+        /* NCCL takes the communicator's device from the current one; the caller's device is
+         * current again afterwards. */
+        int cur = -1;
+        if (cudaGetDevice(&cur) != cudaSuccess)
+            cudaGetLastError();
         if (comm->device >= 0)
             cudaSetDevice(comm->device);
         res = r->CommInitRank(&real, comm->nranks, id, comm->rank);
+        if (comm->device >= 0 && cur >= 0 && cur != comm->device)
+            cudaSetDevice(cur);
         if (res != ncclSuccess) {
             real = NULL;
             maco_nccl__fail(res, "the real NCCL's ncclCommInitRank failed (rank %d of %d): %s",

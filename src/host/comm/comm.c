@@ -276,10 +276,13 @@ static void maco__comm_free(maco_comm_t comm)
 {
     if (comm == NULL)
         return;
-    if (comm->cuda_device >= 0 && comm->buf != NULL) {
-        cudaSetDevice(comm->cuda_device);
+    /* Everything below (synchronisation, frees, unmapping) is of the communicator's device;
+     * the caller's current device is current again at the end (one thread may drive several
+     * communicators, as NCCL's ncclCommDestroy allows). */
+    int saved = -1;
+    if (comm->cuda_device >= 0 && maco__device_enter(comm->cuda_device, &saved) == cudaSuccess &&
+        comm->buf != NULL)
         cudaDeviceSynchronize();
-    }
     const maco__comm_ext_t *ext = maco__comm_extension();
     if (ext != NULL && ext->destroy != NULL)
         ext->destroy(comm);
@@ -300,6 +303,7 @@ static void maco__comm_free(maco_comm_t comm)
         maco_bootstrap_destroy(comm->bs);
     pthread_mutex_destroy(&comm->error_lock);
     free(comm);
+    maco__device_leave(saved);
 }
 
 maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t *comm_p)

@@ -130,6 +130,26 @@ void maco__comm_set_async_error(maco_comm_t comm, maco_status_t status)
         (void)maco__comm_end_device_waits(comm);
 }
 
+maco_status_t maco__comm_check_stream(maco_comm_t comm, void *stream, const char *fn)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread)
+        return MACO_OK;
+    int dev = -1;
+    if (cudaStreamGetDevice(s, &dev) != cudaSuccess) {
+        cudaGetLastError(); /* no answer: the launch says what is wrong, if anything */
+        return MACO_OK;
+    }
+    if (dev == comm->cuda_device)
+        return MACO_OK;
+    return maco__comm_record(
+        comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                          "%s: stream %p belongs to CUDA device %d, but the communicator (rank %d) "
+                          "uses device %d; pass a stream of device %d, or 0, cudaStreamLegacy or "
+                          "cudaStreamPerThread (taken on the communicator's device)",
+                          fn, (void *)s, dev, comm->rank, comm->cuda_device, comm->cuda_device));
+}
+
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn)
 {
     if (comm->gpu_unavailable[0] == '\0')

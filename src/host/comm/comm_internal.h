@@ -167,6 +167,18 @@ maco_status_t maco__mem_lookup(uint64_t addr, uint64_t bytes, maco__mem_region_t
 /** MACO_OK when the communicator can run GPU work; else MACO_ERR_UNSUPPORTED with why. */
 maco_status_t maco__comm_require_gpu(maco_comm_t comm, const char *fn);
 
+/*
+ * Checks that `stream` can carry work of the communicator: a stream created on another
+ * device than the communicator's is refused (MACO_ERR_INVALID_ARGUMENT naming both devices,
+ * recorded; `fn` starts the message). 0 (NULL), cudaStreamLegacy and cudaStreamPerThread
+ * name a stream of the current device, so they always pass: every launch runs with the
+ * communicator's device current (cuda_util.h, device scopes), where they are that device's
+ * legacy default stream or the thread's per-thread stream. A driver too old to say which
+ * device a stream has (cudaStreamGetDevice fails) passes too: the launch then fails with
+ * CUDA's error if the stream is of another device. Not blocking.
+ */
+maco_status_t maco__comm_check_stream(maco_comm_t comm, void *stream, const char *fn);
+
 /** Makes GPU operations unsupported from now on, saying `why` (the first reason is kept). */
 void maco__comm_set_unavailable(maco_comm_t comm, const char *why);
 

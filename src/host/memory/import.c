@@ -21,7 +21,9 @@
 
 /* ------------------------------------------------------------------ import */
 
-/* Same process, other device: the owner's pointer works once peer access is on. */
+/* Same process, other device: the owner's pointer works once peer access is on. Runs with
+ * the communicator's device current (maco_mem_import): cudaDeviceEnablePeerAccess enables
+ * access from the current device. */
 static maco_status_t maco__import_same_process(maco_comm_t comm, int kind, int owner_device,
                                                char *owner_base, size_t alloc_bytes)
 {
@@ -175,11 +177,9 @@ void maco__import_unmap(maco__import_t *imp)
     }
 }
 
-maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *mem_p)
+/* maco_mem_import's work, on the communicator's device (the caller's scope). */
+static maco_status_t maco__mem_import_here(maco_comm_t comm, const void *handle, maco_mem_t *mem_p)
 {
-    if (comm == NULL || handle == NULL || mem_p == NULL)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_import: NULL argument"));
     const uint8_t *p = (const uint8_t *)handle;
     maco__mem_handle_t h;
     maco_status_t st = maco__mem_handle_decode(handle, comm->nranks, comm->rank, &h);
@@ -285,4 +285,21 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     }
     *mem_p = mem;
     return MACO_OK;
+}
+
+maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *mem_p)
+{
+    if (comm == NULL || handle == NULL || mem_p == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_import: NULL argument"));
+    /* Peer access (cudaDeviceEnablePeerAccess is from the current device), IPC mappings and
+     * cuMem access grants are made for the communicator's device, whichever device the
+     * calling thread has current (one thread may drive several communicators). */
+    int saved = -1;
+    maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_mem_import");
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    st = maco__mem_import_here(comm, handle, mem_p);
+    maco__device_leave(saved);
+    return st;
 }

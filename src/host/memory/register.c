@@ -77,16 +77,11 @@ out:
     return st;
 }
 
-maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_mem_t *mem_p)
+/* maco_mem_register's work, on the communicator's device (the caller's scope). */
+static maco_status_t maco__mem_register_here(maco_comm_t comm, void *ptr, size_t bytes,
+                                             maco_mem_t *mem_p)
 {
     static const char *what = "maco_mem_register";
-    if (comm == NULL || ptr == NULL || mem_p == NULL)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_register: comm, ptr and mem_p "
-                                                   "must not be NULL"));
-    if (bytes == 0)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
-                                                   "maco_mem_register: bytes is 0"));
     char *p = (char *)ptr;
     /* MACO's shared host memory needs no GPU; everything else is asked of CUDA. */
     pthread_mutex_lock(&maco__mem_lock);
@@ -224,6 +219,26 @@ fail:
     return maco__comm_record(comm, st);
 }
 
+maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_mem_t *mem_p)
+{
+    if (comm == NULL || ptr == NULL || mem_p == NULL)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_register: comm, ptr and mem_p "
+                                                   "must not be NULL"));
+    if (bytes == 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                                                   "maco_mem_register: bytes is 0"));
+    /* The export (cudaIpcGetMemHandle) is made in the communicator's device's context,
+     * whichever device the calling thread has current. */
+    int saved = -1;
+    maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_mem_register");
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    st = maco__mem_register_here(comm, ptr, bytes, mem_p);
+    maco__device_leave(saved);
+    return st;
+}
+
 maco_status_t maco_mem_serialize(maco_mem_t mem, void *out)
 {
     if (mem == NULL || out == NULL)
@@ -342,6 +357,10 @@ maco_status_t maco_mem_deregister(maco_mem_t mem)
 {
     if (mem == NULL)
         return MACO_OK;
+    /* An IPC mapping is closed in the context that opened it: the communicator's device. */
+    int saved = -1;
+    if (mem->comm != NULL)
+        (void)maco__device_enter(mem->comm->cuda_device, &saved);
     if (mem->published) {
         const maco__comm_ext_t *ext = maco__comm_extension();
         if (ext != NULL && ext->on_deregister != NULL)
@@ -371,6 +390,7 @@ maco_status_t maco_mem_deregister(maco_mem_t mem)
     }
     pthread_mutex_unlock(&maco__mem_lock);
     free(mem);
+    maco__device_leave(saved);
     return MACO_OK;
 }
 

@@ -255,6 +255,9 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
     st = maco__task_graph_lower(graph, fn, &l);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
+    /* The kernel's memory goes on the communicator's device whichever device the calling
+     * thread has current; the caller's stays current. */
+    int saved = -1;
     maco_persistent_kernel_t k = calloc(1, sizeof(*k));
     char *host = NULL;
     if (k == NULL) {
@@ -265,7 +268,9 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
     }
     k->comm = comm;
     k->ntasks = l.ntasks;
-    MACO_CUDA_GOTO(cudaSetDevice(comm->cuda_device), st, fail);
+    st = maco__device_enter_status(comm->cuda_device, &saved, fn);
+    if (st != MACO_OK)
+        goto fail;
     st = maco__pk_split(comm, &l, config, &k->config, &k->gemm);
     if (st != MACO_OK)
         goto fail;
@@ -316,12 +321,14 @@ maco_status_t maco_persistent_kernel_create(maco_comm_t comm, maco_task_graph_t 
              fixed_bytes, state_bytes);
     free(host);
     maco__pk_lowered_free(&l);
+    maco__device_leave(saved);
     *kernel_p = k;
     return MACO_OK;
 fail:
     free(host);
     maco__pk_lowered_free(&l);
     maco__pk_free(k);
+    maco__device_leave(saved);
     return maco__comm_record(comm, st);
 }
 
@@ -338,6 +345,14 @@ maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_str
             k->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
                                  "%s: the communicator has failed (%s): %s; destroy it", fn,
                                  maco_status_string(async_st), maco_comm_get_last_error(k->comm)));
+    maco_status_t st = maco__comm_check_stream(k->comm, stream, fn);
+    if (st != MACO_OK)
+        return st;
+    /* On the communicator's device (stream 0 is then its legacy stream). */
+    int saved = -1;
+    st = maco__device_enter_status(k->comm->cuda_device, &saved, fn);
+    if (st != MACO_OK)
+        return maco__comm_record(k->comm, st);
     cudaError_t cerr;
     switch (k->gemm) {
     case MACO__PK_GEMM_GMMA:
@@ -350,6 +365,7 @@ maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_str
         cerr = maco__pk_launch(&k->view, k->grid, k->config.threads, (cudaStream_t)stream);
         break;
     }
+    maco__device_leave(saved);
     if (cerr != cudaSuccess)
         return maco__comm_record(k->comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_PERSIST,
                                                       "%s: launch of %d CTAs of %d threads "
@@ -388,7 +404,11 @@ maco_status_t maco_persistent_kernel_get_launch(maco_persistent_kernel_t k, void
 
 maco_status_t maco_persistent_kernel_destroy(maco_persistent_kernel_t k)
 {
+    int saved = -1;
+    if (k != NULL)
+        (void)maco__device_enter(k->comm->cuda_device, &saved);
     maco__pk_free(k);
+    maco__device_leave(saved);
     return MACO_OK;
 }
 
@@ -409,9 +429,16 @@ maco_status_t maco__pk_profile_read(maco_persistent_kernel_t k, const char *fn,
     if (raw == NULL)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
     maco_status_t st = MACO_OK;
-    MACO_CUDA_GOTO(
-        cudaMemcpy(raw, k->view.profile, k->ntasks * sizeof(*raw), cudaMemcpyDeviceToHost), st,
-        out);
+    /* cudaMemcpy orders itself after the legacy stream of the current device: the
+     * communicator's, where the kernel ran. */
+    int saved = -1;
+    st = maco__device_enter_status(k->comm->cuda_device, &saved, fn);
+    if (st != MACO_OK)
+        goto out;
+    cudaError_t cerr =
+        cudaMemcpy(raw, k->view.profile, k->ntasks * sizeof(*raw), cudaMemcpyDeviceToHost);
+    maco__device_leave(saved);
+    MACO_CUDA_GOTO(cerr, st, out);
     for (uint32_t i = 0; i < k->ntasks; i++) {
         records[i].start_ns = raw[i].start_ns;
         records[i].end_ns = raw[i].end_ns;
