@@ -13,12 +13,18 @@
 #                against cuBLAS + NCCL, cuBLAS + MACO and PyTorch's async TP (BENCH_ARGS adds
 #                or overrides its flags); the table, JSON and one Chrome trace into $OUT
 #   suite        ctest -L gpu (every GPU test)
+#   nccl-1proc   one process driving every GPU through MACO's libnccl: ctest gpu_nccl_1proc
+#                (CuPy's sequence on every stream kind, in-place sendrecv, registration with
+#                another GPU current), gpu_nccl_cupy, gpu_1proc_2; the p2p suite (in-place
+#                send/recv included) on 2 and N GPUs, one rank per GPU
+#   nccl-tests   tests/nccl/run_nccl_tests.sh over NCCL_TESTS_DIR (a checkout of NVIDIA's
+#                nccl-tests the caller brings; NCCL_TESTS_ONLY="all_reduce ..." narrows it)
 #   issue33-*    scripts/gpu-issue33.sh's stages (tests, torch)
 # BUDGET_S (default 570) bounds the call; each step has its own limit. The summary is printed
 # last; the logs are packed into $OUT/gpu-verify-<stages>.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-[ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
 if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
   tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
 fi
@@ -72,6 +78,24 @@ for stage in "$@"; do
   suite)
     bounded gpu-suite 480 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
     ;;
+  nccl-1proc)
+    bounded ctest-1proc 300 ctest --test-dir "$B" -R 'gpu_nccl_1proc|gpu_nccl_cupy|gpu_1proc_2' \
+      --output-on-failure --timeout 240
+    for r in 2 "$n"; do
+      [ "$ngpu" -ge "$r" ] || continue
+      bounded "p2p-$r" 240 "$R" -n "$r" --timeout 230 "$B/tests/test_gpu_mp" --gtest_filter='P2P.*'
+      [ "$r" -eq "$n" ] && break
+    done
+    ;;
+  nccl-tests)
+    if [ -z "${NCCL_TESTS_DIR:-}" ] || [ ! -e "${NCCL_TESTS_DIR}/src/common.cu" ]; then
+      summary+=("nccl-tests: set NCCL_TESTS_DIR to a checkout of NVIDIA's nccl-tests")
+    else
+      bounded nccl-tests "$(( $(left) - 10 ))" tests/nccl/run_nccl_tests.sh "$NCCL_TESTS_DIR" "$B" \
+        "$OUT/nccl-tests"
+      [ -f "$OUT/nccl-tests/summary.txt" ] && cp "$OUT/nccl-tests/summary.txt" "$OUT/nccl-tests-summary.txt"
+    fi
+    ;;
   issue33-*)
     BUDGET_S=$(left) bash scripts/gpu-issue33.sh "${stage#issue33-}" > "$OUT/$stage.txt" 2>&1
     summary+=("$(printf '%-22s rc=%d (its summary: %s.txt)' "$stage" $? "$stage")")
@@ -88,6 +112,13 @@ for f in "$OUT"/persistent-gpu-*.txt "$OUT"/fused-operators-*.txt; do
   [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -E '^\[  (FAILED|PASSED) |Failure|wrong' "$f" | head -8; }
 done
 [ -f "$OUT/bench-fused-$n.txt" ] && { grep -E '^\| |^FAIL|^PASS|Error|error' "$OUT/bench-fused-$n.txt" | head -70; }
+for f in "$OUT"/ctest-1proc.txt "$OUT"/gpu-suite.txt; do
+  [ -f "$f" ] && grep -E 'tests passed|Failed|\*\*\*|PASS:|FAIL:|SKIP:' "$f" | head -n 30
+done
+for f in "$OUT"/p2p-*.txt; do
+  [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -E 'PASSED|FAILED' "$f" | head -4; }
+done
+[ -f "$OUT/nccl-tests-summary.txt" ] && { echo "== nccl-tests"; cat "$OUT/nccl-tests-summary.txt"; }
 echo "================ summary"
 printf '%s\n' "${summary[@]}"
 stages=$(echo "$*" | tr ' ' '-')

@@ -108,12 +108,12 @@ TEST_F(FusedBuilders, GemmAllreduceValidatesWithTheDocumentedStructure)
     int last = -1;
     ASSERT_EQ(maco_task_graph_add_gemm_allreduce(g_, &op, &last), MACO_OK) << maco_log_last_error();
     EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    /* A GEMM per tile; on its owner (tile p of the plan: rank p mod nranks) a sum and a copy
-     * to each peer; one "done" (with one rank: the GEMMs and done). */
+    /* A GEMM per tile; on its owner (tile p of the plan: rank p mod nranks) a sum that also
+     * writes every peer's out (mirrors, up to 9 ranks); one "done". */
     int owned = 0;
     for (int t = 0; t < tiles; t++)
         owned += t % NRanks() == Rank() ? 1 : 0;
-    EXPECT_EQ(NTasks(), tiles + (p > 0 ? owned * (1 + p) : 0) + 1);
+    EXPECT_EQ(NTasks(), tiles + owned * (NRanks() <= 9 ? 1 : 1 + p) + 1);
     EXPECT_EQ(last, NTasks() - 1);
 }
 
@@ -129,7 +129,7 @@ TEST_F(FusedBuilders, GemmReduceScatterValidatesWithTheDocumentedStructure)
     EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
     /* A ready signal per peer, a GEMM per tile of every rank's row block, a sum per tile of
      * this rank's block, done. */
-    EXPECT_EQ(NTasks(), p + NRanks() * tiles + (p > 0 ? tiles : 0) + 1);
+    EXPECT_EQ(NTasks(), p + NRanks() * tiles + tiles + 1);
 }
 
 TEST_F(FusedBuilders, AllgatherGemmValidatesWithTheDocumentedStructure)
@@ -141,9 +141,12 @@ TEST_F(FusedBuilders, AllgatherGemmValidatesWithTheDocumentedStructure)
     ASSERT_EQ(maco_task_graph_add_allgather_gemm(g_, &op, nullptr), MACO_OK)
         << maco_log_last_error();
     EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
-    /* A ready signal and a put per row block to each peer, a GEMM per tile of every rank's
-     * shard, done. */
-    EXPECT_EQ(NTasks(), p + p * blocks + NRanks() * tiles + 1);
+    /* A ready signal per peer; per row block of A (160 x 128 bf16: 32 KiB, then 8 KiB) one put
+     * to every peer at once (mirrors, up to 9 ranks; 256 KiB chunks); a GEMM per tile of every
+     * rank's shard, and a copy out of scratch per tile of its partial last row; done. */
+    const int partial = tiles / blocks;
+    EXPECT_EQ(NTasks(), p + (p > 0 ? (NRanks() <= 9 ? 1 : p) * blocks : 0) +
+                            NRanks() * (tiles + partial) + 1);
 }
 
 TEST_F(FusedBuilders, BadShapesAndChannelsAreRefused)

@@ -72,6 +72,7 @@
 #include <cutlass/gemm/collective/collective_mma_decl.hpp>
 #include <cutlass/gemm/collective/sm90_mma_tma_gmma_ss_warpspecialized.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include <string.h>
@@ -497,12 +498,19 @@ __global__ void __launch_bounds__(MACO__PK_GEMM_GMMA_THREADS, 1)
         s.failed = 0;
     __syncthreads();
 
-    if (warp == 0)
-        producer_warp(v, s, run);
-    else if (warp == 1)
-        completion_warp(v, s, run);
-    else if (warp >= 4)
+    /* Registers from the producer warpgroup to the consumers, as CUTLASS's warp-specialized
+     * kernels do (40 + 2 x 232 = 3 x 168 per thread): the consumers' code (the tiles' mainloop,
+     * and the other task types beside it) then spills nothing. */
+    if (warp < 4) {
+        cutlass::arch::warpgroup_reg_dealloc<40>();
+        if (warp == 0)
+            producer_warp(v, s, run);
+        else if (warp == 1)
+            completion_warp(v, s, run);
+    } else {
+        cutlass::arch::warpgroup_reg_alloc<232>();
         consumer_warpgroups(v, s, run);
+    }
 #else
     /* Not reached: the host launches this kernel only where its sm_90a image loads. */
     if (threadIdx.x == 0)

@@ -37,12 +37,16 @@
  * Dependencies. Each task counts its predecessors (`ndeps`). `arrive[t]` is a 64-bit counter
  * that never goes back: a worker that finishes task p does an acquire-release fetch-add of 1
  * on arrive[s] for each successor s; the one that brings it to ndeps[s] * (run + 1), where
- * `run` is the number of earlier launches of this graph, pushes s to the inbox of scheduler
- * s % S. The acquire-release add makes every predecessor's release part of what the pusher
- * saw (the adds form one release sequence), so the task's inputs are visible to whoever
- * pops it. Tasks without predecessors (roots) are pushed by the schedulers at the start.
- * The state is advanced only on the device (the last CTA to exit counts the launch), so a
- * graph can be launched again, and captured in a CUDA graph, with no host work in between.
+ * `run` is the number of earlier launches of this graph, pushes s: straight to a worker of
+ * its role (the queue hashed from s) once every scheduler has queued its roots and s's gate
+ * (below) is open, else to the inbox of scheduler s % S, which hands it on. Dispatch then
+ * happens on every worker that completes a task, in parallel; the schedulers (one thread
+ * each, about ten dependent memory operations per task) would be the bottleneck otherwise. The
+ * acquire-release add makes every predecessor's release part of what the pusher saw (the adds form
+ * one release sequence), so the task's inputs are visible to whoever pops it. Tasks without
+ * predecessors (roots) are pushed by the schedulers at the start. The state is advanced only on the
+ * device (the last CTA to exit counts the launch), so a graph can be launched again, and captured
+ * in a CUDA graph, with no host work in between.
  *
  * Gates and signals. A task may also carry a gate and a signal (maco_pk_sync_t, in the view's
  * `sync` array beside the descriptors). A task's gate is open once its counter reaches
@@ -276,8 +280,9 @@ MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_
 
 /*
  * After task `task` finished: counts it and releases its successors, pushing those that
- * became ready to their scheduler. Cooperative over (lane, nlanes) (one warp on the device;
- * call it after a barrier that follows the task's writes). MACO_OK or a push's error.
+ * became ready to a worker or to their scheduler ("Dependencies" above). Cooperative over (lane,
+ * nlanes) (one warp on the device; call it after a barrier that follows the task's writes). MACO_OK
+ * or a push's error.
  */
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view_t *v,
                                                               uint32_t task, uint64_t run,

@@ -44,6 +44,7 @@
 
 enum {
     MACO__FUSED_MAX_RANKS = 64,
+    MACO__FUSED_CHUNK = 256 << 10,   /* bytes of A per put of allgather + GEMM */
     MACO__FUSED_MAX_TILES = 1 << 20, /* tiles of one operator (each several tasks) */
 };
 
@@ -291,11 +292,11 @@ static uint32_t maco__fused_rows(uint32_t m, const maco_gemm_tile_t *t)
 }
 
 /* A GEMM tile of A (m x k) x B into `out` (row stride ldc, out_type), gated on `wait` (may be
- * NULL) and signalling `signal` (may be NULL). */
+ * NULL; wait_count signals per launch) and signalling `signal` (may be NULL). */
 static maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t m,
                                       const maco_gemm_tile_t *tile, void *out, uint32_t ldc,
-                                      const uint64_t *wait, int wait_peer, uint64_t *signal,
-                                      int *id_p)
+                                      const uint64_t *wait, uint64_t wait_count, int wait_peer,
+                                      uint64_t *signal, int *id_p)
 {
     maco_task_t t;
     memset(&t, 0, sizeof(t));
@@ -313,7 +314,7 @@ static maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t 
     t.tile_col = tile->tile_col;
     t.tile_n = tile->tile_n;
     t.wait_on = wait;
-    t.wait_count = 1;
+    t.wait_count = wait_count;
     t.wait_peer = wait_peer;
     t.signal_to = signal;
     return maco__fused_add(f, &t, "gemm", id_p);
@@ -464,12 +465,12 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
         if (owner != f->rank) {
             st = maco__fused_gemm(
                 f, op->a, op->m, t, maco__fused_remote(f, op->channels[owner], mine), op->n, NULL,
-                -1, maco__fused_remote(f, op->channels[owner], maco__fused_ctr(f, p)), &gemm);
+                0, -1, maco__fused_remote(f, op->channels[owner], maco__fused_ctr(f, p)), &gemm);
             deps[ndeps++] = gemm;
             not_owned++;
             continue;
         }
-        st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, -1, NULL, &gemm);
+        st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, 0, -1, NULL, &gemm);
         if (st == MACO_OK)
             st = maco__fused_sum(f, t, op->m, data + off, slot, out + off, maco__fused_ctr(f, p),
                                  &mir, gemm, &sum);
@@ -545,12 +546,12 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
             if (o != f->rank) {
                 /* Into o's slot, once o is ready (its last launch read the slot). */
                 st = maco__fused_gemm(f, a, ms, t, maco__fused_remote(f, op->channels[o], mine),
-                                      op->n, maco__fused_ctr(f, ready + (uint64_t)o), o,
+                                      op->n, maco__fused_ctr(f, ready + (uint64_t)o), 1, o,
                                       maco__fused_remote(f, op->channels[o], maco__fused_ctr(f, p)),
                                       &gemm);
                 deps[ndeps++] = gemm;
             } else {
-                st = maco__fused_gemm(f, a, ms, t, mine, op->n, NULL, -1, NULL, &gemm);
+                st = maco__fused_gemm(f, a, ms, t, mine, op->n, NULL, 0, -1, NULL, &gemm);
                 if (st == MACO_OK)
                     st = maco__fused_sum(f, t, ms, data + off, slot, out + off,
                                          maco__fused_ctr(f, p), NULL, gemm, &sum);
@@ -616,36 +617,40 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
         for (uint32_t b = 0; b < blocks && st == MACO_OK; b++) {
             const uint64_t at = (uint64_t)b * block;
             const uint64_t bytes = b + 1 < blocks ? block : slot - at;
-            char *mine = data + (uint64_t)f->rank * slot + at;
             uint64_t *arrived = maco__fused_ctr(f, (uint64_t)f->rank * blocks + b);
-            maco_task_t x;
-            int put;
-            memset(&x, 0, sizeof(x));
-            x.type = MACO_TASK_COPY;
-            x.role = MACO_TASK_ROLE_COMM;
-            x.count = bytes;
-            x.a = (const char *)op->a + at;
-            if (mirrored) {
-                x.out = mine; /* and the same place of every peer's scratch */
-                x.out_mirror_channel = first;
-                x.out_mirror_count = (uint32_t)f->nranks - 1;
-                x.wait_on = maco__fused_ctr(f, ready);
-                x.wait_count = (uint64_t)f->nranks - 1;
-                x.wait_peer = -1;
-                x.signal_to = arrived;
-                x.signal_mirror_channel = first;
-                x.signal_mirror_count = (uint32_t)f->nranks - 1;
-            } else {
-                x.out = maco__fused_remote(f, op->channels[q], mine);
-                x.wait_on = maco__fused_ctr(f, ready + (uint64_t)q);
-                x.wait_count = 1;
-                x.wait_peer = q;
-                x.signal_to = maco__fused_remote(f, op->channels[q], arrived);
+            /* In chunks, so that the communication workers finish one block after the other
+             * (the peers' tiles of a block can start) rather than all blocks at the end. */
+            for (uint64_t c = 0; c < bytes && st == MACO_OK; c += MACO__FUSED_CHUNK) {
+                char *mine = data + (uint64_t)f->rank * slot + at + c;
+                maco_task_t x;
+                int put;
+                memset(&x, 0, sizeof(x));
+                x.type = MACO_TASK_COPY;
+                x.role = MACO_TASK_ROLE_COMM;
+                x.count = bytes - c < MACO__FUSED_CHUNK ? bytes - c : MACO__FUSED_CHUNK;
+                x.a = (const char *)op->a + at + c;
+                if (mirrored) {
+                    x.out = mine; /* and the same place of every peer's scratch */
+                    x.out_mirror_channel = first;
+                    x.out_mirror_count = (uint32_t)f->nranks - 1;
+                    x.wait_on = maco__fused_ctr(f, ready);
+                    x.wait_count = (uint64_t)f->nranks - 1;
+                    x.wait_peer = -1;
+                    x.signal_to = arrived;
+                    x.signal_mirror_channel = first;
+                    x.signal_mirror_count = (uint32_t)f->nranks - 1;
+                } else {
+                    x.out = maco__fused_remote(f, op->channels[q], mine);
+                    x.wait_on = maco__fused_ctr(f, ready + (uint64_t)q);
+                    x.wait_count = 1;
+                    x.wait_peer = q;
+                    x.signal_to = maco__fused_remote(f, op->channels[q], arrived);
+                }
+                st = maco__fused_add(f, &x, "put", &put);
+                if (st == MACO_OK) /* not a root: behind the ready signals in every queue */
+                    st = maco__fused_dep(f, put, f->ready_sig);
+                deps[ndeps++] = put;
             }
-            st = maco__fused_add(f, &x, "put", &put);
-            if (st == MACO_OK) /* not a root: behind the ready signals in every queue */
-                st = maco__fused_dep(f, put, f->ready_sig);
-            deps[ndeps++] = put;
         }
     }
     /* The tiles: the own shard's first (roots), then rank - 1's, rank - 2's, ... (released with
@@ -660,14 +665,17 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
             /* A partial last row of tiles is stored whole into scratch (its 128 rows would run
              * into the next shard's), then its rows below m copied to out. */
             const uint32_t rows = maco__fused_rows(op->m, t);
-            char *stage = data + (uint64_t)f->nranks * slot +
-                          ((uint64_t)q * MACO_GEMM_TILE_M * op->n + (uint64_t)t->tile_col * t->tile_n) *
-                              f->esz;
+            char *stage =
+                data + (uint64_t)f->nranks * slot +
+                ((uint64_t)q * MACO_GEMM_TILE_M * op->n + (uint64_t)t->tile_col * t->tile_n) *
+                    f->esz;
             int gemm, copy;
+            const uint64_t bbytes =
+                t->tile_row + 1 < blocks ? block : slot - (uint64_t)t->tile_row * block;
             st = maco__fused_gemm(
                 f, a, op->m, t, rows < MACO_GEMM_TILE_M ? stage : dst, op->n,
-                q == f->rank ? NULL : maco__fused_ctr(f, (uint64_t)q * blocks + t->tile_row), q,
-                NULL, &gemm);
+                q == f->rank ? NULL : maco__fused_ctr(f, (uint64_t)q * blocks + t->tile_row),
+                (bbytes + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK, q, NULL, &gemm);
             if (st == MACO_OK && q != f->rank)
                 st = maco__fused_dep(f, gemm, f->ready_sig);
             if (st == MACO_OK && rows < MACO_GEMM_TILE_M) {

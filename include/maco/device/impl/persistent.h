@@ -319,6 +319,15 @@ MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_
     }
 }
 
+/* Whether `task`'s gate (if any) is open in launch `run`: one load, no wait. */
+MACO_HOST_DEVICE static inline int maco__pk_gate_open(const maco_pk_view_t *v, uint32_t task,
+                                                      uint64_t run)
+{
+    if (v->sync == 0 || v->sync[task].wait == 0)
+        return 1;
+    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= v->sync[task].wait_count * (run + 1);
+}
+
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view_t *v,
                                                               uint32_t task, uint64_t run,
                                                               uint32_t lane, uint32_t nlanes)
@@ -331,7 +340,19 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
         uint64_t want = (uint64_t)v->tasks[s].ndeps * (run + 1);
         /* Acquire-release: the last arrival has seen every predecessor's writes. */
         if (maco__pk_fetch_add_acq_rel(&v->arrive[s], 1) + 1 == want) {
-            maco_status_t st = maco_pk_queue_push(v, &inboxes[s % v->nschedulers], s);
+            /* Straight to a worker of its role once every root is queued and where its gate
+             * (if any) is open: the queue hashed from the task's id, so completions on every
+             * worker dispatch at once. Else through its scheduler, which holds a closed gate
+             * and, before the roots barrier, keeps the roots first in every queue. */
+            const maco_pk_queue_t *q = &inboxes[s % v->nschedulers];
+            if (maco__pk_ld_acquire(&v->ctr[MACO_PK_CTR_ROOTS]) >=
+                    (uint64_t)v->nschedulers * (run + 1) &&
+                maco__pk_gate_open(v, s, run)) {
+                uint32_t comm = v->tasks[s].role == MACO_PK_ROLE_COMM && v->ncomm > 0;
+                uint32_t base = comm ? v->nworkers : 0u, cnt = comm ? v->ncomm : v->nworkers;
+                q = &v->queues[base + (uint32_t)(((uint64_t)s * 2654435761u) >> 7) % cnt];
+            }
+            maco_status_t st = maco_pk_queue_push(v, q, s);
             if (st != MACO_OK)
                 status = st;
         }
@@ -410,15 +431,6 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view
     return maco_pk_schedule_inbox(v, s, run);
 }
 
-/* Whether `task`'s gate (if any) is open in launch `run`: one load, no wait. */
-MACO_HOST_DEVICE static inline int maco__pk_gate_open(const maco_pk_view_t *v, uint32_t task,
-                                                      uint64_t run)
-{
-    if (v->sync == 0 || v->sync[task].wait == 0)
-        return 1;
-    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= v->sync[task].wait_count * (run + 1);
-}
-
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
                                                                     uint32_t s, uint64_t run)
 {
@@ -477,7 +489,8 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_p
             spin.iterations = 0;
         }
         st = maco__pk_spin(v, &spin, 2);
-        if (st == MACO_OK && nheld > 0 && v->bound.timeout_ns != 0 && (spin.iterations & 255u) == 0) {
+        if (st == MACO_OK && nheld > 0 && v->bound.timeout_ns != 0 &&
+            (spin.iterations & 255u) == 0) {
             uint64_t now = maco__pk_now_ns();
             for (uint32_t i = 0; i < nheld; i++) {
                 if (now - held_since[i] <= v->bound.timeout_ns)
@@ -688,8 +701,8 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
     uint64_t ldi, ldo, delta[MACO__PK_MIRRORS];
     uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
     uint32_t nm = maco__pk_out_mirrors(v, task, delta);
-    uintptr_t align = (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) |
-                      (ldo * esz);
+    uintptr_t align =
+        (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) | (ldo * esz);
     if ((align & 15u) == 0 && dtype != MACO__PK_F16) {
         enum { U = 2 };
         const uint64_t per = 16 / esz, nv = n / per, total = rows * nv, stride = nthreads;
