@@ -414,6 +414,8 @@ TEST_F(FusedCpu, AllgatherGemm)
         SCOPED_TRACE("ranks " + std::to_string(n));
         Run({ MACO_FUSED_ALLGATHER_GEMM, n, 160, 256, 64, MACO_BFLOAT16, 2, 2, 1 });
         Run({ MACO_FUSED_ALLGATHER_GEMM, n, 32, 384, 32, MACO_FLOAT32, 1, 1, 1 });
+        /* K = 1536: 384 KiB row blocks, each put in two chunks (256 KiB and 128 KiB). */
+        Run({ MACO_FUSED_ALLGATHER_GEMM, n, 200, 128, 1536, MACO_BFLOAT16, 2, 2, 1 });
     }
 }
 

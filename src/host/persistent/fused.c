@@ -587,22 +587,15 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
     maco_status_t st = maco__fused_plan(f, op->m, &plan, &ntiles);
     if (st != MACO_OK)
         return st;
-    int *deps = malloc((ntiles * (size_t)f->nranks + 1) * sizeof(int));
+    /* Every tile and every put (one per chunk of A and peer, or per chunk with mirrors). */
+    const size_t chunks = (size_t)blocks * ((block + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK);
+    int *deps = malloc((ntiles * (size_t)f->nranks + (size_t)f->nranks * chunks + 1) * sizeof(int));
     if (deps == NULL) {
         free(plan);
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "%s: out of host memory for %zu tiles", f->fn, ntiles);
     }
     char *data = maco__fused_data(f), *out = op->out;
-    int *more =
-        realloc(deps, (ntiles * (size_t)f->nranks + (size_t)f->nranks * blocks + 1) * sizeof(int));
-    if (more == NULL) {
-        free(deps);
-        free(plan);
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
-                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
-    }
-    deps = more; /* every tile and every put */
     /* Up to MACO__PK_MIRRORS peers, one COPY per row block writes it into this rank's slot
      * of every peer's gathered A (mirrors through copies of the channels) once all of them are
      * ready, and signals each; past that, a COPY per peer and block. */
