@@ -3,7 +3,7 @@
  * GEMM) run end to end without a GPU: 1 to 4 simulated ranks in one process, each with the graph
  * that maco__fused_build makes for it, laid out as the kernel object lays it out and run by host
  * threads in the roles of worker, communication and scheduler CTAs through the runtime's own
- * protocol functions (maco_pk_next, maco_pk_gate, maco_pk_post_signal, maco_pk_complete,
+ * protocol functions (maco_pk_next_ready, maco_pk_post_signal, maco_pk_complete,
  * maco_pk_schedule), with the tasks' work done on the CPU (GEMM tiles from bf16 with fp32
  * accumulation, sums in rank order, 2D copies). Channels are host pointers into the other
  * ranks' buffers, as a memory channel's mapping is on the GPU. Each case runs three launches
@@ -190,12 +190,13 @@ class FusedCpu : public maco_test::Test
                     for (;;) {
                         uint32_t t = 0;
                         maco_status_t st = MACO_OK;
-                        int got = maco_pk_next(&rk.v, w, run, &t, &st);
+                        int got = maco_pk_next_ready(&rk.v, w, run, &t, &st);
                         if (got < 0)
                             failed++;
                         if (got <= 0)
                             return;
-                        if (maco_pk_gate(&rk.v, t, run) != MACO_OK) {
+                        if (!maco__pk_gate_open(&rk.v, t, run)) { /* next_ready's promise */
+                            ADD_FAILURE() << "task " << t << " handed out with its gate closed";
                             failed++;
                             return;
                         }

@@ -600,13 +600,14 @@ struct HostKernel {
                 for (;;) {
                     uint32_t t = 0;
                     maco_status_t st = MACO_OK;
-                    int got = maco_pk_next(&v, w, run, &t, &st);
+                    int got = maco_pk_next_ready(&v, w, run, &t, &st);
                     if (got <= 0) {
                         status[w] = got < 0 ? st : MACO_OK;
                         return;
                     }
                     if (!exec(w, t))
                         return;
+                    maco_pk_post_signal(&v, t);
                     maco_pk_complete(&v, t, run, 0, 1);
                 }
             });
@@ -734,6 +735,63 @@ TEST_F(PersistentProtocol, StuckTaskIsBoundedAndReported)
     for (auto s : st)
         timeouts += s == MACO_ERR_TIMEOUT || s == MACO_ERR_REMOTE;
     EXPECT_GE(timeouts, 1);
+    maco_task_graph_destroy(g);
+}
+
+/* Gates: a task whose gate is closed is put back and the worker runs the others; a counter
+ * that a "peer" (another thread) signals opens it; one that never comes is reported as the
+ * gate's timeout naming the peer, within the bound, and the launch ends. */
+TEST_F(PersistentProtocol, ClosedGatesHoldNoWorkerAndTimeOutNamingThePeer)
+{
+    static uint64_t counter[2];
+    counter[0] = counter[1] = 0;
+    maco_task_graph_t g;
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.wait_on = &counter[0];
+    t.wait_count = 1;
+    t.wait_peer = 3;
+    int gated;
+    ASSERT_EQ(maco_task_graph_add_task(g, &t, &gated), MACO_OK);
+    /* Ten ungated tasks behind it on the one worker, the last of which opens the gate. */
+    memset(&t, 0, sizeof(t));
+    std::vector<int> others(10);
+    for (int &o : others)
+        ASSERT_EQ(maco_task_graph_add_task(g, &t, &o), MACO_OK);
+    HostKernel k;
+    ASSERT_EQ(k.Build(g, 1, 0, 1, 2000ull * 1000 * 1000), MACO_OK);
+    std::vector<int> order;
+    auto st = k.Launch(0, [&](uint32_t, uint32_t id) {
+        order.push_back(static_cast<int>(id));
+        if (id == static_cast<uint32_t>(others.back()))
+            __atomic_fetch_add(&counter[0], 1, __ATOMIC_RELEASE);
+        return true;
+    });
+    for (auto s2 : st)
+        EXPECT_EQ(s2, MACO_OK);
+    ASSERT_EQ(order.size(), 11u);
+    EXPECT_EQ(order.back(), gated); /* put back until the last of the others opened it */
+    /* The next launch wants 2 signals; none comes: the gate's own timeout, naming rank 3. */
+    maco_task_graph_destroy(g);
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    memset(&t, 0, sizeof(t));
+    t.wait_on = &counter[1];
+    t.wait_count = 1;
+    t.wait_peer = 3;
+    ASSERT_EQ(maco_task_graph_add_task(g, &t, nullptr), MACO_OK);
+    HostKernel k2;
+    ASSERT_EQ(k2.Build(g, 1, 0, 1, 50ull * 1000 * 1000), MACO_OK);
+    auto t0 = std::chrono::steady_clock::now();
+    st = k2.Launch(0, [&](uint32_t, uint32_t) { return true; });
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(secs, 5.0);
+    EXPECT_EQ(k2.report.status, MACO_ERR_TIMEOUT);
+    EXPECT_EQ(k2.report.what, static_cast<uint32_t>(MACO_DEVICE_WAIT_TASK_GATE));
+    EXPECT_EQ(k2.report.peer, 3);
+    EXPECT_EQ(k2.report.expected, 1u);
+    EXPECT_EQ(k2.report.observed, 0u);
+    EXPECT_EQ(st[0], MACO_ERR_TIMEOUT);
     maco_task_graph_destroy(g);
 }
 

@@ -99,10 +99,10 @@ typedef enum maco_task_role {
  *   (r + 1) in launch r of the kernel, after its dependencies; `signal_to` (such a counter, or a
  *   peer's through a memory channel's mapping): 1 is added to it (release, system scope) after
  *   the task's writes. wait_peer names the rank expected to signal wait_on (-1: several) in a
- *   timeout's message. A gated task whose dependencies are done waits in its scheduler, not on
- *   a worker, until the gate opens (up to 64 such tasks per scheduler; roots, and tasks past
- *   that, wait on their worker): give gated roots that wait for peers a role whose workers
- *   cannot be what those peers wait for (the fused operators below show how).
+ *   timeout's message. A worker that pops a task whose gate is still closed puts it back at the
+ *   end of its queue and runs the next one, so a closed gate holds no worker (with more than
+ *   4095 tasks of a role a worker may instead wait at the gate: then give gated tasks that
+ *   wait for peers a role whose workers cannot be what those peers wait for).
  * - Mirrors (a task's writes repeated on peers, in the same pass): a SUM or COPY task with
  *   out_mirror_count = c (1..8) also writes its output through graph channels
  *   out_mirror_channel .. + c - 1, at the same offset of each channel's remote buffer as out
@@ -155,18 +155,18 @@ typedef struct maco_task {
     uint64_t src_offset;
     uint64_t dst_offset;
     const char *name;
-    uint32_t rows, ld_in, ld_out; /**< element-wise: a 2D block (0: one row) */
-    uint32_t m, n, k, ldc;        /**< GEMM_TILE: the problem (elements) */
-    uint32_t tile_row, tile_col;  /**< GEMM_TILE: which tile of C (in tiles of tile_n) */
-    uint32_t tile_n;              /**< GEMM_TILE: the tile's width, 0 (128), 128 or 256 */
-    uint32_t ninputs;             /**< SUM: inputs (1..64) */
-    uint64_t input_stride;        /**< SUM: bytes from one input to the next */
-    const uint64_t *wait_on;      /**< gate: counter (NULL: no gate) */
-    uint64_t wait_count;          /**< gate: signals per launch (>= 1 with a gate) */
-    uint64_t *signal_to;          /**< counter to add 1 to after the task (NULL: none) */
-    int wait_peer;                /**< gate: the rank that signals wait_on (-1: several) */
-    uint32_t out_mirror_channel;  /**< SUM, COPY: first channel of the output's mirrors */
-    uint32_t out_mirror_count;    /**< SUM, COPY: mirrors (0..8; 0: none) */
+    uint32_t rows, ld_in, ld_out;   /**< element-wise: a 2D block (0: one row) */
+    uint32_t m, n, k, ldc;          /**< GEMM_TILE: the problem (elements) */
+    uint32_t tile_row, tile_col;    /**< GEMM_TILE: which tile of C (in tiles of tile_n) */
+    uint32_t tile_n;                /**< GEMM_TILE: the tile's width, 0 (128), 128 or 256 */
+    uint32_t ninputs;               /**< SUM: inputs (1..64) */
+    uint64_t input_stride;          /**< SUM: bytes from one input to the next */
+    const uint64_t *wait_on;        /**< gate: counter (NULL: no gate) */
+    uint64_t wait_count;            /**< gate: signals per launch (>= 1 with a gate) */
+    uint64_t *signal_to;            /**< counter to add 1 to after the task (NULL: none) */
+    int wait_peer;                  /**< gate: the rank that signals wait_on (-1: several) */
+    uint32_t out_mirror_channel;    /**< SUM, COPY: first channel of the output's mirrors */
+    uint32_t out_mirror_count;      /**< SUM, COPY: mirrors (0..8; 0: none) */
     uint32_t signal_mirror_channel; /**< first channel of signal_to's mirrors */
     uint32_t signal_mirror_count;   /**< signal mirrors (0: signal_to itself) */
 } maco_task_t;

@@ -25,8 +25,8 @@
  *
  * A worker CTA's 384 threads (layout of CUTLASS's KernelTmaWarpSpecializedCooperative, roles
  * kept for the whole launch rather than per tile):
- *   warp 0        the producer: pops the worker's next task (maco_pk_next), waits for its
- *                 gate (if any: maco_pk_gate), hands its id to
+ *   warp 0        the producer: pops the worker's next task whose gate is open
+ *                 (maco_pk_next_ready), hands its id to
  *                 the consumers through a two-slot task ring in shared memory, and for a GEMM
  *                 tile issues the TMA copies of its K steps (one elected thread);
  *   warp 1        the completion warp: after the consumers hand a finished task over (a
@@ -268,12 +268,12 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
     }
 }
 
-/* The gate and the signal of a task, out of line, like every task but a tile (other_task):
- * the kernel's registers go to the tiles' mainloop first. */
-__device__ __noinline__ maco_status_t gate_wait(const maco_pk_view_t *v, uint32_t task,
-                                                uint64_t run)
+/* The next task whose gate is open, and a task's signal, out of line, like every task but a
+ * tile (other_task): the kernel's registers go to the tiles' mainloop first. */
+__device__ __noinline__ int next_ready(const maco_pk_view_t *v, uint64_t run, uint32_t *task_p,
+                                       maco_status_t *status_p)
 {
-    return maco_pk_gate(v, task, run);
+    return maco_pk_next_ready(v, blockIdx.x, run, task_p, status_p);
 }
 
 __device__ __noinline__ void post_signal(const maco_pk_view_t *v, uint32_t task)
@@ -309,12 +309,11 @@ __device__ void producer_warp(const maco_pk_view_t *v, Smem &s, uint64_t run)
         if (lane == 0 && *(volatile int32_t *)&s.failed == 0) {
             maco_status_t st = MACO_OK;
             uint32_t t = 0;
-            /* The gate (if any) before the task goes to the consumers and its TMA loads are
-             * issued: a gated tile's A may be what a peer is writing. A gate that failed has
-             * recorded why and aborted the launch: this CTA ends (its consumers finish the
-             * task they hold). */
-            if (maco_pk_next(v, blockIdx.x, run, &t, &st) == 1 &&
-                maco_pk_gate(v, t, run) == MACO_OK)
+            /* Only a task whose gate is open goes to the consumers and has its TMA loads
+             * issued (a gated tile's A may be what a peer is writing); a closed one goes to
+             * the back of the queue (maco_pk_next_ready). A gate that timed out has recorded
+             * why and aborted the launch: this CTA ends (its consumers finish what they hold). */
+            if (next_ready(v, run, &t, &st) == 1)
                 task = t;
         }
         task = __shfl_sync(0xffffffffu, task, 0);

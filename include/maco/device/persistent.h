@@ -50,10 +50,9 @@
  *
  * Gates and signals. A task may also carry a gate and a signal (maco_pk_sync_t, in the view's
  * `sync` array beside the descriptors). A task's gate is open once its counter reaches
- * wait_count * (run + 1) (acquire, system scope). A scheduler holds a task whose dependencies
- * are done but whose gate is closed, and hands it to a worker only once the gate opens, so a
- * closed gate blocks no worker; a root (pushed straight to a worker) or a task beyond what the
- * scheduler can hold is waited for by the worker's thread 0 (bounded) before its CTA runs it.
+ * wait_count * (run + 1) (acquire, system scope). A worker runs a task only once its gate is
+ * open; one that it pops with the gate closed goes back to the end of its queue
+ * (maco_pk_next_ready), so a closed gate never blocks a worker and the tasks behind it.
  * After the task's writes (a CTA barrier), thread 0 adds 1 to the signal's counter (a
  * system-scope fence, then a release add), which may be a peer's counter seen through a memory
  * channel's mapping, or to that counter's twin in each of a range of channels' remote buffers
@@ -115,9 +114,8 @@ enum {
     MACO_PK_USER = 256,
 };
 
-/* Gated tasks one scheduler holds at most (maco_pk_schedule_inbox); out mirrors of a task at
- * most (maco_pk_sync_t). */
-enum { MACO__PK_HELD = 64, MACO__PK_MIRRORS = 8 };
+/* Out mirrors of a task at most (maco_pk_sync_t). */
+enum { MACO__PK_MIRRORS = 8 };
 
 /* CTA roles of a task. */
 enum { MACO_PK_ROLE_COMPUTE = 0, MACO_PK_ROLE_COMM = 1 };
@@ -304,11 +302,8 @@ MACO_HOST_DEVICE static inline maco_status_t
 maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes);
 
 /* Scheduler `s` of launch `run` after its roots: hands every task of its inbox to a worker of
- * the task's role (the least loaded of the next few of its own) until the launch ends. A task
- * whose gate is still closed is held by the scheduler (up to MACO__PK_HELD of them; more go to
- * a worker, which waits) and handed out once the gate opens, so that a gated task never blocks
- * a worker and the tasks behind it; a gate held longer than the bound is reported
- * (MACO_DEVICE_WAIT_TASK_GATE) and aborts the launch. One thread. MACO_OK or the first error. */
+ * the task's role (the least loaded of the next few of its own) until the launch ends. One
+ * thread. MACO_OK or the first error. */
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_pk_view_t *v,
                                                                     uint32_t s, uint64_t run);
 
@@ -328,6 +323,18 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_gate(const maco_pk_view_t *
  * adds 1 to its signal's counter, or to each of its mirrors, if it has one (a system-scope
  * fence, then release adds). One thread. */
 MACO_HOST_DEVICE static inline void maco_pk_post_signal(const maco_pk_view_t *v, uint32_t task);
+
+/*
+ * maco_pk_next for a worker, with gates: the next task of queue `queue` whose gate is open. A
+ * task whose gate is closed goes back to the end of the queue (the worker takes the next one
+ * meanwhile), so a closed gate never blocks a worker; only where the queue could be full does
+ * the worker wait at the gate instead (maco_pk_gate). A gate that stays closed for the bound
+ * while the worker has nothing else to run is reported (MACO_DEVICE_WAIT_TASK_GATE, naming the
+ * task and the peer) and aborts the launch. Returns as maco_pk_next. One thread.
+ */
+MACO_HOST_DEVICE static inline int maco_pk_next_ready(const maco_pk_view_t *v, uint32_t queue,
+                                                      uint64_t run, uint32_t *task_p,
+                                                      maco_status_t *status_p);
 
 /* Marks the launch failed: every CTA leaves at its next check. */
 MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v);

@@ -288,6 +288,15 @@ MACO_HOST_DEVICE static inline int maco_pk_queue_pop(const maco_pk_queue_t *q, u
     return 1;
 }
 
+/* Whether `task`'s gate (if any) is open in launch `run`: one load, no wait. */
+MACO_HOST_DEVICE static inline int maco__pk_gate_open(const maco_pk_view_t *v, uint32_t task,
+                                                      uint64_t run)
+{
+    if (v->sync == 0 || v->sync[task].wait == 0)
+        return 1;
+    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= v->sync[task].wait_count * (run + 1);
+}
+
 MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_t queue,
                                                 uint64_t run, uint32_t *task_p,
                                                 maco_status_t *status_p)
@@ -319,13 +328,49 @@ MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_
     }
 }
 
-/* Whether `task`'s gate (if any) is open in launch `run`: one load, no wait. */
-MACO_HOST_DEVICE static inline int maco__pk_gate_open(const maco_pk_view_t *v, uint32_t task,
-                                                      uint64_t run)
+MACO_HOST_DEVICE static inline int maco_pk_next_ready(const maco_pk_view_t *v, uint32_t queue,
+                                                      uint64_t run, uint32_t *task_p,
+                                                      maco_status_t *status_p)
 {
-    if (v->sync == 0 || v->sync[task].wait == 0)
-        return 1;
-    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= v->sync[task].wait_count * (run + 1);
+    const maco_pk_queue_t *q = &v->queues[queue];
+    uint64_t deferring_since = 0;
+    for (;;) {
+        uint32_t task = 0;
+        int got = maco_pk_next(v, queue, run, &task, status_p);
+        if (got != 1 || maco__pk_gate_open(v, task, run)) {
+            *task_p = task;
+            return got;
+        }
+        /* Closed: to the back of this queue, unless the queue could be full (a push would
+         * then wait for this very consumer): then wait at the gate, bounded. */
+        uint64_t load = maco__pk_ld_relaxed(q->reserve) - maco__pk_ld_relaxed(q->head);
+        if (load + 2 >= q->capacity) {
+            maco_status_t st = maco_pk_gate(v, task, run);
+            if (st != MACO_OK) {
+                *status_p = st;
+                return -1;
+            }
+            *task_p = task;
+            return 1;
+        }
+        uint64_t now = maco__pk_now_ns();
+        if (deferring_since == 0)
+            deferring_since = now;
+        else if (v->bound.timeout_ns != 0 && now - deferring_since > v->bound.timeout_ns) {
+            const maco_pk_sync_t *g = &v->sync[task];
+            maco__pk_record_peer(v, MACO_ERR_TIMEOUT, g->peer, (int)task,
+                                 MACO_DEVICE_WAIT_TASK_GATE, g->wait_count * (run + 1),
+                                 maco__pk_ld_acquire_sys(g->wait));
+            maco_pk_abort(v);
+            *status_p = MACO_ERR_TIMEOUT;
+            return -1;
+        }
+        maco_status_t st = maco_pk_queue_push(v, q, task);
+        if (st != MACO_OK) {
+            *status_p = st;
+            return -1;
+        }
+    }
 }
 
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view_t *v,
@@ -340,14 +385,12 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
         uint64_t want = (uint64_t)v->tasks[s].ndeps * (run + 1);
         /* Acquire-release: the last arrival has seen every predecessor's writes. */
         if (maco__pk_fetch_add_acq_rel(&v->arrive[s], 1) + 1 == want) {
-            /* Straight to a worker of its role once every root is queued and where its gate
-             * (if any) is open: the queue hashed from the task's id, so completions on every
-             * worker dispatch at once. Else through its scheduler, which holds a closed gate
-             * and, before the roots barrier, keeps the roots first in every queue. */
+            /* Straight to a worker of its role once every root is queued: the queue hashed from
+             * the task's id, so completions on every worker dispatch at once. Before that,
+             * through its scheduler, which keeps the roots first in every queue. */
             const maco_pk_queue_t *q = &inboxes[s % v->nschedulers];
             if (maco__pk_ld_acquire(&v->ctr[MACO_PK_CTR_ROOTS]) >=
-                    (uint64_t)v->nschedulers * (run + 1) &&
-                maco__pk_gate_open(v, s, run)) {
+                (uint64_t)v->nschedulers * (run + 1)) {
                 uint32_t comm = v->tasks[s].role == MACO_PK_ROLE_COMM && v->ncomm > 0;
                 uint32_t base = comm ? v->nworkers : 0u, cnt = comm ? v->ncomm : v->nworkers;
                 q = &v->queues[base + (uint32_t)(((uint64_t)s * 2654435761u) >> 7) % cnt];
@@ -435,82 +478,18 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule_inbox(const maco_p
                                                                     uint32_t s, uint64_t run)
 {
     uint32_t rr[2] = { 0, 0 };
-    const maco_pk_queue_t *inbox = &v->queues[v->nworkers + v->ncomm + s];
-    const uint64_t target = (uint64_t)v->ntasks * (run + 1);
-    /* Tasks whose dependencies are done but whose gate is closed, held here rather than on a
-     * worker (which they would block, with the tasks queued behind them), with the time the
-     * scheduler started holding each; beyond MACO__PK_HELD they go to a worker, whose own
-     * maco_pk_gate waits (bounded). */
-    uint32_t held[MACO__PK_HELD];
-    uint64_t held_since[MACO__PK_HELD];
-    uint32_t nheld = 0;
-    uint64_t last = ~0ull;
-    maco__pk_spin_t spin = { 0, 0 };
+    uint32_t inbox = v->nworkers + v->ncomm + s;
     for (;;) {
-        int moved = 0;
         uint32_t task = 0;
         maco_status_t st = MACO_OK;
-        if (maco_pk_queue_pop(inbox, &task)) {
-            moved = 1;
-            if (nheld < MACO__PK_HELD && !maco__pk_gate_open(v, task, run)) {
-                held[nheld] = task;
-                held_since[nheld++] = maco__pk_now_ns();
-            } else {
-                st = maco__pk_dispatch(v, s, task, rr);
-            }
-        }
-        /* The held gates, eight loads at a time; an open one goes to a worker. */
-        for (uint32_t b = 0; b < nheld && st == MACO_OK; b += 8) {
-            int open[8];
-            for (uint32_t u = 0; u < 8; u++)
-                open[u] = b + u < nheld && maco__pk_gate_open(v, held[b + u], run);
-            for (uint32_t u = 8; u-- > 0 && st == MACO_OK;) { /* back to front: removal */
-                if (!open[u])
-                    continue;
-                moved = 1;
-                st = maco__pk_dispatch(v, s, held[b + u], rr);
-                held[b + u] = held[--nheld]; /* the last one, looked at next round */
-                held_since[b + u] = held_since[nheld];
-            }
-        }
+        int got = maco_pk_next(v, inbox, run, &task, &st);
+        if (got == 0)
+            return MACO_OK;
+        if (got < 0)
+            return st;
+        st = maco__pk_dispatch(v, s, task, rr);
         if (st != MACO_OK)
             return st;
-        if (moved) {
-            spin.start_ns = 0;
-            spin.iterations = 0;
-            continue;
-        }
-        uint64_t done = maco__pk_ld_acquire(&v->ctr[MACO_PK_CTR_DONE]);
-        if (done >= target && nheld == 0)
-            return MACO_OK;
-        if (done != last) { /* progress somewhere: the bound starts again */
-            last = done;
-            spin.start_ns = 0;
-            spin.iterations = 0;
-        }
-        st = maco__pk_spin(v, &spin, 2);
-        if (st == MACO_OK && nheld > 0 && v->bound.timeout_ns != 0 &&
-            (spin.iterations & 255u) == 0) {
-            uint64_t now = maco__pk_now_ns();
-            for (uint32_t i = 0; i < nheld; i++) {
-                if (now - held_since[i] <= v->bound.timeout_ns)
-                    continue;
-                const maco_pk_sync_t *g = &v->sync[held[i]];
-                uint64_t want = g->wait_count * (run + 1);
-                maco__pk_record_peer(v, MACO_ERR_TIMEOUT, g->peer, (int)held[i],
-                                     MACO_DEVICE_WAIT_TASK_GATE, want,
-                                     maco__pk_ld_acquire_sys(g->wait));
-                st = MACO_ERR_TIMEOUT;
-                break;
-            }
-        }
-        if (st != MACO_OK) {
-            if (st == MACO_ERR_TIMEOUT)
-                maco__pk_record(v, st, (int)(v->nworkers + v->ncomm + s), MACO_DEVICE_WAIT_TASK,
-                                target, done);
-            maco_pk_abort(v);
-            return st;
-        }
     }
 }
 
@@ -881,10 +860,10 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
             if (tid == 0) {
                 uint32_t t = 0;
                 maco_status_t st = MACO_OK;
-                got_s = maco_pk_next(v, blockIdx.x, run, &t, &st);
+                /* A task whose gate is closed goes to the back of the queue. */
+                got_s = maco_pk_next_ready(v, blockIdx.x, run, &t, &st);
                 task_s = t;
-                /* The gate (if any) before the task: the profile's start is after it. */
-                status_s = got_s == 1 ? maco_pk_gate(v, t, run) : MACO_OK;
+                status_s = MACO_OK;
                 if (v->profile != 0)
                     start = maco_globaltimer_ns();
             }
