@@ -289,6 +289,15 @@ __device__ __noinline__ maco_status_t other_task(const maco_pk_view_t *v, const 
     return maco__pk_execute(v, t, task, run, reject_task, ct, (uint32_t)kConsumerThreads);
 }
 
+/* A communication worker CTA: GEMM tiles are compute tasks and never reach it, so it runs the
+ * runtime's plain worker loop (maco_pk_run's) with all 384 threads, none of them waiting for a
+ * tensor pipeline: the sums and copies that carry tiles to peers move 1.5 times the bytes in
+ * flight that the 256 consumer threads would. Out of line, away from the tiles' registers. */
+__device__ __noinline__ void comm_worker(const maco_pk_view_t *v, uint64_t run)
+{
+    maco__pk_worker_loop(v, run, reject_task);
+}
+
 /* Warp 0: pops tasks, hands them to the consumers, loads the GEMM tiles. */
 __device__ void producer_warp(const maco_pk_view_t *v, Smem &s, uint64_t run)
 {
@@ -471,6 +480,11 @@ __global__ void __launch_bounds__(MACO__PK_GEMM_GMMA_THREADS, 1)
         return;
     }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (blockIdx.x >= v->nworkers) { /* a communication worker: no tile ever comes to it */
+        comm_worker(v, run);
+        maco__pk_cta_exit(v, run);
+        return;
+    }
     extern __shared__ __align__(1024) unsigned char maco__pk_gmma_smem[];
     uint32_t base = (uint32_t)__cvta_generic_to_shared(maco__pk_gmma_smem);
     Smem &s = *(Smem *)(maco__pk_gmma_smem + ((1024u - (base & 1023u)) & 1023u));

@@ -667,7 +667,7 @@ static __device__ __forceinline__ void maco__pk_acc_f32x4(float *acc, uint4 x, i
 
 /* SUM: out = in_0 + in_1 + ... in that order (fp32), in_j = ptr[1] + j * ptr[2] bytes; rows and
  * strides (elements) as for ADD; the result also to out's mirrors. 16-byte vectors (4 fp32 or
- * 8 bf16) where aligned, two per thread in flight for each input. */
+ * 8 bf16) where aligned, four per thread in flight for each input. */
 static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
                                                     const maco_pk_task_t *t, uint32_t task,
                                                     uint32_t tid, uint32_t nthreads)
@@ -683,7 +683,7 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
     uintptr_t align =
         (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) | (ldo * esz);
     if ((align & 15u) == 0 && dtype != MACO__PK_F16) {
-        enum { U = 2 };
+        enum { U = 4 };
         const uint64_t per = 16 / esz, nv = n / per, total = rows * nv, stride = nthreads;
         for (uint64_t v0 = tid; v0 < total; v0 += U * stride) {
             float acc[U][8];
@@ -847,64 +847,69 @@ static __device__ __forceinline__ void maco__pk_cta_exit(const maco_pk_view_t *v
     }
 }
 
-static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco_pk_user_fn_t user)
+/* A worker CTA's loop (all its threads): the next task whose gate is open, run by the whole
+ * CTA, its profile record, its signal, its successors released; until the launch ends or a
+ * task fails. */
+static __device__ __forceinline__ void maco__pk_worker_loop(const maco_pk_view_t *v, uint64_t run,
+                                                            maco_pk_user_fn_t user)
 {
     __shared__ uint32_t task_s;
     __shared__ int32_t got_s, status_s;
     uint32_t tid = threadIdx.x;
-    uint32_t nw = v->nworkers + v->ncomm;
-    uint64_t run = maco__pk_cta_run(v);
-    if (blockIdx.x < nw) {
-        for (;;) {
-            uint64_t start = 0;
-            if (tid == 0) {
-                uint32_t t = 0;
-                maco_status_t st = MACO_OK;
-                /* A task whose gate is closed goes to the back of the queue. */
-                got_s = maco_pk_next_ready(v, blockIdx.x, run, &t, &st);
-                task_s = t;
-                status_s = MACO_OK;
-                if (v->profile != 0)
-                    start = maco_globaltimer_ns();
-            }
-            __syncthreads();
-            if (got_s != 1)
-                break;
-            uint32_t t = task_s;
-            if (status_s == MACO_OK) {
-                maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user, tid, blockDim.x);
-                if (st != MACO_OK)
-                    atomicCAS((int *)&status_s, 0, (int)st);
-            }
-            __syncthreads();
-            if (status_s != MACO_OK) {
-                if (tid == 0) {
-                    /* The first report wins: a task's own (a wait's) is kept; else this one
-                     * says which task failed, so no abort goes unreported. */
-                    maco__pk_record(v, (maco_status_t)status_s, (int)t, MACO_DEVICE_ERR_TASK_FAILED,
-                                    v->tasks[t].type, 0);
-                    maco_pk_abort(v);
-                }
-                break;
-            }
-            if (tid == 0 && v->profile != 0) {
-                uint32_t sm;
-                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-                maco_pk_profile_record_t *r = &v->profile[t];
-                r->start_ns = start;
-                r->end_ns = maco_globaltimer_ns();
-                r->sm = sm;
-                r->cta = blockIdx.x;
-            }
-            if (tid == 0)
-                maco_pk_post_signal(v, t); /* after the barrier: every thread's writes */
-            __syncwarp();
-            if (tid < 32)
-                maco_pk_complete(v, t, run, tid, 32); /* an error aborts: next() sees it */
+    for (;;) {
+        uint64_t start = 0;
+        if (tid == 0) {
+            uint32_t t = 0;
+            maco_status_t st = MACO_OK;
+            /* A task whose gate is closed goes to the back of the queue. */
+            got_s = maco_pk_next_ready(v, blockIdx.x, run, &t, &st);
+            task_s = t;
+            status_s = MACO_OK;
+            if (v->profile != 0)
+                start = maco_globaltimer_ns();
         }
-    } else {
-        maco__pk_scheduler_cta(v, run);
+        __syncthreads();
+        if (got_s != 1)
+            break;
+        uint32_t t = task_s;
+        maco_status_t st = maco__pk_execute(v, &v->tasks[t], t, run, user, tid, blockDim.x);
+        if (st != MACO_OK)
+            atomicCAS((int *)&status_s, 0, (int)st);
+        __syncthreads();
+        if (status_s != MACO_OK) {
+            if (tid == 0) {
+                /* The first report wins: a task's own (a wait's) is kept; else this one says
+                 * which task failed, so no abort goes unreported. */
+                maco__pk_record(v, (maco_status_t)status_s, (int)t, MACO_DEVICE_ERR_TASK_FAILED,
+                                v->tasks[t].type, 0);
+                maco_pk_abort(v);
+            }
+            break;
+        }
+        if (tid == 0 && v->profile != 0) {
+            uint32_t sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            maco_pk_profile_record_t *r = &v->profile[t];
+            r->start_ns = start;
+            r->end_ns = maco_globaltimer_ns();
+            r->sm = sm;
+            r->cta = blockIdx.x;
+        }
+        if (tid == 0)
+            maco_pk_post_signal(v, t); /* after the barrier: every thread's writes */
+        __syncwarp();
+        if (tid < 32)
+            maco_pk_complete(v, t, run, tid, 32); /* an error aborts: next() sees it */
     }
+}
+
+static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco_pk_user_fn_t user)
+{
+    uint64_t run = maco__pk_cta_run(v);
+    if (blockIdx.x < v->nworkers + v->ncomm)
+        maco__pk_worker_loop(v, run, user);
+    else
+        maco__pk_scheduler_cta(v, run);
     maco__pk_cta_exit(v, run);
 }
 
