@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -735,6 +736,38 @@ TEST_F(PersistentProtocol, StuckTaskIsBoundedAndReported)
     for (auto s : st)
         timeouts += s == MACO_ERR_TIMEOUT || s == MACO_ERR_REMOTE;
     EXPECT_GE(timeouts, 1);
+    maco_task_graph_destroy(g);
+}
+
+/* Roots reach the workers in the graph's order, those of a role dealt to its workers in turn
+ * (maco_gemm_plan_tiles' order relies on it), whichever scheduler lane pushes them. */
+TEST_F(PersistentProtocol, RootsReachEachWorkerInTheGraphsOrder)
+{
+    maco_task_graph_t g;
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    for (int i = 0; i < 40; i++) {
+        t.role = i % 5 == 4 ? MACO_TASK_ROLE_COMM : MACO_TASK_ROLE_COMPUTE;
+        ASSERT_EQ(maco_task_graph_add_task(g, &t, nullptr), MACO_OK);
+    }
+    HostKernel k;
+    ASSERT_EQ(k.Build(g, 3, 2, 2, 2000ull * 1000 * 1000), MACO_OK);
+    std::vector<std::vector<int>> seen(5);
+    std::mutex mu;
+    auto st = k.Launch(0, [&](uint32_t w, uint32_t id) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen[w].push_back(static_cast<int>(id));
+        return true;
+    });
+    for (auto s2 : st)
+        EXPECT_EQ(s2, MACO_OK);
+    int ncomp = 0, ncomm = 0;
+    std::vector<std::vector<int>> want(5);
+    for (int i = 0; i < 40; i++)
+        want[i % 5 == 4 ? 3 + ncomm++ % 2 : ncomp++ % 3].push_back(i);
+    for (int w = 0; w < 5; w++)
+        EXPECT_EQ(seen[w], want[w]) << "worker " << w;
     maco_task_graph_destroy(g);
 }
 

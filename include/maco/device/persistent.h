@@ -10,7 +10,9 @@
  *                     (by default the waits: on a peer's signal, on a counter), so that a
  *                     wait never holds a compute worker;
  *   [W + C, W + C + S) schedulers: all their threads push the roots (tasks without
- *                     predecessors) to workers' queues at the start, in parallel; then, once
+ *                     predecessors) to workers' queues at the start, in parallel (each queue
+ *                     by one thread, its roots in the graph's order: the host assigned the
+ *                     roots of each role to the role's workers in turn); then, once
  *                     every scheduler has pushed its roots (a counter they all add to and
  *                     wait on, bounded), one thread each hands the tasks that become ready to
  *                     workers. So in every worker's queue the roots come before any task
@@ -237,7 +239,9 @@ MACO_STATIC_ASSERT(sizeof(maco_pk_profile_record_t) == 24, "maco_pk_profile_reco
 typedef struct maco_pk_view {
     const maco_pk_task_t *tasks;   /* [ntasks] */
     const uint32_t *succ;          /* successor lists (tasks[t].succ_begin..) */
-    const uint32_t *roots;         /* [nroots] tasks without predecessors */
+    const uint32_t *roots;         /* [nroots] tasks without predecessors, by worker queue */
+    const uint32_t *root_start;    /* [W + C + 1]: queue q's roots are roots[root_start[q] ..
+                                      root_start[q + 1]), in the graph's order */
     uint64_t *arrive;              /* [ntasks] */
     uint64_t *ctr;                 /* [MACO_PK_CTR_WORDS] */
     const maco_pk_queue_t *queues; /* [W + C + S]: workers, comm workers, scheduler inboxes */
@@ -293,11 +297,10 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_schedule(const maco_pk_view_t *v, uint32_t s,
                                                               uint64_t run);
 
-/* Scheduler `s`'s share of the roots (roots[s], roots[s + S], ...): the k-th of them goes to
- * the queue of s's own workers of its role in turn (k modulo their number; at the start of a
- * launch every queue is empty, so the turn is the balance). Cooperative over (lane, nlanes):
- * each lane pushes every nlanes-th root, so a scheduler CTA hands out its roots with all its
- * threads at once rather than one queue push after another. MACO_OK or a push's error. */
+/* Scheduler `s`'s share of the roots: the roots of the worker queues q = s * nlanes + lane,
+ * then + S * nlanes, ... (view.root_start), each queue's pushed in order by one lane, so every
+ * worker gets its roots in the graph's order and all queues fill at once. Cooperative over
+ * (lane, nlanes) (a CTA's threads; the CPU tests pass 0, 1). MACO_OK or a push's error. */
 MACO_HOST_DEVICE static inline maco_status_t
 maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes);
 

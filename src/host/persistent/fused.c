@@ -706,8 +706,17 @@ maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op
                                         "maco_task_graph_add_gemm_reduce_scatter",
                                         "maco_task_graph_add_allgather_gemm" };
     const char *fn = (unsigned)kind < 3 ? fns[kind] : "maco__fused_build";
+    /* The split the operator asks for when the caller leaves it to the runtime: enough
+     * communication workers to move its bytes while the GEMM runs (one per 8 CTAs, at least
+     * 2), fewer for the reduce-scatter, whose GEMMs store the products themselves; the tiles
+     * are planned for the compute workers that leaves (maco_persistent_kernel_create's split:
+     * one scheduler per 32 CTAs). */
+    int want = kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? units / 16 : units / 8;
+    want = want < 2 ? 2 : want;
+    int workers = units - want - ((units - want) / 32 > 1 ? (units - want) / 32 : 1);
     maco__fused_t f;
-    maco_status_t st = maco__fused_check(g, op, kind, fn, rank, nranks, units, &f);
+    maco_status_t st =
+        maco__fused_check(g, op, kind, fn, rank, nranks, workers > 1 ? workers : units, &f);
     if (st != MACO_OK)
         return st;
     int before = g->ntasks;
@@ -719,11 +728,6 @@ maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op
         st = maco__fused_allgather_gemm(&f, last_p);
     if (st != MACO_OK)
         return st;
-    /* The split the operator wants when the caller leaves it to the runtime: enough
-     * communication workers to move its bytes while the GEMM runs (one per 8 CTAs, at least 2),
-     * fewer for the reduce-scatter, whose GEMMs store the products themselves. */
-    int want = kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? units / 16 : units / 8;
-    want = want < 2 ? 2 : want;
     if (nranks > 1 && want > g->comm_workers_hint)
         g->comm_workers_hint = want;
     MACO_LOG(MACO_LOG_DEBUG, MACO_SUBSYS_PERSIST, "%s: rank %d of %d: %d tasks (%s)", fn, rank,

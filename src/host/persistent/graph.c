@@ -203,8 +203,7 @@ static uint64_t maco__out_span(const maco_task_t *t)
 }
 
 /* Why the mirrors of task `t` are out of range, in `why`; 0 when they are fine. */
-static int maco__mirror_check(const maco_task_graph_t g, const maco_task_t *t, char *why,
-                              size_t n)
+static int maco__mirror_check(const maco_task_graph_t g, const maco_task_t *t, char *why, size_t n)
 {
     if (t->out_mirror_count > 0) {
         if (t->type != MACO_TASK_SUM && t->type != MACO_TASK_COPY) {
@@ -213,8 +212,7 @@ static int maco__mirror_check(const maco_task_graph_t g, const maco_task_t *t, c
         }
         if (t->out_mirror_count > MACO__PK_MIRRORS ||
             (uint64_t)t->out_mirror_channel + t->out_mirror_count > (uint64_t)g->nchannels) {
-            snprintf(why, n,
-                     "out mirrors: channels %u .. %u: at most %d, all among the graph's %d",
+            snprintf(why, n, "out mirrors: channels %u .. %u: at most %d, all among the graph's %d",
                      t->out_mirror_channel, t->out_mirror_channel + t->out_mirror_count - 1,
                      MACO__PK_MIRRORS, g->nchannels);
             return -1;
@@ -795,7 +793,8 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     size_t o_tasks = 0;
     size_t o_succ = maco__round256(o_tasks + l->ntasks * sizeof(maco_pk_task_t));
     size_t o_roots = maco__round256(o_succ + (l->nsucc + 1) * sizeof(uint32_t));
-    size_t o_queues = maco__round256(o_roots + l->nroots * sizeof(uint32_t));
+    size_t o_rstart = maco__round256(o_roots + l->nroots * sizeof(uint32_t));
+    size_t o_queues = maco__round256(o_rstart + ((size_t)W + C + 1) * sizeof(uint32_t));
     size_t o_chan = maco__round256(o_queues + nq * sizeof(maco_pk_queue_t));
     size_t o_sync =
         maco__round256(o_chan + (size_t)nchannels * sizeof(maco_memory_channel_device_t));
@@ -812,7 +811,29 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     char *fx = fixed, *sx = state, *host = fixed_host;
     memcpy(host + o_tasks, l->tasks, l->ntasks * sizeof(maco_pk_task_t));
     memcpy(host + o_succ, l->succ, l->nsucc * sizeof(uint32_t));
-    memcpy(host + o_roots, l->roots, l->nroots * sizeof(uint32_t));
+    /* The roots by worker queue: those of each role to the role's workers in turn (comm
+     * tasks to the compute workers where there are no communication workers), each queue's in
+     * the graph's order (maco_pk_schedule_roots pushes them so). */
+    uint32_t *rstart = (uint32_t *)(host + o_rstart), *rq = (uint32_t *)(host + o_roots);
+    memset(rstart, 0, ((size_t)W + C + 1) * sizeof(uint32_t));
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t n_comp = 0, n_comm = 0;
+        for (uint32_t i = 0; i < l->nroots; i++) {
+            uint32_t r = l->roots[i];
+            uint32_t q =
+                l->tasks[r].role == MACO_PK_ROLE_COMM && C > 0 ? W + n_comm++ % C : n_comp++ % W;
+            if (pass == 0)
+                rstart[q + 1]++;
+            else
+                rq[rstart[q]++] = r;
+        }
+        if (pass == 0)
+            for (uint32_t q = 0; q < W + C; q++)
+                rstart[q + 1] += rstart[q];
+    }
+    for (uint32_t q = W + C; q > 0; q--) /* the fill moved each start to the next queue's */
+        rstart[q] = rstart[q - 1];
+    rstart[0] = 0;
     maco_pk_queue_t *q = (maco_pk_queue_t *)(host + o_queues);
     uint64_t slot = 0;
     for (uint32_t i = 0; i < nq; i++) {
@@ -831,6 +852,7 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     view->tasks = (const maco_pk_task_t *)(fx + o_tasks);
     view->succ = (const uint32_t *)(fx + o_succ);
     view->roots = (const uint32_t *)(fx + o_roots);
+    view->root_start = (const uint32_t *)(fx + o_rstart);
     view->arrive = (uint64_t *)(sx + o_arrive);
     view->ctr = (uint64_t *)(sx + o_ctr);
     view->queues = (const maco_pk_queue_t *)(fx + o_queues);

@@ -452,13 +452,16 @@ MACO_HOST_DEVICE static inline maco_status_t maco__pk_dispatch(const maco_pk_vie
 MACO_HOST_DEVICE static inline maco_status_t
 maco_pk_schedule_roots(const maco_pk_view_t *v, uint32_t s, uint32_t lane, uint32_t nlanes)
 {
-    uint32_t S = v->nschedulers;
-    for (uint32_t k = lane; (uint64_t)s + (uint64_t)k * S < v->nroots; k += nlanes) {
-        uint32_t task = v->roots[s + k * S], first = 0, stride = 1, cnt = 1;
-        (void)maco__pk_own_workers(v, s, task, &first, &stride, &cnt);
-        maco_status_t st = maco_pk_queue_push(v, &v->queues[first + (k % cnt) * stride], task);
-        if (st != MACO_OK)
-            return st;
+    /* Every lane of every scheduler takes whole queues (queue q: lane s * nlanes + lane, q
+     * modulo all lanes) and pushes that queue's roots in their order: each worker gets its
+     * roots in the order of the graph (maco__pk_layout assigned them), however the lanes run. */
+    const uint64_t g = (uint64_t)s * nlanes + lane, G = (uint64_t)v->nschedulers * nlanes;
+    for (uint64_t q = g; q < (uint64_t)v->nworkers + v->ncomm; q += G) {
+        for (uint32_t i = v->root_start[q]; i < v->root_start[q + 1]; i++) {
+            maco_status_t st = maco_pk_queue_push(v, &v->queues[q], v->roots[i]);
+            if (st != MACO_OK)
+                return st;
+        }
     }
     return MACO_OK;
 }
