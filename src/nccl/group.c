@@ -53,8 +53,40 @@ static unsigned maco_nccl__kind_bit(maco_nccl__kind_t kind)
     return 1u << (unsigned)kind;
 }
 
-/* Issues ops[0..n): on MACO, or all of them forwarded. */
+static ncclResult_t maco_nccl__run_ops(const maco_nccl__op_t *ops, int n);
+
+/* Issues ops[0..n): on MACO, or all of them forwarded; PreMulSum ops from their scaled input
+ * (a temporary each, freed on its stream once everything is issued). */
 static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
+{
+    int premul = 0;
+    for (int i = 0; i < n; i++)
+        premul += ops[i].premul;
+    if (premul == 0)
+        return maco_nccl__run_ops(ops, n);
+    maco_nccl__op_t *mine = malloc((size_t)n * sizeof(*mine));
+    void **tmp = calloc((size_t)n, sizeof(*tmp));
+    if (mine == NULL || tmp == NULL) {
+        free(mine);
+        free(tmp);
+        return maco_nccl__fail(ncclSystemError, "%s: out of host memory for a group of %d calls",
+                               maco_nccl__call_name(ops[0].call), n);
+    }
+    memcpy(mine, ops, (size_t)n * sizeof(*mine));
+    ncclResult_t res = ncclSuccess;
+    for (int i = 0; i < n && res == ncclSuccess; i++)
+        res = maco_nccl__op_prepare(&mine[i], &tmp[i]);
+    if (res == ncclSuccess)
+        res = maco_nccl__run_ops(mine, n);
+    for (int i = 0; i < n; i++)
+        maco_nccl__op_release(&mine[i], tmp[i]);
+    free(mine);
+    free(tmp);
+    return res;
+}
+
+/* maco_nccl__run's work once the inputs are ready. */
+static ncclResult_t maco_nccl__run_ops(const maco_nccl__op_t *ops, int n)
 {
     int forward = 0;
     for (int i = 0; i < n; i++) {
@@ -103,14 +135,9 @@ static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
             maco_nccl__comm_note(ops[i].comm, st);
         return maco_nccl__fail_maco(st, maco_nccl__call_name(ops[0].call));
     }
-    ncclResult_t res = ncclSuccess;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         maco_nccl__count_native(ops[i].call);
-        ncclResult_t r = maco_nccl__op_finish(&ops[i]);
-        if (res == ncclSuccess)
-            res = r;
-    }
-    return res;
+    return ncclSuccess;
 }
 
 ncclResult_t maco_nccl__group_submit(const maco_nccl__op_t *op)

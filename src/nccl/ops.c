@@ -4,8 +4,8 @@
  *
  * ncclGather and ncclScatter have no MACO call: they are a MACO group of sends to (receives
  * at) the root, which MACO runs as one launch, the root's own block a local copy (none in
- * place). PreMulSum ops reduce with MACO_SUM and then multiply the result on the same stream
- * (scale.cu says why that is the same sum).
+ * place). PreMulSum ops sum, with MACO_SUM, each rank's input already multiplied by its own
+ * scalar (maco_nccl__op_prepare; scale.cu).
  */
 #include <stdio.h>
 #include <string.h>
@@ -95,25 +95,52 @@ maco_status_t maco_nccl__op_issue(const maco_nccl__op_t *o)
     return MACO_ERR_INTERNAL;
 }
 
-ncclResult_t maco_nccl__op_finish(const maco_nccl__op_t *o)
+ncclResult_t maco_nccl__op_prepare(maco_nccl__op_t *o, void **tmp_p)
 {
-    if (!o->premul || o->count == 0)
+    *tmp_p = NULL;
+    if (!o->premul || o->count == 0 ||
+        (o->kind != MACO_NCCL_ALLREDUCE && o->kind != MACO_NCCL_REDUCE &&
+         o->kind != MACO_NCCL_REDUCESCATTER))
         return ncclSuccess;
-    if (o->kind == MACO_NCCL_REDUCE && o->comm->rank != o->root)
-        return ncclSuccess;
+    size_t n = o->count * (o->kind == MACO_NCCL_REDUCESCATTER ? (size_t)o->comm->nranks : 1);
+    size_t bytes = n * maco_nccl__type_size(o->type);
     int cur = -1;
     cudaGetDevice(&cur);
     if (o->comm->device >= 0 && cur != o->comm->device)
         cudaSetDevice(o->comm->device);
-    cudaError_t e = maco_nccl__scale(o->recvbuff, o->count, o->type, o->device_scalar,
-                                     o->host_scalar, o->stream);
+    void *tmp = NULL;
+    cudaError_t e = cudaMallocAsync(&tmp, bytes, o->stream);
+    if (e == cudaSuccess)
+        e = maco_nccl__scale(tmp, o->sendbuff, n, o->type, o->device_scalar, o->host_scalar,
+                             o->stream);
+    if (e != cudaSuccess && tmp != NULL)
+        cudaFreeAsync(tmp, o->stream);
     if (o->comm->device >= 0 && cur >= 0 && cur != o->comm->device)
         cudaSetDevice(cur);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        cudaGetLastError();
         return maco_nccl__fail(ncclUnhandledCudaError,
-                               "%s with a PreMulSum op: the scale kernel's launch failed: %s",
-                               maco_nccl__call_name(o->call), cudaGetErrorString(e));
+                               "%s with a PreMulSum op: scaling the %zu-byte input into a "
+                               "temporary failed: %s",
+                               maco_nccl__call_name(o->call), bytes, cudaGetErrorString(e));
+    }
+    o->sendbuff = tmp;
+    *tmp_p = tmp;
     return ncclSuccess;
+}
+
+void maco_nccl__op_release(const maco_nccl__op_t *o, void *tmp)
+{
+    if (tmp == NULL)
+        return;
+    int cur = -1;
+    cudaGetDevice(&cur);
+    if (o->comm->device >= 0 && cur != o->comm->device)
+        cudaSetDevice(o->comm->device);
+    if (cudaFreeAsync(tmp, o->stream) != cudaSuccess)
+        cudaGetLastError();
+    if (o->comm->device >= 0 && cur >= 0 && cur != o->comm->device)
+        cudaSetDevice(cur);
 }
 
 /* One op through the real NCCL (inside the real group opened by the caller). */
@@ -174,7 +201,5 @@ ncclResult_t maco_nccl__op_forward(const maco_nccl__op_t *ops, int n, const char
     if (res != ncclSuccess && res != ncclInProgress)
         return maco_nccl__fail(res, "%s forwarded to NCCL: %s", maco_nccl__call_name(ops[0].call),
                                r->GetLastError(NULL));
-    for (int i = 0; i < n && res == ncclSuccess; i++)
-        res = maco_nccl__op_finish(&ops[i]);
     return res;
 }

@@ -204,12 +204,13 @@ const maco_nccl__real_t *maco_nccl__real(void);
 /* ------------------------------------------------------------------ scale.cu */
 
 /*
- * buf[i] *= scalar for i in [0, count), on `stream`: the scalar is *device_scalar (read when
- * the kernel runs) when device_scalar is not NULL, else the element at host_scalar. 16-bit
- * and fp8 types multiply in float32, then round to nearest even. Returns cudaSuccess or the
+ * dst[i] = src[i] * scalar for i in [0, count) (count elements of `type`; dst may be src), on
+ * `stream`, with the current device's kernel: the scalar is *device_scalar (read when the
+ * kernel runs) when device_scalar is not NULL, else the element at host_scalar. 16-bit and
+ * fp8 types multiply in float32, then round to nearest even. Returns cudaSuccess or the
  * launch's error.
  */
-cudaError_t maco_nccl__scale(void *buf, size_t count, ncclDataType_t type,
+cudaError_t maco_nccl__scale(void *dst, const void *src, size_t count, ncclDataType_t type,
                              const void *device_scalar, const void *host_scalar,
                              cudaStream_t stream);
 
@@ -290,17 +291,21 @@ typedef struct maco_nccl__op {
     ncclRedOp_t op; /* a built-in op; a PreMulSum op is recorded as ncclSum + the scalar */
     int root;       /* root, or peer for send/recv */
     cudaStream_t stream;
-    int premul; /* 1: multiply the result by the scalar below after the reduction */
+    int premul; /* 1: multiply each rank's input by its scalar below, then sum */
     const void *device_scalar;
     unsigned char host_scalar[8];
 } maco_nccl__op_t;
 
 /* Issues `op` on MACO (inside an open MACO group when the caller has one). */
 maco_status_t maco_nccl__op_issue(const maco_nccl__op_t *op);
-/* Runs what must follow the MACO operation on its stream (the PreMulSum scale). */
-ncclResult_t maco_nccl__op_finish(const maco_nccl__op_t *op);
-/* Forwards ops[0..n) to the real NCCL in one real group, then finishes them. `why` says why
- * MACO could not. */
+/* A PreMulSum op: scales its input by this rank's scalar into a stream-ordered temporary
+ * (cudaMallocAsync on the op's stream, the communicator's device; capturable) and points
+ * op->sendbuff at it; *tmp_p gets the temporary (NULL: nothing to do). The caller frees it
+ * with maco_nccl__op_release after the operation is issued. */
+ncclResult_t maco_nccl__op_prepare(maco_nccl__op_t *op, void **tmp_p);
+/* Frees a temporary of maco_nccl__op_prepare on the op's stream (after what uses it). */
+void maco_nccl__op_release(const maco_nccl__op_t *op, void *tmp);
+/* Forwards ops[0..n) to the real NCCL in one real group. `why` says why MACO could not. */
 ncclResult_t maco_nccl__op_forward(const maco_nccl__op_t *ops, int n, const char *why);
 
 /* ------------------------------------------------------------------ group.c */

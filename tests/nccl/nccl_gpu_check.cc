@@ -548,7 +548,10 @@ void TestMisc(ncclComm_t comm, cudaStream_t s, uint64_t seed, size_t count)
     }
     for (int residence = 0; residence < 2; residence++) { /* PreMulSum */
         int call = g_call++;
-        float scalar = (g_rng() & 1) ? 0.5f : 3.0f;
+        /* Each rank its own scalar, as NCCL allows (nccl-tests' "mulsum": 1 and 2). */
+        const float base = (g_rng() & 1) ? 0.5f : 3.0f;
+        auto scalar_of = [base](int r) { return base * static_cast<float>(1 + r % 2); };
+        float scalar = scalar_of(me);
         float *dscalar = nullptr;
         CHECK_CUDA(cudaMalloc(&dscalar, sizeof(float)));
         CHECK_CUDA(cudaMemcpy(dscalar, &scalar, sizeof(float), cudaMemcpyHostToDevice));
@@ -571,7 +574,7 @@ void TestMisc(ncclComm_t comm, cudaStream_t s, uint64_t seed, size_t count)
         for (size_t i = 0; i < count; i++) {
             size_t src = i < rc ? static_cast<size_t>(me) * rc + i : i; /* rs overwrote [0, rc) */
             for (int r = 0; r < n; r++)
-                v[static_cast<size_t>(r)] = Input(seed, call, r, src, t, ncclSum) * scalar;
+                v[static_cast<size_t>(r)] = Input(seed, call, r, src, t, ncclSum) * scalar_of(r);
             Expect(residence ? "premulsum host" : "premulsum device", t, i, out.At(i),
                    Reduce(v, ncclSum, t));
         }
