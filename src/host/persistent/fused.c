@@ -11,18 +11,20 @@
  * (signals per launch) x (launch + 1). No chained semaphores, no wait tasks: a tile waits only
  * for its own inputs, in any order.
  *
- * Why nothing deadlocks. A gate holds its worker while it waits, so every gated task must wait
- * only for work that cannot be stuck behind a gated task:
+ * Why nothing deadlocks. A worker that pops a task whose gate is closed puts it back at the end
+ * of its queue (maco_pk_next_ready), so gates hold no worker and every task whose inputs have
+ * come gets to run. Where a queue could be full (more than 4095 tasks of a role), the worker
+ * waits at the gate instead; the operators keep even that safe, each gated task waiting only
+ * for work that cannot be stuck behind a gated task:
  *   - roots come first in every worker's queue (the schedulers push all roots before any task
- *     that became ready later: maco_pk_roots_pushed), so a worker runs a non-root task only
- *     after all its roots;
+ *     that became ready later: maco_pk_roots_pushed), in the graph's order;
  *   - compute workers run the GEMM tiles (roots; gated, if at all, on what peers' communication
  *     workers send or on a peer's start) and, in allgather + GEMM, tiles released right after
  *     the launch's first task;
  *   - communication workers run, as roots, the "ready" signals only (ungated), and after them
  *     the sums (gated on peers' GEMM tiles, which never wait for a communication worker of
- *     theirs beyond its roots), the copies of sums to peers and the puts of A (gated on a
- *     peer's ready signal, a root of that peer's communication workers).
+ *     theirs beyond its roots) and the puts of A (gated on the peers' ready signals, roots of
+ *     their communication workers).
  * Every gate therefore waits for tasks that are roots or that wait only for roots, and roots
  * never wait behind anything but roots: no cycle.
  *
