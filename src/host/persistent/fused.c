@@ -425,6 +425,39 @@ static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t
     return st;
 }
 
+/* An operator's plan of an m-row GEMM (*plan_p, *ntiles_p) and room for the ids of its last
+ * tasks (*deps_p: every tile of every rank, `extra` more, and one). */
+static maco_status_t maco__fused_begin(maco__fused_t *f, uint32_t m, size_t extra,
+                                       maco_gemm_tile_t **plan_p, size_t *ntiles_p, int **deps_p)
+{
+    maco_status_t st = maco__fused_plan(f, m, plan_p, ntiles_p);
+    if (st != MACO_OK)
+        return st;
+    *deps_p = malloc((*ntiles_p * (size_t)f->nranks + extra + 1) * sizeof(int));
+    if (*deps_p == NULL) {
+        free(*plan_p);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
+                           "%s: out of host memory for %zu tiles", f->fn, *ntiles_p);
+    }
+    return MACO_OK;
+}
+
+/* The operator's end (maco__fused_done after deps[0..ndeps), gated on `wait` where not NULL)
+ * when st is MACO_OK, its id in *last_p (may be NULL); frees the plan and the list. */
+static maco_status_t maco__fused_end(maco__fused_t *f, maco_status_t st, const uint64_t *wait,
+                                     uint64_t count, int *deps, size_t ndeps,
+                                     maco_gemm_tile_t *plan, int *last_p)
+{
+    int done = -1;
+    if (st == MACO_OK)
+        st = maco__fused_done(f, wait, count, deps, ndeps, &done);
+    if (st == MACO_OK && last_p != NULL)
+        *last_p = done;
+    free(deps);
+    free(plan);
+    return st;
+}
+
 /* Row-parallel linear. Tile p (in plan order) is owned by rank p mod nranks: every rank's GEMM
  * stores its product of p into the owner's slot for it (scratch data: nranks slots of m x n,
  * slot r rank r's) and signals the owner's counter p; the owner sums the nranks slots in rank
@@ -435,15 +468,10 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
     const maco_fused_gemm_t *op = f->op;
     maco_gemm_tile_t *plan = NULL;
     size_t ntiles = 0, ndeps = 0;
-    maco_status_t st = maco__fused_plan(f, op->m, &plan, &ntiles);
+    int *deps = NULL;
+    maco_status_t st = maco__fused_begin(f, op->m, 0, &plan, &ntiles, &deps);
     if (st != MACO_OK)
         return st;
-    int *deps = malloc((ntiles * (size_t)f->nranks + 1) * sizeof(int));
-    if (deps == NULL) {
-        free(plan);
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
-                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
-    }
     const uint64_t slot = maco__fused_pad(op->m) * op->n * f->esz;
     const uint64_t done_ctr = maco__fused_tile_rows(op->m) * (op->n / MACO_GEMM_TILE_N);
     char *data = maco__fused_data(f), *out = op->out;
@@ -500,14 +528,8 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
             deps[ndeps++] = put;
         }
     }
-    int done = -1;
-    if (st == MACO_OK)
-        st = maco__fused_done(f, maco__fused_ctr(f, done_ctr), not_owned, deps, ndeps, &done);
-    if (st == MACO_OK && last_p != NULL)
-        *last_p = done;
-    free(deps);
-    free(plan);
-    return st;
+    return maco__fused_end(f, st, maco__fused_ctr(f, done_ctr), not_owned, deps, ndeps, plan,
+                           last_p);
 }
 
 /* Row-parallel linear with a sequence-parallel output. The m rows of A (and of the sum) are
@@ -523,15 +545,10 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
     const uint32_t ms = op->m / (uint32_t)f->nranks;
     maco_gemm_tile_t *plan = NULL;
     size_t ntiles = 0, ndeps = 0;
-    maco_status_t st = maco__fused_plan(f, ms, &plan, &ntiles);
+    int *deps = NULL;
+    maco_status_t st = maco__fused_begin(f, ms, 0, &plan, &ntiles, &deps);
     if (st != MACO_OK)
         return st;
-    int *deps = malloc((ntiles * (size_t)f->nranks + 1) * sizeof(int));
-    if (deps == NULL) {
-        free(plan);
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
-                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
-    }
     const uint64_t slot = maco__fused_pad(ms) * op->n * f->esz;
     const uint64_t ready = maco__fused_tile_rows(ms) * (op->n / MACO_GEMM_TILE_N);
     char *data = maco__fused_data(f), *out = op->out;
@@ -561,14 +578,7 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
             }
         }
     }
-    int done = -1;
-    if (st == MACO_OK)
-        st = maco__fused_done(f, NULL, 0, deps, ndeps, &done);
-    if (st == MACO_OK && last_p != NULL)
-        *last_p = done;
-    free(deps);
-    free(plan);
-    return st;
+    return maco__fused_end(f, st, NULL, 0, deps, ndeps, plan, last_p);
 }
 
 /* Column-parallel linear with a sequence-parallel input. Rank r's A shard (m x k) is put, in
@@ -586,17 +596,13 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
     const uint64_t ready = (uint64_t)f->nranks * blocks;
     maco_gemm_tile_t *plan = NULL;
     size_t ntiles = 0, ndeps = 0;
-    maco_status_t st = maco__fused_plan(f, op->m, &plan, &ntiles);
+    /* Room for every tile and every put (one per chunk of A and peer, or per chunk). */
+    const size_t chunks = (size_t)blocks * ((block + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK);
+    int *deps = NULL;
+    maco_status_t st =
+        maco__fused_begin(f, op->m, (size_t)f->nranks * chunks, &plan, &ntiles, &deps);
     if (st != MACO_OK)
         return st;
-    /* Every tile and every put (one per chunk of A and peer, or per chunk with mirrors). */
-    const size_t chunks = (size_t)blocks * ((block + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK);
-    int *deps = malloc((ntiles * (size_t)f->nranks + (size_t)f->nranks * chunks + 1) * sizeof(int));
-    if (deps == NULL) {
-        free(plan);
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
-                           "%s: out of host memory for %zu tiles", f->fn, ntiles);
-    }
     char *data = maco__fused_data(f), *out = op->out;
     /* Up to MACO__PK_MIRRORS peers, one COPY per row block writes it into this rank's slot
      * of every peer's gathered A (mirrors through copies of the channels) once all of them are
@@ -691,14 +697,7 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
             deps[ndeps++] = gemm;
         }
     }
-    int done = -1;
-    if (st == MACO_OK)
-        st = maco__fused_done(f, NULL, 0, deps, ndeps, &done);
-    if (st == MACO_OK && last_p != NULL)
-        *last_p = done;
-    free(deps);
-    free(plan);
-    return st;
+    return maco__fused_end(f, st, NULL, 0, deps, ndeps, plan, last_p);
 }
 
 maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
