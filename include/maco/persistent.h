@@ -3,8 +3,9 @@
  * copies, signals and waits, channel puts, GEMM tiles through cuBLASDx; user types in a kernel
  * of the user's own) built on the host, checked and uploaded once, and run by ONE kernel launch
  * whose CTAs are compute workers, communication workers and schedulers (device side and
- * protocols: maco/device/persistent.h). Fused GEMM + allreduce and allgather + GEMM are graph
- * builders made of these tasks (maco_task_graph_add_gemm_allreduce and _allgather_gemm). The
+ * protocols: maco/device/persistent.h). Fused GEMM + allreduce, GEMM + reduce-scatter and
+ * allgather + GEMM are graph builders made of these tasks (maco_task_graph_add_gemm_allreduce,
+ * _gemm_reduce_scatter and _allgather_gemm). The
  * profile (per-task start, end and SM) becomes a Chrome trace and a summary table.
  *
  *   maco_task_graph_t graph;             build: add tasks and dependencies (no GPU needed)
