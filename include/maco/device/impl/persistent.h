@@ -393,7 +393,13 @@ MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view
                 (uint64_t)v->nschedulers * (run + 1)) {
                 uint32_t comm = v->tasks[s].role == MACO_PK_ROLE_COMM && v->ncomm > 0;
                 uint32_t base = comm ? v->nworkers : 0u, cnt = comm ? v->ncomm : v->nworkers;
-                q = &v->queues[base + (uint32_t)(((uint64_t)s * 2654435761u) >> 7) % cnt];
+                const maco_pk_queue_t *w =
+                    &v->queues[base + (uint32_t)(((uint64_t)s * 2654435761u) >> 7) % cnt];
+                /* Not into a queue that could be full: the pusher may be its own consumer. The
+                 * scheduler's inbox has room for every task. */
+                if (maco__pk_ld_relaxed(w->reserve) - maco__pk_ld_relaxed(w->head) + 2 <
+                    w->capacity)
+                    q = w;
             }
             maco_status_t st = maco_pk_queue_push(v, q, s);
             if (st != MACO_OK)
