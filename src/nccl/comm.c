@@ -329,6 +329,11 @@ ncclResult_t pncclCommDestroy(ncclComm_t comm)
         return maco_nccl__fail(ncclInvalidArgument,
                                "ncclCommDestroy: comm %p is not a communicator (destroyed twice?)",
                                (void *)comm);
+    if (maco_nccl__group_forget(comm) > 0)
+        maco_log_write(
+            MACO_LOG_WARN, "coll",
+            "ncclCommDestroy: the open group of this thread held calls on the communicator; "
+            "they are dropped, and the group's end fails");
     return maco_nccl__comm_free(comm, 0);
 }
 MACO_NCCL_ALIAS(ncclCommDestroy)
@@ -341,6 +346,11 @@ ncclResult_t pncclCommAbort(ncclComm_t comm)
         return maco_nccl__fail(ncclInvalidArgument,
                                "ncclCommAbort: comm %p is not a communicator (destroyed twice?)",
                                (void *)comm);
+    if (maco_nccl__group_forget(comm) > 0)
+        maco_log_write(
+            MACO_LOG_WARN, "coll",
+            "ncclCommAbort: the open group of this thread held calls on the communicator; "
+            "they are dropped, and the group's end fails");
     return maco_nccl__comm_free(comm, 1);
 }
 MACO_NCCL_ALIAS(ncclCommAbort)
@@ -453,8 +463,22 @@ ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size, v
                                "%s: buff %p, size %zu, handle %p: none may be "
                                "NULL or 0",
                                what, buff, size, (void *)handle);
+    pthread_mutex_lock(&comm->lock);
+    if (comm->nregs == comm->regs_cap) {
+        size_t cap = comm->regs_cap == 0 ? 16 : comm->regs_cap * 2;
+        maco_mem_t *p = realloc(comm->regs, cap * sizeof(*p));
+        if (p == NULL) {
+            pthread_mutex_unlock(&comm->lock);
+            return maco_nccl__fail(ncclSystemError, "%s: out of host memory", what);
+        }
+        comm->regs = p;
+        comm->regs_cap = cap;
+    }
     maco_mem_t mem;
     maco_status_t st = maco_mem_register(comm->maco, buff, size, &mem);
+    if (st == MACO_OK)
+        comm->regs[comm->nregs++] = mem;
+    pthread_mutex_unlock(&comm->lock);
     if (st != MACO_OK)
         return maco_nccl__fail_maco(st, what);
     maco_nccl__count_native(MACO_NCCL_CALL_ncclCommRegister);
@@ -470,6 +494,21 @@ ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *handle)
         return res;
     if (handle == NULL)
         return maco_nccl__fail(ncclInvalidArgument, "ncclCommDeregister: handle is NULL");
+    /* Only a handle ncclCommRegister returned on this communicator and not deregistered yet. */
+    int found = 0;
+    pthread_mutex_lock(&comm->lock);
+    for (size_t i = 0; i < comm->nregs && !found; i++)
+        if (comm->regs[i] == (maco_mem_t)handle) {
+            comm->regs[i] = comm->regs[--comm->nregs];
+            found = 1;
+        }
+    pthread_mutex_unlock(&comm->lock);
+    if (!found)
+        return maco_nccl__fail(ncclInvalidArgument,
+                               "ncclCommDeregister: handle %p was not returned by "
+                               "ncclCommRegister on this communicator, or was deregistered "
+                               "already",
+                               handle);
     maco_status_t st = maco_mem_deregister((maco_mem_t)handle);
     return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclCommDeregister");
 }

@@ -23,9 +23,53 @@
 /* An ncclUniqueId made from NCCL_COMM_ID: this marker, then rank 0's "host:port". */
 static const char maco_nccl__addr_marker[16] = "MACO NCCL_COMM:";
 
+/* The communicators alive in this process: a pointer is looked up here before anything
+ * reads through it, so a destroyed or made-up ncclComm_t is refused, not dereferenced. */
+static pthread_mutex_t maco_nccl__live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ncclComm **maco_nccl__live;
+static size_t maco_nccl__nlive, maco_nccl__live_cap;
+
+static int maco_nccl__live_add(struct ncclComm *c)
+{
+    int ok = 1;
+    pthread_mutex_lock(&maco_nccl__live_lock);
+    if (maco_nccl__nlive == maco_nccl__live_cap) {
+        size_t cap = maco_nccl__live_cap == 0 ? 16 : maco_nccl__live_cap * 2;
+        struct ncclComm **p = realloc(maco_nccl__live, cap * sizeof(*p));
+        if (p == NULL) {
+            ok = 0;
+        } else {
+            maco_nccl__live = p;
+            maco_nccl__live_cap = cap;
+        }
+    }
+    if (ok)
+        maco_nccl__live[maco_nccl__nlive++] = c;
+    pthread_mutex_unlock(&maco_nccl__live_lock);
+    return ok;
+}
+
+static void maco_nccl__live_remove(const struct ncclComm *c)
+{
+    pthread_mutex_lock(&maco_nccl__live_lock);
+    for (size_t i = 0; i < maco_nccl__nlive; i++)
+        if (maco_nccl__live[i] == c) {
+            maco_nccl__live[i] = maco_nccl__live[--maco_nccl__nlive];
+            break;
+        }
+    pthread_mutex_unlock(&maco_nccl__live_lock);
+}
+
 int maco_nccl__comm_valid(const struct ncclComm *comm)
 {
-    return comm != NULL && comm->magic == MACO_NCCL_COMM_MAGIC;
+    int found = 0;
+    if (comm == NULL)
+        return 0;
+    pthread_mutex_lock(&maco_nccl__live_lock);
+    for (size_t i = 0; i < maco_nccl__nlive && !found; i++)
+        found = maco_nccl__live[i] == comm;
+    pthread_mutex_unlock(&maco_nccl__live_lock);
+    return found && comm->magic == MACO_NCCL_COMM_MAGIC;
 }
 
 struct ncclComm *maco_nccl__comm_alloc(int nranks, int rank, int device, int blocking,
@@ -34,6 +78,10 @@ struct ncclComm *maco_nccl__comm_alloc(int nranks, int rank, int device, int blo
     struct ncclComm *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return NULL;
+    if (!maco_nccl__live_add(c)) {
+        free(c);
+        return NULL;
+    }
     c->magic = MACO_NCCL_COMM_MAGIC;
     c->nranks = nranks;
     c->rank = rank;
@@ -385,6 +433,8 @@ ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
     maco_status_t st = maco_comm_destroy(c->maco);
     maco_status_t st2 = maco_bootstrap_destroy(c->bs);
     c->magic = 0;
+    maco_nccl__live_remove(c);
+    free(c->regs);
     pthread_mutex_destroy(&c->lock);
     free(c);
     if (st == MACO_OK)

@@ -59,6 +59,14 @@ static ncclResult_t maco_nccl__run_ops(const maco_nccl__op_t *ops, int n);
  * (a temporary each, freed on its stream once everything is issued). */
 static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
 {
+    /* A call queued in another thread's group may name a communicator destroyed since:
+     * refused before anything reads through it. */
+    for (int i = 0; i < n; i++)
+        if (!maco_nccl__comm_valid(ops[i].comm))
+            return maco_nccl__fail(ncclInvalidArgument,
+                                   "%s: its communicator %p was destroyed while the call waited "
+                                   "in a group; nothing of the group was issued",
+                                   maco_nccl__call_name(ops[i].call), (void *)ops[i].comm);
     int premul = 0;
     for (int i = 0; i < n; i++)
         premul += ops[i].premul;
@@ -152,6 +160,29 @@ ncclResult_t maco_nccl__group_submit(const maco_nccl__op_t *op)
     }
     maco_nccl__queue[maco_nccl__nqueued++] = *op;
     return ncclSuccess;
+}
+
+int maco_nccl__group_forget(const struct ncclComm *comm)
+{
+    int dropped = 0, k = 0;
+    for (int i = 0; i < maco_nccl__nqueued; i++) {
+        if (maco_nccl__queue[i].comm == comm)
+            dropped++;
+        else
+            maco_nccl__queue[k++] = maco_nccl__queue[i];
+    }
+    maco_nccl__nqueued = k;
+    k = 0;
+    for (int i = 0; i < maco_nccl__ninits; i++) {
+        if (maco_nccl__inits[i].comm == comm)
+            dropped++;
+        else
+            maco_nccl__inits[k++] = maco_nccl__inits[i];
+    }
+    maco_nccl__ninits = k;
+    if (dropped > 0)
+        maco_nccl__group_note_error(ncclInvalidUsage);
+    return dropped;
 }
 
 int maco_nccl__group_defer_init(struct ncclComm *comm, const ncclUniqueId *id)

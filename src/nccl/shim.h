@@ -144,6 +144,8 @@ struct ncclComm {
     int real_tried;
     unsigned forward_kinds; /* bit per maco_nccl__kind_t: MACO refused it, it goes to NCCL */
     int peer_error;         /* ncclRemoteError once a call met a dead or late peer (atomic) */
+    maco_mem_t *regs;       /* handles ncclCommRegister returned and not yet deregistered */
+    size_t nregs, regs_cap; /* (under `lock`) */
 };
 
 struct ncclWindow_vidmem {
@@ -309,6 +311,10 @@ void maco_nccl__op_release(const maco_nccl__op_t *op, void *tmp);
 ncclResult_t maco_nccl__op_forward(const maco_nccl__op_t *ops, int n, const char *why);
 
 /* ------------------------------------------------------------------ group.c */
+
+/* Drops this thread's queued calls and pending creations of `comm` (about to be destroyed);
+ * returns how many there were. A group that held any fails at its end, saying so. */
+int maco_nccl__group_forget(const struct ncclComm *comm);
 
 /* Runs `op` now, or queues it when this thread has a group open. */
 ncclResult_t maco_nccl__group_submit(const maco_nccl__op_t *op);

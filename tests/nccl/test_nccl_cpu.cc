@@ -340,6 +340,44 @@ TEST(NcclCpu, GroupBookkeeping)
     EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+/* Memory safety (each failed under valgrind or ASan before its fix): a destroyed or made-up
+ * communicator is refused without being read, a handle ncclCommRegister never returned is
+ * refused, and a communicator destroyed while its call waits in this thread's group drops the
+ * call (the group's end fails) instead of reading freed memory. */
+TEST(NcclCpu, DestroyedOrForeignCommunicatorsAreNotRead)
+{
+    ncclComm_t c = OneRank();
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(ncclCommDeregister(c, reinterpret_cast<void *>(0x1234)), ncclInvalidArgument);
+    EXPECT_NE(LastError().find("not returned by ncclCommRegister"), std::string::npos)
+        << LastError();
+    ASSERT_EQ(ncclCommDestroy(c), ncclSuccess);
+    std::string after = ncclGetLastError(c); /* destroyed: not read */
+    (void)after;
+    ncclComm_t bogus = reinterpret_cast<ncclComm_t>(0x1000);
+    std::string foreign = ncclGetLastError(bogus); /* never a communicator: not read */
+    (void)foreign;
+    EXPECT_EQ(ncclCommDestroy(c), ncclInvalidArgument);
+    EXPECT_NE(LastError().find("not a communicator"), std::string::npos) << LastError();
+    int n = 0;
+    EXPECT_EQ(ncclCommCount(bogus, &n), ncclInvalidArgument);
+}
+
+TEST(NcclCpu, DestroyingACommunicatorInsideAGroupDropsItsQueuedCalls)
+{
+    ncclComm_t c = OneRank();
+    ASSERT_NE(c, nullptr);
+    char buf[64];
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclCommDestroy(c), ncclSuccess);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+    EXPECT_NE(LastError().find("nothing of the group"), std::string::npos) << LastError();
+    /* The next group is clean. */
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+}
+
 /* A communicator created inside a group is created at the group's end. */
 TEST(NcclCpu, CreationInsideAGroupHappensAtItsEnd)
 {
