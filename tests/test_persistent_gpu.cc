@@ -781,8 +781,7 @@ struct FusedSetup {
                 if (q == Rank())
                     continue;
                 size_t i = static_cast<size_t>(q);
-                ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine[b], peers[b][i],
-                                                     &chans[b][i]),
+                ASSERT_EQ(maco_memory_channel_create(Comm(), q, mine[b], peers[b][i], &chans[b][i]),
                           MACO_OK);
                 ASSERT_EQ(maco_memory_channel_get_device_handle(chans[b][i], &handles[b][i]),
                           MACO_OK);
@@ -961,12 +960,11 @@ class FusedOperators : public Persistent
                 std::vector<float> p =
                     HostGemm(as[static_cast<size_t>(q)], bs[static_cast<size_t>(q)], m, n, k);
                 for (size_t i = 0; i < sum.size(); i++)
-                    sum[i] += type == MACO_FLOAT32 ? p[i]
-                                                   : __bfloat162float(__float2bfloat16_rn(p[i]));
+                    sum[i] +=
+                        type == MACO_FLOAT32 ? p[i] : __bfloat162float(__float2bfloat16_rn(p[i]));
             }
-            size_t first = kind == MACO_FUSED_GEMM_REDUCE_SCATTER
-                               ? static_cast<size_t>(Rank()) * out_n
-                               : 0;
+            size_t first =
+                kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? static_cast<size_t>(Rank()) * out_n : 0;
             want.assign(sum.begin() + static_cast<ptrdiff_t>(first),
                         sum.begin() + static_cast<ptrdiff_t>(first + out_n));
         }
@@ -1001,8 +999,8 @@ class FusedOperators : public Persistent
             ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
             const char *dir = getenv("TEST_PERSIST_TRACE_DIR");
             if (dir != nullptr && dir[0] != '\0' && m == 200) {
-                std::string path = std::string(dir) + "/trace_fused_" + std::to_string(kind) +
-                                   "_" + std::to_string(nr) + "ranks.json";
+                std::string path = std::string(dir) + "/trace_fused_" + std::to_string(kind) + "_" +
+                                   std::to_string(nr) + "ranks.json";
                 ASSERT_EQ(maco_persistent_kernel_write_trace(k_, path.c_str()), MACO_OK);
             }
         }
@@ -1025,8 +1023,8 @@ TEST_F(FusedOperators, GemmReduceScatter)
 {
     const int m = 96 * NRanks();
     ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_GEMM_REDUCE_SCATTER, m, 512, 64, MACO_BFLOAT16));
-    ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_GEMM_REDUCE_SCATTER, 256 * NRanks(), 256, 512,
-                                  MACO_FLOAT32));
+    ASSERT_NO_FATAL_FAILURE(
+        Check(MACO_FUSED_GEMM_REDUCE_SCATTER, 256 * NRanks(), 256, 512, MACO_FLOAT32));
 }
 
 TEST_F(FusedOperators, AllgatherGemm)
