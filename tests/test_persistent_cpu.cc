@@ -170,6 +170,51 @@ TEST_F(TaskGraph, WaitNeedsACountAndAnAlignedCounter)
     ExpectInvalid({ "\"w\"", "8-byte aligned" });
 }
 
+/* Hostile sizes are refused before anything multiplies or adds them. */
+TEST_F(TaskGraph, HostileCountsAreRefusedWithoutWrapping)
+{
+    maco_task_t w;
+    memset(&w, 0, sizeof(w));
+    w.type = MACO_TASK_WAIT;
+    w.a = reinterpret_cast<void *>(0x1000);
+    w.count = UINT64_MAX; /* count * (launch + 1) would wrap */
+    w.name = "w";
+    Add(w);
+    ExpectInvalid({ "\"w\"", "count is 18446744073709551615", "2^32 - 1" });
+}
+
+TEST_F(TaskGraph, CopyOfAllOfMemoryIsRefused)
+{
+    maco_task_t t;
+    memset(&t, 0, sizeof(t));
+    t.type = MACO_TASK_COPY;
+    t.out = reinterpret_cast<void *>(0x10000);
+    t.a = reinterpret_cast<void *>(0x20000);
+    t.count = UINT64_MAX; /* out + count wraps: the overlap test must not be fooled */
+    t.name = "huge";
+    Add(t);
+    ExpectInvalid({ "\"huge\"", "past the end of memory" });
+}
+
+TEST_F(TaskGraph, AddOfTwoToThe64ElementsIsRefused)
+{
+    maco_task_t t = AddTask("add");
+    t.count = UINT64_MAX;
+    Add(t);
+    ExpectInvalid({ "\"add\"", "below 2^24" });
+}
+
+TEST_F(TaskGraph, WaitCountAtTheLimitIsAccepted)
+{
+    maco_task_t w;
+    memset(&w, 0, sizeof(w));
+    w.type = MACO_TASK_WAIT;
+    w.a = reinterpret_cast<void *>(0x1000);
+    w.count = UINT32_MAX;
+    Add(w);
+    EXPECT_EQ(maco_task_graph_validate(g_), MACO_OK) << maco_log_last_error();
+}
+
 TEST_F(TaskGraph, ChannelIndexAndPutRange)
 {
     maco_memory_channel_device_t h;
@@ -370,6 +415,26 @@ TEST(GemmPlan, BadArguments)
     EXPECT_EQ(count, 4u);
     EXPECT_EQ(maco_gemm_plan_tiles(256, 256, 0, nullptr, &count), MACO_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(maco_gemm_plan_tiles(256, 256, 8, nullptr, nullptr), MACO_ERR_INVALID_ARGUMENT);
+}
+
+/* Counting the tiles of the largest C the arguments allow is closed form: instant, and the
+ * count is rows x columns of 128 x 128 (n is not a multiple of 256: narrow tiles). */
+TEST(GemmPlan, CountingHugeShapesTakesNoTime)
+{
+    const uint32_t m = 0xFFFFFF80u, n = 0xFFFFFF80u; /* 2^32 - 128 */
+    auto t0 = std::chrono::steady_clock::now();
+    size_t count = 0;
+    ASSERT_EQ(maco_gemm_plan_tiles(m, n, 132, nullptr, &count), MACO_OK);
+    ASSERT_EQ(maco_gemm_plan_tiles(1u << 24, 1u << 24, 132, nullptr, &count), MACO_OK);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 0.5);
+    /* 2^24 x 2^24: 2^17 rows of 2^16 wide tiles, plus one more tile per wide tile of a last
+     * round that would leave at least half of the workers idle (split in two narrow ones). */
+    size_t wide = (size_t{ 1 } << 17) * (size_t{ 1 } << 16);
+    size_t tail = wide % 132;
+    EXPECT_EQ(count, tail != 0 && 2 * tail <= 132 ? wide + tail : wide);
+    ASSERT_EQ(maco_gemm_plan_tiles(m, n, 132, nullptr, &count), MACO_OK);
+    EXPECT_EQ(count, size_t{ 33554431 } * 33554431);
 }
 
 TEST_F(TaskGraph, GemmTileOutOfRange)

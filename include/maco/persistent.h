@@ -51,7 +51,8 @@ typedef enum maco_task_type {
     MACO_TASK_SCALE = 3,          /**< out[i] = alpha * a[i] */
     MACO_TASK_RESIDUAL_ADD = 4,   /**< out[i] = a[i] + alpha * b[i] (fmaf(alpha, b[i], a[i])) */
     MACO_TASK_SIGNAL = 5,         /**< adds 1 to the uint64_t counter at `out` (release) */
-    MACO_TASK_WAIT = 6,           /**< waits until the uint64_t counter at `a` >= count * run */
+    MACO_TASK_WAIT = 6,           /**< waits until the uint64_t counter at `a` >= count * run
+                                       (count: 1 to 2^32 - 1) */
     MACO_TASK_CHANNEL_PUT = 7,    /**< channel `channel`: remote[dst_offset..+count bytes) =
                                        local[src_offset..) */
     MACO_TASK_CHANNEL_SIGNAL = 8, /**< signals the channel's peer */
@@ -112,7 +113,7 @@ typedef enum maco_task_role {
  *   channels signal_mirror_channel .. + c - 1 (signal_to inside their local buffers). One task
  *   then sends a tile to every peer and tells each of them.
  * - SIGNAL: out, a device or host-mapped uint64_t counter (8-byte aligned) that is never reset.
- * - WAIT: a, such a counter; count (>= 1): the signals it gets per launch. The wait of the
+ * - WAIT: a, such a counter; count (1 to 2^32 - 1): the signals it gets per launch. The wait of the
  *   launch numbered r (0, 1, ...) of this kernel object ends once the counter is at least
  *   count * (r + 1).
  * - CHANNEL_*: channel (from maco_task_graph_add_channel); PUT also count (bytes),

@@ -371,8 +371,11 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
                      name, p);
             return -1;
         }
-        if (t->type == MACO_TASK_WAIT && t->count == 0) {
-            snprintf(why, n, "count is 0 (the signals the counter gets per launch, at least 1)");
+        if (t->type == MACO_TASK_WAIT && (t->count == 0 || t->count > (UINT64_MAX >> 32))) {
+            snprintf(why, n,
+                     "count is %llu (the signals the counter gets per launch: 1 to 2^32 - 1, "
+                     "as it is multiplied by launches)",
+                     (unsigned long long)t->count);
             return -1;
         }
         return 0;
@@ -730,7 +733,10 @@ maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers, maco_gem
     const uint32_t cols = n / tn;
     uint32_t group = (W + cols - 1) / cols;
     group = group < 1 ? 1 : group > rows ? rows : group;
-    size_t at = maco__gemm_plan_grid(rows, cols, tn, group, tiles, 0);
+    /* Counting only is closed form (rows x cols), whatever m and n: the grid is walked only to
+     * fill `tiles`, which the caller sized for it. */
+    size_t at =
+        tiles == NULL ? (size_t)rows * cols : maco__gemm_plan_grid(rows, cols, tn, group, tiles, 0);
     if (tn == MACO_GEMM_TILE_N_WIDE && !forced) {
         /* The last round's wide tiles, each as two narrow ones at the end. */
         size_t tail = at % W;
