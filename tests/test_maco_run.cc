@@ -488,6 +488,99 @@ TEST_F(MacoRunStrays, EndedOnSigterm)
     EXPECT_NE(out.find("rc=143"), std::string::npos) << out;
 }
 
+/* maco-run sent SIGHUP (a terminal closed, an ssh session dropped), SIGQUIT, or SIGKILL (a
+ * batch system's kill -9): no rank and no process in a rank's process group outlives it. HUP
+ * and QUIT are forwarded like TERM; after KILL the watchdog ends the groups. Each rank starts
+ * a child in its own process group and prints "pids RANK CHILD". */
+class MacoRunKilled : public maco_test::Test
+{
+  protected:
+    void SetUp() override
+    {
+        maco_test::Test::SetUp();
+        char tmpl[] = "/tmp/maco-run-killed-test-XXXXXX";
+        ASSERT_NE(mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+        rank_ = dir_ + "/rank.sh";
+        std::ofstream(rank_) << "#!/bin/sh\nsleep 60 &\necho \"pids $$ $!\"\necho ready\nwait\n";
+        ASSERT_EQ(chmod(rank_.c_str(), 0700), 0);
+    }
+    void TearDown() override
+    {
+        for (int pid : pids_)
+            if (ProcessState(pid) != "" && ProcessState(pid) != "Z")
+                kill(pid, SIGKILL);
+        std::string ignored;
+        RunShell("rm -rf '" + dir_ + "'", &ignored);
+        maco_test::Test::TearDown();
+    }
+    /* Starts 2 ranks, sends `sig` to maco-run once both are ready, and returns its exit status
+     * as the shell saw it; *out gets maco-run's output and then "rc=N". */
+    void Run(const char *sig, std::string *out)
+    {
+        std::string log = dir_ + "/job-" + sig + ".txt";
+        std::string cmd = "ulimit -c 0; " + std::string(MACO_RUN_PATH) + " -n 2 --mps off '" +
+                          rank_ + "' >'" + log +
+                          "' 2>&1 & pid=$!; for i in $(seq 200); do [ \"$(grep -c ready '" + log +
+                          "')\" = 2 ] && break; sleep 0.05; done; kill -" + sig +
+                          " $pid; wait $pid; echo \"rc=$?\" >>'" + log + "'; cat '" + log + "'";
+        RunShell(cmd, out);
+        for (size_t at = out->find("] pids "); at != std::string::npos;
+             at = out->find("] pids ", at + 1)) {
+            std::istringstream line(out->substr(at + 7, out->find('\n', at) - at - 7));
+            int pid;
+            while (line >> pid)
+                pids_.push_back(pid);
+        }
+    }
+    /* Fails unless every rank and child has ended within `secs` (a zombie has ended: after
+     * SIGKILL its new parent reaps it). */
+    void ExpectAllEnded(double secs, const std::string &out)
+    {
+        ASSERT_EQ(pids_.size(), 4u) << out;
+        auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(secs);
+        for (int pid : pids_) {
+            while ((ProcessState(pid) != "" && ProcessState(pid) != "Z") &&
+                   std::chrono::steady_clock::now() < until)
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            std::string st = ProcessState(pid);
+            EXPECT_TRUE(st == "" || st == "Z") << "process " << pid << " still runs\n" << out;
+        }
+    }
+    std::string dir_, rank_;
+    std::vector<int> pids_;
+};
+
+TEST_F(MacoRunKilled, SighupIsForwardedAndEndsTheJob)
+{
+    std::string out;
+    Run("HUP", &out);
+    EXPECT_NE(out.find("rc=129"), std::string::npos) << out;
+    EXPECT_NE(out.find("forwarding signal 1"), std::string::npos) << out;
+    ExpectAllEnded(5, out);
+}
+
+TEST_F(MacoRunKilled, SigquitIsForwardedAndEndsTheJob)
+{
+    std::string out;
+    Run("QUIT", &out);
+    EXPECT_NE(out.find("rc=131"), std::string::npos) << out;
+    EXPECT_NE(out.find("forwarding signal 3"), std::string::npos) << out;
+    ExpectAllEnded(5, out);
+}
+
+TEST_F(MacoRunKilled, SigkillLeavesNoRankBehind)
+{
+    std::string out;
+    Run("KILL", &out);
+    EXPECT_NE(out.find("rc=137"), std::string::npos) << out;
+    ExpectAllEnded(5, out);
+    /* The watchdog said so (it writes to the same log, maybe after "rc=" was appended). */
+    std::string log;
+    RunShell("cat '" + dir_ + "/job-KILL.txt'", &log);
+    EXPECT_NE(log.find("died without ending its job"), std::string::npos) << log;
+}
+
 /* maco-run holds two pipes per rank: it raises its soft descriptor limit to the hard one
  * (the ranks still start with the soft limit they were given) ... */
 TEST(MacoRunLimits, RaisesTheSoftDescriptorLimitForManyRanks)

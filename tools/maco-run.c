@@ -13,14 +13,23 @@
  * Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit status
  * (128 + signal number if it was killed), after the remaining ranks' process groups are
  * sent SIGTERM and, 3 s later, SIGKILL. When --timeout S passes, all ranks are killed the
- * same way and maco-run exits 124. SIGINT and SIGTERM sent to maco-run are forwarded to
- * every rank's process group.
+ * same way and maco-run exits 124. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to maco-run are
+ * forwarded to every rank's process group (then SIGKILL 3 s later, as above); maco-run exits
+ * 128 + that signal.
+ *
+ * When maco-run itself dies without ending the job (SIGKILL, a crash): a watchdog process it
+ * forks before the ranks (in maco-run's process group, ignoring SIGINT, SIGTERM, SIGHUP and
+ * SIGQUIT) holds the read end of a pipe only maco-run writes to, and learns each rank's
+ * process group through it. When the pipe closes without maco-run's "job ended" record, the
+ * watchdog sends SIGTERM (and SIGCONT) to every rank's process group, SIGKILL 2 s later to the
+ * groups still there, says so on stderr and exits. Descendants that left their rank's process
+ * group (setsid) are out of its reach; the private MPS daemon below too.
  *
  * Leftover processes: maco-run is a child subreaper (PR_SET_CHILD_SUBREAPER), so descendants
  * of the ranks whose parents exit are reparented to it, even those that left the ranks'
  * process groups (setsid). Output the ranks' streams still carry is read for 3 s after the
  * last rank exited. Then, however the job ended (success, a failing rank, timeout,
- * SIGINT/SIGTERM, a rank that could not be started), every remaining descendant of maco-run,
+ * a forwarded signal, a rank that could not be started), every remaining descendant of maco-run,
  * found through the parent pids in /proc/PID/stat, gets SIGTERM and, 2 s later, SIGKILL, and
  * is reaped; maco-run prints how many it ended. The private MPS daemon below and what it
  * started are left to mps_stop: they hold its CUDA_MPS_PIPE_DIRECTORY but not this job's
@@ -43,7 +52,7 @@
  * folder maco-run creates (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, passed to the
  * ranks), so it never talks to an MPS server it did not start. An MPS daemon that the ranks'
  * environment already reaches is used as it is and left running. The daemon maco-run started
- * is stopped ("quit") when the job ends, on success, failure, timeout and SIGINT/SIGTERM alike;
+ * is stopped ("quit") when the job ends, on success, failure, timeout and a forwarded signal alike;
  * processes still carrying its pipe folder in their environment 10 s later are killed, and
  * the folder is removed. --mps on starts one whatever the GPU count and fails (exit 1, ranks
  * not started) when it cannot; --mps off never starts one. --gpus G replaces the GPU count
@@ -89,6 +98,11 @@ typedef struct rank_proc {
 } rank_proc_t;
 
 static volatile sig_atomic_t g_forward_signal;
+
+/* The watchdog (see the top of this file): its pid, and the write end of its pipe; -1 when
+ * none runs. */
+static pid_t g_watchdog_pid = -1;
+static int g_watchdog_fd = -1;
 
 /* The descriptor limit maco-run was started with; the ranks and the MPS daemon get it back
  * before exec (raise_fd_limit raised maco-run's own soft limit). */
@@ -574,7 +588,9 @@ static int classify(proc_entry_t *t, int n, int i, int depth, const char *mps_en
     if (t[i].kind != KIND_UNKNOWN)
         return t[i].kind;
     int kind = KIND_OTHER;
-    if (t[i].ppid == getpid()) {
+    if (t[i].pid == g_watchdog_pid) {
+        kind = KIND_OTHER; /* it ends when maco-run tells it to (watchdog_stop) */
+    } else if (t[i].ppid == getpid()) {
         kind = KIND_JOB;
     } else if (depth < 4096) {
         proc_entry_t key = { .pid = t[i].ppid };
@@ -725,7 +741,7 @@ static int raise_fd_limit(long nranks)
 
 /*
  * Runs the started job to its end: passes the ranks' output on, reaps them, stops them all
- * when one fails, on timeout and on SIGINT/SIGTERM (the contract at the top of this file).
+ * when one fails, on timeout and on a forwarded signal (the contract at the top of this file).
  * `pfds` and `owner` have room for two entries per rank. Returns maco-run's exit status.
  */
 static int supervise(rank_proc_t *ranks, long nranks, long timeout_s, struct pollfd *pfds,
@@ -879,6 +895,118 @@ static int node_gpu_list(long node, long per, char *out, size_t cap)
     return 0;
 }
 
+/* ------------------------------------------------------------------ the watchdog */
+
+/* The watchdog's loop (in the child): records are process group ids, 0 means the job ended. */
+static void watchdog_main(int fd)
+{
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    pid_t parent = getppid();
+    pid_t *groups = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        int32_t rec;
+        ssize_t got = read(fd, &rec, sizeof(rec));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got != (ssize_t)sizeof(rec))
+            break; /* maco-run is gone (a record is written whole: 4 bytes < PIPE_BUF) */
+        if (rec == 0)
+            _exit(0);
+        if (n == cap) {
+            size_t grown = cap > 0 ? cap * 2 : 64;
+            pid_t *bigger = realloc(groups, grown * sizeof(*groups));
+            if (bigger == NULL)
+                continue; /* that group goes unwatched; nothing better to do here */
+            groups = bigger;
+            cap = grown;
+        }
+        groups[n++] = (pid_t)rec;
+    }
+    if (n == 0)
+        _exit(0);
+    fprintf(stderr,
+            "maco-run: the launcher (pid %d) died without ending its job; its watchdog sends "
+            "SIGTERM to the %zu rank process group(s), SIGKILL 2 s later\n",
+            (int)parent, n);
+    for (size_t i = 0; i < n; i++) {
+        kill(-groups[i], SIGTERM);
+        kill(-groups[i], SIGCONT);
+    }
+    for (int tick = 0; tick < 100; tick++) { /* 2 s, or until every group is gone */
+        int left = 0;
+        for (size_t i = 0; i < n; i++)
+            left += kill(-groups[i], 0) == 0;
+        if (left == 0)
+            _exit(0);
+        usleep(20000);
+    }
+    for (size_t i = 0; i < n; i++)
+        kill(-groups[i], SIGKILL);
+    _exit(0);
+}
+
+/* Starts the watchdog; without one (pipe or fork failed) the job runs unwatched, said once. */
+static void watchdog_start(void)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        fprintf(stderr, "maco-run: no watchdog (pipe: %s): ranks may outlive a killed maco-run\n",
+                strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "maco-run: no watchdog (fork: %s): ranks may outlive a killed maco-run\n",
+                strerror(errno));
+        close(p[0]);
+        close(p[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(p[1]);
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0) { /* only stderr stays: a reader of maco-run's stdout sees its end */
+            dup2(null, 0);
+            dup2(null, 1);
+        }
+        watchdog_main(p[0]);
+    }
+    close(p[0]);
+    g_watchdog_pid = pid;
+    g_watchdog_fd = p[1];
+}
+
+/* Tells the watchdog about a rank's process group. */
+static void watchdog_watch(pid_t group)
+{
+    int32_t rec = (int32_t)group;
+    if (g_watchdog_fd >= 0 && write(g_watchdog_fd, &rec, sizeof(rec)) != (ssize_t)sizeof(rec))
+        fprintf(stderr, "maco-run: the watchdog is not listening (%s)\n", strerror(errno));
+}
+
+/* The job ended the ordinary way: tells the watchdog, which exits, and reaps it. */
+static void watchdog_stop(void)
+{
+    if (g_watchdog_fd < 0)
+        return;
+    int32_t rec = 0;
+    ssize_t w = write(g_watchdog_fd, &rec, sizeof(rec));
+    close(g_watchdog_fd);
+    g_watchdog_fd = -1;
+    if (w != (ssize_t)sizeof(rec))
+        kill(g_watchdog_pid, SIGKILL); /* cannot tell it: it would read EOF and kill groups */
+    while (waitpid(g_watchdog_pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    g_watchdog_pid = -1;
+}
+
 static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus, char **prog,
                      const char *mps_pipe_dir)
 {
@@ -912,6 +1040,7 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
     }
     long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
     int exit_code;
+    watchdog_start();
     long started = 0; /* ranks[0..started) hold a process and two streams */
     int launched = 1;
     for (long r = 0; r < nranks && launched; r++) {
@@ -970,6 +1099,7 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
             _exit(127);
         }
         setpgid(pid, pid); /* also here, so kill(-pid) works even before the child runs */
+        watchdog_watch(pid);
         close(out_pipe[1]);
         close(err_pipe[1]);
         ranks[r].pid = pid;
@@ -995,6 +1125,7 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
     }
     /* Every way the job ends comes here, before main's mps_stop. */
     end_leftovers(ranks, started, mps_pipe_dir != NULL ? mps_entry : NULL, nonce_entry);
+    watchdog_stop();
     for (long r = 0; r < started; r++) {
         free(ranks[r].streams[0].buf);
         free(ranks[r].streams[1].buf);
@@ -1097,6 +1228,8 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* a closed terminal or dropped ssh session */
+    sigaction(SIGQUIT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     /* Simulated nodes: ranks pick GPUs by local rank, so every node's local rank 0 would take
