@@ -459,6 +459,16 @@ static maco_status_t maco__port_host_push(maco_port_channel_t ch, uint32_t type,
                             (unsigned long long)src_offset, (unsigned long long)ch->src_bytes,
                             (unsigned long long)dst_offset, (unsigned long long)ch->dst_bytes));
     }
+    if ((type & (MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL)) &&
+        !ch->ops->alive(ch, maco__transport_state(ch)))
+        /* Sticky: the failure was logged once where it was found (the async error); each later
+         * push says so without another log line. */
+        return maco__comm_record(
+            ch->proxy->comm,
+            maco__error_quiet(MACO_ERR_REMOTE,
+                              "port channel %u: the %s connection to rank %d failed earlier "
+                              "(see maco_comm_get_async_error); nothing was queued",
+                              ch->id, ch->ops->name, ch->peer));
     const maco_fifo_device_t *f = &ch->proxy->host_fifo.view;
     maco_status_t st = MACO_OK;
     uint64_t total = bytes, queued = 0;

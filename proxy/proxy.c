@@ -204,6 +204,13 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
         return;
     }
     void *state = ch != NULL ? p->tp[ch->transport].state : NULL;
+    if ((type & (MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL)) && !ch->ops->alive(ch, state)) {
+        /* The connection failed earlier and said so once (the communicator's async error);
+         * the device's later puts and signals on it are dropped without a line each. */
+        MACO_DEBUG(MACO_SUBSYS_PROXY,
+                   "port channel %u to rank %d: connection failed; trigger dropped", id, ch->peer);
+        type &= ~(uint32_t)(MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL);
+    }
     int signalled = 0;
     uint32_t inline_bytes = maco_trigger_inline_bytes(t);
     if ((type & MACO_TRIGGER_DATA) && inline_bytes != 0) {

@@ -528,6 +528,13 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
         setenv("MACO_TRANSPORT", word.c_str(), 1);
         setenv("MACO_LOG_LEVEL", "error", 1);
         setenv("MACO_DEVICE_TIMEOUT", "30s", 1);
+        static std::atomic<int> error_lines{ 0 };
+        maco_log_set_handler(
+            [](maco_log_level_t level, const char *, void *) {
+                if (level == MACO_LOG_ERROR)
+                    error_lines++;
+            },
+            nullptr);
         const size_t bytes = 8 << 20;
         ForkedChannel f;
         int rc = f.Setup(rank, bytes, MACO_TRANSPORT_AUTO);
@@ -568,6 +575,31 @@ TEST_F(PortChannelHost, PeerKilledMidTransferFailsNamingIt)
         if (maco_comm_get_async_error(comm, &async) != MACO_OK || async == MACO_OK) {
             fprintf(stderr, "no async error after the connection failed\n");
             return 15;
+        }
+        /* Every later push fails too (none succeeds into a dead connection), and says so
+         * without a log line each: the failure was logged once. */
+        usleep(100000);
+        int lines_before = error_lines.load();
+        for (int i = 0; i < 1000; i++) {
+            maco_status_t a = maco_port_channel_put(ch, 0, 0, 4096);
+            maco_status_t b = maco_port_channel_put_with_signal(ch, 0, 0, 64);
+            maco_status_t c = maco_port_channel_signal(ch);
+            if (a != MACO_ERR_REMOTE || b != MACO_ERR_REMOTE || c != MACO_ERR_REMOTE) {
+                fprintf(stderr, "push %d after the failure: %s, %s, %s\n", i, maco_status_string(a),
+                        maco_status_string(b), maco_status_string(c));
+                return 17;
+            }
+        }
+        msg = maco_log_last_error(); /* this thread's; the communicator keeps its first */
+        if (msg.find("rank 1") == std::string::npos ||
+            msg.find("failed earlier") == std::string::npos) {
+            fprintf(stderr, "a push after the failure does not say why: %s\n", msg.c_str());
+            return 18;
+        }
+        if (error_lines.load() - lines_before > 2) {
+            fprintf(stderr, "3000 pushes after the failure logged %d error lines\n",
+                    error_lines.load() - lines_before);
+            return 19;
         }
         return 0;
     });

@@ -140,7 +140,10 @@ MACO_API maco_status_t maco_port_channel_destroy(maco_port_channel_t ch);
  * against both buffers. A push that fails queues nothing (no part of it reaches the ring).
  * Errors: MACO_ERR_INVALID_ARGUMENT (range outside a buffer: the message gives offset, size
  * and buffer size), MACO_ERR_TIMEOUT (ring full), MACO_ERR_REMOTE (the proxy is not running:
- * never started, or stopped). A put split into several triggers can fail after its first
+ * never started, or stopped; or the channel's network connection to the peer failed earlier:
+ * nothing is queued, and only the first failure is logged, as the communicator's async error;
+ * the proxy likewise drops, without a log line each, puts and signals the device pushes on
+ * such a channel). A put split into several triggers can fail after its first
  * parts were queued; the message says how much was.
  */
 MACO_API maco_status_t maco_port_channel_put(maco_port_channel_t ch, uint64_t dst_offset,
