@@ -76,7 +76,9 @@ static void maco__json_load(void)
     fn = dlsym(lib, "json_" #name);                                                                \
     if (fn == NULL) {                                                                              \
         snprintf(maco__json_why, sizeof(maco__json_why),                                           \
-                 "%s lacks json_" #name " (not Jansson 2.x?)", path);                              \
+                 "the JSON library %s (MACO_JSON_LIBRARY%s) lacks json_" #name                     \
+                 " (not Jansson 2.x?)",                                                            \
+                 path, maco__config_is_set(MACO_CFG_JSON_LIBRARY) ? "" : "'s default");            \
         dlclose(lib);                                                                              \
         return;                                                                                    \
     }                                                                                              \

@@ -5,14 +5,19 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <initializer_list>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bootstrap_internal.h"
 #include "fork_ranks.h"
 #include "log.h"
 #include "maco/bootstrap.h"
+#include "maco/log.h"
 #include "maco_test.h"
 #include "socket.h"
 
@@ -169,6 +174,85 @@ TEST_F(BootstrapEnv, MalformedAddressesNameTheVariable)
     maco__sockaddr_t a;
     ASSERT_EQ(maco__sockaddr_parse("127.0.0.1:1234", "x", &a), MACO_OK);
     EXPECT_EQ(maco__sockaddr_port(&a), 1234);
+}
+
+/* Sets `vars` (name, value; value nullptr unsets) for the scope, restoring them after. */
+class ScopedVars
+{
+  public:
+    ScopedVars(std::initializer_list<std::pair<const char *, const char *>> vars)
+    {
+        for (const auto &v : vars) {
+            const char *old = getenv(v.first);
+            saved_.emplace_back(v.first, old != nullptr, old != nullptr ? old : "");
+            if (v.second != nullptr)
+                setenv(v.first, v.second, 1);
+            else
+                unsetenv(v.first);
+        }
+    }
+    ~ScopedVars()
+    {
+        for (auto &s : saved_) {
+            if (std::get<1>(s))
+                setenv(std::get<0>(s).c_str(), std::get<2>(s).c_str(), 1);
+            else
+                unsetenv(std::get<0>(s).c_str());
+        }
+    }
+
+  private:
+    std::vector<std::tuple<std::string, bool, std::string>> saved_;
+};
+
+/* A rank at or past the world size names both variables, as they were spelled, at once. */
+TEST_F(BootstrapEnv, RankOutsideTheWorldNamesTheVariables)
+{
+    maco_test::AllowLog("world size");
+    {
+        ScopedVars env{ { "MACO_RANK", "2" },
+                        { "MACO_WORLD_SIZE", "2" },
+                        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:1" } };
+        maco_bootstrap_t bs = nullptr;
+        EXPECT_EQ(maco_bootstrap_create_from_env(&bs), MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_log_last_error();
+        EXPECT_NE(msg.find("MACO_RANK=2"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("MACO_WORLD_SIZE=2"), std::string::npos) << msg;
+    }
+    {
+        ScopedVars env{ { "MACO_RANK", nullptr },
+                        { "MACO_WORLD_SIZE", nullptr },
+                        { "RANK", "5" },
+                        { "WORLD_SIZE", "4" },
+                        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:1" } };
+        maco_bootstrap_t bs = nullptr;
+        EXPECT_EQ(maco_bootstrap_create_from_env(&bs), MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_log_last_error();
+        EXPECT_NE(msg.find("RANK=5"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("WORLD_SIZE=4"), std::string::npos) << msg;
+        EXPECT_EQ(msg.find("MACO_RANK"), std::string::npos) << msg;
+    }
+}
+
+/* MACO_HOST_ID past 127 bytes is refused (cut, two hosts could become one node); 127 is fine. */
+TEST_F(BootstrapEnv, OverlongHostIdIsRefused)
+{
+    maco_test::AllowLog("MACO_HOST_ID");
+    maco_unique_id_t id;
+    memset(&id, 0, sizeof(id)); /* the host id is checked first */
+    std::string longest(127, 'h'), too_long(128, 'h');
+    {
+        ScopedVars env{ { "MACO_HOST_ID", too_long.c_str() } };
+        maco_bootstrap_t bs = nullptr;
+        EXPECT_EQ(maco_bootstrap_create(&id, 0, 1, 2000, &bs), MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_log_last_error();
+        EXPECT_NE(msg.find("MACO_HOST_ID is 128 bytes"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("at most 127"), std::string::npos) << msg;
+    }
+    {
+        ScopedVars env{ { "MACO_HOST_ID", longest.c_str() } };
+        EXPECT_EQ(maco__host_id_check(), MACO_OK) << maco_log_last_error();
+    }
 }
 
 /* The name of an interface that is up with an IPv4 address, and that address. */

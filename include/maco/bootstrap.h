@@ -63,9 +63,9 @@ MACO_API maco_status_t maco_unique_id_create(maco_unique_id_t *id_p);
  * Connections that do not present the id's magic and nonce (port scanners, a stale job
  * on the same port) are refused with a warning and do not disturb the job.
  * Errors: MACO_ERR_INVALID_ARGUMENT (id not a MACO id, rank outside [0, nranks),
- *         nranks < 1, bs_p NULL); MACO_ERR_TIMEOUT (rank 0 unreachable or some rank did not
- *         join in time; the message says which); MACO_ERR_REMOTE (rank 0 rejected the job:
- *         duplicate rank, world-size mismatch; or a peer died during setup);
+ *         nranks < 1, bs_p NULL, MACO_HOST_ID longer than 127 bytes); MACO_ERR_TIMEOUT (rank 0
+ * unreachable or some rank did not join in time; the message says which); MACO_ERR_REMOTE (rank 0
+ * rejected the job: duplicate rank, world-size mismatch; or a peer died during setup);
  *         MACO_ERR_SYSTEM; MACO_ERR_NO_MEMORY.
  */
 MACO_API maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nranks,
@@ -82,8 +82,9 @@ MACO_API maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int ran
  * process's creations from the environment, so every rank must make them in the same order),
  * and the other ranks read it from there (c10d's TCPStore protocol). Blocking and errors as
  * maco_bootstrap_create(); a missing or malformed variable is MACO_ERR_INVALID_ARGUMENT naming
- * it; under torchrun also MACO_ERR_TIMEOUT naming the store and the key when rank 0 published
- * no id within MACO_BOOTSTRAP_TIMEOUT.
+ * it, and so is a rank not below the world size (naming both variables); under torchrun also
+ * MACO_ERR_TIMEOUT naming the store and the key when rank 0 published no id within
+ * MACO_BOOTSTRAP_TIMEOUT.
  */
 MACO_API maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p);
 

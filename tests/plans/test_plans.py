@@ -505,6 +505,20 @@ class Mutations(unittest.TestCase):
                 self.assertRegex(out, regex, f"{name}: wrong message")
 
 
+class JsonLibrary(unittest.TestCase):
+    def test_a_library_without_jansson_names_the_variable(self):
+        path = shipped()[0]
+        for lib, regex in (("libc.so.6", r"libc\.so\.6 \(MACO_JSON_LIBRARY\) lacks json_"),
+                           ("/no/such/libjansson.so.4",
+                            r"MACO_JSON_LIBRARY=/no/such/libjansson\.so\.4")):
+            with self.subTest(lib=lib):
+                env = dict(os.environ, MACO_JSON_LIBRARY=lib)
+                r = subprocess.run([TOOL, "verify", path], capture_output=True, text=True,
+                                   timeout=60, env=env)
+                self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertRegex(r.stdout + r.stderr, regex)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: test_plans.py MACO_PLAN_TOOL")

@@ -106,6 +106,10 @@ maco_status_t maco__bootstrap_fuzz_link(const uint8_t *data, size_t len);
 /** This rank's own host id string (never NULL). */
 const char *maco__host_id(void);
 
+/** MACO_ERR_INVALID_ARGUMENT, naming MACO_HOST_ID and the limit, when MACO_HOST_ID is longer than a
+ * host id can be (127 bytes): cut, two different hosts could become one node. */
+maco_status_t maco__host_id_check(void);
+
 /** Where a rank sits: its node and its place among the node's ranks. */
 typedef struct maco__topology {
     int local_rank;   /* among the ranks with the same host id, in rank order */

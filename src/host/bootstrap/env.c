@@ -50,9 +50,10 @@ uint64_t maco__derive_nonce(const char *addr_text, const char *run_id)
     return maco__fnv1a(text);
 }
 
-/* Reads an integer variable, MACO's name first, then torchrun's. */
+/* Reads an integer variable, MACO's name first, then torchrun's; *name_p (may be NULL) gets the
+ * name it was read from. */
 static maco_status_t maco__env_int(const char *maco_name, const char *torch_name, int *value_p,
-                                   int required)
+                                   int required, const char **name_p)
 {
     const char *name = maco_name;
     const char *v = getenv(maco_name);
@@ -73,6 +74,8 @@ static maco_status_t maco__env_int(const char *maco_name, const char *torch_name
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "%s='%s' is not a non-negative integer", name, v);
     *value_p = (int)x;
+    if (name_p != NULL)
+        *name_p = name;
     return MACO_OK;
 }
 
@@ -82,11 +85,17 @@ maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create_from_env: bs_p is NULL");
     int rank = -1, nranks = -1;
-    maco_status_t st = maco__env_int("MACO_RANK", "RANK", &rank, 1);
+    const char *rank_name = "MACO_RANK", *size_name = "MACO_WORLD_SIZE";
+    maco_status_t st = maco__env_int("MACO_RANK", "RANK", &rank, 1, &rank_name);
     if (st == MACO_OK)
-        st = maco__env_int("MACO_WORLD_SIZE", "WORLD_SIZE", &nranks, 1);
+        st = maco__env_int("MACO_WORLD_SIZE", "WORLD_SIZE", &nranks, 1, &size_name);
     if (st != MACO_OK)
         return st;
+    if (nranks < 1 || rank >= nranks)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s=%d with %s=%d: the world size must be at least 1 and the rank "
+                           "from 0 to world size - 1",
+                           rank_name, rank, size_name, nranks);
     char addr_text[512];
     const char *what = "MACO_BOOTSTRAP_ADDR";
     if (maco__config_is_set(MACO_CFG_BOOTSTRAP_ADDR)) {

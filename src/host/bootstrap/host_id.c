@@ -39,6 +39,19 @@ static void maco__host_id_init(void)
     snprintf(maco__host_text, sizeof(maco__host_text), "%s/%s", host, boot);
 }
 
+maco_status_t maco__host_id_check(void)
+{
+    if (!maco__config_is_set(MACO_CFG_HOST_ID))
+        return MACO_OK;
+    size_t n = strlen(maco__config_string(MACO_CFG_HOST_ID));
+    if (n >= MACO__HOST_ID_BYTES)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "MACO_HOST_ID is %zu bytes long; at most %d (a longer one would be "
+                           "cut, and hosts that differ only past that would share a node)",
+                           n, MACO__HOST_ID_BYTES - 1);
+    return MACO_OK;
+}
+
 const char *maco__host_id(void)
 {
     pthread_once(&maco__host_once, maco__host_id_init);

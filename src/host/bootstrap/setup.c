@@ -607,9 +607,12 @@ maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nr
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create: rank %d is outside [0, %d)", rank, nranks);
     MACO__LOG_RANK_SCOPE(rank);
+    maco_status_t st = maco__host_id_check();
+    if (st != MACO_OK)
+        return st;
     uint64_t nonce = 0;
     maco__sockaddr_t root;
-    maco_status_t st = maco__unique_id_decode(id, &nonce, &root);
+    st = maco__unique_id_decode(id, &nonce, &root);
     if (st != MACO_OK)
         return st;
     int64_t timeout = timeout_ms;
