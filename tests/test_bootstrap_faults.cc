@@ -152,6 +152,13 @@ TEST_F(BootstrapFaults, EveryRankIsToldOfAWorldSizeMismatch)
     ExpectEveryoneToldWhy({ { 0, 4 }, { 1, 4 }, { 2, 4 }, { 3, 5 } }, "world size mismatch", 6);
 }
 
+/* Rank 0 was started with a smaller world than the others: the ranks past its world are told
+ * too (they were refused until their deadline: "all 37 attempts were refused"). */
+TEST_F(BootstrapFaults, RanksBeyondRankZerosWorldAreToldOfTheMismatch)
+{
+    ExpectEveryoneToldWhy({ { 0, 2 }, { 1, 4 }, { 2, 4 }, { 3, 4 } }, "world size mismatch", 4);
+}
+
 TEST_F(BootstrapFaults, EveryRankIsToldOfADuplicateRank)
 {
     /* Rank 3 never comes, so setup cannot complete before the duplicate is seen. */

@@ -141,8 +141,12 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
     maco_status_t job_status = MACO_OK;
     char *told = kind == MACO__KIND_HELLO ? (char *)calloc((size_t)bs->nranks, 1) : NULL;
     int ntold = 0;
+    /* Processes that claim a bigger world than rank 0's (a world-size mismatch) are told too:
+     * `world` is the biggest world size any hello claimed, `ntold_beyond` how many of the
+     * processes with ranks past rank 0's world were told. Linger bounds the wait for them. */
+    int64_t world = bs->nranks, ntold_beyond = 0;
     int64_t linger_until = 0;
-    while (job_error[0] != '\0' ? ntold < bs->nranks - 1 && maco__now_ms() < linger_until
+    while (job_error[0] != '\0' ? ntold + ntold_beyond < world - 1 && maco__now_ms() < linger_until
                                 : nexpect > 0) {
         int64_t now = maco__now_ms();
         if (job_error[0] == '\0' && now >= deadline) {
@@ -239,12 +243,16 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                 } else {
                     int rank = (int)maco__get_u32(pc->hello + 16);
                     int nranks = (int)maco__get_u32(pc->hello + 20);
+                    if (nranks > world)
+                        world = nranks;
                     if (job_error[0] != '\0') {
                         /* Setup already failed: tell this newcomer why. */
                         maco__tell_setup_error(pc->fd, job_error, rank);
                         if (rank > 0 && rank < bs->nranks && !told[rank]) {
                             told[rank] = 1;
                             ntold++;
+                        } else if (rank >= bs->nranks) {
+                            ntold_beyond++; /* told, it gives up: it does not come again */
                         }
                     } else if (nranks != bs->nranks) {
                         st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
@@ -280,6 +288,8 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                         if (rank > 0 && rank < bs->nranks && !told[rank]) {
                             told[rank] = 1;
                             ntold++;
+                        } else if (rank >= bs->nranks) {
+                            ntold_beyond++;
                         }
                         for (int r = 1; r < bs->nranks; r++) {
                             if (bs->peers[r].fd >= 0) {
