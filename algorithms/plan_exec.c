@@ -91,7 +91,7 @@ static maco_status_t maco__plan_open(const char *path, maco__plan_desc_t **desc_
     int problems = maco__plan_verify(d, why, cap);
     if (problems != 0) {
         maco__plan_desc_free(d);
-        return problems < 0 ? MACO_ERR_NO_MEMORY : MACO_ERR_INVALID_ARGUMENT;
+        return problems == -1 ? MACO_ERR_NO_MEMORY : MACO_ERR_INVALID_ARGUMENT;
     }
     *desc_p = d;
     return MACO_OK;

@@ -131,7 +131,9 @@ void maco__plan_desc_free(maco__plan_desc_t *d);
 /*
  * The verifier (plan_verify.c has the method): writes one line per problem, at most `cap`
  * bytes in all (truncated with "..."), into report, and returns the number of problems (0:
- * the plan is correct), or -1 when it ran out of memory or the plan is too large to check.
+ * the plan is correct), -1 when it ran out of memory, or -2 when the plan is too large to check
+ * (its clocks and values would need more than 1 GiB, or more than MACO__VERIFY_MAX_STEPS steps:
+ * the report says which).
  * On success every data op's part0 is set (the executor sizes scratch-only moves by it).
  */
 int maco__plan_verify(maco__plan_desc_t *d, char *report, size_t cap);

@@ -39,6 +39,11 @@
 
 enum { MACO__VERIFY_MAX_LINES = 40 };
 
+/* The most steps a verification may take (about a second; plan_verify's cost is in
+ * docs/plan-format.md, "Verification"): a plan that needs more is refused, not checked for
+ * minutes while the other ranks reach their bootstrap deadline. */
+#define MACO__VERIFY_MAX_STEPS (1ull << 31)
+
 typedef struct maco__access {
     int g;     /* global thread block */
     int start; /* op index where it begins */
@@ -68,13 +73,16 @@ typedef struct maco__verifier {
     int **sig_total; /* [n][nchannels]: signals in the whole plan */
     int ***sig_ev;   /* [n][nchannels][sig_total]: event of each signal, in order */
     uint32_t chunks[MACO__PBUF_COUNT], loc_per_rank, nlocs, nids;
-    int *pkt_writer;             /* [nlocs]: event that wrote packets there, -1 none */
-    int *pkt_writes;             /* [nlocs]: packet writes seen (static) */
-    uint16_t *val;               /* [nlocs][nids] */
-    int *part;                   /* [nlocs]: part of the value, -1 undefined */
-    int *last;                   /* [nlocs]: event of the last write, -1 none */
-    maco__access_list_t *access; /* [nlocs] */
-    uint16_t *tmp;               /* [nids] */
+    int *pkt_writer;               /* [nlocs]: event that wrote packets there, -1 none */
+    int *pkt_writes;               /* [nlocs]: packet writes seen (static) */
+    uint16_t *val;                 /* [nlocs][nids] */
+    int *part;                     /* [nlocs]: part of the value, -1 undefined */
+    int *last;                     /* [nlocs]: event of the last write, -1 none */
+    maco__access_list_t *access;   /* [nlocs] */
+    uint16_t *tmp;                 /* [nids] */
+    int *next_flush, *next_signal; /* [events]: maco__port_end's answers */
+    int *pkt_ready;                /* [T]: packet chunks of the blocked op known written */
+    uint64_t work, budget;         /* steps taken and allowed (MACO__VERIFY_MAX_STEPS) */
 } maco__verifier_t;
 
 static void maco__vsay(maco__verifier_t *v, const char *fmt, ...)
@@ -404,34 +412,41 @@ static int maco__add_access(maco__verifier_t *v, uint32_t loc, int g, int start,
 }
 
 /* Op index in tb g after `i` where the port put at i is complete: its source read (next
- * flush) or its write at the peer (next signal). -1: never. */
+ * flush) or its write at the peer (next signal). -1: never. From the tables verifier_alloc
+ * fills in one backward pass per thread block. */
 static int maco__port_end(const maco__verifier_t *v, int g, int i, int want_signal)
 {
-    int r = v->g_rank[g], t = g - v->tb_base[r];
-    const maco__plan_tb_t *tb = &v->d->ranks[r].tbs[t];
-    int c = tb->ops[i].channel;
-    for (int j = i; j < tb->nops; j++)
-        if (tb->ops[j].channel == c &&
-            (want_signal ? maco__is_signal(tb->ops[j].code) : maco__is_flush(tb->ops[j].code)))
-            return j;
-    return -1;
+    int ev = v->ev_base[g] + i;
+    return want_signal ? v->next_signal[ev] : v->next_flush[ev];
 }
 
-/* Whether op i of tb g may run now (its waits and packets are there). */
-static int maco__enabled(const maco__verifier_t *v, int g, int i)
+/* Whether op i of tb g may run now (its waits and packets are there). Packet chunks stay
+ * written once written, so v->pkt_ready[g] remembers how many of op i's were seen (the sweep
+ * resets it when tb g moves on): each chunk is looked at once while its op is blocked. */
+static int maco__enabled(maco__verifier_t *v, int g, int i)
 {
     int r = v->g_rank[g], t = g - v->tb_base[r];
     const maco__plan_op_t *op = &v->d->ranks[r].tbs[t].ops[i];
+    v->work++;
     if (op->code == MACO__POP_WAIT) {
         int p = v->d->ranks[r].channels[op->channel].peer, c2 = v->partner[r][op->channel];
         return v->nsig[p][c2] > v->nwait[r][op->channel];
     }
+    uint32_t skip = (uint32_t)v->pkt_ready[g], seen = 0;
     for (int s = 0; s < op->nsrcs; s++) {
         const maco__plan_ref_t *src = &op->srcs[s];
-        int pk = src->packets || op->code == MACO__POP_READ_PUT_PACKETS;
-        for (uint32_t j = 0; pk && j < src->count; j++)
-            if (v->pkt_writer[maco__loc(v, r, MACO__PBUF_SCRATCH, src->index + j)] < 0)
+        if (!(src->packets || op->code == MACO__POP_READ_PUT_PACKETS))
+            continue;
+        uint32_t j = skip >= src->count ? src->count : skip;
+        skip -= j;
+        seen += j;
+        for (; j < src->count; j++, seen++) {
+            v->work++;
+            if (v->pkt_writer[maco__loc(v, r, MACO__PBUF_SCRATCH, src->index + j)] < 0) {
+                v->pkt_ready[g] = (int)seen;
                 return 0;
+            }
+        }
     }
     return 1;
 }
@@ -442,7 +457,8 @@ static void maco__vvalue_name(const maco__verifier_t *v, uint32_t id, char *buf,
     snprintf(buf, cap, "input[%u] of rank %u", id % cin, id / cin);
 }
 
-/* Runs op i of tb g (enabled): clocks, accesses, values. Returns -1 on no memory. */
+/* Runs op i of tb g (enabled): clocks, accesses, values. Returns -1 on no memory, -2 when the
+ * verifier's step budget is spent. */
 static int maco__exec(maco__verifier_t *v, int g, int i)
 {
     const maco__plan_desc_t *d = v->d;
@@ -450,6 +466,15 @@ static int maco__exec(maco__verifier_t *v, int g, int i)
     const maco__plan_op_t *op = &d->ranks[r].tbs[t].ops[i];
     int ev = v->ev_base[g] + i;
     uint32_t *vc = maco__vc(v, ev);
+    /* Its cost up front: clocks (T per join), values (nids per source and chunk). */
+    uint64_t joins = 2;
+    for (int s = 0; s < op->nsrcs; s++)
+        if (op->srcs[s].packets || op->code == MACO__POP_READ_PUT_PACKETS)
+            joins += op->srcs[s].count;
+    v->work += joins * (uint64_t)v->T +
+               (uint64_t)op->dst.count * ((uint64_t)op->nsrcs + 1) * (v->nids + 4);
+    if (v->work > v->budget)
+        return -2;
     char w[96], cb[64];
     if (i > 0)
         memcpy(vc, maco__vc(v, ev - 1), sizeof(uint32_t) * (size_t)v->T);
@@ -548,6 +573,30 @@ static int maco__before(const maco__verifier_t *v, const maco__access_t *a, cons
     return maco__vc(v, v->ev_base[b->g] + b->start)[a->g] >= (uint32_t)a->end + 1;
 }
 
+/* Reports a race between accesses a (earlier in the run) and b of one chunk, unless ordered. */
+static void maco__race_pair(maco__verifier_t *v, int rank, const char *cb, const maco__access_t *a,
+                            const maco__access_t *b)
+{
+    char w1[96], w2[96];
+    if (a->g == b->g && a->start == b->start)
+        return; /* one op (a reduce whose dst is a source) */
+    if (maco__before(v, a, b) || maco__before(v, b, a))
+        return;
+    maco__vsay(v, "race on rank %d %s: %s %s it and %s %s it with no signal/wait ordering them",
+               rank, cb, maco__vwhere(v, a->g, a->start, w1, sizeof(w1)),
+               a->write ? "writes" : "reads", maco__vwhere(v, b->g, b->start, w2, sizeof(w2)),
+               b->write ? "writes" : "reads");
+}
+
+/*
+ * Races, in time linear in the accesses (FastTrack's epoch argument, Flanagan and Freund, PLDI
+ * 2009): the accesses of a chunk are taken in the order the symbolic run made them; each is
+ * checked against the last write before it and, when it is a write, against the reads since
+ * that write. Happens-before is transitive, so when these checks pass every pair with a write
+ * is ordered; when a pair is not, one of these checks fails for that chunk (at least one race
+ * is reported per racy chunk, not every pair). Packet slots: packet accesses wait for their
+ * write (never a race); a chunk used both ways is reported as such instead.
+ */
 static void maco__check_races(maco__verifier_t *v)
 {
     char w1[96], w2[96], cb[64];
@@ -567,35 +616,37 @@ static void maco__check_races(maco__verifier_t *v)
                        "cannot tell the writes apart (last: %s)",
                        rank, cb, v->pkt_writes[loc],
                        maco__vwhere_ev(v, v->pkt_writer[loc], w1, sizeof(w1)));
-        int mixed = 0;
-        for (int x = 0; x < l->n; x++)
-            for (int y = x + 1; y < l->n; y++) {
-                const maco__access_t *a = &l->a[x], *b = &l->a[y];
-                if (a->packets != b->packets && !mixed) {
-                    mixed = 1;
-                    maco__vsay(v, "rank %d %s is used both as LL packets (%s) and as data (%s)",
-                               rank, cb,
-                               maco__vwhere(v, a->packets ? a->g : b->g,
-                                            a->packets ? a->start : b->start, w1, sizeof(w1)),
-                               maco__vwhere(v, a->packets ? b->g : a->g,
-                                            a->packets ? b->start : a->start, w2, sizeof(w2)));
-                }
-                if (!a->write && !b->write)
-                    continue;
-                if (a->g == b->g && a->start == b->start)
-                    continue; /* one op (a reduce whose dst is a source) */
-                if (a->packets && b->packets)
-                    continue; /* packet reads wait for their write; rewrites reported above */
-                if (maco__before(v, a, b) || maco__before(v, b, a))
-                    continue;
-                maco__vsay(v,
-                           "race on rank %d %s: %s %s it and %s %s it with no signal/wait "
-                           "ordering them",
-                           rank, cb, maco__vwhere(v, a->g, a->start, w1, sizeof(w1)),
-                           a->write ? "writes" : "reads",
-                           maco__vwhere(v, b->g, b->start, w2, sizeof(w2)),
-                           b->write ? "writes" : "reads");
+        int pk = -1, dt = -1; /* first packet access and first data access */
+        for (int x = 0; x < l->n && (pk < 0 || dt < 0); x++) {
+            if (l->a[x].packets && pk < 0)
+                pk = x;
+            if (!l->a[x].packets && dt < 0)
+                dt = x;
+        }
+        if (pk >= 0 && dt >= 0) {
+            maco__vsay(v, "rank %d %s is used both as LL packets (%s) and as data (%s)", rank, cb,
+                       maco__vwhere(v, l->a[pk].g, l->a[pk].start, w1, sizeof(w1)),
+                       maco__vwhere(v, l->a[dt].g, l->a[dt].start, w2, sizeof(w2)));
+            continue;
+        }
+        if (pk >= 0)
+            continue;                        /* packets only */
+        int last_write = -1, reads_from = 0; /* reads since last_write: [reads_from, x) */
+        int racy = 0;
+        for (int x = 0; x < l->n && !racy; x++) {
+            const maco__access_t *b = &l->a[x];
+            int before = v->problems;
+            if (last_write >= 0)
+                maco__race_pair(v, rank, cb, &l->a[last_write], b);
+            if (b->write) {
+                for (int y = reads_from; y < x && v->problems == before; y++)
+                    if (!l->a[y].write)
+                        maco__race_pair(v, rank, cb, &l->a[y], b);
+                last_write = x;
+                reads_from = x + 1;
             }
+            racy = v->problems != before; /* one race per chunk: the rest adds nothing */
+        }
     }
 }
 
@@ -746,6 +797,9 @@ static void maco__verifier_free(maco__verifier_t *v)
     free(v->part);
     free(v->last);
     free(v->tmp);
+    free(v->next_flush);
+    free(v->next_signal);
+    free(v->pkt_ready);
 }
 
 static int maco__verifier_alloc(maco__verifier_t *v)
@@ -776,6 +830,35 @@ static int maco__verifier_alloc(maco__verifier_t *v)
             v->ev_base[g + 1] = v->ev_base[g] + d->ranks[r].tbs[t].nops;
         }
     size_t nev = (size_t)v->ev_base[v->T];
+    v->next_flush = (int *)malloc((nev + 1) * sizeof(int));
+    v->next_signal = (int *)malloc((nev + 1) * sizeof(int));
+    v->pkt_ready = (int *)calloc((size_t)v->T + 1, sizeof(int));
+    if (v->next_flush == NULL || v->next_signal == NULL || v->pkt_ready == NULL)
+        return -1;
+    for (int r = 0; r < n; r++) {
+        int nc = d->ranks[r].nchannels;
+        int *nf = (int *)malloc(((size_t)nc + 1) * 2 * sizeof(int)), *ns = nf + nc + 1;
+        if (nf == NULL)
+            return -1;
+        for (int t = 0; t < d->ranks[r].ntbs; t++) {
+            const maco__plan_tb_t *tb = &d->ranks[r].tbs[t];
+            int base = v->ev_base[v->tb_base[r] + t];
+            for (int c = 0; c <= nc; c++)
+                nf[c] = ns[c] = -1;
+            for (int i = tb->nops - 1; i >= 0; i--) {
+                int c = tb->ops[i].channel;
+                if (c >= 0 && c < nc) {
+                    if (maco__is_flush(tb->ops[i].code))
+                        nf[c] = i;
+                    if (maco__is_signal(tb->ops[i].code))
+                        ns[c] = i;
+                }
+                v->next_flush[base + i] = c >= 0 && c < nc ? nf[c] : -1;
+                v->next_signal[base + i] = c >= 0 && c < nc ? ns[c] : -1;
+            }
+        }
+        free(nf);
+    }
     /* The clocks and values are the big parts: refuse plans that need more than 1 GiB. */
     double bytes = (double)nev * v->T * 4 + (double)v->nlocs * v->nids * 2;
     if (bytes > (double)(1 << 30))
@@ -845,7 +928,7 @@ int maco__plan_verify(maco__plan_desc_t *d, char *report, size_t cap)
                                 "would need more than 1 GiB)"
                               : "out of memory while verifying the plan");
         maco__verifier_free(&v);
-        return -1;
+        return rc == -2 ? -2 : -1;
     }
     if (maco__check_structure(&v)) {
         int problems = v.problems;
@@ -882,20 +965,37 @@ int maco__plan_verify(maco__plan_desc_t *d, char *report, size_t cap)
     /* Static counts above were for messages; execution counts packet writes again. */
     int *static_writes = v.pkt_writes;
     v.pkt_writes = (int *)calloc((size_t)v.nlocs + 1, sizeof(int));
-    int oom = v.pkt_writes == NULL;
-    for (int progress = 1; progress && !oom;) {
+    int oom = v.pkt_writes == NULL, over = 0;
+    v.budget = MACO__VERIFY_MAX_STEPS;
+    for (int progress = 1; progress && !oom && !over;) {
         progress = 0;
-        for (int g = 0; g < v.T && !oom; g++) {
+        for (int g = 0; g < v.T && !oom && !over; g++) {
             int r = v.g_rank[g], t = g - v.tb_base[r];
             while (done[g] < d->ranks[r].tbs[t].nops && maco__enabled(&v, g, done[g])) {
-                if (maco__exec(&v, g, done[g]) < 0) {
-                    oom = 1;
+                int x = maco__exec(&v, g, done[g]);
+                if (x < 0) {
+                    oom = x == -1;
+                    over = x == -2;
                     break;
                 }
                 done[g]++;
+                v.pkt_ready[g] = 0;
                 progress = 1;
             }
+            over |= v.work > v.budget;
         }
+    }
+    if (over) {
+        if (cap > 0)
+            snprintf(report, cap,
+                     "the plan is too large to verify: checking it takes more than %llu steps "
+                     "(%d thread blocks, %d operations; docs/plan-format.md, \"Verification\", "
+                     "gives the cost)\n",
+                     (unsigned long long)MACO__VERIFY_MAX_STEPS, v.T, v.ev_base[v.T]);
+        free(static_writes); /* v.pkt_writes goes with the verifier */
+        free(done);
+        maco__verifier_free(&v);
+        return -2;
     }
     int stuck = 0;
     for (int g = 0; g < v.T; g++)

@@ -505,6 +505,54 @@ class Mutations(unittest.TestCase):
                 self.assertRegex(out, regex, f"{name}: wrong message")
 
 
+def _copies(ntb, nops):
+    """2 ranks, ntb thread blocks of nops copies each into one scratch chunk: all race."""
+    op = {"op": "copy", "src": {"buffer": "input", "index": 0},
+          "dst": {"buffer": "scratch", "index": 0}}
+    return {"magic": "MACO-PLAN", "version": 1, "name": "copies", "collective": "allgather",
+            "world_size": 2, "ranks_per_node": 2, "parts": 1, "scratch_chunks": 1,
+            "ranks": [{"rank": r, "channels": [],
+                       "thread_blocks": [{"ops": [op] * nops} for _ in range(ntb)]}
+                      for r in range(2)]}
+
+
+def _big_reduces(nops):
+    """2 ranks, each reduces 64 sources of 1024 chunks nops times: values of 2048 input chunks
+    for every chunk of every source, far past the verifier's step budget."""
+    src = {"buffer": "scratch", "index": 0, "count": 1024}
+    ops = [{"op": "copy", "src": {"buffer": "input", "index": 0, "count": 1024}, "dst": src}]
+    ops += [{"op": "reduce", "srcs": [src] * 64,
+             "dst": {"buffer": "scratch", "index": 1024, "count": 1024}}] * nops
+    return {"magic": "MACO-PLAN", "version": 1, "name": "reduces", "collective": "allreduce",
+            "world_size": 2, "ranks_per_node": 2, "parts": 1024, "scratch_chunks": 4096,
+            "ranks": [{"rank": r, "channels": [], "thread_blocks": [{"ops": ops}]}
+                      for r in range(2)]}
+
+
+class Bounded(unittest.TestCase):
+    """Hostile plans cost bounded time: many accesses of one chunk are checked in linear time
+    (the 1.6 MB plan below took 9.4 s when every pair was compared), and a plan whose values
+    would take too long is refused, saying so, within seconds."""
+
+    def timed_verify(self, doc):
+        import time
+        t0 = time.monotonic()
+        code, out = verify(doc)
+        return code, out, time.monotonic() - t0
+
+    def test_many_accesses_of_one_chunk(self):
+        code, out, secs = self.timed_verify(_copies(8, 1000))
+        self.assertEqual(code, 1, out)
+        self.assertRegex(out, r"race on rank 0 scratch\[0\]")
+        self.assertLess(secs, 3.0, out)
+
+    def test_too_costly_is_refused_in_seconds(self):
+        code, out, secs = self.timed_verify(_big_reduces(200))
+        self.assertEqual(code, 1, out)
+        self.assertRegex(out, r"too large to verify: checking it takes more than \d+ steps")
+        self.assertLess(secs, 5.0, out)
+
+
 class JsonLibrary(unittest.TestCase):
     def test_a_library_without_jansson_names_the_variable(self):
         path = shipped()[0]
