@@ -4,6 +4,7 @@ exporting ``__cuda_array_interface__`` or DLPack, zero-copy, and which stream it
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from typing import Any, Optional, Sequence
 
@@ -81,9 +82,63 @@ def _describe_torch(x, name: str) -> Buf:
                _torch_to_maco().get(x.dtype), x.shape, x.device.index, x.dtype)
 
 
+_MAX_DIMS = 64  # NumPy's limit; DLPack and the array interface set none
+
+
+def _checked_shape(shape, name: str, where: str) -> tuple:
+    """``shape`` as a tuple of non-negative ints, else ValueError naming ``name``."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(f"{name}: {where} shape {shape!r} is not a sequence of integers") from None
+    if len(dims) > _MAX_DIMS:
+        raise ValueError(f"{name}: {where} shape has {len(dims)} dimensions; at most "
+                         f"{_MAX_DIMS} are accepted")
+    out = []
+    for d in dims:
+        try:
+            if isinstance(d, bool):
+                raise TypeError
+            d = operator.index(d)
+        except TypeError:
+            raise ValueError(f"{name}: {where} shape {dims!r} holds {d!r}, not an integer") \
+                from None
+        if d < 0:
+            raise ValueError(f"{name}: {where} shape {dims!r} has a negative dimension")
+        out.append(d)
+    return tuple(out)
+
+
+def _is_int(v) -> bool:
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return not isinstance(v, bool)
+
+
 def _describe_cai(x, name: str, cai: dict) -> Buf:
-    shape = tuple(cai["shape"])
+    where = "__cuda_array_interface__"
+    if not isinstance(cai, dict):
+        raise TypeError(f"{name}: {where} is a {type(cai).__name__}, not a dict")
+    missing = [k for k in ("shape", "typestr", "data") if k not in cai]
+    if missing:
+        raise ValueError(f"{name}: {where} lacks {', '.join(repr(k) for k in missing)} "
+                         "(version 3 of the protocol requires shape, typestr and data)")
+    shape = _checked_shape(cai["shape"], name, where)
     typestr = cai["typestr"]
+    if not isinstance(typestr, str) or len(typestr) < 3:
+        raise ValueError(f"{name}: {where} typestr {typestr!r} is not like '<f4'")
+    data = cai["data"]
+    if (not isinstance(data, (tuple, list)) or len(data) != 2
+            or not (data[0] is None or _is_int(data[0]))):
+        raise ValueError(f"{name}: {where} data {data!r} is not (address, read-only flag)")
+    if cai.get("strides") is not None:
+        strides = cai["strides"]
+        if (not isinstance(strides, (tuple, list)) or len(strides) != len(shape)
+                or not all(_is_int(v) for v in strides)):
+            raise ValueError(f"{name}: {where} strides {strides!r} are not {len(shape)} "
+                             "integers (one per dimension)")
     itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
     kind_size = typestr[1:]
     dtype = _TYPESTR_TO_MACO.get(kind_size)
@@ -124,6 +179,7 @@ def _describe_dlpack(x, name: str) -> Buf:
     del capsule
     if lanes != 1:
         raise TypeError(f"{name}: vector types (lanes={lanes}) are not supported")
+    shape = _checked_shape(shape, name, "DLPack tensor")
     if not _c_contiguous(shape, strides):
         raise ValueError(f"{name}: the array is not C-contiguous (shape {shape}, strides "
                          f"{strides} elements); pass a contiguous copy")
@@ -140,7 +196,10 @@ def describe(x: Any, name: str) -> Buf:
 
     Raises:
         TypeError: not a tensor, or a tensor in CPU (or other non-CUDA) memory.
-        ValueError: not contiguous.
+        ValueError: not contiguous; a malformed __cuda_array_interface__ (missing shape,
+            typestr or data; a negative or non-integer dimension; more than 64 dimensions;
+            strides not one integer per dimension) or DLPack tensor (ndim outside 0..64, a
+            NULL shape, a negative dimension).
     """
     if _is_torch_tensor(x):
         return _describe_torch(x, name)

@@ -665,6 +665,7 @@ struct DLManagedTensorVersionedAbi {
 };
 constexpr uint64_t kDLFlagReadOnly = 1;
 constexpr int32_t kDLCUDA = 2;
+constexpr int32_t kDLMaxDims = 64; /* NumPy's limit; no framework makes more */
 
 /* Describes the tensor of a DLPack capsule without consuming it (the producer's capsule
  * destructor frees it as usual): (address, shape, strides or None, type code, bits, lanes,
@@ -695,8 +696,24 @@ nb::tuple dlpack_describe(nb::handle capsule)
     } else {
         throw nb::type_error("dlpack_describe: the capsule is not an unconsumed DLPack tensor");
     }
+    /* The producer's fields are not trusted: a bad ndim or a NULL shape must be an error, not
+     * a read of memory that is not there. */
+    if (t->ndim < 0 || t->ndim > kDLMaxDims)
+        throw nb::value_error(("dlpack_describe: the DLPack tensor has ndim " +
+                               std::to_string(t->ndim) + "; 0 to " + std::to_string(kDLMaxDims) +
+                               " dimensions are accepted")
+                                  .c_str());
+    if (t->ndim > 0 && t->shape == nullptr)
+        throw nb::value_error(("dlpack_describe: the DLPack tensor has ndim " +
+                               std::to_string(t->ndim) + " but a NULL shape")
+                                  .c_str());
     nb::list shape, strides;
     for (int32_t i = 0; i < t->ndim; ++i) {
+        if (t->shape[i] < 0)
+            throw nb::value_error(("dlpack_describe: dimension " + std::to_string(i) +
+                                   " of the DLPack tensor is " + std::to_string(t->shape[i]) +
+                                   " (negative)")
+                                      .c_str());
         shape.append(t->shape[i]);
         if (t->strides != nullptr)
             strides.append(t->strides[i]);
@@ -877,7 +894,8 @@ NB_MODULE(_maco, m)
         "Closes the group and issues it (maco_group_end); releases the GIL.");
     m.def("dlpack_describe", &dlpack_describe, nb::arg("capsule"),
           "(address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) "
-          "of an unconsumed DLPack capsule.");
+          "of an unconsumed DLPack capsule. ValueError when its ndim is outside 0..64, its "
+          "shape is NULL or a dimension is negative.");
     m.def(
         "config",
         [] {

@@ -320,6 +320,88 @@ def test_dlpack_describe_reads_shape_strides_and_type():
         _maco.dlpack_describe(object())
 
 
+class _RawCai:
+    """An object whose __cuda_array_interface__ is whatever the test says."""
+
+    def __init__(self, cai):
+        self.__cuda_array_interface__ = cai
+
+
+def test_malformed_array_interfaces_are_clear_errors(comm):
+    good = {"shape": (4,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3}
+    cases = [
+        ({k: v for k, v in good.items() if k != "shape"}, ValueError, r"x: .*lacks 'shape'"),
+        ({k: v for k, v in good.items() if k != "data"}, ValueError, r"x: .*lacks 'data'"),
+        (dict(good, shape=(-4, -4)), ValueError, r"x: .*negative dimension"),
+        (dict(good, shape=(-1,)), ValueError, r"x: .*negative dimension"),
+        (dict(good, shape=5), ValueError, r"x: .*not a sequence"),
+        (dict(good, shape=("4",)), ValueError, r"x: .*not an integer"),
+        (dict(good, shape=(1,) * 65), ValueError, r"x: .*65 dimensions"),
+        (dict(good, typestr="f"), ValueError, r"x: .*typestr"),
+        (dict(good, data=(1,)), ValueError, r"x: .*data"),
+        (dict(good, data="here"), ValueError, r"x: .*data"),
+        (dict(good, strides=(4, 4)), ValueError, r"x: .*strides"),
+        ([1, 2], TypeError, r"x: .*not a dict"),
+    ]
+    for cai, exc, regex in cases:
+        with pytest.raises(exc, match=regex):
+            comm.allreduce(_RawCai(cai))
+
+
+def _hostile_dlpack(ndim, shape):
+    """A DLPack producer (CUDA device 0) whose tensor claims `ndim` and `shape` (None: NULL)."""
+    import ctypes
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                    ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                    ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                    ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    class DLManaged(ctypes.Structure):
+        _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                    ("deleter", ctypes.c_void_p)]
+
+    dims = (ctypes.c_int64 * max(1, len(shape or ())))(*(shape or ()))
+    m = DLManaged()
+    m.dl_tensor.data = 0x7F0000000000
+    m.dl_tensor.device_type, m.dl_tensor.device_id = 2, 0
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.code, m.dl_tensor.bits, m.dl_tensor.lanes = 2, 32, 1
+    m.dl_tensor.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)) if shape else None
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+    class Producer:
+        def __dlpack__(self, stream=None, **kw):
+            return new(ctypes.addressof(m), b"dltensor", None)
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    p = Producer()
+    p.keep = (m, dims)  # the capsule points into these
+    return p
+
+
+def test_hostile_dlpack_tensors_are_clear_errors(comm):
+    cases = [
+        (_hostile_dlpack(-5, None), r"ndim -5"),
+        (_hostile_dlpack(1000000, None), r"ndim 1000000"),
+        (_hostile_dlpack(2, None), r"ndim 2 but a NULL shape"),
+        (_hostile_dlpack(2, (-4, -4)), r"dimension 0 .* is -4"),
+    ]
+    for producer, regex in cases:
+        with pytest.raises(ValueError, match=regex):
+            comm.allreduce(producer)
+    if not has_gpu:  # a sound one passes the checks; the fake address must not reach a GPU
+        with pytest.raises(maco.MacoError):
+            comm.allreduce(_hostile_dlpack(2, (2, 2)))
+
+
 def test_streams_are_read_from_any_kind():
     from maco._tensor import stream_handle
 
