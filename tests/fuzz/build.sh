@@ -18,7 +18,10 @@ lib_sources=(base/status.c base/log.c base/config.c os/socket.c bootstrap/host_i
   bootstrap/unique_id.c bootstrap/link.c bootstrap/calls.c bootstrap/setup.c bootstrap/env.c
   bootstrap/torch_store.c
   memory/mem_handle.c)
-harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config)
+harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan)
+# Execution plans (fuzz_plan): the parser and the verifier, CPU-only (Jansson is loaded at run
+# time, MACO_JSON_LIBRARY).
+plan_sources=(plan_json.c plan_verify.c)
 # shellcheck disable=SC2054 # the commas are inside -fsanitize=, not between elements
 cflags=(-std=c11 -g -O1 -Wall -Wextra -D_GNU_SOURCE -DMACO_BUILDING_LIBRARY
   "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include"
@@ -32,6 +35,7 @@ fi
 # Library objects are instrumented for coverage, without libFuzzer's main.
 pids=()
 objs=()
+plan_objs=()
 for src in "${lib_sources[@]}"; do
   obj="$out/obj/$(basename "${src%.c}").o"
   objs+=("$obj")
@@ -42,11 +46,20 @@ for src in "${lib_sources[@]}"; do
     pids=("${pids[@]:1}")
   fi
 done
+for src in "${plan_sources[@]}"; do
+  obj="$out/obj/$(basename "${src%.c}").o"
+  plan_objs+=("$obj")
+  "$cc" "${cflags[@]}" -I"$root/algorithms" -fsanitize=fuzzer-no-link -c "$root/algorithms/$src" \
+    -o "$obj" &
+  pids+=($!)
+done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
 for name in "${harnesses[@]}"; do
-  "$cc" "${cflags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/$name.c" "${objs[@]}" -lpthread \
-    -o "$out/$name"
+  extra=()
+  [[ "$name" == fuzz_plan ]] && extra=(-I"$root/algorithms" "${plan_objs[@]}" -ldl)
+  "$cc" "${cflags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/$name.c" "${objs[@]}" "${extra[@]}" \
+    -lpthread -o "$out/$name"
 done
 # The seed corpus writer (make_corpus tests/fuzz/corpus regenerates the committed seeds).
 "$cc" "${cflags[@]}" -fsanitize=fuzzer-no-link "$root/tests/fuzz/make_corpus.c" "${objs[@]}" \
