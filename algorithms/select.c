@@ -84,7 +84,10 @@ const char *maco__coll_algorithm(maco_collective_t coll, int kernel)
 maco_status_t maco__coll_read_settings(maco__coll_t *c)
 {
     for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
-        const char *v = maco__config_string(maco__colls[k].force);
+        const char *v = NULL;
+        maco_status_t wst = maco__config_word(maco__colls[k].force, &v); /* a known word */
+        if (wst != MACO_OK)
+            return wst;
         if (strncmp(v, MACO__PLAN_PREFIX, strlen(MACO__PLAN_PREFIX)) == 0) {
             c->forced[k][0] = '\0'; /* a plan: loaded by maco__plan_load_forced */
             continue;

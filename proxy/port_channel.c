@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "bootstrap_internal.h"
@@ -41,9 +42,12 @@ enum { MACO__PORT_HELLO_BYTES = 64 + MACO_MEM_HANDLE_BYTES };
 /* The transport MACO_TRANSPORT names for channels created with MACO_TRANSPORT_AUTO. */
 static maco_status_t maco__port_env_transport(maco_transport_t *t_p)
 {
-    const char *v = maco__config_string(MACO_CFG_TRANSPORT);
+    const char *v = NULL;
+    maco_status_t st = maco__config_word(MACO_CFG_TRANSPORT, &v);
+    if (st != MACO_OK)
+        return st;
     for (int t = MACO_TRANSPORT_AUTO; t < MACO__TRANSPORT_SLOTS; t++) {
-        if (strcmp(v, maco__transport_word((maco_transport_t)t)) == 0) {
+        if (strcasecmp(v, maco__transport_word((maco_transport_t)t)) == 0) {
             *t_p = (maco_transport_t)t;
             return MACO_OK;
         }

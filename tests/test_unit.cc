@@ -206,6 +206,77 @@ TEST_F(Unit, ConfigValidateMarksInvalidValuesWithWhatTheyAccept)
     EXPECT_EQ(maco_config_lookup(nullptr, nullptr), -1);
 }
 
+/* One rule per variable: what maco-info --env flags (maco__config_validate) is what the
+ * library refuses when it reads the value (maco__config_int64 / maco__config_word), and both
+ * say what is accepted. (Regression: out-of-range and unknown values passed the checker.) */
+TEST_F(Unit, ConfigCheckerAndReadersAgree)
+{
+    struct Case {
+        maco__config_id_t id;
+        std::string value;
+        const char *accepts; /* nullptr: valid */
+    } cases[] = {
+        { MACO_CFG_P2P_LANES, "-1", "from 1 to 16" },
+        { MACO_CFG_P2P_LANES, "0", "from 1 to 16" },
+        { MACO_CFG_P2P_LANES, "16", nullptr },
+        { MACO_CFG_P2P_LANES, "17", "from 1 to 16" },
+        { MACO_CFG_TCP_NSOCKS, "0", "from 1 to 8" },
+        { MACO_CFG_TCP_NSOCKS, "8", nullptr },
+        { MACO_CFG_PROXY_FIFO_SIZE, "1000", "a power of two from 2 to 65536" },
+        { MACO_CFG_PROXY_FIFO_SIZE, "131072", "a power of two from 2 to 65536" },
+        { MACO_CFG_PROXY_FIFO_SIZE, "1024", nullptr },
+        { MACO_CFG_P2P_CHUNK_SIZE, "8K", "from 16K to 4M" },
+        { MACO_CFG_SCRATCH_SIZE, "17G", "from 1M to 16G" },
+        { MACO_CFG_IB_TIMEOUT, "32", "from 1 to 31" },
+        { MACO_CFG_IB_RETRY_CNT, "8", "from 0 to 7" },
+        { MACO_CFG_IB_GID_INDEX, "-2", "from -1 to" },
+        { MACO_CFG_HIER_CTAS, "65", "from 1 to 64" },
+        { MACO_CFG_COLL_MAX_CTAS, "-1", "from 0 to" },
+        { MACO_CFG_RANK, "-1", "from 0 to" },
+        { MACO_CFG_ALGO_ALLREDUCE, "abc", "oneshot_ll, twoshot_ll, rsag, hier or plan:FILE" },
+        { MACO_CFG_ALGO_ALLREDUCE, "RSAG", nullptr },
+        { MACO_CFG_ALGO_ALLREDUCE, "plan:/tmp/x.json", nullptr },
+        { MACO_CFG_ALGO_ALLREDUCE, "plan:", "plan:FILE" },
+        { MACO_CFG_ALGO_BROADCAST, "plan:/tmp/x.json", "ll, mesh or hier" },
+        { MACO_CFG_ALGO_SENDRECV, "mesh", "ll or copy" },
+        { MACO_CFG_GEMM_TILE, "abc", "auto, gmma or cublasdx" },
+        { MACO_CFG_GEMM_TILE, "GMMA", nullptr },
+        { MACO_CFG_TRANSPORT, "rdma", "auto, cuda, host, ib or tcp" },
+        { MACO_CFG_NCCL_FALLBACK, "abc", "auto or never" },
+        { MACO_CFG_HOST_ID, std::string(128, 'h'), "at most 127 bytes" },
+        { MACO_CFG_HOST_ID, std::string(127, 'h'), nullptr },
+    };
+    maco_test::AllowLog("is invalid: it accepts");
+    for (const Case &c : cases) {
+        const char *name = maco__config_name(c.id);
+        std::string what = std::string(name) + "=" + c.value.substr(0, 20);
+        setenv(name, c.value.c_str(), 1);
+        char why[512] = "";
+        maco_status_t checked = maco__config_validate(c.id, why, sizeof(why));
+        maco_config_info_t info;
+        ASSERT_EQ(maco_config_describe(static_cast<int>(c.id), &info), MACO_OK);
+        maco_status_t read;
+        if (strcmp(info.type, "string") == 0) {
+            const char *v = nullptr;
+            read = maco__config_word(c.id, &v);
+        } else {
+            int64_t v = 0;
+            read = maco__config_int64(c.id, &v);
+        }
+        std::string msg = maco__last_error();
+        EXPECT_EQ(read, checked) << what << ": checker says " << why << "; reader " << msg;
+        if (c.accepts == nullptr) {
+            EXPECT_EQ(checked, MACO_OK) << what << ": " << why;
+        } else {
+            EXPECT_EQ(checked, MACO_ERR_INVALID_ARGUMENT) << what;
+            EXPECT_NE(std::string(why).find(c.accepts), std::string::npos) << what << ": " << why;
+            EXPECT_NE(msg.find(name), std::string::npos) << msg;
+            EXPECT_NE(msg.find(c.accepts), std::string::npos) << msg;
+        }
+        unsetenv(name);
+    }
+}
+
 TEST_F(Unit, ConfigBadValueNamesTheVariableAndWhatItAccepts)
 {
     setenv("MACO_BOOTSTRAP_TIMEOUT", "soon", 1);

@@ -234,6 +234,161 @@ static int maco__config_parse(const maco__config_row_t *row, const char *text, i
     return rc;
 }
 
+/*
+ * What each variable accepts beyond its type's syntax, in one place: maco__config_validate
+ * (maco-info --env) and the readers (maco__config_int64, maco__config_word) both apply it,
+ * so the checker and the library agree. The bounds mirror the code that uses the values
+ * (algorithms.h, p2p_plan.h, transport_tcp.c, transport_ib.c, proxy.c, plan_exec.c).
+ */
+typedef struct maco__config_rule {
+    maco__config_id_t id;
+    int64_t min, max;  /* numbers: the range, both included */
+    int pow2;          /* numbers: a power of two too */
+    const char *words; /* strings: accepted words ("a|b"; "plan:*" any text after plan:) */
+    size_t max_len;    /* strings: most bytes; 0 any */
+} maco__config_rule_t;
+
+#define MACO__NUM(id, lo, hi)                                                                      \
+    {                                                                                              \
+        MACO_CFG_##id, (lo), (hi), 0, NULL, 0                                                      \
+    }
+#define MACO__WORDS(id, w)                                                                         \
+    {                                                                                              \
+        MACO_CFG_##id, 0, -1, 0, (w), 0                                                            \
+    }
+static const maco__config_rule_t maco__config_rules[] = {
+    MACO__NUM(RANK, 0, INT32_MAX),
+    MACO__NUM(WORLD_SIZE, 1, INT32_MAX),
+    MACO__NUM(LOCAL_RANK, 0, INT32_MAX),
+    { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127 }, /* a host id's 128 bytes with the NUL */
+    MACO__WORDS(GEMM_TILE, "auto|gmma|cublasdx"),
+    MACO__WORDS(GEMM_TILE_WIDTH, "auto|128|256"),
+    MACO__NUM(SCRATCH_SIZE, (int64_t)1 << 20, (int64_t)16 << 30),
+    MACO__WORDS(ALGO_ALLREDUCE, "oneshot_ll|twoshot_ll|rsag|hier|plan:*"),
+    MACO__WORDS(ALGO_ALLGATHER, "ll|mesh|hier|plan:*"),
+    MACO__WORDS(ALGO_REDUCE_SCATTER, "ll|mesh|hier|plan:*"),
+    MACO__WORDS(ALGO_BROADCAST, "ll|mesh|hier"),
+    MACO__WORDS(ALGO_REDUCE, "ll|mesh|hier"),
+    MACO__WORDS(ALGO_ALLTOALL, "ll|copy|hier"),
+    MACO__WORDS(ALGO_SENDRECV, "ll|copy"),
+    MACO__NUM(P2P_LL_MAX, 0, (int64_t)1 << 40),
+    MACO__NUM(P2P_LANES, 1, 16), /* MACO__P2P_MAX_LANES */
+    MACO__NUM(P2P_CHUNK_SIZE, (int64_t)16 << 10, (int64_t)4 << 20),
+    MACO__NUM(ALLREDUCE_ONESHOT_MAX, 16, (int64_t)64 << 20),
+    MACO__NUM(ALLREDUCE_INPLACE_MAX, 0, (int64_t)1 << 50),
+    MACO__NUM(ALLREDUCE_RSAG_CTAS, 1, 128), /* MACO__RSAG_MAX_SLOTS */
+    MACO__NUM(COLL_MAX_CTAS, 0, INT32_MAX),
+    MACO__NUM(HIER_CTAS, 1, 64), /* MACO__HIER_MAX_SLOTS */
+    { MACO_CFG_PROXY_FIFO_SIZE, 2, 65536, 1, NULL, 0 },
+    MACO__WORDS(TRANSPORT, "auto|cuda|host|ib|tcp"),
+    MACO__NUM(TCP_NSOCKS, 1, 8), /* MACO__TCP_MAX_SOCKS */
+    MACO__NUM(TCP_CHUNK_SIZE, (int64_t)64 << 10, (int64_t)64 << 20),
+    MACO__NUM(IB_GID_INDEX, -1, INT32_MAX),
+    MACO__NUM(IB_TIMEOUT, 1, 31),
+    MACO__NUM(IB_RETRY_CNT, 0, 7),
+    MACO__NUM(PLAN_MAX_BYTES, 256, (int64_t)16 << 30),
+    MACO__WORDS(NCCL_FALLBACK, "auto|never"),
+};
+#undef MACO__NUM
+#undef MACO__WORDS
+
+static const maco__config_rule_t *maco__config_rule(maco__config_id_t id)
+{
+    for (size_t i = 0; i < sizeof(maco__config_rules) / sizeof(maco__config_rules[0]); i++)
+        if (maco__config_rules[i].id == id)
+            return &maco__config_rules[i];
+    return NULL;
+}
+
+/* A number of the row's type as the user would write it (sizes with a binary suffix). */
+static void maco__config_fmt(const maco__config_row_t *row, int64_t v, char *buf, size_t cap)
+{
+    static const char suffix[] = "KMGT";
+    int k = -1;
+    while (row->type == MACO_CONFIG_SIZE && k < 3 && v != 0 && v % 1024 == 0) {
+        v /= 1024;
+        k++;
+    }
+    if (k >= 0)
+        snprintf(buf, cap, "%lld%c", (long long)v, suffix[k]);
+    else
+        snprintf(buf, cap, "%lld", (long long)v);
+}
+
+/* What the rule accepts, in words ("an integer from 1 to 16", "auto, gmma or cublasdx"). */
+static void maco__config_rule_text(const maco__config_row_t *row, const maco__config_rule_t *r,
+                                   char *buf, size_t cap)
+{
+    if (r->words != NULL) {
+        size_t used = 0;
+        const char *w = r->words;
+        int n = 0;
+        for (const char *c = w; *c; c++)
+            n += *c == '|';
+        for (int i = 0; i <= n && used < cap; i++) {
+            size_t len = strcspn(w, "|");
+            const char *sep = i == 0 ? "" : i == n ? " or " : ", ";
+            int star = len > 0 && w[len - 1] == '*';
+            used += (size_t)snprintf(buf + used, cap - used, "%s%.*s%s", sep,
+                                     (int)(star ? len - 1 : len), w, star ? "FILE" : "");
+            w += len + (w[len] == '|');
+        }
+    } else if (r->max_len > 0) {
+        snprintf(buf, cap, "text of at most %zu bytes", r->max_len);
+    } else {
+        char lo[32], hi[32];
+        maco__config_fmt(row, r->min, lo, sizeof(lo));
+        maco__config_fmt(row, r->max, hi, sizeof(hi));
+        snprintf(buf, cap, "%s from %s to %s", r->pow2 ? "a power of two" : "a value", lo, hi);
+    }
+}
+
+/* Whether `text` (number v where the row is numeric) passes the rule of row `id`; when not,
+ * what it accepts in why. No rule: it passes. */
+static int maco__config_rule_ok(maco__config_id_t id, const char *text, int64_t v, char *why,
+                                size_t cap)
+{
+    const maco__config_rule_t *r = maco__config_rule(id);
+    const maco__config_row_t *row = &maco__config_rows[id];
+    if (r == NULL)
+        return 1;
+    int ok = 1;
+    if (r->words != NULL) {
+        ok = 0;
+        const char *w = r->words;
+        while (*w && !ok) {
+            size_t len = strcspn(w, "|");
+            if (len > 0 && w[len - 1] == '*')
+                ok = strncasecmp(text, w, len - 1) == 0 && text[len - 1] != '\0';
+            else
+                ok = strlen(text) == len && strncasecmp(text, w, len) == 0;
+            w += len + (w[len] == '|');
+        }
+    } else if (r->max_len > 0) {
+        ok = strlen(text) <= r->max_len;
+    } else if (row->type != MACO_CONFIG_STRING) {
+        ok = v >= r->min && v <= r->max && (!r->pow2 || (v & (v - 1)) == 0);
+    }
+    if (!ok && cap > 0)
+        maco__config_rule_text(row, r, why, cap);
+    return ok;
+}
+
+maco_status_t maco__config_word(maco__config_id_t id, const char **value_p)
+{
+    if ((unsigned)id >= MACO_CFG_COUNT || value_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "config id %d out of range or null output", (int)id);
+    const char *text = maco__config_string(id);
+    char accepts[256];
+    if (!maco__config_rule_ok(id, text, 0, accepts, sizeof(accepts)))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "%s='%s' is invalid: it accepts %s", maco__config_rows[id].name, text,
+                           accepts);
+    *value_p = text;
+    return MACO_OK;
+}
+
 maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p)
 {
     if ((unsigned)id >= MACO_CFG_COUNT || value_p == NULL)
@@ -253,6 +408,10 @@ maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p)
                            "%s='%s' is invalid: it accepts %s", row->name, text,
                            maco__config_accepts(row->type));
     }
+    char accepts[256];
+    if (!maco__config_rule_ok(id, text, v, accepts, sizeof(accepts)))
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
+                           "%s='%s' is invalid: it accepts %s", row->name, text, accepts);
     *value_p = v;
     return MACO_OK;
 }
@@ -367,10 +526,16 @@ maco_status_t maco__config_validate(maco__config_id_t id, char *why, size_t cap)
         if (cap > 0)
             snprintf(why, cap, "unknown subsystem%s %s; accepts: " MACO__LOG_SUBSYS_ACCEPTS,
                      nbad > 1 ? "s" : "", bad);
-    } else if (row->type == MACO_CONFIG_STRING || maco__config_parse(row, text, &v) == 0) {
-        return MACO_OK;
-    } else if (cap > 0) {
-        snprintf(why, cap, "accepts: %s", maco__config_accepts(row->type));
+    } else if (row->type != MACO_CONFIG_STRING && maco__config_parse(row, text, &v) != 0) {
+        if (cap > 0)
+            snprintf(why, cap, "accepts: %s", maco__config_accepts(row->type));
+    } else {
+        char accepts[256];
+        if (maco__config_rule_ok(id, text, row->type == MACO_CONFIG_STRING ? 0 : v, accepts,
+                                 sizeof(accepts)))
+            return MACO_OK;
+        if (cap > 0)
+            snprintf(why, cap, "accepts: %s", accepts);
     }
     return MACO_ERR_INVALID_ARGUMENT;
 }

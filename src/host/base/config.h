@@ -180,10 +180,20 @@ int maco__config_is_set(maco__config_id_t id);
 /**
  * The value as a number in the row's unit (INT: itself, SIZE: bytes, DURATION: ms, BOOL: 0/1).
  * Returns MACO_ERR_INVALID_ARGUMENT, with a logged message naming the variable and what it
- * accepts, when the text does not parse; *value_p is then untouched. A STRING row, or an
+ * accepts, when the text does not parse or lies outside the variable's rule (its range in
+ * config.c); *value_p is then untouched. A STRING row, or an
  * INT row with no value and no default, is MACO_ERR_INVALID_ARGUMENT too.
  */
 maco_status_t maco__config_int64(maco__config_id_t id, int64_t *value_p);
+
+/**
+ * A STRING variable's value (set or default) after the checks of its rule in config.c: a word
+ * from its list (compared without case) or a length limit. MACO_ERR_INVALID_ARGUMENT, logged
+ * with the variable's name, the value and what it accepts, otherwise (*value_p untouched).
+ * Variables without a rule always pass. maco__config_int64 applies the numeric rules (ranges,
+ * powers of two) the same way, and maco__config_validate both.
+ */
+maco_status_t maco__config_word(maco__config_id_t id, const char **value_p);
 
 /** Longest DURATION in ms: its nanoseconds still fit int64. */
 #define MACO__DURATION_MAX_MS (INT64_MAX / 1000000)

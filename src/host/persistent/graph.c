@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "config.h"
 #include "log.h"
@@ -702,7 +703,7 @@ uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forc
      * "GEMM tiles"): wide only when there are at least as many wide tiles as units. */
     const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
     int forced = strcmp(want, "128") == 0 || strcmp(want, "256") == 0;
-    if (!forced && strcmp(want, "auto") != 0)
+    if (!forced && strcasecmp(want, "auto") != 0)
         MACO_LOG(MACO_LOG_WARN, MACO_SUBSYS_PERSIST,
                  "MACO_GEMM_TILE_WIDTH=%s: auto, 128 or 256; auto is used", want);
     if (forced_p != NULL)

@@ -7,6 +7,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "comm_internal.h"
 #include "config.h"
@@ -38,11 +39,11 @@ enum { MACO__PK_GEMM_NONE = 0, MACO__PK_GEMM_CUBLASDX = 1, MACO__PK_GEMM_GMMA = 
  * CTAs fit on an SM. */
 static maco_status_t maco__pk_gemm_pick(const char *fn, int *kind_p, int *per_sm_p)
 {
-    const char *want = maco__config_string(MACO_CFG_GEMM_TILE);
-    int auto_ = strcmp(want, "auto") == 0, gmma = strcmp(want, "gmma") == 0;
-    if (!auto_ && !gmma && strcmp(want, "cublasdx") != 0)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
-                           "%s: MACO_GEMM_TILE=%s: auto, gmma or cublasdx", fn, want);
+    const char *want = NULL;
+    maco_status_t wst = maco__config_word(MACO_CFG_GEMM_TILE, &want); /* auto, gmma, cublasdx */
+    if (wst != MACO_OK)
+        return wst; /* the message names MACO_GEMM_TILE and what it accepts */
+    int auto_ = strcasecmp(want, "auto") == 0, gmma = strcasecmp(want, "gmma") == 0;
     if (gmma && !maco__pk_gemm_gmma_built())
         return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
                            "%s: MACO_GEMM_TILE=gmma: this library was built without the GMMA "
