@@ -39,10 +39,11 @@
 
 enum { MACO__VERIFY_MAX_LINES = 40 };
 
-/* The most steps a verification may take (about a second; plan_verify's cost is in
+/* The most steps a verification may take (0.05 s on one core, optimised; 12 times what a
+ * 32-rank allreduce of 900 KB takes; plan_verify's cost is in
  * docs/plan-format.md, "Verification"): a plan that needs more is refused, not checked for
  * minutes while the other ranks reach their bootstrap deadline. */
-#define MACO__VERIFY_MAX_STEPS (1ull << 31)
+#define MACO__VERIFY_MAX_STEPS (1ull << 28)
 
 typedef struct maco__access {
     int g;     /* global thread block */

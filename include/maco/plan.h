@@ -34,8 +34,8 @@ typedef struct maco_plan *maco_plan_t;
  * Returns MACO_OK when the plan is valid; MACO_ERR_INVALID_ARGUMENT when `path` is NULL,
  * `report` is NULL with report_bytes > 0, the file cannot be read, is not a version-1 MACO
  * plan (the report names the JSON path and the limit), or the verifier rejects it (also a plan
- * too large to verify: more than 1 GiB of clocks and values, or more than 2^31 steps, which
- * bounds the time at about a second; docs/plan-format.md, "Verification");
+ * too large to verify: more than 1 GiB of clocks and values, or more than 2^28 steps, which
+ * bounds the time well under a second; docs/plan-format.md, "Verification");
  * MACO_ERR_UNSUPPORTED when the JSON library cannot be loaded (the report says why);
  * MACO_ERR_NO_MEMORY. Blocks only on reading the file. Thread-safe.
  */
