@@ -523,7 +523,7 @@ class MacoRunKilled : public maco_test::Test
                           rank_ + "' >'" + log +
                           "' 2>&1 & pid=$!; for i in $(seq 200); do [ \"$(grep -c ready '" + log +
                           "')\" = 2 ] && break; sleep 0.05; done; kill -" + sig +
-                          " $pid; wait $pid; echo \"rc=$?\" >>'" + log + "'; cat '" + log + "'";
+                          " $pid; wait $pid; rc=$?; cat '" + log + "'; echo \"rc=$rc\"";
         RunShell(cmd, out);
         for (size_t at = out->find("] pids "); at != std::string::npos;
              at = out->find("] pids ", at + 1)) {
@@ -575,7 +575,7 @@ TEST_F(MacoRunKilled, SigkillLeavesNoRankBehind)
     Run("KILL", &out);
     EXPECT_NE(out.find("rc=137"), std::string::npos) << out;
     ExpectAllEnded(5, out);
-    /* The watchdog said so (it writes to the same log, maybe after "rc=" was appended). */
+    /* The watchdog said so (in the same log, maybe after the shell printed it). */
     std::string log;
     RunShell("cat '" + dir_ + "/job-KILL.txt'", &log);
     EXPECT_NE(log.find("died without ending its job"), std::string::npos) << log;
