@@ -12,8 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,17 +55,24 @@ inline int FreePort(int family = AF_INET)
 /**
  * Forks one process per entry of `ranks` (rank, world size). In each child `env(rank, world)`
  * sets its environment (the default sets MACO_RANK, MACO_WORLD_SIZE and MACO_BOOTSTRAP_ADDR
- * to `addr`), MACO_BOOTSTRAP_TIMEOUT is 20 s and a 60 s alarm guards against hangs; then the
+ * to `addr`), MACO_BOOTSTRAP_NONCE is a random nonce of this call's job (as maco-run's),
+ * MACO_BOOTSTRAP_TIMEOUT is 20 s and a 60 s alarm guards against hangs; then the
  * child exits with body(rank). Returns the exit codes (128 + signal when killed).
  */
 template <class Env, class Body>
 std::vector<int> ForkRanksWithEnv(const std::vector<std::pair<int, int>> &ranks, Env env, Body body)
 {
     std::vector<pid_t> pids;
+    /* A fresh random job nonce, as maco-run gives its ranks (an env() may unset it). */
+    char nonce[17];
+    snprintf(nonce, sizeof(nonce), "%016llx",
+             static_cast<unsigned long long>(std::random_device{}()) << 32 |
+                 std::random_device{}());
     for (const auto &rw : ranks) {
         pid_t pid = fork();
         if (pid == 0) {
             setenv("MACO_BOOTSTRAP_TIMEOUT", "20s", 1);
+            setenv("MACO_BOOTSTRAP_NONCE", nonce, 1);
             env(rw.first, rw.second);
             alarm(60);
             _exit(body(rw.first));

@@ -52,6 +52,8 @@ class BootstrapEnv : public maco_test::Test
 {
 };
 
+/* torchrun's variables from a launcher without torchrun's agent store, which passes the job's
+ * nonce (ForkRanksWithEnv sets a random MACO_BOOTSTRAP_NONCE, as maco-run does). */
 TEST_F(BootstrapEnv, TorchrunVariables)
 {
     int port = FreePort();
@@ -59,8 +61,7 @@ TEST_F(BootstrapEnv, TorchrunVariables)
     std::vector<int> codes = ForkRanksWithEnv(
         ranks,
         [port](int rank, int world) {
-            for (const char *v :
-                 { "MACO_RANK", "MACO_WORLD_SIZE", "MACO_BOOTSTRAP_ADDR", "MACO_BOOTSTRAP_NONCE" })
+            for (const char *v : { "MACO_RANK", "MACO_WORLD_SIZE", "MACO_BOOTSTRAP_ADDR" })
                 unsetenv(v);
             setenv("RANK", std::to_string(rank).c_str(), 1);
             setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);

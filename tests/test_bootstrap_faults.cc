@@ -263,14 +263,17 @@ TEST_F(BootstrapFaults, SilentConnectionsDoNotDelaySetup)
 }
 
 /*
- * torchrun-style start (no MACO_BOOTSTRAP_NONCE): the nonce mixes TORCHELASTIC_RUN_ID into
- * the address hash, so a local process that knows only the address cannot join. A stranger
- * claiming rank 1 first is refused; the real rank 1 joins. (Regression: the nonce was the
- * hash of the address text alone; the stranger took rank 1 and the job failed.)
+ * A stranger that knows the address, the ranks' variables and even TORCHELASTIC_RUN_ID but not
+ * the job's random nonce, claiming rank 1 first, is refused; the real rank 1 joins.
+ * (Regressions: the nonce was a hash of the address, later of the address and the run id;
+ * anyone knowing those took rank 1 and the job failed.)
  */
-TEST_F(BootstrapFaults, StrangerWithoutTheRunIdCannotJoin)
+TEST_F(BootstrapFaults, StrangerWithoutTheNonceCannotJoin)
 {
     const int port = FreePort();
+    char job_nonce[17];
+    snprintf(job_nonce, sizeof(job_nonce), "%08x%08x", std::random_device{}(),
+             std::random_device{}());
     std::vector<std::pair<int, int>> ranks = { { 0, 2 }, { 1, 2 }, { 1, 2 } };
     std::vector<pid_t> pids;
     for (size_t i = 0; i < ranks.size(); i++) {
@@ -286,10 +289,9 @@ TEST_F(BootstrapFaults, StrangerWithoutTheRunIdCannotJoin)
             setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
             setenv("MACO_LOG_LEVEL", "error", 1);
             setenv("MACO_BOOTSTRAP_TIMEOUT", i == 2 ? "5s" : "20s", 1);
-            if (i < 2) /* the job; process 2 is the stranger, without the run id */
-                setenv("TORCHELASTIC_RUN_ID", "3f1c9a52-7d2e-4b7e-9a51-6c0d8e2b4f17", 1);
-            else
-                unsetenv("TORCHELASTIC_RUN_ID");
+            setenv("TORCHELASTIC_RUN_ID", "3f1c9a52-7d2e-4b7e-9a51-6c0d8e2b4f17", 1);
+            /* the job's nonce; process 2 is the stranger, who guesses */
+            setenv("MACO_BOOTSTRAP_NONCE", i < 2 ? job_nonce : "0123456789abcdef", 1);
             alarm(60);
             if (i == 1)
                 usleep(500000); /* the stranger knocks first */
@@ -387,9 +389,9 @@ TEST_F(BootstrapFaults, RefusedConnectionsAreReportedAsRefused)
     EXPECT_EQ(msg.find("timed out"), std::string::npos) << msg;
 }
 
-/* What the nonce is made of, and what MACO_BOOTSTRAP_NONCE accepts (regression: "-1" was
- * accepted and wrapped by strtoull). */
-TEST_F(BootstrapFaults, NonceTextAndDerivation)
+/* What MACO_BOOTSTRAP_NONCE accepts (regression: "-1" was accepted and wrapped by
+ * strtoull). */
+TEST_F(BootstrapFaults, NonceText)
 {
     uint64_t n = 7;
     EXPECT_EQ(maco__parse_nonce("0", &n), 0);
@@ -398,12 +400,37 @@ TEST_F(BootstrapFaults, NonceTextAndDerivation)
     EXPECT_EQ(n, ~0ull);
     for (const char *bad : { "-1", "", "0x10", "+5", "12345678901234567", "12 ", "g" })
         EXPECT_NE(maco__parse_nonce(bad, &n), 0) << bad;
-    const char *addr = "10.0.0.1:29500";
-    EXPECT_NE(maco__derive_nonce(addr, "run-a"), maco__derive_nonce(addr, "run-b"));
-    EXPECT_NE(maco__derive_nonce(addr, "run-a"), maco__derive_nonce(addr, nullptr));
-    EXPECT_EQ(maco__derive_nonce(addr, "none"), maco__derive_nonce(addr, nullptr));
-    EXPECT_EQ(maco__derive_nonce(addr, ""), maco__derive_nonce(addr, nullptr));
-    EXPECT_NE(maco__derive_nonce("10.0.0.1:29501", nullptr), maco__derive_nonce(addr, nullptr));
+}
+
+/* Started from the environment without MACO_BOOTSTRAP_NONCE (and not through torchrun's
+ * agent store), a rank fails at once with an error naming the variable; it connects nowhere.
+ * (Regression: a nonce was derived from the address and TORCHELASTIC_RUN_ID.) */
+TEST_F(BootstrapFaults, NoNonceIsAClearErrorNotADerivedOne)
+{
+    std::vector<int> codes = ForkRanksWithEnv(
+        { { 0, 2 }, { 1, 2 } },
+        [](int rank, int world) {
+            unsetenv("MACO_BOOTSTRAP_NONCE");
+            unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+            setenv("MACO_RANK", std::to_string(rank).c_str(), 1);
+            setenv("MACO_WORLD_SIZE", std::to_string(world).c_str(), 1);
+            setenv("MACO_BOOTSTRAP_ADDR", "127.0.0.1:1", 1);
+            setenv("TORCHELASTIC_RUN_ID", "some-run", 1);
+        },
+        [](int) {
+            maco_bootstrap_t bs = nullptr;
+            auto t0 = Clock::now();
+            maco_status_t st = maco_bootstrap_create_from_env(&bs);
+            double s = std::chrono::duration<double>(Clock::now() - t0).count();
+            std::string msg = maco__last_error();
+            if (st != MACO_ERR_INVALID_ARGUMENT)
+                return static_cast<int>(kWrongStatus);
+            if (msg.find("MACO_BOOTSTRAP_NONCE is not set") == std::string::npos)
+                return static_cast<int>(kWrongMessage);
+            return s < 1.0 ? static_cast<int>(kOk) : static_cast<int>(kTooSlow);
+        });
+    for (size_t i = 0; i < codes.size(); i++)
+        EXPECT_EQ(codes[i], kOk) << "rank " << i;
 }
 
 /* Huge timeouts saturate instead of overflowing into the past (regression:

@@ -73,11 +73,14 @@ MACO_API maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int ran
 
 /**
  * Joins a job described by the environment: MACO_RANK, MACO_WORLD_SIZE,
- * MACO_BOOTSTRAP_ADDR (host:port where rank 0 listens) and optionally MACO_BOOTSTRAP_NONCE;
- * or torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Rank 0 listens on that
- * address itself, except under torchrun, whose agent holds MASTER_PORT for its key-value
- * store (TORCHELASTIC_USE_AGENT_STORE=True) and MACO_BOOTSTRAP_ADDR unset: there rank 0 creates
- * a unique id (maco_unique_id_create) and stores it in torchrun's store under
+ * MACO_BOOTSTRAP_ADDR (host:port where rank 0 listens) and MACO_BOOTSTRAP_NONCE (the same
+ * random 1 to 16 hex digits on every rank; maco-run sets it); or torchrun's RANK, WORLD_SIZE,
+ * MASTER_ADDR and MASTER_PORT. No nonce is ever derived from the address or a run id (another
+ * process could compute it and take a rank): without MACO_BOOTSTRAP_NONCE, only the torchrun
+ * agent-store start below works, and anything else is MACO_ERR_INVALID_ARGUMENT naming it. Rank 0
+ * listens on that address itself, except under torchrun, whose agent holds MASTER_PORT for its
+ * key-value store (TORCHELASTIC_USE_AGENT_STORE=True) and MACO_BOOTSTRAP_ADDR unset: there rank 0
+ * creates a unique id (maco_unique_id_create) and stores it in torchrun's store under
  * "/maco/c_unique_id/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/<n>" (n counts this
  * process's creations from the environment, so every rank must make them in the same order),
  * and the other ranks read it from there (c10d's TCPStore protocol). Blocking and errors as

@@ -110,20 +110,30 @@ static maco_status_t maco_nccl__join_address(const char *address, int rank, int 
                                              maco_bootstrap_t *bs_p)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static const char *const names[3] = { "MACO_BOOTSTRAP_ADDR", "MACO_RANK", "MACO_WORLD_SIZE" };
-    char values[3][128];
+    static const char *const names[4] = { "MACO_BOOTSTRAP_ADDR", "MACO_RANK", "MACO_WORLD_SIZE",
+                                          "MACO_BOOTSTRAP_NONCE" };
+    char values[4][128];
     snprintf(values[0], sizeof(values[0]), "%s", address);
     snprintf(values[1], sizeof(values[1]), "%d", rank);
     snprintf(values[2], sizeof(values[2]), "%d", nranks);
+    /* NCCL_COMM_ID is NCCL's way in and carries no secret, in NCCL as here: the job nonce is
+     * the address's FNV-1a hash unless every rank was given MACO_BOOTSTRAP_NONCE, which then
+     * keeps other local processes out (docs/nccl.md). */
+    const char *given = getenv(names[3]);
+    int n = given != NULL && given[0] != '\0' ? 3 : 4;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = address; *c; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    snprintf(values[3], sizeof(values[3]), "%016llx", (unsigned long long)h);
     pthread_mutex_lock(&lock);
-    char *saved[3];
-    for (int i = 0; i < 3; i++) {
+    char *saved[4];
+    for (int i = 0; i < n; i++) {
         const char *old = getenv(names[i]);
         saved[i] = old != NULL ? strdup(old) : NULL;
         setenv(names[i], values[i], 1);
     }
     maco_status_t st = maco_bootstrap_create_from_env(bs_p);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n; i++) {
         if (saved[i] != NULL)
             setenv(names[i], saved[i], 1);
         else

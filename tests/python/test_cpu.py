@@ -452,6 +452,7 @@ def test_level1_init_from_env(clean_env, port):
     clean_env.setenv("MACO_RANK", "0")
     clean_env.setenv("MACO_WORLD_SIZE", "1")
     clean_env.setenv("MACO_BOOTSTRAP_ADDR", f"127.0.0.1:{port}")
+    clean_env.setenv("MACO_BOOTSTRAP_NONCE", os.urandom(8).hex())
     with pytest.raises(ValueError, match="backend"):
         maco.init(backend="nvshmem")
     comm = maco.init()

@@ -45,8 +45,8 @@ extern "C" {
     X(BOOTSTRAP_ADDR, STRING, "", "",                                                              \
       "host:port (or [v6]:port) where rank 0 listens, for initialisation from the environment.")   \
     X(BOOTSTRAP_NONCE, STRING, "", "",                                                             \
-      "Job nonce (16 hex digits) shared by all ranks; maco-run sets it. Default: derived "         \
-      "from the bootstrap address.")                                                               \
+      "Job nonce (1 to 16 hex digits), the same random value on every rank; maco-run sets it. "    \
+      "Required when starting from the environment other than through torchrun's agent store.")    \
     X(BOOTSTRAP_TIMEOUT, DURATION, "120s", "ms", "Deadline of every bootstrap wait.")              \
     X(HOST_ID, STRING, "", "",                                                                     \
       "Node identity override (default: host name + boot id); ranks with equal ids share a "       \

@@ -60,14 +60,6 @@ int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs);
 /** Parses MACO_BOOTSTRAP_NONCE's text: 1 to 16 hex digits, nothing else. 0 on success. */
 int maco__parse_nonce(const char *text, uint64_t *nonce_p);
 
-/**
- * The job nonce when MACO_BOOTSTRAP_NONCE is not set (torchrun-style starts): a hash of the
- * rank-0 address text and `run_id` (torchrun's TORCHELASTIC_RUN_ID, a random UUID under
- * --standalone; ignored when NULL, empty or "none"). Only processes that can read the job's
- * environment know the run id; without one any local process can compute the nonce, which
- * the info log says once.
- */
-uint64_t maco__derive_nonce(const char *addr_text, const char *run_id);
 
 /**
  * Writes the unique id of a job whose rank 0 listens at `root`, with job nonce `nonce`

@@ -1,5 +1,5 @@
 /* env.c - starting a bootstrap from the environment (MACO_* or torchrun's variables):
- * the rank-0 address, the job nonce (given, or derived), the world size; under torchrun the
+ * the rank-0 address, the job nonce (given: never derived), the world size; under torchrun the
  * unique id through torchrun's store (torch_store.c). */
 #include <errno.h>
 #include <poll.h>
@@ -32,22 +32,6 @@ int maco__parse_nonce(const char *text, uint64_t *nonce_p)
         return -1;
     *nonce_p = v;
     return 0;
-}
-
-uint64_t maco__derive_nonce(const char *addr_text, const char *run_id)
-{
-    /* The world size stays out: ranks that disagree on it must meet and be told so. */
-    char text[768];
-    int secret = run_id != NULL && run_id[0] != '\0' && strcmp(run_id, "none") != 0;
-    snprintf(text, sizeof(text), "%s\n%s", addr_text, secret ? run_id : "");
-    static int said;
-    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-        MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "job nonce derived from the rank-0 address%s; %s",
-                  secret ? " and TORCHELASTIC_RUN_ID" : "",
-                  secret ? "processes that cannot read this job's environment cannot join it"
-                         : "any local process can compute it: set MACO_BOOTSTRAP_NONCE to a "
-                           "random value shared by the ranks (README, bootstrap security)");
-    return maco__fnv1a(text);
 }
 
 /* Reads an integer variable, MACO's name first, then torchrun's; *name_p (may be NULL) gets the
@@ -133,7 +117,16 @@ maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
                                "digits (no sign, no 0x)",
                                text);
     } else {
-        nonce = maco__derive_nonce(addr_text, getenv("TORCHELASTIC_RUN_ID"));
+        /* No nonce derived from what others can know (the address, a run id): a process that
+         * could compute it could take a rank. */
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "MACO_BOOTSTRAP_NONCE is not set: every rank of a job started from "
+                           "the environment needs the same random job nonce (1 to 16 hex "
+                           "digits, e.g. from `openssl rand -hex 8`), so that no other process "
+                           "can take a rank. maco-run sets it; under torchrun "
+                           "(TORCHELASTIC_USE_AGENT_STORE=True) MACO draws one and passes it "
+                           "through the agent's store; other launchers must export it to all "
+                           "ranks");
     }
     maco_unique_id_t id;
     maco__unique_id_encode(&id, nonce, &root);
