@@ -6,6 +6,7 @@
  * documented structure (test_fused_cpu.cc runs the same graphs end to end on the CPU). On a
  * machine without a GPU, creating the kernel is refused with MACO_ERR_UNSUPPORTED.
  */
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -177,6 +178,17 @@ TEST_F(FusedBuilders, BadShapesAndChannelsAreRefused)
         EXPECT_NE(std::string(maco_log_last_error()).find("maco_fused_gemm_scratch_bytes"),
                   std::string::npos);
     }
+    /* m = n = 2^20 would be 64M tiles: refused before any task is built, in no time (it
+     * built 16M tasks before running out of host memory). */
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto add : { maco_task_graph_add_gemm_allreduce, maco_task_graph_add_gemm_reduce_scatter,
+                      maco_task_graph_add_allgather_gemm }) {
+        op = Op(1u << 20, 1u << 20, 64);
+        EXPECT_EQ(add(g_, &op, nullptr), MACO_ERR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(maco_log_last_error()).find("split the GEMM"), std::string::npos)
+            << maco_log_last_error();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
     int ntasks = -1;
     EXPECT_EQ(maco_task_graph_get_ntasks(g_, &ntasks), MACO_OK);
     EXPECT_EQ(ntasks, 0);
