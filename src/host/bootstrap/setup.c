@@ -239,6 +239,15 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
                               "rank %d: refused a connection from %s: wrong version, kind or "
                               "job nonce (a stale job on the same port?)",
                               bs->rank, from);
+                    if (maco__hello_is_ours(pc->hello, kind, maco__get_u64(pc->hello + 8)))
+                        /* Only the nonce differs: say so, so that it fails now rather than
+                         * at its deadline. It learns nothing about the job's nonce. */
+                        maco__tell_setup_error(
+                            pc->fd,
+                            "it refused this process: its job nonce (MACO_BOOTSTRAP_NONCE, or "
+                            "the unique id's) is not the job's; every rank needs the same one "
+                            "(a process of another job on this port?)",
+                            (int)maco__get_u32(pc->hello + 16));
                     drop = 1;
                 } else {
                     int rank = (int)maco__get_u32(pc->hello + 16);
