@@ -277,6 +277,40 @@ TEST_F(Unit, ConfigCheckerAndReadersAgree)
     }
 }
 
+/* Every string variable unset or set empty reads as its default, as the checker takes it.
+ * (Regression: an empty or unset MACO_ALGO_ALLREDUCE failed every communicator's creation, its
+ * default "" not being among the words a user may set; found by the GPU suite, 2026-11-27.) */
+TEST_F(Unit, ConfigWordUnsetOrEmptyIsTheDefault)
+{
+    int words = 0;
+    for (int id = 0; id < static_cast<int>(MACO_CFG_COUNT); id++) {
+        maco_config_info_t info;
+        ASSERT_EQ(maco_config_describe(id, &info), MACO_OK);
+        if (strcmp(info.type, "string") != 0)
+            continue;
+        const char *name = maco__config_name(static_cast<maco__config_id_t>(id));
+        const char *saved = getenv(name);
+        std::string keep = saved != nullptr ? saved : "";
+        for (int empty = 0; empty < 2; empty++) {
+            if (empty)
+                setenv(name, "", 1);
+            else
+                unsetenv(name);
+            const char *v = nullptr;
+            EXPECT_EQ(maco__config_word(static_cast<maco__config_id_t>(id), &v), MACO_OK)
+                << name << (empty ? " set empty: " : " unset: ") << maco__last_error();
+            ASSERT_NE(v, nullptr) << name;
+            EXPECT_STREQ(v, info.default_value) << name;
+        }
+        if (saved != nullptr)
+            setenv(name, keep.c_str(), 1);
+        else
+            unsetenv(name);
+        words++;
+    }
+    EXPECT_GE(words, 8); /* the ALGO_* words, GEMM_TILE, TRANSPORT, ... */
+}
+
 TEST_F(Unit, ConfigBadValueNamesTheVariableAndWhatItAccepts)
 {
     setenv("MACO_BOOTSTRAP_TIMEOUT", "soon", 1);

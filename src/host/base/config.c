@@ -381,7 +381,9 @@ maco_status_t maco__config_word(maco__config_id_t id, const char **value_p)
                            "config id %d out of range or null output", (int)id);
     const char *text = maco__config_string(id);
     char accepts[256];
-    if (!maco__config_rule_ok(id, text, 0, accepts, sizeof(accepts)))
+    /* Unset or empty: the default, as maco__config_validate takes it (an empty default, e.g.
+     * MACO_ALGO_ALLREDUCE's "pick by size", is not among the words a user may set). */
+    if (maco__config_is_set(id) && !maco__config_rule_ok(id, text, 0, accepts, sizeof(accepts)))
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "%s='%s' is invalid: it accepts %s", maco__config_rows[id].name, text,
                            accepts);
