@@ -176,6 +176,65 @@ class FusedCpu : public maco_test::Test
         }
     }
 
+    /* Whether task t's gate is open, as the pops promise; a failure if not. */
+    static bool GateOpen(Rank &rk, uint32_t t, uint64_t run, std::atomic<int> &failed)
+    {
+        if (maco__pk_gate_open(&rk.v, t, run))
+            return true;
+        ADD_FAILURE() << "task " << t << " handed out with its gate closed";
+        failed++;
+        return false;
+    }
+
+    /* A communication worker as the GMMA kernel runs it (src/device/persistent_gemm_gmma.cu,
+     * comm_worker): the next task is popped without waiting (maco__pk_try_next_ready) before
+     * the last one is released, and released before any wait. Which of the two runs first
+     * (the release of task i, or task i + 1, which the GPU overlaps) is drawn at random. */
+    static void CommWorker(Rank &rk, std::atomic<int> &failed, uint32_t w, uint64_t run,
+                           std::mt19937_64 &rng)
+    {
+        uint32_t t = 0;
+        maco_status_t st = MACO_OK;
+        int got = maco_pk_next_ready(&rk.v, w, run, &t, &st);
+        bool executed = false;
+        while (got == 1) {
+            if (!executed) {
+                if (!GateOpen(rk, t, run, failed))
+                    return;
+                if (rng() % 4 == 0)
+                    std::this_thread::yield();
+                Exec(rk, t);
+            }
+            executed = false;
+            uint32_t t2 = 0;
+            int got2 = maco__pk_try_next_ready(&rk.v, w, run, 8, &t2, &st);
+            if (got2 == 1) {
+                if (!GateOpen(rk, t2, run, failed))
+                    return;
+                if (rng() % 2 == 0) { /* task i + 1 before task i's release */
+                    Exec(rk, t2);
+                    executed = true;
+                }
+                maco_pk_post_signal(&rk.v, t);
+                maco_pk_complete(&rk.v, t, run, 0, 1);
+                t = t2;
+                continue;
+            }
+            maco_pk_post_signal(&rk.v, t);
+            maco_pk_complete(&rk.v, t, run, 0, 1);
+            if (got2 == 2) { /* a closed gate it could not put back: wait there */
+                t = t2;
+                got = maco_pk_gate(&rk.v, t, run) == MACO_OK ? 1 : -1;
+            } else if (got2 < 0) {
+                got = -1;
+            } else {
+                got = maco_pk_next_ready(&rk.v, w, run, &t, &st);
+            }
+        }
+        if (got < 0)
+            failed++;
+    }
+
     /* One launch of every rank at once. Returns false (with a failure) when a rank failed. */
     static bool Launch(std::vector<Rank> &ranks, uint64_t run, uint64_t seed)
     {
@@ -187,6 +246,10 @@ class FusedCpu : public maco_test::Test
             for (uint32_t w = 0; w < nw; w++)
                 th.emplace_back([&rk, &failed, w, run, seed, r] {
                     std::mt19937_64 rng(seed * 1000003u + r * 131u + w);
+                    if (w >= rk.v.nworkers) {
+                        CommWorker(rk, failed, w, run, rng);
+                        return;
+                    }
                     for (;;) {
                         uint32_t t = 0;
                         maco_status_t st = MACO_OK;
@@ -388,13 +451,58 @@ class FusedCpu : public maco_test::Test
     }
 };
 
+/* Both ways a product reaches its owner (MACO_FUSED_PUSH): a copy task (the default) and the
+ * GEMM's epilogue. */
 TEST_F(FusedCpu, GemmAllreduce)
 {
-    for (int n = 1; n <= 4; n++) {
-        SCOPED_TRACE("ranks " + std::to_string(n));
-        Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 200, 512, 64, MACO_FLOAT32, 3, 2, 1 });
-        Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 128, 384, 32, MACO_BFLOAT16, 2, 1, 2 });
+    for (const char *push : { "copy", "epilogue" }) {
+        setenv("MACO_FUSED_PUSH", push, 1);
+        for (int n = 1; n <= 4; n++) {
+            SCOPED_TRACE(std::string(push) + ", ranks " + std::to_string(n));
+            Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 200, 512, 64, MACO_FLOAT32, 3, 2, 1 });
+            Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 128, 384, 32, MACO_BFLOAT16, 2, 1, 2 });
+        }
     }
+    unsetenv("MACO_FUSED_PUSH");
+}
+
+/* A MACO_FUSED_PUSH that is neither word is refused with the variable named. */
+TEST_F(FusedCpu, BadPushIsRefused)
+{
+    maco_task_graph_t g = nullptr;
+    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
+    size_t bytes = 0;
+    ASSERT_EQ(maco_fused_gemm_scratch_bytes(MACO_FUSED_GEMM_ALLREDUCE, 1, 128, 128, 32,
+                                            MACO_FLOAT32, &bytes),
+              MACO_OK);
+    Buf s, a, b, o;
+    s.Alloc(bytes);
+    a.Alloc(128 * 32 * 2);
+    b.Alloc(32 * 128 * 2);
+    o.Alloc(128 * 128 * 4);
+    int ch = -1;
+    maco_fused_gemm_t op;
+    memset(&op, 0, sizeof(op));
+    op.channels = op.out_channels = &ch;
+    op.a = a.p;
+    op.b = b.p;
+    op.out = o.p;
+    op.scratch = s.p;
+    op.m = op.n = 128;
+    op.k = 32;
+    op.out_type = MACO_FLOAT32;
+    ASSERT_EQ(maco__fused_build(g, &op, MACO_FUSED_GEMM_ALLREDUCE, 0, 1, 4, nullptr), MACO_OK)
+        << maco_log_last_error();
+    const int tasks = g->ntasks;
+    setenv("MACO_FUSED_PUSH", "dma", 1);
+    maco_test::AllowLog("MACO_FUSED_PUSH");
+    EXPECT_EQ(maco__fused_build(g, &op, MACO_FUSED_GEMM_ALLREDUCE, 0, 1, 4, nullptr),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(g->ntasks, tasks) << "nothing is added";
+    EXPECT_NE(std::string(maco_log_last_error()).find("MACO_FUSED_PUSH='dma'"), std::string::npos)
+        << maco_log_last_error();
+    unsetenv("MACO_FUSED_PUSH");
+    maco_task_graph_destroy(g);
 }
 
 TEST_F(FusedCpu, GemmReduceScatter)

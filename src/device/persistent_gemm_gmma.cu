@@ -289,13 +289,146 @@ __device__ __noinline__ maco_status_t other_task(const maco_pk_view_t *v, const 
     return maco__pk_execute(v, t, task, run, reject_task, ct, (uint32_t)kConsumerThreads);
 }
 
-/* A communication worker CTA: GEMM tiles are compute tasks and never reach it, so it runs the
- * runtime's plain worker loop (maco_pk_run's) with all 384 threads, none of them waiting for a
- * tensor pipeline: the sums and copies that carry tiles to peers move 1.5 times the bytes in
- * flight that the 256 consumer threads would. Out of line, away from the tiles' registers. */
+/* A communication worker's named barriers (0 is __syncthreads'): a task handed to the
+ * executing warps, and their end of it. All 384 threads take part in both. */
+constexpr uint32_t kBarStart = 1, kBarDone = 2;
+
+__device__ __forceinline__ void comm_bar(uint32_t id)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"((uint32_t)MACO__PK_GEMM_GMMA_THREADS)
+                 : "memory");
+}
+
+/* A finished task's signal and successors (the control warp, after the executors' barrier:
+ * their writes are ordered before the signal's fence, which is cumulative). */
+__device__ __forceinline__ void comm_finish(const maco_pk_view_t *v, uint32_t task, uint64_t run,
+                                            uint32_t lane)
+{
+    if (lane == 0)
+        maco_pk_post_signal(v, task);
+    __syncwarp();
+    maco_pk_complete(v, task, run, lane, 32); /* an error aborts: the next pop sees it */
+}
+
+/* A communication task on the executing warps, out of line like other_task. */
+__device__ __noinline__ maco_status_t comm_task(const maco_pk_view_t *v, const maco_pk_task_t *t,
+                                                uint32_t task, uint64_t run, uint32_t ct)
+{
+    return maco__pk_execute(v, t, task, run, reject_task, ct,
+                            (uint32_t)MACO__PK_GEMM_GMMA_THREADS - 32);
+}
+
+__device__ __noinline__ void comm_executors(const maco_pk_view_t *v, uint64_t run,
+                                            volatile uint32_t *task_s, int32_t *status_s)
+{
+    const uint32_t tid = threadIdx.x;
+    for (;;) {
+        comm_bar(kBarStart);
+        const uint32_t t = *task_s;
+        if (t == kEnd)
+            return;
+        maco_status_t st = comm_task(v, &v->tasks[t], t, run, tid - 32);
+        if (st != MACO_OK)
+            atomicCAS((int *)status_s, 0, (int)st);
+        comm_bar(kBarDone);
+    }
+}
+
+/*
+ * A communication worker CTA: GEMM tiles are compute tasks and never reach it, so it runs only
+ * the runtime's built-in task types (sums, copies, signals; none calls __syncthreads), split
+ * like the tile workers: warp 0 controls, warps 1-11 (352 threads) execute. While the
+ * executors run task i, the control warp posts task i - 1's signal, releases its successors and
+ * pops task i + 1 if one is ready, so neither the system-scope fence of a signal nor the queue's
+ * atomics sit between two tasks: run one after the other by the whole CTA they cost about 6 us
+ * (post and release) and 2-3 us (pop) per task, as long as a tile's sum itself (runtime trace
+ * of GEMM + allreduce on 2 H200s, 2026-11-27). The control warp never holds a finished task
+ * while it waits for work: with nothing ready it releases the last task first, then waits
+ * (bounded) as maco_pk_next_ready does. Out of line, away from the tiles' registers.
+ */
 __device__ __noinline__ void comm_worker(const maco_pk_view_t *v, uint64_t run)
 {
-    maco__pk_worker_loop(v, run, reject_task);
+    __shared__ uint32_t task_s;
+    __shared__ int32_t status_s;
+    const uint32_t tid = threadIdx.x, lane = tid % 32;
+    if (tid >= 32) {
+        comm_executors(v, run, &task_s, &status_s);
+        return;
+    }
+    uint32_t t = 0, pending = kEnd;
+    int have = 0;
+    maco_status_t st = MACO_OK;
+    if (lane == 0)
+        have = maco_pk_next_ready(v, blockIdx.x, run, &t, &st);
+    have = __shfl_sync(0xffffffffu, have, 0);
+    t = __shfl_sync(0xffffffffu, t, 0);
+    for (;;) {
+        uint64_t start = 0;
+        if (lane == 0) {
+            task_s = have == 1 ? t : kEnd;
+            status_s = MACO_OK;
+            if (v->profile != 0)
+                start = maco_globaltimer_ns();
+        }
+        comm_bar(kBarStart);
+        if (have != 1)
+            return;
+        if (pending != kEnd) {
+            comm_finish(v, pending, run, lane);
+            pending = kEnd;
+        }
+        uint32_t t2 = 0;
+        int have2 = 0;
+        if (lane == 0)
+            have2 = maco__pk_try_next_ready(v, blockIdx.x, run, 8, &t2, &st);
+        have2 = __shfl_sync(0xffffffffu, have2, 0);
+        t2 = __shfl_sync(0xffffffffu, t2, 0);
+        comm_bar(kBarDone);
+        const int32_t status = *(volatile int32_t *)&status_s;
+        if (status != MACO_OK) {
+            if (lane == 0) {
+                /* The first report wins: a task's own (a wait's) is kept. */
+                maco__pk_record(v, (maco_status_t)status, (int)t, MACO_DEVICE_ERR_TASK_FAILED,
+                                v->tasks[t].type, 0);
+                maco_pk_abort(v);
+            }
+            have = 0; /* the executors are told the end; a popped task is left (aborted) */
+            continue;
+        }
+        if (lane == 0 && v->profile != 0) {
+            uint32_t sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            maco_pk_profile_record_t *r = &v->profile[t];
+            r->start_ns = start;
+            r->end_ns = maco_globaltimer_ns();
+            r->sm = sm;
+            r->cta = blockIdx.x;
+        }
+        pending = t;
+        if (have2 == 1) { /* runs next; task t is released while it runs */
+            t = t2;
+            continue;
+        }
+        comm_finish(v, pending, run, lane); /* before any wait: others may need it */
+        pending = kEnd;
+        if (have2 == 2) { /* a closed gate that could not go back to the queue: wait there */
+            maco_status_t gs = MACO_OK;
+            if (lane == 0)
+                gs = maco_pk_gate(v, t2, run);
+            gs = (maco_status_t)__shfl_sync(0xffffffffu, (int)gs, 0);
+            have = gs == MACO_OK ? 1 : -1;
+            t = t2;
+            continue;
+        }
+        if (have2 < 0) { /* a push failed: it recorded why and aborted the launch */
+            have = -1;
+            continue;
+        }
+        if (lane == 0)
+            have = maco_pk_next_ready(v, blockIdx.x, run, &t, &st);
+        have = __shfl_sync(0xffffffffu, have, 0);
+        t = __shfl_sync(0xffffffffu, t, 0);
+    }
 }
 
 /* Warp 0: pops tasks, hands them to the consumers, loads the GEMM tiles. */

@@ -373,6 +373,35 @@ MACO_HOST_DEVICE static inline int maco_pk_next_ready(const maco_pk_view_t *v, u
     }
 }
 
+/* Without waiting: the next task of queue `queue` whose gate is open, looking at no more than
+ * `max` tasks (closed ones go to the back, as in maco_pk_next_ready). Returns 1 (*task_p),
+ * 0 when none is ready now, or 2 when it popped a closed task that it may not put back (the
+ * queue could be full): the caller must wait at its gate (maco_pk_gate) and run it. */
+MACO_HOST_DEVICE static inline int maco__pk_try_next_ready(const maco_pk_view_t *v, uint32_t queue,
+                                                           uint64_t run, uint32_t max,
+                                                           uint32_t *task_p,
+                                                           maco_status_t *status_p)
+{
+    const maco_pk_queue_t *q = &v->queues[queue];
+    for (uint32_t i = 0; i < max; i++) {
+        uint32_t task = 0;
+        if (!maco_pk_queue_pop(q, &task))
+            return 0;
+        *task_p = task;
+        if (maco__pk_gate_open(v, task, run))
+            return 1;
+        uint64_t load = maco__pk_ld_relaxed(q->reserve) - maco__pk_ld_relaxed(q->head);
+        if (load + 2 >= q->capacity)
+            return 2;
+        maco_status_t st = maco_pk_queue_push(v, q, task);
+        if (st != MACO_OK) {
+            *status_p = st;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_complete(const maco_pk_view_t *v,
                                                               uint32_t task, uint64_t run,
                                                               uint32_t lane, uint32_t nlanes)
