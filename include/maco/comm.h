@@ -21,10 +21,11 @@ typedef struct maco_comm *maco_comm_t;
 
 /**
  * Number of CUDA devices this process can use (CUDA_VISIBLE_DEVICES applies). When it is 0,
- * `why` (if not NULL) gets a sentence saying what is true: no NVIDIA driver (libcuda.so.1
- * not found), a driver older than the CUDA runtime MACO was built with (both versions), or no
- * device visible; "" when devices exist. `why_bytes` should be at least 256. Does not create a
- * CUDA context. Thread-safe.
+ * `why` (if not NULL) gets a sentence saying what is true, then what to do about it: no NVIDIA
+ * driver (libcuda.so.1 not found), a driver older than the CUDA runtime MACO was built with
+ * (both versions), or no device visible (with CUDA_VISIBLE_DEVICES when set); "" when devices
+ * exist. `why_bytes` should be at least 512 (a shorter text is cut). Does not create a CUDA
+ * context. Thread-safe.
  */
 MACO_API int maco_cuda_device_count(char *why, size_t why_bytes);
 

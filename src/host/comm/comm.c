@@ -74,7 +74,7 @@ static maco_status_t maco__comm_probe_gpu(maco_comm_t comm, int cuda_device,
                                           maco__rank_info_t *info)
 {
     memset(info, 0, sizeof(*info));
-    char why[400];
+    char why[512];
     int ndev = maco_cuda_device_count(why, sizeof(why));
     if (ndev == 0) {
         snprintf(comm->gpu_unavailable, sizeof(comm->gpu_unavailable),

@@ -51,10 +51,13 @@ int maco_cuda_device_count(char *why, size_t why_bytes)
     /* The runtime says "driver version is insufficient" also when there is no driver at all;
      * ask the driver library itself what is true. */
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    /* Each text names the cause, then what to do about it. */
     if (lib == NULL) {
         const char *dl = dlerror();
         snprintf(why, why_bytes,
-                 "no NVIDIA driver: libcuda.so.1 is not installed or not on the loader path (%s)",
+                 "no NVIDIA driver: libcuda.so.1 is not installed or not on the loader path (%s); "
+                 "install the NVIDIA driver (nvidia-smi then lists the GPUs), or in a container "
+                 "start it with the GPUs (docker run --gpus all)",
                  dl != NULL ? dl : "dlopen failed");
         return 0;
     }
@@ -67,16 +70,24 @@ int maco_cuda_device_count(char *why, size_t why_bytes)
     if (driver > 0 && driver < CUDART_VERSION)
         snprintf(why, why_bytes,
                  "the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d runtime MACO "
-                 "was built with: update the driver",
+                 "was built with: update the driver to one for CUDA %d.%d or newer",
                  driver / 1000, (driver % 1000) / 10, CUDART_VERSION / 1000,
-                 (CUDART_VERSION % 1000) / 10);
+                 (CUDART_VERSION % 1000) / 10, CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
+    else if ((err == cudaSuccess || err == cudaErrorNoDevice) && visible != NULL)
+        snprintf(why, why_bytes,
+                 "no CUDA device is visible (driver CUDA %d.%d, CUDA_VISIBLE_DEVICES='%s'); "
+                 "unset CUDA_VISIBLE_DEVICES or name devices that nvidia-smi -L lists",
+                 driver / 1000, (driver % 1000) / 10, visible);
     else if (err == cudaSuccess || err == cudaErrorNoDevice)
-        snprintf(why, why_bytes, "no CUDA device is visible (driver CUDA %d.%d%s%s%s)",
-                 driver / 1000, (driver % 1000) / 10,
-                 visible != NULL ? ", CUDA_VISIBLE_DEVICES='" : "", visible != NULL ? visible : "",
-                 visible != NULL ? "'" : "");
+        snprintf(why, why_bytes,
+                 "no CUDA device is visible (driver CUDA %d.%d); check nvidia-smi -L: the driver "
+                 "is loaded but lists no GPU (in a container: docker run --gpus all)",
+                 driver / 1000, (driver % 1000) / 10);
     else
-        snprintf(why, why_bytes, "the CUDA runtime found no usable device: %s (driver CUDA %d.%d)",
+        snprintf(why, why_bytes,
+                 "the CUDA runtime found no usable device: %s (driver CUDA %d.%d); nvidia-smi "
+                 "shows whether the GPUs are in an error state or held exclusively by another "
+                 "process",
                  cudaGetErrorString(err), driver / 1000, (driver % 1000) / 10);
     return 0;
 }

@@ -117,7 +117,7 @@ maco_status_t maco_mem_alloc_device(int cuda_device, size_t bytes, void **ptr_p)
                            "maco_mem_alloc_device: ptr_p must not be NULL and bytes (%zu) must "
                            "not be 0",
                            bytes);
-    char why[256];
+    char why[512];
     int n = maco_cuda_device_count(why, sizeof(why));
     if (n == 0)
         return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_MEM, "maco_mem_alloc_device: %s", why);
