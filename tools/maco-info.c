@@ -1,12 +1,15 @@
 /*
  * maco-info - what MACO sees on this machine.
  *
- *   maco-info          version, CUDA devices and peer access between them
+ *   maco-info          version, the optional parts this build has ("built with", from CMake:
+ *                      maco_build_info.h), CUDA devices and peer access between them; without
+ *                      a usable device it says why and what to do, and exits 0
  *   maco-info --env    every MACO_* variable: type, default, current value, description;
  *                      a current value the library would reject is marked INVALID with what
  *                      the variable accepts, and a MACO_* variable the library does not know
  *                      is named with the closest known one. Exit status 1 when there is
  *                      either, else 0.
+ *   maco-info --help   this usage, on standard output
  */
 #include <stdio.h>
 #include <string.h>
@@ -14,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "maco/maco.h"
+#include "maco_build_info.h"
 
 extern char **environ;
 
@@ -56,9 +60,10 @@ static int print_env(void)
 
 static int print_devices(void)
 {
-    char why[400];
+    char why[512];
     int n = maco_cuda_device_count(why, sizeof(why));
     if (n == 0) {
+        /* `why` names the cause and the next step (maco_cuda_device_count). */
         printf("CUDA devices: none usable: %s\n", why);
         return 0;
     }
@@ -95,14 +100,48 @@ static int print_devices(void)
     return 0;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: maco-info [--env | --help]\n"
+               "  (none)  MACO's version, the optional parts this build has (built with), the\n"
+               "          CUDA devices and the peer access between them\n"
+               "  --env   every MACO_* variable: type, default, current value, description;\n"
+               "          exit status 1 when a value is invalid or a MACO_* name unknown\n"
+               "  --help  this text\n");
+}
+
+static void print_part(const char *name, int built, const char *note)
+{
+    printf("  %-30s %s: %s\n", name, built ? "built" : "not built", note);
+}
+
+/* The optional parts, as CMake configured them (maco_build_info.h). */
+static void print_built_with(void)
+{
+    printf("built with:\n");
+    print_part("IB verbs transport", MACO_BUILT_IB, MACO_BUILT_IB_NOTE);
+    print_part("NCCL-compatible libnccl.so.2", MACO_BUILT_NCCL, MACO_BUILT_NCCL_NOTE);
+    print_part("GEMM tiles through cuBLASDx", MACO_BUILT_CUBLASDX, MACO_BUILT_CUBLASDX_NOTE);
+    print_part("GEMM tiles through SM90 GMMA", MACO_BUILT_GMMA, MACO_BUILT_GMMA_NOTE);
+    print_part("Python bindings", MACO_BUILT_PYTHON, MACO_BUILT_PYTHON_NOTE);
+    printf("  %-30s %s\n", "CUDA architectures", MACO_BUILT_CUDA_ARCHS);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--env") == 0)
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+    if (argc == 2 && strcmp(argv[1], "--env") == 0)
         return print_env() > 0 ? 1 : 0;
     if (argc > 1) {
-        fprintf(stderr, "usage: maco-info [--env]\n");
-        return argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) ? 0 : 2;
+        fprintf(stderr, "maco-info: unknown argument '%s'\n", argv[1]);
+        usage(stderr);
+        return 2;
     }
     printf("MACO %s\n", maco_version_string());
+    print_built_with();
     return print_devices();
 }
