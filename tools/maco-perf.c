@@ -3,16 +3,21 @@
  *
  *   maco-run -n N maco-perf <allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall|
  *       sendrecv> -b MIN -e MAX -f FACTOR [-d type|all] [-o op|all] [-r root] [-n iters]
- *       [-w warmup] [-c checks] [-G graph-replays] [-R 0|1] [--inplace] [--nccl] [--json FILE]
+ *       [-w warmup] [-c checks] [-G graph-replays] [-R 0|1|2] [--placement both|out|in]
+ *       [--nccl] [--json FILE] [--dry-run]
+ *
+ * The command line (perf_args.c) also takes nccl-tests' program names and flags, so that an
+ * nccl-tests command line works as pasted after `maco-run -n N maco-perf`; perf_args.h says
+ * which flags are honoured, noted or refused.
  *
  * Sizes follow nccl-tests: `size` is the largest buffer of the operation in bytes
  * (allgather: the receive buffer, nranks blocks; reduce_scatter: the send buffer; alltoall:
  * either buffer, nranks blocks of size / nranks bytes, one per peer; sendrecv: the buffer
  * each rank sends; the others: the one buffer) and `count` its elements. sendrecv is
  * nccl-tests' sendrecv_perf: rank r sends to r + 1 and receives from r - 1 (mod nranks), the
- * two in one group. For each type, op and size it checks and times MACO out of place (and in
- * place with --inplace, for the collectives that have an in-place form; alltoall and sendrecv
- * have none) and, with --nccl, the same operation through the system's NCCL (dlopen'ed;
+ * two in one group. For each type, op and size it checks and times MACO out of place and in
+ * place, as nccl-tests does (--placement picks one; alltoall and sendrecv have no in-place
+ * form) and, with --nccl, the same operation through the system's NCCL (dlopen'ed;
  * NVLink multicast off; alltoall through ncclAlltoAll where NCCL has it, 2.28 on, else
  * ncclSend/ncclRecv to every peer in a group; sendrecv through
  * ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd) in the same process.
@@ -22,14 +27,16 @@
  * every element compared bitwise on the GPU with a result recomputed from the generator
  * (perf_kernels.h: inputs whose results are exact in the type), and the guard checked
  * untouched (#wrong counts both; a reduce's non-root output must stay poisoned).
- * Timing: `-w` warm-up calls, then `-n` calls between two CUDA events, time = elapsed / n;
- * with -G R the `-n` calls are captured once in a CUDA graph that is replayed R times
- * (time = elapsed / (n R)). The time shown is the largest over ranks.
+ * Timing: `-w` warm-up calls, then `-n` iterations of `-m` calls (default 1) between two CUDA
+ * events, time = elapsed / (n m); with -G R those calls are captured once in a CUDA graph that
+ * is replayed R times (time = elapsed / (n m R)). The time shown is the largest over ranks, or
+ * what -a asks for (nccl-tests' values: 0 rank 0's, 1 the average, 2 the smallest, 3 the
+ * largest). `-N` repeats the whole table; `-T S` sets MACO_DEVICE_TIMEOUT to S seconds.
  * algbw = size / time; busbw = algbw * factor, nccl-tests' definitions (its
  * doc/PERFORMANCE.md): 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and
  * alltoall, 1 for broadcast, reduce and sendrecv. GB/s are 1e9 bytes per second.
  * Buffers: cudaMalloc by default, so MACO goes through its scratch buffer, and NCCL gets the
- * same buffers, unregistered (NCCL's classic kernels). With -R 1 each library gets its own
+ * same buffers, unregistered (NCCL's classic kernels). With -R 1 (or 2) each library gets its own
  * registered buffers: MACO's from maco_mem_alloc (registered with the communicator; the
  * mesh-family algorithms use them in place), NCCL's from ncclMemAlloc registered with
  * ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC) (NCCL >= 2.27: its symmetric-memory
@@ -51,12 +58,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
 #include "maco/maco.h"
+#include "perf_args.h"
 #include "perf_kernels.h"
 #include "perf_nccl_log.h"
 
@@ -104,20 +111,6 @@ typedef struct perf_nccl {
     int version;
 } perf_nccl_t;
 
-typedef struct perf_opts {
-    maco_collective_t coll;
-    size_t min_bytes, max_bytes;
-    double factor;
-    maco_datatype_t dtypes[MACO_DATATYPE_COUNT];
-    int ndtypes;
-    maco_redop_t ops[MACO_REDOP_COUNT];
-    int nops;
-    int root;
-    int iters, warmup, checks, graph;
-    int inplace, nccl, reg;
-    const char *json_path;
-} perf_opts_t;
-
 static int g_rank;
 
 #define PERF_DIE(...)                                                                              \
@@ -142,194 +135,6 @@ static int g_rank;
             PERF_DIE("%s failed: %s: %s", #call, maco_status_string(s_),                           \
                      maco_comm_get_last_error(comm));                                              \
     } while (0)
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: maco-perf COLLECTIVE [-b MIN] [-e MAX] [-f FACTOR] [-d TYPE|all] [-o OP|all]\n"
-            "                 [-r ROOT] [-n ITERS] [-w WARMUP] [-c CHECKS] [-G REPLAYS]\n"
-            "                 [-R 0|1] [--inplace] [--nccl] [--json FILE]\n"
-            "  COLLECTIVE: allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall,\n"
-            "              sendrecv (rank r sends to r+1 and receives from r-1, as nccl-tests)\n"
-            "  Run under maco-run, one rank per GPU: maco-run -n 4 maco-perf allreduce ...\n"
-            "  -b, -e   smallest and largest size in bytes, nccl-tests' meaning (K, M, G "
-            "suffixes; default 8 and 128M)\n"
-            "  -f       size multiplier between steps (default 2)\n"
-            "  -d       data type: int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 "
-            "float32 float64 fp8_e4m3 fp8_e5m2, or all (default bfloat16)\n"
-            "  -o       reduction: sum prod min max avg, or all (default sum)\n"
-            "  -r       root of broadcast and reduce (default 0)\n"
-            "  -n, -w   timed and warm-up calls per size (default 20 and 5)\n"
-            "  -c       checked calls per size and placement (default 1)\n"
-            "  -G       capture the timed calls in a CUDA graph and replay it REPLAYS times\n"
-            "  -R       1: buffers from maco_mem_alloc (registered: used in place), NCCL's from\n"
-            "           ncclMemAlloc registered as symmetric windows; 0: cudaMalloc for both "
-            "(default)\n"
-            "  --inplace  also run in place (default: out of place only)\n"
-            "  --nccl   also run the system NCCL (MACO_NCCL_LIBRARY names it) and show the path\n"
-            "           it took (its TUNING log for one extra call per size)\n"
-            "  --json   write one JSON object per size and placement to FILE (rank 0)\n");
-}
-
-static int parse_bytes(const char *text, size_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || v < 0)
-        return -1;
-    double mult = 1;
-    if (*end == 'K' || *end == 'k')
-        mult = 1024.0;
-    else if (*end == 'M' || *end == 'm')
-        mult = 1024.0 * 1024;
-    else if (*end == 'G' || *end == 'g')
-        mult = 1024.0 * 1024 * 1024;
-    else if (*end != '\0')
-        return -1;
-    if (*end != '\0' && end[1] != '\0' && strcasecmp(end + 1, "B") != 0)
-        return -1;
-    *out = (size_t)(v * mult);
-    return 0;
-}
-
-static int parse_int(const char *text, int lo, int hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_dtypes(const char *v, perf_opts_t *o)
-{
-    o->ndtypes = 0;
-    for (int t = 0; t < MACO_DATATYPE_COUNT; t++) {
-        const char *name = maco_datatype_name((maco_datatype_t)t);
-        if (strcmp(v, "all") == 0 || strcmp(v, name) == 0 ||
-            (t == MACO_BFLOAT16 && strcmp(v, "bf16") == 0) ||
-            (t == MACO_FLOAT32 && strcmp(v, "float") == 0) ||
-            (t == MACO_FLOAT16 && strcmp(v, "half") == 0) ||
-            (t == MACO_FLOAT64 && strcmp(v, "double") == 0))
-            o->dtypes[o->ndtypes++] = (maco_datatype_t)t;
-    }
-    return o->ndtypes == 0 ? -1 : 0;
-}
-
-static int parse_ops(const char *v, perf_opts_t *o)
-{
-    o->nops = 0;
-    for (int op = 0; op < MACO_REDOP_COUNT; op++)
-        if (strcmp(v, "all") == 0 || strcmp(v, maco_redop_name((maco_redop_t)op)) == 0)
-            o->ops[o->nops++] = (maco_redop_t)op;
-    return o->nops == 0 ? -1 : 0;
-}
-
-static void parse_args(int argc, char **argv, perf_opts_t *o)
-{
-    memset(o, 0, sizeof(*o));
-    o->min_bytes = 8;
-    o->max_bytes = (size_t)128 << 20;
-    o->factor = 2;
-    o->dtypes[0] = MACO_BFLOAT16;
-    o->ndtypes = 1;
-    o->ops[0] = MACO_SUM;
-    o->nops = 1;
-    o->iters = 20;
-    o->warmup = 5;
-    o->checks = 1;
-    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        exit(argc < 2 ? 2 : 0);
-    }
-    o->coll = MACO_COLLECTIVE_COUNT;
-    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++)
-        if (strcmp(argv[1], maco_collective_name((maco_collective_t)k)) == 0)
-            o->coll = (maco_collective_t)k;
-    if (o->coll == MACO_COLLECTIVE_COUNT) {
-        fprintf(stderr,
-                "maco-perf: unknown collective '%s' (allreduce, allgather, reduce_scatter, "
-                "broadcast, reduce, alltoall, sendrecv)\n",
-                argv[1]);
-        exit(2);
-    }
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--nccl") == 0) {
-            o->nccl = 1;
-            continue;
-        }
-        if (strcmp(a, "--inplace") == 0) {
-            o->inplace = 1;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "maco-perf: %s needs a value\n", a);
-            usage(stderr);
-            exit(2);
-        }
-        const char *v = argv[++i];
-        int bad = 0;
-        if (strcmp(a, "-b") == 0)
-            bad = parse_bytes(v, &o->min_bytes);
-        else if (strcmp(a, "-e") == 0)
-            bad = parse_bytes(v, &o->max_bytes);
-        else if (strcmp(a, "-f") == 0) {
-            char *end;
-            o->factor = strtod(v, &end);
-            bad = *end != '\0' || !(o->factor > 1.0);
-        } else if (strcmp(a, "-d") == 0)
-            bad = parse_dtypes(v, o);
-        else if (strcmp(a, "-o") == 0)
-            bad = parse_ops(v, o);
-        else if (strcmp(a, "-r") == 0)
-            bad = parse_int(v, 0, 1 << 20, &o->root);
-        else if (strcmp(a, "-n") == 0)
-            bad = parse_int(v, 1, 1000000, &o->iters);
-        else if (strcmp(a, "-w") == 0)
-            bad = parse_int(v, 0, 1000000, &o->warmup);
-        else if (strcmp(a, "-c") == 0)
-            bad = parse_int(v, 0, 1000, &o->checks);
-        else if (strcmp(a, "-R") == 0) {
-            o->reg = atoi(v);
-            bad = o->reg != 0 && o->reg != 1;
-        } else if (strcmp(a, "-G") == 0)
-            bad = parse_int(v, 0, 1000000, &o->graph);
-        else if (strcmp(a, "--json") == 0)
-            o->json_path = v;
-        else {
-            fprintf(stderr, "maco-perf: unknown option %s\n", a);
-            usage(stderr);
-            exit(2);
-        }
-        if (bad) {
-            fprintf(stderr,
-                    "maco-perf: %s '%s' is invalid (see -h: sizes take K/M/G, -f > 1, types "
-                    "and ops by name or all, counts are integers)\n",
-                    a, v);
-            exit(2);
-        }
-    }
-    if (o->min_bytes == 0 || o->max_bytes < o->min_bytes) {
-        fprintf(stderr, "maco-perf: need 0 < -b (%zu) <= -e (%zu)\n", o->min_bytes, o->max_bytes);
-        exit(2);
-    }
-    /* Collectives without a reduction run once per type, shown with op "none". */
-    if (o->coll == MACO_COLL_ALLGATHER || o->coll == MACO_COLL_BROADCAST ||
-        o->coll == MACO_COLL_ALLTOALL || o->coll == MACO_COLL_SENDRECV) {
-        o->ops[0] = MACO_SUM;
-        o->nops = 1;
-    }
-    /* All-to-all and send/recv have no in-place form. */
-    if (o->inplace && (o->coll == MACO_COLL_ALLTOALL || o->coll == MACO_COLL_SENDRECV)) {
-        fprintf(stderr, "maco-perf: --inplace ignored: %s has no in-place form\n",
-                maco_collective_name(o->coll));
-        o->inplace = 0;
-    }
-}
 
 static void nccl_load(perf_nccl_t *nc)
 {
@@ -466,6 +271,17 @@ static int perf_has_op(maco_collective_t coll)
            coll != MACO_COLL_ALLTOALL && coll != MACO_COLL_SENDRECV;
 }
 
+/* The placements to run, as indices ip0 <= ip < ip1 (0 out of place, 1 in place). */
+static int perf_ip_first(const maco_perf_opts_t *o)
+{
+    return (o->placements & MACO_PERF_OUT_OF_PLACE) ? 0 : 1;
+}
+
+static int perf_ip_end(const maco_perf_opts_t *o)
+{
+    return (o->placements & MACO_PERF_IN_PLACE) ? 2 : 1;
+}
+
 /* nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md). */
 static double perf_busbw_factor(maco_collective_t coll, int n)
 {
@@ -517,17 +333,25 @@ static void perf_case_init(perf_case_t *k, perf_ctx_t *c, char *in, char *out,
     }
 }
 
-/* Largest value over ranks (times), through the bootstrap. */
-static double perf_max_over_ranks(perf_ctx_t *c, double v)
+/* One time from the ranks' times (-a: rank 0's, the average, the smallest or the largest),
+ * through the bootstrap. */
+static double perf_time_over_ranks(perf_ctx_t *c, maco_perf_average_t how, double v)
 {
     double *all = calloc((size_t)c->nranks, sizeof(double));
     if (all == NULL)
         PERF_DIE("out of memory");
     all[c->rank] = v;
     PERF_MACO(c->comm, maco_bootstrap_allgather(c->bs, all, sizeof(double)));
-    double m = all[0];
-    for (int r = 1; r < c->nranks; r++)
-        m = all[r] > m ? all[r] : m;
+    double m = all[0], sum = 0;
+    for (int r = 0; r < c->nranks; r++) {
+        sum += all[r];
+        if (how == MACO_PERF_TIME_MAX)
+            m = all[r] > m ? all[r] : m;
+        else if (how == MACO_PERF_TIME_MIN)
+            m = all[r] < m ? all[r] : m;
+    }
+    if (how == MACO_PERF_TIME_AVG)
+        m = sum / c->nranks;
     free(all);
     return m;
 }
@@ -689,10 +513,13 @@ static unsigned long long perf_check(perf_ctx_t *c, const perf_case_t *k, int ro
     return res[0] + res[2];
 }
 
-/* Time per call in us, the largest over ranks; < 0 when NCCL refused the operation. */
-static double perf_time(perf_ctx_t *c, const perf_opts_t *o, const perf_case_t *k, int use_nccl)
+/* Time per call in us, made one over ranks as -a says (default: the largest); < 0 when NCCL
+ * refused the operation. */
+static double perf_time(perf_ctx_t *c, const maco_perf_opts_t *o, const perf_case_t *k,
+                        int use_nccl)
 {
     size_t esz = maco_datatype_size(k->dt);
+    int calls = o->iters * o->agg; /* -n iterations of -m calls each */
     PERF_CUDA(maco_perf_fill_coll((void *)k->send, k->send_bytes / esz, k->dt, k->op, c->seed_base,
                                   c->rank, c->stream));
     int bad = 0;
@@ -702,7 +529,7 @@ static double perf_time(perf_ctx_t *c, const perf_opts_t *o, const perf_case_t *
     if (o->graph > 0 && !bad) {
         cudaGraph_t graph;
         PERF_CUDA(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < o->iters && !bad; i++)
+        for (int i = 0; i < calls && !bad; i++)
             bad = perf_launch(c, use_nccl, k) != 0;
         PERF_CUDA(cudaStreamEndCapture(c->stream, &graph));
         if (!bad) {
@@ -723,7 +550,7 @@ static double perf_time(perf_ctx_t *c, const perf_opts_t *o, const perf_case_t *
         for (int i = 0; i < o->graph; i++)
             PERF_CUDA(cudaGraphLaunch(exec, c->stream));
     } else {
-        for (int i = 0; i < o->iters; i++)
+        for (int i = 0; i < calls; i++)
             perf_launch(c, use_nccl, k);
     }
     PERF_CUDA(cudaEventRecord(c->stop, c->stream));
@@ -734,8 +561,8 @@ static double perf_time(perf_ctx_t *c, const perf_opts_t *o, const perf_case_t *
     PERF_CUDA(cudaEventElapsedTime(&ms, c->start, c->stop));
     if (exec != NULL)
         PERF_CUDA(cudaGraphExecDestroy(exec));
-    double calls = (double)o->iters * (exec != NULL ? o->graph : 1);
-    return perf_max_over_ranks(c, (double)ms * 1000.0 / calls);
+    double per = (double)calls * (exec != NULL ? o->graph : 1);
+    return perf_time_over_ranks(c, o->average, (double)ms * 1000.0 / per);
 }
 
 /* setenv, or unsetenv when `v` is NULL. */
@@ -794,7 +621,7 @@ static void perf_nccl_path(perf_ctx_t *c, const perf_case_t *k, char *out, size_
     unlink(path);
 }
 
-static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *gpu,
+static void perf_header(const maco_perf_opts_t *o, const perf_ctx_t *c, const char *gpu,
                         const perf_nccl_t *nccl)
 {
     printf("# maco-perf %s: %d rank(s), %s, iters %d, warmup %d, checks %d, %s%s\n",
@@ -824,21 +651,26 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
         printf("# NCCL's alltoall: %s\n", nccl->alltoall != NULL
                                               ? "ncclAlltoAll"
                                               : "ncclSend/ncclRecv to every peer in a group");
-    printf("# time in us (largest over ranks), algbw and busbw in GB/s (1e9 B/s), busbw = algbw "
-           "* %.4g (nccl-tests)\n",
-           perf_busbw_factor(o->coll, c->nranks));
-    int np = o->inplace ? 2 : 1;
+    static const char *const over[] = { "rank 0's", "average over ranks", "smallest over ranks",
+                                        "largest over ranks" };
+    printf("# time in us (%s, -a %d), algbw and busbw in GB/s (1e9 B/s), busbw = algbw * %.4g "
+           "(nccl-tests)\n",
+           over[o->average], (int)o->average, perf_busbw_factor(o->coll, c->nranks));
+    if (o->agg > 1)
+        printf("# -m %d: %d timed iterations of %d calls each; time per call\n", o->agg, o->iters,
+               o->agg);
+    int ip0 = perf_ip_first(o), ip1 = perf_ip_end(o);
     printf("#%11s %12s %9s %6s %5s", "", "", "", "", "");
-    for (int ip = 0; ip < np; ip++)
+    for (int ip = ip0; ip < ip1; ip++)
         printf("  %-31s", ip ? "in-place" : "out-of-place");
     if (o->nccl)
-        for (int ip = 0; ip < np; ip++)
+        for (int ip = ip0; ip < ip1; ip++)
             printf("  %-23s", ip ? "nccl in-place" : "nccl out-of-place");
     printf("\n#%11s %12s %9s %6s %5s", "size(B)", "count", "type", "redop", "root");
-    for (int ip = 0; ip < np; ip++)
+    for (int ip = ip0; ip < ip1; ip++)
         printf(" %9s %7s %7s %6s", "time", "algbw", "busbw", "#wrong");
     if (o->nccl)
-        for (int ip = 0; ip < np; ip++)
+        for (int ip = ip0; ip < ip1; ip++)
             printf(" %9s %7s %5s", "time", "busbw", "ratio");
     printf("  algorithm%s\n", o->nccl ? "  | nccl path" : "");
     fflush(stdout);
@@ -846,14 +678,30 @@ static void perf_header(const perf_opts_t *o, const perf_ctx_t *c, const char *g
 
 int main(int argc, char **argv)
 {
-    perf_opts_t o;
-    parse_args(argc, argv, &o);
-    char why[400];
+    maco_perf_opts_t o;
+    maco_perf_parse_t parsed = maco_perf_args_parse(argc, argv, &o, stdout, stderr);
+    if (parsed != MACO_PERF_PARSE_RUN)
+        return parsed == MACO_PERF_PARSE_HELP ? 0 : 2;
+    if (o.dry_run) {
+        maco_perf_plan_print(&o, stdout);
+        return 0;
+    }
+    if (o.timeout_s > 0) {
+        /* nccl-tests' -T: here the deadline of every wait on the GPU (set before the library
+         * reads its configuration). */
+        char t[32];
+        snprintf(t, sizeof(t), "%ds", o.timeout_s);
+        setenv("MACO_DEVICE_TIMEOUT", t, 1);
+    }
+    char why[512];
     int ndev = maco_cuda_device_count(why, sizeof(why));
     if (ndev == 0) {
         /* Every rank says it: the first rank to exit makes maco-run stop the others, which
-         * may then not get to print anything. */
-        fprintf(stderr, "maco-perf: no usable CUDA device: %s; nothing to measure\n", why);
+         * may then not get to print anything. `why` names the cause and what to do. */
+        fprintf(stderr,
+                "maco-perf: no usable CUDA device: %s; nothing to measure (maco-info shows what "
+                "MACO sees; maco-perf --dry-run checks the arguments without a GPU)\n",
+                why);
         return 2;
     }
     perf_ctx_t c;
@@ -925,7 +773,7 @@ int main(int argc, char **argv)
     }
     double factor = perf_busbw_factor(o.coll, c.nranks);
     int rooted = o.coll == MACO_COLL_BROADCAST || o.coll == MACO_COLL_REDUCE;
-    int np = o.inplace ? 2 : 1;
+    int ip0 = perf_ip_first(&o), ip1 = perf_ip_end(&o);
     if (c.rank == 0)
         perf_header(&o, &c, prop.name, &nccl);
     unsigned long long total_wrong = 0;
@@ -936,91 +784,99 @@ int main(int argc, char **argv)
                             o.coll == MACO_COLL_ALLTOALL
                         ? (size_t)c.nranks
                         : 1;
-    for (int ti = 0; ti < o.ndtypes; ti++) {
-        maco_datatype_t dt = o.dtypes[ti];
-        size_t esz = maco_datatype_size(dt);
-        for (int oi = 0; oi < o.nops; oi++) {
-            maco_redop_t op = o.ops[oi];
-            const char *op_name = perf_has_op(o.coll) ? maco_redop_name(op) : "none";
-            for (double sz = (double)o.min_bytes; sz <= (double)o.max_bytes * 1.0000001;
-                 sz *= o.factor) {
-                size_t count = (size_t)sz / esz / blocks * blocks;
-                if (count == 0)
-                    continue;
-                size_t bytes = count * esz;
-                perf_case_t k[2], kn[2];
-                double t[2], nt[2] = { 0, 0 };
-                unsigned long long wrong[2];
-                char npath[2][96] = { "", "" };
-                for (int ip = 0; ip < np; ip++) {
-                    perf_case_init(&k[ip], &c, c.in, c.out, o.coll, dt, op, o.root, ip, count);
-                    unsigned long long w = 0;
-                    for (int r = 0; r < o.checks; r++)
-                        w += perf_check(&c, &k[ip], r);
-                    wrong[ip] = perf_sum_over_ranks(&c, w);
-                    t[ip] = perf_time(&c, &o, &k[ip], 0);
+    for (int cycle = 0; o.cycles == 0 || cycle < o.cycles; cycle++) {
+        if (o.cycles != 1 && c.rank == 0)
+            printf("# cycle %d%s\n", cycle + 1, o.cycles == 0 ? " (-N 0: until stopped)" : "");
+        for (int ti = 0; ti < o.ndtypes; ti++) {
+            maco_datatype_t dt = o.dtypes[ti];
+            size_t esz = maco_datatype_size(dt);
+            for (int oi = 0; oi < o.nops; oi++) {
+                maco_redop_t op = o.ops[oi];
+                const char *op_name = perf_has_op(o.coll) ? maco_redop_name(op) : "none";
+                for (double sz = (double)o.min_bytes; !maco_perf_size_done(&o, sz);
+                     sz = maco_perf_size_next(&o, sz)) {
+                    size_t count = (size_t)sz / esz / blocks * blocks;
+                    if (count == 0)
+                        continue;
+                    size_t bytes = count * esz;
+                    perf_case_t k[2], kn[2];
+                    double t[2] = { 0, 0 }, nt[2] = { 0, 0 };
+                    unsigned long long wrong[2] = { 0, 0 };
+                    char npath[2][96] = { "", "" };
+                    for (int ip = ip0; ip < ip1; ip++) {
+                        perf_case_init(&k[ip], &c, c.in, c.out, o.coll, dt, op, o.root, ip, count);
+                        unsigned long long w = 0;
+                        for (int r = 0; r < o.checks; r++)
+                            w += perf_check(&c, &k[ip], r);
+                        wrong[ip] = perf_sum_over_ranks(&c, w);
+                        t[ip] = perf_time(&c, &o, &k[ip], 0);
+                        if (o.nccl) {
+                            perf_case_init(&kn[ip], &c, nccl.in, nccl.out, o.coll, dt, op, o.root,
+                                           ip, count);
+                            nt[ip] = perf_time(&c, &o, &kn[ip], 1);
+                            if (nt[ip] > 0)
+                                perf_nccl_path(&c, &kn[ip], npath[ip], sizeof(npath[ip]));
+                        }
+                        total_wrong += wrong[ip];
+                    }
+                    const char *algo = "?";
+                    maco_collective_get_algorithm(c.comm, o.coll, k[ip0].unit, dt, &algo);
+                    if (c.rank != 0)
+                        continue;
+                    double algbw[2] = { 0, 0 }, busbw[2] = { 0, 0 }, nbusbw[2] = { 0, 0 };
+                    printf(" %11zu %12zu %9s %6s %5d", bytes, count, maco_datatype_name(dt),
+                           op_name, rooted ? o.root : -1);
+                    for (int ip = ip0; ip < ip1; ip++) {
+                        algbw[ip] = (double)bytes / (t[ip] * 1e-6) / 1e9;
+                        busbw[ip] = algbw[ip] * factor;
+                        nbusbw[ip] =
+                            nt[ip] > 0 ? (double)bytes / (nt[ip] * 1e-6) / 1e9 * factor : 0;
+                        busbw_sum += busbw[ip];
+                        busbw_n++;
+                        printf(" %9.2f %7.2f %7.2f %6llu", t[ip], algbw[ip], busbw[ip], wrong[ip]);
+                    }
                     if (o.nccl) {
-                        perf_case_init(&kn[ip], &c, nccl.in, nccl.out, o.coll, dt, op, o.root, ip,
-                                       count);
-                        nt[ip] = perf_time(&c, &o, &kn[ip], 1);
-                        if (nt[ip] > 0)
-                            perf_nccl_path(&c, &kn[ip], npath[ip], sizeof(npath[ip]));
+                        for (int ip = ip0; ip < ip1; ip++) {
+                            if (nt[ip] > 0 && nbusbw[ip] > 0)
+                                printf(" %9.2f %7.2f %5.2f", nt[ip], nbusbw[ip],
+                                       busbw[ip] / nbusbw[ip]);
+                            else if (nt[ip] > 0) /* one rank: busbw is 0 (nccl-tests' factor) */
+                                printf(" %9.2f %7.2f %5s", nt[ip], nbusbw[ip], "n/a");
+                            else
+                                printf(" %9s %7s %5s", "n/a", "n/a", "n/a");
+                        }
                     }
-                    total_wrong += wrong[ip];
-                }
-                const char *algo = "?";
-                maco_collective_get_algorithm(c.comm, o.coll, k[0].unit, dt, &algo);
-                if (c.rank != 0)
-                    continue;
-                double algbw[2], busbw[2], nbusbw[2];
-                printf(" %11zu %12zu %9s %6s %5d", bytes, count, maco_datatype_name(dt), op_name,
-                       rooted ? o.root : -1);
-                for (int ip = 0; ip < np; ip++) {
-                    algbw[ip] = (double)bytes / (t[ip] * 1e-6) / 1e9;
-                    busbw[ip] = algbw[ip] * factor;
-                    nbusbw[ip] = nt[ip] > 0 ? (double)bytes / (nt[ip] * 1e-6) / 1e9 * factor : 0;
-                    busbw_sum += busbw[ip];
-                    busbw_n++;
-                    printf(" %9.2f %7.2f %7.2f %6llu", t[ip], algbw[ip], busbw[ip], wrong[ip]);
-                }
-                if (o.nccl) {
-                    for (int ip = 0; ip < np; ip++) {
-                        if (nt[ip] > 0 && nbusbw[ip] > 0)
-                            printf(" %9.2f %7.2f %5.2f", nt[ip], nbusbw[ip],
-                                   busbw[ip] / nbusbw[ip]);
-                        else if (nt[ip] > 0) /* one rank: busbw is 0 (nccl-tests' factor) */
-                            printf(" %9.2f %7.2f %5s", nt[ip], nbusbw[ip], "n/a");
-                        else
-                            printf(" %9s %7s %5s", "n/a", "n/a", "n/a");
+                    if (o.nccl && ip1 - ip0 == 2 && strcmp(npath[0], npath[1]) != 0)
+                        printf("  %s  | %s ; in place %s\n", algo, npath[0], npath[1]);
+                    else if (o.nccl)
+                        printf("  %s  | %s\n", algo, npath[ip0]);
+                    else
+                        printf("  %s\n", algo);
+                    fflush(stdout);
+                    for (int ip = ip0; ip < ip1 && json != NULL; ip++) {
+                        fprintf(json,
+                                "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
+                                "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
+                                "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", "
+                                "\"nranks\": %d, "
+                                "\"time_us\": %.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, "
+                                "\"wrong\": "
+                                "%llu",
+                                first_json ? "" : ",\n", maco_collective_name(o.coll), bytes, count,
+                                maco_datatype_name(dt), op_name, rooted ? o.root : -1,
+                                ip ? "true" : "false", o.graph ? "true" : "false",
+                                o.reg ? "true" : "false", algo, c.nranks, t[ip], algbw[ip],
+                                busbw[ip], wrong[ip]);
+                        if (o.nccl && nt[ip] > 0)
+                            fprintf(json,
+                                    ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f, "
+                                    "\"nccl_path\": \"%s\", \"nccl_version\": %d, "
+                                    "\"nccl_symmetric\": %s",
+                                    nt[ip], nbusbw[ip], npath[ip], nccl.version,
+                                    o.reg ? "true" : "false");
+                        fprintf(json, "}");
+                        first_json = 0;
                     }
-                }
-                if (o.nccl && np == 2 && strcmp(npath[0], npath[1]) != 0)
-                    printf("  %s  | %s ; in place %s\n", algo, npath[0], npath[1]);
-                else if (o.nccl)
-                    printf("  %s  | %s\n", algo, npath[0]);
-                else
-                    printf("  %s\n", algo);
-                fflush(stdout);
-                for (int ip = 0; ip < np && json != NULL; ip++) {
-                    fprintf(
-                        json,
-                        "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
-                        "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
-                        "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", \"nranks\": %d, "
-                        "\"time_us\": %.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, \"wrong\": "
-                        "%llu",
-                        first_json ? "" : ",\n", maco_collective_name(o.coll), bytes, count,
-                        maco_datatype_name(dt), op_name, rooted ? o.root : -1,
-                        ip ? "true" : "false", o.graph ? "true" : "false", o.reg ? "true" : "false",
-                        algo, c.nranks, t[ip], algbw[ip], busbw[ip], wrong[ip]);
-                    if (o.nccl && nt[ip] > 0)
-                        fprintf(
-                            json,
-                            ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f, "
-                            "\"nccl_path\": \"%s\", \"nccl_version\": %d, \"nccl_symmetric\": %s",
-                            nt[ip], nbusbw[ip], npath[ip], nccl.version, o.reg ? "true" : "false");
-                    fprintf(json, "}");
-                    first_json = 0;
                 }
             }
         }
