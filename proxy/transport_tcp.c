@@ -7,12 +7,9 @@
  * higher rank's listener and presents a 64-bit secret that the listener sent over the
  * bootstrap, so strangers are refused). Every socket carries messages both ways.
  *
- * Messages (64-byte header, little-endian, then `bytes` of payload for a put):
- *    0 u32 kind (PUT, VALUE, SIGNAL, ACK, BYE)   4 u32 the receiver's channel id
- *    8 u64 offset in the receiver's buffer   16 u64 payload bytes (VALUE: 4 or 8)
- *   24 u64 ACK: the count; VALUE: the value (little-endian)
- *   32 u32 deps[8]: how many messages the sender had dealt to each socket before this put
- *          (all pieces of one put carry the same deps) or this signal
+ * Messages: a 64-byte header (proxy/tcp_wire.h gives its fields), then `bytes` of payload for
+ * a put. deps[q] counts the messages the sender had dealt to socket q before this put (all
+ * pieces of one put carry the same deps) or this signal.
  * A put is cut into pieces of MACO_TCP_CHUNK_SIZE, dealt to the sockets in turn. Ordering:
  * messages of one socket are handled in order, and the receiver takes a put or applies a
  * signal from socket s only once every other socket q has stored deps[q] messages. So the
@@ -57,20 +54,12 @@
 #include "log.h"
 #include "proxy_internal.h"
 #include "socket.h"
+#include "tcp_wire.h"
 #include "wire.h"
 
 enum {
-    MACO__TCP_MAX_SOCKS = 8,
-    MACO__TCP_HEADER = 64,
     MACO__TCP_POOL = 8, /* pinned buffers per pool (send, receive) */
-    MACO__TCP_PUT = 1,
-    MACO__TCP_SIGNAL = 2,
-    MACO__TCP_ACK = 3,
-    MACO__TCP_BYE = 4,   /* the sender's proxy is being destroyed, with nothing in flight */
-    MACO__TCP_VALUE = 5, /* an inline put: 4 or 8 bytes carried in the header */
 };
-#define MACO__TCP_HELLO_MAGIC 0x5043544Du /* "MTCP" */
-#define MACO__TCP_VERSION 1u
 
 /* ------------------------------------------------------------------ state */
 
@@ -348,8 +337,10 @@ static void maco__tcp_proxy_teardown(struct maco_proxy *p, void *state)
                 (k->q_head == NULL || k->q_head->done == 0) && k->ack_done == MACO__TCP_HEADER;
             if (k->fd >= 0 && !g->failed && between) {
                 uint8_t bye[MACO__TCP_HEADER];
-                memset(bye, 0, sizeof(bye));
-                maco__put_u32(bye, MACO__TCP_BYE);
+                maco__tcp_header_t h;
+                memset(&h, 0, sizeof(h));
+                h.kind = MACO__TCP_BYE;
+                maco__tcp_header_encode(bye, &h);
                 maco__tcp_io_all(k->fd, bye, sizeof(bye), 1, maco__now_ms() + 200, g->peer);
             }
             if (k->fd >= 0)
@@ -520,13 +511,10 @@ static maco_status_t maco__tcp_group_connect(struct maco_port_channel *ch, maco_
             if (st != MACO_OK)
                 break;
             g->socks[s].fd = fd;
-            uint8_t hello[32];
-            maco__put_u32(hello, MACO__TCP_HELLO_MAGIC);
-            maco__put_u32(hello + 4, MACO__TCP_VERSION);
-            maco__put_u32(hello + 8, (uint32_t)comm->rank);
-            maco__put_u32(hello + 12, (uint32_t)s);
-            maco__put_u64(hello + 16, p->uid);
-            maco__put_u64(hello + 24, maco__get_u64(theirs + 24));
+            uint8_t hello[MACO__TCP_HELLO];
+            maco__tcp_hello_t h = { (uint32_t)comm->rank, (uint32_t)s, p->uid,
+                                    maco__get_u64(theirs + 24) };
+            maco__tcp_hello_encode(hello, &h);
             st = maco__tcp_io_all(fd, hello, sizeof(hello), 1, deadline, peer);
         }
     } else {
@@ -549,17 +537,15 @@ static maco_status_t maco__tcp_group_connect(struct maco_port_channel *ch, maco_
                 poll(&pf, 1, 50);
                 continue;
             }
-            uint8_t hello[32];
+            uint8_t hello[MACO__TCP_HELLO];
             int64_t hello_deadline = maco__now_ms() + 2000;
             if (hello_deadline > deadline)
                 hello_deadline = deadline;
             maco_status_t hst = maco__tcp_io_all(fd, hello, sizeof(hello), 0, hello_deadline, peer);
-            uint32_t s = maco__get_u32(hello + 12);
-            if (hst != MACO_OK || maco__get_u32(hello) != MACO__TCP_HELLO_MAGIC ||
-                maco__get_u32(hello + 4) != MACO__TCP_VERSION ||
-                maco__get_u32(hello + 8) != (uint32_t)peer ||
-                maco__get_u64(hello + 16) != ch->peer_proxy_uid ||
-                maco__get_u64(hello + 24) != t->secret || s >= (uint32_t)nsocks ||
+            uint32_t s = 0;
+            if (hst != MACO_OK ||
+                !maco__tcp_hello_check(hello, (uint32_t)peer, ch->peer_proxy_uid, t->secret,
+                                       (uint32_t)nsocks, &s) ||
                 g->socks[s].fd >= 0) {
                 char from_text[96];
                 maco__sockaddr_format(&from, from_text, sizeof(from_text));
@@ -705,14 +691,17 @@ static int maco__tcp_deal(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
                 o->deps[s] = (uint32_t)g->socks[s].assigned;
             o->started = 1;
         }
+        maco__tcp_header_t h;
+        memset(&h, 0, sizeof(h));
         for (int s = 0; s < g->nsocks; s++)
-            maco__put_u32(m->header + 32 + 4 * s, o->deps[s]);
+            h.deps[s] = o->deps[s];
+        h.channel = o->ch->peer_channel;
+        h.offset = o->dst_offset;
         if (o->kind == MACO__TCP_SIGNAL || o->kind == MACO__TCP_VALUE) {
-            maco__put_u32(m->header, (uint32_t)o->kind);
-            maco__put_u32(m->header + 4, o->ch->peer_channel);
-            maco__put_u64(m->header + 8, o->dst_offset);
-            maco__put_u64(m->header + 16, o->bytes);
-            maco__put_u64(m->header + 24, o->value);
+            h.kind = (uint32_t)o->kind;
+            h.bytes = o->bytes;
+            h.value = o->value;
+            maco__tcp_header_encode(m->header, &h);
             maco__tcp_enqueue(&g->socks[g->next_sock++ % (uint32_t)g->nsocks], m);
             g->ops_head = o->next;
             g->ops_dealt++;
@@ -757,10 +746,9 @@ static int maco__tcp_deal(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
             m->ready = ev;
             m->payload = b->mem;
         }
-        maco__put_u32(m->header, MACO__TCP_PUT);
-        maco__put_u32(m->header + 4, o->ch->peer_channel);
-        maco__put_u64(m->header + 8, o->dst_offset);
-        maco__put_u64(m->header + 16, n);
+        h.kind = MACO__TCP_PUT;
+        h.bytes = n;
+        maco__tcp_header_encode(m->header, &h);
         m->bytes = n;
         maco__tcp_enqueue(&g->socks[g->next_sock++ % (uint32_t)g->nsocks], m);
         made++;
@@ -789,9 +777,11 @@ static int maco__tcp_send(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
         maco__tcp_msg_t *m = k->q_head;
         int between = m == NULL || m->done == 0;
         if (k->ack_done == MACO__TCP_HEADER && between && k->stored > k->ack_sent) {
-            memset(k->ack_header, 0, sizeof(k->ack_header));
-            maco__put_u32(k->ack_header, MACO__TCP_ACK);
-            maco__put_u64(k->ack_header + 24, k->stored);
+            maco__tcp_header_t h;
+            memset(&h, 0, sizeof(h));
+            h.kind = MACO__TCP_ACK;
+            h.value = k->stored;
+            maco__tcp_header_encode(k->ack_header, &h);
             k->ack_sent = k->stored;
             k->ack_done = 0;
         }
@@ -940,14 +930,16 @@ static void maco__tcp_end(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
 static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_group_t *g, int s)
 {
     maco__tcp_sock_t *k = &g->socks[s];
-    uint32_t kind = maco__get_u32(k->rx_header);
+    maco__tcp_header_t m;
+    maco__tcp_header_decode(k->rx_header, &m);
+    uint32_t kind = m.kind;
     if (kind == MACO__TCP_BYE) {
         g->peer_left = 1;
         k->rx_have = 0;
         return 0;
     }
     if (kind == MACO__TCP_ACK) {
-        uint64_t count = maco__get_u64(k->rx_header + 24);
+        uint64_t count = m.value;
         if (count > k->assigned) {
             maco__tcp_fail(p, g, s, "the peer acknowledged messages never sent", 0);
             return -1;
@@ -959,8 +951,8 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
         k->rx_have = 0;
         return 0;
     }
-    uint32_t id = maco__get_u32(k->rx_header + 4);
-    uint64_t off = maco__get_u64(k->rx_header + 8), bytes = maco__get_u64(k->rx_header + 16);
+    uint32_t id = m.channel;
+    uint64_t off = m.offset, bytes = m.bytes;
     /* nchannels first: maco_port_channel_create stores channels[id] before it raises
      * nchannels past id, so with created > id the channel (or its destruction) is visible. */
     uint32_t created = __atomic_load_n(&p->nchannels, __ATOMIC_ACQUIRE);
@@ -973,9 +965,7 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
     if (ch == NULL && (kind == MACO__TCP_SIGNAL || data) && id == created)
         return 1;
     if ((!data && kind != MACO__TCP_SIGNAL) || ch == NULL || ch->tp != g ||
-        (data &&
-         (off > ch->recv_bytes || bytes > ch->recv_bytes - off || bytes == 0 ||
-          bytes > (uint64_t)g->chunk || (kind == MACO__TCP_VALUE && bytes != 4 && bytes != 8)))) {
+        (data && !maco__tcp_header_data_ok(&m, ch->recv_bytes, (uint64_t)g->chunk))) {
         char what[200];
         snprintf(what, sizeof(what),
                  "a message (kind %u) for channel %u of %llu bytes at offset %llu that names no "
@@ -988,7 +978,7 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
      * socket is in order already); the header stays until then. */
     if (data) {
         for (int q = 0; q < g->nsocks; q++) {
-            uint32_t dep = maco__get_u32(k->rx_header + 32 + 4 * q);
+            uint32_t dep = m.deps[q];
             if (q != s && (int32_t)((uint32_t)g->socks[q].stored - dep) < 0)
                 return 1;
         }
@@ -1002,12 +992,12 @@ static int maco__tcp_begin(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp
     it->ch = ch;
     if (kind == MACO__TCP_SIGNAL) {
         for (int q = 0; q < MACO__TCP_MAX_SOCKS; q++)
-            it->deps[q] = maco__get_u32(k->rx_header + 32 + 4 * q);
+            it->deps[q] = m.deps[q];
         k->rx_have = 0;
     } else if (kind == MACO__TCP_VALUE) {
         /* The value is in the header: stored now (host) or copied like a piece (device). */
         uint8_t v[8];
-        maco__put_u64(v, maco__get_u64(k->rx_header + 24));
+        maco__put_u64(v, m.value);
         if (ch->recv_host) {
             memcpy(ch->recv + off, v, (size_t)bytes);
             k->rx_have = 0;
@@ -1055,7 +1045,9 @@ static void maco__tcp_end(struct maco_proxy *p, maco__tcp_state_t *t, maco__tcp_
     k->rx_have = 0;
     if (it->buf == NULL)
         return;
-    uint64_t off = maco__get_u64(k->rx_header + 8), bytes = maco__get_u64(k->rx_header + 16);
+    maco__tcp_header_t h;
+    maco__tcp_header_decode(k->rx_header, &h);
+    uint64_t off = h.offset, bytes = h.bytes;
     cudaEvent_t ev = maco__tcp_event();
     cudaError_t err = ev != NULL ? cudaMemcpyAsync(it->ch->recv + off, it->buf->mem, bytes,
                                                    cudaMemcpyHostToDevice, t->stream)
