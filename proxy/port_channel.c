@@ -17,27 +17,14 @@
 #include "config.h"
 #include "cuda_util.h"
 #include "log.h"
+#include "port_wire.h"
 #include "proxy_internal.h"
 #include "socket.h"
 #include "wire.h"
 
 /* ------------------------------------------------------------------ channels */
 
-/*
- * The hello two ranks exchange when they create a channel (little-endian, 192 bytes):
- *    0 u32 magic "MPRT"     4 u16 version (1)      6 u16 requested transport (after
- *                                                     MACO_TRANSPORT; 0 = auto)
- *    8 u32 transports this rank can use to reach the peer (bit t for maco_transport_t t)
- *   12 u32 this rank's channel id
- *   16 u64 this rank's proxy uid
- *   24 u32 host semaphore slot  28 u32 device semaphore slot (the ones the peer signals)
- *   32 u64 dst: its address in the peer's process   40 u64 dst bytes
- *   48 u32 dst is host memory  52 u32 src is host memory  56 u64 zero
- *   64 the serialized handle of this proxy's host semaphores (128 bytes)
- */
-enum { MACO__PORT_HELLO_BYTES = 64 + MACO_MEM_HANDLE_BYTES };
-#define MACO__PORT_MAGIC 0x5452504Du /* "MPRT" */
-#define MACO__PORT_VERSION 1u
+/* The hello two ranks exchange when they create a channel: proxy/port_wire.h. */
 
 /* The transport MACO_TRANSPORT names for channels created with MACO_TRANSPORT_AUTO. */
 static maco_status_t maco__port_env_transport(maco_transport_t *t_p)
@@ -204,39 +191,40 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
                                                    MACO__HOST_SEMS, MACO__NSEM));
     uint32_t host_slot = p->host_sem_next, dev_slot = gpu ? (uint32_t)comm->sem_next : 0;
     uint8_t mine[MACO__PORT_HELLO_BYTES], theirs[MACO__PORT_HELLO_BYTES];
-    memset(mine, 0, sizeof(mine));
-    maco__put_u32(mine, MACO__PORT_MAGIC);
-    maco__put_u16(mine + 4, MACO__PORT_VERSION);
-    maco__put_u16(mine + 6, (uint16_t)asked);
-    maco__put_u32(mine + 8, can);
-    maco__put_u32(mine + 12, p->nchannels);
-    maco__put_u64(mine + 16, p->uid);
-    maco__put_u32(mine + 24, host_slot);
-    maco__put_u32(mine + 28, dev_slot);
+    maco__port_hello_t my, their;
+    memset(&my, 0, sizeof(my));
+    my.asked = (uint16_t)asked;
+    my.can = can;
+    my.channel = p->nchannels;
+    my.uid = p->uid;
+    my.host_slot = host_slot;
+    my.dev_slot = dev_slot;
     size_t dst_bytes = 0, src_bytes = 0;
     maco_mem_get_size(dst, &dst_bytes);
     maco_mem_get_size(src, &src_bytes);
-    maco__put_u64(mine + 32, maco__mem_owner_addr(dst));
-    maco__put_u64(mine + 40, dst_bytes);
-    maco__put_u32(mine + 48, (uint32_t)maco__mem_is_host(dst));
-    maco__put_u32(mine + 52, (uint32_t)maco__mem_is_host(src));
-    st = maco_mem_serialize(p->host_sems_mem, mine + 64);
-    if (st == MACO_OK)
+    my.dst_addr = maco__mem_owner_addr(dst);
+    my.dst_bytes = dst_bytes;
+    my.dst_host = (uint32_t)maco__mem_is_host(dst);
+    my.src_host = (uint32_t)maco__mem_is_host(src);
+    st = maco_mem_serialize(p->host_sems_mem, my.sems);
+    if (st == MACO_OK) {
+        maco__port_hello_encode(mine, &my);
         st = maco__bootstrap_send(comm->bs, peer, MACO__TAG_PORT, mine, sizeof(mine));
+    }
     if (st == MACO_OK)
         st = maco__bootstrap_recv(comm->bs, peer, MACO__TAG_PORT, theirs, sizeof(theirs));
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    if (maco__get_u32(theirs) != MACO__PORT_MAGIC ||
-        maco__get_u16(theirs + 4) != MACO__PORT_VERSION)
-        return maco__comm_record(comm,
-                                 maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
-                                             "maco_port_channel_create: rank %d answered "
-                                             "with magic 0x%08x version %u (expected "
-                                             "0x%08x version %u): different MACO builds?",
-                                             peer, maco__get_u32(theirs), maco__get_u16(theirs + 4),
-                                             MACO__PORT_MAGIC, MACO__PORT_VERSION));
-    maco_transport_t their_asked = (maco_transport_t)maco__get_u16(theirs + 6);
+    /* A peer's slots and ids index this rank's tables below: checked before any use. */
+    const maco__port_hello_limits_t lim = { MACO__HOST_SEMS, MACO__NSEM,
+                                            MACO_TRIGGER_MAX_CHANNELS };
+    char bad[160];
+    if (maco__port_hello_decode(theirs, &lim, &their, bad, sizeof(bad)) != 0)
+        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                                                   "maco_port_channel_create: rank %d answered "
+                                                   "with a hello this rank refuses: %s",
+                                                   peer, bad));
+    maco_transport_t their_asked = (maco_transport_t)their.asked;
     if (their_asked != asked)
         return maco__comm_record(comm,
                                  maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
@@ -244,7 +232,7 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
                                              "with transport %s, this rank with %s",
                                              peer, comm->rank, maco__transport_word(their_asked),
                                              maco__transport_word(asked)));
-    uint32_t both = can & maco__get_u32(theirs + 8);
+    uint32_t both = can & their.can;
     transport = maco__port_choose(asked, both);
     if (transport == MACO_TRANSPORT_AUTO && asked != MACO_TRANSPORT_AUTO)
         return maco__comm_record(comm,
@@ -261,13 +249,13 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
                               comm->rank, peer, maco__transport_word(asked),
                               (can >> 1) & 1 ? " cuda" : "", (can >> 2) & 1 ? " host" : "",
                               (can >> 3) & 1 ? " ib" : "", (can >> 4) & 1 ? " tcp" : "", peer,
-                              maco__get_u32(theirs + 8)));
+                              their.can));
     int network = transport == MACO_TRANSPORT_IB || transport == MACO_TRANSPORT_TCP;
     /* Network transports: the peer's channel writes what it named as its dst here; it must
      * be memory this rank registered. */
     maco__mem_region_t recv_region;
     memset(&recv_region, 0, sizeof(recv_region));
-    uint64_t recv_addr = maco__get_u64(theirs + 32), recv_bytes = maco__get_u64(theirs + 40);
+    uint64_t recv_addr = their.dst_addr, recv_bytes = their.dst_bytes;
     if (network) {
         st = maco__mem_lookup(recv_addr, recv_bytes, &recv_region);
         if (st != MACO_OK)
@@ -282,8 +270,8 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
     ch->transport = transport;
     ch->ops = maco__transport_ops(transport);
     ch->id = p->nchannels;
-    ch->peer_channel = maco__get_u32(theirs + 12);
-    ch->peer_proxy_uid = maco__get_u64(theirs + 16);
+    ch->peer_channel = their.channel;
+    ch->peer_proxy_uid = their.uid;
     void *ptr = NULL;
     maco_mem_get_pointer(src, &ptr);
     ch->src = (char *)ptr;
@@ -305,16 +293,16 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
     }
     if (transport == MACO_TRANSPORT_HOST_MEMORY) {
         if (p->peer_host_sems[peer] == NULL) {
-            st = maco_mem_import(comm, theirs + 64, &p->peer_host_sems[peer]);
+            st = maco_mem_import(comm, their.sems, &p->peer_host_sems[peer]);
             if (st != MACO_OK)
                 goto fail;
         }
         void *peer_sems = NULL;
         maco_mem_get_pointer(p->peer_host_sems[peer], &peer_sems);
-        ch->remote_inbound = (uint64_t *)peer_sems + maco__get_u32(theirs + 24);
+        ch->remote_inbound = (uint64_t *)peer_sems + their.host_slot;
     } else if (transport == MACO_TRANSPORT_CUDA_COPY) {
-        ch->remote_inbound = (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) +
-                             maco__get_u32(theirs + 28);
+        ch->remote_inbound =
+            (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) + their.dev_slot;
     }
     if (ch->sem_host) {
         ch->inbound = p->host_sems + host_slot;
