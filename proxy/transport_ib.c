@@ -17,17 +17,7 @@
  * brought to RTS on both sides, then a second exchange says both are ready, so the first
  * write never reaches a queue pair that cannot take it yet.
  *
- * Endpoint (little-endian, 128 bytes):
- *    0 u32 magic "MIBV"   4 u16 version (1)   6 u16 flags: 1 ready (0: the sender failed, its
- *                                                log says why), 2 new connection (QP fields valid)
- *    8 u64 the sender's proxy uid
- *   16 u32 QP number   20 u32 initial PSN (24 bits)   24 u16 LID
- *   26 u8 link layer (1 InfiniBand, 2 Ethernet)   27 u8 active MTU (enum ibv_mtu, 1..5)
- *   28 u8 GID valid   29 u8 port   30 u16 zero   32 u8[16] GID
- *   48 u64 receive buffer address   56 u64 its bytes   64 u32 its rkey
- *   68 u32 semaphore rkey   72 u64 semaphore address   80 u32 the sender's channel id
- *   84..127 zero
- * Ready (16 bytes, new connections only): u32 magic, u16 version, u16 flags (1: RTS).
+ * The endpoint and ready messages: proxy/ib_wire.h.
  *
  * Puts are RDMA WRITEs from the source's memory region (split at the port's max_msg_sz);
  * a signal is an 8-byte RDMA WRITE of the channel's new count to the peer's semaphore
@@ -94,6 +84,7 @@ const maco__transport_ops_t maco__transport_ib_ops = {
 #include "config.h"
 #include "cuda_driver.h"
 #include "ib_symbols.h"
+#include "ib_wire.h"
 #include "log.h"
 #include "socket.h"
 #include "wire.h"
@@ -104,17 +95,16 @@ enum {
     MACO__IB_POLL = 32,         /* completions per poll */
     MACO__IB_INLINE = 64,       /* inline bytes asked for */
     MACO__IB_MAX_PORTS = 64,    /* candidate ports remembered */
-    MACO__IB_ENDPOINT = 128,    /* endpoint bytes */
-    MACO__IB_READY = 16,        /* ready message bytes */
-    MACO__IB_FLAG_OK = 1,       /* endpoint flags */
-    MACO__IB_FLAG_NEW = 2,      /* ... */
     MACO__IB_OP_PUT = 1,        /* operation kinds */
     MACO__IB_OP_SIGNAL = 2,     /* ... */
     MACO__IB_NAME = 64,         /* device name bytes */
     MACO__IB_STALL_MS = 2000,   /* posted work waiting this long for a completion: peer alive? */
 };
-#define MACO__IB_MAGIC 0x5642494Du /* "MIBV" */
-#define MACO__IB_VERSION 1u
+_Static_assert((int)MACO__IB_LINK_IB == (int)IBV_LINK_LAYER_INFINIBAND &&
+                   (int)MACO__IB_LINK_ETH == (int)IBV_LINK_LAYER_ETHERNET &&
+                   (int)MACO__IB_MTU_MIN == (int)IBV_MTU_256 &&
+                   (int)MACO__IB_MTU_MAX == (int)IBV_MTU_4096,
+               "ib_wire.h's codes are the verbs' own");
 #define MACO__IB_ACCESS                                                                            \
     (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |                   \
      IBV_ACCESS_REMOTE_ATOMIC)
@@ -865,24 +855,24 @@ fail:
 
 /* Brings a new connection's QP to RTR and RTS with the peer's endpoint. */
 static maco_status_t maco__ib_conn_rts(maco__ib_state_t *t, maco__ib_conn_t *c,
-                                       const uint8_t *theirs, uint32_t my_psn)
+                                       const maco__ib_endpoint_t *theirs, uint32_t my_psn)
 {
     const maco__ibv_table_t *v = t->v;
-    uint8_t their_mtu = theirs[27];
+    uint8_t their_mtu = theirs->mtu;
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = (enum ibv_mtu)(their_mtu < t->mtu ? their_mtu : t->mtu);
-    a.dest_qp_num = maco__get_u32(theirs + 16);
-    a.rq_psn = maco__get_u32(theirs + 20) & 0xffffffu;
+    a.dest_qp_num = theirs->qpn;
+    a.rq_psn = theirs->psn;
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 12;
     a.ah_attr.port_num = t->port;
-    a.ah_attr.dlid = maco__get_u16(theirs + 24);
+    a.ah_attr.dlid = theirs->lid;
     a.ah_attr.sl = 0;
-    if (theirs[28] != 0 && t->gid_index >= 0) {
+    if (theirs->gid_valid != 0 && t->gid_index >= 0) {
         a.ah_attr.is_global = 1;
-        memcpy(a.ah_attr.grh.dgid.raw, theirs + 32, 16);
+        memcpy(a.ah_attr.grh.dgid.raw, theirs->gid, 16);
         a.ah_attr.grh.sgid_index = (uint8_t)t->gid_index;
         a.ah_attr.grh.hop_limit = 255;
         a.ah_attr.grh.flow_label = 0;
@@ -962,39 +952,38 @@ static maco_status_t maco__ib_connect(struct maco_port_channel *ch, void *state)
                          peer, c->qp->qp_num);
     uint32_t psn = (uint32_t)maco__random_u64() & 0xffffffu;
     uint8_t mine[MACO__IB_ENDPOINT], theirs[MACO__IB_ENDPOINT];
-    memset(mine, 0, sizeof(mine));
+    maco__ib_endpoint_t me, te;
+    memset(&me, 0, sizeof(me));
     memset(theirs, 0, sizeof(theirs));
-    maco__put_u32(mine, MACO__IB_MAGIC);
-    maco__put_u16(mine + 4, MACO__IB_VERSION);
-    maco__put_u16(mine + 6, (uint16_t)((st == MACO_OK ? MACO__IB_FLAG_OK : 0) |
-                                       (fresh ? MACO__IB_FLAG_NEW : 0)));
-    maco__put_u64(mine + 8, p->uid);
+    me.flags = (uint16_t)((st == MACO_OK ? MACO__IB_FLAG_OK : 0) | (fresh ? MACO__IB_FLAG_NEW : 0));
+    me.uid = p->uid;
     if (st == MACO_OK) {
         if (fresh) {
-            maco__put_u32(mine + 16, c->qp->qp_num);
-            maco__put_u32(mine + 20, psn);
-            maco__put_u16(mine + 24, t->lid);
-            mine[26] = t->link_layer;
-            mine[27] = t->mtu;
-            mine[28] = t->gid_index >= 0;
-            mine[29] = t->port;
+            me.qpn = c->qp->qp_num;
+            me.psn = psn;
+            me.lid = t->lid;
+            me.link_layer = t->link_layer;
+            me.mtu = t->mtu;
+            me.gid_valid = t->gid_index >= 0;
+            me.port = t->port;
             if (t->gid_index >= 0)
-                memcpy(mine + 32, t->gid.raw, 16);
+                memcpy(me.gid, t->gid.raw, 16);
         }
-        maco__put_u64(mine + 48, (uint64_t)(uintptr_t)ch->recv);
-        maco__put_u64(mine + 56, ch->recv_bytes);
-        maco__put_u32(mine + 64, cs->recv_mr->mr->rkey);
-        maco__put_u32(mine + 68, cs->sem_mr->mr->rkey);
-        maco__put_u64(mine + 72, sem);
-        maco__put_u32(mine + 80, ch->id);
+        me.recv_addr = (uint64_t)(uintptr_t)ch->recv;
+        me.recv_bytes = ch->recv_bytes;
+        me.recv_rkey = cs->recv_mr->mr->rkey;
+        me.sem_rkey = cs->sem_mr->mr->rkey;
+        me.sem_addr = sem;
+        me.channel = ch->id;
     }
+    maco__ib_endpoint_encode(mine, &me);
     /* Exchange even after a failure, so the peer fails now instead of at its deadline. */
     maco_status_t xst = maco__port_exchange(ch, mine, theirs, sizeof(mine));
     if (st == MACO_OK)
         st = xst;
-    uint16_t flags = maco__get_u16(theirs + 6);
-    if (st == MACO_OK &&
-        (maco__get_u32(theirs) != MACO__IB_MAGIC || maco__get_u16(theirs + 4) != MACO__IB_VERSION))
+    int foreign = maco__ib_endpoint_decode(theirs, &te) != 0;
+    uint16_t flags = te.flags;
+    if (st == MACO_OK && foreign)
         st = maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
                          "IB transport: rank %d sent an endpoint with magic 0x%08x version %u "
                          "(expected 0x%08x version %u): different MACO builds?",
@@ -1009,44 +998,37 @@ static maco_status_t maco__ib_connect(struct maco_port_channel *ch, void *state)
         st = maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
                          "IB transport: rank %d %s a queue pair with this proxy, this rank %s",
                          peer, fresh ? "has" : "has no", fresh ? "has none" : "has one");
-    else if (st == MACO_OK && (maco__get_u64(theirs + 8) != ch->peer_proxy_uid ||
-                               maco__get_u64(theirs + 48) != ch->dst_addr ||
-                               maco__get_u64(theirs + 56) != ch->dst_bytes))
+    else if (st == MACO_OK && (te.uid != ch->peer_proxy_uid || te.recv_addr != ch->dst_addr ||
+                               te.recv_bytes != ch->dst_bytes))
         st = maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
                          "IB transport: rank %d's endpoint names another proxy or destination "
                          "than its channel hello did",
                          peer);
-    else if (st == MACO_OK && fresh &&
-             (theirs[26] != t->link_layer || theirs[27] < IBV_MTU_256 ||
-              theirs[27] > IBV_MTU_4096 ||
-              (t->link_layer == IBV_LINK_LAYER_ETHERNET && !theirs[28])))
+    else if (st == MACO_OK && fresh && !maco__ib_endpoint_port_ok(&te, t->link_layer))
         st = maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
                          "IB transport: rank %d's port (link layer %u, MTU code %u, %s GID) "
                          "cannot reach this rank's %s port %u (link layer %u): both must be "
                          "InfiniBand, or both Ethernet with a GID",
-                         peer, theirs[26], theirs[27], theirs[28] ? "with a" : "without", t->dev,
+                         peer, te.link_layer, te.mtu, te.gid_valid ? "with a" : "without", t->dev,
                          t->port, t->link_layer);
     /* A new connection: both QPs to RTS, then both say so, so that no write reaches a QP not
      * ready for it. Both ranks decide from the two endpoints alone whether this second
      * exchange happens (each sent "ready" and "new"), so neither waits for one that never
      * comes; what fails after the first exchange travels in it. */
-    uint16_t mine_flags = maco__get_u16(mine + 6);
+    uint16_t mine_flags = me.flags;
     int handshake = xst == MACO_OK && (mine_flags & MACO__IB_FLAG_OK) &&
                     (mine_flags & MACO__IB_FLAG_NEW) && (flags & MACO__IB_FLAG_OK) &&
                     (flags & MACO__IB_FLAG_NEW);
     if (handshake) {
         if (st == MACO_OK)
-            st = maco__ib_conn_rts(t, c, theirs, psn);
+            st = maco__ib_conn_rts(t, c, &te, psn);
         uint8_t ready[MACO__IB_READY], their_ready[MACO__IB_READY];
-        memset(ready, 0, sizeof(ready));
-        maco__put_u32(ready, MACO__IB_MAGIC);
-        maco__put_u16(ready + 4, MACO__IB_VERSION);
-        maco__put_u16(ready + 6, st == MACO_OK ? 1u : 0u);
+        memset(their_ready, 0, sizeof(their_ready));
+        maco__ib_ready_encode(ready, st == MACO_OK);
         maco_status_t rst = maco__port_exchange(ch, ready, their_ready, sizeof(ready));
         if (st == MACO_OK && rst != MACO_OK)
             st = rst;
-        else if (st == MACO_OK && (maco__get_u32(their_ready) != MACO__IB_MAGIC ||
-                                   maco__get_u16(their_ready + 6) != 1u))
+        else if (st == MACO_OK && !maco__ib_ready_ok(their_ready))
             st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
                              "IB transport: rank %d could not bring its queue pair to RTS (its "
                              "log says why)",
@@ -1059,9 +1041,9 @@ static maco_status_t maco__ib_connect(struct maco_port_channel *ch, void *state)
         return st;
     }
     cs->conn = c;
-    cs->dst_rkey = maco__get_u32(theirs + 64);
-    cs->sem_rkey = maco__get_u32(theirs + 68);
-    cs->sem_addr = maco__get_u64(theirs + 72);
+    cs->dst_rkey = te.recv_rkey;
+    cs->sem_rkey = te.sem_rkey;
+    cs->sem_addr = te.sem_addr;
     if (fresh) {
         c->next = t->conns;
         __atomic_store_n(&t->conns, c, __ATOMIC_RELEASE); /* the proxy thread picks it up */

@@ -18,7 +18,7 @@ lib_sources=(base/status.c base/log.c base/config.c os/socket.c bootstrap/host_i
   bootstrap/unique_id.c bootstrap/link.c bootstrap/calls.c bootstrap/setup.c bootstrap/env.c
   bootstrap/torch_store.c
   memory/mem_handle.c)
-harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan fuzz_tcp_wire fuzz_port_hello)
+harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan fuzz_tcp_wire fuzz_port_hello fuzz_ib_endpoint)
 # Execution plans (fuzz_plan): the parser and the verifier, CPU-only (Jansson is loaded at run
 # time, MACO_JSON_LIBRARY).
 plan_sources=(plan_json.c plan_verify.c)
@@ -61,6 +61,7 @@ for name in "${harnesses[@]}"; do
   # The TCP transport's wire format (proxy/tcp_wire.c): pure, no sockets or CUDA.
   [[ "$name" == fuzz_tcp_wire ]] && extra=(-I"$root/proxy" "$root/proxy/tcp_wire.c")
   [[ "$name" == fuzz_port_hello ]] && extra=(-I"$root/proxy" "$root/proxy/port_wire.c")
+  [[ "$name" == fuzz_ib_endpoint ]] && extra=(-I"$root/proxy" "$root/proxy/ib_wire.c")
   "$cc" "${cflags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/$name.c" "${objs[@]}" "${extra[@]}" \
     -lpthread -o "$out/$name"
 done
