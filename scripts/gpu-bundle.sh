@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine needs from a build folder (the library, tools, test and
 # benchmark binaries, ctest's files) into gpu-bundle/build, small enough to travel with the
-# device tool (its 64 MiB limit; the whole build folder is larger). scripts/gpu-session.sh
-# links build -> gpu-bundle/build there when no build folder came along.
+# device tool (its 64 MiB limit; the whole build folder is larger). scripts/gpu-common.sh
+# uses gpu-bundle/build there when no build folder came along.
 #   usage: scripts/gpu-bundle.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."

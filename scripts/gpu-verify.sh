@@ -20,11 +20,14 @@
 #   nccl-tests   tests/nccl/run_nccl_tests.sh over NCCL_TESTS_DIR (a checkout of NVIDIA's
 #                nccl-tests the caller brings; NCCL_TESTS_ONLY="all_reduce ..." narrows it)
 #   issue33-*    scripts/gpu-issue33.sh's stages (tests, torch)
+#   perf-*       scripts/gpu-issue22.sh's stages (verify, check, tables-1..3, nccl-new, report):
+#                maco-perf against NCCL for every collective, -R 0/1, eager and -G
+#   issue23-*    scripts/gpu-issue23.sh's stages (nodes, perf, apps, fused)
 # BUDGET_S (default 570) bounds the call; each step has its own limit. The summary is printed
 # last; the logs are packed into $OUT/gpu-verify-<stages>.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-[ $# -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
   tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
 fi
@@ -98,8 +101,17 @@ for stage in "$@"; do
       [ -f "$nt/summary.txt" ] && cp "$nt/summary.txt" "$OUT/nccl-tests-summary.txt"
     fi
     ;;
-  issue33-*)
-    BUDGET_S=$(left) bash scripts/gpu-issue33.sh "${stage#issue33-}" > "$OUT/$stage.txt" 2>&1
+  issue33-* | perf-* | issue23-*)
+    # Stages of the larger scripts this entry forwards to: issue33-* (gpu-issue33.sh: tests,
+    # torch), perf-* (gpu-issue22.sh: verify, check, tables-1..3, nccl-new, report: every
+    # collective against NCCL's classic and symmetric kernels), issue23-* (gpu-issue23.sh:
+    # nodes, perf, apps, fused).
+    case $stage in
+    issue33-*) script=scripts/gpu-issue33.sh arg=${stage#issue33-} ;;
+    perf-*) script=scripts/gpu-issue22.sh arg=${stage#perf-} ;;
+    *) script=scripts/gpu-issue23.sh arg=${stage#issue23-} ;;
+    esac
+    BUDGET_S=$(left) bash "$script" "$arg" > "$OUT/$stage.txt" 2>&1
     summary+=("$(printf '%-22s rc=%d (its summary: %s.txt)' "$stage" $? "$stage")")
     ;;
   *)

@@ -3,8 +3,7 @@
 
 usage: scripts/perf_tables.py DIR COLLECTIVE NRANKS [SUFFIX]
 Reads DIR/perf-<collective>-n<N>-g0<SUFFIX>.json (eager) and -g10<SUFFIX>.json
-(graph-replayed, optional) as written by scripts/gpu-session.sh coll (SUFFIX: -R0 or -R1
-since -R was added), and prints one row per size: MACO and NCCL time in us,
+(graph-replayed, optional), maco-perf --json's files named that way (SUFFIX: -R0 or -R1), and prints one row per size: MACO and NCCL time in us,
 MACO and NCCL busbw in GB/s, and MACO/NCCL (time ratio below 64 KiB, busbw ratio above).
 """
 import json
