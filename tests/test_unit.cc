@@ -368,19 +368,20 @@ TEST_F(Unit, ConfigTableIsListable)
     EXPECT_EQ(maco_config_describe(-1, &info), MACO_ERR_INVALID_ARGUMENT);
 }
 
-/* README's configuration table must list exactly the variables of the config table. */
-TEST_F(Unit, ReadmeDocumentsEveryVariable)
+/* docs/configuration.md's table must list every variable of the config table, each in a row of
+ * its own (a table row that starts with the name). */
+TEST_F(Unit, ConfigurationGuideDocumentsEveryVariable)
 {
-    std::ifstream f(MACO_SOURCE_DIR "/README.md");
-    ASSERT_TRUE(f.good()) << "cannot read README.md";
+    std::ifstream f(MACO_SOURCE_DIR "/docs/configuration.md");
+    ASSERT_TRUE(f.good()) << "cannot read docs/configuration.md";
     std::stringstream ss;
     ss << f.rdbuf();
-    std::string readme = ss.str();
+    std::string doc = ss.str();
     for (int i = 0; i < maco_config_count(); i++) {
         maco_config_info_t info;
         maco_config_describe(i, &info);
-        EXPECT_NE(readme.find(std::string("`") + info.name + "`"), std::string::npos)
-            << info.name << " is missing from README.md's configuration table";
+        EXPECT_NE(doc.find(std::string("| `") + info.name + "` |"), std::string::npos)
+            << info.name << " is missing from docs/configuration.md's table";
     }
 }
 
