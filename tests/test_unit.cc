@@ -557,6 +557,44 @@ TEST_F(Unit, LogFileExpandsPidAndKeepsErrno)
     rmdir(dir);
 }
 
+/* Issue 38: a binding that raises its own exception for an error holds MACO's ERROR line back
+ * from the log (maco_log_set_error_capture), still sees it through the handler and
+ * maco_log_last_error, and only its own thread is affected. */
+TEST_F(Unit, ErrorCaptureHoldsErrorLinesOfThisThreadOnly)
+{
+    char dir[] = "/tmp/maco-log-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    std::string path = std::string(dir) + "/log";
+    setenv("MACO_LOG_FILE", path.c_str(), 1);
+    maco__log_reset();
+    EXPECT_EQ(maco_log_set_error_capture(1), 0);
+    maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_TOOL, "held back %d", 1);
+    EXPECT_STREQ(maco_log_last_error(), "held back 1");
+    maco__log(MACO_LOG_WARN, MACO_SUBSYS_TOOL, "warning while capturing");
+    std::thread other(
+        [] { maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_TOOL, "another thread's"); });
+    other.join();
+    EXPECT_EQ(maco_log_set_error_capture(0), 1);
+    maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_TOOL, "written again");
+    std::ifstream f(path);
+    std::stringstream text;
+    text << f.rdbuf();
+    EXPECT_EQ(text.str().find("held back 1"), std::string::npos) << text.str();
+    EXPECT_NE(text.str().find("WARN tool: warning while capturing"), std::string::npos)
+        << text.str();
+    EXPECT_NE(text.str().find("ERROR tool: another thread's"), std::string::npos) << text.str();
+    EXPECT_NE(text.str().find("ERROR tool: written again"), std::string::npos) << text.str();
+    /* The test fixture's handler saw every line, the held one included. */
+    EXPECT_EQ(ProblemsWith("held back 1").size(), 1u);
+    for (const char *seen :
+         { "held back 1", "warning while capturing", "another thread's", "written again" })
+        maco_test::AllowLog(seen);
+    unsetenv("MACO_LOG_FILE");
+    maco__log_reset();
+    unlink(path.c_str());
+    rmdir(dir);
+}
+
 TEST_F(Unit, UniqueIdCarriesMagicVersionAndAddress)
 {
     maco_unique_id_t a, b;

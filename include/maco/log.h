@@ -24,7 +24,8 @@ typedef enum maco_log_level {
 } maco_log_level_t;
 
 /**
- * Called once per log line, from the thread that logs, after the line is written.
+ * Called once per log line, from the thread that logs, after the line is written (or held
+ * back: maco_log_set_error_capture).
  * `line` is the complete line ("host:pid:tid [rank] LEVEL subsys: message\n"), valid only
  * during the call. It must not call back into MACO.
  */
@@ -36,6 +37,18 @@ typedef void (*maco_log_handler_t)(maco_log_level_t level, const char *line, voi
  * Returns MACO_OK.
  */
 MACO_API maco_status_t maco_log_set_handler(maco_log_handler_t handler, void *user);
+
+/**
+ * For layers that report MACO's errors themselves, such as a language binding that raises an
+ * exception carrying the message: while `on` is not 0, ERROR lines logged by the calling thread
+ * are not written to the log (standard error or MACO_LOG_FILE); they still reach the handler,
+ * and maco_log_last_error() still returns the message, so the caller must report each one (or
+ * write it with maco_log_write when the call did not fail). Lines of other levels and lines
+ * logged by other threads (the proxy's, for instance) are written as usual. Returns the
+ * thread's previous setting (0 or 1), so that calls can nest. Thread-safe (one setting per
+ * thread).
+ */
+MACO_API int maco_log_set_error_capture(int on);
 
 /**
  * Writes one line to MACO's log exactly as MACO's own lines are written (the same prefix,

@@ -4,8 +4,9 @@
  * Buffers and streams cross this layer as integers (device addresses, cudaStream_t values);
  * the pure-Python package (maco/_tensor.py) turns tensors into them. Every call that can block
  * or launch work releases the GIL. A failing MACO call raises the package's exception for its
- * status (maco/_errors.py) with the message MACO logged for it on this thread, else the
- * communicator's first error, else the status text.
+ * status (maco/_errors.py) with the message MACO logged for it on this thread (held back from
+ * MACO's log, so that it appears once), else the communicator's first error, else the status
+ * text.
  */
 #include <cstdint>
 #include <cstdio>
@@ -34,26 +35,33 @@ namespace
 
 /* ------------------------------------------------------------------ errors */
 
-/* The first ERROR line MACO logs on this thread while a call of this module runs. */
-thread_local std::string tl_error_line;
+/* The ERROR lines MACO logs on this thread while a call of this module runs. MACO holds them
+ * back from its log during the call (maco_log_set_error_capture), so that an error appears
+ * once: in the exception raised for the call. Lines the exception does not carry are written to
+ * the log when the call ends (Capture's destructor). */
+thread_local std::vector<std::string> tl_error_lines;
 thread_local bool tl_capturing = false;
+thread_local bool tl_raised = false; /* the first captured line went into an exception */
 
 void log_handler(maco_log_level_t level, const char *line, void *)
 {
-    if (level != MACO_LOG_ERROR || !tl_capturing || !tl_error_line.empty() || line == nullptr)
+    if (level != MACO_LOG_ERROR || !tl_capturing || line == nullptr)
         return;
-    tl_error_line = line;
+    tl_error_lines.emplace_back(line);
 }
 
-/* "host:pid:tid [rank] ERROR subsys: text (status)\n" -> "text (status)". */
-std::string strip_log_prefix(const std::string &line)
+/* "host:pid:tid [rank] ERROR subsys: text (status)\n" -> "text (status)", and its subsystem. */
+std::string strip_log_prefix(const std::string &line, std::string *subsys = nullptr)
 {
     std::string text = line;
     size_t at = text.find("] ERROR ");
     if (at != std::string::npos) {
         size_t colon = text.find(": ", at);
-        if (colon != std::string::npos)
+        if (colon != std::string::npos) {
+            if (subsys != nullptr)
+                *subsys = text.substr(at + 8, colon - (at + 8));
             text = text.substr(colon + 2);
+        }
     }
     while (!text.empty() && (text.back() == '\n' || text.back() == '\r'))
         text.pop_back();
@@ -65,25 +73,49 @@ struct StatusError {
     std::string message;
 };
 
+/* One call's capture: nested captures (a call made while another is reported) keep theirs. */
 class Capture
 {
   public:
     Capture()
+        : saved_lines_(std::move(tl_error_lines)), saved_capturing_(tl_capturing),
+          saved_raised_(tl_raised), saved_mode_(maco_log_set_error_capture(1))
     {
-        tl_error_line.clear();
+        tl_error_lines.clear();
         tl_capturing = true;
+        tl_raised = false;
     }
+    /* Writes the lines no exception carries, then restores the outer capture. */
     ~Capture()
     {
+        maco_log_set_error_capture(saved_mode_);
         tl_capturing = false;
+        for (size_t i = tl_raised ? 1 : 0; i < tl_error_lines.size(); i++) {
+            std::string subsys;
+            std::string text = strip_log_prefix(tl_error_lines[i], &subsys);
+            maco_log_write(MACO_LOG_ERROR, subsys.c_str(), "%s", text.c_str());
+        }
+        tl_error_lines = std::move(saved_lines_);
+        tl_capturing = saved_capturing_;
+        tl_raised = saved_raised_;
     }
     Capture(const Capture &) = delete;
     Capture &operator=(const Capture &) = delete;
+
+  private:
+    std::vector<std::string> saved_lines_;
+    bool saved_capturing_;
+    bool saved_raised_;
+    int saved_mode_;
 };
 
 [[noreturn]] void raise_status(maco_status_t st, maco_comm_t comm, const char *call)
 {
-    std::string msg = strip_log_prefix(tl_error_line);
+    std::string msg;
+    if (tl_capturing && !tl_error_lines.empty()) {
+        msg = strip_log_prefix(tl_error_lines.front());
+        tl_raised = true;
+    }
     if (msg.empty() && comm != nullptr)
         msg = maco_comm_get_last_error(comm);
     if (msg.empty())

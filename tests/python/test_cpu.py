@@ -183,6 +183,18 @@ def test_c_error_carries_status_and_message(clean_env):
     assert "unique id" in str(e.value) or "magic" in str(e.value), str(e.value)
 
 
+def test_c_error_appears_once(clean_env, capfd):
+    """Issue 38: a failing call's message is in the exception only, not also in MACO's log
+    line on standard error (the extension holds the line back: maco_log_set_error_capture)."""
+    with pytest.raises(maco.InvalidArgumentError) as e:
+        maco.Communicator(b"\0" * 128, 0, 1)
+    _, err = capfd.readouterr()
+    text = str(e.value)
+    assert len(text) > 10, text
+    assert (err + "\n" + text).count(text) == 1, f"stderr: {err!r}; exception: {text!r}"
+    assert "ERROR" not in err, err
+
+
 def test_env_error_names_the_variable(clean_env):
     clean_env.setenv("MACO_RANK", "0")
     with pytest.raises(maco.InvalidArgumentError) as e:

@@ -18,6 +18,8 @@ static unsigned maco__log_mask = ~0u;
 static int maco__log_fd = 2;
 static int maco__log_rank = -1;
 static _Thread_local int maco__log_thread_rank = MACO__LOG_RANK_UNSET;
+/* 1 while this thread's ERROR lines go to the handler only (maco_log_set_error_capture). */
+static _Thread_local int maco__log_capture_errors;
 static char maco__log_host[64];
 static maco_log_handler_t maco__log_handler;
 static void *maco__log_handler_user;
@@ -243,6 +245,13 @@ maco_status_t maco_log_set_handler(maco_log_handler_t handler, void *user)
     return MACO_OK;
 }
 
+int maco_log_set_error_capture(int on)
+{
+    int previous = maco__log_capture_errors;
+    maco__log_capture_errors = on != 0;
+    return previous;
+}
+
 int maco__log_enabled(maco__log_level_t level, maco__subsys_t subsys)
 {
     maco__log_ensure();
@@ -278,8 +287,10 @@ void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt,
         n = (int)sizeof(line) - 2;
     line[n++] = '\n';
     line[n] = '\0';
-    if (write(maco__log_fd, line, (size_t)n) < 0) {
-        /* The log is best effort. */
+    if (level != MACO_LOG_ERROR || !maco__log_capture_errors) {
+        if (write(maco__log_fd, line, (size_t)n) < 0) {
+            /* The log is best effort. */
+        }
     }
     if (maco__log_handler != NULL)
         maco__log_handler(level, line, maco__log_handler_user);
