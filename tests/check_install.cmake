@@ -6,6 +6,9 @@
 #               with LD_LIBRARY_PATH=$(pkg-config --variable=libdir maco), as README says;
 #   pc-static   examples/Makefile STATIC=1: `pkg-config --static`, libmaco.a (checked: the
 #               programs do not need libmaco.so).
+# Then README.md's Quick start: its first ```sh block, run as printed by bash in a scratch
+# folder (HOME there; `build` and `examples` linking to this build and the sources), so a wrong
+# line there (a pkg-config package that does not link the program, say) fails this test.
 # consumer runs alone and must print "rank 0 of 1"; the others run under the installed
 # maco-run with 2 ranks, and every rank must print its success line or a line starting with
 # "SKIP:" (no usable GPU, as on CI machines). Programs built with an rpath run without
@@ -57,7 +60,8 @@ file(REMOVE_RECURSE ${WORK})
 set(prefix ${WORK}/prefix)
 step("cmake --install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${prefix})
 foreach(f include/maco/maco.h include/maco/device/memory_channel.h lib/libmaco.so.0
-          lib/cmake/maco/macoConfig.cmake lib/pkgconfig/maco.pc bin/maco-run bin/maco-perf)
+          lib/cmake/maco/macoConfig.cmake lib/pkgconfig/maco.pc lib/pkgconfig/maco-cuda.pc
+          bin/maco-run bin/maco-perf)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install_and_consume: step 'install tree': it lacks ${f}")
   endif()
@@ -154,3 +158,45 @@ foreach(build cmake pc-shared ${static_dirs})
   endforeach()
 endforeach()
 message(STATUS "install_and_consume: every example built three ways and ran")
+
+# ---- README.md's Quick start, as printed: the first ```sh block after "## Quick start".
+file(READ ${SRC}/README.md readme)
+string(FIND "${readme}" "\n## Quick start\n" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "install_and_consume: step 'README Quick start': README.md has no "
+                      "'## Quick start' section")
+endif()
+string(SUBSTRING "${readme}" ${at} -1 readme)
+string(FIND "${readme}" "\n```sh\n" open_at)
+if(open_at EQUAL -1)
+  message(FATAL_ERROR "install_and_consume: step 'README Quick start': no ```sh block in it")
+endif()
+math(EXPR open_at "${open_at} + 7")
+string(SUBSTRING "${readme}" ${open_at} -1 readme)
+string(FIND "${readme}" "\n```" close_at)
+string(SUBSTRING "${readme}" 0 ${close_at} quickstart)
+set(qs ${WORK}/quickstart)
+file(MAKE_DIRECTORY ${qs} ${qs}/home)
+file(CREATE_LINK ${BUILD} ${qs}/build SYMBOLIC)
+file(CREATE_LINK ${SRC}/examples ${qs}/examples SYMBOLIC)
+file(WRITE ${qs}/quickstart.sh "set -euxo pipefail\n${quickstart}\n")
+get_filename_component(cmake_bin ${CMAKE_COMMAND} DIRECTORY)
+execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PKG_CONFIG_PATH --unset=LD_LIBRARY_PATH
+  HOME=${qs}/home PATH=${cmake_bin}:$ENV{PATH} bash ${qs}/quickstart.sh
+  WORKING_DIRECTORY ${qs} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 600)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "install_and_consume: step 'README Quick start' failed (${rc}): "
+                      "README.md's lines, run in ${qs}:\n${quickstart}\n--- output:\n${out}")
+endif()
+string(REGEX MATCHALL "-n ([0-9]+) \\./allreduce" runs "${quickstart}")
+if(NOT runs)
+  message(FATAL_ERROR "install_and_consume: step 'README Quick start': it runs no "
+                      "'maco-run -n N ./allreduce':\n${quickstart}")
+endif()
+string(REGEX REPLACE "^-n ([0-9]+).*" "\\1" nranks "${runs}")
+math(EXPR last "${nranks} - 1")
+foreach(rank RANGE ${last})
+  expect("README Quick start, rank ${rank}" "${out}"
+         "\\[${rank}\\] (SKIP: |allreduce: rank ${rank} of ${nranks}: [^\n]* correct)")
+endforeach()
+message(STATUS "README Quick start ran as printed:\n${out}")
