@@ -1,40 +1,59 @@
 #!/usr/bin/env bash
-# Installs what building and testing MACO needs, where it is missing: a C/C++ compiler,
-# CMake >= 3.25, Ninja, make, pkg-config, GoogleTest, rdma-core's verbs header
-# (libibverbs-dev), Jansson's header (libjansson-dev) and python3-jsonschema (Debian/Ubuntu
-# packages). The CUDA toolkit (nvcc) must already be installed; this script says so when it
-# is not.
+# Installs what building and testing MACO needs, where it is missing, from Debian/Ubuntu
+# packages (apt-get, as root or through sudo), and says what it installs and why. The CUDA
+# toolkit (nvcc) must already be installed; this script says so when it is not.
+#
+# Not installed here, because only some tests need them and they are large: the first test run
+# (scripts/test.sh, ctest) also
+#   - makes a Python virtual environment with PyTorch for the Python tests (about 5 GB, in
+#     ~/.cache/maco; tests/python/run.sh). PYTEST_TORCH=0 leaves torch out: the torch tests
+#     then skip, naming the switch;
+#   - installs qemu and rdma-core's tools (apt, as root) and downloads a Debian guest kernel
+#     (about 400 MB, in ~/.cache/maco-ibvm) for the IB transport's soft-RoCE VM tests
+#     (tests/ibvm). IBVM_RUN=0 skips those tests, naming the switch.
+# CI (.ci/run) runs everything: there a skipped VM or torch test fails the run.
 set -euo pipefail
 
 need=()
-command -v cc >/dev/null 2>&1 || need+=(build-essential)
-command -v c++ >/dev/null 2>&1 || need+=(g++)
-command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
-command -v readelf >/dev/null 2>&1 || need+=(binutils)
-command -v make >/dev/null 2>&1 || need+=(make)
-command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
-command -v ip >/dev/null 2>&1 || need+=(iproute2) # the TCP tests across network namespaces
-# The Python package's tests make a virtual environment (tests/python/run.sh).
-python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-if ! command -v cmake >/dev/null 2>&1; then
-  need+=(cmake)
-fi
+why=()
+want() { # package reason
+  need+=("$1")
+  why+=("$1: $2")
+}
+command -v cc >/dev/null 2>&1 || want build-essential "the C compiler (libmaco, the tools, the examples)"
+command -v c++ >/dev/null 2>&1 || want g++ "the C++ compiler (tests, the Python extension)"
+command -v cmake >/dev/null 2>&1 || want cmake "the build (3.25 or newer)"
+command -v ninja >/dev/null 2>&1 || want ninja-build "the build's generator"
+command -v make >/dev/null 2>&1 || want make "the examples' Makefile (install test)"
+command -v pkg-config >/dev/null 2>&1 || want pkg-config "maco.pc, used by the install test and the Quick start"
+command -v readelf >/dev/null 2>&1 || want binutils "readelf: the linkage and install tests"
+command -v ip >/dev/null 2>&1 || want iproute2 "ip: the TCP tests across network namespaces"
+command -v clang-format >/dev/null 2>&1 || want clang-format "the format test (it skips without it)"
 if [ ! -e /usr/include/gtest/gtest.h ] && [ ! -e /usr/local/include/gtest/gtest.h ]; then
-  need+=(libgtest-dev)
+  want libgtest-dev "GoogleTest: the C and C++ tests"
 fi
 # rdma-core's verbs header: the IB transport is compiled against it (libibverbs itself is
 # loaded at run time, only where it is installed).
-if [ ! -e /usr/include/infiniband/verbs.h ]; then
-  need+=(libibverbs-dev)
-fi
+[ -e /usr/include/infiniband/verbs.h ] || want libibverbs-dev "rdma-core's verbs header: the IB transport (left out without it)"
 # Jansson's header: plans are read with it (loaded at run time, libjansson4 beside it).
-if [ ! -e /usr/include/jansson.h ]; then
-  need+=(libjansson-dev)
+[ -e /usr/include/jansson.h ] || want libjansson-dev "Jansson's header: plans are read with it (configure stops without it)"
+if ! command -v python3 >/dev/null 2>&1; then
+  want python3 "the Python tests, the layers and plans tests"
+  want python3-venv "the Python tests' virtual environment (tests/python/run.sh)"
+  want python3-dev "Python.h: the Python extension, built by the Python tests"
+  want python3-jsonschema "the plans test checks the shipped plans against their JSON Schema"
+else
+  # The Python package's tests make a virtual environment (tests/python/run.sh).
+  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 ||
+    want python3-venv "the Python tests' virtual environment (tests/python/run.sh)"
+  python3 -c 'import os, sysconfig; os.stat(sysconfig.get_paths()["include"] + "/Python.h")' \
+    >/dev/null 2>&1 || want python3-dev "Python.h: the Python extension, built by the Python tests"
+  python3 -c 'import jsonschema' >/dev/null 2>&1 ||
+    want python3-jsonschema "the plans test checks the shipped plans against their JSON Schema"
 fi
-# The plans test validates the shipped plans against their JSON Schema.
-python3 -c 'import jsonschema' >/dev/null 2>&1 || need+=(python3-jsonschema)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: installing ${need[*]}"
+  echo "setup: installing ${need[*]}:"
+  printf '  %s\n' "${why[@]}"
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   if command -v apt-get >/dev/null 2>&1; then
@@ -62,3 +81,13 @@ if ! command -v nvcc >/dev/null 2>&1; then
   exit 1
 fi
 echo "setup: ok (cmake $cmake_version, $(nvcc --version | tail -n1))"
+skips=()
+[ "${PYTEST_TORCH:-1}" = 0 ] && skips+=("PyTorch environment (PYTEST_TORCH=0)")
+[ "${IBVM_RUN:-1}" = 0 ] && skips+=("soft-RoCE VM tests (IBVM_RUN=0)")
+if [ ${#skips[@]} -gt 0 ]; then
+  echo "setup: the tests will skip: $(IFS=';'; echo "${skips[*]}" | sed 's/;/, /g')"
+else
+  echo "setup: the first test run makes a PyTorch environment (about 5 GB, ~/.cache/maco;" \
+    "PYTEST_TORCH=0 skips it) and installs qemu and a guest kernel for the soft-RoCE VM tests" \
+    "(about 400 MB, ~/.cache/maco-ibvm; IBVM_RUN=0 skips them)"
+fi

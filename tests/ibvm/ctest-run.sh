@@ -14,7 +14,7 @@ skip() {
   if [ "${IBVM_REQUIRE:-0}" = 1 ]; then echo "FAIL (IBVM_REQUIRE=1): $1"; exit 1; fi
   echo "SKIP: $1"; exit 77
 }
-[ "${IBVM_RUN:-1}" = 0 ] && skip "IBVM_RUN=0"
+[ "${IBVM_RUN:-1}" = 0 ] && skip "IBVM_RUN=0: the soft-RoCE VM tests are switched off"
 [ "$(uname -m)" = x86_64 ] || skip "the VM harness is for x86_64 hosts"
 command -v apt-get >/dev/null || command -v qemu-system-x86_64 >/dev/null || skip "no qemu and no apt-get (Debian) to install it"
 mode=; [ "${IBVM_NO_SETUP:-0}" = 1 ] && mode=--check

@@ -8,6 +8,9 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Why a torch test skips: run.sh leaves torch out under PYTEST_TORCH=0 (no multi-GB download).
+NO_TORCH = "PyTorch is not installed" + (
+    " (PYTEST_TORCH=0: run.sh installs no torch)" if os.environ.get("PYTEST_TORCH") == "0" else "")
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 

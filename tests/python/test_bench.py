@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import HERE, REPO
+from conftest import HERE, NO_TORCH, REPO
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import compare_runs  # noqa: E402
@@ -20,7 +20,7 @@ try:
     import torch
 except ImportError:  # pragma: no cover
     torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+needs_torch = pytest.mark.skipif(torch is None, reason=NO_TORCH)
 SMALL = ["--small", "--steps", "6", "--warmup", "1"]
 
 
@@ -47,7 +47,7 @@ def load(path):
 def gloo_run(tmp_path_factory):
     """One DDP run on Gloo, 2 ranks: (its JSON file, its output)."""
     if torch is None:
-        pytest.skip("PyTorch is not installed")
+        pytest.skip(NO_TORCH)
     a = tmp_path_factory.mktemp("gloo") / "a.json"
     out = torchrun(2, "--backend", "gloo", *SMALL, "--label", "a", "--json", str(a))
     return a, out

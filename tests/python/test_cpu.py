@@ -10,7 +10,7 @@ import pytest
 
 import maco
 from maco import _maco
-from conftest import REPO
+from conftest import NO_TORCH, REPO
 from fakes import FakeCudaArray, FakeCudaTensor
 
 try:
@@ -18,7 +18,7 @@ try:
 except ImportError:  # pragma: no cover - CI installs torch
     torch = None
 
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+needs_torch = pytest.mark.skipif(torch is None, reason=NO_TORCH)
 has_gpu = maco.cuda_device_count()[0] > 0
 
 
@@ -254,7 +254,7 @@ def test_context_and_cta_cap_without_gpu(comm):
     with pytest.raises(maco.UnsupportedError) as e:
         comm.set_max_ctas(8)
     assert "maco_collective_set_max_ctas" in str(e.value)
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     if torch.cuda.is_available():
         pytest.skip("this check is for machines where PyTorch sees no GPU")
     with pytest.raises(RuntimeError, match="no CUDA device"):

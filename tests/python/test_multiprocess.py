@@ -10,14 +10,14 @@ import traceback
 
 import pytest
 
-from conftest import HERE, REPO, free_port
+from conftest import HERE, NO_TORCH, REPO, free_port
 
 try:
     import torch.distributed as dist
 except ImportError:  # pragma: no cover
     dist = None
 
-needs_torch = pytest.mark.skipif(dist is None, reason="PyTorch is not installed")
+needs_torch = pytest.mark.skipif(dist is None, reason=NO_TORCH)
 TIMEOUT = 120
 
 
