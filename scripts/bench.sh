@@ -15,7 +15,9 @@ if [ $# -eq 0 ]; then
   if [ -n "${MACO_NCCL_LIBRARY:-}" ] || ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
     set -- "$@" --nccl
   else
-    echo "bench.sh: NCCL not found (libnccl.so.2); running MACO alone" >&2
+    echo "bench.sh: NCCL not found (no libnccl.so.2 in ldconfig's cache); running MACO alone." \
+      "For the NCCL column: pip install nvidia-nccl-cu13 and set MACO_NCCL_LIBRARY to its" \
+      "nvidia/nccl/lib/libnccl.so.2, or install the libnccl2 package" >&2
   fi
 fi
 exec "$build/tools/maco-run" -n "$ngpus" "$build/tools/maco-perf" allreduce "$@"

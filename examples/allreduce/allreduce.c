@@ -71,9 +71,13 @@ int main(void)
     MACO_CHECK(maco_comm_get_cuda_device(comm, &device));
     if (device < 0) {
         /* The communicator works without a GPU (bootstrap only); collectives do not. */
-        printf("SKIP: rank %d of %d has no CUDA device (maco_comm_get_cuda_device gave -1), so "
-               "there is nothing to allreduce\n",
-               rank, nranks);
+        char why[512];
+        (void)maco_cuda_device_count(why, sizeof(why)); /* the cause, then what to do */
+        printf("SKIP: rank %d of %d has no CUDA device, so there is nothing to allreduce: %s\n",
+               rank, nranks,
+               why[0] != '\0'
+                   ? why
+                   : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
         rc = 0;
         goto out;
     }

@@ -129,9 +129,14 @@ int main(void)
     MACO_CHECK(maco_comm_get_cuda_device(comm, &device));
     MACO_CHECK(maco_comm_get_bootstrap(comm, &bs));
     if (device < 0) {
-        printf("SKIP: rank %d of %d has no CUDA device (maco_comm_get_cuda_device gave -1); "
-               "memory channels need GPUs\n",
-               rank, nranks);
+        char why[512];
+        (void)maco_cuda_device_count(why, sizeof(why)); /* the cause, then what to do */
+        printf("SKIP: rank %d of %d has no CUDA device, so no memory channel can be made (they "
+               "need GPUs): %s\n",
+               rank, nranks,
+               why[0] != '\0'
+                   ? why
+                   : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
         rc = 0;
         goto out;
     }
