@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 rc=0
 ctest --test-dir "$build" --output-on-failure "$@" || rc=$?
-# ctest keeps every test's output; show why tests skipped.
-grep -h 'SKIP:' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u || true
+# ctest keeps every test's output; show why tests skipped (the lines the tests print, not
+# ctest's record of their command lines, which also contain "SKIP:").
+grep -h -E '^(\[[0-9]+\] )?SKIP:' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u || true
 exit $rc
