@@ -11,6 +11,7 @@
  */
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,16 +29,21 @@ struct Parsed {
     maco_perf_parse_t result;
     maco_perf_opts_t opts;
     std::string out, err;
+    /* The arguments, alive as long as opts: its strings (json_path...) point into them. Held
+     * through a pointer so that moving a Parsed moves no string (short ones live inline). */
+    std::shared_ptr<std::vector<std::string>> args;
 };
 
-Parsed Parse(std::vector<std::string> args)
+Parsed Parse(std::vector<std::string> args_in)
 {
+    Parsed p;
+    p.args = std::make_shared<std::vector<std::string>>(std::move(args_in));
+    std::vector<std::string> &args = *p.args;
     args.insert(args.begin(), "maco-perf");
     std::vector<char *> argv;
     for (std::string &a : args)
         argv.push_back(&a[0]);
     argv.push_back(nullptr);
-    Parsed p;
     char *out = nullptr, *err = nullptr;
     size_t out_len = 0, err_len = 0;
     FILE *fo = open_memstream(&out, &out_len);
