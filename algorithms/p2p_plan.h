@@ -180,7 +180,8 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_hdr_bytes(uint32_t lo, uint32_
  * fewer, larger segments. On one H100 with 2 simulated nodes x 2 (TCP over loopback), 8
  * segments of 32-128 KiB messages took 575-865 us where 1-2 of 512 KiB-1 MiB took 436-797
  * (1-2 MiB all-to-alls), and above 4 MiB 8 segments of 512 KiB were fastest
- * (docs/performance.md, "All-to-all across nodes"). Provisional: a loopback measurement. */
+ * (docs/results/2026-11-24/notes.md, "Hierarchical all-to-all across simulated nodes").
+ * Provisional: a loopback measurement. */
 #define MACO__HIER_A2A_MIN_MSG ((uint64_t)512 << 10)
 
 typedef struct maco__hier_a2a_shape {

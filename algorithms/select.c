@@ -34,8 +34,9 @@ static const struct {
 
 /*
  * Allreduce sizes (bytes) up to which one-shot LL beats two-shot LL, placed by measurement
- * on 4x H200 (docs/performance.md, "Allreduce algorithms"). Two-shot LL runs from there up
- * to what its scratch holds (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
+ * on 4x H200 (docs/performance.md, "Collectives against NCCL on 4x H200"; the sweep in
+ * docs/results/2026-11-22b/notes.md). Two-shot LL runs from there up to what its scratch holds
+ * (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
  */
 #define MACO__ONESHOT_CUTOFF ((size_t)128 << 10)
 

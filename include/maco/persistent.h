@@ -191,7 +191,7 @@ typedef struct maco_gemm_tile {
  * the order to add them in. The workers take root tasks in the order they were added, the k-th
  * root to worker k mod workers (maco/device/persistent.h: the schedulers' round-robin), so the
  * order decides which tiles run at the same time and on which CTAs. The plan
- * (docs/performance.md, "GEMM tiles", has the measurements behind it):
+ * (docs/results/2026-11-24/notes.md, "GEMM tiles", has the measurements behind it):
  * - widths: MACO_GEMM_TILE_N_WIDE where n is a multiple of 256 and there are at least `workers`
  *   wide tiles, else MACO_GEMM_TILE_N (MACO_GEMM_TILE_WIDTH=128 or 256 forces one, 256 only
  *   where n allows); when the last round of wide tiles would leave at least half of the workers

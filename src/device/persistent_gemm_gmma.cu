@@ -44,10 +44,10 @@
  * consumers still multiply the last stages of tile i and store it, so neither the pipeline's
  * fill, the hand-off of the next task nor the release of the successors sits between two tiles
  * on the tensor cores (the per-tile pipeline that this replaced did all three in turn:
- * docs/performance.md, "GEMM tiles"). Measured on an H100: the pop ahead and the completion
- * warp took the workers from 84.2-90.8% busy to 93.4-97.6%; letting the producer run ahead into
- * the next tile's stages, rather than waiting for the last stage of the previous tile to be
- * consumed (its loads then overlap only the store), made no difference beyond the noise (1-2%),
+ * docs/results/2026-11-24/notes.md, "GEMM tiles"). Measured on an H100: the pop ahead and the
+ * completion warp took the workers from 84.2-90.8% busy to 93.4-97.6%; letting the producer run
+ * ahead into the next tile's stages, rather than waiting for the last stage of the previous tile to
+ * be consumed (its loads then overlap only the store), made no difference beyond the noise (1-2%),
  * so the kernel keeps the simpler rule: the producer runs ahead. The stages of the two widths
  * lie at different offsets, so before a tile of another width than the previous one the
  * producer waits until every stage issued so far was consumed. TMA fills the rows past K with

@@ -699,8 +699,9 @@ static size_t maco__gemm_plan_grid(uint32_t rows, uint32_t cols, uint32_t tn, ui
 uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forced_p)
 {
     /* A wide tile reads a third fewer bytes per FLOP than two narrow ones and pays the per-task
-     * costs once; but half as many tasks leave workers idle when C is small (docs/performance.md,
-     * "GEMM tiles"): wide only when there are at least as many wide tiles as units. */
+     * costs once; but half as many tasks leave workers idle when C is small
+     * (docs/results/2026-11-24/notes.md, "GEMM tiles"): wide only when there are at least as many
+     * wide tiles as units. */
     const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
     int forced = strcmp(want, "128") == 0 || strcmp(want, "256") == 0;
     if (!forced && strcasecmp(want, "auto") != 0)
