@@ -137,8 +137,8 @@ MACO_API const char *maco_collective_name(maco_collective_t coll);
  *               them itself;
  *   twoshot_ll  up to nranks * MACO_ALLREDUCE_ONESHOT_MAX bytes: rank q's block goes to
  *               rank q as LL16 packets, q reduces it and sends it back to every rank as
- *               packets, all in one launch (faster than oneshot_ll from 256 KiB on 4x H200,
- *               and than rsag up to 1 MiB: docs/performance.md);
+ *               packets, all in one launch (where it beats oneshot_ll and rsag was
+ *               measured: docs/performance.md, "Collectives against NCCL on 4x H200");
  *   rsag        larger: pieces are pushed to their owner rank, reduced there in rank order
  *               (reduce-scatter), and the reduced pieces pushed to every rank (allgather),
  *               pipelined through scratch with one semaphore per peer and CTA; with

@@ -134,9 +134,9 @@ typedef enum maco_task_role {
  *   tiles only: the cuBLASDx kernel refuses such a graph); the three pointers 16-byte aligned,
  *   ldc a multiple of 8 and at least tile_n. Tiles of both
  *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
- *   fewer bytes read per FLOP (on an H100 the narrow tiles are bound by that traffic:
- *   docs/performance.md); narrow ones give more tasks to spread over the SMs when C is small.
- *   Needs a library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
+ *   fewer bytes read per FLOP (narrow tiles were measured bound by that traffic:
+ *   docs/results/2026-11-24/notes.md, "GEMM tiles"); narrow ones give more tasks to spread over the
+ * SMs when C is small. Needs a library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
  *   maco_persistent_kernel_create returns MACO_ERR_UNSUPPORTED), and a kernel of
  *   MACO_GEMM_TILE_THREADS threads per CTA (the default there; with the GMMA tiles, the
  *   default on Hopper, the kernel launches 128 more, a warpgroup that issues the TMA copies,

@@ -199,8 +199,8 @@ static __device__ __forceinline__ uint64_t maco_fifo_push(const maco_fifo_device
 /**
  * As maco_fifo_push, but the trigger is published with a relaxed store: it orders none of
  * this thread's earlier writes before it. For triggers that carry no data of this thread
- * (a flush alone): the release's fence costs about 0.6 us on H200 (bench_port_channel
- * --pieces), a third of a FIFO round trip.
+ * (a flush alone): the release's fence is a sizeable part of a FIFO round trip
+ * (bench_port_channel --pieces; docs/performance.md, "Transports").
  */
 static __device__ __forceinline__ uint64_t maco_fifo_push_relaxed(const maco_fifo_device_t *f,
                                                                   maco_trigger_t t,

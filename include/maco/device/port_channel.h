@@ -20,10 +20,8 @@
  *   buffers): call __threadfence_system() before the signal when the peer relies on those,
  *   as with NVSHMEM's signal operations. That the copy engines see what the fence made
  *   visible is how the hardware behaves (same L2), not a promise of the PTX memory model
- *   (maco/device/fifo.h). The fence costs 0.2 us where a system-scope release costs 0.6-1.5
- *   us on H200: on 2x H200 an 8-byte put_with_signal ping-pong takes 13.7-15.2 us instead
- *   of 16.6-16.8 us, and a thread pushes puts at 0.67 us instead of 1.84-1.94 us back to
- *   back (docs/performance.md).
+ *   (maco/device/fifo.h). The fence is cheaper than a system-scope release, which shortens a
+ *   put_with_signal ping-pong and back-to-back pushes (docs/performance.md, "Transports").
  * - host memory: a system-scope release (the proxy's CPU reads the source).
  * - flush alone: no ordering (it carries no data).
  *
@@ -32,7 +30,7 @@
  * source and destination offsets are multiples of its size travels inside its trigger: the calling
  * thread reads the value when it pushes (so the source may be changed right after the call), and
  * the proxy writes it with a stream memory operation, in the same stream order as copies, instead
- * of starting a copy (about 3 us less per put on H200, docs/performance.md). Other sizes and
+ * of starting a copy (faster per put: docs/performance.md, "Transports"). Other sizes and
  * alignments, and host-memory channels, use the copy.
  *
  * All waits are bounded (MACO_DEVICE_TIMEOUT) and return MACO_ERR_TIMEOUT with a device
