@@ -264,6 +264,171 @@ static int maco__mirror_check(const maco_task_graph_t g, const maco_task_t *t, c
 }
 
 /* Why task `t` is out of range, in `why`; 0 when it is fine. */
+/* A COPY task: pointers, rows, and spans that neither overlap nor wrap. */
+static int maco__copy_check(const maco_task_t *t, char *why, size_t n)
+{
+    if (t->count > 0 && (t->out == NULL || t->a == NULL)) {
+        snprintf(why, n, "copy of %llu bytes with a NULL %s", (unsigned long long)t->count,
+                 t->out == NULL ? "out" : "a");
+        return -1;
+    }
+    if (t->rows > 1 && t->count >= (1u << 24)) {
+        snprintf(why, n, "copy of %u rows of %llu bytes: rows below 2^24 bytes", t->rows,
+                 (unsigned long long)t->count);
+        return -1;
+    }
+    if (maco__rows_check(t, t->count, "bytes", why, n) != 0)
+        return -1;
+    /* The spans from the first byte to the last (a 2D block's rows between them
+     * included): no overlap, and no wrap past the end of the address space. */
+    uint64_t rows = t->rows > 1 ? t->rows : 1;
+    uint64_t span_a = (rows - 1) * (t->rows > 1 ? t->ld_in : 0) + t->count;
+    uint64_t span_o = (rows - 1) * (t->rows > 1 ? t->ld_out : 0) + t->count;
+    uintptr_t o = (uintptr_t)t->out, a = (uintptr_t)t->a;
+    if (t->count > 0 && (a > UINTPTR_MAX - span_a || o > UINTPTR_MAX - span_o)) {
+        snprintf(why, n, "copy of %llu bytes from %p to %p runs past the end of memory",
+                 (unsigned long long)t->count, t->a, t->out);
+        return -1;
+    }
+    if (t->count > 0 && o < a + span_a && a < o + span_o) {
+        snprintf(why, n, "copy of %llu bytes between overlapping ranges (out %p, a %p)",
+                 (unsigned long long)t->count, t->out, t->a);
+        return -1;
+    }
+    return 0;
+}
+
+/* SUM, ADD, SCALE and RESIDUAL_ADD: datatype, counts, inputs and alignment. */
+static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
+{
+    size_t esz = t->datatype == MACO_FLOAT32                                     ? 4
+                 : (t->datatype == MACO_FLOAT16 || t->datatype == MACO_BFLOAT16) ? 2
+                                                                                 : 0;
+    if (esz == 0) {
+        snprintf(why, n,
+                 "datatype %d: element-wise tasks take MACO_FLOAT32, MACO_FLOAT16 "
+                 "or MACO_BFLOAT16",
+                 (int)t->datatype);
+        return -1;
+    }
+    if (t->count == 0 || t->count >= (1u << 24)) {
+        snprintf(why, n, "count is %llu (elements per row, at least 1 and below 2^24)",
+                 (unsigned long long)t->count);
+        return -1;
+    }
+    if (maco__rows_check(t, t->count, "elements", why, n) != 0)
+        return -1;
+    if (t->type == MACO_TASK_SUM &&
+        (t->ninputs < 1 || t->ninputs > 64 || t->input_stride % esz != 0)) {
+        snprintf(why, n,
+                 "sum of %u inputs %llu bytes apart: 1 to 64 inputs, a stride that is a "
+                 "multiple of the %zu-byte element",
+                 t->ninputs, (unsigned long long)t->input_stride, esz);
+        return -1;
+    }
+    const void *ptrs[3] = { t->out, t->a, t->b };
+    static const char *names[3] = { "out", "a", "b" };
+    int nptr = t->type == MACO_TASK_SCALE || t->type == MACO_TASK_SUM ? 2 : 3;
+    for (int i = 0; i < nptr; i++) {
+        if (ptrs[i] == NULL) {
+            snprintf(why, n, "%s is NULL", names[i]);
+            return -1;
+        }
+        if ((uintptr_t)ptrs[i] % esz != 0) {
+            snprintf(why, n, "%s (%p) is not aligned to its %zu-byte elements", names[i], ptrs[i],
+                     esz);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* SIGNAL and WAIT: the counter, and a WAIT's count per launch. */
+static int maco__counter_check(const maco_task_t *t, char *why, size_t n)
+{
+    const void *p = t->type == MACO_TASK_SIGNAL ? t->out : t->a;
+    const char *name = t->type == MACO_TASK_SIGNAL ? "out" : "a";
+    if (p == NULL || (uintptr_t)p % 8 != 0) {
+        snprintf(why, n, "the counter (%s = %p) must be a non-NULL, 8-byte aligned uint64_t", name,
+                 p);
+        return -1;
+    }
+    if (t->type == MACO_TASK_WAIT && (t->count == 0 || t->count > (UINT64_MAX >> 32))) {
+        snprintf(why, n,
+                 "count is %llu (the signals the counter gets per launch: 1 to 2^32 - 1, "
+                 "as it is multiplied by launches)",
+                 (unsigned long long)t->count);
+        return -1;
+    }
+    return 0;
+}
+
+/* CHANNEL_PUT, _SIGNAL and _WAIT: the channel, and a put's ranges. */
+static int maco__channel_task_check(const maco_task_graph_t g, const maco_task_t *t, char *why,
+                                    size_t n)
+{
+    if (t->channel >= (uint32_t)g->nchannels) {
+        snprintf(why, n, "channel %u does not exist (the graph has %d)", t->channel, g->nchannels);
+        return -1;
+    }
+    if (t->type == MACO_TASK_CHANNEL_PUT) {
+        const maco_memory_channel_device_t *c = &g->channels[t->channel];
+        if (t->src_offset > c->local_bytes || t->count > c->local_bytes - t->src_offset ||
+            t->dst_offset > c->remote_bytes || t->count > c->remote_bytes - t->dst_offset) {
+            snprintf(why, n,
+                     "put of %llu bytes from offset %llu to offset %llu leaves channel %u's "
+                     "buffers (%llu bytes local, %llu remote)",
+                     (unsigned long long)t->count, (unsigned long long)t->src_offset,
+                     (unsigned long long)t->dst_offset, t->channel,
+                     (unsigned long long)c->local_bytes, (unsigned long long)c->remote_bytes);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A GEMM tile: output type, width, shape, ldc, position and alignment. */
+static int maco__gemm_check(const maco_task_t *t, char *why, size_t n)
+{
+    if (t->datatype != MACO_FLOAT32 && t->datatype != MACO_BFLOAT16) {
+        snprintf(why, n, "datatype %d: a GEMM tile stores MACO_FLOAT32 or MACO_BFLOAT16",
+                 (int)t->datatype);
+        return -1;
+    }
+    uint32_t tn = maco__gemm_tile_n(t);
+    if (tn != MACO_GEMM_TILE_N && tn != MACO_GEMM_TILE_N_WIDE) {
+        snprintf(why, n, "tile_n = %u: 0, %d or %d", t->tile_n, MACO_GEMM_TILE_N,
+                 MACO_GEMM_TILE_N_WIDE);
+        return -1;
+    }
+    if (t->m == 0 || t->n == 0 || t->k == 0 || t->n % tn != 0 || t->k % MACO_GEMM_TILE_K != 0 ||
+        t->m > INT32_MAX) {
+        snprintf(why, n,
+                 "m x n x k = %u x %u x %u: m from 1 to 2^31 - 1, n a non-zero multiple of "
+                 "%u (tile_n), k of %d",
+                 t->m, t->n, t->k, tn, MACO_GEMM_TILE_K);
+        return -1;
+    }
+    if (t->ldc < tn || t->ldc % 8 != 0) {
+        snprintf(why, n, "ldc = %u: at least %u (tile_n) and a multiple of 8", t->ldc, tn);
+        return -1;
+    }
+    const uint32_t tile_rows =
+        (uint32_t)(((uint64_t)t->m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M);
+    if (t->tile_row >= tile_rows || t->tile_col >= t->n / tn) {
+        snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C (tile_n %u)", t->tile_row,
+                 t->tile_col, tile_rows, t->n / tn, tn);
+        return -1;
+    }
+    if (t->out == NULL || t->a == NULL || t->b == NULL ||
+        (((uintptr_t)t->out | (uintptr_t)t->a | (uintptr_t)t->b) & 15u) != 0) {
+        snprintf(why, n, "C, A and B (%p, %p, %p) must be non-NULL and 16-byte aligned", t->out,
+                 t->a, t->b);
+        return -1;
+    }
+    return 0;
+}
+
 static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, char *why, size_t n)
 {
     if (t->role < MACO_TASK_ROLE_AUTO || t->role > MACO_TASK_ROLE_COMM) {
@@ -287,161 +452,22 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
     switch (t->type) {
     case MACO_TASK_NOP:
         return 0;
-    case MACO_TASK_COPY: {
-        if (t->count > 0 && (t->out == NULL || t->a == NULL)) {
-            snprintf(why, n, "copy of %llu bytes with a NULL %s", (unsigned long long)t->count,
-                     t->out == NULL ? "out" : "a");
-            return -1;
-        }
-        if (t->rows > 1 && t->count >= (1u << 24)) {
-            snprintf(why, n, "copy of %u rows of %llu bytes: rows below 2^24 bytes", t->rows,
-                     (unsigned long long)t->count);
-            return -1;
-        }
-        if (maco__rows_check(t, t->count, "bytes", why, n) != 0)
-            return -1;
-        /* The spans from the first byte to the last (a 2D block's rows between them
-         * included): no overlap, and no wrap past the end of the address space. */
-        uint64_t rows = t->rows > 1 ? t->rows : 1;
-        uint64_t span_a = (rows - 1) * (t->rows > 1 ? t->ld_in : 0) + t->count;
-        uint64_t span_o = (rows - 1) * (t->rows > 1 ? t->ld_out : 0) + t->count;
-        uintptr_t o = (uintptr_t)t->out, a = (uintptr_t)t->a;
-        if (t->count > 0 && (a > UINTPTR_MAX - span_a || o > UINTPTR_MAX - span_o)) {
-            snprintf(why, n, "copy of %llu bytes from %p to %p runs past the end of memory",
-                     (unsigned long long)t->count, t->a, t->out);
-            return -1;
-        }
-        if (t->count > 0 && o < a + span_a && a < o + span_o) {
-            snprintf(why, n, "copy of %llu bytes between overlapping ranges (out %p, a %p)",
-                     (unsigned long long)t->count, t->out, t->a);
-            return -1;
-        }
-        return 0;
-    }
+    case MACO_TASK_COPY:
+        return maco__copy_check(t, why, n);
     case MACO_TASK_SUM:
     case MACO_TASK_ADD:
     case MACO_TASK_SCALE:
-    case MACO_TASK_RESIDUAL_ADD: {
-        size_t esz = t->datatype == MACO_FLOAT32                                     ? 4
-                     : (t->datatype == MACO_FLOAT16 || t->datatype == MACO_BFLOAT16) ? 2
-                                                                                     : 0;
-        if (esz == 0) {
-            snprintf(why, n,
-                     "datatype %d: element-wise tasks take MACO_FLOAT32, MACO_FLOAT16 "
-                     "or MACO_BFLOAT16",
-                     (int)t->datatype);
-            return -1;
-        }
-        if (t->count == 0 || t->count >= (1u << 24)) {
-            snprintf(why, n, "count is %llu (elements per row, at least 1 and below 2^24)",
-                     (unsigned long long)t->count);
-            return -1;
-        }
-        if (maco__rows_check(t, t->count, "elements", why, n) != 0)
-            return -1;
-        if (t->type == MACO_TASK_SUM &&
-            (t->ninputs < 1 || t->ninputs > 64 || t->input_stride % esz != 0)) {
-            snprintf(why, n,
-                     "sum of %u inputs %llu bytes apart: 1 to 64 inputs, a stride that is a "
-                     "multiple of the %zu-byte element",
-                     t->ninputs, (unsigned long long)t->input_stride, esz);
-            return -1;
-        }
-        const void *ptrs[3] = { t->out, t->a, t->b };
-        static const char *names[3] = { "out", "a", "b" };
-        int nptr = t->type == MACO_TASK_SCALE || t->type == MACO_TASK_SUM ? 2 : 3;
-        for (int i = 0; i < nptr; i++) {
-            if (ptrs[i] == NULL) {
-                snprintf(why, n, "%s is NULL", names[i]);
-                return -1;
-            }
-            if ((uintptr_t)ptrs[i] % esz != 0) {
-                snprintf(why, n, "%s (%p) is not aligned to its %zu-byte elements", names[i],
-                         ptrs[i], esz);
-                return -1;
-            }
-        }
-        return 0;
-    }
+    case MACO_TASK_RESIDUAL_ADD:
+        return maco__elementwise_check(t, why, n);
     case MACO_TASK_SIGNAL:
-    case MACO_TASK_WAIT: {
-        const void *p = t->type == MACO_TASK_SIGNAL ? t->out : t->a;
-        const char *name = t->type == MACO_TASK_SIGNAL ? "out" : "a";
-        if (p == NULL || (uintptr_t)p % 8 != 0) {
-            snprintf(why, n, "the counter (%s = %p) must be a non-NULL, 8-byte aligned uint64_t",
-                     name, p);
-            return -1;
-        }
-        if (t->type == MACO_TASK_WAIT && (t->count == 0 || t->count > (UINT64_MAX >> 32))) {
-            snprintf(why, n,
-                     "count is %llu (the signals the counter gets per launch: 1 to 2^32 - 1, "
-                     "as it is multiplied by launches)",
-                     (unsigned long long)t->count);
-            return -1;
-        }
-        return 0;
-    }
+    case MACO_TASK_WAIT:
+        return maco__counter_check(t, why, n);
     case MACO_TASK_CHANNEL_PUT:
     case MACO_TASK_CHANNEL_SIGNAL:
     case MACO_TASK_CHANNEL_WAIT:
-        if (t->channel >= (uint32_t)g->nchannels) {
-            snprintf(why, n, "channel %u does not exist (the graph has %d)", t->channel,
-                     g->nchannels);
-            return -1;
-        }
-        if (t->type == MACO_TASK_CHANNEL_PUT) {
-            const maco_memory_channel_device_t *c = &g->channels[t->channel];
-            if (t->src_offset > c->local_bytes || t->count > c->local_bytes - t->src_offset ||
-                t->dst_offset > c->remote_bytes || t->count > c->remote_bytes - t->dst_offset) {
-                snprintf(why, n,
-                         "put of %llu bytes from offset %llu to offset %llu leaves channel %u's "
-                         "buffers (%llu bytes local, %llu remote)",
-                         (unsigned long long)t->count, (unsigned long long)t->src_offset,
-                         (unsigned long long)t->dst_offset, t->channel,
-                         (unsigned long long)c->local_bytes, (unsigned long long)c->remote_bytes);
-                return -1;
-            }
-        }
-        return 0;
-    case MACO_TASK_GEMM_TILE: {
-        if (t->datatype != MACO_FLOAT32 && t->datatype != MACO_BFLOAT16) {
-            snprintf(why, n, "datatype %d: a GEMM tile stores MACO_FLOAT32 or MACO_BFLOAT16",
-                     (int)t->datatype);
-            return -1;
-        }
-        uint32_t tn = maco__gemm_tile_n(t);
-        if (tn != MACO_GEMM_TILE_N && tn != MACO_GEMM_TILE_N_WIDE) {
-            snprintf(why, n, "tile_n = %u: 0, %d or %d", t->tile_n, MACO_GEMM_TILE_N,
-                     MACO_GEMM_TILE_N_WIDE);
-            return -1;
-        }
-        if (t->m == 0 || t->n == 0 || t->k == 0 || t->n % tn != 0 || t->k % MACO_GEMM_TILE_K != 0 ||
-            t->m > INT32_MAX) {
-            snprintf(why, n,
-                     "m x n x k = %u x %u x %u: m from 1 to 2^31 - 1, n a non-zero multiple of "
-                     "%u (tile_n), k of %d",
-                     t->m, t->n, t->k, tn, MACO_GEMM_TILE_K);
-            return -1;
-        }
-        if (t->ldc < tn || t->ldc % 8 != 0) {
-            snprintf(why, n, "ldc = %u: at least %u (tile_n) and a multiple of 8", t->ldc, tn);
-            return -1;
-        }
-        const uint32_t tile_rows =
-            (uint32_t)(((uint64_t)t->m + MACO_GEMM_TILE_M - 1) / MACO_GEMM_TILE_M);
-        if (t->tile_row >= tile_rows || t->tile_col >= t->n / tn) {
-            snprintf(why, n, "tile (%u, %u) is outside the %u x %u tiles of C (tile_n %u)",
-                     t->tile_row, t->tile_col, tile_rows, t->n / tn, tn);
-            return -1;
-        }
-        if (t->out == NULL || t->a == NULL || t->b == NULL ||
-            (((uintptr_t)t->out | (uintptr_t)t->a | (uintptr_t)t->b) & 15u) != 0) {
-            snprintf(why, n, "C, A and B (%p, %p, %p) must be non-NULL and 16-byte aligned", t->out,
-                     t->a, t->b);
-            return -1;
-        }
-        return 0;
-    }
+        return maco__channel_task_check(g, t, why, n);
+    case MACO_TASK_GEMM_TILE:
+        return maco__gemm_check(t, why, n);
     default:
         return 0;
     }
