@@ -528,10 +528,9 @@ static void maco__describe_cycle(const maco_task_graph_t g, const maco__task_edg
     free(path);
 }
 
-maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__pk_lowered_t *out)
+/* Every task's own check, and every dependency naming two existing, different tasks. */
+static maco_status_t maco__graph_check(maco_task_graph_t g, const char *fn)
 {
-    if (g == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST, "%s: graph is NULL", fn);
     int nt = g->ntasks;
     if (nt == 0)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
@@ -559,6 +558,75 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
                                "%s: task %d (\"%s\") depends on itself", fn, t,
                                maco__task_label(&g->tasks[t]));
     }
+    return MACO_OK;
+}
+
+/* Task i's device descriptor (and its gate and signals, if any) from the user's task. */
+static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
+                             const uint32_t *nsucc, maco__pk_lowered_t *out)
+{
+    const maco_task_t *t = &g->tasks[i];
+    maco_pk_task_t *d = &out->tasks[i];
+    d->type = (uint16_t)t->type;
+    if (t->wait_on != NULL || t->signal_to != NULL || t->out_mirror_count > 0) {
+        out->sync[i].wait = t->wait_on;
+        out->sync[i].wait_count = t->wait_on != NULL ? t->wait_count : 0;
+        out->sync[i].signal = t->signal_to;
+        out->sync[i].peer = t->wait_on != NULL ? t->wait_peer : -1;
+        out->sync[i].out_first = (uint16_t)t->out_mirror_channel;
+        out->sync[i].out_count = (uint16_t)t->out_mirror_count;
+        out->sync[i].sig_first = (uint16_t)t->signal_mirror_channel;
+        out->sync[i].sig_count = (uint16_t)t->signal_mirror_count;
+        out->nsync++;
+    }
+    int comm = t->role == MACO_TASK_ROLE_COMM ||
+               (t->role == MACO_TASK_ROLE_AUTO &&
+                (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT));
+    d->role = comm ? MACO_PK_ROLE_COMM : MACO_PK_ROLE_COMPUTE;
+    out->ncomm_tasks += comm ? 1u : 0u;
+    d->dtype = (uint8_t)t->datatype;
+    d->ndeps = (uint32_t)(pred_begin[i + 1] - pred_begin[i]);
+    d->succ_count = nsucc[i];
+    d->alpha = t->alpha;
+    d->aux = t->channel;
+    d->count = t->count;
+    d->ptr[0] = (uint64_t)(uintptr_t)t->out;
+    d->ptr[1] = (uint64_t)(uintptr_t)t->a;
+    d->ptr[2] = (uint64_t)(uintptr_t)t->b;
+    if (t->type == MACO_TASK_CHANNEL_PUT) {
+        d->ptr[0] = t->dst_offset;
+        d->ptr[1] = t->src_offset;
+    } else if (t->rows > 1 && (t->type == MACO_TASK_ADD || t->type == MACO_TASK_SCALE ||
+                               t->type == MACO_TASK_RESIDUAL_ADD || t->type == MACO_TASK_SUM ||
+                               t->type == MACO_TASK_COPY)) {
+        d->ptr[3] = (uint64_t)t->rows | (uint64_t)t->ld_in << 16 | (uint64_t)t->ld_out << 40;
+    }
+    if (t->type == MACO_TASK_SUM) {
+        d->aux = t->ninputs;
+        d->ptr[2] = t->input_stride;
+    } else if (t->type == MACO_TASK_GEMM_TILE) {
+        d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
+                    (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
+        d->gemm.map = 0; /* the GMMA kernel's maps: set by maco_persistent_kernel_create */
+        d->gemm.tile_n = (uint16_t)maco__gemm_tile_n(t);
+        d->count = (uint64_t)t->k | (uint64_t)t->n << 32;
+        d->aux = t->ldc;
+        out->ngemm_tasks++;
+        out->npartial_gemm += t->m % MACO_GEMM_TILE_M != 0 ? 1u : 0u;
+    } else if ((int)t->type >= MACO_TASK_USER) {
+        d->ptr[3] = t->src_offset;
+    }
+}
+
+maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__pk_lowered_t *out)
+{
+    if (g == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST, "%s: graph is NULL", fn);
+    maco_status_t st = maco__graph_check(g, fn);
+    if (st != MACO_OK)
+        return st;
+    int nt = g->ntasks;
+    char why[512];
     /* Edges sorted by task (its predecessors together), duplicates dropped. */
     maco__task_edge_t *e = NULL;
     int ne = 0;
@@ -566,7 +634,6 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
     uint32_t *indeg = calloc((size_t)nt, sizeof(uint32_t));
     uint32_t *nsucc = calloc((size_t)nt + 1, sizeof(uint32_t));
     uint32_t *order = malloc((size_t)nt * sizeof(uint32_t));
-    maco_status_t st = MACO_OK;
     memset(out, 0, sizeof(*out));
     if (g->nedges > 0)
         e = malloc((size_t)g->nedges * sizeof(*e));
@@ -629,59 +696,8 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
                          nt - (int)tail, nt, why);
         goto fail;
     }
-    for (int i = 0; i < nt; i++) {
-        const maco_task_t *t = &g->tasks[i];
-        maco_pk_task_t *d = &out->tasks[i];
-        d->type = (uint16_t)t->type;
-        if (t->wait_on != NULL || t->signal_to != NULL || t->out_mirror_count > 0) {
-            out->sync[i].wait = t->wait_on;
-            out->sync[i].wait_count = t->wait_on != NULL ? t->wait_count : 0;
-            out->sync[i].signal = t->signal_to;
-            out->sync[i].peer = t->wait_on != NULL ? t->wait_peer : -1;
-            out->sync[i].out_first = (uint16_t)t->out_mirror_channel;
-            out->sync[i].out_count = (uint16_t)t->out_mirror_count;
-            out->sync[i].sig_first = (uint16_t)t->signal_mirror_channel;
-            out->sync[i].sig_count = (uint16_t)t->signal_mirror_count;
-            out->nsync++;
-        }
-        int comm = t->role == MACO_TASK_ROLE_COMM ||
-                   (t->role == MACO_TASK_ROLE_AUTO &&
-                    (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT));
-        d->role = comm ? MACO_PK_ROLE_COMM : MACO_PK_ROLE_COMPUTE;
-        out->ncomm_tasks += comm ? 1u : 0u;
-        d->dtype = (uint8_t)t->datatype;
-        d->ndeps = (uint32_t)(pred_begin[i + 1] - pred_begin[i]);
-        d->succ_count = nsucc[i];
-        d->alpha = t->alpha;
-        d->aux = t->channel;
-        d->count = t->count;
-        d->ptr[0] = (uint64_t)(uintptr_t)t->out;
-        d->ptr[1] = (uint64_t)(uintptr_t)t->a;
-        d->ptr[2] = (uint64_t)(uintptr_t)t->b;
-        if (t->type == MACO_TASK_CHANNEL_PUT) {
-            d->ptr[0] = t->dst_offset;
-            d->ptr[1] = t->src_offset;
-        } else if (t->rows > 1 && (t->type == MACO_TASK_ADD || t->type == MACO_TASK_SCALE ||
-                                   t->type == MACO_TASK_RESIDUAL_ADD || t->type == MACO_TASK_SUM ||
-                                   t->type == MACO_TASK_COPY)) {
-            d->ptr[3] = (uint64_t)t->rows | (uint64_t)t->ld_in << 16 | (uint64_t)t->ld_out << 40;
-        }
-        if (t->type == MACO_TASK_SUM) {
-            d->aux = t->ninputs;
-            d->ptr[2] = t->input_stride;
-        } else if (t->type == MACO_TASK_GEMM_TILE) {
-            d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
-                        (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
-            d->gemm.map = 0; /* the GMMA kernel's maps: set by maco_persistent_kernel_create */
-            d->gemm.tile_n = (uint16_t)maco__gemm_tile_n(t);
-            d->count = (uint64_t)t->k | (uint64_t)t->n << 32;
-            d->aux = t->ldc;
-            out->ngemm_tasks++;
-            out->npartial_gemm += t->m % MACO_GEMM_TILE_M != 0 ? 1u : 0u;
-        } else if ((int)t->type >= MACO_TASK_USER) {
-            d->ptr[3] = t->src_offset;
-        }
-    }
+    for (int i = 0; i < nt; i++)
+        maco__lower_task(g, i, pred_begin, nsucc, out);
     out->ntasks = (uint32_t)nt;
     out->comm_workers_hint = g->comm_workers_hint;
     free(e);
