@@ -451,58 +451,13 @@ class FusedCpu : public maco_test::Test
     }
 };
 
-/* Both ways a product reaches its owner (MACO_FUSED_PUSH): a copy task (the default) and the
- * GEMM's epilogue. */
 TEST_F(FusedCpu, GemmAllreduce)
 {
-    for (const char *push : { "copy", "epilogue" }) {
-        setenv("MACO_FUSED_PUSH", push, 1);
-        for (int n = 1; n <= 4; n++) {
-            SCOPED_TRACE(std::string(push) + ", ranks " + std::to_string(n));
-            Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 200, 512, 64, MACO_FLOAT32, 3, 2, 1 });
-            Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 128, 384, 32, MACO_BFLOAT16, 2, 1, 2 });
-        }
+    for (int n = 1; n <= 4; n++) {
+        SCOPED_TRACE("ranks " + std::to_string(n));
+        Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 200, 512, 64, MACO_FLOAT32, 3, 2, 1 });
+        Run({ MACO_FUSED_GEMM_ALLREDUCE, n, 128, 384, 32, MACO_BFLOAT16, 2, 1, 2 });
     }
-    unsetenv("MACO_FUSED_PUSH");
-}
-
-/* A MACO_FUSED_PUSH that is neither word is refused with the variable named. */
-TEST_F(FusedCpu, BadPushIsRefused)
-{
-    maco_task_graph_t g = nullptr;
-    ASSERT_EQ(maco_task_graph_create(&g), MACO_OK);
-    size_t bytes = 0;
-    ASSERT_EQ(maco_fused_gemm_scratch_bytes(MACO_FUSED_GEMM_ALLREDUCE, 1, 128, 128, 32,
-                                            MACO_FLOAT32, &bytes),
-              MACO_OK);
-    Buf s, a, b, o;
-    s.Alloc(bytes);
-    a.Alloc(128 * 32 * 2);
-    b.Alloc(32 * 128 * 2);
-    o.Alloc(128 * 128 * 4);
-    int ch = -1;
-    maco_fused_gemm_t op;
-    memset(&op, 0, sizeof(op));
-    op.channels = op.out_channels = &ch;
-    op.a = a.p;
-    op.b = b.p;
-    op.out = o.p;
-    op.scratch = s.p;
-    op.m = op.n = 128;
-    op.k = 32;
-    op.out_type = MACO_FLOAT32;
-    ASSERT_EQ(maco__fused_build(g, &op, MACO_FUSED_GEMM_ALLREDUCE, 0, 1, 4, nullptr), MACO_OK)
-        << maco_log_last_error();
-    const int tasks = g->ntasks;
-    setenv("MACO_FUSED_PUSH", "dma", 1);
-    maco_test::AllowLog("MACO_FUSED_PUSH");
-    EXPECT_EQ(maco__fused_build(g, &op, MACO_FUSED_GEMM_ALLREDUCE, 0, 1, 4, nullptr),
-              MACO_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(g->ntasks, tasks) << "nothing is added";
-    EXPECT_NE(std::string(maco_log_last_error()).find("MACO_FUSED_PUSH='dma'"), std::string::npos)
-        << maco_log_last_error();
-    unsetenv("MACO_FUSED_PUSH");
-    maco_task_graph_destroy(g);
 }
 
 TEST_F(FusedCpu, GemmReduceScatter)

@@ -263,7 +263,6 @@ static const maco__config_rule_t maco__config_rules[] = {
     { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127 }, /* a host id's 128 bytes with the NUL */
     MACO__WORDS(GEMM_TILE, "auto|gmma|cublasdx"),
     MACO__WORDS(GEMM_TILE_WIDTH, "auto|128|256"),
-    MACO__WORDS(FUSED_PUSH, "auto|epilogue|copy"),
     MACO__NUM(SCRATCH_SIZE, (int64_t)1 << 20, (int64_t)16 << 30),
     MACO__WORDS(ALGO_ALLREDUCE, "oneshot_ll|twoshot_ll|rsag|hier|plan:*"),
     MACO__WORDS(ALGO_ALLGATHER, "ll|mesh|hier|plan:*"),

@@ -65,11 +65,6 @@ extern "C" {
       "Width of the GEMM tiles that maco_gemm_plan_tiles and the fused operators make: auto "      \
       "(256 where n allows it and there are at least as many 128 x 256 tiles as workers or SMs, "  \
       "else 128), 128 or 256 (256 only where n is a multiple of 256).")                            \
-    X(FUSED_PUSH, STRING, "auto", "",                                                              \
-      "How a fused GEMM + allreduce's tile reaches its owner: copy (the GEMM stores it locally, "  \
-      "a "                                                                                         \
-      "communication worker pushes it with 16-byte stores) or epilogue (the GEMM's epilogue "      \
-      "stores it straight into the owner's scratch); auto picks epilogue.")                        \
     X(SHARED_GPU, BOOL, "0", "",                                                                   \
       "Let ranks share a GPU without MPS (correct, but kernels time-slice: each hand-off "         \
       "between ranks costs a time slice, about 4 ms). Under MPS sharing needs no setting.")        \

@@ -39,7 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "config.h"
 #include "log.h"
@@ -426,41 +425,6 @@ static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t
     return st;
 }
 
-/* A communication worker's copy of tile `t` (rows of an m-row matrix of n columns, row stride
- * n) from `from` to `to` (a peer's memory), signalling `signal` (a peer's counter), after task
- * `after`. */
-static maco_status_t maco__fused_put(maco__fused_t *f, const maco_gemm_tile_t *t, uint32_t m,
-                                     const void *from, void *to, uint64_t *signal, int after,
-                                     int *id_p)
-{
-    maco_task_t x;
-    memset(&x, 0, sizeof(x));
-    x.type = MACO_TASK_COPY;
-    x.role = MACO_TASK_ROLE_COMM;
-    x.count = (uint64_t)t->tile_n * f->esz;
-    x.rows = maco__fused_rows(m, t);
-    x.ld_in = x.ld_out = (uint32_t)(f->op->n * f->esz);
-    x.a = from;
-    x.out = to;
-    x.signal_to = signal;
-    maco_status_t st = maco__fused_add(f, &x, "put", id_p);
-    if (st == MACO_OK)
-        st = maco__fused_dep(f, *id_p, after);
-    return st;
-}
-
-/* MACO_FUSED_PUSH: whether a product goes to its owner through a copy task (1) or through the
- * GEMM's own epilogue (0, auto). Measured on 2 H200s (2026-11-27, bench_fused tp, M = 1024 and
- * 8192): the epilogue's stores cost the tiles about 10%, the copies cost the communication
- * workers more (fused 0.222 / 1.138 ms with the epilogue, 0.262 / 1.391 ms with copies). */
-static maco_status_t maco__fused_push_copy(int *copy_p)
-{
-    const char *v = "auto";
-    maco_status_t st = maco__config_word(MACO_CFG_FUSED_PUSH, &v); /* names a bad value */
-    *copy_p = strcasecmp(v, "copy") == 0;
-    return st;
-}
-
 /* An operator's plan of an m-row GEMM (*plan_p, *ntiles_p) and room for the ids of its last
  * tasks (*deps_p: every tile of every rank, `extra` more, and one). */
 static maco_status_t maco__fused_begin(maco__fused_t *f, uint32_t m, size_t extra,
@@ -512,13 +476,11 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
     const uint64_t done_ctr = maco__fused_tile_rows(op->m) * (op->n / MACO_GEMM_TILE_N);
     char *data = maco__fused_data(f), *out = op->out;
     uint64_t not_owned = 0;
-    int push_copy = 1;
-    st = maco__fused_push_copy(&push_copy);
     /* Up to MACO__PK_MIRRORS peers, the owner's sum is written to every rank's out by the SUM
      * itself (mirrors through copies of the out channels) and each peer's counter `done_ctr`
      * is signalled the same way; past that, a copy task per peer. */
     maco__fused_mirrors_t mir = { 0, 0, 0, maco__fused_ctr(f, done_ctr) };
-    if (st == MACO_OK && f->nranks > 1 && f->nranks - 1 <= MACO__PK_MIRRORS) {
+    if (f->nranks > 1 && f->nranks - 1 <= MACO__PK_MIRRORS) {
         st = maco__fused_peer_channels(f, op->out_channels, &mir.out_first);
         if (st == MACO_OK)
             st = maco__fused_peer_channels(f, op->channels, &mir.sig_first);
@@ -530,19 +492,6 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
         const uint64_t off = maco__fused_tile_off(f, t) * f->esz; /* bytes in a slot and in out */
         int gemm, sum;
         char *mine = data + (uint64_t)f->rank * slot + off;
-        if (owner != f->rank && push_copy) {
-            /* The product into this rank's own slot (unused otherwise: the owner's slot gets
-             * it), then a communication worker pushes it to the owner, signalling it. */
-            int put;
-            st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, 0, -1, NULL, &gemm);
-            if (st == MACO_OK)
-                st = maco__fused_put(
-                    f, t, op->m, mine, maco__fused_remote(f, op->channels[owner], mine),
-                    maco__fused_remote(f, op->channels[owner], maco__fused_ctr(f, p)), gemm, &put);
-            deps[ndeps++] = put;
-            not_owned++;
-            continue;
-        }
         if (owner != f->rank) {
             st = maco__fused_gemm(
                 f, op->a, op->m, t, maco__fused_remote(f, op->channels[owner], mine), op->n, NULL,
@@ -562,10 +511,20 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
         for (int q = 0; q < f->nranks && st == MACO_OK; q++) {
             if (q == f->rank)
                 continue;
+            maco_task_t x;
             int put;
-            st = maco__fused_put(
-                f, t, op->m, out + off, maco__fused_remote(f, op->out_channels[q], out + off),
-                maco__fused_remote(f, op->channels[q], maco__fused_ctr(f, done_ctr)), sum, &put);
+            memset(&x, 0, sizeof(x));
+            x.type = MACO_TASK_COPY;
+            x.role = MACO_TASK_ROLE_COMM;
+            x.count = (uint64_t)t->tile_n * f->esz;
+            x.rows = maco__fused_rows(op->m, t);
+            x.ld_in = x.ld_out = (uint32_t)(op->n * f->esz);
+            x.a = out + off;
+            x.out = maco__fused_remote(f, op->out_channels[q], out + off);
+            x.signal_to = maco__fused_remote(f, op->channels[q], maco__fused_ctr(f, done_ctr));
+            st = maco__fused_add(f, &x, "put", &put);
+            if (st == MACO_OK)
+                st = maco__fused_dep(f, put, sum);
             deps[ndeps++] = put;
         }
     }
