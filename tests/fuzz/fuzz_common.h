@@ -22,6 +22,16 @@ static inline void maco_fuzz_quiet_log(void)
     maco__log_reset();
 }
 
+/* libFuzzer's initializer of a harness that needs nothing but the quiet log. */
+#define MACO_FUZZ_QUIET_INITIALIZE()                                                               \
+    int LLVMFuzzerInitialize(int *argc, char ***argv)                                              \
+    {                                                                                              \
+        (void)argc;                                                                                \
+        (void)argv;                                                                                \
+        maco_fuzz_quiet_log();                                                                     \
+        return 0;                                                                                  \
+    }
+
 /* Stops the run (libFuzzer saves the input as a crash) when an invariant does not hold. */
 #define MACO_FUZZ_CHECK(cond)                                                                      \
     do {                                                                                           \

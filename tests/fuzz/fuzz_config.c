@@ -28,13 +28,7 @@
 #include "fuzz_common.h"
 #include "log.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 static const int64_t CANARY = -0x5A5A5A5A5A5A5A5Bll;
 

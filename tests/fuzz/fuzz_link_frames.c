@@ -19,13 +19,7 @@
 #include "bootstrap_internal.h"
 #include "fuzz_common.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

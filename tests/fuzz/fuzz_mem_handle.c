@@ -23,13 +23,7 @@
 
 enum { HANDLE_BYTES = 128 };
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

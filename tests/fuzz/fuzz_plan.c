@@ -21,13 +21,7 @@
 
 enum { WHY_BYTES = 512, REPORT_BYTES = 4096 };
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -16,13 +16,7 @@
 #include "port_wire.h"
 #include "wire.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

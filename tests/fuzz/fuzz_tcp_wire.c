@@ -33,13 +33,7 @@ static void take(const uint8_t *data, size_t size, size_t *pos, uint8_t *out, si
     *pos += n;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -21,13 +21,7 @@
 #include "socket.h"
 #include "wire.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    maco_fuzz_quiet_log();
-    return 0;
-}
+MACO_FUZZ_QUIET_INITIALIZE()
 
 /* Formatting the address into every capacity up to its length writes a NUL-terminated prefix. */
 static void check_format(const maco__sockaddr_t *root)
