@@ -28,6 +28,7 @@ from .context import Context, Work
 from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
                       InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
                       SystemCallError, UnsupportedError, error_class)
+from . import tp
 from .persistent import KernelTensor, PersistentKernel, Profiler, TaskGraph, profiler
 from ._level1 import (all_to_all, allgather, allreduce, barrier, broadcast, finalize,
                       get_default_communicator, get_local_rank, get_rank, get_world_size, init,

@@ -167,6 +167,26 @@ class Registration:
         self.deregister()
 
 
+class _MappedPeer:
+    """A peer's mapped buffer as ``__cuda_array_interface__`` (:meth:`Communicator.peer_views`);
+    keeps the import and this rank's registration alive as long as a view of it lives."""
+
+    def __init__(self, mem, mine, like):
+        import torch
+
+        self._mem, self._mine, self._like = mem, mine, like
+        typestr = {torch.bfloat16: "<V2", torch.float16: "<f2", torch.float32: "<f4",
+                   torch.float64: "<f8", torch.int32: "<i4", torch.int64: "<i8",
+                   torch.uint8: "|u1", torch.int8: "|i1"}.get(like.dtype)
+        if typestr is None:
+            raise ValueError(f"tensor: dtype {like.dtype} cannot be mapped (bf16, fp16, fp32, "
+                             "fp64, int8/32/64, uint8)")
+        self._bf16 = like.dtype == torch.bfloat16
+        self.__cuda_array_interface__ = dict(
+            shape=tuple(like.shape), typestr="<i2" if self._bf16 else typestr,
+            data=(mem.address, False), version=3, strides=None)
+
+
 class Communicator:
     """A MACO communicator: ranks of a job, one CUDA device each, and the collectives.
 
@@ -706,6 +726,51 @@ class Communicator:
         if b.nbytes == 0:
             raise ValueError("tensor: has no elements to register")
         return Registration(self._c.register(b.address, b.nbytes), tensor)
+
+    def peer_views(self, tensor: Any) -> list:
+        """Every rank's ``tensor`` as a tensor of this process: element ``r`` is rank ``r``'s
+        buffer mapped here (CUDA IPC over NVLink or PCIe; ``tensor`` itself at this rank's
+        index), so that copies into or out of it (``view.copy_(x)``, cudaMemcpyAsync: the copy
+        engines) and kernels reach the peer's memory directly.
+
+        Collective and blocking (a bootstrap allgather of the handles): every rank passes a
+        torch tensor of the same shape and dtype. The views keep the registration and the
+        mappings alive; they must not be used after the owner frees its tensor. Ordering with
+        the peer's work is the caller's (e.g. a collective used as a barrier on the stream).
+
+        Args:
+            tensor: a contiguous CUDA torch tensor on this communicator's device (memory from
+                :meth:`empty` or torch's caching allocator).
+        Returns: a list of ``size`` torch tensors, shape and dtype of ``tensor``.
+        Raises:
+            ValueError: no elements; shapes or dtypes differ between ranks (every rank raises).
+            UnsupportedError: a peer on another node (no mapping), no GPU.
+            CudaError: the mapping failed (no peer access between the GPUs).
+        """
+        import torch
+
+        b = self._buf(tensor, "tensor")
+        if b.nbytes == 0:
+            raise ValueError("tensor: has no elements to map")
+        sig = f"{tuple(tensor.shape)}|{tensor.dtype}".encode()
+        sigs = self.allgather_bytes(sig.ljust(96, b" ")[:96])
+        if len(set(sigs)) != 1:
+            bad = [r for r, x in enumerate(sigs) if x != sigs[self.rank]]
+            raise ValueError(f"tensor: rank {self.rank} has {sig.decode()}, rank {bad[0]} "
+                             f"{sigs[bad[0]].decode().strip()}: every rank passes the same "
+                             "shape and dtype")
+        mine = self._c.register(b.address, b.nbytes)
+        handles = self.allgather_bytes(mine.serialize())
+        views = []
+        for r, h in enumerate(handles):
+            if r == self.rank:
+                views.append(tensor)
+                continue
+            mem = self._c.import_mem(h)
+            holder = _MappedPeer(mem, mine, tensor)
+            view = torch.as_tensor(holder, device=tensor.device)
+            views.append(view.view(torch.bfloat16) if holder._bf16 else view)
+        return views
 
     def empty(self, shape: Sequence[int] | int, dtype: Any, *, framework: str = "torch") -> Any:
         """A new uninitialised tensor in memory from ``maco_mem_alloc`` (registered with

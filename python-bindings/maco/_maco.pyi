@@ -120,6 +120,9 @@ class Mem:
     @property
     def registered(self) -> bool: ...
 
+    def serialize(self) -> bytes:
+        """The registration's handle (MACO_MEM_HANDLE_BYTES bytes) for a peer's import."""
+
     def deregister(self) -> None:
         """Ends the registration; idempotent."""
 
@@ -203,6 +206,9 @@ class Comm:
     def recv(self, buf: int, count: int, datatype: int, peer: int, stream: int) -> None: ...
 
     def register(self, address: int, bytes: int) -> Mem: ...
+
+    def import_mem(self, handle: bytes) -> Mem:
+        """Maps a local peer's registration (maco_mem_import); deregister() unmaps it."""
 
     def persistent_kernel(self) -> PKernel:
         """A new, empty PKernel on this communicator."""

@@ -948,7 +948,19 @@ NB_MODULE(_maco, m)
         .def_ro("address", &Mem::address)
         .def_ro("bytes", &Mem::bytes)
         .def_prop_ro("registered", [](const Mem &x) { return x.mem != nullptr; })
-        .def("deregister", &Mem::deregister, "Ends the registration; idempotent.");
+        .def("deregister", &Mem::deregister, "Ends the registration; idempotent.")
+        .def(
+            "serialize",
+            [](const Mem &x) {
+                if (x.mem == nullptr)
+                    throw nb::value_error("serialize: the registration has ended");
+                uint8_t h[MACO_MEM_HANDLE_BYTES];
+                maco_mem_t mem = x.mem;
+                checked("maco_mem_serialize", x.st ? x.st->comm : nullptr,
+                        [&] { return maco_mem_serialize(mem, h); });
+                return nb::bytes(reinterpret_cast<const char *>(h), sizeof h);
+            },
+            "The registration's handle (MACO_MEM_HANDLE_BYTES bytes) for a peer's import.");
 
     nb::class_<Plan>(m, "Plan", "An execution plan loaded for a communicator (maco_plan_t).")
         .def(
@@ -1199,6 +1211,27 @@ NB_MODULE(_maco, m)
                 return new Mem(c.st, mem, p, bytes);
             },
             nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership)
+        .def(
+            "import_mem",
+            [](const Comm &c, nb::bytes handle) {
+                if (handle.size() != MACO_MEM_HANDLE_BYTES)
+                    throw nb::value_error(("handle: " + std::to_string(handle.size()) +
+                                           " bytes, a memory handle has " +
+                                           std::to_string(MACO_MEM_HANDLE_BYTES))
+                                              .c_str());
+                maco_comm_t comm = c.get();
+                maco_mem_t mem = nullptr;
+                void *p = nullptr;
+                size_t n = 0;
+                uint8_t h[MACO_MEM_HANDLE_BYTES];
+                memcpy(h, handle.c_str(), sizeof h);
+                checked("maco_mem_import", comm, [&] { return maco_mem_import(comm, h, &mem); });
+                maco_mem_get_pointer(mem, &p);
+                maco_mem_get_size(mem, &n);
+                return new Mem(c.st, mem, reinterpret_cast<uintptr_t>(p), n);
+            },
+            nb::arg("handle"), nb::rv_policy::take_ownership,
+            "Maps a local peer's registration (maco_mem_import); deregister() unmaps it.")
         .def(
             "persistent_kernel", [](const Comm &c) { return new PKernel(c.st); },
             nb::rv_policy::take_ownership, "A new, empty PKernel on this communicator.")

@@ -27,6 +27,11 @@ float32, bf16 inputs with fp32 output, torch.mm(out_dtype=float32)), times in ms
   t_seq        GEMM then collective on one stream (t_seq_nccl, t_seq_maco)
   t_fused      one launch of a maco.PersistentKernel whose graph is the fused operator, the best
                over --comm-workers (0: the runtime's choice) with the count that gave it
+  t_tp         maco.tp's operator (cuBLAS GEMMs, copy engines, pipelined; see its docstring):
+               with its defaults (--pipe-chunks 0), and the best over --pipe-chunks (0: the
+               defaults, n: method "ce" with n chunks) x --pipe-ctas (the communicator's CTA
+               cap) with the chunk count that gave it; "tp vs seq nccl" is the defaults'
+               (the best's when 0 is not among --pipe-chunks)
   t_asynctp    PyTorch's async TP (torch.ops.symm_mem.fused_all_gather_matmul /
                fused_matmul_reduce_scatter; bf16 only, no allreduce form)
 
@@ -146,6 +151,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="PersistentKernel num_comm_workers to try, comma-separated (0: the "
                         "runtime's choice); the fastest is reported")
     p.add_argument("--workers", type=int, default=0, help="PersistentKernel num_workers")
+    p.add_argument("--pipe-chunks", default="0",
+                   help="maco.tp chunk counts to try, comma-separated (0: its default; "
+                        "empty: leave maco.tp out)")
+    p.add_argument("--pipe-ctas", default="0",
+                   help="communicator CTA caps to try with maco.tp (0: no cap)")
+    p.add_argument("--no-fused", action="store_true", help="leave out the persistent kernel")
     p.add_argument("--no-nccl", action="store_true", help="leave out the NCCL columns")
     p.add_argument("--no-asynctp", action="store_true", help="leave out PyTorch's async TP")
     p.add_argument("--no-check", action="store_true", help="leave out the value checks")
@@ -160,8 +171,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         a.sizes = [int(s) for s in a.sizes.split(",") if s]
         a.comm_workers = [int(s) for s in a.comm_workers.split(",") if s]
+        a.pipe_chunks = [int(s) for s in a.pipe_chunks.split(",") if s]
+        a.pipe_ctas = [int(s) for s in a.pipe_ctas.split(",") if s]
     except ValueError:
-        p.error("--sizes and --comm-workers: comma-separated integers")
+        p.error("--sizes, --comm-workers, --pipe-chunks, --pipe-ctas: comma-separated integers")
+    if any(v < 0 for v in a.pipe_chunks + a.pipe_ctas) or not a.pipe_ctas:
+        p.error("--pipe-chunks and --pipe-ctas: integers >= 0, --pipe-ctas not empty")
     a.sets = [s for s in a.sets.split(",") if s]
     a.patterns = [s for s in a.patterns.split(",") if s]
     a.out_dtypes = [s for s in a.out_dtypes.split(",") if s]
@@ -471,9 +486,10 @@ class Bench:
                 rows.append(row)
                 continue
             ref = self.reference(c, x, w, tdt)
-            if c["fused_skip"] is None:
+            if c["fused_skip"] is None and not self.a.no_fused:
                 row.update(self.run_fused(c, x, w, tdt, ref, trace and dt == "bfloat16"))
             self._unfused(c, dt, tdt, x, w, ref, row)
+            self.run_pipe(c, dt, tdt, x, w, ref, row)
             if dt == "bfloat16":
                 self.run_asynctp(c, x, w, ref, row)
             self._figures(c, row)
@@ -532,6 +548,41 @@ class Bench:
                 self.check(f"{c['set']} {pat} M={c['m']} {dt} cuBLAS + {name}", out, ref,
                            exact=False)
 
+    def run_pipe(self, c: dict, dt: str, tdt, x, w, ref, row: dict) -> None:
+        """maco.tp's pipelined operator: the best over --pipe-chunks x --pipe-ctas, each
+        pair's result checked (within bf16 rounding, as the sequential paths)."""
+        if not self.a.pipe_chunks:
+            return
+        from maco import tp
+        t, comm = self.torch, self.comm
+        fn = dict(gemm_allreduce=tp.gemm_allreduce, gemm_reduce_scatter=tp.gemm_reduce_scatter,
+                  allgather_gemm=tp.allgather_gemm)[c["pattern"]]
+        out = t.empty(c["out_shape"], dtype=tdt, device=self.dev)
+        cap0 = comm.max_ctas
+        best, tried = None, {}
+        try:
+            for ctas in self.a.pipe_ctas:
+                comm.set_max_ctas(ctas)
+                for ch in self.a.pipe_chunks:
+                    # 0: the operator's defaults (method and chunks), else "ce" with ch chunks
+                    kw = dict() if ch == 0 else dict(chunks=ch, method="ce")
+                    if not self.a.no_check:
+                        out.fill_(float("nan"))
+                        fn(x, w, comm, out=out, **kw)
+                        t.cuda.synchronize()
+                        self.check(f"{c['set']} {c['pattern']} M={c['m']} {dt} maco.tp "
+                                   f"chunks={ch} ctas={ctas}", out, ref, exact=False)
+                    ms = self.time_ms(lambda: fn(x, w, comm, out=out, **kw))
+                    tried[f"{ch}/{ctas}"] = ms
+                    if ch == 0 and ctas == self.a.pipe_ctas[0]:
+                        row["t_tp_default_ms"] = ms
+                    if best is None or ms < best[0]:
+                        best = (ms, ch, ctas)
+        finally:
+            comm.set_max_ctas(cap0)
+        row["t_pipe_ms"], row["pipe_chunks"], row["pipe_ctas"] = best
+        row["pipe_tried"] = tried
+
     def _figures(self, c: dict, row: dict) -> None:
         tg, tf = row.get("t_gemm_ms"), row.get("t_fused_ms")
         esz = 2 if row["out_dtype"] == "bfloat16" or c["pattern"] == "allgather_gemm" else 4
@@ -558,14 +609,15 @@ def fmt(v, spec=".3f") -> str:
 
 def table(rows: list) -> str:
     out = ["| set | case | M | out | t_gemm | t_comm nccl / maco | t_seq nccl / maco | "
-           "t_asynctp | t_fused (comm SMs) | efficiency | speedup vs nccl / maco / asynctp | "
+           "t_asynctp | t_fused (comm SMs) | t_tp default / best (chunks) | tp vs seq nccl | "
+           "efficiency | speedup vs nccl / maco / asynctp | "
            "comm share | targets |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     pct = (lambda v: "-" if v is None else f"{v:.0%}")
     for r in rows:
         head = f"| {r['set']} | {r['pattern']} | {r['m']} | {r['out_dtype']} |"
         if r.get("skip"):
-            out.append(f"{head} skipped: {r['skip']} |||||||||")
+            out.append(f"{head} skipped: {r['skip']} |||||||||||")
             continue
         if r.get("t_fused_ms") is None:
             tgt = f"not fused: {r.get('fused_skip')}"
@@ -575,11 +627,16 @@ def table(rows: list) -> str:
             tgt = "met" if not r["targets_missed"] else "; ".join(r["targets_missed"])
         tf, ta = r.get("t_fused_ms"), r.get("t_asynctp_ms")
         sp_a = None if tf is None or ta is None else ta / tf
+        tp_, ts_ = r.get("t_tp_default_ms", r.get("t_pipe_ms")), r.get("t_seq_nccl_ms")
+        pipe = "-" if r.get("t_pipe_ms") is None else \
+            f"{fmt(r.get('t_tp_default_ms'))} / {r['t_pipe_ms']:.3f} ({r['pipe_chunks']})"
+        pipe_sp = None if tp_ is None or ts_ is None else ts_ / tp_
         out.append(
             f"{head} {fmt(r.get('t_gemm_ms'))} | {fmt(r.get('t_comm_nccl_ms'))} / "
             f"{fmt(r.get('t_comm_maco_ms'))} | {fmt(r.get('t_seq_nccl_ms'))} / "
             f"{fmt(r.get('t_seq_maco_ms'))} | {fmt(ta)} | {fmt(tf)} "
-            f"({r.get('fused_comm_workers', '-')}) | {pct(r.get('efficiency_nccl'))} | "
+            f"({r.get('fused_comm_workers', '-')}) | {pipe} | {fmt(pipe_sp, '.2f')} | "
+            f"{pct(r.get('efficiency_nccl'))} | "
             f"{fmt(r.get('speedup_nccl'), '.2f')} / {fmt(r.get('speedup_maco'), '.2f')} / "
             f"{fmt(sp_a, '.2f')} | {pct(r.get('comm_share_nccl', r.get('comm_share_maco')))} | "
             f"{tgt} |")

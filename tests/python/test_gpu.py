@@ -1,7 +1,8 @@
 """GPU tests of the maco package (skipped, with the reason, without a GPU): the checks of
 gpu_collectives.py under maco-run with 2 and 4 ranks (sharing the GPUs there are, through
 MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 ranks, gpu_context.py
-(maco.Context, Level 2) with 1 and 2 ranks, and
+(maco.Context, Level 2) with 1 and 2 ranks, gpu_tp.py (maco.tp's GEMM + collective operators)
+with 1, 2 and 4 ranks, and
 gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend (bound by set_device
 before init, by the first collective after init then set_device, and by init's device_id=)
 and through patch_torch_distributed."""
@@ -51,6 +52,14 @@ def test_persistent_kernel(ranks):
     out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,
                os.path.join(HERE, "gpu_persistent.py")])
     assert out.count("PASS gpu_persistent") + out.count("SKIP gpu_persistent") == ranks
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_tp_operators(ranks):
+    pytest.importorskip("torch")
+    out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,
+               os.path.join(HERE, "gpu_tp.py")])
+    assert out.count("PASS gpu_tp") == ranks
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

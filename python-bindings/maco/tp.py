@@ -1,0 +1,414 @@
+"""Tensor-parallel GEMM + collective operators that overlap the two (``maco.tp``).
+
+The three patterns of a tensor-parallel layer, on PyTorch tensors, with the GEMMs on cuBLAS
+(through torch) and the data movement on the GPUs' copy engines, pipelined in row chunks so
+that the transfer of one chunk runs while the GEMM of the next one computes::
+
+    y = maco.tp.gemm_allreduce(x, w)         # row-parallel linear: allreduce(x @ w)
+    y = maco.tp.gemm_reduce_scatter(x, w)    # ... with sequence-parallel output
+    y = maco.tp.allgather_gemm(x, w)         # column-parallel linear, sequence-parallel input
+
+Methods (``method=``):
+
+``"ce"`` (the default when every rank is on this node): a workspace that every rank maps
+    (:meth:`maco.Communicator.peer_views`, made at the first call of a shape and kept) receives
+    the chunks. The GEMMs run on the caller's current stream; each chunk's copies into the
+    peers' workspaces are cudaMemcpyAsync calls on a communication stream (the copy engines:
+    no SM is taken from cuBLAS), followed by a one-element MACO allreduce that serves as the
+    barrier after which every rank's copies of that chunk have landed. Sums (reduce-scatter,
+    allreduce) are done by the owner from the gathered partial products, in fp32, in rank
+    order, rounded once to the output type. A call starts with one such barrier (every rank
+    has finished reading its workspace from the previous call).
+``"seq"``: the GEMM, then MACO's collective, on the current stream (the sequential
+    baseline; used across nodes).
+
+Streams and blocking: nothing blocks the host; the result is ordered on the caller's current
+stream. The workspace is per communicator and shape; calls on one communicator must come from
+one thread at a time and be made by every rank in the same order with the same shapes.
+
+Results: bitwise equal on every rank (allreduce: every rank sums the same partial products in
+the same order). Against the sequential path the sums may differ in the last bit for more than
+two ranks (MACO's collective may sum in another association).
+
+Why cuBLAS and copy engines, and not :class:`maco.PersistentKernel`'s fused tiles: the
+persistent kernel's GEMM tiles reach 81% of cuBLAS at best, and SM-driven collectives beside
+cuBLAS take its SMs (measured on 2 H200s: the chunked SM pipeline was no faster than the
+sequential path); the copy engines move the data beside a full-speed cuBLAS (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any, Optional
+
+__all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_chunks",
+           "release_workspaces"]
+
+# GEMMs smaller than this (2 M N K) take the sequential path by default: below it the copy
+# engines' pipeline lost to it on 2 H200s (its launches cost more host time than they hide).
+_CE_MIN_FLOP = 2.0e11
+
+# Per communicator: streams, the barrier's one-element tensor, and workspaces by name.
+_state: dict = {}
+_one_node: dict = {}
+
+
+def default_chunks(pattern: str, m: int, world_size: int) -> int:
+    """The number of row chunks of the ``"ce"`` pipeline when ``chunks`` is None.
+
+    Args:
+        pattern: "gemm_allreduce", "gemm_reduce_scatter" or "allgather_gemm".
+        m: the operator's output rows (tokens, all ranks together).
+        world_size: the communicator's size.
+    Returns: allreduce: 4 from M = 8192, 2 from 2048, else 1; allgather: 2 where each rank
+    has at least 2048 rows, else 1; reduce-scatter: 1 (its pipeline goes by destination
+    block). Each chunk costs one barrier and several launches (about 30 us of host time);
+    these counts were the fastest or within noise of it on 2 H200s (docs/performance.md).
+    """
+    if pattern == "gemm_reduce_scatter":
+        return 1
+    if pattern == "gemm_allreduce":
+        return 4 if m >= 8192 else 2 if m >= 2048 else 1
+    return 2 if m // max(world_size, 1) >= 2048 else 1
+
+
+def _drop_at_exit() -> None:
+    _state.clear()  # the peers' mappings go before the interpreter's teardown
+
+
+atexit.register(_drop_at_exit)
+
+
+def release_workspaces(comm: Any = None) -> None:
+    """Drops the copy-engine workspaces and streams of ``comm`` (None: of every
+    communicator). Collective: every rank calls it before any rank frees the communicator."""
+    import torch
+
+    keys = list(_state) if comm is None else [id(comm)]
+    for k in keys:
+        st = _state.pop(k, None)
+        if st is not None:
+            torch.cuda.synchronize(st["device"])
+            st["comm"].barrier()
+
+
+def _comm_of(comm: Any):
+    if comm is not None:
+        return comm
+    from . import _level1
+    return _level1.get_default_communicator()
+
+
+def _st(comm: Any, device: Any) -> dict:
+    import torch
+
+    st = _state.get(id(comm))
+    if st is None:
+        st = dict(comm=comm, device=device, ws={}, typed={},
+                  side=torch.cuda.Stream(device=device, priority=-1),
+                  flag=torch.zeros(1, dtype=torch.float32, device=device))
+        _state[id(comm)] = st
+    return st
+
+
+def _workspace(st: dict, name: str, nbytes: int) -> tuple:
+    """(local flat uint8 tensor, peers' views) of at least ``nbytes`` (collective the first
+    time and when it grows)."""
+    import torch
+
+    have = st["ws"].get(name)
+    if have is None or have[0].numel() < nbytes:
+        st["ws"].pop(name, None)
+        local = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=st["device"])
+        st["ws"][name] = (local, st["comm"].peer_views(local))
+        st["typed"] = {k: v for k, v in st["typed"].items() if k[0] != name}
+    return st["ws"][name]
+
+
+def _typed(flat: Any, dtype: Any, shape: tuple) -> Any:
+    import torch
+
+    n = 1
+    for d in shape:
+        n *= d
+    return flat[:n * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
+
+
+def _typed_ws(st: dict, name: str, dtype: Any, shape: tuple, esz: int) -> tuple:
+    """(this rank's workspace ``name`` as ``dtype`` of ``shape``, every rank's), cached."""
+    key = (name, dtype, shape)
+    hit = st["typed"].get(key)
+    if hit is None:
+        n = esz
+        for d in shape:
+            n *= d
+        flat, vflat = _workspace(st, name, n)
+        hit = (_typed(flat, dtype, shape), [_typed(v, dtype, shape) for v in vflat])
+        st["typed"][key] = hit
+    return hit
+
+
+def _barrier(comm: Any, st: dict, stream: Any) -> None:
+    comm.allreduce(st["flag"], stream=stream)
+
+
+def _bounds(rows: int, chunks: int) -> list:
+    """Row bounds of ``chunks`` near-equal pieces of ``rows`` (multiples of 8 rows where
+    possible)."""
+    if chunks <= 1 or rows < 16:
+        return [0, rows]
+    chunks = min(chunks, rows // 8)
+    step = (rows // chunks) // 8 * 8
+    return [i * step for i in range(chunks)] + [rows]
+
+
+def _check(x: Any, w: Any, name: str, chunks: Optional[int], method: Optional[str]):
+    import torch
+
+    for t, n in ((x, "x"), (w, "w")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"maco.tp.{name}: {n} is a {type(t).__name__}, not a torch.Tensor")
+    for t, n in ((x, "x"), (w, "w")):
+        if not t.is_cuda:
+            raise ValueError(f"maco.tp.{name}: {n} is on {t.device}, not a CUDA device")
+        if t.dim() != 2:
+            raise ValueError(f"maco.tp.{name}: {n} has shape {tuple(t.shape)}; 2-D expected")
+        if not t.is_contiguous():
+            raise ValueError(f"maco.tp.{name}: {n} is not contiguous (row-major expected)")
+    if x.dtype != w.dtype:
+        raise ValueError(f"maco.tp.{name}: x is {x.dtype} but w is {w.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"maco.tp.{name}: x is on {x.device} but w on {w.device}")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"maco.tp.{name}: x has {x.shape[1]} columns but w has {w.shape[0]} "
+                         "rows (x [M, K] @ w [K, N])")
+    if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int)
+                               or chunks < 1):
+        raise ValueError(f"maco.tp.{name}: chunks={chunks!r}; a positive int or None expected")
+    if method not in (None, "ce", "seq"):
+        raise ValueError(f"maco.tp.{name}: method={method!r}; 'ce', 'seq' or None expected")
+
+
+def _method(comm: Any, method: Optional[str], flop: int) -> str:
+    if method is not None:
+        return method
+    if comm.size == 1 or flop < _CE_MIN_FLOP:
+        return "seq"
+    one = _one_node.get(id(comm))
+    if one is None:
+        here = comm.host_id(comm.rank)
+        one = _one_node[id(comm)] = all(comm.host_id(r) == here for r in range(comm.size))
+    return "ce" if one else "seq"
+
+
+def _mm(a: Any, b: Any, out: Any) -> None:
+    import torch
+
+    if out.dtype == a.dtype:
+        torch.matmul(a, b, out=out)
+    else:
+        torch.mm(a, b, out_dtype=out.dtype, out=out)
+
+
+def _sum_into(parts: Any, out: Any) -> None:
+    """out = sum over dim 0 of parts (ws, rows, n), in fp32, rounded once to out's type."""
+    import torch
+
+    if parts.shape[0] == 2:  # one pass: torch adds bf16/fp16 in fp32 and rounds once
+        torch.add(parts[0], parts[1], out=out)
+    elif out.dtype == torch.float32:
+        torch.sum(parts, dim=0, dtype=torch.float32, out=out)
+    else:
+        out.copy_(torch.sum(parts, dim=0, dtype=torch.float32))
+
+
+def _out(out: Any, shape: tuple, dtype: Any, like: Any, name: str) -> Any:
+    import torch
+
+    if dtype is None:  # out's type where out is given, else the input's
+        dtype = out.dtype if isinstance(out, torch.Tensor) else like.dtype
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) \
+            or out.dtype != dtype or out.device != like.device or not out.is_contiguous():
+        raise ValueError(f"maco.tp.{name}: out must be a contiguous {dtype} tensor of shape "
+                         f"{tuple(shape)} on {like.device}; got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} "
+                         f"{tuple(getattr(out, 'shape', ()))}")
+    return out
+
+
+def _push(views: list, rank: int, dst: Any, src: Any, side: Any) -> None:
+    """On ``side``: src copied into dst(view) of every peer (``dst(v)`` picks the region)."""
+    import torch
+
+    with torch.cuda.stream(side):
+        for p, v in enumerate(views):
+            if p != rank:
+                dst(v).copy_(src, non_blocking=True)
+
+
+def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dtype: Any = None,
+                   chunks: Optional[int] = None, method: Optional[str] = None) -> Any:
+    """``out = allreduce(x @ w)`` (sum) over the communicator's ranks.
+
+    Args:
+        x: [M, K] this rank's input (bf16, fp16 or fp32, contiguous, on the communicator's GPU).
+        w: [K, N] this rank's weight shard, x's dtype.
+        comm: a :class:`maco.Communicator`; None: the default one (:func:`maco.init`).
+        out: [M, N] output (contiguous, ``out_dtype``); None: a new tensor.
+        out_dtype: the product's and the sum's type; None: out's, else x's.
+            ``torch.float32`` with bf16 inputs needs ``torch.mm(out_dtype=)`` (PyTorch 2.8+).
+        chunks: row chunks of the pipeline; None: :func:`default_chunks`.
+        method: "ce", "seq" or None: "ce" where every rank is on this node and the GEMM has
+            at least 2e11 flop (2 M N K), else "seq" (see the module's docstring).
+    Returns: ``out``, ordered on the caller's current stream (no host blocking).
+    Workspace ("ce"): world size x M x N elements of ``out_dtype`` per rank.
+    Raises:
+        TypeError, ValueError: an argument of the wrong type, device, shape or layout (the
+            message names it). Errors of the collectives as the Communicator raises them.
+    """
+    import torch
+
+    _check(x, w, "gemm_allreduce", chunks, method)
+    comm = _comm_of(comm)
+    ws, rank = comm.size, comm.rank
+    m, n = x.shape[0], w.shape[1]
+    out = _out(out, (m, n), out_dtype, x, "gemm_allreduce")
+    if _method(comm, method, 2 * m * n * x.shape[1]) == "seq":
+        _mm(x, w, out)
+        return comm.allreduce(out)
+    st = _st(comm, x.device)
+    parts, views = _typed_ws(st, "ar", out.dtype, (ws, m, n), out.element_size())
+    c = default_chunks("gemm_allreduce", m, ws) if chunks is None else chunks
+    b = _bounds(m, c)
+    cur, side = torch.cuda.current_stream(x.device), st["side"]
+    side.wait_stream(cur)
+    _barrier(comm, st, side)  # every rank is done with its workspace of the last call
+    done = []
+    for i in range(len(b) - 1):
+        lo, hi = b[i], b[i + 1]
+        _mm(x[lo:hi], w, parts[rank, lo:hi])
+        side.wait_stream(cur)
+        _push(views, rank, lambda v, lo=lo, hi=hi: v[rank, lo:hi], parts[rank, lo:hi], side)
+        _barrier(comm, st, side)
+        ev = torch.cuda.Event()
+        ev.record(side)
+        done.append(ev)
+        if i > 0:  # the sum of the chunk before, behind this chunk's GEMM
+            cur.wait_event(done[i - 1])
+            _sum_into(parts[:, b[i - 1]:b[i]], out[b[i - 1]:b[i]])
+    cur.wait_event(done[-1])
+    _sum_into(parts[:, b[-2]:b[-1]], out[b[-2]:b[-1]])
+    return out
+
+
+def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
+                        out_dtype: Any = None, chunks: Optional[int] = None,
+                        method: Optional[str] = None) -> Any:
+    """``out = rows [rank * M / ws, (rank + 1) * M / ws) of sum over ranks of x @ w``.
+
+    Args:
+        x: [M, K] this rank's input; M a multiple of the world size ws. Other requirements
+            as for :func:`gemm_allreduce`.
+        w: [K, N] this rank's weight shard.
+        comm, out_dtype, method: as for :func:`gemm_allreduce`.
+        chunks: pieces of each destination's block of rows (None: 1); the blocks go in the
+            order rank + 1, rank + 2, ..., each copied to its owner while the next computes.
+        out: [M / ws, N] output; None: a new tensor.
+    Returns: ``out`` (this rank's block of the sum), ordered on the current stream.
+    Workspace ("ce"): M x N elements of ``out_dtype`` received, plus M x N staged.
+    Raises:
+        ValueError: M not a multiple of the world size, and as for :func:`gemm_allreduce`.
+    """
+    import torch
+
+    _check(x, w, "gemm_reduce_scatter", chunks, method)
+    comm = _comm_of(comm)
+    ws, rank = comm.size, comm.rank
+    m, k, n = x.shape[0], x.shape[1], w.shape[1]
+    if m % ws:
+        raise ValueError(f"maco.tp.gemm_reduce_scatter: x has {m} rows, not a multiple of the "
+                         f"world size {ws}")
+    s = m // ws
+    out = _out(out, (s, n), out_dtype, x, "gemm_reduce_scatter")
+    if _method(comm, method, 2 * m * n * k) == "seq":
+        partial = torch.empty((m, n), dtype=out.dtype, device=x.device)
+        _mm(x, w, partial)
+        return comm.reduce_scatter(partial, out=out)
+    st = _st(comm, x.device)
+    # recv[source rank]: its partial product of this rank's rows (this rank's own: stage)
+    recv, views = _typed_ws(st, "rs", out.dtype, (ws, s, n), out.element_size())
+    stage = torch.empty((ws, s, n), dtype=out.dtype, device=x.device)  # [destination]
+    xr = x.view(ws, s, k)
+    c = 1 if chunks is None else chunks  # pieces per destination's block
+    b = _bounds(s, c)
+    cur, side = torch.cuda.current_stream(x.device), st["side"]
+    side.wait_stream(cur)
+    _barrier(comm, st, side)
+    # Destinations in the order rank + 1, rank + 2, ..., rank: each block's copy to its owner
+    # runs while the next block's GEMM computes; this rank's own block comes last.
+    for d in range(1, ws + 1):
+        r = (rank + d) % ws
+        for i in range(len(b) - 1):
+            lo, hi = b[i], b[i + 1]
+            _mm(xr[r, lo:hi], w, (recv[rank] if r == rank else stage[r])[lo:hi])
+            if r != rank:
+                side.wait_stream(cur)
+                with torch.cuda.stream(side):
+                    views[r][rank, lo:hi].copy_(stage[r, lo:hi], non_blocking=True)
+    _barrier(comm, st, side)
+    cur.wait_stream(side)
+    _sum_into(recv, out)
+    stage.record_stream(side)
+    return out
+
+
+def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dtype: Any = None,
+                   chunks: Optional[int] = None, method: Optional[str] = None) -> Any:
+    """``out = allgather(x) @ w``: the ranks' row shards gathered in rank order, times w.
+
+    Args:
+        x: [S, K] this rank's row shard (every rank the same S).
+        w: [K, N] this rank's weight shard.
+        comm, out_dtype, chunks, method: as for :func:`gemm_allreduce`.
+        out: [ws * S, N] output; None: a new tensor.
+    Returns: ``out``, ordered on the current stream. The gathered input is not returned.
+    Workspace ("ce"): ws x S x K elements of x's type.
+    Raises: as for :func:`gemm_allreduce`.
+    """
+    import torch
+
+    _check(x, w, "allgather_gemm", chunks, method)
+    comm = _comm_of(comm)
+    ws, rank = comm.size, comm.rank
+    s, k, n = x.shape[0], x.shape[1], w.shape[1]
+    out = _out(out, (ws * s, n), out_dtype, x, "allgather_gemm")
+    if _method(comm, method, 2 * ws * s * n * k) == "seq":
+        g = torch.empty((ws * s, k), dtype=x.dtype, device=x.device)
+        comm.allgather(x, out=g)
+        _mm(g, w, out)
+        return out
+    st = _st(comm, x.device)
+    # [source rank]: its shard
+    gathered, views = _typed_ws(st, "ag", x.dtype, (ws, s, k), x.element_size())
+    c = default_chunks("allgather_gemm", ws * s, ws) if chunks is None else chunks
+    b = _bounds(s, c)
+    cur, side = torch.cuda.current_stream(x.device), st["side"]
+    side.wait_stream(cur)
+    _barrier(comm, st, side)
+    done = []
+    for i in range(len(b) - 1):  # every chunk's copies up front, on the side stream
+        lo, hi = b[i], b[i + 1]
+        _push(views, rank, lambda v, lo=lo, hi=hi: v[rank, lo:hi], x[lo:hi], side)
+        _barrier(comm, st, side)
+        ev = torch.cuda.Event()
+        ev.record(side)
+        done.append(ev)
+    _mm(x, w, out[rank * s:(rank + 1) * s])  # this rank's rows need no copy
+    for i, ev in enumerate(done):
+        cur.wait_event(ev)
+        for r in range(ws):
+            if r != rank:
+                _mm(gathered[r, b[i]:b[i + 1]], w, out[r * s + b[i]:r * s + b[i + 1]])
+    return out
