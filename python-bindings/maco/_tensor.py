@@ -168,15 +168,24 @@ def _describe_cai(x, name: str, cai: dict) -> Buf:
 
 
 def _describe_dlpack(x, name: str) -> Buf:
-    dev_type, dev_id = x.__dlpack_device__()
+    dev = x.__dlpack_device__()
+    if not isinstance(dev, (tuple, list)) or len(dev) != 2 or not all(_is_int(v) for v in dev):
+        raise TypeError(f"{name}: __dlpack_device__() returned {dev!r}, not (device type, "
+                        "device id)")
+    dev_type, dev_id = (int(v) for v in dev)
     if dev_type != KDL_CUDA:
         where = _DEVICE_NAMES.get(int(dev_type), f"DLPack device type {dev_type}")
         raise TypeError(f"{name}: a {type(x).__name__} in {where} memory; MACO needs CUDA "
                         "device memory")
     capsule = x.__dlpack__()
-    (address, shape, strides, code, bits, lanes, dev_type, dev_id,
-     readonly) = _maco.dlpack_describe(capsule)
-    del capsule
+    try:
+        (address, shape, strides, code, bits, lanes, dev_type, dev_id,
+         readonly) = _maco.dlpack_describe(capsule)
+    except (TypeError, ValueError) as e:  # the extension's text, with the argument's name
+        msg = str(e).removeprefix("dlpack_describe: ")
+        raise type(e)(f"{name}: {msg}") from None
+    finally:
+        del capsule
     if lanes != 1:
         raise TypeError(f"{name}: vector types (lanes={lanes}) are not supported")
     shape = _checked_shape(shape, name, "DLPack tensor")
