@@ -21,6 +21,8 @@ registers the backend ``"maco"``; :func:`maco.patch_torch_distributed` routes an
 group's collectives through MACO.
 """
 
+import importlib.util as _importlib_util
+
 from . import _maco
 from ._comm import (Communicator, Plan, Registration, cuda_device_count, empty, group,
                     unique_id)
@@ -35,6 +37,12 @@ from ._level1 import (all_to_all, allgather, allreduce, barrier, broadcast, fina
                       is_initialized, recv, reduce, reduce_scatter, send)
 from ._types import (DataType, ReduceOp, dtype_size, to_maco_dtype, to_numpy_dtype,
                      to_torch_dtype)
+from ._config import (ConfigTable, Role, SMConfig, SMSplit, auto_config, config,
+                      dynamic_sm_config, get_config, set_config)
+from ._overlap import (CommWork, Future, OverlapRegion, Pipeline, Ring, auto_overlap, optimize,
+                       optimize_comm, optimize_context, overlap_region, ring, wait_all,
+                       wait_overlap_group)
+from ._schedule import CommScheduler, Phase
 
 __version__ = _maco.version()
 """The package's version: the C library's (``maco_version_string()``)."""
@@ -61,9 +69,18 @@ def unpatch_torch_distributed():
     return _unpatch()
 
 
-def config() -> list:
-    """MACO's configuration table: ``(name, type, default, unit, doc)`` per MACO_* variable."""
-    return _maco.config()
+_MODELS = ("Module", "TPLinear", "task_graph", "compile", "PersistentContext",
+           "fuse_matmul_allreduce", "maco_backend", "FusedGemmAllreduce")
+
+
+def __getattr__(name: str):
+    """The model API (maco.Module, TPLinear, task_graph, compile, PersistentContext, ...)
+    needs PyTorch; it is imported at first use so that ``import maco`` does not import torch."""
+    if name in _MODELS:
+        from . import _compile
+
+        return getattr(_compile, name)
+    raise AttributeError(f"module 'maco' has no attribute {name!r}")
 
 
 __all__ = [
@@ -80,4 +97,10 @@ __all__ = [
     "patch_torch_distributed", "unpatch_torch_distributed", "config",
     "PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler",
     "Context", "Work",
+    "ConfigTable", "Role", "SMConfig", "SMSplit", "auto_config", "dynamic_sm_config",
+    "get_config", "set_config",
+    "CommWork", "Future", "OverlapRegion", "Pipeline", "Ring", "auto_overlap", "optimize",
+    "optimize_comm", "optimize_context", "overlap_region", "ring", "wait_all",
+    "wait_overlap_group", "CommScheduler", "Phase",
+    *(_MODELS if _importlib_util.find_spec("torch") is not None else ()),
 ]

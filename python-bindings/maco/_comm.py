@@ -275,6 +275,11 @@ class Communicator:
 
     def _cache(self) -> None:
         c = self._c
+        # What set_algorithm forced, per collective (None: by size), starting from the
+        # MACO_ALGO_* variables the C library read at creation; per-call choices restore it.
+        self._forced = {k: os.environ.get(f"MACO_ALGO_{k.upper()}") or None
+                        for k in ("allreduce", "allgather", "reduce_scatter", "broadcast",
+                                  "reduce")}
         self._rank = c.rank
         self._size = c.size
         self._local_rank = c.local_rank
@@ -820,6 +825,13 @@ class Communicator:
         """Forces ``collective``'s algorithm on this communicator (None: by size again).
         Every rank must force the same one."""
         self._c.set_algorithm(_collective(collective), name)
+        self._forced[collective] = name or None
+
+    def forced_algorithm(self, collective: str) -> Optional[str]:
+        """The algorithm forced on ``collective`` (:meth:`set_algorithm`, else its
+        MACO_ALGO_* variable at creation); None: chosen by size."""
+        _collective(collective)
+        return self._forced.get(collective)
 
     def set_max_ctas(self, max_ctas: Optional[int]) -> None:
         """Caps the CTAs of this communicator's collective and send/recv kernels (None or 0:
