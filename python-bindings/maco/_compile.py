@@ -138,6 +138,9 @@ def _fusable(a: Any, b: Any) -> bool:
 
 
 _warned: set = set()
+stats = {"fused": 0, "fallback": 0}
+"""Calls of torch.ops.maco.gemm_allreduce in this process: through the fused persistent
+kernel, and through the fallback (matmul, then an allreduce)."""
 
 
 def _gemm_allreduce_impl(a, b, bias, group_name, site):
@@ -163,9 +166,11 @@ def _gemm_allreduce_impl(a, b, bias, group_name, site):
                                   "running matmul then MACO's allreduce", RuntimeWarning,
                                   stacklevel=2)
         if r is not None:
-            y = r(a, b.contiguous() if not b.is_contiguous() else b)
+            y = r(a, b)
+            stats["fused"] += 1
     if y is None:
         y = _allreduce_on_group(torch.mm(a, b), pg)
+        stats["fallback"] += 1
     if bias is not None:
         y = y + _allreduce_on_group(bias.detach().clone(), pg).to(y.dtype)
     return y

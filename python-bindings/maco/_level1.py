@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
+from . import _overlap
 from ._comm import Communicator
 from ._errors import InvalidUsageError
 from ._types import ReduceOp
@@ -198,8 +199,6 @@ def _collective(kind: str, x: Any, out: Any, opts: _Opts, stream: Any, **kw: Any
     """The Level-1 collectives' common path: MACO on the default communicator for CUDA
     tensors (on the caller's stream, or overlapped on the communication stream), or
     torch.distributed for CPU tensors."""
-    from . import _overlap
-
     scope = _overlap._current_scope()
     overlap = opts.overlapped(scope) and stream is None
     if _is_cpu_tensor(x) and _dist_ready():
@@ -222,8 +221,6 @@ def _collective(kind: str, x: Any, out: Any, opts: _Opts, stream: Any, **kw: Any
 
 
 def _finish(result: Any, h: Any, x: Any, opts: _Opts, scope: Any) -> Any:
-    from . import _overlap
-
     _overlap._join_group(h, opts.overlap_group)
     if opts.async_op:
         return _overlap.CommWork(result, h)
@@ -250,7 +247,6 @@ def _cpu_collective(kind: str, x: Any, out: Any, opts: _Opts, scope: Any, overla
     import torch
     import torch.distributed as dist
 
-    from . import _overlap
     from ._types import to_maco_op
 
     g = _group
@@ -455,8 +451,6 @@ def send(x: Any, dst: Optional[int] = None, *, stream: Any = None) -> None:
     torch.distributed (the default group).
 
     Raises: ValueError: no ``dst`` outside a ring; a ``dst`` that is not the ring's next."""
-    from . import _overlap
-
     r = _overlap.current_ring()
     if r is not None:
         dst = r.check_dst(dst)
@@ -486,8 +480,6 @@ def recv(out: Any = None, src: Optional[int] = None, *, shape: Optional[Sequence
     torch.distributed.
 
     Raises: ValueError: a ``src`` that is not the ring's previous rank; no shape/dtype."""
-    from . import _overlap
-
     r = _overlap.current_ring()
     cpu = _is_cpu_tensor(out)
     if r is not None:
@@ -515,9 +507,7 @@ def recv(out: Any = None, src: Optional[int] = None, *, shape: Optional[Sequence
 
 
 def _compiling() -> bool:
-    from ._overlap import _is_compiling
-
-    return _is_compiling()
+    return _overlap._is_compiling()
 
 
 def barrier() -> None:

@@ -864,8 +864,11 @@ class OverlapRegion:
 
                 dev = (_level1.get_default_communicator().device if _level1.is_initialized()
                        else torch.cuda.current_device())
-            self._dev = torch.device("cuda", torch.device("cuda", dev).index
-                                     if not isinstance(dev, int) else dev)
+            d = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+            if d.type != "cuda":
+                raise ValueError(f"device: {dev!r} is not a CUDA device")
+            self._dev = torch.device("cuda", d.index if d.index is not None
+                                     else torch.cuda.current_device())
             cur = torch.cuda.current_stream(self._dev)
             self._compute = torch.cuda.Stream(device=self._dev)
             self._comm = comm_stream(self._dev, self._priority)
@@ -925,6 +928,9 @@ class OverlapRegion:
         with torch.cuda.stream(s):
             try:
                 a, k = _resolve(args, kwargs)  # waits for Future arguments on s
+                for t in _tensors(a) + _tensors(k.values()):
+                    if t.is_cuda:
+                        t.record_stream(s)  # the caller may free them before s is done
                 _tls.region = getattr(_tls, "region", 0) + 1
                 try:
                     if kind == "comm":
@@ -937,7 +943,8 @@ class OverlapRegion:
                 f._exc = e
                 return f
             for t in _tensors([f._value]):
-                t.record_stream(s)
+                if t.is_cuda:
+                    t.record_stream(s)
             ev = torch.cuda.Event()
             ev.record(s)
         f._handle = _event_handle(ev, self._dev, kind)
@@ -1047,19 +1054,31 @@ class Pipeline:
 
         return register
 
-    def __call__(self, x: Any, *, chunks: Optional[int] = None) -> Any:
-        """Runs the stages over ``x`` (see the class text); returns the joined output."""
+    def __call__(self, *xs: Any, chunks: Optional[int] = None) -> Any:
+        """Runs the stages over ``xs`` (see the class text); returns the joined output.
+
+        With several tensors (same size along ``dim``) each is split alike and stage 0 gets
+        one part of each as its arguments; a stage that returns a tuple passes it on as the
+        next stage's arguments."""
         torch = _torch()
         missing = [i for i in range(self.num_stages) if i not in self._stages]
         if missing:
             raise ValueError(f"Pipeline: no function for stage(s) {missing}")
         c = _positive_int(chunks, "chunks") if chunks is not None else self.chunks
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x: a torch.Tensor is needed, got {type(x).__name__}")
+        if not xs:
+            raise TypeError("Pipeline: an input tensor is needed")
+        for i, x in enumerate(xs):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"x: argument {i} is a {type(x).__name__}, not a torch.Tensor")
+            if x.shape[self.dim] != xs[0].shape[self.dim]:
+                raise ValueError(f"x: argument {i} has {x.shape[self.dim]} rows along dimension "
+                                 f"{self.dim}; argument 0 has {xs[0].shape[self.dim]}")
+        x = xs[0]
         if c > x.shape[self.dim]:
             raise ValueError(f"chunks: {c} exceeds x's dimension {self.dim} "
                              f"({x.shape[self.dim]})")
-        parts = list(torch.tensor_split(x, c, dim=self.dim))
+        split = [torch.tensor_split(t, c, dim=self.dim) for t in xs]
+        parts = [split[0][j] if len(xs) == 1 else tuple(p[j] for p in split) for j in range(c)]
         S = self.num_stages
         self.trace = []
         cuda = x.is_cuda
@@ -1083,14 +1102,15 @@ class Pipeline:
                         continue
                     self.trace.append((i, j))
                     if not cuda:
-                        vals[j] = self._stages[i](vals[j])
+                        vals[j] = _call_stage(self._stages[i], vals[j])
                         continue
                     s = streams[i]
                     s.wait_event(ready[(i - 1, j)] if i else start)
                     for tt in _tensors([vals[j]]):
-                        tt.record_stream(s)
+                        if tt.is_cuda:
+                            tt.record_stream(s)
                     with torch.cuda.stream(s):
-                        vals[j] = self._stages[i](vals[j])
+                        vals[j] = _call_stage(self._stages[i], vals[j])
                     ev = torch.cuda.Event()
                     ev.record(s)
                     ready[(i, j)] = ev
@@ -1100,10 +1120,15 @@ class Pipeline:
             for j in range(c):
                 cur.wait_event(ready[(S - 1, j)])
             for tt in _tensors(vals):
-                tt.record_stream(cur)
+                if tt.is_cuda:
+                    tt.record_stream(cur)
         if all(isinstance(v, torch.Tensor) for v in vals):
             return torch.cat(vals, dim=self.dim)
         return vals
+
+
+def _call_stage(fn: Callable, v: Any) -> Any:
+    return fn(*v) if isinstance(v, tuple) else fn(v)
 
 
 def _positive_int(v: Any, name: str) -> int:

@@ -5,7 +5,8 @@ MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 r
 with 1, 2 and 4 ranks, and
 gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend (bound by set_device
 before init, by the first collective after init then set_device, and by init's device_id=)
-and through patch_torch_distributed."""
+and through patch_torch_distributed, and gpu_overlap.py (the overlap API of issue 39) under
+torchrun with one rank per GPU (2 to 4)."""
 
 import os
 import shutil
@@ -79,3 +80,16 @@ def test_torch_distributed(mode):
                "--nproc-per-node", "4", "--master-port", "29517",
                os.path.join(HERE, "gpu_torch_backend.py"), mode])
     assert out.count(f"PASS gpu_torch_backend {mode}") == 4
+
+
+def test_overlap_api():
+    pytest.importorskip("torch")
+    if count < 2:
+        pytest.skip(f"gpu_overlap.py needs 2 GPUs (NCCL's reference group refuses a shared "
+                    f"GPU); {count} visible")
+    n = min(count, 4)
+    torchrun = shutil.which("torchrun")
+    cmd = [sys.executable, "-m", "torch.distributed.run"] if torchrun is None else [torchrun]
+    out = run([*cmd, "--nproc-per-node", str(n), "--master-port", "29518",
+               os.path.join(HERE, "gpu_overlap.py")], timeout=600)
+    assert out.count("PASS gpu_overlap") == n

@@ -318,6 +318,14 @@ def test_pipeline_order_and_result_on_cpu():
         pos = p.trace.index((i, j))
         assert i == 0 or p.trace.index((i - 1, j)) < pos
         assert j == 0 or p.trace.index((i, j - 1)) < pos
+    # several inputs split alike; tuples pass from stage to stage
+    r = torch.randn(12, 16, generator=g)
+    q = maco.Pipeline(num_stages=2, chunks=3)
+    q.stage(0)(lambda a, b: (a @ w1, b))
+    q.stage(1)(lambda y, b: y + b)
+    torch.testing.assert_close(q(x, r), x @ w1 + r)
+    with pytest.raises(ValueError, match="argument 1 has 5 rows along dimension 0"):
+        q(x, r[:5])
 
 
 # ------------------------------------------------------------------ 2 ranks on Gloo
@@ -772,3 +780,30 @@ def test_module_tplinear_task_graph_on_gloo(port):
         assert out["layer_ok"], out
         assert out["task_graph_ok"] and out["task_graph_compiled"], out
         assert out["ctx_ok"] and out["ctx_split"] == 28 and out["ctx_split_after"] is None, out
+
+
+@needs_torch
+def test_bench_tp_layer_runs_on_cpu():
+    """bench_tp_layer.py's logic on 2 Gloo ranks at a small size (--cpu: not a benchmark):
+    every variant but async TP runs and matches torch + NCCL's output, and maco-compile's
+    steps go through torch.ops.maco.gemm_allreduce (its CPU fallback here)."""
+    import subprocess
+    import sys
+
+    from conftest import HERE
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MACO_RANK", "MACO_WORLD", "MACO_LOCAL", "MACO_BOOTSTRAP"))}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in sys.path if p])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", os.path.join(HERE, "bench_tp_layer.py"), "--cpu", "--small", "--tokens", "64",
+           "--iters", "2", "--warmup", "1", "--inner", "eager"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "PASS bench_tp_layer TP 2" in text, text[-4000:]
+    for v in ("torch-nccl", "torch-compile", "maco-eager", "maco-pipeline", "maco-compile"):
+        assert f"\n{v} " in text, (v, text[-3000:])
+    assert "maco-compile: per step 0 fused GEMM + allreduce kernel(s), 2 through the fallback" \
+        in text, text[-3000:]
