@@ -102,5 +102,7 @@ __all__ = [
     "CommWork", "Future", "OverlapRegion", "Pipeline", "Ring", "auto_overlap", "optimize",
     "optimize_comm", "optimize_context", "overlap_region", "ring", "wait_all",
     "wait_overlap_group", "CommScheduler", "Phase",
-    *(_MODELS if _importlib_util.find_spec("torch") is not None else ()),
+    # maco.compile stays out of __all__: ``from maco import *`` must not hide the builtin.
+    *((n for n in _MODELS if n != "compile") if _importlib_util.find_spec("torch") is not None
+      else ()),
 ]

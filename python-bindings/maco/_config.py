@@ -108,9 +108,10 @@ class ConfigTable:
     the setting and what it accepts):
 
     ============== ===================================================================
-    backend        "maco" only: MACO has one backend (NVLink/PCIe kernels, proxies for
-                   IB/TCP); the design's "nvshmem", "nccl" and "gloo" are refused with
-                   that reason (torch.distributed keeps its own backends).
+    backend        MACO has one backend (NVLink/PCIe kernels, proxies for IB/TCP):
+                   "maco", or the design's names for it, "nvshmem" and "nccl_optimized"
+                   (MACO does not use NVSHMEM; its memory channels do that job); "nccl"
+                   and "gloo" are refused: they are torch.distributed's backends.
     sm_policy      where the compute/communication split comes from: "auto" (default:
                    the last :func:`auto_config` measurement applied, else MACO's
                    defaults), "manual" (:func:`set_config` / :meth:`SMConfig.apply`
@@ -204,11 +205,12 @@ class ConfigTable:
 
 def _check_setting(k: str, v: Any) -> Any:
     if k == "backend":
-        if v in (None, "maco"):
+        if v in (None, "maco", "nvshmem", "nccl_optimized"):
             return "maco"
         raise ValueError(f"backend: {v!r}; MACO has one backend, 'maco' (its own kernels over "
-                         "NVLink/PCIe and proxies for IB/TCP); torch.distributed keeps "
-                         "'nccl' and 'gloo' for what does not run on MACO")
+                         "NVLink/PCIe and proxies for IB/TCP; the design's 'nvshmem' and "
+                         "'nccl_optimized' name it too); torch.distributed keeps 'nccl' and "
+                         "'gloo' for what does not run on MACO")
     if k == "sm_policy":
         if v not in _SM_POLICIES:
             raise ValueError(f"sm_policy: {v!r}; accepts {', '.join(_SM_POLICIES)}")
@@ -314,7 +316,8 @@ def set_config(compute_sms: Optional[int] = None, comm_sms: Optional[int] = None
     for prefill and more communication SMs for decode.
 
     Args:
-        compute_sms: compute SMs (persistent kernels' compute workers); None: default.
+        compute_sms: compute SMs (persistent kernels' compute workers); None: default. Eager
+            PyTorch compute is not limited by it (only green contexts can: maco.Context).
         comm_sms: the cap on collective kernels' CTAs (``maco_collective_set_max_ctas``) and
             persistent kernels' communication workers; None: no cap.
         scheduler_sms: persistent kernels' schedulers; None: default.

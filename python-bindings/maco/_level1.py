@@ -31,6 +31,10 @@ __all__ = [
     "barrier",
 ]
 
+BACKEND_NAMES = (None, "maco", "nvshmem", "nccl_optimized")
+"""What ``maco.init(backend=)`` and ``maco.config.set(backend=)`` take: all name MACO's one
+backend."""
+
 _default: Optional[Communicator] = None
 _group: Any = None  # the torch.distributed group init() was given (None: the default group)
 _lock = threading.Lock()
@@ -46,7 +50,10 @@ def init(backend: Optional[str] = None, *, group: Any = None, device: Any = None
     torchrun's variables). Collective over the job's ranks; blocking.
 
     Args:
-        backend: None or "maco" (MACO has one backend; accepted for the seed API's shape).
+        backend: None or "maco"; the design's "nvshmem" and "nccl_optimized" are accepted as
+            names of the same backend (MACO has one: its memory channels do the one-sided
+            device-initiated transfers NVSHMEM does in the design, over NVLink/PCIe, with
+            proxies for IB/TCP; MACO does not use NVSHMEM or NCCL).
         group, device, timeout: as :meth:`Communicator.from_process_group` and
             :class:`Communicator`.
 
@@ -56,8 +63,9 @@ def init(backend: Optional[str] = None, *, group: Any = None, device: Any = None
         and the errors of the Communicator constructors.
     """
     global _default, _group
-    if backend not in (None, "maco"):
-        raise ValueError(f"backend: {backend!r}; MACO has one backend, 'maco'")
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend: {backend!r}; MACO has one backend, 'maco' (also accepted "
+                         "under the design's names 'nvshmem' and 'nccl_optimized')")
     with _lock:
         if _default is not None and not _default.closed:
             raise InvalidUsageError("maco.init: already initialized (maco.finalize() first)")
@@ -453,7 +461,7 @@ def send(x: Any, dst: Optional[int] = None, *, stream: Any = None) -> None:
     Raises: ValueError: no ``dst`` outside a ring; a ``dst`` that is not the ring's next."""
     r = _overlap.current_ring()
     if r is not None:
-        dst = r.check_dst(dst)
+        dst = r._check_dst(dst)
         if hasattr(x, "shape") and hasattr(x, "dtype"):
             r._last = (tuple(x.shape), x.dtype, _is_cpu_tensor(x))
     if dst is None:
@@ -483,9 +491,9 @@ def recv(out: Any = None, src: Optional[int] = None, *, shape: Optional[Sequence
     r = _overlap.current_ring()
     cpu = _is_cpu_tensor(out)
     if r is not None:
-        src = r.check_src(src)
+        src = r._check_src(src)
         if out is None:
-            shape, dtype = r.recv_like(shape, dtype)
+            shape, dtype = r._recv_like(shape, dtype)
             cpu = r._last[2] if r._last is not None else not is_initialized()
     if cpu and _dist_ready():
         import torch

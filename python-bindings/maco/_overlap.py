@@ -646,7 +646,9 @@ def auto_overlap() -> _Scope:
 
 def optimize_comm(fn: Callable) -> Callable:
     """Decorator: each call of ``fn`` runs inside :func:`optimize_context` (collectives on
-    MACO, each overlapping the compute that follows it, all waited for when ``fn`` returns).
+    MACO, each overlapping the compute that follows it; those still running when ``fn``
+    returns are waited for then, or, when the call is inside another scope, handed to it so
+    they overlap what the caller does next).
 
     ::
 
@@ -1198,7 +1200,7 @@ class Ring:
                 for w in dist.batch_isend_irecv(ops):
                     w.wait()
 
-    def check_dst(self, dst: Optional[int]) -> int:
+    def _check_dst(self, dst: Optional[int]) -> int:
         if dst is None:
             return self.next
         if dst != self.next:
@@ -1206,7 +1208,7 @@ class Ring:
                              f"{self.direction} ring (rank {self.rank} of {self.world_size})")
         return dst
 
-    def check_src(self, src: Optional[int]) -> int:
+    def _check_src(self, src: Optional[int]) -> int:
         if src is None:
             return self.prev
         if src != self.prev:
@@ -1214,7 +1216,7 @@ class Ring:
                              f"{self.direction} ring (rank {self.rank} of {self.world_size})")
         return src
 
-    def recv_like(self, shape: Any, dtype: Any) -> tuple:
+    def _recv_like(self, shape: Any, dtype: Any) -> tuple:
         if shape is None or dtype is None:
             if self._last is None:
                 raise ValueError("recv: shape= and dtype= are needed before the ring's first "
@@ -1236,4 +1238,5 @@ def ring(direction: str = "forward", comm: Any = None) -> Ring:
 
 
 def current_ring() -> Optional[Ring]:
+    """The :class:`Ring` this thread is inside, or None."""
     return getattr(_tls, "ring", None)

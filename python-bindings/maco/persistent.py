@@ -314,6 +314,8 @@ class PersistentKernel:
         profile: record each task's start, end and SM (:meth:`print_summary`,
             :meth:`export_chrome_trace`, :func:`profiler`).
         world_size, rank: optional checks against the communicator (the seeds pass them).
+        num_local_schedulers, num_remote_schedulers: the design's names of num_schedulers
+            and num_comm_workers (maco.Role.LOCAL_SCHEDULER and REMOTE_SCHEDULER).
 
     Not thread-safe. :meth:`close` (or leaving a ``with`` block) frees the kernel; launches
     must be finished first (synchronise their stream).
@@ -322,7 +324,18 @@ class PersistentKernel:
     def __init__(self, comm: Optional[Communicator] = None, *, num_workers: int = 0,
                  num_schedulers: int = 0, num_comm_workers: int = 0, threads: int = 0,
                  profile: bool = False, world_size: Optional[int] = None,
-                 rank: Optional[int] = None):
+                 rank: Optional[int] = None, num_local_schedulers: Optional[int] = None,
+                 num_remote_schedulers: Optional[int] = None):
+        if num_local_schedulers is not None:  # the design's names (maco.Role's mapping)
+            if num_schedulers:
+                raise ValueError("num_local_schedulers: given with num_schedulers (the same "
+                                 "thing); pass one")
+            num_schedulers = num_local_schedulers
+        if num_remote_schedulers is not None:
+            if num_comm_workers:
+                raise ValueError("num_remote_schedulers: given with num_comm_workers (the "
+                                 "same thing); pass one")
+            num_comm_workers = num_remote_schedulers
         if comm is None:
             from ._level1 import get_default_communicator
 

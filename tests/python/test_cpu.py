@@ -465,9 +465,9 @@ def test_level1_init_from_env(clean_env, port):
     clean_env.setenv("MACO_WORLD_SIZE", "1")
     clean_env.setenv("MACO_BOOTSTRAP_ADDR", f"127.0.0.1:{port}")
     clean_env.setenv("MACO_BOOTSTRAP_NONCE", os.urandom(8).hex())
-    with pytest.raises(ValueError, match="backend"):
-        maco.init(backend="nvshmem")
-    comm = maco.init()
+    with pytest.raises(ValueError, match="backend: 'gloo'; MACO has one backend"):
+        maco.init(backend="gloo")
+    comm = maco.init(backend="nvshmem")  # the design's name for MACO's one backend
     try:
         assert maco.is_initialized() and maco.get_default_communicator() is comm
         assert (maco.get_rank(), maco.get_world_size(), maco.get_local_rank()) == (0, 1, 0)

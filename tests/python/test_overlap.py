@@ -39,7 +39,7 @@ def test_config_stays_callable_and_gains_set_get(fresh_config, monkeypatch):
     monkeypatch.delenv("MACO_SCRATCH_SIZE", raising=False)
     monkeypatch.delenv("MACO_LOG_LEVEL", raising=False)
     maco.config.set(sm_policy="dynamic", overlap_strategy="conservative",
-                    comm_buffer_size="256MB", profile=True, debug=True, backend="maco")
+                    comm_buffer_size="256MB", profile=True, debug=True, backend="nvshmem")
     got = maco.config.get()
     assert (got["sm_policy"], got["overlap_strategy"], got["comm_buffer_size"], got["profile"],
             got["debug"]) == ("dynamic", "conservative", 256 << 20, True, True)
@@ -58,7 +58,7 @@ def test_config_stays_callable_and_gains_set_get(fresh_config, monkeypatch):
     (dict(comm_buffer_size="12 parsecs"), r"comm_buffer_size: '12 parsecs' is not a size"),
     (dict(comm_buffer_size=1024), r"outside MACO_SCRATCH_SIZE's range"),
     (dict(comm_buffer_size="32G"), r"outside MACO_SCRATCH_SIZE's range"),
-    (dict(backend="nvshmem"), r"backend: 'nvshmem'; MACO has one backend"),
+    (dict(backend="nccl"), r"backend: 'nccl'; MACO has one backend"),
     (dict(use_pinned_memory=False), r"use_pinned_memory: only True"),
     (dict(profile="yes"), r"profile: 'yes' is not a bool"),
 ])
@@ -807,3 +807,213 @@ def test_bench_tp_layer_runs_on_cpu():
         assert f"\n{v} " in text, (v, text[-3000:])
     assert "maco-compile: per step 0 fused GEMM + allreduce kernel(s), 2 through the fallback" \
         in text, text[-3000:]
+
+
+def test_persistent_kernel_takes_the_designs_names(clean_env):
+    c = maco.Communicator(maco.unique_id(), 0, 1)
+    try:
+        k = maco.PersistentKernel(c, world_size=1, rank=0, num_workers=96,
+                                  num_local_schedulers=24, num_remote_schedulers=8)
+        assert k._cfg[:3] == (96, 24, 8)
+        k.close()
+        with pytest.raises(ValueError, match="num_local_schedulers: given with num_schedulers"):
+            maco.PersistentKernel(c, num_schedulers=2, num_local_schedulers=3)
+        with pytest.raises(ValueError, match="num_remote_schedulers: given with num_comm"):
+            maco.PersistentKernel(c, num_comm_workers=2, num_remote_schedulers=3)
+    finally:
+        c.close()
+
+
+def _design_worker(rank, n, port, seed):
+    """The design's examples (docs/../seeds), as written, with CPU tensors on 2 Gloo ranks;
+    each result against the sum over ranks recomputed here."""
+    import torch
+    import torch.nn as nn
+
+    dist = _init(rank, n, port)
+    import maco
+
+    def t(r, salt, shape):
+        return torch.randn(shape, generator=_seeded(seed, r, salt))
+
+    def total(salt, shape, f=lambda v: v):
+        return sum(f(t(r, salt, shape)) for r in range(n))
+
+    out = {}
+    world_size = n
+    maco.init(backend="nvshmem")  # or "nccl_optimized"
+
+    @maco.optimize_comm
+    def my_forward(x, weight):
+        y = torch.matmul(x, weight)
+        y = maco.allreduce(y)  # 替代 dist.all_reduce
+        return y
+
+    w = t(0, 1, (8, 4))
+    out["level1"] = torch.allclose(my_forward(t(rank, 2, (3, 8)), w),
+                                   total(2, (3, 8), lambda v: v @ w), atol=1e-5)
+
+    matmul = torch.matmul
+    x, w1, w2 = t(rank, 3, (4, 8)), t(0, 4, (8, 8)), t(0, 5, (8, 8))
+    with maco.auto_overlap():
+        y1 = matmul(x, w1)
+        y1_reduced = maco.allreduce(y1)  # 自动与下一个 matmul 重叠
+        y2 = matmul(x, w2)
+        y2_reduced = maco.allreduce(y2)
+    out["auto_overlap"] = torch.allclose(y1_reduced, total(3, (4, 8), lambda v: v @ w1),
+                                         atol=1e-5) and torch.allclose(
+        y2_reduced, total(3, (4, 8), lambda v: v @ w2), atol=1e-5)
+
+    prev_y = t(rank, 6, (5,))
+    with maco.overlap_region() as region:
+        compute_future = region.submit_compute(matmul, x, w1)
+        comm_future = region.submit_comm(maco.allreduce, prev_y)
+    y = compute_future.result()
+    prev_y_reduced = comm_future.result()
+    out["region"] = torch.allclose(y, x @ w1) and torch.allclose(prev_y_reduced,
+                                                                  total(6, (5,)), atol=1e-6)
+
+    def attention(v):
+        return v @ w1
+
+    def ffn(v):
+        return torch.relu(v) @ w2
+
+    pipeline = maco.Pipeline(num_stages=3)
+
+    @pipeline.stage(0)
+    def stage_attention(x):
+        return attention(x)
+
+    @pipeline.stage(1)
+    def stage_allreduce(x):
+        return maco.allreduce(x)
+
+    @pipeline.stage(2)
+    def stage_ffn(x):
+        return ffn(x)
+
+    inp = t(rank, 7, (6, 8))
+    output = pipeline(inp)
+    out["pipeline"] = torch.allclose(output, ffn(total(7, (6, 8), attention)), atol=1e-4)
+
+    activation = t(rank, 8, (2, 3))
+    with maco.ring(direction="forward"):
+        maco.send(activation, dst=(rank + 1) % world_size)
+        recv_activation = maco.recv(src=(rank - 1) % world_size)
+    out["ring"] = torch.equal(recv_activation, t((rank - 1) % n, 8, (2, 3)))
+
+    q_proj, k_proj, v_proj, attn_output = (t(rank, 9 + i, (4, 4)) for i in range(4))
+    scheduler = maco.CommScheduler(num_sms=32)
+    phase1 = scheduler.phase("allreduce_qkv")
+    phase1.allreduce(q_proj)
+    phase1.allreduce(k_proj)
+    phase1.allreduce(v_proj)
+    phase2 = scheduler.phase("allreduce_output", depends_on=phase1)
+    phase2.allreduce(attn_output)
+    scheduler.compile()
+    scheduler.run()
+    out["scheduler"] = all(torch.allclose(v, total(9 + i, (4, 4)), atol=1e-5)
+                           for i, v in enumerate((q_proj, k_proj, v_proj, attn_output)))
+
+    maco.config.set(backend="nvshmem", sm_policy="auto", overlap_strategy="aggressive",
+                    comm_buffer_size="256MB", use_pinned_memory=True, debug=False, profile=True)
+    tensor = t(rank, 13, (16,))
+    work = maco.allreduce(tensor, op=maco.SUM, async_op=True, priority="high",
+                          overlap_group="attn", use_ring=False)
+    out["per_op"] = torch.allclose(work.wait(), total(13, (16,)), atol=1e-5)
+
+    sm_config = maco.SMConfig(total_sms=132)
+    sm_config.assign_role(sm_range=(0, 96), role=maco.Role.COMPUTE,
+                          task_types=["matmul", "attention"])
+    sm_config.assign_role(sm_range=(96, 120), role=maco.Role.LOCAL_SCHEDULER)
+    sm_config.assign_role(sm_range=(120, 132), role=maco.Role.REMOTE_SCHEDULER)
+    out["sm"] = sm_config.persistent_config()
+
+    model = nn.Linear(8, 8)
+    is_prefill = rank == 0
+
+    @maco.dynamic_sm_config
+    def forward(x):
+        if is_prefill:
+            maco.set_config(compute_sms=120, comm_sms=12)
+        else:
+            maco.set_config(compute_sms=80, comm_sms=52)
+        out["dynamic_inside"] = maco.config.get("comm_sms")
+        return model(x)
+
+    forward(x)
+    out["dynamic_after"] = maco.config.get("comm_sms")
+
+    @maco.optimize
+    class MyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear1 = nn.Linear(8, 8, bias=False)
+            self.linear2 = nn.Linear(8, 8, bias=False)
+            with torch.no_grad():
+                self.linear1.weight.copy_(t(rank, 14, (8, 8)))
+                self.linear2.weight.copy_(t(0, 15, (8, 8)))
+
+        def forward(self, x):
+            y = self.linear1(x)
+            # dist.all_reduce 自动被优化
+            dist.all_reduce(y)
+            z = self.linear2(y)
+            return z
+
+    with torch.no_grad():
+        m = MyModel()
+        want = sum(t(r, 3, (4, 8)) @ t(r, 14, (8, 8)).T for r in range(n)) @ t(0, 15, (8, 8)).T
+        a = m(x)
+        with maco.optimize_context():
+            b = m(x)
+    out["optimize"] = torch.allclose(a, want, atol=1e-4) and torch.allclose(b, want, atol=1e-4)
+
+    class TPLinear(maco.Module):
+        """Tensor Parallel Linear with optimized communication"""
+
+        def __init__(self, in_features, out_features, world_size):
+            super().__init__()
+            self.world_size = world_size
+            # 按列切分权重
+            self.weight = nn.Parameter(
+                torch.randn(out_features, in_features // world_size)
+            )
+
+        def forward(self, x):
+            y = torch.matmul(x, self.weight.T)
+            y = maco.allreduce(y, overlap_with_next=True)
+            return y
+
+    model = TPLinear(64, 32, world_size=n)
+    weights = [torch.empty(0)] * n
+    dist.all_gather_object(weights, model.weight.detach())
+    dataloader = [t(rank, 16 + i, (4, 64 // n)) for i in range(2)]
+    outs = []
+    with torch.no_grad(), maco.PersistentContext(model) as ctx:
+        for batch in dataloader:
+            output = ctx.forward(batch)
+            outs.append(output)
+    out["tplinear"] = all(torch.allclose(o, sum(t(r, 16 + i, (4, 64 // n)) @ weights[r].T
+                                                for r in range(n)), atol=1e-4)
+                          for i, o in enumerate(outs))
+    maco.config.reset()
+    maco.finalize()
+    dist.destroy_process_group()
+    return out
+
+
+@needs_torch
+def test_design_examples_run_as_written_on_gloo(port):
+    """The design's Level 1, overlap strategies, patterns, scheduling, configuration, SM
+    roles, PyTorch integration and TPLinear + PersistentContext examples, as written (CPU
+    tensors; torch.compile's Inductor compiles the TPLinear on the CPU)."""
+    for rank, out in enumerate(_run(_design_worker, 2, port,
+                                    int.from_bytes(os.urandom(4), "little"))):
+        for k in ("level1", "auto_overlap", "region", "pipeline", "ring", "scheduler",
+                  "per_op", "optimize", "tplinear"):
+            assert out[k] is True, (k, out)
+        assert out["sm"] == {"num_workers": 96, "num_schedulers": 24, "num_comm_workers": 12}
+        assert out["dynamic_inside"] == (12 if rank == 0 else 52) and \
+            out["dynamic_after"] is None, out
