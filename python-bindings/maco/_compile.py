@@ -138,16 +138,35 @@ def _fusable(a: Any, b: Any) -> bool:
 
 
 _warned: set = set()
-stats = {"fused": 0, "fallback": 0}
+stats = {"fused": 0, "copy_engine": 0, "fallback": 0}
 """Calls of torch.ops.maco.gemm_allreduce in this process: through the fused persistent
-kernel, and through the fallback (matmul, then an allreduce)."""
+kernel, through maco.tp.gemm_allreduce (``maco.config.set(fusion="copy_engine")``), and
+through the fallback (matmul, then an allreduce)."""
+_contiguous: dict = {}  # site -> ((data_ptr, version, shape, stride), contiguous copy of b)
+
+
+def _contiguous_b(site: int, b: Any) -> Any:
+    """``b`` row-major: itself, or a copy made once per call site and weight version."""
+    if b.is_contiguous():
+        return b
+    seen = (b.data_ptr(), b._version, tuple(b.shape), tuple(b.stride()))
+    hit = _contiguous.get(site)
+    if hit is None or hit[0] != seen:
+        hit = _contiguous[site] = (seen, b.contiguous())
+    return hit[1]
 
 
 def _gemm_allreduce_impl(a, b, bias, group_name, site):
     torch = _torch()
     pg = _resolve_group(group_name)
     y = None
-    if _fusable(a, b):
+    if (_config.setting("fusion") == "copy_engine" and a.is_cuda and a.dtype == b.dtype
+            and a.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+        from . import tp
+
+        y = tp.gemm_allreduce(a.contiguous(), _contiguous_b(site, b), _group_comm(pg, a.device))
+        stats["copy_engine"] += 1
+    elif _fusable(a, b):
         key = (site, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device.index)
         with _lock:
             r = _runners.get(key)
@@ -207,6 +226,8 @@ def close_kernels(sites: Optional[set] = None) -> None:
             torch.cuda.synchronize()
         for k in keys:
             _runners.pop(k).close()
+        for site in [k for k in _contiguous if sites is None or k in sites]:
+            del _contiguous[site]
 
 
 # ---------------------------------------------------------------------------- the FX pass

@@ -41,6 +41,7 @@ _lock = threading.RLock()
 
 _SM_POLICIES = ("auto", "manual", "dynamic")
 _STRATEGIES = ("none", "conservative", "aggressive")
+_FUSIONS = ("persistent", "copy_engine")
 _SCRATCH_MIN, _SCRATCH_MAX = 1 << 20, 16 << 30  # src/host/base/config.c: MACO_SCRATCH_SIZE
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
                "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -53,6 +54,7 @@ _DEFAULTS = {
     "use_pinned_memory": True,
     "debug": False,
     "profile": False,
+    "fusion": "persistent",
 }
 _settings: dict = dict(_DEFAULTS)
 
@@ -136,6 +138,12 @@ class ConfigTable:
     profile        True: persistent kernels made by :func:`maco.compile` and
                    :class:`maco.PersistentContext` record per-task profiles
                    (``maco_persistent_config_t.profile``), shown by ``maco.profiler``.
+    fusion         what ``torch.ops.maco.gemm_allreduce`` (``maco.compile``) runs on CUDA:
+                   "persistent" (default: MACO's fused GEMM + allreduce persistent kernel,
+                   ``maco_task_graph_add_gemm_allreduce``) or "copy_engine"
+                   (:func:`maco.tp.gemm_allreduce`: cuBLAS GEMMs in row chunks, the
+                   transfers on the copy engines; it keeps a contiguous copy of each
+                   transposed weight). Read at each call.
     ============== ===================================================================
 
     Thread-safe (one lock). Settings are per process; ranks should set the same values
@@ -232,6 +240,10 @@ def _check_setting(k: str, v: Any) -> Any:
             return True
         raise ValueError("use_pinned_memory: only True; MACO always stages host copies "
                          "through pinned buffers and has no unpinned path")
+    if k == "fusion":
+        if v not in _FUSIONS:
+            raise ValueError(f"fusion: {v!r}; accepts {', '.join(_FUSIONS)}")
+        return v
     if k in ("debug", "profile"):
         if not isinstance(v, bool):
             raise ValueError(f"{k}: {v!r} is not a bool")

@@ -27,6 +27,8 @@ Variants (--variants), each on the same weights and input:
                   CTAs capped at --comm-sms)
   maco-compile    @maco.task_graph (maco.compile): o_proj + allreduce and down + allreduce
                   become MACO's fused GEMM + allreduce persistent kernels, the rest Inductor
+  maco-compile-ce the same compiled layer with maco.config.set(fusion="copy_engine"): the
+                  pairs run as maco.tp.gemm_allreduce (cuBLAS in row chunks, copy engines)
 
 Each step time is the median of --iters steps between CUDA events, the largest over ranks
 (ms). Checks: every variant's output against torch-nccl's, relative Frobenius error <=
@@ -48,7 +50,7 @@ import time
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 8192, 64, 8, 128, 28672
 VARIANTS = ["torch-nccl", "torch-compile", "torch-asynctp", "maco-eager", "maco-pipeline",
-            "maco-compile"]
+            "maco-compile", "maco-compile-ce"]
 
 
 def parse(argv=None):
@@ -348,6 +350,7 @@ def main(argv=None) -> int:
 
         fns["maco-pipeline"] = L["pipelined"]
         fns["maco-compile"] = L["TaskGraphLayer"](maco.allreduce)
+        fns["maco-compile-ce"] = fns["maco-compile"]  # the same graph; fusion set below
 
         ref = fns["torch-nccl"](x.clone())
         sync()
@@ -359,6 +362,7 @@ def main(argv=None) -> int:
             f = fns[v]
             if v == "maco-pipeline" and a.comm_sms:
                 maco.set_config(comm_sms=a.comm_sms)  # applied at its first allreduce
+            maco.config.set(fusion="copy_engine" if v == "maco-compile-ce" else "persistent")
             try:
                 out = f(x.clone()) if v != "torch-asynctp" else f()
                 if v == "torch-asynctp":
@@ -369,14 +373,15 @@ def main(argv=None) -> int:
                 err = ((out - ref.float()).norm() / ref.float().norm()).item()
                 if not err <= a.tolerance:
                     failures.append(f"{v}: relative error {err:.3g} > {a.tolerance:.3g}")
-                if v == "maco-compile":
+                if v.startswith("maco-compile"):
                     import maco._compile as mc
 
                     before = dict(mc.stats)
                     f(x.clone())
-                    log(f"  maco-compile: per step {mc.stats['fused'] - before['fused']} fused "
-                        f"GEMM + allreduce kernel(s), {mc.stats['fallback'] - before['fallback']}"
-                        f" through the fallback (matmul, then allreduce)")
+                    d = {k: mc.stats[k] - before[k] for k in before}
+                    log(f"  {v}: per step {d['fused']} fused GEMM + allreduce kernel(s), "
+                        f"{d['copy_engine']} maco.tp.gemm_allreduce, {d['fallback']} through "
+                        f"the fallback (matmul, then allreduce)")
                 xin = x.clone()
                 t = time_ms((lambda: f()) if v == "torch-asynctp" else (lambda: f(xin)))
                 rows.append(dict(variant=v, ms=t, rel_error=err))
@@ -402,6 +407,7 @@ def main(argv=None) -> int:
             vs_a = base.get("torch-asynctp") and f"{base['torch-asynctp'] / r['ms']:.2f}x"
             r.update(speedup_vs_nccl=vs_n, speedup_vs_asynctp=vs_a)
             log(f"{r['variant']:<15} {r['ms']:>9.3f} {vs_n or '-':>14} {vs_a or '-':>11}")
+        maco.config.set(fusion="persistent")
         if "maco-compile" in fns and "maco-compile" in a.variants and not a.no_profile:
             import maco._compile as mc
 

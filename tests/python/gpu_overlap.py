@@ -237,6 +237,18 @@ for backend in ("maco.compile", "torch.compile"):
     err = ((got.float().cpu() - want).norm() / want.norm()).item()
     check(f"{backend}: within bf16 rounding", err <= 2 ** -7, f"relative error {err:.3g}")
 
+# fusion="copy_engine": the same compiled graph runs maco.tp.gemm_allreduce instead
+maco.config.set(fusion="copy_engine")
+before = mc.stats["copy_engine"]
+with torch.no_grad():
+    got = f(xin.to(DEV))
+torch.cuda.synchronize()
+check("copy_engine fusion ran maco.tp", mc.stats["copy_engine"] - before == 2,
+      f"{mc.stats['copy_engine'] - before} calls")
+err = ((got.float().cpu() - want).norm() / want.norm()).item()
+check("copy_engine fusion within bf16 rounding", err <= 2 ** -7, f"relative error {err:.3g}")
+maco.config.reset()
+
 sm = maco.SMConfig(total_sms=torch.cuda.get_device_properties(DEV).multi_processor_count)
 sm.assign_role((0, 64), maco.Role.COMPUTE)
 sm.assign_role((64, 72), maco.Role.LOCAL_SCHEDULER)

@@ -61,6 +61,7 @@ def test_config_stays_callable_and_gains_set_get(fresh_config, monkeypatch):
     (dict(backend="nccl"), r"backend: 'nccl'; MACO has one backend"),
     (dict(use_pinned_memory=False), r"use_pinned_memory: only True"),
     (dict(profile="yes"), r"profile: 'yes' is not a bool"),
+    (dict(fusion="nvlink"), r"fusion: 'nvlink'; accepts persistent, copy_engine"),
 ])
 def test_config_rejects_bad_values(fresh_config, kw, match):
     before = maco.config.get()
@@ -803,10 +804,12 @@ def test_bench_tp_layer_runs_on_cpu():
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "PASS bench_tp_layer TP 2" in text, text[-4000:]
-    for v in ("torch-nccl", "torch-compile", "maco-eager", "maco-pipeline", "maco-compile"):
+    for v in ("torch-nccl", "torch-compile", "maco-eager", "maco-pipeline", "maco-compile",
+              "maco-compile-ce"):
         assert f"\n{v} " in text, (v, text[-3000:])
-    assert "maco-compile: per step 0 fused GEMM + allreduce kernel(s), 2 through the fallback" \
-        in text, text[-3000:]
+    for v in ("maco-compile", "maco-compile-ce"):
+        assert (f"{v}: per step 0 fused GEMM + allreduce kernel(s), 0 maco.tp.gemm_allreduce, "
+                "2 through the fallback") in text, text[-3000:]
 
 
 def test_persistent_kernel_takes_the_designs_names(clean_env):
