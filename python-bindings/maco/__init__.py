@@ -16,6 +16,14 @@ Level 2 (SMs split between compute and communication, overlapped)::
     z = ctx.compute(lambda: x @ w2)
     y = work.wait()
 
+Overlap (the design's API: docs/python.md, "The overlap API")::
+
+    @maco.optimize_comm                  # or @maco.optimize, maco.optimize_context(),
+    def f(x, w):                         # maco.auto_overlap(), maco.Module
+        y = maco.allreduce(x @ w)        # overlaps what follows, waited at first use
+        return y
+    model = torch.compile(model, backend="maco")   # matmul + all_reduce -> fused kernel
+
 Explicit communicators: :class:`maco.Communicator`. torch.distributed: ``import maco.torch``
 registers the backend ``"maco"``; :func:`maco.patch_torch_distributed` routes an existing
 group's collectives through MACO.
