@@ -10,6 +10,7 @@
 #include "maco/collectives.h"
 #include "maco/comm.h"
 #include "maco/config.h"
+#include "maco/ep.h"
 #include "maco/log.h"
 #include "maco/memory.h"
 #include "maco/memory_channel.h"

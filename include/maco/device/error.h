@@ -13,7 +13,7 @@
  *   0  int32 status    maco_status_t, 0 = no error (written last)
  *   4  int32 peer      rank that was waited for, -1 if none
  *   8  int32 object    semaphore id or packet slot the wait was on
- *  12  uint32 what     MACO_DEVICE_WAIT_* (semaphore, packet, FIFO space, flush) or
+ *  12  uint32 what     MACO_DEVICE_WAIT_* (semaphore, packet, FIFO space, flush, EP flag) or
  *                     MACO_DEVICE_ERR_* (not a wait: a registration, a count mismatch);
  *                     16-20: the persistent-kernel runtime's (maco/device/persistent.h)
  *  16  uint64 expected value (semaphore count or packet flag) waited for
@@ -43,6 +43,10 @@ enum {
      * `peer` is the sender, `object` the receive's kind and element size (algorithms'
      * p2p_plan.h, MACO__P2P_FLAGS) */
     MACO_DEVICE_ERR_COUNT_MISMATCH = 6,
+    /* an expert-parallel buffer's flag from `peer` (maco/ep.h); `object`: 1 dispatch counts,
+     * 2 dispatch rows done, 3 combine ready, 4 combine rows done; `expected`: the sequence
+     * number or CTA count waited for */
+    MACO_DEVICE_WAIT_EP = 7,
 };
 
 typedef struct maco_device_error {

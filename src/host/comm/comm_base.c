@@ -329,6 +329,22 @@ maco_status_t maco__comm_async_status(maco_comm_t comm)
         maco__comm_record(comm, (maco_status_t)status);
         return (maco_status_t)status;
     }
+    if (e->what == MACO_DEVICE_WAIT_EP) {
+        static const char *flags[5] = { "?", "dispatch counts", "dispatch rows",
+                                        "combine ready flag", "combine rows" };
+        maco__error_quiet((maco_status_t)status,
+                          "rank %d: an EP %s wait %s after %llu ms: waited for rank %d's %s "
+                          "(value %llu, last saw %llu): is rank %d alive and making the same "
+                          "EP calls?",
+                          comm->rank, e->object >= 1 && e->object <= 2 ? "dispatch" : "combine",
+                          status == MACO_ERR_TIMEOUT ? "timed out" : "failed",
+                          (unsigned long long)(comm->timeout_ns / 1000000ull), (int)e->peer,
+                          flags[e->object >= 1 && e->object <= 4 ? e->object : 0],
+                          (unsigned long long)e->expected, (unsigned long long)e->observed,
+                          (int)e->peer);
+        maco__comm_record(comm, (maco_status_t)status);
+        return (maco_status_t)status;
+    }
     maco__error_quiet((maco_status_t)status,
                       "rank %d: a device-side wait %s after %llu ms: waited for rank %d on %s "
                       "%d for value %llu, last saw %llu",

@@ -1,0 +1,723 @@
+/*
+ * ep_kernels.cu - expert-parallel dispatch and combine (maco/ep.h): one kernel each, the
+ * same for both modes but for where the rows of a local expert start (ep_layout.h has the
+ * buffer; ep_layout.c the same arithmetic on the host).
+ *
+ * Dispatch, sequence number s (this buffer's dispatches so far + 1, kept on the device):
+ *   1. CTA 0 routes this rank's entries: slot of entry (t, k) = its position among this
+ *      rank's entries for the same expert, in token order (handle's slot array), and the
+ *      count per expert; an invalid entry (expert outside [-1, E), or repeated in its row)
+ *      is noted, the first in (t, k) order. It writes the counts and that problem into its
+ *      count row at every rank (half s & 1 of the count rows), then release-stores s in
+ *      each rank's CNT_FLAG[s & 1][me].
+ *   2. Every CTA waits (acquire) for every rank's CNT_FLAG to reach s, then computes from
+ *      the n count rows, identically on every rank: where each expert's rows start at its
+ *      rank, where this rank's rows go among them (after those of lower ranks), and whether
+ *      to stop: some rank's routing problem, or (normal mode) a rank that would receive more
+ *      than the receive region holds. Stopping is thus decided alike everywhere.
+ *   3. Unless stopping: entries are dealt to warps over the grid; a warp copies the token's
+ *      row into the expert's rank's receive region at its row (16-byte stores through the
+ *      peer mapping) and writes the row's metadata {source, entry, weight}.
+ *   4. Every CTA signals every rank (release add of 1 on DATA_DONE[me] there) and waits
+ *      until DATA_DONE[r] here reaches s * ctas for every rank r: every row for this rank
+ *      has landed. Then it writes the outputs for its local experts (counts, offsets,
+ *      weights, the handle's per-row metadata), and the last CTA to finish advances s.
+ * Reuse. A rank writes into rank R's receive region for dispatch s only after reading R's
+ * count row of s, which R's dispatch s writes at its start: R's stream has finished what came
+ * before, so work that read recv_x of dispatch s - 1 on R's stream is done. Count rows
+ * alternate halves: a rank writes half s & 1 again at dispatch s + 2, which it starts after
+ * finishing s + 1, which needed R's DATA_DONE of s + 1, which R signals after it read the
+ * count rows of s.
+ *
+ * Combine, its own sequence number c:
+ *   1. CTA 0 checks the handle (its buffer id, its dispatch's status, num_tokens) and
+ *      release-stores c << 8 | status into READY[me] at every rank (the status's value and
+ *      limit in READY_INFO first). READY also says "my combine region is free": the combine
+ *      before this one on this rank's stream has finished reading it.
+ *   2. Every CTA waits for every rank's READY to reach c; any status stops every rank.
+ *   3. Unless stopping: the rows this rank received (the handle's metadata) are dealt to
+ *      warps; a warp copies expert_out's row to the combine region of the row's source at
+ *      [t][k].
+ *   4. Every CTA signals BACK_DONE[me] at every rank and waits for BACK_DONE[r] >= c * ctas.
+ *   5. Unless stopping: y[t] = sum over k in order of w[t][k] * row[t][k] (float32, fused
+ *      multiply-adds, one rounding to bfloat16) for the entries the handle's slot array says
+ *      were sent. The last CTA advances c.
+ *
+ * Ordering. Rows, metadata and count words are plain stores (local or through the peer
+ * mapping); the CTA's threads finish them, __syncthreads(), and one thread then does a
+ * system-scope release (st.release.sys or red.release.sys.add, which are cumulative over
+ * what the barrier ordered before them); the waiter's system-scope acquire load, followed by
+ * __syncthreads(), makes them visible to its CTA, which reads them with ld.global.cg (L2,
+ * never a stale L1 line). Every wait is bounded by the communicator's MACO_DEVICE_TIMEOUT and
+ * reports the peer (MACO_DEVICE_WAIT_EP); a CTA whose wait failed returns, and the others
+ * leave their waits at the communicator's error.
+ *
+ * Co-residency: every CTA waits for CTAs of every rank, so the host launches at most the
+ * co-resident bound (maco_comm_get_coresident_ctas, halved when ranks share a GPU), and the
+ * same number on every rank (the done counters count CTAs).
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <stdint.h>
+
+#include "ep_kernels.h"
+#include "maco/device/atomics.h"
+#include "maco/device/error.h"
+
+#define MACO__EP_WARPS (MACO__EP_THREADS / 32)
+#define MACO__EP_FULL 0xffffffffu
+
+/* Object codes of MACO_DEVICE_WAIT_EP reports (maco/device/error.h). */
+enum { MACO__EP_W_COUNTS = 1, MACO__EP_W_ROWS = 2, MACO__EP_W_READY = 3, MACO__EP_W_BACK = 4 };
+
+static __device__ __forceinline__ void maco__ep_store_release(uint64_t *p, uint64_t v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+/* One thread: waits until (*p >> shift) >= want (system-scope acquire), bounded. Returns
+ * true when the wait failed (a timeout is recorded naming `peer`). */
+static __device__ __forceinline__ bool maco__ep_wait(const uint64_t *p, uint64_t want, int shift,
+                                                     const maco_device_wait_bound_t *b, int peer,
+                                                     int object)
+{
+    maco_spin_state_t spin = { 0, 0 };
+    for (;;) {
+        uint64_t v = maco_load_acquire_sys_u64(p);
+        if ((v >> shift) >= want)
+            return false;
+        maco_status_t st = maco_spin_check(b, &spin);
+        if (st != MACO_OK) {
+            if (st == MACO_ERR_TIMEOUT)
+                maco_device_error_record(b, st, peer, object, MACO_DEVICE_WAIT_EP, want,
+                                         v >> shift);
+            return true;
+        }
+    }
+}
+
+/* A warp copies one row of `bytes` (a multiple of 16) from src (read-only during the
+ * kernel) to dst, four 16-byte words per lane in flight. */
+static __device__ __forceinline__ void maco__ep_copy_row(char *dst, const char *src, uint64_t bytes,
+                                                         int lane)
+{
+    const uint64_t n = bytes / 16;
+    const uint4 *s = (const uint4 *)src;
+    uint4 *d = (uint4 *)dst;
+    uint64_t i = (uint64_t)lane;
+    for (; i + 96 < n; i += 128) {
+        uint4 w0 = __ldg(s + i), w1 = __ldg(s + i + 32), w2 = __ldg(s + i + 64),
+              w3 = __ldg(s + i + 96);
+        d[i] = w0;
+        d[i + 32] = w1;
+        d[i + 64] = w2;
+        d[i + 96] = w3;
+    }
+    for (; i < n; i += 32)
+        d[i] = __ldg(s + i);
+}
+
+/* The problem of entry k of a row (ep_layout.c, maco__ep_route: the same rules). */
+static __device__ __forceinline__ int maco__ep_check(const int64_t *row, int k, int64_t v, int E,
+                                                     int *first_k)
+{
+    if (v < -1 || v >= E)
+        return MACO__EP_BAD_EXPERT;
+    if (v < 0)
+        return MACO__EP_OK;
+    for (int j = 0; j < k; j++)
+        if (__ldg(row + j) == v) {
+            *first_k = j;
+            return MACO__EP_REPEAT;
+        }
+    return MACO__EP_OK;
+}
+
+/* The last CTA to finish stores `seq` as the buffer's last sequence number (at `seq_off`),
+ * with the CTA counter at `done_off` back to 0 (the kernel's end orders it before the next
+ * launch). */
+static __device__ __forceinline__ void maco__ep_advance(char *buf, int seq_off, int done_off,
+                                                        uint64_t seq)
+{
+    __syncthreads();
+    if (threadIdx.x != 0)
+        return;
+    __threadfence();
+    unsigned prev = atomicAdd((unsigned *)(buf + done_off), 1u);
+    if (prev == gridDim.x - 1) {
+        *(volatile unsigned *)(buf + done_off) = 0u;
+        *(volatile uint64_t *)(buf + seq_off) = seq;
+        __threadfence();
+    }
+}
+
+/* Thread 0 of CTA 0: the report for the host (ep_kernels.h has the order). Written when the
+ * launch stopped, or when the host waits for it (`want`). */
+static __device__ void maco__ep_report(maco__ep_report_t *r, uint64_t ticket, int want, int op,
+                                       const maco__ep_bad_t &bad, int64_t num_recv)
+{
+    if (bad.code != MACO__EP_OK) {
+        r->op = op;
+        r->code = bad.code;
+        r->rank = bad.rank;
+        r->token = bad.token;
+        r->k = bad.k;
+        r->value = bad.value;
+        r->limit = bad.limit;
+        __threadfence_system();
+        r->failures = r->failures + 1u;
+    } else if (!want) {
+        return;
+    }
+    r->num_recv = num_recv;
+    __threadfence_system();
+    r->ticket = ticket;
+    __threadfence_system();
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+/* CTA 0, step 1 of dispatch (file comment): routes this rank's T entries (topk_idx) into the
+ * handle's slot array, using `chunk` (this rank's routing scratch) and `mask_all`
+ * (MACO__EP_WARPS x E words of shared memory), and writes the counts into this rank's count
+ * row (at row_off) at every rank; the first invalid entry goes to *bad_entry. */
+static __device__ void maco__ep_route(const int64_t *topk_idx, int T, int K, int E, int n,
+                                      int32_t *chunk, int32_t *slot, char *const *peer,
+                                      uint64_t row_off, uint32_t *mask_all, int *bad_entry)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nchunks = (T + 31) / 32;
+    uint32_t *mask = mask_all + (size_t)warp * (size_t)E;
+
+    /* Pass 1: per chunk of 32 tokens (one warp), which lanes name each expert; the chunk's
+     * count per expert; the first invalid entry. */
+    for (int c = warp; c < nchunks; c += MACO__EP_WARPS) {
+        for (int e = lane; e < E; e += 32)
+            mask[e] = 0u;
+        __syncwarp();
+        const int t = c * 32 + lane;
+        if (t < T) {
+            const int64_t *row = topk_idx + (int64_t)t * K;
+            for (int k = 0; k < K; k++) {
+                const int64_t v = __ldg(row + k);
+                int first_k = -1;
+                if (maco__ep_check(row, k, v, E, &first_k) != MACO__EP_OK)
+                    atomicMin(bad_entry, t * K + k);
+                else if (v >= 0)
+                    atomicOr(&mask[v], 1u << lane);
+            }
+        }
+        __syncwarp();
+        for (int e = lane; e < E; e += 32)
+            chunk[(size_t)c * (size_t)E + (size_t)e] = __popc(mask[e]);
+        __syncwarp();
+    }
+    __syncthreads();
+
+    /* Pass 2: per expert, the exclusive prefix over chunks (in place) and the count, which
+     * goes straight into this rank's count row at every rank. Loads in batches of 8 so
+     * they are in flight together. */
+    for (int e = tid; e < E; e += blockDim.x) {
+        int run = 0;
+        for (int c0 = 0; c0 < nchunks; c0 += 8) {
+            int v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = c0 + j < nchunks ? chunk[(size_t)(c0 + j) * (size_t)E + (size_t)e] : 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (c0 + j < nchunks) {
+                    chunk[(size_t)(c0 + j) * (size_t)E + (size_t)e] = run;
+                    run += v[j];
+                }
+        }
+        for (int r = 0; r < n; r++)
+            ((int32_t *)(peer[r] + row_off))[MACO__EP_ROW_HEADER + e] = run;
+    }
+    __syncthreads();
+
+    /* Pass 3: each entry's slot = its chunk's base for the expert + the lanes before it in
+     * the chunk that name the expert (a row names an expert at most once). */
+    for (int c = warp; c < nchunks; c += MACO__EP_WARPS) {
+        for (int e = lane; e < E; e += 32)
+            mask[e] = 0u;
+        __syncwarp();
+        const int t = c * 32 + lane;
+        const int64_t *row = topk_idx + (int64_t)t * K;
+        if (t < T) {
+            for (int k = 0; k < K; k++) {
+                const int64_t v = __ldg(row + k);
+                int first_k = -1;
+                if (v >= 0 && maco__ep_check(row, k, v, E, &first_k) == MACO__EP_OK)
+                    atomicOr(&mask[v], 1u << lane);
+            }
+        }
+        __syncwarp();
+        if (t < T) {
+            for (int k = 0; k < K; k++) {
+                const int64_t v = __ldg(row + k);
+                int first_k = -1;
+                int s = -1;
+                if (v >= 0 && maco__ep_check(row, k, v, E, &first_k) == MACO__EP_OK)
+                    s = chunk[(size_t)c * (size_t)E + (size_t)v] +
+                        __popc(mask[v] & ((1u << lane) - 1u));
+                slot[t * K + k] = s;
+            }
+        }
+        __syncwarp();
+    }
+}
+
+__global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_dispatch_kernel(maco__ep_args_t a)
+{
+    extern __shared__ __align__(16) unsigned char maco__ep_smem[];
+    __shared__ char *peer[MACO_EP_MAX_RANKS];
+    __shared__ uint64_t s_seq;
+    __shared__ int s_bad_entry, s_abort;
+    __shared__ int32_t s_hdr[MACO__EP_ROW_HEADER];
+    __shared__ int64_t s_rows[MACO_EP_MAX_RANKS];
+    __shared__ maco__ep_bad_t s_bad;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = a.g.nranks, me = a.rank, E = a.g.num_experts, L = a.g.local_experts;
+    const int K = a.g.topk, T = a.num_tokens;
+    const uint64_t rowb = a.g.row_bytes;
+    const bool ll = a.g.mode == MACO_EP_LOW_LATENCY;
+    const maco_device_wait_bound_t bound = a.bound;
+    char *const buf = a.buf;
+    char *const handle = (char *)a.handle;
+
+    if (tid < MACO_EP_MAX_RANKS)
+        peer[tid] = a.peer[tid];
+    if (tid == 0) {
+        s_seq = *(volatile uint64_t *)(buf + MACO__EP_CTRL_DISP_SEQ) + 1u;
+        s_bad_entry = INT_MAX;
+        s_abort = 0;
+    }
+    __syncthreads();
+    const uint64_t seq = s_seq;
+    const int parity = (int)(seq & 1u);
+    const char *cnt_half = buf + a.o.cnt_off + (uint64_t)parity * (uint64_t)n * a.o.cnt_row_bytes;
+
+    /* 1. Routing and this rank's count row (CTA 0). */
+    const uint64_t row_off =
+        a.o.cnt_off + ((uint64_t)parity * (uint64_t)n + (uint64_t)me) * a.o.cnt_row_bytes;
+    if (blockIdx.x == 0) {
+        maco__ep_route(a.topk_idx, T, K, E, n, (int32_t *)(buf + a.o.chunk_off),
+                       (int32_t *)(handle + a.o.h_slot_off), peer, row_off,
+                       (uint32_t *)maco__ep_smem, &s_bad_entry);
+        __syncthreads();
+        if (tid == 0) {
+            int32_t h[MACO__EP_ROW_HEADER] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+            if (s_bad_entry != INT_MAX) {
+                const int i = s_bad_entry, t = i / K, k = i % K;
+                const int64_t *row = a.topk_idx + (int64_t)t * K;
+                const int64_t v = __ldg(row + k);
+                int first_k = -1;
+                h[0] = maco__ep_check(row, k, v, E, &first_k);
+                h[1] = t;
+                h[2] = k;
+                h[3] = (int32_t)(uint32_t)((uint64_t)v & 0xffffffffu);
+                h[4] = (int32_t)(uint32_t)((uint64_t)v >> 32);
+                h[5] = h[0] == MACO__EP_BAD_EXPERT ? E : first_k;
+            }
+            for (int j = 0; j < MACO__EP_ROW_HEADER; j++)
+                s_hdr[j] = h[j];
+        }
+        __syncthreads();
+        if (tid < MACO__EP_ROW_HEADER * n)
+            ((int32_t *)(peer[tid / MACO__EP_ROW_HEADER] + row_off))[tid % MACO__EP_ROW_HEADER] =
+                s_hdr[tid % MACO__EP_ROW_HEADER];
+        /* The slots, the counts and the headers are stored: publish the row everywhere. */
+        __syncthreads();
+        if (tid < n)
+            maco__ep_store_release((uint64_t *)(peer[tid] + MACO__EP_CTRL_CNT_FLAG) +
+                                       (size_t)parity * MACO_EP_MAX_RANKS + (size_t)me,
+                                   seq);
+    }
+
+    /* 2. Every rank's count row of this dispatch. */
+    bool failed = false;
+    if (tid < n)
+        failed = maco__ep_wait((const uint64_t *)(buf + MACO__EP_CTRL_CNT_FLAG) +
+                                   (size_t)parity * MACO_EP_MAX_RANKS + (size_t)tid,
+                               seq, 0, &bound, tid, MACO__EP_W_COUNTS);
+    if (__syncthreads_or(failed))
+        return;
+    int32_t *s_off = (int32_t *)maco__ep_smem; /* [E]: rows of lower ranks for expert e */
+    int32_t *s_tot = s_off + E;                /* [E]: rows of every rank for expert e */
+    int32_t *s_base = s_tot + E;               /* [E]: expert e's first row at its rank */
+    for (int e = tid; e < E; e += blockDim.x) {
+        int off = 0, tot = 0;
+        for (int r = 0; r < n; r++) {
+            const int c = __ldcg((const int *)(cnt_half + (uint64_t)r * a.o.cnt_row_bytes) +
+                                 MACO__EP_ROW_HEADER + e);
+            off += r < me ? c : 0;
+            tot += c;
+        }
+        s_off[e] = off;
+        s_tot[e] = tot;
+    }
+    __syncthreads();
+    /* Warp R lays out rank R's local experts: fixed capacity each (low latency), or packed
+     * (normal: an exclusive scan of their totals, 32 at a time). */
+    if (warp < n) {
+        const int R = warp;
+        int64_t run = 0;
+        for (int l0 = 0; l0 < L; l0 += 32) {
+            const int l = l0 + lane;
+            const int v = l < L ? s_tot[R * L + l] : 0;
+            int incl = v;
+            for (int d = 1; d < 32; d <<= 1) {
+                const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
+                if (lane >= d)
+                    incl += u;
+            }
+            if (l < L)
+                s_base[R * L + l] =
+                    ll ? (int32_t)((int64_t)l * a.g.expert_cap) : (int32_t)(run + incl - v);
+            run += __shfl_sync(MACO__EP_FULL, incl, 31);
+        }
+        if (lane == 0)
+            s_rows[R] = run;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        maco__ep_bad_t bad = { 0, 0, 0, 0, 0, 0 };
+        for (int r = 0; r < n && bad.code == MACO__EP_OK; r++) {
+            const int32_t *h = (const int32_t *)(cnt_half + (uint64_t)r * a.o.cnt_row_bytes);
+            const int code = __ldcg(h);
+            if (code != MACO__EP_OK) {
+                bad.code = code;
+                bad.rank = r;
+                bad.token = __ldcg(h + 1);
+                bad.k = __ldcg(h + 2);
+                bad.value = (int64_t)(((uint64_t)(uint32_t)__ldcg(h + 4) << 32) |
+                                      (uint64_t)(uint32_t)__ldcg(h + 3));
+                bad.limit = __ldcg(h + 5);
+            }
+        }
+        for (int R = 0; R < n && bad.code == MACO__EP_OK && !ll; R++)
+            if (s_rows[R] > a.g.recv_rows) {
+                bad.code = MACO__EP_OVERFLOW;
+                bad.rank = R;
+                bad.token = -1;
+                bad.k = -1;
+                bad.value = s_rows[R];
+                bad.limit = a.g.recv_rows;
+            }
+        s_bad = bad;
+        s_abort = bad.code != MACO__EP_OK;
+    }
+    __syncthreads();
+    const bool abort = s_abort != 0;
+
+    /* 3. Every entry of this rank to its expert's rank, one warp per entry. */
+    if (!abort) {
+        const int32_t *slot = (const int32_t *)(handle + a.o.h_slot_off);
+        const int W = (int)gridDim.x * MACO__EP_WARPS;
+        const int entries = T * K;
+        for (int i = (int)blockIdx.x * MACO__EP_WARPS + warp; i < entries; i += W) {
+            const int s = __ldcg(slot + i);
+            if (s < 0)
+                continue;
+            const int t = i / K;
+            const int e = (int)__ldg(a.topk_idx + i);
+            const int R = e / L;
+            const int64_t row = (int64_t)s_base[e] + s_off[e] + s;
+            maco__ep_copy_row(peer[R] + a.o.recv_off + (uint64_t)row * rowb,
+                              (const char *)a.x + (uint64_t)t * rowb, rowb, lane);
+            if (lane == 0) {
+                const float w = a.topk_weights != nullptr ? __ldg(a.topk_weights + i) : 0.0f;
+                *(uint4 *)(peer[R] + a.o.meta_off + (uint64_t)row * 16u) =
+                    make_uint4((uint32_t)me, (uint32_t)i, __float_as_uint(w), 0u);
+            }
+        }
+    }
+
+    /* 4. This CTA is done writing to every rank; wait until every rank's CTAs are. */
+    __syncthreads();
+    if (tid < n)
+        maco_red_add_release_sys_u64((uint64_t *)(peer[tid] + MACO__EP_CTRL_DATA_DONE) + me, 1u);
+    failed = false;
+    if (tid < n)
+        failed = maco__ep_wait((const uint64_t *)(buf + MACO__EP_CTRL_DATA_DONE) + tid,
+                               seq * (uint64_t)gridDim.x, 0, &bound, tid, MACO__EP_W_ROWS);
+    if (__syncthreads_or(failed))
+        return;
+
+    if (!abort) {
+        int32_t *hexp = (int32_t *)(handle + a.o.h_exp_off);
+        int2 *hmeta = (int2 *)(handle + a.o.h_meta_off);
+        const uint4 *meta = (const uint4 *)(buf + a.o.meta_off);
+        for (int l = (int)blockIdx.x; l < L; l += (int)gridDim.x) {
+            const int e = me * L + l, cnt = s_tot[e], b = s_base[e];
+            for (int j = tid; j < cnt; j += blockDim.x) {
+                const uint4 m = __ldcg(meta + b + j);
+                hmeta[b + j] = make_int2((int)m.x, (int)m.y);
+                if (a.recv_weights != nullptr)
+                    a.recv_weights[b + j] = __uint_as_float(m.z);
+            }
+            if (tid == 0) {
+                a.recv_counts[l] = cnt;
+                hexp[l] = b;
+                hexp[L + l] = cnt;
+                if (a.recv_offsets != nullptr)
+                    a.recv_offsets[l] = b;
+            }
+        }
+    }
+    if (blockIdx.x == 0 && tid == 0) {
+        const int64_t rows = ll ? (int64_t)L * a.g.expert_cap : s_rows[me];
+        if (!abort && a.recv_offsets != nullptr)
+            a.recv_offsets[L] = (int32_t)rows;
+        maco__ep_handle_header_t *h = (maco__ep_handle_header_t *)handle;
+        h->status = abort ? s_bad.code : MACO__EP_OK;
+        h->buffer_id = a.buffer_id;
+        h->num_tokens = T;
+        h->nranks = n;
+        h->local_experts = L;
+        h->topk = K;
+        h->num_recv = abort ? 0 : s_rows[me];
+        h->seq = seq;
+        h->magic = MACO__EP_HANDLE_MAGIC;
+        maco__ep_report(a.report, a.ticket, a.want_report, 0, s_bad, abort ? -1 : s_rows[me]);
+    }
+    maco__ep_advance(buf, MACO__EP_CTRL_DISP_SEQ, MACO__EP_CTRL_DISP_DONE, seq);
+}
+
+/* ------------------------------------------------------------------ combine */
+
+static __device__ __forceinline__ float maco__ep_bf16_lo(uint32_t w)
+{
+    return __uint_as_float(w << 16);
+}
+
+static __device__ __forceinline__ float maco__ep_bf16_hi(uint32_t w)
+{
+    return __uint_as_float(w & 0xffff0000u);
+}
+
+static __device__ __forceinline__ uint32_t maco__ep_bf16_pack(float lo, float hi)
+{
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+__global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_combine_kernel(maco__ep_args_t a)
+{
+    extern __shared__ __align__(16) unsigned char maco__ep_smem[];
+    __shared__ char *peer[MACO_EP_MAX_RANKS];
+    __shared__ uint64_t s_seq;
+    __shared__ int s_abort, s_total;
+    __shared__ maco__ep_bad_t s_bad;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts, K = a.g.topk;
+    const int T = a.num_tokens;
+    const uint64_t rowb = a.g.row_bytes;
+    const maco_device_wait_bound_t bound = a.bound;
+    char *const buf = a.buf;
+    const char *const handle = (const char *)a.handle;
+    int32_t *s_pre = (int32_t *)maco__ep_smem; /* [L + 1]: rows of local experts before l */
+    int32_t *s_base = s_pre + L + 1;           /* [L]: local expert l's first row */
+
+    if (tid < MACO_EP_MAX_RANKS)
+        peer[tid] = a.peer[tid];
+    if (tid == 0) {
+        s_seq = *(volatile uint64_t *)(buf + MACO__EP_CTRL_COMB_SEQ) + 1u;
+        s_abort = 0;
+    }
+    __syncthreads();
+    const uint64_t seq = s_seq;
+
+    /* 1. This rank's status to every rank (CTA 0). */
+    if (blockIdx.x == 0 && tid == 0) {
+        const maco__ep_handle_header_t *h = (const maco__ep_handle_header_t *)handle;
+        int code = MACO__EP_OK;
+        int32_t value = 0, limit = 0;
+        if (h->magic != MACO__EP_HANDLE_MAGIC || h->buffer_id != a.buffer_id || h->nranks != n ||
+            h->local_experts != L || h->topk != K) {
+            code = MACO__EP_FOREIGN;
+        } else if (h->status != MACO__EP_OK) {
+            code = MACO__EP_FAILED;
+            value = h->status;
+        } else if (h->num_tokens != T) {
+            code = MACO__EP_TOKENS;
+            value = T;
+            limit = h->num_tokens;
+        }
+        for (int r = 0; r < n; r++) {
+            *(volatile uint64_t *)((uint64_t *)(peer[r] + MACO__EP_CTRL_READY_INFO) + me) =
+                (uint64_t)(uint32_t)value | ((uint64_t)(uint32_t)limit << 32);
+        }
+        for (int r = 0; r < n; r++)
+            maco__ep_store_release((uint64_t *)(peer[r] + MACO__EP_CTRL_READY) + me,
+                                   (seq << 8) | (uint64_t)code);
+    }
+
+    /* 2. Every rank's status. */
+    bool failed = false;
+    if (tid < n)
+        failed = maco__ep_wait((const uint64_t *)(buf + MACO__EP_CTRL_READY) + tid, seq, 8, &bound,
+                               tid, MACO__EP_W_READY);
+    if (__syncthreads_or(failed))
+        return;
+    if (tid == 0) {
+        maco__ep_bad_t bad = { 0, 0, 0, 0, 0, 0 };
+        for (int r = 0; r < n && bad.code == MACO__EP_OK; r++) {
+            const uint64_t v = __ldcg((const unsigned long long *)(buf + MACO__EP_CTRL_READY) + r);
+            if ((v & 0xffu) != 0u) {
+                const uint64_t info =
+                    __ldcg((const unsigned long long *)(buf + MACO__EP_CTRL_READY_INFO) + r);
+                bad.code = (int32_t)(v & 0xffu);
+                bad.rank = r;
+                bad.token = -1;
+                bad.k = -1;
+                bad.value = (int32_t)(uint32_t)(info & 0xffffffffu);
+                bad.limit = (int32_t)(uint32_t)(info >> 32);
+            }
+        }
+        s_bad = bad;
+        s_abort = bad.code != MACO__EP_OK;
+    }
+    __syncthreads();
+    const bool abort = s_abort != 0;
+
+    /* 3. Every row this rank received back to its source's combine region at [t][k]. */
+    if (!abort) {
+        const int32_t *hexp = (const int32_t *)(handle + a.o.h_exp_off);
+        if (warp == 0) {
+            int run = 0;
+            for (int l0 = 0; l0 < L; l0 += 32) {
+                const int l = l0 + lane;
+                const int v = l < L ? hexp[L + l] : 0;
+                int incl = v;
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
+                    if (lane >= d)
+                        incl += u;
+                }
+                if (l < L) {
+                    s_pre[l] = run + incl - v;
+                    s_base[l] = hexp[l];
+                }
+                run += __shfl_sync(MACO__EP_FULL, incl, 31);
+            }
+            if (lane == 0) {
+                s_pre[L] = run;
+                s_total = run;
+            }
+        }
+        __syncthreads();
+        const int total = s_total;
+        const int2 *hmeta = (const int2 *)(handle + a.o.h_meta_off);
+        const int W = (int)gridDim.x * MACO__EP_WARPS;
+        for (int v = (int)blockIdx.x * MACO__EP_WARPS + warp; v < total; v += W) {
+            int lo = 0, hi = L - 1; /* the last local expert whose rows start at or before v */
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (s_pre[mid] <= v)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            const int64_t row = (int64_t)s_base[lo] + (v - s_pre[lo]);
+            const int2 m = hmeta[row];
+            maco__ep_copy_row(peer[m.x] + a.o.comb_off + (uint64_t)m.y * rowb,
+                              (const char *)a.expert_out + (uint64_t)row * rowb, rowb, lane);
+        }
+    }
+
+    /* 4. Done writing; wait for every rank's rows. */
+    __syncthreads();
+    if (tid < n)
+        maco_red_add_release_sys_u64((uint64_t *)(peer[tid] + MACO__EP_CTRL_BACK_DONE) + me, 1u);
+    failed = false;
+    if (tid < n)
+        failed = maco__ep_wait((const uint64_t *)(buf + MACO__EP_CTRL_BACK_DONE) + tid,
+                               seq * (uint64_t)gridDim.x, 0, &bound, tid, MACO__EP_W_BACK);
+    if (__syncthreads_or(failed))
+        return;
+
+    /* 5. y[t] = sum over k of w[t][k] * row[t][k], 8 elements (16 bytes) per thread. */
+    if (!abort) {
+        const int32_t *slot = (const int32_t *)(handle + a.o.h_slot_off);
+        const int64_t vecs = a.g.hidden / 8;
+        const int64_t work = (int64_t)T * vecs;
+        const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + tid; i < work; i += stride) {
+            const int t = (int)(i / vecs);
+            const int64_t v = i % vecs;
+            float acc[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[j] = 0.0f;
+            for (int k = 0; k < K; k++) {
+                const int entry = t * K + k;
+                if (__ldg(slot + entry) < 0)
+                    continue;
+                const float w = __ldg(a.topk_weights + entry);
+                const uint4 u =
+                    __ldcg((const uint4 *)(buf + a.o.comb_off + (uint64_t)entry * rowb) + v);
+                const uint32_t words[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    acc[2 * j] = __fmaf_rn(w, maco__ep_bf16_lo(words[j]), acc[2 * j]);
+                    acc[2 * j + 1] = __fmaf_rn(w, maco__ep_bf16_hi(words[j]), acc[2 * j + 1]);
+                }
+            }
+            ((uint4 *)((char *)a.y + (uint64_t)t * rowb))[v] =
+                make_uint4(maco__ep_bf16_pack(acc[0], acc[1]), maco__ep_bf16_pack(acc[2], acc[3]),
+                           maco__ep_bf16_pack(acc[4], acc[5]), maco__ep_bf16_pack(acc[6], acc[7]));
+        }
+    }
+    if (blockIdx.x == 0 && tid == 0)
+        maco__ep_report(a.report, a.ticket, a.want_report, 1, s_bad, -1);
+    maco__ep_advance(buf, MACO__EP_CTRL_COMB_SEQ, MACO__EP_CTRL_COMB_DONE, seq);
+}
+
+/* ------------------------------------------------------------------ host side */
+
+extern "C" size_t maco__ep_dispatch_smem(const maco__ep_geom_t *g)
+{
+    /* Routing masks (MACO__EP_WARPS words per expert), reused for 3 words per expert. */
+    size_t e = (size_t)g->num_experts;
+    size_t route = (size_t)MACO__EP_WARPS * e * 4u, layout = 3u * e * 4u;
+    return route > layout ? route : layout;
+}
+
+extern "C" size_t maco__ep_combine_smem(const maco__ep_geom_t *g)
+{
+    return (2u * (size_t)g->local_experts + 1u) * 4u;
+}
+
+extern "C" cudaError_t maco__ep_prepare_kernels(size_t dispatch_smem, size_t combine_smem)
+{
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, maco__ep_dispatch_kernel);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&attr, maco__ep_combine_kernel);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(maco__ep_dispatch_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dispatch_smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(maco__ep_combine_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)combine_smem);
+    return e;
+}
+
+extern "C" cudaError_t maco__ep_launch_dispatch(const maco__ep_args_t *a, int ctas, size_t smem,
+                                                cudaStream_t stream)
+{
+    maco__ep_dispatch_kernel<<<ctas, MACO__EP_THREADS, smem, stream>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t maco__ep_launch_combine(const maco__ep_args_t *a, int ctas, size_t smem,
+                                               cudaStream_t stream)
+{
+    maco__ep_combine_kernel<<<ctas, MACO__EP_THREADS, smem, stream>>>(*a);
+    return cudaGetLastError();
+}
