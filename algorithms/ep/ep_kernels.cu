@@ -60,6 +60,7 @@
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ep_kernels.h"
 #include "maco/device/atomics.h"
@@ -699,12 +700,21 @@ extern "C" cudaError_t maco__ep_prepare_kernels(size_t dispatch_smem, size_t com
     cudaError_t e = cudaFuncGetAttributes(&attr, maco__ep_dispatch_kernel);
     if (e == cudaSuccess)
         e = cudaFuncGetAttributes(&attr, maco__ep_combine_kernel);
-    if (e == cudaSuccess)
+    /* The most any buffer may need (MACO_EP_MAX_EXPERTS), never less: the attribute is the
+     * kernel's, shared by every buffer of this device. */
+    maco__ep_geom_t most;
+    memset(&most, 0, sizeof(most));
+    most.num_experts = MACO_EP_MAX_EXPERTS;
+    most.local_experts = MACO_EP_MAX_EXPERTS;
+    const size_t dmax = maco__ep_dispatch_smem(&most), cmax = maco__ep_combine_smem(&most);
+    if (e == cudaSuccess && dispatch_smem <= dmax && dmax > 48u * 1024u)
         e = cudaFuncSetAttribute(maco__ep_dispatch_kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dispatch_smem);
-    if (e == cudaSuccess)
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dmax);
+    if (e == cudaSuccess && combine_smem <= cmax && cmax > 48u * 1024u)
         e = cudaFuncSetAttribute(maco__ep_combine_kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)combine_smem);
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cmax);
+    if (e == cudaSuccess && (dispatch_smem > dmax || combine_smem > cmax))
+        e = cudaErrorInvalidValue;
     return e;
 }
 
