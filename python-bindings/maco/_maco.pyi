@@ -237,3 +237,36 @@ class Comm:
         """
         (in-place launches, scratch launches) of the mesh kernels and the CTAs of the last collective kernel; synchronises the device.
         """
+
+# ---- expert parallelism (maco/ep.h; src/ep_bindings.h)
+
+class EpBuffer:
+    """An expert-parallel buffer (maco_ep_buffer_t, maco/ep.h); maco.ep.Buffer builds on it."""
+
+    def info(self) -> dict:
+        """maco_ep_buffer_get_info as a dict."""
+
+    def dispatch(self, x: int, x_dtype: int, num_tokens: int, hidden: int, topk_idx: int,
+                 topk_weights: int, topk: int, recv_counts: int, recv_offsets: int,
+                 recv_topk_weights: int, handle: int, want_num_recv: bool, stream: int) -> int:
+        """
+        maco_ep_dispatch (addresses as ints, 0 for NULL); the rows received when want_num_recv (normal mode: waits), else -1. Releases the GIL.
+        """
+
+    def combine(self, expert_out: int, dtype: int, hidden: int, handle: int, topk_weights: int,
+                num_tokens: int, topk: int, y: int, stream: int) -> None:
+        """maco_ep_combine."""
+
+    def check(self) -> None:
+        """maco_ep_buffer_check: raises the device-found input error not reported yet."""
+
+    def destroy(self) -> None:
+        """maco_ep_buffer_destroy (waits for the device); idempotent."""
+
+    @property
+    def destroyed(self) -> bool: ...
+
+def ep_buffer_create(comm: Comm, mode: int, max_tokens_per_rank: int, hidden: int,
+                     num_experts: int, topk: int, dtype: int, max_recv_tokens: int,
+                     num_ctas: int) -> EpBuffer:
+    """maco_ep_buffer_create (collective, blocking): an EpBuffer on `comm`."""

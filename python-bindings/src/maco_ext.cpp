@@ -827,6 +827,8 @@ nb::object alloc_dlpack(const Comm &c, std::vector<int64_t> shape, int code, int
 
 } // namespace
 
+#include "ep_bindings.h" /* expert parallelism (maco/ep.h): EpBuffer, bind_ep */
+
 NB_MODULE(_maco, m)
 {
     m.doc() = "MACO's C API for the maco package (internal: use maco's Python API).";
@@ -1303,4 +1305,6 @@ NB_MODULE(_maco, m)
             },
             "(in-place launches, scratch launches) of the mesh kernels and the CTAs of the last "
             "collective kernel; synchronises the device.");
+
+    bind_ep(m);
 }

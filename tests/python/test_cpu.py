@@ -664,3 +664,20 @@ def test_torch_backend_falls_back_to_local_rank_without_a_tensor(fake_comms, mon
     assert gloo.barriers == 1
     pg.barrier()  # bound: MACO's barrier from now on
     assert pg.comm.barriers == 2 and gloo.barriers == 1
+
+
+# ------------------------------------------------------------------ maco.ep (expert parallelism)
+
+
+@needs_torch
+@pytest.mark.skipif(has_gpu, reason="checks the no-GPU answer; this machine has a GPU")
+def test_ep_buffer_without_gpu(comm):
+    """maco.ep.Buffer on a communicator without a GPU: the C library's refusal, with the call
+    named; maco.ep imports and documents its API."""
+    import maco.ep
+
+    assert maco.ep.Buffer.dispatch.__doc__ and maco.ep.Buffer.combine.__doc__
+    with pytest.raises(maco.UnsupportedError) as e:
+        maco.ep.Buffer(comm, num_experts=8, hidden=64, num_max_dispatch_tokens_per_rank=16,
+                       num_topk=2, low_latency_mode=True)
+    assert e.value.status == -6 and "maco_ep_buffer_create" in str(e.value)

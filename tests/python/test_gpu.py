@@ -5,8 +5,9 @@ MPS), gpu_persistent.py (maco.PersistentKernel, maco.profiler) with 1, 2 and 4 r
 with 1, 2 and 4 ranks, and
 gpu_torch_backend.py under torchrun with 4 ranks, as the "maco" backend (bound by set_device
 before init, by the first collective after init then set_device, and by init's device_id=)
-and through patch_torch_distributed, and gpu_overlap.py (the overlap API of issue 39) under
-torchrun with one rank per GPU (2 to 4)."""
+and through patch_torch_distributed, gpu_overlap.py (the overlap API of issue 39) under
+torchrun with one rank per GPU (2 to 4), and gpu_ep.py (maco.ep's dispatch and combine) with 2
+and 4 ranks."""
 
 import os
 import shutil
@@ -93,3 +94,12 @@ def test_overlap_api():
     out = run([*cmd, "--nproc-per-node", str(n), "--master-port", "29518",
                os.path.join(HERE, "gpu_overlap.py")], timeout=600)
     assert out.count("PASS gpu_overlap") == n
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_expert_parallel(ranks):
+    """maco.ep's dispatch and combine in both modes (gpu_ep.py)."""
+    pytest.importorskip("torch")
+    out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,
+               os.path.join(HERE, "gpu_ep.py")])
+    assert out.count("PASS gpu_ep") == ranks
