@@ -233,6 +233,7 @@ void RunMode(const Job &j, const Options &opt, maco_ep_mode_t mode)
     CK(cudaMemcpy(d_idx, idx.data(), idx.size() * 8, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(d_out, 0, (size_t)info.recv_rows * rowb));
+    CK(cudaDeviceSynchronize()); /* the copies above ran on the legacy stream, not on j.s */
 
     auto dispatch = [&]() {
         MK(maco_ep_dispatch(buf, d_x, MACO_BFLOAT16, T, H, d_idx, d_w, K, d_counts, d_offsets, d_rw,
@@ -307,6 +308,7 @@ void RunMode(const Job &j, const Options &opt, maco_ep_mode_t mode)
     for (int r = 0; r < n; r++)
         sc32[r] = (int32_t)scount[r];
     CK(cudaMemcpy(d_scount, sc32.data(), (size_t)n * 4, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
     std::vector<int32_t> rc32(n);
     std::vector<size_t> rcount(n), rdispl(n), sc_el(n), sd_el(n), rc_el(n), rd_el(n);
     const int vecs = H / 8;

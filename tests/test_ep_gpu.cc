@@ -224,11 +224,17 @@ class EpGpu : public maco_test::GpuCase
         return all;
     }
 
+    /* On the test's stream (a pageable cudaMemcpy may still be in flight on the legacy stream
+     * when it returns, which the non-blocking stream does not wait for). `in` must live until
+     * the stream is synchronised. */
     void Upload(const RankInput &in)
     {
-        CUDA_CHECK(cudaMemcpy(d_x_, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(d_idx_, in.idx.data(), in.idx.size() * 8, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(d_w_, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpyAsync(d_x_, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(d_idx_, in.idx.data(), in.idx.size() * 8, cudaMemcpyHostToDevice,
+                                   stream_));
+        CUDA_CHECK(
+            cudaMemcpyAsync(d_w_, in.w.data(), in.w.size() * 4, cudaMemcpyHostToDevice, stream_));
     }
 
     /* Poisons every output of dispatch (the receive region included) and of combine. */
