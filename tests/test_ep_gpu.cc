@@ -790,6 +790,31 @@ TEST_F(EpGpu, CombineWithOtherTokenCountStops)
     EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](uint8_t v) { return v == 0xff; }));
 }
 
+/* Ranks on several nodes (maco-run --simulate-nodes; ctest gpu_ep_two_nodes): refused with
+ * the reason, on every rank. */
+TEST_F(EpGpu, RefusedAcrossNodes)
+{
+    int nodes = 1;
+    ASSERT_EQ(maco_comm_get_nnodes(Comm(), &nodes), MACO_OK);
+    if (nodes == 1)
+        GTEST_SKIP() << "one node (ctest gpu_ep_two_nodes runs this on simulated nodes)";
+    AllowLog("maco_ep_buffer_create");
+    maco_ep_config_t c;
+    std::memset(&c, 0, sizeof(c));
+    c.mode = MACO_EP_LOW_LATENCY;
+    c.max_tokens_per_rank = 8;
+    c.hidden = 64;
+    c.num_experts = 2 * NRanks();
+    c.topk = 2;
+    c.dtype = MACO_BFLOAT16;
+    maco_ep_buffer_t b = nullptr;
+    EXPECT_EQ(maco_ep_buffer_create(Comm(), &c, &b), MACO_ERR_UNSUPPORTED);
+    EXPECT_EQ(b, nullptr);
+    const std::string want = "spans " + std::to_string(nodes) + " nodes";
+    EXPECT_NE(std::string(maco_log_last_error()).find(want), std::string::npos)
+        << maco_log_last_error();
+}
+
 /* A rank that dies before a dispatch: the others' kernels stop at MACO_DEVICE_TIMEOUT and
  * their asynchronous error names it. Runs alone (ctest gpu_ep_dead_peer). */
 TEST_F(EpGpu, DeadPeerIsNamed)
