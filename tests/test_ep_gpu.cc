@@ -672,7 +672,8 @@ TEST_F(EpGpu, DeviceFoundInputErrorsStopEveryRank)
         std::vector<RankInput> all = Inputs(kUniform, seed_ ^ (uint64_t)b.token);
         RankInput mine = all[Rank()];
         int64_t *row = &mine.idx[(size_t)b.token * 4];
-        const int64_t value = b.value == -3 ? row[0] : b.value;
+        /* The repeated value is the bad rank's column 0 (each rank's inputs differ). */
+        const int64_t value = b.value == -3 ? all[bad_rank].idx[(size_t)b.token * 4] : b.value;
         if (Rank() == bad_rank)
             row[b.k] = value;
         ASSERT_NO_FATAL_FAILURE(Upload(mine));
@@ -780,9 +781,11 @@ TEST_F(EpGpu, CombineWithOtherTokenCountStops)
     ASSERT_EQ(Combine(other), MACO_OK);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     EXPECT_EQ(maco_ep_buffer_check(buf_), MACO_ERR_INVALID_ARGUMENT);
+    /* Every rank's message names rank 0 and rank 0's counts (the ranks' inputs differ). */
+    const int t0 = all[0].T, other0 = t0 > 0 ? t0 - 1 : 1;
     char want[120];
     std::snprintf(want, sizeof(want),
-                  "rank 0: num_tokens %d differs from the handle's dispatch (%d", other, T);
+                  "rank 0: num_tokens %d differs from the handle's dispatch (%d", other0, t0);
     EXPECT_NE(std::string(maco_log_last_error()).find(want), std::string::npos)
         << maco_log_last_error();
     std::vector<uint8_t> y(17 * 128);
