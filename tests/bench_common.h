@@ -1,6 +1,6 @@
 /*
- * bench_common.h - what the two-GPU channel benchmarks (bench_memory_channel,
- * bench_port_channel) share: error checks that exit, timing helpers, and the setup of two
+ * bench_common.h - what the benchmarks (bench_memory_channel, bench_port_channel, bench_ep, ...)
+ * share: error checks that exit, timing helpers, and the setup of two
  * ranks that each register a buffer and import the peer's.
  *
  * Benchmarks, not tests: any failure prints the call and exits with status 1.
@@ -29,7 +29,8 @@
     do {                                                                                           \
         maco_status_t s_ = (call);                                                                 \
         if (s_ != MACO_OK) {                                                                       \
-            fprintf(stderr, "%s failed: %s\n", #call, maco_status_string(s_));                     \
+            fprintf(stderr, "%s failed: %s: %s\n", #call, maco_status_string(s_),                  \
+                    maco_log_last_error());                                                        \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)

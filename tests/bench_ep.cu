@@ -30,25 +30,8 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_common.h" /* CK, MK */
 #include "maco/maco.h"
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define MK(call)                                                                                   \
-    do {                                                                                           \
-        maco_status_t s_ = (call);                                                                 \
-        if (s_ != MACO_OK) {                                                                       \
-            fprintf(stderr, "%s failed: %s: %s\n", #call, maco_status_string(s_),                  \
-                    maco_log_last_error());                                                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 namespace
 {
