@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu-issue23.sh needs into gpu-bundle/, to be carried to the GPU machine
 # (the device tool's carry: 64 MiB in all): scripts/gpu-bundle.sh's build files plus MACO's
-# libnccl (src/nccl) and its test binaries and ctest file (tests/nccl), packed as
+# libnccl (nccl/) and its test binaries and ctest file (tests/nccl), packed as
 # gpu-bundle/build.tgz (the libraries compress about 3:1; unpacked they pass the limit), and
 # the Python package's wheel in gpu-bundle/whl/ (a cp312 abi3 wheel shipping the same
 # libmaco: see docs/multi-gpu-runbook.md for the command that builds it). gpu-issue23.sh
@@ -11,15 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 src=${1:-build}
 whl=${2:-}
-[ -f "$src/src/nccl/libmaco_nccl.so" ] || {
-  echo "gpu-issue23-bundle.sh: no $src/src/nccl/libmaco_nccl.so (MACO's libnccl is needed)" >&2
+[ -f "$src/nccl/libmaco_nccl.so" ] || {
+  echo "gpu-issue23-bundle.sh: no $src/nccl/libmaco_nccl.so (MACO's libnccl is needed)" >&2
   exit 1
 }
 [ -z "$whl" ] || [ -f "$whl" ] || { echo "gpu-issue23-bundle.sh: no wheel $whl" >&2; exit 1; }
 scripts/gpu-bundle.sh "$src" > /dev/null
 dst=gpu-bundle/build
-mkdir -p "$dst/src/nccl" "$dst/tests/nccl"
-cp -a "$src"/src/nccl/libmaco_nccl.so "$src"/src/nccl/libnccl.so.2 "$dst/src/nccl/"
+mkdir -p "$dst/nccl" "$dst/tests/nccl"
+cp -a "$src"/nccl/libmaco_nccl.so "$src"/nccl/libnccl.so.2 "$dst/nccl/"
 cp -a "$src/tests/nccl/CTestTestfile.cmake" "$dst/tests/nccl/"
 for f in "$src"/tests/nccl/*; do
   [ -f "$f" ] && [ -x "$f" ] && cp -a "$f" "$dst/tests/nccl/"

@@ -56,7 +56,7 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS
 R=$PWD/$B/tools/maco-run
 P=$PWD/$B/tools/maco-perf
 T=$PWD/$B/tests/test_gpu_mp
-PRE=$PWD/$B/src/nccl/libmaco_nccl.so
+PRE=$PWD/$B/nccl/libmaco_nccl.so
 if [ -n "${NGPU:-}" ]; then
   ngpu=$NGPU
 else

@@ -6,7 +6,7 @@ if(NOT CLANG_FORMAT)
   return()
 endif()
 set(files)
-foreach(dir include src proxy algorithms tools tests examples python-bindings/src)
+foreach(dir include src nccl proxy algorithms tools tests examples python-bindings/src)
   file(GLOB_RECURSE found ${SRC}/${dir}/*.c ${SRC}/${dir}/*.h ${SRC}/${dir}/*.cc
        ${SRC}/${dir}/*.cu ${SRC}/${dir}/*.cuh ${SRC}/${dir}/*.cpp)
   list(APPEND files ${found})

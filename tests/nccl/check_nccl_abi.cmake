@@ -2,7 +2,7 @@
 # host side of nccl_device/*.h) declares is exported (ncclX weak, pncclX strong, as NCCL's are), nothing else is exported but the
 # library's documented extras, the SONAME is libnccl.so.2, and there is no link-time
 # dependency on libcuda, libnccl or libibverbs. (The struct sizes and offsets are compile-time
-# checks in src/nccl/errors.c and run-time checks in test_nccl_cpu.)
+# checks in nccl/errors.c and run-time checks in test_nccl_cpu.)
 # Arguments: -DLIB=<libmaco_nccl.so> -DHEADER=<nccl.h>
 cmake_minimum_required(VERSION 3.25)
 file(READ ${HEADER} header)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """CuPy's one-process, several-GPU NCCL sequence (issue 33), checked bit for bit.
 
-    LD_PRELOAD=build/src/nccl/libmaco_nccl.so python3 tests/nccl/cupy_check.py
-    (or tests/nccl/run_cupy_check.sh build/src/nccl, which ctest's gpu_nccl_cupy runs)
+    LD_PRELOAD=build/nccl/libmaco_nccl.so python3 tests/nccl/cupy_check.py
+    (or tests/nccl/run_cupy_check.sh build/nccl, which ctest's gpu_nccl_cupy runs)
 
 cupy.cuda.nccl.NcclCommunicator.initAll over every visible GPU (2 or more), then, for each
 kind of stream a client may pass (0, the legacy default stream, as CuPy's own examples do;

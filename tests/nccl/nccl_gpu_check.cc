@@ -2,7 +2,7 @@
  * nccl_gpu_check.cc - an application written only against nccl.h (and the CUDA runtime) that
  * calls NCCL's functions with fresh random data and checks every result element against
  * values computed on the host. Linked to libnccl.so; run it with MACO's libnccl.so.2 first in
- * the search path (LD_LIBRARY_PATH=build/src/nccl, or LD_PRELOAD) or with the real NCCL.
+ * the search path (LD_LIBRARY_PATH=build/nccl, or LD_PRELOAD) or with the real NCCL.
  *
  *   maco-run -n N nccl_gpu_check [--expect-forwarded NAME,NAME...]
  * Ranks from MACO_RANK/MACO_WORLD_SIZE (maco-run) or RANK/WORLD_SIZE (torchrun); the job's

@@ -2,7 +2,7 @@
 # ctest's gpu_nccl_cupy: tests/nccl/cupy_check.py with MACO's libnccl.so.2 preloaded (and first
 # on the library path, for a CuPy that opens libnccl.so.2 itself).
 #   usage: tests/nccl/run_cupy_check.sh NCCL_LIB_DIR
-# NCCL_LIB_DIR is the folder of libmaco_nccl.so (build/src/nccl). CUPY_CHECK_PYTHON picks the
+# NCCL_LIB_DIR is the folder of libmaco_nccl.so (build/nccl). CUPY_CHECK_PYTHON picks the
 # interpreter (default python3). Exits 77 (ctest's skip) with the reason printed when there is
 # no such interpreter, no CuPy or fewer than 2 GPUs (cupy_check.py says which).
 set -uo pipefail

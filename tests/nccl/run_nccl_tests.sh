@@ -4,7 +4,7 @@
 # usage: tests/nccl/run_nccl_tests.sh NCCL_TESTS_DIR MACO_BUILD_DIR [OUT_DIR]
 #   NCCL_TESTS_DIR  a checkout of https://github.com/NVIDIA/nccl-tests (not part of this tree;
 #                   it is only read: objects and binaries go to OUT_DIR/build)
-#   MACO_BUILD_DIR  MACO's CMake build folder (its src/nccl/libmaco_nccl.so, SONAME
+#   MACO_BUILD_DIR  MACO's CMake build folder (its nccl/libmaco_nccl.so, SONAME
 #                   libnccl.so.2, is what the tests link and run)
 #   OUT_DIR         where the logs go: default $OUT, else ./nccl-tests-out
 # Environment:
@@ -54,7 +54,7 @@ build=$(cd "$2" 2> /dev/null && pwd) || { echo "run_nccl_tests: no folder $2" >&
 out=${3:-${OUT:-$PWD/nccl-tests-out}}
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
-lib="$build/src/nccl/libmaco_nccl.so"
+lib="$build/nccl/libmaco_nccl.so"
 [ -e "$lib" ] || { echo "run_nccl_tests: $lib is missing (build MACO with -DMACO_BUILD_NCCL=ON)" >&2; exit 2; }
 [ -e "$tests_dir/src/common.cu" ] || { echo "run_nccl_tests: $tests_dir is not an nccl-tests checkout (no src/common.cu)" >&2; exit 2; }
 
@@ -155,7 +155,7 @@ fi
 
 # The tests' environment, set on each test process only (not on timeout or mpirun).
 tenv=(env "LD_PRELOAD=$lib${LD_PRELOAD:+:$LD_PRELOAD}"
-  "LD_LIBRARY_PATH=$build/src/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  "LD_LIBRARY_PATH=$build/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   "MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-30s}" MACO_LOG_LEVEL=info MACO_LOG_SUBSYS=coll
   NCCL_NVLS_ENABLE=0)
 limit=${NCCL_TESTS_TIMEOUT:-180}

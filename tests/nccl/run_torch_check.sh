@@ -38,5 +38,5 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 # variables are removed from their environment.
 exec "$build/tools/maco-run" -n 1 --mps on --timeout 280 -- env -u MACO_RANK -u MACO_WORLD_SIZE \
   -u MACO_LOCAL_RANK -u MACO_BOOTSTRAP_ADDR -u MACO_BOOTSTRAP_NONCE \
-  LD_PRELOAD="$build/src/nccl/libmaco_nccl.so" \
+  LD_PRELOAD="$build/nccl/libmaco_nccl.so" \
   "$torchrun" --standalone --nproc-per-node "$nproc" "$src/tests/nccl/torch_check.py"

@@ -1,7 +1,7 @@
 """PyTorch, unmodified, on MACO's libnccl.so.2: every collective PyTorch's NCCL backend uses,
 checked against values computed on the CPU from every rank's inputs.
 
-    LD_PRELOAD=build/src/nccl/libmaco_nccl.so torchrun --nproc-per-node 4 tests/nccl/torch_check.py
+    LD_PRELOAD=build/nccl/libmaco_nccl.so torchrun --nproc-per-node 4 tests/nccl/torch_check.py
 
 (ranks sharing one GPU need an MPS server: `maco-run -n 1 --mps on -- torchrun ...` starts one).
 Proves where the calls ran with the library's counters (maco_nccl_call_count): every counted

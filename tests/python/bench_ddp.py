@@ -3,7 +3,7 @@ tensor-parallel MLP block, timed per step, on one torch.distributed backend. One
 rank, started by torchrun:
 
     torchrun --nproc-per-node 4 tests/python/bench_ddp.py --mode ddp --backend nccl --json ddp.json
-    LD_PRELOAD=build/src/nccl/libmaco_nccl.so torchrun ... --backend nccl   # NCCL calls on MACO
+    LD_PRELOAD=build/nccl/libmaco_nccl.so torchrun ... --backend nccl   # NCCL calls on MACO
     torchrun ... --backend maco                           # the maco package's backend
     torchrun --nproc-per-node 2 tests/python/bench_ddp.py --backend gloo --small   # CPU smoke
     python3 scripts/compare_runs.py ddp-nccl.json ddp-maco.json     # same curve? step time?

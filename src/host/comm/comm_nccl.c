@@ -4,7 +4,7 @@
  *
  * NCCL is never linked: its functions are called through pointers from dlsym, with the
  * prototypes of NCCL 2.x's nccl.h written out below (the enums' values are NCCL's ABI), so
- * the library builds without nccl.h. The NCCL-compatible library (src/nccl/fallback.c) finds
+ * the library builds without nccl.h. The NCCL-compatible library (nccl/fallback.c) finds
  * the real NCCL through maco_nccl_library_symbol too, so there is one loader and one
  * "never MACO's own libnccl.so.2" check.
  */
@@ -64,7 +64,7 @@ static void maco__nccl_load(void)
                  dlerror());
         return;
     }
-    /* MACO's libnccl.so.2 (src/nccl/fallback.c) defines this symbol; NCCL does not. */
+    /* MACO's libnccl.so.2 (nccl/fallback.c) defines this symbol; NCCL does not. */
     if (dlsym(h, "maco_nccl_marker") != NULL) {
         dlclose(h);
         maco__nccl_load_status = MACO_ERR_INVALID_USAGE;
