@@ -1,5 +1,5 @@
 /*
- * test_p2p_plan.cc - the pure parts of send/recv and all-to-all (algorithms/p2p_plan.h): how
+ * test_p2p_plan.cc - the pure parts of send/recv and all-to-all (algorithms/p2p/p2p_plan.h): how
  * a message is cut into chunks on lanes, the chunk header, and the plan a group's messages
  * become (pairs, call order, local copies, the checks a rank makes alone). No GPU.
  */

@@ -21,7 +21,7 @@ lib_sources=(base/status.c base/log.c base/config.c os/socket.c bootstrap/host_i
 harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan fuzz_tcp_wire fuzz_port_hello fuzz_ib_endpoint)
 # Execution plans (fuzz_plan): the parser and the verifier, CPU-only (Jansson is loaded at run
 # time, MACO_JSON_LIBRARY).
-plan_sources=(plan_json.c plan_verify.c)
+plan_sources=(plan/plan_json.c plan/plan_verify.c)
 # shellcheck disable=SC2054 # the commas are inside -fsanitize=, not between elements
 cflags=(-std=c11 -g -O1 -Wall -Wextra -D_GNU_SOURCE -DMACO_BUILDING_LIBRARY
   "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include"
@@ -49,7 +49,7 @@ done
 for src in "${plan_sources[@]}"; do
   obj="$out/obj/$(basename "${src%.c}").o"
   plan_objs+=("$obj")
-  "$cc" "${cflags[@]}" -I"$root/algorithms" -fsanitize=fuzzer-no-link -c "$root/algorithms/$src" \
+  "$cc" "${cflags[@]}" -I"$root/algorithms/plan" -fsanitize=fuzzer-no-link -c "$root/algorithms/$src" \
     -o "$obj" &
   pids+=($!)
 done
@@ -57,7 +57,7 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 
 for name in "${harnesses[@]}"; do
   extra=()
-  [[ "$name" == fuzz_plan ]] && extra=(-I"$root/algorithms" "${plan_objs[@]}" -ldl)
+  [[ "$name" == fuzz_plan ]] && extra=(-I"$root/algorithms/plan" "${plan_objs[@]}" -ldl)
   # The TCP transport's wire format (proxy/tcp_wire.c): pure, no sockets or CUDA.
   [[ "$name" == fuzz_tcp_wire ]] && extra=(-I"$root/proxy" "$root/proxy/tcp_wire.c")
   [[ "$name" == fuzz_port_hello ]] && extra=(-I"$root/proxy" "$root/proxy/port_wire.c")
