@@ -1,9 +1,9 @@
 /*
  * coll_kernels.cuh - the collectives' kernel families, templated on element type and op, and
  * their launcher; coll_kernels_<type>.cu instantiate them, one type per file so builds run in
- * parallel. The kernels: ll.cuh (one-shot and two-shot LL), mesh.cuh (mesh, in place or
- * through scratch), hier.cuh (across nodes); shared device code in src/device (reduce.cuh,
- * words.cuh).
+ * parallel. The kernels: ll.cuh (one-shot LL), allreduce/twoshot_ll.cuh (two-shot LL),
+ * mesh.cuh (mesh, in place or through scratch), hier/hier.cuh (across nodes); shared device
+ * code in src/device (reduce.cuh, words.cuh).
  */
 #ifndef MACO_COLL_KERNELS_CUH
 #define MACO_COLL_KERNELS_CUH
@@ -11,6 +11,7 @@
 #include "hier.cuh"
 #include "ll.cuh"
 #include "mesh.cuh"
+#include "twoshot_ll.cuh"
 
 /* ------------------------------------------------------------------ instantiation */
 
