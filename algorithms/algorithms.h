@@ -482,6 +482,20 @@ maco_status_t maco__group_add_p2p(const char *fn, const maco__p2p_msg_t *msgs, i
                                   maco_comm_t comm, maco_stream_t stream);
 maco_status_t maco__group_fail(const char *fn, maco_status_t status);
 
+/*
+ * p2p/p2p.c: checks that maco_send, maco_recv and the all-to-all calls (alltoall/alltoall.c)
+ * share. maco__p2p_fail: call `fn` failed its checks with `st` (already logged): records it in
+ * the communicator and, inside a group, in the group; returns what the call returns.
+ * maco__p2p_check_common: the communicator and the type. maco__p2p_check_bytes: `count`
+ * elements of `esz` bytes, `mult` times, fit a message's byte size (and size_t); `what` names
+ * the count in the message. maco__esz_log2: log2 of an element size (1, 2, 4 or 8 bytes).
+ */
+maco_status_t maco__p2p_fail(maco_comm_t comm, const char *fn, maco_status_t st);
+maco_status_t maco__p2p_check_common(const char *fn, maco_comm_t comm, maco_datatype_t datatype);
+maco_status_t maco__p2p_check_bytes(const char *fn, const char *what, size_t count, size_t esz,
+                                    size_t mult);
+uint8_t maco__esz_log2(size_t esz);
+
 #ifdef __cplusplus
 }
 #endif
