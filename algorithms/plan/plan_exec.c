@@ -410,7 +410,7 @@ static maco_status_t maco__plan_channels(maco_plan_t plan)
         }
         /* A peer that finished creating a port channel first may signal it before this side
          * published it: the TCP transport holds such a message until the channel appears
-         * (proxy/transport_tcp.c), so no barrier is needed here. */
+         * (proxy/transport/tcp/transport_tcp.c), so no barrier is needed here. */
         for (int c = 0; c < nch; c++) {
             info[c].peer = R->channels[c].peer;
             info[c].port = R->channels[c].type == MACO__PCHAN_PORT;

@@ -58,10 +58,10 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 for name in "${harnesses[@]}"; do
   extra=()
   [[ "$name" == fuzz_plan ]] && extra=(-I"$root/algorithms/plan" "${plan_objs[@]}" -ldl)
-  # The TCP transport's wire format (proxy/tcp_wire.c): pure, no sockets or CUDA.
-  [[ "$name" == fuzz_tcp_wire ]] && extra=(-I"$root/proxy" "$root/proxy/tcp_wire.c")
+  # The TCP transport's wire format (proxy/transport/tcp/tcp_wire.c): pure, no sockets or CUDA.
+  [[ "$name" == fuzz_tcp_wire ]] && extra=(-I"$root/proxy/transport/tcp" "$root/proxy/transport/tcp/tcp_wire.c")
   [[ "$name" == fuzz_port_hello ]] && extra=(-I"$root/proxy" "$root/proxy/port_wire.c")
-  [[ "$name" == fuzz_ib_endpoint ]] && extra=(-I"$root/proxy" "$root/proxy/ib_wire.c")
+  [[ "$name" == fuzz_ib_endpoint ]] && extra=(-I"$root/proxy/transport/ib" "$root/proxy/transport/ib/ib_wire.c")
   "$cc" "${cflags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/$name.c" "${objs[@]}" "${extra[@]}" \
     -lpthread -o "$out/$name"
 done

@@ -1,6 +1,7 @@
 /*
  * fuzz_ib_endpoint.c - libFuzzer harness for the IB transport's endpoint and ready messages
- * (proxy/ib_wire.c): what a peer's transport sends over the bootstrap for each port channel.
+ * (proxy/transport/ib/ib_wire.c): what a peer's transport sends over the bootstrap for each
+ * port channel.
  *
  * Feeds: MACO__IB_ENDPOINT bytes of endpoint, one byte of this port's link layer, then
  * MACO__IB_READY bytes of a ready message. Missing bytes read as zero.

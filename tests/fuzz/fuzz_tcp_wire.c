@@ -1,7 +1,8 @@
 /*
- * fuzz_tcp_wire.c - libFuzzer harness for the TCP transport's wire format (proxy/tcp_wire.c):
- * the 64-byte message header and the 32-byte hello that anything reaching a proxy's socket can
- * send, decoded and checked by the same functions the transport calls.
+ * fuzz_tcp_wire.c - libFuzzer harness for the TCP transport's wire format
+ * (proxy/transport/tcp/tcp_wire.c): the 64-byte message header and the 32-byte hello that
+ * anything reaching a proxy's socket can send, decoded and checked by the same functions the
+ * transport calls.
  *
  * Feeds: a 64-byte header, then the receiver's state: u32 receive-buffer bytes (below 64 KiB)
  * and u32 piece size (chunk, below 64 KiB); then a 32-byte hello, u32 expected rank, u64
