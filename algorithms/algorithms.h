@@ -5,11 +5,11 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "comm_internal.h"
+#include "src/host/comm/comm_internal.h"
 #include "maco/collectives.h"
 #include "maco/device/macros.h"
 #include "maco/port_channel.h"
-#include "p2p_plan.h"
+#include "algorithms/p2p/p2p_plan.h"
 
 #ifdef __cplusplus
 extern "C" {

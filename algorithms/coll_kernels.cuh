@@ -8,10 +8,10 @@
 #ifndef MACO_COLL_KERNELS_CUH
 #define MACO_COLL_KERNELS_CUH
 
-#include "hier.cuh"
-#include "ll.cuh"
-#include "mesh.cuh"
-#include "twoshot_ll.cuh"
+#include "algorithms/hier/hier.cuh"
+#include "algorithms/ll.cuh"
+#include "algorithms/mesh.cuh"
+#include "algorithms/allreduce/twoshot_ll.cuh"
 
 /* ------------------------------------------------------------------ instantiation */
 

@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "maco/plan.h"
-#include "cuda_util.h"
-#include "log.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
 
 /* The kernels' op codes (reduce.cuh: SUM 0, PROD 1, MIN 2, MAX 3) are these public values. */
 _Static_assert(MACO_SUM == 0 && MACO_PROD == 1 && MACO_MIN == 2 && MACO_MAX == 3,

@@ -9,10 +9,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "algorithms.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
 
 /* True when [a, a+na) and [b, b+nb) share a byte. */
 static int maco__overlap(const void *a, size_t na, const void *b, size_t nb)

@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "cuda_util.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
 
 enum { MACO__P2P_LAUNCH_THREADS = 512 }; /* p2p_kernels.cu's __launch_bounds__ */
 

@@ -24,11 +24,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "maco/device/copy.h"
 #include "maco/device/packet.h"
-#include "reduce.cuh"
-#include "words.cuh"
+#include "src/device/reduce.cuh"
+#include "src/device/words.cuh"
 
 #define MACO__MAXR MACO__MAX_LOCAL_RANKS
 

@@ -26,7 +26,7 @@
 #ifndef MACO_ALGO_MESH_CUH
 #define MACO_ALGO_MESH_CUH
 
-#include "ll.cuh"
+#include "algorithms/ll.cuh"
 #include "maco/device/memory_channel.h"
 
 /* ------------------------------------------------------------------ MESH */

@@ -30,9 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "cuda_util.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
 
 /* One directory entry, in shared host memory (written by the owner, read by peers). */
 typedef struct maco__dir_entry {

@@ -9,9 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "algorithms.h"
-#include "config.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/base/config.h"
+#include "src/host/base/log.h"
 
 /* Per collective: the algorithms' names, indexed by kernel (MACO__KERNEL_*; NULL where a
  * collective has no such kernel), and the variable that forces one. */

@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
 
 /* The sizes that shape the buffer; every rank must have the same (fixed layout). */
 typedef struct maco__coll_sizes {

@@ -16,10 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cuda_util.h"
-#include "log.h"
-#include "fifo.h"
-#include "socket.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "proxy/fifo.h"
+#include "src/host/os/socket.h"
 
 /* Host memory the proxy writes and GPUs read: tail, flush_done, state. */
 typedef struct maco__fifo_host_block {

@@ -13,14 +13,14 @@
 #include <strings.h>
 #include <time.h>
 
-#include "bootstrap_internal.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
-#include "port_wire.h"
-#include "proxy_internal.h"
-#include "socket.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "proxy/port_wire.h"
+#include "proxy/proxy_internal.h"
+#include "src/host/os/socket.h"
+#include "src/host/base/wire.h"
 
 /* ------------------------------------------------------------------ channels */
 

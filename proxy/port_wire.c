@@ -1,12 +1,12 @@
 /*
  * port_wire.c - the port channel's hello (proxy/port_wire.h).
  */
-#include "port_wire.h"
+#include "proxy/port_wire.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "wire.h"
+#include "src/host/base/wire.h"
 
 void maco__port_hello_encode(uint8_t *out, const maco__port_hello_t *h)
 {

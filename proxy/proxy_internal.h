@@ -13,11 +13,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "bootstrap_internal.h"
-#include "comm_internal.h"
-#include "fifo.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/comm/comm_internal.h"
+#include "proxy/fifo.h"
 #include "maco/device/fifo.h"
-#include "transport.h"
+#include "proxy/transport.h"
 #include "maco/port_channel.h"
 
 #ifdef __cplusplus

@@ -6,9 +6,9 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "bootstrap_internal.h"
-#include "log.h"
-#include "proxy_internal.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/base/log.h"
+#include "proxy/proxy_internal.h"
 
 /* Each transport's own table (transport_<name>.c). */
 extern const maco__transport_ops_t maco__transport_cuda_ops;

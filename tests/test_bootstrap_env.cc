@@ -13,13 +13,13 @@
 #include <utility>
 #include <vector>
 
-#include "bootstrap_internal.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
 #include "fork_ranks.h"
-#include "log.h"
+#include "src/host/base/log.h"
 #include "maco/bootstrap.h"
 #include "maco/log.h"
 #include "maco_test.h"
-#include "socket.h"
+#include "src/host/os/socket.h"
 
 namespace
 {

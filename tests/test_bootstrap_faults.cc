@@ -21,12 +21,12 @@
 
 #include <random>
 
-#include "bootstrap_internal.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
 #include "fork_ranks.h"
-#include "log.h"
+#include "src/host/base/log.h"
 #include "maco/bootstrap.h"
 #include "maco_test.h"
-#include "socket.h"
+#include "src/host/os/socket.h"
 
 namespace
 {

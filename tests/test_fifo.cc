@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "fifo.h"
+#include "proxy/fifo.h"
 
 namespace
 {

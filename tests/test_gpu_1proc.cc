@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "perf_kernels.h"
+#include "tools/perf_kernels.h"
 #include "test_kernels.h"
 
 namespace

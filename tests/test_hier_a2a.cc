@@ -9,9 +9,9 @@
 #include <cstring>
 #include <string>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "maco_test.h"
-#include "p2p_plan.h"
+#include "algorithms/p2p/p2p_plan.h"
 
 namespace
 {

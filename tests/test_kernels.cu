@@ -5,8 +5,8 @@
 
 #include "maco/collectives.h"
 #include "maco/device/sync.h"
-#include "perf_kernels.h"
-#include "reduce.cuh" /* the kernels' arithmetic, for the reference reduction */
+#include "tools/perf_kernels.h"
+#include "src/device/reduce.cuh" /* the kernels' arithmetic, for the reference reduction */
 
 __global__ void test_fill_pattern_kernel(char *dst, size_t bytes, uint64_t seed)
 {

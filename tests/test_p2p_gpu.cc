@@ -23,7 +23,7 @@
 
 #include "gpu_case.h"
 #include "maco_test.h"
-#include "perf_kernels.h"
+#include "tools/perf_kernels.h"
 
 namespace
 {

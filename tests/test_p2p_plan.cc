@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "p2p_plan.h"
+#include "algorithms/p2p/p2p_plan.h"
 
 namespace
 {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "persistent_internal.h"
+#include "src/host/persistent/persistent_internal.h"
 
 namespace
 {

@@ -17,7 +17,7 @@
 
 #include "maco_build_info.h"
 #include "maco_test.h"
-#include "perf_args.h"
+#include "tools/perf_args.h"
 
 namespace
 {

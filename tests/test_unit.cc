@@ -17,15 +17,15 @@
 #include <thread>
 #include <vector>
 
-#include "bootstrap_internal.h"
-#include "config.h"
-#include "fd_server.h"
-#include "log.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/os/fd_server.h"
+#include "src/host/base/log.h"
 #include "maco/bootstrap.h"
 #include "maco/config.h"
 #include "maco_test.h"
-#include "socket.h"
-#include "perf_nccl_log.h"
+#include "src/host/os/socket.h"
+#include "tools/perf_nccl_log.h"
 
 namespace
 {

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/base/log.h"
 
 /* Block q of an all-to-allv side ("s"/"send" or "r"/"recv"): its end, displacement + count
  * elements of `esz` bytes, must be a byte offset that fits a message. */

@@ -40,8 +40,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms.h"
-#include "hier.cuh"
+#include "algorithms/algorithms.h"
+#include "algorithms/hier/hier.cuh"
 
 enum { MACO__HIER_A2A_THREADS = 512 };
 

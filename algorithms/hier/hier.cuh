@@ -60,8 +60,8 @@
 #define MACO_ALGO_HIER_CUH
 
 #include "maco/device/port_channel.h"
-#include "mesh.cuh"
-#include "sysmem.cuh"
+#include "algorithms/mesh.cuh"
+#include "src/device/sysmem.cuh"
 
 /* Folds `len` elements: the accumulator values at `cin` (when not NULL) then the element
  * values of ln regions at src0, src0 + hp, ... in that order. Not last: stores the

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/base/log.h"
 
 /* log2 of an element size (1, 2, 4 or 8 bytes). */
 uint8_t maco__esz_log2(size_t esz)

@@ -59,7 +59,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "maco/device/copy.h"
 #include "maco/device/memory_channel.h"
 #include "maco/device/packet.h"

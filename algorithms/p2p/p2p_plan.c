@@ -3,7 +3,7 @@
  * (p2p_plan.h): pairing of local sends and receives, the checks a rank can make alone, and
  * the pair tables the kernel walks. Pure: no CUDA, no logging, so the CPU tests call it.
  */
-#include "p2p_plan.h"
+#include "algorithms/p2p/p2p_plan.h"
 
 #include <stdarg.h>
 #include <stdio.h>

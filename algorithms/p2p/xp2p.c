@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "bootstrap_internal.h"
-#include "cuda_util.h"
-#include "log.h"
+#include "algorithms/algorithms.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
 
 enum { MACO__XP2P_THREADS = 512 }; /* xp2p_kernel.cu's __launch_bounds__ */
 

@@ -22,10 +22,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "maco/device/copy.h"
 #include "maco/device/port_channel.h"
-#include "sysmem.cuh"
+#include "src/device/sysmem.cuh"
 
 enum { MACO__XP2P_THREADS = 512 };
 

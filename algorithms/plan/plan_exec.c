@@ -31,13 +31,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "comm_internal.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
-#include "plan_exec.h"
-#include "plan_internal.h"
+#include "algorithms/algorithms.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "algorithms/plan/plan_exec.h"
+#include "algorithms/plan/plan_internal.h"
 
 enum { MACO__PLAN_THREADS = 256, MACO__PLAN_REPORT = 4096 };
 

@@ -11,7 +11,7 @@
 #include "maco/device/macros.h"
 #include "maco/device/memory_channel.h"
 #include "maco/device/port_channel.h"
-#include "plan_internal.h"
+#include "algorithms/plan/plan_internal.h"
 
 #ifdef __cplusplus
 extern "C" {

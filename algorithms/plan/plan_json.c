@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "plan_internal.h"
+#include "src/host/base/config.h"
+#include "algorithms/plan/plan_internal.h"
 
 /* X(name, return type, parameters): the exported Jansson symbol "json_" #name. The header's
  * inline json_decref calls json_delete; maco__json_decref does the same through the table. */

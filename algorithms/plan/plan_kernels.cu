@@ -37,10 +37,10 @@
 #include "maco/device/error.h"
 #include "maco/device/memory_channel.h"
 #include "maco/device/packet.h"
-#include "plan_exec.h"
+#include "algorithms/plan/plan_exec.h"
 #include "maco/device/port_channel.h"
-#include "reduce.cuh"
-#include "sysmem.cuh"
+#include "src/device/reduce.cuh"
+#include "src/device/sysmem.cuh"
 
 /* Arrives at the grid barrier of this launch and waits (bounded) for every CTA. Port: the
  * plan has port channels (a.cinfo != NULL); the kernel of plans without them is compiled

@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan_internal.h"
+#include "algorithms/plan/plan_internal.h"
 
 enum { MACO__VERIFY_MAX_LINES = 40 };
 

@@ -15,7 +15,7 @@
 #include <cublasdx.hpp>
 
 #include "maco/device/persistent.h"
-#include "persistent_launch.h"
+#include "src/device/persistent_launch.h"
 
 namespace
 {

@@ -79,7 +79,7 @@
 #include <type_traits>
 
 #include "maco/device/persistent.h"
-#include "persistent_launch.h"
+#include "src/device/persistent_launch.h"
 
 namespace
 {

@@ -3,7 +3,7 @@
  * types only (maco/device/persistent.h says what each CTA does).
  */
 #include "maco/device/persistent.h"
-#include "persistent_launch.h"
+#include "src/device/persistent_launch.h"
 
 __global__ void __launch_bounds__(MACO__PK_MAX_THREADS, 1) maco__pk_kernel(maco_pk_view_t view)
 {

@@ -24,7 +24,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-#include "comm_internal.h"
+#include "src/host/comm/comm_internal.h"
 
 /* ------------------------------------------------------------------ types */
 

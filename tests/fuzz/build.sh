@@ -24,9 +24,7 @@ harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan
 plan_sources=(plan/plan_json.c plan/plan_verify.c)
 # shellcheck disable=SC2054 # the commas are inside -fsanitize=, not between elements
 cflags=(-std=c11 -g -O1 -Wall -Wextra -D_GNU_SOURCE -DMACO_BUILDING_LIBRARY
-  "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include"
-  -I"$root/src/host/base" -I"$root/src/host/os" -I"$root/src/host/bootstrap"
-  -I"$root/src/host/memory"
+  "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include" -I"$root"
   -fsanitize=address,undefined -fno-sanitize-recover=undefined)
 if [[ "${MACO_WERROR:-0}" == 1 ]]; then
   cflags+=(-Werror)
@@ -49,7 +47,7 @@ done
 for src in "${plan_sources[@]}"; do
   obj="$out/obj/$(basename "${src%.c}").o"
   plan_objs+=("$obj")
-  "$cc" "${cflags[@]}" -I"$root/algorithms/plan" -fsanitize=fuzzer-no-link -c "$root/algorithms/$src" \
+  "$cc" "${cflags[@]}" -fsanitize=fuzzer-no-link -c "$root/algorithms/$src" \
     -o "$obj" &
   pids+=($!)
 done
@@ -57,11 +55,11 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 
 for name in "${harnesses[@]}"; do
   extra=()
-  [[ "$name" == fuzz_plan ]] && extra=(-I"$root/algorithms/plan" "${plan_objs[@]}" -ldl)
+  [[ "$name" == fuzz_plan ]] && extra=("${plan_objs[@]}" -ldl)
   # The TCP transport's wire format (proxy/transport/tcp/tcp_wire.c): pure, no sockets or CUDA.
-  [[ "$name" == fuzz_tcp_wire ]] && extra=(-I"$root/proxy/transport/tcp" "$root/proxy/transport/tcp/tcp_wire.c")
-  [[ "$name" == fuzz_port_hello ]] && extra=(-I"$root/proxy" "$root/proxy/port_wire.c")
-  [[ "$name" == fuzz_ib_endpoint ]] && extra=(-I"$root/proxy/transport/ib" "$root/proxy/transport/ib/ib_wire.c")
+  [[ "$name" == fuzz_tcp_wire ]] && extra=("$root/proxy/transport/tcp/tcp_wire.c")
+  [[ "$name" == fuzz_port_hello ]] && extra=("$root/proxy/port_wire.c")
+  [[ "$name" == fuzz_ib_endpoint ]] && extra=("$root/proxy/transport/ib/ib_wire.c")
   "$cc" "${cflags[@]}" -fsanitize=fuzzer "$root/tests/fuzz/$name.c" "${objs[@]}" "${extra[@]}" \
     -lpthread -o "$out/$name"
 done

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "log.h"
+#include "src/host/base/log.h"
 
 static inline void maco_fuzz_quiet_log(void)
 {

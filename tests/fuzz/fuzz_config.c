@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap_internal.h"
-#include "config.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/base/config.h"
 #include "fuzz_common.h"
-#include "log.h"
+#include "src/host/base/log.h"
 
 MACO_FUZZ_QUIET_INITIALIZE()
 

@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "ib_wire.h"
-#include "wire.h"
+#include "proxy/transport/ib/ib_wire.h"
+#include "src/host/base/wire.h"
 
 MACO_FUZZ_QUIET_INITIALIZE()
 

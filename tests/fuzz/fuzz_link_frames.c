@@ -16,7 +16,7 @@
  */
 #include <stdint.h>
 
-#include "bootstrap_internal.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
 #include "fuzz_common.h"
 
 MACO_FUZZ_QUIET_INITIALIZE()

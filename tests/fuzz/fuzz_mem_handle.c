@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "mem_handle.h"
-#include "wire.h"
+#include "src/host/memory/mem_handle.h"
+#include "src/host/base/wire.h"
 
 enum { HANDLE_BYTES = 128 };
 

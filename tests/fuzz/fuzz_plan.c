@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "plan_internal.h"
+#include "algorithms/plan/plan_internal.h"
 
 enum { WHY_BYTES = 512, REPORT_BYTES = 4096 };
 

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "port_wire.h"
-#include "wire.h"
+#include "proxy/port_wire.h"
+#include "src/host/base/wire.h"
 
 MACO_FUZZ_QUIET_INITIALIZE()
 

@@ -20,8 +20,8 @@
 #include <string.h>
 
 #include "fuzz_common.h"
-#include "tcp_wire.h"
-#include "wire.h"
+#include "proxy/transport/tcp/tcp_wire.h"
+#include "src/host/base/wire.h"
 
 /* Up to n bytes of the input from *pos (zeros past its end). */
 static void take(const uint8_t *data, size_t size, size_t *pos, uint8_t *out, size_t n)

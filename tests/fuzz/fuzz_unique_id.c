@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap_internal.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
 #include "fuzz_common.h"
-#include "socket.h"
-#include "wire.h"
+#include "src/host/os/socket.h"
+#include "src/host/base/wire.h"
 
 MACO_FUZZ_QUIET_INITIALIZE()
 

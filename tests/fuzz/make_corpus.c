@@ -13,10 +13,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "bootstrap_internal.h"
-#include "mem_handle.h"
-#include "socket.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/memory/mem_handle.h"
+#include "src/host/os/socket.h"
+#include "src/host/base/wire.h"
 
 static const char *out_dir;
 

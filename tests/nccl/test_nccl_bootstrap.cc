@@ -28,7 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "maco/maco.h"
-#include "maco_test.h"
+#include "tests/maco_test.h"
 
 namespace
 {

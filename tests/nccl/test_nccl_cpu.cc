@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "maco_nccl.h"
+#include "nccl/maco_nccl.h"
 
 namespace
 {

@@ -18,12 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "cuda_driver.h"
-#include "cuda_util.h"
-#include "log.h"
-#include "proxy_internal.h"
-#include "socket.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_driver.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "proxy/proxy_internal.h"
+#include "src/host/os/socket.h"
 
 enum { MACO__STAGING_SLOTS = 1024 };
 

@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "proxy_internal.h"
+#include "proxy/proxy_internal.h"
 
 static maco_status_t maco__host_put(struct maco_port_channel *ch, void *state, uint64_t dst_offset,
                                     uint64_t src_offset, uint64_t bytes)

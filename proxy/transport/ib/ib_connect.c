@@ -3,7 +3,7 @@
  * through an endpoint exchange over the bootstrap (ib_wire.h), channels set up on it, and
  * the proxy's teardown (transport_ib.c has the design).
  */
-#include "ib_internal.h"
+#include "proxy/transport/ib/ib_internal.h"
 
 /* ------------------------------------------------------------------ connections */
 

@@ -3,7 +3,7 @@
  * connection, posted as linked lists, completions polled, flush markers, failures
  * (transport_ib.c has the design).
  */
-#include "ib_internal.h"
+#include "proxy/transport/ib/ib_internal.h"
 
 /* ------------------------------------------------------------------ failures */
 

@@ -3,7 +3,7 @@
  * else the nearest ACTIVE one in the PCI tree), its GID, the proxy's state and opening the
  * port (transport_ib.c has the design).
  */
-#include "ib_internal.h"
+#include "proxy/transport/ib/ib_internal.h"
 
 /* ------------------------------------------------------------------ device ports */
 

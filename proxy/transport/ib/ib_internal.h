@@ -19,15 +19,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bootstrap_internal.h"
-#include "config.h"
-#include "cuda_driver.h"
-#include "ib_symbols.h"
-#include "ib_wire.h"
-#include "log.h"
-#include "proxy_internal.h"
-#include "socket.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_driver.h"
+#include "proxy/transport/ib/ib_symbols.h"
+#include "proxy/transport/ib/ib_wire.h"
+#include "src/host/base/log.h"
+#include "proxy/proxy_internal.h"
+#include "src/host/os/socket.h"
+#include "src/host/base/wire.h"
 
 enum {
     MACO__IB_DEPTH = 256,       /* send queue depth (at most the device's max_qp_wr) */

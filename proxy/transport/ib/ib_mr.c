@@ -3,7 +3,7 @@
  * and GPU memory (dma-buf, else nvidia-peermem), cached per proxy and counted by the channels
  * that use them (transport_ib.c has the design).
  */
-#include "ib_internal.h"
+#include "proxy/transport/ib/ib_internal.h"
 
 /* ------------------------------------------------------------------ memory regions */
 

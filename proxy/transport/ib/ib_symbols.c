@@ -1,12 +1,12 @@
 /* ib_symbols.c - see ib_symbols.h. */
-#include "ib_symbols.h"
+#include "proxy/transport/ib/ib_symbols.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
+#include "src/host/base/config.h"
 
 static maco__ibv_table_t maco__ibv_table;
 static const maco__ibv_table_t *maco__ibv_loaded; /* NULL: not usable */

@@ -1,11 +1,11 @@
 /*
  * ib_wire.c - the IB transport's endpoint and ready messages (proxy/ib_wire.h).
  */
-#include "ib_wire.h"
+#include "proxy/transport/ib/ib_wire.h"
 
 #include <string.h>
 
-#include "wire.h"
+#include "src/host/base/wire.h"
 
 void maco__ib_endpoint_encode(uint8_t *out, const maco__ib_endpoint_t *e)
 {

@@ -55,7 +55,7 @@
  */
 #include <stdio.h>
 
-#include "proxy_internal.h"
+#include "proxy/proxy_internal.h"
 
 #ifndef MACO_HAVE_IBVERBS
 
@@ -76,7 +76,7 @@ const maco__transport_ops_t maco__transport_ib_ops = {
 
 #else /* MACO_HAVE_IBVERBS */
 
-#include "ib_internal.h"
+#include "proxy/transport/ib/ib_internal.h"
 
 const maco__transport_ops_t maco__transport_ib_ops = {
     .size = sizeof(maco__transport_ops_t),

@@ -2,7 +2,7 @@
  * tcp_common.c - the TCP transport: a group's failure, and the pinned staging buffers
  * and CUDA events both directions use (transport_tcp.c has the design).
  */
-#include "tcp_internal.h"
+#include "proxy/transport/tcp/tcp_internal.h"
 
 /* ------------------------------------------------------------------ failures */
 

@@ -4,7 +4,7 @@
  * the listener sent over the bootstrap), a channel's connect and the teardown (transport_tcp.c
  * has the design).
  */
-#include "tcp_internal.h"
+#include "proxy/transport/tcp/tcp_internal.h"
 
 /* ------------------------------------------------------------------ proxy setup */
 

@@ -21,14 +21,14 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "bootstrap_internal.h"
-#include "config.h"
-#include "cuda_driver.h"
-#include "log.h"
-#include "proxy_internal.h"
-#include "socket.h"
-#include "tcp_wire.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_driver.h"
+#include "src/host/base/log.h"
+#include "proxy/proxy_internal.h"
+#include "src/host/os/socket.h"
+#include "proxy/transport/tcp/tcp_wire.h"
+#include "src/host/base/wire.h"
 
 enum {
     MACO__TCP_POOL = 8, /* pinned buffers per pool (send, receive) */

@@ -3,7 +3,7 @@
  * stored in host memory or copied to the GPU, signals applied in order, acknowledgements
  * (transport_tcp.c has the design).
  */
-#include "tcp_internal.h"
+#include "proxy/transport/tcp/tcp_internal.h"
 
 /* ------------------------------------------------------------------ receiving */
 

@@ -3,7 +3,7 @@
  * dealt to the sockets in pieces with their deps, staged from GPU memory and sent
  * (transport_tcp.c has the design).
  */
-#include "tcp_internal.h"
+#include "proxy/transport/tcp/tcp_internal.h"
 
 /* ------------------------------------------------------------------ sending */
 

@@ -1,9 +1,9 @@
 /*
  * tcp_wire.c - the TCP transport's hello and message header (proxy/tcp_wire.h).
  */
-#include "tcp_wire.h"
+#include "proxy/transport/tcp/tcp_wire.h"
 
-#include "wire.h"
+#include "src/host/base/wire.h"
 
 void maco__tcp_hello_encode(uint8_t *out, const maco__tcp_hello_t *h)
 {

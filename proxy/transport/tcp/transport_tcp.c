@@ -37,7 +37,7 @@
  * outside the channel's buffer, fails the group: the communicator's async error names the
  * peer, and later flushes on it complete at once (their callers see the async error).
  */
-#include "tcp_internal.h"
+#include "proxy/transport/tcp/tcp_internal.h"
 
 /* ------------------------------------------------------------------ progress, flushes */
 

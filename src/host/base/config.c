@@ -1,5 +1,5 @@
 /* config.c - the configuration table, typed parsers and the unknown-variable check. */
-#include "config.h"
+#include "src/host/base/config.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "log.h"
+#include "src/host/base/log.h"
 #include "maco/config.h"
 
 typedef struct maco__config_row {

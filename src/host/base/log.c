@@ -1,5 +1,5 @@
 /* log.c - leveled, filtered logging; see log.h for the contract. */
-#include "log.h"
+#include "src/host/base/log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "maco/bootstrap.h"
-#include "socket.h"
+#include "src/host/os/socket.h"
 
 #ifdef __cplusplus
 extern "C" {

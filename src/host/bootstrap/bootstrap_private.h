@@ -32,9 +32,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bootstrap_internal.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
 #include "maco/bootstrap.h"
-#include "socket.h"
+#include "src/host/os/socket.h"
 
 #define MACO__ID_MAGIC 0x4F43414Du /* "MACO" read as little-endian u32 */
 #define MACO__ID_VERSION 1u

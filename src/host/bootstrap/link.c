@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bootstrap_private.h"
-#include "config.h"
-#include "log.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_private.h"
+#include "src/host/base/config.h"
+#include "src/host/base/log.h"
+#include "src/host/base/wire.h"
 
 /* ------------------------------------------------------------------ failure handling */
 

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bootstrap_private.h"
+#include "src/host/bootstrap/bootstrap_private.h"
 
 void maco__peer_close_fd(maco__peer_t *p)
 {

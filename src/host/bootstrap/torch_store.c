@@ -24,9 +24,9 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "bootstrap_private.h"
-#include "config.h"
-#include "log.h"
+#include "src/host/bootstrap/bootstrap_private.h"
+#include "src/host/base/config.h"
+#include "src/host/base/log.h"
 
 enum {
     MACO__TS_VALIDATE = 0,

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap_internal.h"
-#include "comm_internal.h"
-#include "log.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/base/log.h"
 
 struct maco_memory_channel {
     maco_comm_t comm;

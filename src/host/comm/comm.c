@@ -5,13 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap_internal.h"
-#include "comm_internal.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
-#include "socket.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "src/host/os/socket.h"
+#include "src/host/base/wire.h"
 
 /* What every rank tells the others at creation (fixed layout, sent by allgather). */
 typedef struct maco__rank_info {

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "bootstrap_internal.h"
-#include "comm_internal.h"
-#include "log.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/base/log.h"
 #include "maco/device/persistent.h"
 
 /* A remote failure or a timeout is often the effect of a peer that died elsewhere in the job

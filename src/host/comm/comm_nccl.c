@@ -18,11 +18,11 @@
 #include <time.h>
 
 #include "maco/bootstrap.h"
-#include "comm_internal.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
-#include "socket.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "src/host/os/socket.h"
 
 /* ------------------------------------------------------------------ the library */
 

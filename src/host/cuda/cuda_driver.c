@@ -1,5 +1,5 @@
 /* cuda_driver.c - see cuda_driver.h. */
-#include "cuda_driver.h"
+#include "src/host/cuda/cuda_driver.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

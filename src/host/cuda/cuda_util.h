@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "log.h"
+#include "src/host/base/log.h"
 
 /*
  * Evaluates a CUDA runtime call; on failure records MACO_ERR_CUDA naming the call and

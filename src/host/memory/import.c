@@ -10,14 +10,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "bootstrap_internal.h"
-#include "comm_internal.h"
-#include "cuda_driver.h"
-#include "cuda_util.h"
-#include "fd_server.h"
-#include "log.h"
-#include "memory_private.h"
-#include "wire.h"
+#include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/cuda/cuda_driver.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/os/fd_server.h"
+#include "src/host/base/log.h"
+#include "src/host/memory/memory_private.h"
+#include "src/host/base/wire.h"
 
 /* ------------------------------------------------------------------ import */
 

@@ -1,10 +1,10 @@
 /* mem_handle.c - decoding and checking serialized memory handles (mem_handle.h). */
-#include "mem_handle.h"
+#include "src/host/memory/mem_handle.h"
 
 #include <string.h>
 
-#include "log.h"
-#include "wire.h"
+#include "src/host/base/log.h"
+#include "src/host/base/wire.h"
 
 maco_status_t maco__mem_handle_decode(const void *handle, int nranks, int rank,
                                       maco__mem_handle_t *h)

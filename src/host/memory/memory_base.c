@@ -4,7 +4,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "memory_private.h"
+#include "src/host/memory/memory_private.h"
 
 pthread_mutex_t maco__mem_lock = PTHREAD_MUTEX_INITIALIZER;
 maco__alloc_t *maco__allocs;

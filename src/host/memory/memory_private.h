@@ -18,9 +18,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include "fd_server.h"
+#include "src/host/os/fd_server.h"
 #include "maco/memory.h"
-#include "mem_handle.h"
+#include "src/host/memory/mem_handle.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,5 +1,5 @@
 /* fd_server.c - see fd_server.h. */
-#include "fd_server.h"
+#include "src/host/os/fd_server.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,9 +14,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "socket.h"
-#include "wire.h"
+#include "src/host/base/log.h"
+#include "src/host/os/socket.h"
+#include "src/host/base/wire.h"
 
 #define MACO__FD_MAGIC 0x44464D4Du /* "MFD" + 'D' */
 #define MACO__FD_VERSION 1u

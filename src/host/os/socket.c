@@ -1,5 +1,5 @@
 /* socket.c - TCP helpers for the bootstrap; see socket.h. */
-#include "socket.h"
+#include "src/host/os/socket.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,9 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "log.h"
-#include "wire.h"
+#include "src/host/base/config.h"
+#include "src/host/base/log.h"
+#include "src/host/base/wire.h"
 
 uint64_t maco__random_u64(void)
 {

@@ -40,9 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "log.h"
-#include "persistent_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/base/log.h"
+#include "src/host/persistent/persistent_internal.h"
 
 enum {
     MACO__FUSED_MAX_RANKS = 64,

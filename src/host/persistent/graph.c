@@ -8,9 +8,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "config.h"
-#include "log.h"
-#include "persistent_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/base/log.h"
+#include "src/host/persistent/persistent_internal.h"
 
 static const char *const maco__task_type_names[MACO_TASK_TYPE_COUNT] = {
     "nop",         "copy",           "add",          "scale",     "residual_add", "signal", "wait",

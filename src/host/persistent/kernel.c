@@ -9,12 +9,12 @@
 #include <string.h>
 #include <strings.h>
 
-#include "comm_internal.h"
-#include "config.h"
-#include "cuda_util.h"
-#include "log.h"
-#include "persistent_internal.h"
-#include "persistent_launch.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/base/config.h"
+#include "src/host/cuda/cuda_util.h"
+#include "src/host/base/log.h"
+#include "src/host/persistent/persistent_internal.h"
+#include "src/device/persistent_launch.h"
 
 enum { MACO__PK_DEFAULT_THREADS = 256 };
 

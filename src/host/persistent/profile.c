@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "persistent_internal.h"
+#include "src/host/base/log.h"
+#include "src/host/persistent/persistent_internal.h"
 
 typedef struct maco__span {
     uint64_t a, b;
