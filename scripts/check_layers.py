@@ -1,60 +1,240 @@
 #!/usr/bin/env python3
-"""Checks MACO's layer rules on a build folder (docs/design.md, "Layers").
+"""Checks MACO's layer rules (docs/design.md, "Layers").
 
-For every object file of the library (libmaco's objects: the maco_core and maco_gpu object
-libraries), it reads the symbols the file defines and the ones it uses (`nm`), links each use
-of a MACO symbol to the file that defines it, and fails when
-  - files call each other in a loop (a strongly connected component of more than one file), or
-  - a file calls into a layer above its own (the order in LAYERS, lowest first).
-It also checks the #include graph of the library's own headers and sources for loops
-(headers that include each other, directly or through others).
+The rule is the layer table of docs/design.md, read from there, so the page and the check
+cannot disagree. Rows run from the top layer down; a file belongs to the row with the longest
+path that holds it. The checks:
 
-  usage: scripts/check_layers.py BUILD_DIR SOURCE_DIR
-Prints the file-level call graph's edges with -v. Exit status 1 on a violation.
+  design.md   the table is there, each row names paths that exist, no path twice, and each
+              row's `includes` is public, below or any;
+  coverage    every C, C++ and CUDA file of the tree (git's files, tracked or not but not
+              ignored; docs/results excluded) is in a row;
+  includes    every #include of every such file keeps its row's `includes` rule:
+                public  public headers as maco/... (include/), files of its own folder by
+                        name, or headers from outside the tree (system, CUDA, generated);
+                below   public headers as maco/..., private ones by their path from the
+                        repository root (never a bare name), of its own layer or below;
+                any     anything (tests);
+              transports include no other transport's files, and the proxy's core includes
+              none; no header includes itself through others;
+  objects     (with a build folder) the library's objects (maco_core, maco_gpu, maco_gpu_gmma)
+              call one way: no call loop between files, no call into a layer above, no call
+              between transports, and only proxy/transport.c calls into proxy/transport/;
+              the clients' objects (nccl/, tools/, python-bindings/, examples/) use no
+              internal symbol (maco__*).
+
+  usage: scripts/check_layers.py BUILD_DIR SOURCE_DIR [-v]
+         scripts/check_layers.py --sources SOURCE_DIR [-v]    (no build: all but `objects`)
+Prints the file-level call graph's edges with -v. Exit status 1 on a violation, 2 on bad usage.
 """
+import json
 import os
 import re
 import subprocess
 import sys
 
-# Lowest first: a file may call files of its own layer or of layers below (listed earlier).
-LAYERS = [
-    ("base", r"^src/host/base/"),
-    ("os", r"^src/host/os/"),
-    ("cuda", r"^src/host/cuda/"),
-    ("bootstrap", r"^src/host/bootstrap/"),
-    ("comm-base", r"^src/host/comm/comm_base\.c"),
-    ("memory", r"^src/host/memory/"),
-    ("comm", r"^src/host/comm/"),
-    ("channel", r"^src/host/channel/"),
-    ("proxy", r"^proxy/"),
-    ("algorithms", r"^(algorithms|src/device)/"),
-    ("persistent", r"^src/host/persistent/"),
-]
+SOURCE_EXT = (".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".cuh")
+INCLUDE_KINDS = ("public", "below", "any")
+TRANSPORTS = "proxy/transport/"
 
 
-def layer_of(path):
-    for i, (name, rx) in enumerate(LAYERS):
-        if re.search(rx, path):
-            return i, name
-    return len(LAYERS), "unknown"
+class Problems:
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, text):
+        self.n += 1
+        print(text)
 
 
-def objects(build):
-    """The library's object files of the current build (compile_commands.json), so stale
-    objects of moved or deleted sources are not counted."""
-    import json
+# ---------------------------------------------------------------- the table in design.md
+
+def read_table(src, problem):
+    """The layer rows of docs/design.md, top first: [(name, [paths], includes)]."""
+    path = os.path.join(src, "docs", "design.md")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except OSError as e:
+        problem(f"docs/design.md: cannot read it ({e}): the layer table lives there")
+        return []
+    start = next((i for i, l in enumerate(lines) if l.startswith("<!-- layers:")), None)
+    if start is None:
+        problem("docs/design.md: no layer table (a line starting '<!-- layers:' before it)")
+        return []
+    rows = []
+    for l in lines[start + 1:]:
+        if not l.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [c.strip() for c in l.strip().strip("|").split("|")]
+        if cells[0] in ("layer", "") or set(cells[0]) <= set("-: "):
+            continue
+        if len(cells) < 3:
+            problem(f"docs/design.md: layer row '{l}' has fewer than 3 columns")
+            continue
+        name, paths, includes = cells[0], re.findall(r"`([^`]+)`", cells[1]), cells[2]
+        if includes not in INCLUDE_KINDS:
+            problem(f"docs/design.md: layer {name}: includes '{includes}' is none of "
+                    f"{', '.join(INCLUDE_KINDS)}")
+        if not paths:
+            problem(f"docs/design.md: layer {name} names no path")
+        rows.append((name, paths, includes))
+    if not rows:
+        problem("docs/design.md: the layer table has no rows")
+    seen = {}
+    for name, paths, _ in rows:
+        for p in paths:
+            if p in seen:
+                problem(f"docs/design.md: {p} is in layer {seen[p]} and in layer {name}")
+            seen[p] = name
+            if not os.path.exists(os.path.join(src, p)):
+                problem(f"docs/design.md: layer {name} names {p}, which is not in the tree")
+    return rows
+
+
+def layer_of(rows, path):
+    """(index, name, includes) of the row holding `path` (longest path wins), or None."""
+    best = None
+    for i, (name, paths, includes) in enumerate(rows):
+        for p in paths:
+            if path == p.rstrip("/") or (p.endswith("/") and path.startswith(p)):
+                if best is None or len(p) > best[0]:
+                    best = (len(p), i, name, includes)
+    return None if best is None else best[1:]
+
+
+# ---------------------------------------------------------------- source files and includes
+
+def tree_files(src):
+    try:
+        out = subprocess.run(["git", "-C", src, "ls-files", "--cached", "--others",
+                              "--exclude-standard"], capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+        files = [f for f in out if f]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for root, dirs, names in os.walk(src):
+            rel = os.path.relpath(root, src)
+            dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+            files += [os.path.normpath(os.path.join(rel, n)) for n in names]
+    return sorted(f for f in files if f.endswith(SOURCE_EXT) and not f.startswith("docs/results/")
+                  and os.path.exists(os.path.join(src, f)))
+
+
+INCLUDE_RX = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+
+
+def includes_of(src, f):
+    with open(os.path.join(src, f), errors="replace") as fh:
+        text = fh.read()
+    # Comments out, so that an include written in a comment is not counted.
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return [(m.group(1), m.group(2)) for m in INCLUDE_RX.finditer(text)]
+
+
+def transport_of(path):
+    """The transport folder's name of a file under proxy/transport/<name>/, else None."""
+    if path.startswith(TRANSPORTS):
+        rest = path[len(TRANSPORTS):]
+        return rest.split("/", 1)[0] if "/" in rest else None
+    return None
+
+
+def proxy_core(path):
+    return path.startswith("proxy/") and not path.startswith(TRANSPORTS) \
+        and path != "proxy/transport.c"
+
+
+def check_includes(src, rows, files, problem):
+    fileset = set(files)
+    edges = {}
+    for f in files:
+        lay = layer_of(rows, f)
+        if lay is None:
+            problem(f"{f}: in no layer of docs/design.md's table (add its folder to a row)")
+            continue
+        idx, name, kind = lay
+        folder = os.path.dirname(f)
+        client_root = next((p for p in rows[idx][1] if f.startswith(p)), folder + "/")
+        for bracket, inc in includes_of(src, f):
+            line = f'#include {bracket}{inc}{">" if bracket == "<" else bracket}'
+            public = "include/" + inc
+            here = os.path.normpath(os.path.join(folder, inc))
+            if inc.startswith("maco/") and public in fileset:
+                continue  # the public API: every layer may include it
+            target = None
+            if bracket == '"' and here in fileset:
+                target = here
+            elif inc in fileset:
+                target = inc
+            elif public in fileset:
+                target = public
+            if kind == "any":
+                if target is not None:
+                    edges.setdefault(f, set()).add(target)
+                continue
+            if kind == "public":
+                if target is None:
+                    continue  # the system's, CUDA's, NCCL's, nanobind's or a generated header
+                if target.startswith("include/maco/"):
+                    problem(f"{f}: {line}: public headers are named maco/...")
+                elif not target.startswith(client_root) or target != here:
+                    problem(f"{f} ({name}): {line} reaches {target}: this layer "
+                            "includes the public API (maco/...) and its own folder only")
+                else:
+                    edges.setdefault(f, set()).add(target)
+                continue
+            # kind == "below": the library.
+            if target is None:
+                continue  # not a file of the tree: the system's or CUDA's
+            if target != inc:
+                problem(f"{f} ({name}): {line} names {target} by a relative "
+                        f"path; write its path from the repository root: \"{target}\"")
+                continue
+            tl = layer_of(rows, target)
+            if tl is None:
+                continue  # reported as a file in no layer
+            if tl[2] != "below":
+                problem(f"{f} ({name}): {line} reaches layer {tl[1]}, which the "
+                        "library never includes")
+            elif tl[0] < idx:
+                problem(f"{f} ({name}): {line} reaches layer {tl[1]}, above {name}")
+            ta, tb = transport_of(f), transport_of(target)
+            if tb is not None and ta != tb and (ta is not None or proxy_core(f)):
+                problem(f"{f}: {line}: a transport's files are its own (transports "
+                        "never include each other; the proxy's core names none)")
+            edges.setdefault(f, set()).add(target)
+    return edges
+
+
+# ---------------------------------------------------------------- objects
+
+def objects(build, src, rows):
+    """(library objects, client objects) of the current build (compile_commands.json), so
+    stale objects of moved or deleted sources are not counted. Clients: files of a layer whose
+    includes are public (nccl/, tools/, ...)."""
     with open(os.path.join(build, "compile_commands.json")) as fh:
         cmds = json.load(fh)
-    out = []
+    lib, clients = [], []
     for c in cmds:
         m = re.search(r"\s-o\s+(\S+)", c.get("command", ""))
         o = c.get("output") or (m.group(1) if m else "")
-        if "maco_core.dir" in o or "maco_gpu.dir" in o:
-            path = o if os.path.isabs(o) else os.path.join(c.get("directory", build), o)
-            if os.path.exists(path):
-                out.append(path)
-    return sorted(set(out))
+        path = o if os.path.isabs(o) else os.path.join(c.get("directory", build), o)
+        if not os.path.exists(path):
+            continue
+        if re.search(r"(maco_core|maco_gpu|maco_gpu_gmma)\.dir/", o):
+            lib.append(path)
+        else:
+            f = c.get("file", "")
+            rel = os.path.relpath(f if os.path.isabs(f) else os.path.join(c.get("directory", ""), f),
+                                  src)
+            lay = layer_of(rows, rel)
+            if lay is not None and lay[2] == "public" and not rel.startswith("include/"):
+                clients.append((path, rel))
+    return sorted(set(lib)), sorted(set(clients))
 
 
 def source_of(obj):
@@ -64,12 +244,7 @@ def source_of(obj):
 
 def nm(obj, *flags):
     res = subprocess.run(["nm", "-P", *flags, obj], capture_output=True, text=True, check=True)
-    syms = set()
-    for line in res.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 2:
-            syms.add(parts[0])
-    return syms
+    return {line.split()[0] for line in res.stdout.splitlines() if len(line.split()) >= 2}
 
 
 def sccs(nodes, edges):
@@ -105,44 +280,13 @@ def sccs(nodes, edges):
     return out
 
 
-def include_graph(src):
-    edges, nodes = {}, set()
-    roots = ["src", "proxy", "algorithms", "include"]
-    files = []
-    for r in roots:
-        for root, _, names in os.walk(os.path.join(src, r)):
-            for n in names:
-                if n.endswith((".c", ".h", ".cu", ".cuh")):
-                    files.append(os.path.relpath(os.path.join(root, n), src))
-    by_name = {}
-    for f in files:
-        by_name.setdefault(os.path.basename(f), []).append(f)
-    for f in files:
-        nodes.add(f)
-        with open(os.path.join(src, f), errors="replace") as fh:
-            for line in fh:
-                m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
-                if not m:
-                    continue
-                inc = m.group(1)
-                cands = [c for c in by_name.get(os.path.basename(inc), []) if c.endswith(inc)]
-                if len(cands) == 1:
-                    edges.setdefault(f, set()).add(cands[0])
-    return nodes, edges
-
-
-def main():
-    if len(sys.argv) < 3:
-        print(__doc__)
-        return 2
-    build, src = sys.argv[1], sys.argv[2]
-    verbose = "-v" in sys.argv
-    objs = objects(build)
-    if not objs:
+def check_objects(build, src, rows, problem, verbose):
+    lib, clients = objects(build, src, rows)
+    if not lib:
         print(f"check_layers: no library objects under {build}")
-        return 2
+        return None
     defined, used = {}, {}
-    for o in objs:
+    for o in lib:
         f = source_of(o)
         for s in nm(o, "--defined-only"):
             if s.startswith("maco_"):
@@ -154,35 +298,66 @@ def main():
             g = defined.get(s)
             if g is not None and g != f:
                 edges.setdefault(f, set()).add(g)
-    problems = 0
     if verbose:
         for f in sorted(edges):
             print(f"{f} -> {', '.join(sorted(edges[f]))}")
+
+    def why(a, b):
+        return ", ".join(sorted(s for s in used[a] if defined.get(s) == b)[:6])
+
     for comp in sccs(nodes, edges):
         if len(comp) > 1:
-            problems += 1
-            print("call loop between files: " + " <-> ".join(comp))
+            problem("call loop between files: " + " <-> ".join(comp))
             for a in comp:
                 for b in sorted(edges.get(a, ())):
                     if b in comp:
-                        why = sorted(s for s in used[a] if defined.get(s) == b)
-                        print(f"    {a} calls {b}: {', '.join(why[:6])}")
+                        print(f"    {a} calls {b}: {why(a, b)}")
     for f in sorted(edges):
-        lf, nf = layer_of(f)
+        lf = layer_of(rows, f)
         for g in sorted(edges[f]):
-            lg, ng = layer_of(g)
-            if lg > lf:
-                problems += 1
-                why = sorted(s for s in used[f] if defined.get(s) == g)
-                print(f"layer violation: {f} ({nf}) calls {g} ({ng}): {', '.join(why[:6])}")
-    inodes, iedges = include_graph(src)
-    for comp in sccs(inodes, iedges):
+            lg = layer_of(rows, g)
+            if lf is None or lg is None:
+                continue  # reported as a file in no layer
+            if lg[0] < lf[0]:
+                problem(f"layer violation: {f} ({lf[1]}) calls {g} ({lg[1]}): {why(f, g)}")
+            ta, tb = transport_of(f), transport_of(g)
+            if tb is not None and ta != tb and f != "proxy/transport.c":
+                problem(f"transport rule: {f} calls {g}: {why(f, g)} (transports never call "
+                        "each other; only proxy/transport.c reaches their ops tables)")
+    for o, rel in clients:
+        bad = sorted(s for s in nm(o, "-u") if s.startswith("maco__"))
+        if bad:
+            problem(f"{rel}: a client of the public API uses internal symbols: "
+                    f"{', '.join(bad[:6])}")
+    return len(nodes), sum(len(v) for v in edges.values()), len(clients)
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "-v"]
+    verbose = "-v" in sys.argv
+    if len(args) != 2:
+        print(__doc__)
+        return 2
+    build = None if args[0] == "--sources" else args[0]
+    src = args[1]
+    problem = Problems()
+    rows = read_table(src, problem)
+    files = tree_files(src)
+    if not files:
+        print(f"check_layers: no source files under {src}")
+        return 2
+    inc_edges = check_includes(src, rows, files, problem) if rows else {}
+    for comp in sccs(set(files), inc_edges):
         if len(comp) > 1:
-            problems += 1
-            print("include loop: " + " <-> ".join(comp))
-    nedges = sum(len(v) for v in edges.values())
-    print(f"check_layers: {len(nodes)} files, {nedges} call edges, {problems} problem(s)")
-    return 1 if problems else 0
+            problem("include loop: " + " <-> ".join(comp))
+    summary = f"{len(rows)} layers, {len(files)} source files"
+    if build is not None and rows:
+        res = check_objects(build, src, rows, problem, verbose)
+        if res is None:
+            return 2
+        summary += f", {res[0]} library objects with {res[1]} call edges, {res[2]} client objects"
+    print(f"check_layers: {summary}, {problem.n} problem(s)")
+    return 1 if problem.n else 0
 
 
 if __name__ == "__main__":
