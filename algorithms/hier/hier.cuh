@@ -210,270 +210,376 @@ maco__hier_cta_begin(const maco__hier_args_t &h, maco_memory_channel_device_t *c
     return tid < L && tid != me;
 }
 
+/*
+ * One CTA of the hier kernel: its arguments, the mesh barrier's memory channels (shared
+ * memory) and whether this thread waits on one of them, its rail (port channels [nnodes][2]),
+ * its slot in the collectives buffer and in the rail buffer, and the number of segments. The
+ * member functions name the slot's regions: region numbers, their byte offsets and addresses.
+ * IN [node m][local q] and OUT [local q][node m] are in the collectives buffer (at this rank:
+ * loc, at local rank q: peer); CARRY [m], FINAL [m] and ACC [m] in the rail buffer (rail_at),
+ * what the port channels move (their offsets: roff). data(m) and ack(m) are the port channels
+ * to the rail peer on node m.
+ */
+struct maco__hier_cta {
+    const maco__hier_args_t &h;
+    maco_memory_channel_device_t *ch;
+    const maco_port_channel_device_t *rail;
+    uint64_t slot, rslot, nseg;
+    bool waiter;
+
+    __device__ __forceinline__ const maco_port_channel_device_t *data(int m) const
+    {
+        return &rail[2 * m];
+    }
+    __device__ __forceinline__ const maco_port_channel_device_t *ack(int m) const
+    {
+        return &rail[2 * m + 1];
+    }
+    /* In the collectives buffer: */
+    __device__ __forceinline__ uint64_t r_in(int m, int q) const
+    {
+        return (uint64_t)m * (uint64_t)h.c.nranks + (uint64_t)q;
+    }
+    __device__ __forceinline__ uint64_t r_out(int q, int m) const
+    {
+        return (uint64_t)h.nnodes * (uint64_t)h.c.nranks + (uint64_t)q * (uint64_t)h.nnodes +
+               (uint64_t)m;
+    }
+    __device__ __forceinline__ uint64_t off(uint64_t r) const
+    {
+        return slot + r * h.hpiece;
+    }
+    __device__ __forceinline__ char *loc(uint64_t r) const
+    {
+        return h.c.buf + off(r);
+    }
+    __device__ __forceinline__ char *peer(int q, uint64_t r) const
+    {
+        return h.c.peer_buf[q] + off(r);
+    }
+    /* In the rail buffer (what the port channels move): */
+    __device__ __forceinline__ uint64_t r_carry(int m) const
+    {
+        return (uint64_t)m;
+    }
+    __device__ __forceinline__ uint64_t r_final(int m) const
+    {
+        return (uint64_t)h.nnodes + (uint64_t)m;
+    }
+    __device__ __forceinline__ uint64_t r_acc(int m) const
+    {
+        return 2 * (uint64_t)h.nnodes + (uint64_t)m;
+    }
+    __device__ __forceinline__ uint64_t roff(uint64_t r) const
+    {
+        return rslot + r * h.hpiece;
+    }
+    __device__ __forceinline__ char *rail_at(uint64_t r) const
+    {
+        return h.rail_buf + roff(r);
+    }
+    /* Elements of piece j of the segment at seg0 (split collectives), or of every block's
+     * piece. */
+    __device__ __forceinline__ uint64_t plen(uint64_t seg0, int j) const
+    {
+        const uint64_t P = h.c.piece_elems, C = h.c.count;
+        return seg0 + (uint64_t)j * P < C ? min(P, C - seg0 - (uint64_t)j * P) : (uint64_t)0;
+    }
+};
+
+/* One segment of allreduce and reduce: a chain over the nodes in node order, the last node
+ * puts the result to every other. True when the CTA must stop. */
+template <class T, int Op>
+static __device__ __forceinline__ bool maco__hier_seg_reduce(const maco__hier_cta &x, uint64_t seg,
+                                                             uint64_t seg0, uint64_t len)
+{
+    const maco__coll_args_t &a = x.h.c;
+    const int L = a.nranks, me = a.rank, N = x.h.nnodes, k = x.h.node, coll = a.coll;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    const uint64_t esz = a.esz, P = a.piece_elems;
+    const char *in = (const char *)a.input;
+    char *out = (char *)a.output;
+    const bool avg = a.avg != 0, first = k == 0, last = k == N - 1;
+    const int kr = x.h.root_node, lr = x.h.root_local;
+    bool fail = false;
+    for (int i = 0; i < L; i++) {
+        const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
+        maco_copy(x.peer(q, x.r_in(0, me)), in + (seg0 + (uint64_t)q * P) * esz,
+                  x.plen(seg0, q) * esz, tid, nthr);
+    }
+    if (maco__hier_take_carry(x.ch, x.waiter, first ? nullptr : x.data(k - 1)))
+        return true;
+    /* Where the result goes on the last node: ACC (the source of its puts) and the
+     * OUT[me] regions of the ranks that output it. */
+    const bool outputs = coll == MACO_COLL_ALLREDUCE || k == kr;
+    char *dst[MACO__MAXR + 1];
+    int ndst = 0;
+    dst[ndst++] = x.rail_at(x.r_acc(0));
+    for (int q = 0; q < MACO__MAXR; q++)
+        if (q < L && outputs && (coll == MACO_COLL_ALLREDUCE || q == lr))
+            dst[ndst++] = x.peer(q, x.r_out(me, 0));
+    maco__hier_fold<T, Op>(first ? nullptr : x.rail_at(x.r_carry(0)), x.loc(x.r_in(0, 0)),
+                           x.h.hpiece, L, last, avg, x.h.nranks, a.op, dst, ndst,
+                           x.rail_at(x.r_acc(0)), len);
+    maco__hier_publish();
+    if (tid == 0) {
+        if (!last)
+            fail = maco__hier_put(x.data(k + 1), x.roff(x.r_carry(0)), x.roff(x.r_acc(0)),
+                                  len * x.h.accsz, true);
+        else
+            for (int m = 0; m < N - 1 && !fail; m++)
+                fail = maco__hier_put(x.data(m), x.roff(x.r_final(N - 1)), x.roff(x.r_acc(0)),
+                                      len * esz, true);
+        if (!last && !fail)
+            fail = maco_port_channel_wait(x.data(N - 1)) != MACO_OK;
+    }
+    if (maco__cta_failed(fail))
+        return true;
+    if (!last && outputs)
+        for (int q = 0; q < L; q++)
+            if (coll == MACO_COLL_ALLREDUCE || q == lr)
+                maco__copy_from_sysmem(x.peer(q, x.r_out(me, 0)), x.rail_at(x.r_final(N - 1)),
+                                       len * esz, tid, nthr);
+    if (!last && maco__hier_ack_last(x.ack(N - 1), seg + gridDim.x >= x.nseg))
+        return true;
+    if (maco__mesh_barrier(x.ch, x.waiter))
+        return true;
+    if (outputs && (coll == MACO_COLL_ALLREDUCE || me == lr)) {
+        for (int q = 0; q < L; q++)
+            maco_copy(out + (seg0 + (uint64_t)q * P) * esz, x.loc(x.r_out(q, 0)),
+                      x.plen(seg0, q) * esz, tid, nthr);
+        __syncthreads();
+    }
+    return false;
+}
+
+/* One segment of reduce_scatter: the chain of allreduce for every node's blocks at once, the
+ * last node puts each node's reduced block to it. True when the CTA must stop. */
+template <class T, int Op>
+static __device__ __forceinline__ bool
+maco__hier_seg_reduce_scatter(const maco__hier_cta &x, uint64_t seg, uint64_t seg0, uint64_t len)
+{
+    const maco__coll_args_t &a = x.h.c;
+    const int L = a.nranks, me = a.rank, N = x.h.nnodes, k = x.h.node;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    const uint64_t esz = a.esz, C = a.count;
+    const char *in = (const char *)a.input;
+    char *out = (char *)a.output;
+    const bool avg = a.avg != 0, first = k == 0, last = k == N - 1;
+    bool fail = false;
+    for (int i = 0; i < L; i++) {
+        const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
+        for (int m = 0; m < N; m++) {
+            const uint64_t blk = (uint64_t)x.h.rank_at[m * L + q] * C;
+            maco_copy(x.peer(q, x.r_in(m, me)), in + (blk + seg0) * esz, len * esz, tid, nthr);
+        }
+    }
+    if (maco__hier_take_carry(x.ch, x.waiter, first ? nullptr : x.data(k - 1)))
+        return true;
+    for (int m = 0; m < N; m++) {
+        char *dst[1] = { x.rail_at(x.r_acc(m)) };
+        maco__hier_fold<T, Op>(first ? nullptr : x.rail_at(x.r_carry(m)), x.loc(x.r_in(m, 0)),
+                               x.h.hpiece, L, last, avg, x.h.nranks, a.op, dst, 1,
+                               x.rail_at(x.r_acc(m)), len);
+    }
+    maco__hier_publish();
+    if (tid == 0) {
+        for (int m = 0; m < N && !fail; m++) {
+            if (!last)
+                fail = maco__hier_put(x.data(k + 1), x.roff(x.r_carry(m)), x.roff(x.r_acc(m)),
+                                      len * x.h.accsz, m == N - 1);
+            else if (m != k)
+                fail = maco__hier_put(x.data(m), x.roff(x.r_final(N - 1)), x.roff(x.r_acc(m)),
+                                      len * esz, true);
+        }
+        if (!last && !fail)
+            fail = maco_port_channel_wait(x.data(N - 1)) != MACO_OK;
+    }
+    if (maco__cta_failed(fail))
+        return true;
+    maco__copy_from_sysmem(out + seg0 * esz,
+                           last ? x.rail_at(x.r_acc(k)) : x.rail_at(x.r_final(N - 1)), len * esz,
+                           tid, nthr);
+    if (!last && maco__hier_ack_last(x.ack(N - 1), seg + gridDim.x >= x.nseg))
+        return true;
+    if (maco__mesh_barrier(x.ch, x.waiter))
+        return true;
+    return false;
+}
+
+/* One segment of allgather: every rank's piece to its node's ranks and, from its rail slot, to
+ * every other node; *did: acknowledgements outstanding. True when the CTA must stop. */
+static __device__ __forceinline__ bool
+maco__hier_seg_allgather(const maco__hier_cta &x, uint64_t seg0, uint64_t len, bool *did)
+{
+    const int L = x.h.c.nranks, me = x.h.c.rank, N = x.h.nnodes, k = x.h.node;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    const uint64_t esz = x.h.c.esz, C = x.h.c.count;
+    const char *in = (const char *)x.h.c.input;
+    char *out = (char *)x.h.c.output;
+    bool fail = false;
+    if (maco__mesh_barrier(x.ch, x.waiter))
+        return true;
+    if (*did && tid == 0)
+        for (int m = 0; m < N && !fail; m++)
+            if (m != k)
+                fail = maco_port_channel_wait(x.ack(m)) != MACO_OK;
+    if (maco__cta_failed(fail))
+        return true;
+    const char *mine = in + seg0 * esz;
+    maco_copy(x.rail_at(x.r_acc(0)), mine, len * esz, tid, nthr);
+    for (int q = 0; q < L; q++)
+        maco_copy(x.peer(q, x.r_out(me, k)), mine, len * esz, tid, nthr);
+    maco__hier_publish();
+    if (tid == 0) {
+        for (int m = 0; m < N && !fail; m++)
+            if (m != k)
+                fail = maco__hier_put(x.data(m), x.roff(x.r_final(k)), x.roff(x.r_acc(0)),
+                                      len * esz, true);
+        for (int m = 0; m < N && !fail; m++)
+            if (m != k)
+                fail = maco_port_channel_wait(x.data(m)) != MACO_OK;
+    }
+    if (maco__cta_failed(fail))
+        return true;
+    for (int m = 0; m < N; m++)
+        if (m != k)
+            for (int q = 0; q < L; q++)
+                maco__copy_from_sysmem(x.peer(q, x.r_out(me, m)), x.rail_at(x.r_final(m)),
+                                       len * esz, tid, nthr);
+    __syncthreads();
+    if (tid == 0)
+        for (int m = 0; m < N && !fail; m++)
+            if (m != k)
+                fail = maco_port_channel_signal(x.ack(m)) != MACO_OK;
+    *did = true;
+    if (maco__cta_failed(fail))
+        return true;
+    if (maco__mesh_barrier(x.ch, x.waiter))
+        return true;
+    for (int m = 0; m < N; m++)
+        for (int q = 0; q < L; q++)
+            maco_copy(out + ((uint64_t)x.h.rank_at[m * L + q] * C + seg0) * esz,
+                      x.loc(x.r_out(q, m)), len * esz, tid, nthr);
+    __syncthreads();
+    return false;
+}
+
+/* One segment of broadcast: the root spreads its pieces over its node, its node's ranks put
+ * them from their rail slots to every other node; *did: acknowledgements outstanding (the
+ * root's node). True when the CTA must stop. */
+static __device__ __forceinline__ bool
+maco__hier_seg_broadcast(const maco__hier_cta &x, uint64_t seg0, uint64_t len, bool *did)
+{
+    const int L = x.h.c.nranks, me = x.h.c.rank, N = x.h.nnodes, k = x.h.node;
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    const uint64_t esz = x.h.c.esz, P = x.h.c.piece_elems;
+    const char *in = (const char *)x.h.c.input;
+    char *out = (char *)x.h.c.output;
+    const int kr = x.h.root_node, lr = x.h.root_local;
+    bool fail = false;
+    const bool root_node = k == kr;
+    if (root_node && me == lr)
+        for (int i = 0; i < L; i++) {
+            const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
+            maco_copy(x.peer(q, x.r_in(0, 0)), in + (seg0 + (uint64_t)q * P) * esz,
+                      x.plen(seg0, q) * esz, tid, nthr);
+        }
+    if (maco__mesh_barrier(x.ch, x.waiter))
+        return true;
+    if (root_node) {
+        if (*did && tid == 0)
+            for (int m = 0; m < N && !fail; m++)
+                if (m != k)
+                    fail = maco_port_channel_wait(x.ack(m)) != MACO_OK;
+        if (maco__cta_failed(fail))
+            return true;
+        maco_copy(x.rail_at(x.r_acc(0)), x.loc(x.r_in(0, 0)), len * esz, tid, nthr);
+        for (int q = 0; q < L; q++)
+            maco_copy(x.peer(q, x.r_out(me, 0)), x.loc(x.r_in(0, 0)), len * esz, tid, nthr);
+        maco__hier_publish();
+        if (tid == 0)
+            for (int m = 0; m < N && !fail; m++)
+                if (m != k)
+                    fail = maco__hier_put(x.data(m), x.roff(x.r_final(kr)), x.roff(x.r_acc(0)),
+                                          len * esz, true);
+        *did = true;
+    } else {
+        if (tid == 0)
+            fail = maco_port_channel_wait(x.data(kr)) != MACO_OK;
+        if (maco__cta_failed(fail))
+            return true;
+        for (int q = 0; q < L; q++)
+            maco__copy_from_sysmem(x.peer(q, x.r_out(me, 0)), x.rail_at(x.r_final(kr)), len * esz,
+                                   tid, nthr);
+        __syncthreads();
+        if (tid == 0)
+            fail = maco_port_channel_signal(x.ack(kr)) != MACO_OK;
+    }
+    if (maco__cta_failed(fail))
+        return true;
+    if (maco__mesh_barrier(x.ch, x.waiter))
+        return true;
+    if (!(root_node && me == lr && out == in)) {
+        for (int q = 0; q < L; q++)
+            maco_copy(out + (seg0 + (uint64_t)q * P) * esz, x.loc(x.r_out(q, 0)),
+                      x.plen(seg0, q) * esz, tid, nthr);
+        __syncthreads();
+    }
+    return false;
+}
+
 template <class T, int Op>
 __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
 {
     const maco__coll_args_t &a = h.c;
     __shared__ maco_memory_channel_device_t ch[MACO__MAXR];
     const int L = a.nranks, me = a.rank, N = h.nnodes, k = h.node, coll = a.coll;
-    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
     const maco_port_channel_device_t *rail;
     const bool waiter = maco__hier_cta_begin(h, ch, &rail);
-#define MACO__DATA(m) (&rail[2 * (m)])
-#define MACO__ACK(m) (&rail[2 * (m) + 1])
-    const uint64_t hp = h.hpiece;
-    const uint64_t slot = h.hier_offset + (uint64_t)blockIdx.x * h.hier_slot_bytes;
-    const uint64_t rslot = (uint64_t)blockIdx.x * h.rail_slot_bytes;
-    const uint64_t NL = (uint64_t)N * (uint64_t)L;
-/* Region numbers of a slot, their byte offsets in a collectives buffer, their addresses. */
-/* In the collectives buffer: */
-#define MACO__R_IN(m, q) ((uint64_t)(m) * (uint64_t)L + (uint64_t)(q))
-#define MACO__R_OUT(q, m) (NL + (uint64_t)(q) * (uint64_t)N + (uint64_t)(m))
-#define MACO__OFF(r) (slot + (r)*hp)
-#define MACO__LOC(r) (a.buf + MACO__OFF(r))
-#define MACO__PEER(q, r) (a.peer_buf[q] + MACO__OFF(r))
-/* In the rail buffer (what the port channels move): */
-#define MACO__R_CARRY(m) ((uint64_t)(m))
-#define MACO__R_FINAL(m) ((uint64_t)N + (uint64_t)(m))
-#define MACO__R_ACC(m) (2 * (uint64_t)N + (uint64_t)(m))
-#define MACO__ROFF(r) (rslot + (r)*hp)
-#define MACO__RAIL(r) (h.rail_buf + MACO__ROFF(r))
-    const uint64_t esz = a.esz, P = a.piece_elems, C = a.count;
-    const char *in = (const char *)a.input;
-    char *out = (char *)a.output;
-    const bool avg = a.avg != 0;
-    const bool first = k == 0, last = k == N - 1;
-    const int kr = h.root_node, lr = h.root_local;
+    const uint64_t P = a.piece_elems, C = a.count;
+    const bool last = k == N - 1;
     const bool split = coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE ||
                        coll == MACO_COLL_BROADCAST; /* a segment is L pieces */
     const uint64_t seg_elems = split ? P * (uint64_t)L : P;
-    const uint64_t nseg = (C + seg_elems - 1) / seg_elems;
+    const maco__hier_cta x = { h,
+                               ch,
+                               rail,
+                               h.hier_offset + (uint64_t)blockIdx.x * h.hier_slot_bytes,
+                               (uint64_t)blockIdx.x * h.rail_slot_bytes,
+                               (C + seg_elems - 1) / seg_elems,
+                               waiter };
     bool did = false; /* broadcast, allgather: acknowledgements outstanding */
 
-    for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
+    for (uint64_t seg = blockIdx.x; seg < x.nseg; seg += gridDim.x) {
         const uint64_t seg0 = seg * seg_elems;
-/* Elements of piece j of this segment (split collectives), or of every block's piece. */
-#define MACO__PLEN(j)                                                                              \
-    (seg0 + (uint64_t)(j)*P < C ? min(P, C - seg0 - (uint64_t)(j)*P) : (uint64_t)0)
-        const uint64_t len = split ? MACO__PLEN(me) : MACO__PLEN(0);
-        bool fail = false;
-
-        if (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE) {
-            for (int i = 0; i < L; i++) {
-                const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
-                maco_copy(MACO__PEER(q, MACO__R_IN(0, me)), in + (seg0 + (uint64_t)q * P) * esz,
-                          MACO__PLEN(q) * esz, tid, nthr);
-            }
-            if (maco__hier_take_carry(ch, waiter, first ? nullptr : MACO__DATA(k - 1)))
-                return;
-            /* Where the result goes on the last node: ACC (the source of its puts) and the
-             * OUT[me] regions of the ranks that output it. */
-            const bool outputs = coll == MACO_COLL_ALLREDUCE || k == kr;
-            char *dst[MACO__MAXR + 1];
-            int ndst = 0;
-            dst[ndst++] = MACO__RAIL(MACO__R_ACC(0));
-            for (int q = 0; q < MACO__MAXR; q++)
-                if (q < L && outputs && (coll == MACO_COLL_ALLREDUCE || q == lr))
-                    dst[ndst++] = MACO__PEER(q, MACO__R_OUT(me, 0));
-            maco__hier_fold<T, Op>(first ? nullptr : MACO__RAIL(MACO__R_CARRY(0)),
-                                   MACO__LOC(MACO__R_IN(0, 0)), hp, L, last, avg, h.nranks, a.op,
-                                   dst, ndst, MACO__RAIL(MACO__R_ACC(0)), len);
-            maco__hier_publish();
-            if (tid == 0) {
-                if (!last)
-                    fail = maco__hier_put(MACO__DATA(k + 1), MACO__ROFF(MACO__R_CARRY(0)),
-                                          MACO__ROFF(MACO__R_ACC(0)), len * h.accsz, true);
-                else
-                    for (int m = 0; m < N - 1 && !fail; m++)
-                        fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(N - 1)),
-                                              MACO__ROFF(MACO__R_ACC(0)), len * esz, true);
-                if (!last && !fail)
-                    fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
-            }
-            if (maco__cta_failed(fail))
-                return;
-            if (!last && outputs)
-                for (int q = 0; q < L; q++)
-                    if (coll == MACO_COLL_ALLREDUCE || q == lr)
-                        maco__copy_from_sysmem(MACO__PEER(q, MACO__R_OUT(me, 0)),
-                                               MACO__RAIL(MACO__R_FINAL(N - 1)), len * esz, tid,
-                                               nthr);
-            if (!last && maco__hier_ack_last(MACO__ACK(N - 1), seg + gridDim.x >= nseg))
-                return;
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            if (outputs && (coll == MACO_COLL_ALLREDUCE || me == lr)) {
-                for (int q = 0; q < L; q++)
-                    maco_copy(out + (seg0 + (uint64_t)q * P) * esz, MACO__LOC(MACO__R_OUT(q, 0)),
-                              MACO__PLEN(q) * esz, tid, nthr);
-                __syncthreads();
-            }
-        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
-            for (int i = 0; i < L; i++) {
-                const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
-                for (int m = 0; m < N; m++) {
-                    const uint64_t blk = (uint64_t)h.rank_at[m * L + q] * C;
-                    maco_copy(MACO__PEER(q, MACO__R_IN(m, me)), in + (blk + seg0) * esz, len * esz,
-                              tid, nthr);
-                }
-            }
-            if (maco__hier_take_carry(ch, waiter, first ? nullptr : MACO__DATA(k - 1)))
-                return;
-            for (int m = 0; m < N; m++) {
-                char *dst[1] = { MACO__RAIL(MACO__R_ACC(m)) };
-                maco__hier_fold<T, Op>(first ? nullptr : MACO__RAIL(MACO__R_CARRY(m)),
-                                       MACO__LOC(MACO__R_IN(m, 0)), hp, L, last, avg, h.nranks,
-                                       a.op, dst, 1, MACO__RAIL(MACO__R_ACC(m)), len);
-            }
-            maco__hier_publish();
-            if (tid == 0) {
-                for (int m = 0; m < N && !fail; m++) {
-                    if (!last)
-                        fail =
-                            maco__hier_put(MACO__DATA(k + 1), MACO__ROFF(MACO__R_CARRY(m)),
-                                           MACO__ROFF(MACO__R_ACC(m)), len * h.accsz, m == N - 1);
-                    else if (m != k)
-                        fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(N - 1)),
-                                              MACO__ROFF(MACO__R_ACC(m)), len * esz, true);
-                }
-                if (!last && !fail)
-                    fail = maco_port_channel_wait(MACO__DATA(N - 1)) != MACO_OK;
-            }
-            if (maco__cta_failed(fail))
-                return;
-            maco__copy_from_sysmem(out + seg0 * esz,
-                                   last ? MACO__RAIL(MACO__R_ACC(k))
-                                        : MACO__RAIL(MACO__R_FINAL(N - 1)),
-                                   len * esz, tid, nthr);
-            if (!last && maco__hier_ack_last(MACO__ACK(N - 1), seg + gridDim.x >= nseg))
-                return;
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-        } else if (coll == MACO_COLL_ALLGATHER) {
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            if (did && tid == 0)
-                for (int m = 0; m < N && !fail; m++)
-                    if (m != k)
-                        fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
-            if (maco__cta_failed(fail))
-                return;
-            const char *mine = in + seg0 * esz;
-            maco_copy(MACO__RAIL(MACO__R_ACC(0)), mine, len * esz, tid, nthr);
-            for (int q = 0; q < L; q++)
-                maco_copy(MACO__PEER(q, MACO__R_OUT(me, k)), mine, len * esz, tid, nthr);
-            maco__hier_publish();
-            if (tid == 0) {
-                for (int m = 0; m < N && !fail; m++)
-                    if (m != k)
-                        fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(k)),
-                                              MACO__ROFF(MACO__R_ACC(0)), len * esz, true);
-                for (int m = 0; m < N && !fail; m++)
-                    if (m != k)
-                        fail = maco_port_channel_wait(MACO__DATA(m)) != MACO_OK;
-            }
-            if (maco__cta_failed(fail))
-                return;
-            for (int m = 0; m < N; m++)
-                if (m != k)
-                    for (int q = 0; q < L; q++)
-                        maco__copy_from_sysmem(MACO__PEER(q, MACO__R_OUT(me, m)),
-                                               MACO__RAIL(MACO__R_FINAL(m)), len * esz, tid, nthr);
-            __syncthreads();
-            if (tid == 0)
-                for (int m = 0; m < N && !fail; m++)
-                    if (m != k)
-                        fail = maco_port_channel_signal(MACO__ACK(m)) != MACO_OK;
-            did = true;
-            if (maco__cta_failed(fail))
-                return;
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            for (int m = 0; m < N; m++)
-                for (int q = 0; q < L; q++)
-                    maco_copy(out + ((uint64_t)h.rank_at[m * L + q] * C + seg0) * esz,
-                              MACO__LOC(MACO__R_OUT(q, m)), len * esz, tid, nthr);
-            __syncthreads();
-        } else { /* broadcast */
-            const bool root_node = k == kr;
-            if (root_node && me == lr)
-                for (int i = 0; i < L; i++) {
-                    const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
-                    maco_copy(MACO__PEER(q, MACO__R_IN(0, 0)), in + (seg0 + (uint64_t)q * P) * esz,
-                              MACO__PLEN(q) * esz, tid, nthr);
-                }
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            if (root_node) {
-                if (did && tid == 0)
-                    for (int m = 0; m < N && !fail; m++)
-                        if (m != k)
-                            fail = maco_port_channel_wait(MACO__ACK(m)) != MACO_OK;
-                if (maco__cta_failed(fail))
-                    return;
-                maco_copy(MACO__RAIL(MACO__R_ACC(0)), MACO__LOC(MACO__R_IN(0, 0)), len * esz, tid,
-                          nthr);
-                for (int q = 0; q < L; q++)
-                    maco_copy(MACO__PEER(q, MACO__R_OUT(me, 0)), MACO__LOC(MACO__R_IN(0, 0)),
-                              len * esz, tid, nthr);
-                maco__hier_publish();
-                if (tid == 0)
-                    for (int m = 0; m < N && !fail; m++)
-                        if (m != k)
-                            fail = maco__hier_put(MACO__DATA(m), MACO__ROFF(MACO__R_FINAL(kr)),
-                                                  MACO__ROFF(MACO__R_ACC(0)), len * esz, true);
-                did = true;
-            } else {
-                if (tid == 0)
-                    fail = maco_port_channel_wait(MACO__DATA(kr)) != MACO_OK;
-                if (maco__cta_failed(fail))
-                    return;
-                for (int q = 0; q < L; q++)
-                    maco__copy_from_sysmem(MACO__PEER(q, MACO__R_OUT(me, 0)),
-                                           MACO__RAIL(MACO__R_FINAL(kr)), len * esz, tid, nthr);
-                __syncthreads();
-                if (tid == 0)
-                    fail = maco_port_channel_signal(MACO__ACK(kr)) != MACO_OK;
-            }
-            if (maco__cta_failed(fail))
-                return;
-            if (maco__mesh_barrier(ch, waiter))
-                return;
-            if (!(root_node && me == lr && out == in)) {
-                for (int q = 0; q < L; q++)
-                    maco_copy(out + (seg0 + (uint64_t)q * P) * esz, MACO__LOC(MACO__R_OUT(q, 0)),
-                              MACO__PLEN(q) * esz, tid, nthr);
-                __syncthreads();
-            }
-        }
-#undef MACO__PLEN
+        const uint64_t len = split ? x.plen(seg0, me) : x.plen(seg0, 0);
+        bool stop;
+        if (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE)
+            stop = maco__hier_seg_reduce<T, Op>(x, seg, seg0, len);
+        else if (coll == MACO_COLL_REDUCE_SCATTER)
+            stop = maco__hier_seg_reduce_scatter<T, Op>(x, seg, seg0, len);
+        else if (coll == MACO_COLL_ALLGATHER)
+            stop = maco__hier_seg_allgather(x, seg0, len, &did);
+        else
+            stop = maco__hier_seg_broadcast(x, seg0, len, &did);
+        if (stop)
+            return;
     }
     /* The chains' last node waits until every other node consumed the FINAL of this CTA's
      * last segment (maco__hier_ack_last), so no put of this kernel outlives it: the next
      * collective may write ACC (which TCP sends from as it is) and the FINAL regions at once. */
-    if (last && tid == 0 &&
+    if (last && threadIdx.x == 0 &&
         (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE ||
          coll == MACO_COLL_REDUCE_SCATTER))
         for (int m = 0; m < N - 1; m++)
-            if (maco_port_channel_wait(MACO__ACK(m)) != MACO_OK)
+            if (maco_port_channel_wait(x.ack(m)) != MACO_OK)
                 break;
     /* The acknowledgements of this CTA's last segment (broadcast: the root's node). */
-    if (did && tid == 0 && (coll == MACO_COLL_ALLGATHER || k == kr))
+    if (did && threadIdx.x == 0 && (coll == MACO_COLL_ALLGATHER || k == h.root_node))
         for (int m = 0; m < N; m++)
-            if (m != k && maco_port_channel_wait(MACO__ACK(m)) != MACO_OK)
+            if (m != k && maco_port_channel_wait(x.ack(m)) != MACO_OK)
                 break;
-#undef MACO__DATA
-#undef MACO__ACK
-#undef MACO__R_IN
-#undef MACO__R_CARRY
-#undef MACO__R_FINAL
-#undef MACO__R_ACC
-#undef MACO__R_OUT
-#undef MACO__OFF
-#undef MACO__LOC
-#undef MACO__PEER
-#undef MACO__ROFF
-#undef MACO__RAIL
 }
 
 #endif /* MACO_ALGO_HIER_CUH */
