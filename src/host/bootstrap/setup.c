@@ -119,265 +119,341 @@ static int maco__hello_is_ours(const uint8_t *h, uint16_t kind, uint64_t nonce)
 typedef maco_status_t (*maco__on_hello_t)(maco_bootstrap_t bs, int rank, int fd,
                                           const uint8_t *hello, const maco__sockaddr_t *from);
 
+/* The state of one maco__accept_ranks call. */
+typedef struct maco__accept {
+    maco_bootstrap_t bs;
+    uint16_t kind;
+    char *expect; /* a bitmap over ranks, cleared as they arrive */
+    int nexpect;
+    int64_t deadline;
+    maco__on_hello_t on_hello;
+    /* Connections that have not said hello yet, and what poll watches ([0] the listener, then
+     * pend's, then the established links; pfd_rank: -1, -2 - pending index, or the rank). */
+    maco__pending_t *pend;
+    int npend;
+    struct pollfd *pfds;
+    int *pfd_rank;
+    /* Rank 0 only: which ranks were told a job error (told[r]), and until when it lingers. */
+    char job_error[MACO__ABORT_TEXT_BYTES];
+    maco_status_t job_status;
+    char *told;
+    int ntold;
+    /* Processes that claim a bigger world than rank 0's (a world-size mismatch) are told too:
+     * `world` is the biggest world size any hello claimed, `ntold_beyond` how many of the
+     * processes with ranks past rank 0's world were told. Linger bounds the wait for them. */
+    int64_t world, ntold_beyond;
+    int64_t linger_until;
+} maco__accept_t;
+
+/* The deadline passed: the error naming the ranks that have not said hello yet. */
+static maco_status_t maco__accept_timed_out(const maco__accept_t *ac)
+{
+    maco_bootstrap_t bs = ac->bs;
+    char missing[256] = "";
+    size_t used = 0;
+    int listed = 0;
+    for (int r = 0; r < bs->nranks && used + 16 < sizeof(missing); r++) {
+        if (!ac->expect[r])
+            continue;
+        if (listed++ == 16) {
+            used += (size_t)snprintf(missing + used, sizeof(missing) - used, " ...");
+            break;
+        }
+        used += (size_t)snprintf(missing + used, sizeof(missing) - used, " %d", r);
+    }
+    return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
+                       "rank %d: setup timed out after %lld ms: no valid hello yet from %d "
+                       "rank(s):%s (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
+                       bs->rank, (long long)bs->timeout_ms, ac->nexpect, missing);
+}
+
+/* Polls the listener, the pending connections and the established links (at most 200 ms);
+ * returns how many descriptors it watched. A failed poll sets *st. */
+static int maco__accept_poll(maco__accept_t *ac, int64_t now, maco_status_t *st)
+{
+    maco_bootstrap_t bs = ac->bs;
+    struct pollfd *pfds = ac->pfds;
+    int *pfd_rank = ac->pfd_rank;
+    int n = 0;
+    pfds[n].fd = bs->listen_fd;
+    pfds[n].events = POLLIN;
+    pfd_rank[n++] = -1;
+    for (int i = 0; i < ac->npend; i++) {
+        pfds[n].fd = ac->pend[i].fd;
+        pfds[n].events = POLLIN;
+        pfd_rank[n++] = -2 - i;
+    }
+    /* Watch established links too: a peer dying during setup fails it at once. */
+    for (int r = 0; r < bs->nranks; r++) {
+        if (r != bs->rank && bs->peers[r].fd >= 0) {
+            pfds[n].fd = bs->peers[r].fd;
+            pfds[n].events = POLLIN;
+            pfd_rank[n++] = r;
+        }
+    }
+    int64_t left = ac->deadline - now;
+    int rc = poll(pfds, (nfds_t)n, (int)(left > 200 ? 200 : left));
+    if (rc < 0 && errno != EINTR)
+        *st = maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "poll: %s", strerror(errno));
+    return n;
+}
+
+/* Established links: any readable event now is a closed connection or an error report from
+ * rank 0 (after a job error they close as told: not a new failure). */
+static maco_status_t maco__accept_check_links(const maco__accept_t *ac, int n)
+{
+    maco_bootstrap_t bs = ac->bs;
+    maco_status_t st = MACO_OK;
+    for (int i = 0; i < n && st == MACO_OK && ac->job_error[0] == '\0'; i++) {
+        if (ac->pfd_rank[i] < 0 || ac->pfds[i].revents == 0)
+            continue;
+        int r = ac->pfd_rank[i];
+        char c;
+        ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                             "rank %d: rank %d closed its connection during setup (did it "
+                             "fail or crash?)",
+                             bs->rank, r);
+    }
+    return st;
+}
+
+/* Rank 0 tells the process on `fd` (its hello said `rank`) the job error, and counts it. */
+static void maco__accept_tell(maco__accept_t *ac, int fd, int rank)
+{
+    maco_bootstrap_t bs = ac->bs;
+    maco__tell_setup_error(fd, ac->job_error, rank);
+    if (rank > 0 && rank < bs->nranks && !ac->told[rank]) {
+        ac->told[rank] = 1;
+        ac->ntold++;
+    } else if (rank >= bs->nranks) {
+        ac->ntold_beyond++; /* told, it gives up: it does not come again */
+    }
+}
+
+/* A complete hello of this job from pending connection `pc` (from `from`): the rank joins
+ * (on_hello), or the job fails, and then the offender, every rank that joined, and every rank
+ * that still arrives (for a while) is told, so none is left waiting for its deadline or
+ * reading a reset connection. */
+static maco_status_t maco__accept_hello(maco__accept_t *ac, maco__pending_t *pc, const char *from)
+{
+    maco_bootstrap_t bs = ac->bs;
+    maco_status_t st = MACO_OK;
+    int rank = (int)maco__get_u32(pc->hello + 16);
+    int nranks = (int)maco__get_u32(pc->hello + 20);
+    if (nranks > ac->world)
+        ac->world = nranks;
+    if (ac->job_error[0] != '\0') {
+        /* Setup already failed: tell this newcomer why. */
+        maco__accept_tell(ac, pc->fd, rank);
+    } else if (nranks != bs->nranks) {
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                         "world size mismatch: rank %d was started with %d "
+                         "ranks but rank %d (from %s) with %d",
+                         bs->rank, bs->nranks, rank, from, nranks);
+    } else if (rank < 0 || rank >= bs->nranks) {
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                         "a process at %s joined as rank %d, outside [0, %d)", from, rank,
+                         bs->nranks);
+    } else if (!ac->expect[rank]) {
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                         "rank %d joined twice (again from %s): two processes "
+                         "were given the same rank",
+                         rank, from);
+    } else {
+        st = ac->on_hello(bs, rank, pc->fd, pc->hello, &pc->from);
+        if (st == MACO_OK) {
+            ac->expect[rank] = 0;
+            ac->nexpect--;
+            pc->fd = -1; /* now owned by the peer table */
+        }
+    }
+    if (st != MACO_OK && ac->told != NULL && ac->job_error[0] == '\0' &&
+        st == MACO_ERR_INVALID_ARGUMENT) {
+        /* A job error: told to the offender, every rank that joined and every later one. */
+        snprintf(ac->job_error, sizeof(ac->job_error), "%s", maco__last_error());
+        ac->job_status = st;
+        st = MACO_OK;
+        maco__accept_tell(ac, pc->fd, rank);
+        for (int r = 1; r < bs->nranks; r++) {
+            if (bs->peers[r].fd >= 0) {
+                maco__tell_setup_error(bs->peers[r].fd, ac->job_error, r);
+                if (!ac->told[r]) {
+                    ac->told[r] = 1;
+                    ac->ntold++;
+                }
+            }
+        }
+        ac->linger_until = maco__deadline_ms(MACO__ERROR_LINGER_MS);
+        if (ac->linger_until > ac->deadline)
+            ac->linger_until = ac->deadline;
+    }
+    return st;
+}
+
+/* Pending connections (pfds[1 .. npend] in pend's order): reads hellos where data arrived;
+ * drops slow or stray ones, and every one whose hello was taken. */
+static maco_status_t maco__accept_pending(maco__accept_t *ac)
+{
+    maco_bootstrap_t bs = ac->bs;
+    maco_status_t st = MACO_OK;
+    int polled = ac->npend;
+    for (int i = 0; i < ac->npend && st == MACO_OK; i++) {
+        maco__pending_t *pc = &ac->pend[i];
+        ssize_t got = -1;
+        errno = EAGAIN;
+        if (i < polled && ac->pfds[1 + i].revents != 0)
+            got = recv(pc->fd, pc->hello + pc->got, MACO__HELLO_BYTES - pc->got, 0);
+        if (got > 0)
+            pc->got += (size_t)got;
+        int drop = 0;
+        char from[96];
+        maco__sockaddr_format(&pc->from, from, sizeof(from));
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                      "rank %d: a connection from %s closed before sending a complete "
+                      "hello; ignored",
+                      bs->rank, from);
+            drop = 1;
+        } else if (pc->got >= 4 && maco__get_u32(pc->hello) != MACO__ID_MAGIC) {
+            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                      "rank %d: refused a connection from %s: it did not present MACO's "
+                      "magic (a port scanner or another program?)",
+                      bs->rank, from);
+            drop = 1;
+        } else if (pc->got == MACO__HELLO_BYTES) {
+            if (!maco__hello_is_ours(pc->hello, ac->kind, bs->nonce)) {
+                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                          "rank %d: refused a connection from %s: wrong version, kind or "
+                          "job nonce (a stale job on the same port?)",
+                          bs->rank, from);
+                if (maco__hello_is_ours(pc->hello, ac->kind, maco__get_u64(pc->hello + 8)))
+                    /* Only the nonce differs: say so, so that it fails now rather than
+                     * at its deadline. It learns nothing about the job's nonce. */
+                    maco__tell_setup_error(
+                        pc->fd,
+                        "it refused this process: its job nonce (MACO_BOOTSTRAP_NONCE, or "
+                        "the unique id's) is not the job's; every rank needs the same one "
+                        "(a process of another job on this port?)",
+                        (int)maco__get_u32(pc->hello + 16));
+            } else {
+                st = maco__accept_hello(ac, pc, from);
+            }
+            drop = 1;
+        } else if (maco__now_ms() - pc->since_ms > MACO__HELLO_WAIT_MS) {
+            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                      "rank %d: dropped a connection from %s that sent no hello within "
+                      "%d ms",
+                      bs->rank, from, MACO__HELLO_WAIT_MS);
+            drop = 1;
+        }
+        if (drop) {
+            if (pc->fd >= 0)
+                close(pc->fd);
+            /* Keep pend and its poll results in step: move the last of both here. */
+            ac->pend[i] = ac->pend[--ac->npend];
+            if (ac->npend < polled) {
+                ac->pfds[1 + i] = ac->pfds[1 + ac->npend];
+                polled--;
+            }
+            i--;
+        }
+    }
+    return st;
+}
+
+/* New connections: all of them; when the table is full, the oldest pending one makes room. */
+static maco_status_t maco__accept_new(maco__accept_t *ac)
+{
+    maco_bootstrap_t bs = ac->bs;
+    maco__pending_t *pend = ac->pend;
+    maco_status_t st;
+    for (;;) {
+        int fd;
+        maco__sockaddr_t from;
+        st = maco__socket_accept(bs->listen_fd, &fd, &from);
+        if (st != MACO_OK || fd < 0)
+            break;
+        if (ac->npend == MACO__PENDING_MAX) {
+            int oldest = 0;
+            for (int i = 1; i < ac->npend; i++)
+                if (pend[i].since_ms < pend[oldest].since_ms)
+                    oldest = i;
+            char old_from[96];
+            maco__sockaddr_format(&pend[oldest].from, old_from, sizeof(old_from));
+            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                      "rank %d: %d connections are waiting to say hello; dropped the oldest "
+                      "(from %s)",
+                      bs->rank, MACO__PENDING_MAX, old_from);
+            close(pend[oldest].fd);
+            pend[oldest] = pend[--ac->npend];
+        }
+        pend[ac->npend].fd = fd;
+        pend[ac->npend].got = 0;
+        pend[ac->npend].since_ms = maco__now_ms();
+        pend[ac->npend].from = from;
+        ac->npend++;
+    }
+    return st;
+}
+
 static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char *expect,
                                         int nexpect, int64_t deadline, maco__on_hello_t on_hello)
 {
     /* Every connection is accepted at once and read without blocking, each with its own
      * short hello deadline: silent or slow strangers cost a slot, never a rank's time. */
-    maco__pending_t *pend = (maco__pending_t *)calloc(MACO__PENDING_MAX, sizeof(maco__pending_t));
-    int npend = 0;
+    maco__accept_t ac;
+    memset(&ac, 0, sizeof(ac));
+    ac.bs = bs;
+    ac.kind = kind;
+    ac.expect = expect;
+    ac.nexpect = nexpect;
+    ac.deadline = deadline;
+    ac.on_hello = on_hello;
+    ac.pend = (maco__pending_t *)calloc(MACO__PENDING_MAX, sizeof(maco__pending_t));
     maco_status_t st = MACO_OK;
     size_t npfd = (size_t)(1 + MACO__PENDING_MAX + bs->nranks);
-    struct pollfd *pfds = (struct pollfd *)calloc(npfd, sizeof(*pfds));
-    int *pfd_rank = (int *)calloc(npfd, sizeof(int));
-    if (pend == NULL || pfds == NULL || pfd_rank == NULL) {
-        free(pend);
-        free(pfds);
-        free(pfd_rank);
+    ac.pfds = (struct pollfd *)calloc(npfd, sizeof(*ac.pfds));
+    ac.pfd_rank = (int *)calloc(npfd, sizeof(int));
+    if (ac.pend == NULL || ac.pfds == NULL || ac.pfd_rank == NULL) {
+        free(ac.pend);
+        free(ac.pfds);
+        free(ac.pfd_rank);
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
     }
-    /* Rank 0 only: which ranks were told a job error (told[r]), and until when it lingers. */
-    char job_error[MACO__ABORT_TEXT_BYTES] = "";
-    maco_status_t job_status = MACO_OK;
-    char *told = kind == MACO__KIND_HELLO ? (char *)calloc((size_t)bs->nranks, 1) : NULL;
-    int ntold = 0;
-    /* Processes that claim a bigger world than rank 0's (a world-size mismatch) are told too:
-     * `world` is the biggest world size any hello claimed, `ntold_beyond` how many of the
-     * processes with ranks past rank 0's world were told. Linger bounds the wait for them. */
-    int64_t world = bs->nranks, ntold_beyond = 0;
-    int64_t linger_until = 0;
-    while (job_error[0] != '\0' ? ntold + ntold_beyond < world - 1 && maco__now_ms() < linger_until
-                                : nexpect > 0) {
+    ac.job_status = MACO_OK;
+    ac.told = kind == MACO__KIND_HELLO ? (char *)calloc((size_t)bs->nranks, 1) : NULL;
+    ac.world = bs->nranks;
+    while (ac.job_error[0] != '\0'
+               ? ac.ntold + ac.ntold_beyond < ac.world - 1 && maco__now_ms() < ac.linger_until
+               : ac.nexpect > 0) {
         int64_t now = maco__now_ms();
-        if (job_error[0] == '\0' && now >= deadline) {
-            char missing[256] = "";
-            size_t used = 0;
-            int listed = 0;
-            for (int r = 0; r < bs->nranks && used + 16 < sizeof(missing); r++) {
-                if (!expect[r])
-                    continue;
-                if (listed++ == 16) {
-                    used += (size_t)snprintf(missing + used, sizeof(missing) - used, " ...");
-                    break;
-                }
-                used += (size_t)snprintf(missing + used, sizeof(missing) - used, " %d", r);
-            }
-            st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
-                             "rank %d: setup timed out after %lld ms: no valid hello yet from %d "
-                             "rank(s):%s (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
-                             bs->rank, (long long)bs->timeout_ms, nexpect, missing);
+        if (ac.job_error[0] == '\0' && now >= deadline) {
+            st = maco__accept_timed_out(&ac);
             break;
         }
-        int n = 0;
-        pfds[n].fd = bs->listen_fd;
-        pfds[n].events = POLLIN;
-        pfd_rank[n++] = -1;
-        for (int i = 0; i < npend; i++) {
-            pfds[n].fd = pend[i].fd;
-            pfds[n].events = POLLIN;
-            pfd_rank[n++] = -2 - i;
-        }
-        /* Watch established links too: a peer dying during setup fails it at once. */
-        for (int r = 0; r < bs->nranks; r++) {
-            if (r != bs->rank && bs->peers[r].fd >= 0) {
-                pfds[n].fd = bs->peers[r].fd;
-                pfds[n].events = POLLIN;
-                pfd_rank[n++] = r;
-            }
-        }
-        int64_t left = deadline - now;
-        int rc = poll(pfds, (nfds_t)n, (int)(left > 200 ? 200 : left));
-        if (rc < 0 && errno != EINTR) {
-            st = maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "poll: %s", strerror(errno));
-            break;
-        }
-        /* Established links: any readable event now is a closed connection or an error
-         * report from rank 0 (after a job error they close as told: not a new failure). */
-        for (int i = 0; i < n && st == MACO_OK && job_error[0] == '\0'; i++) {
-            if (pfd_rank[i] < 0 || pfds[i].revents == 0)
-                continue;
-            int r = pfd_rank[i];
-            char c;
-            ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK);
-            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
-                st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
-                                 "rank %d: rank %d closed its connection during setup (did it "
-                                 "fail or crash?)",
-                                 bs->rank, r);
-        }
-        if (st != MACO_OK)
-            break;
-        /* Pending connections (pfds[1 .. npend] in pend's order): read hellos where data
-         * arrived; drop slow or stray ones. */
-        int polled = npend;
-        for (int i = 0; i < npend && st == MACO_OK; i++) {
-            maco__pending_t *pc = &pend[i];
-            ssize_t got = -1;
-            errno = EAGAIN;
-            if (i < polled && pfds[1 + i].revents != 0)
-                got = recv(pc->fd, pc->hello + pc->got, MACO__HELLO_BYTES - pc->got, 0);
-            if (got > 0)
-                pc->got += (size_t)got;
-            int drop = 0;
-            char from[96];
-            maco__sockaddr_format(&pc->from, from, sizeof(from));
-            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                          "rank %d: a connection from %s closed before sending a complete "
-                          "hello; ignored",
-                          bs->rank, from);
-                drop = 1;
-            } else if (pc->got >= 4 && maco__get_u32(pc->hello) != MACO__ID_MAGIC) {
-                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                          "rank %d: refused a connection from %s: it did not present MACO's "
-                          "magic (a port scanner or another program?)",
-                          bs->rank, from);
-                drop = 1;
-            } else if (pc->got == MACO__HELLO_BYTES) {
-                if (!maco__hello_is_ours(pc->hello, kind, bs->nonce)) {
-                    MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                              "rank %d: refused a connection from %s: wrong version, kind or "
-                              "job nonce (a stale job on the same port?)",
-                              bs->rank, from);
-                    if (maco__hello_is_ours(pc->hello, kind, maco__get_u64(pc->hello + 8)))
-                        /* Only the nonce differs: say so, so that it fails now rather than
-                         * at its deadline. It learns nothing about the job's nonce. */
-                        maco__tell_setup_error(
-                            pc->fd,
-                            "it refused this process: its job nonce (MACO_BOOTSTRAP_NONCE, or "
-                            "the unique id's) is not the job's; every rank needs the same one "
-                            "(a process of another job on this port?)",
-                            (int)maco__get_u32(pc->hello + 16));
-                    drop = 1;
-                } else {
-                    int rank = (int)maco__get_u32(pc->hello + 16);
-                    int nranks = (int)maco__get_u32(pc->hello + 20);
-                    if (nranks > world)
-                        world = nranks;
-                    if (job_error[0] != '\0') {
-                        /* Setup already failed: tell this newcomer why. */
-                        maco__tell_setup_error(pc->fd, job_error, rank);
-                        if (rank > 0 && rank < bs->nranks && !told[rank]) {
-                            told[rank] = 1;
-                            ntold++;
-                        } else if (rank >= bs->nranks) {
-                            ntold_beyond++; /* told, it gives up: it does not come again */
-                        }
-                    } else if (nranks != bs->nranks) {
-                        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                                         "world size mismatch: rank %d was started with %d "
-                                         "ranks but rank %d (from %s) with %d",
-                                         bs->rank, bs->nranks, rank, from, nranks);
-                    } else if (rank < 0 || rank >= bs->nranks) {
-                        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                                         "a process at %s joined as rank %d, outside [0, %d)", from,
-                                         rank, bs->nranks);
-                    } else if (!expect[rank]) {
-                        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                                         "rank %d joined twice (again from %s): two processes "
-                                         "were given the same rank",
-                                         rank, from);
-                    } else {
-                        st = on_hello(bs, rank, pc->fd, pc->hello, &pc->from);
-                        if (st == MACO_OK) {
-                            expect[rank] = 0;
-                            nexpect--;
-                            pc->fd = -1; /* now owned by the peer table */
-                        }
-                    }
-                    if (st != MACO_OK && told != NULL && job_error[0] == '\0' &&
-                        st == MACO_ERR_INVALID_ARGUMENT) {
-                        /* A job error: the offender, every rank that joined, and every rank
-                         * that still arrives (for a while) is told, so none is left waiting
-                         * for its deadline or reading a reset connection. */
-                        snprintf(job_error, sizeof(job_error), "%s", maco__last_error());
-                        job_status = st;
-                        st = MACO_OK;
-                        maco__tell_setup_error(pc->fd, job_error, rank);
-                        if (rank > 0 && rank < bs->nranks && !told[rank]) {
-                            told[rank] = 1;
-                            ntold++;
-                        } else if (rank >= bs->nranks) {
-                            ntold_beyond++;
-                        }
-                        for (int r = 1; r < bs->nranks; r++) {
-                            if (bs->peers[r].fd >= 0) {
-                                maco__tell_setup_error(bs->peers[r].fd, job_error, r);
-                                if (!told[r]) {
-                                    told[r] = 1;
-                                    ntold++;
-                                }
-                            }
-                        }
-                        linger_until = maco__deadline_ms(MACO__ERROR_LINGER_MS);
-                        if (linger_until > deadline)
-                            linger_until = deadline;
-                    }
-                    drop = 1;
-                }
-            } else if (maco__now_ms() - pc->since_ms > MACO__HELLO_WAIT_MS) {
-                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                          "rank %d: dropped a connection from %s that sent no hello within "
-                          "%d ms",
-                          bs->rank, from, MACO__HELLO_WAIT_MS);
-                drop = 1;
-            }
-            if (drop) {
-                if (pc->fd >= 0)
-                    close(pc->fd);
-                /* Keep pend and its poll results in step: move the last of both here. */
-                pend[i] = pend[--npend];
-                if (npend < polled) {
-                    pfds[1 + i] = pfds[1 + npend];
-                    polled--;
-                }
-                i--;
-            }
-        }
-        if (st != MACO_OK)
-            break;
-        /* New connections: all of them; when the table is full, the oldest pending one
-         * makes room. */
-        for (;;) {
-            int fd;
-            maco__sockaddr_t from;
-            st = maco__socket_accept(bs->listen_fd, &fd, &from);
-            if (st != MACO_OK || fd < 0)
-                break;
-            if (npend == MACO__PENDING_MAX) {
-                int oldest = 0;
-                for (int i = 1; i < npend; i++)
-                    if (pend[i].since_ms < pend[oldest].since_ms)
-                        oldest = i;
-                char old_from[96];
-                maco__sockaddr_format(&pend[oldest].from, old_from, sizeof(old_from));
-                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                          "rank %d: %d connections are waiting to say hello; dropped the oldest "
-                          "(from %s)",
-                          bs->rank, MACO__PENDING_MAX, old_from);
-                close(pend[oldest].fd);
-                pend[oldest] = pend[--npend];
-            }
-            pend[npend].fd = fd;
-            pend[npend].got = 0;
-            pend[npend].since_ms = maco__now_ms();
-            pend[npend].from = from;
-            npend++;
-        }
+        int n = maco__accept_poll(&ac, now, &st);
+        if (st == MACO_OK)
+            st = maco__accept_check_links(&ac, n);
+        if (st == MACO_OK)
+            st = maco__accept_pending(&ac);
+        if (st == MACO_OK)
+            st = maco__accept_new(&ac);
         if (st != MACO_OK)
             break;
     }
-    for (int i = 0; i < npend; i++)
-        close(pend[i].fd);
-    free(pend);
-    free(pfds);
-    free(pfd_rank);
-    free(told);
-    if (job_error[0] != '\0') {
+    for (int i = 0; i < ac.npend; i++)
+        close(ac.pend[i].fd);
+    free(ac.pend);
+    free(ac.pfds);
+    free(ac.pfd_rank);
+    free(ac.told);
+    if (ac.job_error[0] != '\0') {
         bs->setup_error_told = 1;
         /* The job error is this call's error (its text is still the thread's last error
          * unless something failed since; then that is reported instead). */
-        return st != MACO_OK ? st : maco__error_quiet(job_status, "%s", job_error);
+        return st != MACO_OK ? st : maco__error_quiet(ac.job_status, "%s", ac.job_error);
     }
     return st;
 }
