@@ -130,6 +130,179 @@ static maco_status_t maco__port_instance(struct maco_proxy *p, maco_transport_t 
     return MACO_OK;
 }
 
+/* The checks of maco_port_channel_create's arguments that need the communicator (the caller
+ * checked for NULL): the peer, the owners of src and dst, the transport. */
+static maco_status_t maco__port_check_args(maco_comm_t comm, int peer, maco_transport_t transport,
+                                           maco_mem_t src, maco_mem_t dst)
+{
+    int src_owner, dst_owner;
+    maco_mem_get_owner(src, &src_owner);
+    maco_mem_get_owner(dst, &dst_owner);
+    if (peer < 0 || peer >= comm->nranks || peer == comm->rank || src_owner != comm->rank ||
+        dst_owner != peer)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: peer %d (of %d "
+                           "ranks), src owned by rank %d (must be %d), "
+                           "dst owned by rank %d (must be the peer)",
+                           peer, comm->nranks, src_owner, comm->rank, dst_owner);
+    if ((int)transport < MACO_TRANSPORT_AUTO || (int)transport >= MACO__TRANSPORT_SLOTS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: transport %d is "
+                           "not a maco_transport_t",
+                           (int)transport);
+    return MACO_OK;
+}
+
+/* Sends this rank's hello for a channel to `peer` (what it asked for and can use, the channel
+ * id, the semaphore slots offered, dst's address and size in the owner's process) and takes
+ * the peer's into *their, checked: slots and ids inside this rank's tables, the same transport
+ * asked. */
+static maco_status_t maco__port_hello_exchange(maco_proxy_t p, int peer, maco_transport_t asked,
+                                               uint32_t can, maco_mem_t src, maco_mem_t dst,
+                                               uint32_t host_slot, uint32_t dev_slot,
+                                               maco__port_hello_t *their)
+{
+    maco_comm_t comm = p->comm;
+    maco_status_t st;
+    uint8_t mine[MACO__PORT_HELLO_BYTES], theirs[MACO__PORT_HELLO_BYTES];
+    maco__port_hello_t my;
+    memset(&my, 0, sizeof(my));
+    my.asked = (uint16_t)asked;
+    my.can = can;
+    my.channel = p->nchannels;
+    my.uid = p->uid;
+    my.host_slot = host_slot;
+    my.dev_slot = dev_slot;
+    size_t dst_bytes = 0, src_bytes = 0;
+    maco_mem_get_size(dst, &dst_bytes);
+    maco_mem_get_size(src, &src_bytes);
+    my.dst_addr = maco__mem_owner_addr(dst);
+    my.dst_bytes = dst_bytes;
+    my.dst_host = (uint32_t)maco__mem_is_host(dst);
+    my.src_host = (uint32_t)maco__mem_is_host(src);
+    st = maco_mem_serialize(p->host_sems_mem, my.sems);
+    if (st == MACO_OK) {
+        maco__port_hello_encode(mine, &my);
+        st = maco__bootstrap_send(comm->bs, peer, MACO__TAG_PORT, mine, sizeof(mine));
+    }
+    if (st == MACO_OK)
+        st = maco__bootstrap_recv(comm->bs, peer, MACO__TAG_PORT, theirs, sizeof(theirs));
+    if (st != MACO_OK)
+        return st;
+    /* A peer's slots and ids index this rank's tables below: checked before any use. */
+    const maco__port_hello_limits_t lim = { MACO__HOST_SEMS, MACO__NSEM,
+                                            MACO_TRIGGER_MAX_CHANNELS };
+    char bad[160];
+    if (maco__port_hello_decode(theirs, &lim, their, bad, sizeof(bad)) != 0)
+        return maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: rank %d answered "
+                           "with a hello this rank refuses: %s",
+                           peer, bad);
+    maco_transport_t their_asked = (maco_transport_t)their->asked;
+    if (their_asked != asked)
+        return maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
+                           "rank %d created its channel to rank %d "
+                           "with transport %s, this rank with %s",
+                           peer, comm->rank, maco__transport_word(their_asked),
+                           maco__transport_word(asked));
+    return MACO_OK;
+}
+
+/* The transport both ranks take (maco__port_choose over what both can use), or the error that
+ * none fits: what this rank asked for, or anything at all. */
+static maco_status_t maco__port_agree(maco_comm_t comm, int peer, maco_transport_t asked,
+                                      uint32_t can, uint32_t their_can,
+                                      maco_transport_t *transport_p)
+{
+    uint32_t both = can & their_can;
+    maco_transport_t transport = maco__port_choose(asked, both);
+    if (transport == MACO_TRANSPORT_AUTO && asked != MACO_TRANSPORT_AUTO)
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: to rank %d over %s: %s", peer,
+                           maco__transport_word(asked),
+                           "the peer cannot use it (its log says why)");
+    if (transport == MACO_TRANSPORT_AUTO)
+        return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
+                           "maco_port_channel_create: no transport both rank %d and rank %d "
+                           "can use (%s asked; this rank can use:%s%s%s%s; rank %d: "
+                           "mask 0x%x, its log says why)",
+                           comm->rank, peer, maco__transport_word(asked),
+                           (can >> 1) & 1 ? " cuda" : "", (can >> 2) & 1 ? " host" : "",
+                           (can >> 3) & 1 ? " ib" : "", (can >> 4) & 1 ? " tcp" : "", peer,
+                           their_can);
+    *transport_p = transport;
+    return MACO_OK;
+}
+
+/* Where the channel's signals land: the peer's semaphore this rank's signals raise
+ * (remote_inbound: host memory and CUDA copy) and the one here that the peer's signals raise
+ * (inbound in host memory, inbound_dev as the GPU sees it). */
+static maco_status_t maco__port_channel_sems(maco_proxy_t p, struct maco_port_channel *ch,
+                                             const maco__port_hello_t *their, int gpu,
+                                             uint32_t host_slot, uint32_t dev_slot)
+{
+    maco_comm_t comm = p->comm;
+    int peer = ch->peer;
+    maco_transport_t transport = ch->transport;
+    if (transport == MACO_TRANSPORT_HOST_MEMORY) {
+        if (p->peer_host_sems[peer] == NULL) {
+            maco_status_t st = maco_mem_import(comm, their->sems, &p->peer_host_sems[peer]);
+            if (st != MACO_OK)
+                return st;
+        }
+        void *peer_sems = NULL;
+        maco_mem_get_pointer(p->peer_host_sems[peer], &peer_sems);
+        ch->remote_inbound = (uint64_t *)peer_sems + their->host_slot;
+    } else if (transport == MACO_TRANSPORT_CUDA_COPY) {
+        ch->remote_inbound =
+            (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) + their->dev_slot;
+    }
+    if (ch->sem_host) {
+        ch->inbound = p->host_sems + host_slot;
+        if (gpu &&
+            cudaHostGetDevicePointer((void **)&ch->inbound_dev, ch->inbound, 0) != cudaSuccess) {
+            cudaGetLastError();
+            ch->inbound_dev = NULL; /* not mapped: device waits are unavailable on it */
+        }
+    } else if (gpu) {
+        ch->inbound_dev = (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot;
+    }
+    return MACO_OK;
+}
+
+/* The channel's device handle (with a GPU): the FIFO, the ordering its pushes need, inline
+ * puts where they are allowed, and its semaphore in the comm buffer's device pool. */
+static void maco__port_channel_device_init(maco_proxy_t p, struct maco_port_channel *ch,
+                                           uint32_t dev_slot)
+{
+    maco_comm_t comm = p->comm;
+    int peer = ch->peer;
+    maco_transport_t transport = ch->transport;
+    maco_port_channel_device_t *d = &ch->device;
+    d->fifo = p->device_fifo.view;
+    d->channel = ch->id;
+    /* CUDA copy: puts are read by this GPU's copy engines, signals written by them after
+     * the data: a GPU-scope fence orders what they need (maco/device/port_channel.h).
+     * Host memory, IB and TCP: the proxy's CPU or a NIC reads the source: a system-scope
+     * release. */
+    d->push_order =
+        transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
+    /* Puts of 4 or 8 bytes travel inline (fifo.h) on the CUDA copy transport and on TCP
+     * from device memory, where both buffers start 8-byte aligned: the device checks the
+     * offsets' alignment, and stream memory operations need naturally aligned addresses. */
+    int inline_ok = (transport == MACO_TRANSPORT_CUDA_COPY ||
+                     (transport == MACO_TRANSPORT_TCP && !ch->src_host)) &&
+                    (((uintptr_t)ch->src | ch->dst_addr) & 7u) == 0;
+    d->src = inline_ok ? ch->src : NULL;
+    d->src_bytes = inline_ok ? ch->src_bytes : 0;
+    d->semaphore.inbound = ch->inbound_dev;
+    d->semaphore.remote_inbound = NULL;
+    d->semaphore.expected = (uint64_t *)(comm->buf + comm->layout.expected_offset) + dev_slot;
+    d->semaphore.bound = p->device_fifo.view.bound;
+    d->semaphore.peer = peer;
+    d->semaphore.id = (int32_t)dev_slot;
+}
+
 /* maco_port_channel_create's work, with the communicator's device current. */
 static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
                                                     maco_transport_t transport, maco_mem_t src,
@@ -139,23 +312,9 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
                            "maco_port_channel_create: NULL argument");
     maco_comm_t comm = p->comm;
-    int src_owner, dst_owner;
-    maco_mem_get_owner(src, &src_owner);
-    maco_mem_get_owner(dst, &dst_owner);
-    if (peer < 0 || peer >= comm->nranks || peer == comm->rank || src_owner != comm->rank ||
-        dst_owner != peer)
-        return maco__comm_record(comm,
-                                 maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
-                                             "maco_port_channel_create: peer %d (of %d "
-                                             "ranks), src owned by rank %d (must be %d), "
-                                             "dst owned by rank %d (must be the peer)",
-                                             peer, comm->nranks, src_owner, comm->rank, dst_owner));
-    if ((int)transport < MACO_TRANSPORT_AUTO || (int)transport >= MACO__TRANSPORT_SLOTS)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
-                                                   "maco_port_channel_create: transport %d is "
-                                                   "not a maco_transport_t",
-                                                   (int)transport));
-    maco_status_t st = MACO_OK;
+    maco_status_t st = maco__port_check_args(comm, peer, transport, src, dst);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
     maco_transport_t asked = transport;
     if (asked == MACO_TRANSPORT_AUTO) {
         st = maco__port_env_transport(&asked);
@@ -190,66 +349,16 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
                                                    "pool is used up (%d host, %d device)",
                                                    MACO__HOST_SEMS, MACO__NSEM));
     uint32_t host_slot = p->host_sem_next, dev_slot = gpu ? (uint32_t)comm->sem_next : 0;
-    uint8_t mine[MACO__PORT_HELLO_BYTES], theirs[MACO__PORT_HELLO_BYTES];
-    maco__port_hello_t my, their;
-    memset(&my, 0, sizeof(my));
-    my.asked = (uint16_t)asked;
-    my.can = can;
-    my.channel = p->nchannels;
-    my.uid = p->uid;
-    my.host_slot = host_slot;
-    my.dev_slot = dev_slot;
+    maco__port_hello_t their;
+    st = maco__port_hello_exchange(p, peer, asked, can, src, dst, host_slot, dev_slot, &their);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
+    st = maco__port_agree(comm, peer, asked, can, their.can, &transport);
+    if (st != MACO_OK)
+        return maco__comm_record(comm, st);
     size_t dst_bytes = 0, src_bytes = 0;
     maco_mem_get_size(dst, &dst_bytes);
     maco_mem_get_size(src, &src_bytes);
-    my.dst_addr = maco__mem_owner_addr(dst);
-    my.dst_bytes = dst_bytes;
-    my.dst_host = (uint32_t)maco__mem_is_host(dst);
-    my.src_host = (uint32_t)maco__mem_is_host(src);
-    st = maco_mem_serialize(p->host_sems_mem, my.sems);
-    if (st == MACO_OK) {
-        maco__port_hello_encode(mine, &my);
-        st = maco__bootstrap_send(comm->bs, peer, MACO__TAG_PORT, mine, sizeof(mine));
-    }
-    if (st == MACO_OK)
-        st = maco__bootstrap_recv(comm->bs, peer, MACO__TAG_PORT, theirs, sizeof(theirs));
-    if (st != MACO_OK)
-        return maco__comm_record(comm, st);
-    /* A peer's slots and ids index this rank's tables below: checked before any use. */
-    const maco__port_hello_limits_t lim = { MACO__HOST_SEMS, MACO__NSEM,
-                                            MACO_TRIGGER_MAX_CHANNELS };
-    char bad[160];
-    if (maco__port_hello_decode(theirs, &lim, &their, bad, sizeof(bad)) != 0)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
-                                                   "maco_port_channel_create: rank %d answered "
-                                                   "with a hello this rank refuses: %s",
-                                                   peer, bad));
-    maco_transport_t their_asked = (maco_transport_t)their.asked;
-    if (their_asked != asked)
-        return maco__comm_record(comm,
-                                 maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PROXY,
-                                             "rank %d created its channel to rank %d "
-                                             "with transport %s, this rank with %s",
-                                             peer, comm->rank, maco__transport_word(their_asked),
-                                             maco__transport_word(asked)));
-    uint32_t both = can & their.can;
-    transport = maco__port_choose(asked, both);
-    if (transport == MACO_TRANSPORT_AUTO && asked != MACO_TRANSPORT_AUTO)
-        return maco__comm_record(comm,
-                                 maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
-                                             "maco_port_channel_create: to rank %d over %s: %s",
-                                             peer, maco__transport_word(asked),
-                                             "the peer cannot use it (its log says why)"));
-    if (transport == MACO_TRANSPORT_AUTO)
-        return maco__comm_record(
-            comm, maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PROXY,
-                              "maco_port_channel_create: no transport both rank %d and rank %d "
-                              "can use (%s asked; this rank can use:%s%s%s%s; rank %d: "
-                              "mask 0x%x, its log says why)",
-                              comm->rank, peer, maco__transport_word(asked),
-                              (can >> 1) & 1 ? " cuda" : "", (can >> 2) & 1 ? " host" : "",
-                              (can >> 3) & 1 ? " ib" : "", (can >> 4) & 1 ? " tcp" : "", peer,
-                              their.can));
     int network = transport == MACO_TRANSPORT_IB || transport == MACO_TRANSPORT_TCP;
     /* Network transports: the peer's channel writes what it named as its dst here; it must
      * be memory this rank registered. */
@@ -291,29 +400,9 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
         ch->dst = (char *)ptr;
         ch->sem_host = transport == MACO_TRANSPORT_HOST_MEMORY;
     }
-    if (transport == MACO_TRANSPORT_HOST_MEMORY) {
-        if (p->peer_host_sems[peer] == NULL) {
-            st = maco_mem_import(comm, their.sems, &p->peer_host_sems[peer]);
-            if (st != MACO_OK)
-                goto fail;
-        }
-        void *peer_sems = NULL;
-        maco_mem_get_pointer(p->peer_host_sems[peer], &peer_sems);
-        ch->remote_inbound = (uint64_t *)peer_sems + their.host_slot;
-    } else if (transport == MACO_TRANSPORT_CUDA_COPY) {
-        ch->remote_inbound =
-            (uint64_t *)(comm->peer_buf[peer] + comm->layout.sem_offset) + their.dev_slot;
-    }
-    if (ch->sem_host) {
-        ch->inbound = p->host_sems + host_slot;
-        if (gpu &&
-            cudaHostGetDevicePointer((void **)&ch->inbound_dev, ch->inbound, 0) != cudaSuccess) {
-            cudaGetLastError();
-            ch->inbound_dev = NULL; /* not mapped: device waits are unavailable on it */
-        }
-    } else if (gpu) {
-        ch->inbound_dev = (uint64_t *)(comm->buf + comm->layout.sem_offset) + dev_slot;
-    }
+    st = maco__port_channel_sems(p, ch, &their, gpu, host_slot, dev_slot);
+    if (st != MACO_OK)
+        goto fail;
     st = maco__port_instance(p, transport);
     if (st == MACO_OK)
         st = ch->ops->connect(ch, maco__transport_state(ch));
@@ -323,31 +412,8 @@ static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
         p->host_sem_next++;
     if (gpu)
         comm->sem_next++;
-    if (gpu) {
-        maco_port_channel_device_t *d = &ch->device;
-        d->fifo = p->device_fifo.view;
-        d->channel = ch->id;
-        /* CUDA copy: puts are read by this GPU's copy engines, signals written by them after
-         * the data: a GPU-scope fence orders what they need (maco/device/port_channel.h).
-         * Host memory, IB and TCP: the proxy's CPU or a NIC reads the source: a system-scope
-         * release. */
-        d->push_order =
-            transport == MACO_TRANSPORT_CUDA_COPY ? MACO__PUSH_FENCE_GPU : MACO__PUSH_RELEASE_SYS;
-        /* Puts of 4 or 8 bytes travel inline (fifo.h) on the CUDA copy transport and on TCP
-         * from device memory, where both buffers start 8-byte aligned: the device checks the
-         * offsets' alignment, and stream memory operations need naturally aligned addresses. */
-        int inline_ok = (transport == MACO_TRANSPORT_CUDA_COPY ||
-                         (transport == MACO_TRANSPORT_TCP && !ch->src_host)) &&
-                        (((uintptr_t)ch->src | ch->dst_addr) & 7u) == 0;
-        d->src = inline_ok ? ch->src : NULL;
-        d->src_bytes = inline_ok ? ch->src_bytes : 0;
-        d->semaphore.inbound = ch->inbound_dev;
-        d->semaphore.remote_inbound = NULL;
-        d->semaphore.expected = (uint64_t *)(comm->buf + comm->layout.expected_offset) + dev_slot;
-        d->semaphore.bound = p->device_fifo.view.bound;
-        d->semaphore.peer = peer;
-        d->semaphore.id = (int32_t)dev_slot;
-    }
+    if (gpu)
+        maco__port_channel_device_init(p, ch, dev_slot);
     MACO_DEBUG(MACO_SUBSYS_PROXY,
                "port channel %u to rank %d over %s (peer's channel %u, semaphore in %s memory)",
                ch->id, peer, ch->ops->name, ch->peer_channel, ch->sem_host ? "host" : "device");
