@@ -50,11 +50,10 @@ static int maco__p2p_send_in_place(const maco__p2p_msg_t *msgs, int nmsgs, const
     return 0;
 }
 
-maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int rank, int nranks,
-                                   maco__p2p_plan_t *plan, int *call_p, char *why, size_t why_bytes)
+/* Every message names a peer of the communicator and a direction, and fits a message. */
+static maco_status_t maco__p2p_check_msgs(const maco__p2p_msg_t *msgs, int nmsgs, int nranks,
+                                          int *call_p, char *why, size_t why_bytes)
 {
-    if (why != NULL && why_bytes > 0)
-        why[0] = '\0';
     for (int i = 0; i < nmsgs; i++) {
         const maco__p2p_msg_t *m = &msgs[i];
         if (m->peer < 0 || m->peer >= nranks ||
@@ -68,6 +67,12 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
                                   "(2^56 - 1)",
                                   m->call, m->fn, (unsigned long long)m->bytes);
     }
+    return MACO_OK;
+}
+
+static maco_status_t maco__p2p_check_recv_overlap(const maco__p2p_msg_t *msgs, int nmsgs,
+                                                  int *call_p, char *why, size_t why_bytes)
+{
     /* A receive buffer must not share a byte with another receive buffer of the group: the
      * messages run at the same time, in no order, so which write lands last is undefined.
      * A send that shares bytes with a receive buffer is in place: its op is staged (below). */
@@ -100,6 +105,12 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
             }
         }
     }
+    return MACO_OK;
+}
+
+static maco_status_t maco__p2p_check_local(const maco__p2p_msg_t *msgs, int nmsgs, int rank,
+                                           int *call_p, char *why, size_t why_bytes)
+{
     /* Local messages: the k-th send to this rank matches the k-th receive from it. */
     int nsend_self = 0, nrecv_self = 0;
     for (int i = 0; i < nmsgs; i++) {
@@ -149,7 +160,14 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
                                   r->call, r->fn, (unsigned long long)r->bytes, rank, s->call,
                                   s->fn, (unsigned long long)s->bytes);
     }
+    return MACO_OK;
+}
 
+/* The plan's pairs and their ops (written to *plan when plan is not NULL). */
+static maco_status_t maco__p2p_plan_pairs(const maco__p2p_msg_t *msgs, int nmsgs, int rank,
+                                          int nranks, maco__p2p_plan_t *plan, int *call_p,
+                                          char *why, size_t why_bytes)
+{
     /* Pairs: send to q, receive from q for q = 0..n-1 (not this rank), then the local one. */
     maco__p2p_plan_t p;
     memset(&p, 0, sizeof(p));
@@ -220,6 +238,21 @@ too_many:
                           "call %d (%s): the group has more than %d sends and receives on one "
                           "communicator (an all-to-all counts 2 per peer); issue fewer per group",
                           msgs[nmsgs - 1].call, msgs[nmsgs - 1].fn, MACO__P2P_MAX_OPS);
+}
+
+maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int rank, int nranks,
+                                   maco__p2p_plan_t *plan, int *call_p, char *why, size_t why_bytes)
+{
+    if (why != NULL && why_bytes > 0)
+        why[0] = '\0';
+    maco_status_t st = maco__p2p_check_msgs(msgs, nmsgs, nranks, call_p, why, why_bytes);
+    if (st == MACO_OK)
+        st = maco__p2p_check_recv_overlap(msgs, nmsgs, call_p, why, why_bytes);
+    if (st == MACO_OK)
+        st = maco__p2p_check_local(msgs, nmsgs, rank, call_p, why, why_bytes);
+    if (st == MACO_OK)
+        st = maco__p2p_plan_pairs(msgs, nmsgs, rank, nranks, plan, call_p, why, why_bytes);
+    return st;
 }
 
 int maco__hier_a2a_shape(uint64_t count, uint64_t esz, int ln, uint64_t hpiece, int slots,
