@@ -229,11 +229,13 @@ static int parse_collective(const char *arg, maco_collective_t *out)
     return -1;
 }
 
-/* Applies one flag with its value. `given` is the flag as written, for messages. */
-static maco_perf_parse_t apply_flag(char flag, const char *given, const char *v,
-                                    maco_perf_opts_t *o, FILE *err)
+/* Applies one of the flags maco-perf uses with its value (`given`: the flag as written, for
+ * messages); *handled_p is 0 when `flag` is none of them. */
+static maco_perf_parse_t apply_perf_flag(char flag, const char *given, const char *v,
+                                         maco_perf_opts_t *o, FILE *err, int *handled_p)
 {
     int n = 0;
+    *handled_p = 1;
     switch (flag) {
     case 't':
         if (parse_int(v, 1, 1 << 20, &n) != 0)
@@ -351,9 +353,17 @@ static maco_perf_parse_t apply_flag(char flag, const char *given, const char *v,
     default:
         break;
     }
-    /* The rest: nccl-tests' flags that MACO has no use for. Values that match what maco-perf
-     * does anyway pass silently; others that change only nccl-tests' reporting are noted;
-     * those that change what would be measured are refused. */
+    *handled_p = 0;
+    return MACO_PERF_PARSE_RUN;
+}
+
+/* The rest: nccl-tests' flags that MACO has no use for. Values that match what maco-perf does
+ * anyway pass silently; others that change only nccl-tests' reporting are noted; those that
+ * change what would be measured are refused. */
+static maco_perf_parse_t apply_nccl_tests_flag(char flag, const char *given, const char *v,
+                                               FILE *err)
+{
+    int n = 0;
     if (parse_int(v, -1000000, 1000000, &n) != 0)
         return PERF_ERROR(err, "%s '%s': an integer", given, v);
     switch (flag) {
@@ -430,6 +440,15 @@ static maco_perf_parse_t apply_flag(char flag, const char *given, const char *v,
         return PERF_ERROR(err, "unknown option %s (maco-perf --help lists them)", given);
     }
     return MACO_PERF_PARSE_RUN;
+}
+
+/* Applies one flag with its value. `given` is the flag as written, for messages. */
+static maco_perf_parse_t apply_flag(char flag, const char *given, const char *v,
+                                    maco_perf_opts_t *o, FILE *err)
+{
+    int handled = 0;
+    maco_perf_parse_t r = apply_perf_flag(flag, given, v, o, err, &handled);
+    return handled ? r : apply_nccl_tests_flag(flag, given, v, err);
 }
 
 static void perf_defaults(maco_perf_opts_t *o)
