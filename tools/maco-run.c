@@ -1136,61 +1136,71 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
     return exit_code;
 }
 
-int main(int argc, char **argv)
+/* maco-run's command line. */
+typedef struct run_args {
+    long nranks, timeout_s, sim_nodes, gpus; /* gpus: -1 until counted */
+    const char *mps_mode;                    /* auto, on or off */
+    int argi;                                /* argv[argi] is the program */
+} run_args_t;
+
+/* Parses the options before PROGRAM into *a. Returns -1 to go on, else the exit status (0
+ * after --help, 2 on a bad option, printed). */
+static int parse_args(int argc, char **argv, run_args_t *a)
 {
-    long nranks = 0, timeout_s = 0, sim_nodes = 0, gpus = -1;
-    const char *mps_mode = "auto";
-    int argi = 1;
-    while (argi < argc) {
-        const char *a = argv[argi];
-        if (strcmp(a, "--") == 0) {
-            argi++;
+    memset(a, 0, sizeof(*a));
+    a->gpus = -1;
+    a->mps_mode = "auto";
+    a->argi = 1;
+    while (a->argi < argc) {
+        const char *f = argv[a->argi];
+        if (strcmp(f, "--") == 0) {
+            a->argi++;
             break;
         }
-        if (a[0] != '-')
+        if (f[0] != '-')
             break;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
             usage(stdout);
             return 0;
         }
-        if (argi + 1 >= argc) {
-            fprintf(stderr, "maco-run: %s needs a value\n", a);
+        if (a->argi + 1 >= argc) {
+            fprintf(stderr, "maco-run: %s needs a value\n", f);
             usage(stderr);
             return 2;
         }
-        const char *v = argv[argi + 1];
-        if (strcmp(a, "-n") == 0 || strcmp(a, "--np") == 0) {
-            if (parse_positive(v, 4096, &nranks) != 0) {
+        const char *v = argv[a->argi + 1];
+        if (strcmp(f, "-n") == 0 || strcmp(f, "--np") == 0) {
+            if (parse_positive(v, 4096, &a->nranks) != 0) {
                 fprintf(stderr, "maco-run: -n '%s' is invalid: it must be an integer in 1..4096\n",
                         v);
                 return 2;
             }
-        } else if (strcmp(a, "--timeout") == 0) {
-            if (parse_positive(v, 86400 * 7, &timeout_s) != 0) {
+        } else if (strcmp(f, "--timeout") == 0) {
+            if (parse_positive(v, 86400 * 7, &a->timeout_s) != 0) {
                 fprintf(stderr,
                         "maco-run: --timeout '%s' is invalid: it must be a number of seconds in "
                         "1..604800\n",
                         v);
                 return 2;
             }
-        } else if (strcmp(a, "--simulate-nodes") == 0) {
-            if (parse_positive(v, 4096, &sim_nodes) != 0) {
+        } else if (strcmp(f, "--simulate-nodes") == 0) {
+            if (parse_positive(v, 4096, &a->sim_nodes) != 0) {
                 fprintf(stderr,
                         "maco-run: --simulate-nodes '%s' is invalid: it must be an integer "
                         ">= 1\n",
                         v);
                 return 2;
             }
-        } else if (strcmp(a, "--mps") == 0) {
+        } else if (strcmp(f, "--mps") == 0) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
                 fprintf(stderr, "maco-run: --mps '%s' is invalid: use auto, on or off\n", v);
                 return 2;
             }
-            mps_mode = v;
-        } else if (strcmp(a, "--gpus") == 0) {
+            a->mps_mode = v;
+        } else if (strcmp(f, "--gpus") == 0) {
             if (strcmp(v, "0") == 0)
-                gpus = 0;
-            else if (parse_positive(v, 4096, &gpus) != 0) {
+                a->gpus = 0;
+            else if (parse_positive(v, 4096, &a->gpus) != 0) {
                 fprintf(stderr,
                         "maco-run: --gpus '%s' is invalid: it must be an integer in "
                         "0..4096\n",
@@ -1198,31 +1208,28 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else {
-            fprintf(stderr, "maco-run: unknown option %s\n", a);
+            fprintf(stderr, "maco-run: unknown option %s\n", f);
             usage(stderr);
             return 2;
         }
-        argi += 2;
+        a->argi += 2;
     }
-    if (nranks == 0 || argi >= argc) {
-        fprintf(stderr, "maco-run: %s\n", nranks == 0 ? "-n N is required" : "no PROGRAM given");
+    if (a->nranks == 0 || a->argi >= argc) {
+        fprintf(stderr, "maco-run: %s\n", a->nranks == 0 ? "-n N is required" : "no PROGRAM given");
         usage(stderr);
         return 2;
     }
-    if (sim_nodes > nranks) {
-        fprintf(stderr, "maco-run: --simulate-nodes %ld is more than -n %ld\n", sim_nodes, nranks);
+    if (a->sim_nodes > a->nranks) {
+        fprintf(stderr, "maco-run: --simulate-nodes %ld is more than -n %ld\n", a->sim_nodes,
+                a->nranks);
         return 2;
     }
-    if (raise_fd_limit(nranks) != 0)
-        return 1;
-    /* Orphaned descendants of the ranks (and of the MPS daemon) are reparented to maco-run,
-     * so that end_leftovers finds every process the job started. */
-    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
-        fprintf(stderr,
-                "maco-run: cannot become a child subreaper (%s): processes that leave the "
-                "ranks' process groups and lose their parents may outlive the job\n",
-                strerror(errno));
-    /* Installed before MPS starts, so a signal never leaves its daemon behind. */
+    return -1;
+}
+
+/* SIGINT, SIGTERM, SIGHUP and SIGQUIT end the job (on_signal); SIGPIPE is ignored. */
+static void install_signals(void)
+{
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -1231,12 +1238,16 @@ int main(int argc, char **argv)
     sigaction(SIGHUP, &sa, NULL); /* a closed terminal or dropped ssh session */
     sigaction(SIGQUIT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
-    /* Simulated nodes: ranks pick GPUs by local rank, so every node's local rank 0 would take
-     * GPU 0. With at least one GPU per node, each node gets GPUs of its own instead (node k:
-     * GPUs k * G/K .. (k + 1) * G/K - 1 of the G visible, through CUDA_VISIBLE_DEVICES), as on
-     * real nodes; with fewer GPUs than nodes the nodes share them (MPS below). */
-    long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
+/* Simulated nodes: ranks pick GPUs by local rank, so every node's local rank 0 would take
+ * GPU 0. With at least one GPU per node, each node gets GPUs of its own instead (node k:
+ * GPUs k * G/K .. (k + 1) * G/K - 1 of the G visible, through CUDA_VISIBLE_DEVICES), as on
+ * real nodes; with fewer GPUs than nodes the nodes share them (MPS below). Returns the GPUs
+ * per node (0: shared); counts the GPUs into *gpus when it needs them. */
+static long simulated_node_gpus(long sim_nodes, long *gpus_p)
+{
+    long gpus = *gpus_p;
     long node_gpus = 0;
     if (sim_nodes > 1) {
         if (gpus < 0)
@@ -1257,9 +1268,17 @@ int main(int argc, char **argv)
                     "of their own (CUDA_VISIBLE_DEVICES=%s on the first node, %s on the last)\n",
                     sim_nodes, gpus, node_gpus, first, last);
     }
-    /* MPS: ranks sharing GPUs need one MPS server to run at the same time. */
-    mps_t mps;
-    memset(&mps, 0, sizeof(mps));
+    *gpus_p = gpus;
+    return node_gpus;
+}
+
+/* MPS: ranks sharing GPUs need one MPS server to run at the same time. Starts one into *mps
+ * where the ranks need it (--mps auto) or it was asked for (--mps on). Returns 0 to go on, 1
+ * when no rank may start (printed). */
+static int mps_prepare(const char *mps_mode, long nranks, long sim_nodes, long per_node,
+                       long node_gpus, long *gpus_p, mps_t *mps)
+{
+    long gpus = *gpus_p;
     if (strcmp(mps_mode, "off") != 0 && (strcmp(mps_mode, "on") == 0 || nranks > 1)) {
         int want = strcmp(mps_mode, "on") == 0;
         if (!want) {
@@ -1285,14 +1304,41 @@ int main(int argc, char **argv)
         } else if (want && mps_reachable()) {
             fprintf(stderr, "maco-run: using the MPS control daemon the environment reaches "
                             "(CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps); it is left running\n");
-        } else if (want && mps_start(&mps) != 0) {
-            mps_stop(&mps);
+        } else if (want && mps_start(mps) != 0) {
+            mps_stop(mps);
             fprintf(stderr, "maco-run: MPS could not be started; no rank was started%s\n",
                     strcmp(mps_mode, "on") == 0 ? "" : " (--mps off runs without it)");
             return 1;
         }
     }
-    int rc = run_ranks(nranks, timeout_s, sim_nodes, node_gpus, argv + argi,
+    *gpus_p = gpus;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    run_args_t a;
+    int st = parse_args(argc, argv, &a);
+    if (st >= 0)
+        return st;
+    if (raise_fd_limit(a.nranks) != 0)
+        return 1;
+    /* Orphaned descendants of the ranks (and of the MPS daemon) are reparented to maco-run,
+     * so that end_leftovers finds every process the job started. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        fprintf(stderr,
+                "maco-run: cannot become a child subreaper (%s): processes that leave the "
+                "ranks' process groups and lose their parents may outlive the job\n",
+                strerror(errno));
+    /* Installed before MPS starts, so a signal never leaves its daemon behind. */
+    install_signals();
+    long per_node = a.sim_nodes > 0 ? (a.nranks + a.sim_nodes - 1) / a.sim_nodes : a.nranks;
+    long node_gpus = simulated_node_gpus(a.sim_nodes, &a.gpus);
+    mps_t mps;
+    memset(&mps, 0, sizeof(mps));
+    if (mps_prepare(a.mps_mode, a.nranks, a.sim_nodes, per_node, node_gpus, &a.gpus, &mps) != 0)
+        return 1;
+    int rc = run_ranks(a.nranks, a.timeout_s, a.sim_nodes, node_gpus, argv + a.argi,
                        mps.started ? mps.pipe_dir : NULL);
     mps_stop(&mps);
     reap_exited();
