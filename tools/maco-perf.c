@@ -676,21 +676,17 @@ static void perf_header(const maco_perf_opts_t *o, const perf_ctx_t *c, const ch
     fflush(stdout);
 }
 
-int main(int argc, char **argv)
+/* Before measuring: -T as the device timeout, a GPU, the communicator (from the environment,
+ * as maco-run starts the ranks), -r checked, the device, --nccl dropped where ranks share a
+ * GPU, the stream and events; the GPU's properties into *prop. Returns -1 to go on, else the
+ * exit status (the error printed). */
+static int perf_start(maco_perf_opts_t *o, perf_ctx_t *c, struct cudaDeviceProp *prop)
 {
-    maco_perf_opts_t o;
-    maco_perf_parse_t parsed = maco_perf_args_parse(argc, argv, &o, stdout, stderr);
-    if (parsed != MACO_PERF_PARSE_RUN)
-        return parsed == MACO_PERF_PARSE_HELP ? 0 : 2;
-    if (o.dry_run) {
-        maco_perf_plan_print(&o, stdout);
-        return 0;
-    }
-    if (o.timeout_s > 0) {
+    if (o->timeout_s > 0) {
         /* nccl-tests' -T: here the deadline of every wait on the GPU (set before the library
          * reads its configuration). */
         char t[32];
-        snprintf(t, sizeof(t), "%ds", o.timeout_s);
+        snprintf(t, sizeof(t), "%ds", o->timeout_s);
         setenv("MACO_DEVICE_TIMEOUT", t, 1);
     }
     char why[512];
@@ -704,9 +700,7 @@ int main(int argc, char **argv)
                 why);
         return 2;
     }
-    perf_ctx_t c;
-    memset(&c, 0, sizeof(c));
-    maco_status_t st = maco_comm_init_from_env(&c.comm);
+    maco_status_t st = maco_comm_init_from_env(&c->comm);
     if (st != MACO_OK) {
         fprintf(stderr,
                 "maco-perf: cannot create the communicator: %s (run under maco-run, "
@@ -714,56 +708,223 @@ int main(int argc, char **argv)
                 maco_status_string(st), ndev);
         return 1;
     }
-    maco_comm_get_rank(c.comm, &c.rank);
-    maco_comm_get_nranks(c.comm, &c.nranks);
-    maco_comm_get_bootstrap(c.comm, &c.bs);
-    g_rank = c.rank;
-    if (o.root >= c.nranks) {
-        if (c.rank == 0)
-            fprintf(stderr, "maco-perf: -r %d is not a rank (0..%d)\n", o.root, c.nranks - 1);
-        maco_comm_destroy(c.comm);
+    maco_comm_get_rank(c->comm, &c->rank);
+    maco_comm_get_nranks(c->comm, &c->nranks);
+    maco_comm_get_bootstrap(c->comm, &c->bs);
+    g_rank = c->rank;
+    if (o->root >= c->nranks) {
+        if (c->rank == 0)
+            fprintf(stderr, "maco-perf: -r %d is not a rank (0..%d)\n", o->root, c->nranks - 1);
+        maco_comm_destroy(c->comm);
         return 2;
     }
     int dev;
-    maco_comm_get_cuda_device(c.comm, &dev);
+    maco_comm_get_cuda_device(c->comm, &dev);
     PERF_CUDA(cudaSetDevice(dev));
-    maco_comm_get_gpu_ranks(c.comm, &c.gpu_ranks);
-    if (o.nccl && c.gpu_ranks > 1 && getenv("NCCL_HOSTID") == NULL) {
+    maco_comm_get_gpu_ranks(c->comm, &c->gpu_ranks);
+    if (o->nccl && c->gpu_ranks > 1 && getenv("NCCL_HOSTID") == NULL) {
         /* NCCL refuses two ranks on one GPU of one host ("Duplicate GPU detected"); ranks that
          * set different NCCL_HOSTID values look like hosts of their own to it (its network
          * transport between them: a rehearsal of the NCCL side, not a measurement). */
-        if (c.rank == 0)
+        if (c->rank == 0)
             printf("# --nccl skipped: NCCL does not run ranks that share a GPU (unless each sets "
                    "its own NCCL_HOSTID)\n");
-        o.nccl = 0;
+        o->nccl = 0;
     }
-    struct cudaDeviceProp prop;
-    PERF_CUDA(cudaGetDeviceProperties(&prop, dev));
-    PERF_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-    PERF_CUDA(cudaEventCreate(&c.start));
-    PERF_CUDA(cudaEventCreate(&c.stop));
-    if (o.reg) {
-        PERF_MACO(c.comm, maco_mem_alloc(c.comm, o.max_bytes + PERF_GUARD, (void **)&c.in));
-        PERF_MACO(c.comm, maco_mem_alloc(c.comm, o.max_bytes + PERF_GUARD, (void **)&c.out));
+    PERF_CUDA(cudaGetDeviceProperties(prop, dev));
+    PERF_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    PERF_CUDA(cudaEventCreate(&c->start));
+    PERF_CUDA(cudaEventCreate(&c->stop));
+    return -1;
+}
+
+/* The buffers (registered with -R, else cudaMalloc), the check counters, and NCCL's side
+ * (--nccl) in *nccl. */
+static void perf_alloc(const maco_perf_opts_t *o, perf_ctx_t *c, perf_nccl_t *nccl)
+{
+    if (o->reg) {
+        PERF_MACO(c->comm, maco_mem_alloc(c->comm, o->max_bytes + PERF_GUARD, (void **)&c->in));
+        PERF_MACO(c->comm, maco_mem_alloc(c->comm, o->max_bytes + PERF_GUARD, (void **)&c->out));
     } else {
-        PERF_CUDA(cudaMalloc((void **)&c.in, o.max_bytes + PERF_GUARD));
-        PERF_CUDA(cudaMalloc((void **)&c.out, o.max_bytes + PERF_GUARD));
+        PERF_CUDA(cudaMalloc((void **)&c->in, o->max_bytes + PERF_GUARD));
+        PERF_CUDA(cudaMalloc((void **)&c->out, o->max_bytes + PERF_GUARD));
     }
-    PERF_CUDA(cudaMalloc((void **)&c.counters, 3 * sizeof(unsigned long long)));
-    c.seed_base = 0x4D41434F00000000ull ^ (uint64_t)o.min_bytes ^ ((uint64_t)o.max_bytes << 8);
-    perf_nccl_t nccl;
-    memset(&nccl, 0, sizeof(nccl));
-    if (o.nccl) {
-        nccl_load(&nccl);
-        nccl_init(&nccl, c.comm, c.rank, c.nranks);
-        c.nccl = &nccl;
-        if (o.reg) {
-            nccl_alloc_symmetric(&nccl, o.max_bytes + PERF_GUARD);
+    PERF_CUDA(cudaMalloc((void **)&c->counters, 3 * sizeof(unsigned long long)));
+    c->seed_base = 0x4D41434F00000000ull ^ (uint64_t)o->min_bytes ^ ((uint64_t)o->max_bytes << 8);
+    if (o->nccl) {
+        nccl_load(nccl);
+        nccl_init(nccl, c->comm, c->rank, c->nranks);
+        c->nccl = nccl;
+        if (o->reg) {
+            nccl_alloc_symmetric(nccl, o->max_bytes + PERF_GUARD);
         } else {
-            nccl.in = c.in;
-            nccl.out = c.out;
+            nccl->in = c->in;
+            nccl->out = c->out;
         }
     }
+}
+
+/* One size's results, out of place [0] and in place [1]. */
+typedef struct perf_row {
+    maco_datatype_t dt;
+    const char *op_name;
+    size_t bytes, count;
+    double t[2], nt[2]; /* MACO's and NCCL's time per call (us); NCCL's 0 when not run */
+    unsigned long long wrong[2];
+    char npath[2][96]; /* NCCL's algorithm and protocol */
+    const char *algo;  /* MACO's algorithm */
+    double algbw[2], busbw[2], nbusbw[2];
+} perf_row_t;
+
+/* Checks (-c) and times `count` elements of `dt` under `op` in each placement, with NCCL's
+ * timing beside (--nccl), into *res; adds the wrong values to *total_wrong. */
+static void perf_measure(perf_ctx_t *c, const maco_perf_opts_t *o, perf_nccl_t *nccl,
+                         maco_datatype_t dt, maco_redop_t op, size_t count, perf_row_t *res,
+                         unsigned long long *total_wrong)
+{
+    int ip0 = perf_ip_first(o), ip1 = perf_ip_end(o);
+    memset(res, 0, sizeof(*res));
+    res->dt = dt;
+    res->op_name = perf_has_op(o->coll) ? maco_redop_name(op) : "none";
+    res->count = count;
+    res->bytes = count * maco_datatype_size(dt);
+    perf_case_t k[2], kn[2];
+    for (int ip = ip0; ip < ip1; ip++) {
+        perf_case_init(&k[ip], c, c->in, c->out, o->coll, dt, op, o->root, ip, count);
+        unsigned long long w = 0;
+        for (int r = 0; r < o->checks; r++)
+            w += perf_check(c, &k[ip], r);
+        res->wrong[ip] = perf_sum_over_ranks(c, w);
+        res->t[ip] = perf_time(c, o, &k[ip], 0);
+        if (o->nccl) {
+            perf_case_init(&kn[ip], c, nccl->in, nccl->out, o->coll, dt, op, o->root, ip, count);
+            res->nt[ip] = perf_time(c, o, &kn[ip], 1);
+            if (res->nt[ip] > 0)
+                perf_nccl_path(c, &kn[ip], res->npath[ip], sizeof(res->npath[ip]));
+        }
+        *total_wrong += res->wrong[ip];
+    }
+    res->algo = "?";
+    maco_collective_get_algorithm(c->comm, o->coll, k[ip0].unit, dt, &res->algo);
+}
+
+/* Rank 0: prints a size's line (nccl-tests' columns, then NCCL's and the algorithms) and adds
+ * its bus bandwidths to the average. */
+static void perf_print_row(const maco_perf_opts_t *o, perf_row_t *r, double factor, int rooted,
+                           double *busbw_sum, int *busbw_n)
+{
+    int ip0 = perf_ip_first(o), ip1 = perf_ip_end(o);
+    printf(" %11zu %12zu %9s %6s %5d", r->bytes, r->count, maco_datatype_name(r->dt), r->op_name,
+           rooted ? o->root : -1);
+    for (int ip = ip0; ip < ip1; ip++) {
+        r->algbw[ip] = (double)r->bytes / (r->t[ip] * 1e-6) / 1e9;
+        r->busbw[ip] = r->algbw[ip] * factor;
+        r->nbusbw[ip] = r->nt[ip] > 0 ? (double)r->bytes / (r->nt[ip] * 1e-6) / 1e9 * factor : 0;
+        *busbw_sum += r->busbw[ip];
+        (*busbw_n)++;
+        printf(" %9.2f %7.2f %7.2f %6llu", r->t[ip], r->algbw[ip], r->busbw[ip], r->wrong[ip]);
+    }
+    if (o->nccl) {
+        for (int ip = ip0; ip < ip1; ip++) {
+            if (r->nt[ip] > 0 && r->nbusbw[ip] > 0)
+                printf(" %9.2f %7.2f %5.2f", r->nt[ip], r->nbusbw[ip],
+                       r->busbw[ip] / r->nbusbw[ip]);
+            else if (r->nt[ip] > 0) /* one rank: busbw is 0 (nccl-tests' factor) */
+                printf(" %9.2f %7.2f %5s", r->nt[ip], r->nbusbw[ip], "n/a");
+            else
+                printf(" %9s %7s %5s", "n/a", "n/a", "n/a");
+        }
+    }
+    if (o->nccl && ip1 - ip0 == 2 && strcmp(r->npath[0], r->npath[1]) != 0)
+        printf("  %s  | %s ; in place %s\n", r->algo, r->npath[0], r->npath[1]);
+    else if (o->nccl)
+        printf("  %s  | %s\n", r->algo, r->npath[ip0]);
+    else
+        printf("  %s\n", r->algo);
+    fflush(stdout);
+}
+
+/* Rank 0 with --json: a size's objects, one per placement. */
+static void perf_json_row(FILE *json, const maco_perf_opts_t *o, const perf_ctx_t *c,
+                          const perf_row_t *r, int rooted, int nccl_version, int *first_json)
+{
+    int ip0 = perf_ip_first(o), ip1 = perf_ip_end(o);
+    for (int ip = ip0; ip < ip1 && json != NULL; ip++) {
+        fprintf(json,
+                "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
+                "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
+                "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", "
+                "\"nranks\": %d, "
+                "\"time_us\": %.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, "
+                "\"wrong\": "
+                "%llu",
+                *first_json ? "" : ",\n", maco_collective_name(o->coll), r->bytes, r->count,
+                maco_datatype_name(r->dt), r->op_name, rooted ? o->root : -1, ip ? "true" : "false",
+                o->graph ? "true" : "false", o->reg ? "true" : "false", r->algo, c->nranks,
+                r->t[ip], r->algbw[ip], r->busbw[ip], r->wrong[ip]);
+        if (o->nccl && r->nt[ip] > 0)
+            fprintf(json,
+                    ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f, "
+                    "\"nccl_path\": \"%s\", \"nccl_version\": %d, "
+                    "\"nccl_symmetric\": %s",
+                    r->nt[ip], r->nbusbw[ip], r->npath[ip], nccl_version,
+                    o->reg ? "true" : "false");
+        fprintf(json, "}");
+        *first_json = 0;
+    }
+}
+
+/* After the last size: the summary lines (rank 0), the JSON closed, everything freed.
+ * Returns the exit status: 1 when a value was wrong. */
+static int perf_finish(const maco_perf_opts_t *o, perf_ctx_t *c, perf_nccl_t *nccl, FILE *json,
+                       unsigned long long total_wrong, double busbw_sum, int busbw_n)
+{
+    unsigned long long oob = perf_sum_over_ranks(c, c->oob);
+    if (c->rank == 0) {
+        printf("# Out of bounds values : %llu %s\n", oob, oob ? "FAILED" : "OK");
+        printf("# Wrong values         : %llu %s (guard bytes included)\n", total_wrong,
+               total_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %.3f GB/s\n", busbw_n ? busbw_sum / busbw_n : 0.0);
+        fflush(stdout);
+    }
+    if (json != NULL) {
+        fprintf(json, "\n]\n");
+        fclose(json);
+    }
+    if (o->nccl)
+        nccl_finalize(nccl);
+    if (o->reg) {
+        maco_mem_free(c->comm, c->in);
+        maco_mem_free(c->comm, c->out);
+    } else {
+        cudaFree(c->in);
+        cudaFree(c->out);
+    }
+    cudaFree(c->counters);
+    cudaStreamDestroy(c->stream);
+    maco_comm_destroy(c->comm);
+    return total_wrong ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    maco_perf_opts_t o;
+    maco_perf_parse_t parsed = maco_perf_args_parse(argc, argv, &o, stdout, stderr);
+    if (parsed != MACO_PERF_PARSE_RUN)
+        return parsed == MACO_PERF_PARSE_HELP ? 0 : 2;
+    if (o.dry_run) {
+        maco_perf_plan_print(&o, stdout);
+        return 0;
+    }
+    perf_ctx_t c;
+    memset(&c, 0, sizeof(c));
+    struct cudaDeviceProp prop;
+    int st = perf_start(&o, &c, &prop);
+    if (st >= 0)
+        return st;
+    perf_nccl_t nccl;
+    memset(&nccl, 0, sizeof(nccl));
+    perf_alloc(&o, &c, &nccl);
     FILE *json = NULL;
     if (o.json_path != NULL && c.rank == 0) {
         json = fopen(o.json_path, "w");
@@ -773,7 +934,6 @@ int main(int argc, char **argv)
     }
     double factor = perf_busbw_factor(o.coll, c.nranks);
     int rooted = o.coll == MACO_COLL_BROADCAST || o.coll == MACO_COLL_REDUCE;
-    int ip0 = perf_ip_first(&o), ip1 = perf_ip_end(&o);
     if (c.rank == 0)
         perf_header(&o, &c, prop.name, &nccl);
     unsigned long long total_wrong = 0;
@@ -792,118 +952,21 @@ int main(int argc, char **argv)
             size_t esz = maco_datatype_size(dt);
             for (int oi = 0; oi < o.nops; oi++) {
                 maco_redop_t op = o.ops[oi];
-                const char *op_name = perf_has_op(o.coll) ? maco_redop_name(op) : "none";
                 for (double sz = (double)o.min_bytes; !maco_perf_size_done(&o, sz);
                      sz = maco_perf_size_next(&o, sz)) {
                     size_t count = (size_t)sz / esz / blocks * blocks;
                     if (count == 0)
                         continue;
-                    size_t bytes = count * esz;
-                    perf_case_t k[2], kn[2];
-                    double t[2] = { 0, 0 }, nt[2] = { 0, 0 };
-                    unsigned long long wrong[2] = { 0, 0 };
-                    char npath[2][96] = { "", "" };
-                    for (int ip = ip0; ip < ip1; ip++) {
-                        perf_case_init(&k[ip], &c, c.in, c.out, o.coll, dt, op, o.root, ip, count);
-                        unsigned long long w = 0;
-                        for (int r = 0; r < o.checks; r++)
-                            w += perf_check(&c, &k[ip], r);
-                        wrong[ip] = perf_sum_over_ranks(&c, w);
-                        t[ip] = perf_time(&c, &o, &k[ip], 0);
-                        if (o.nccl) {
-                            perf_case_init(&kn[ip], &c, nccl.in, nccl.out, o.coll, dt, op, o.root,
-                                           ip, count);
-                            nt[ip] = perf_time(&c, &o, &kn[ip], 1);
-                            if (nt[ip] > 0)
-                                perf_nccl_path(&c, &kn[ip], npath[ip], sizeof(npath[ip]));
-                        }
-                        total_wrong += wrong[ip];
-                    }
-                    const char *algo = "?";
-                    maco_collective_get_algorithm(c.comm, o.coll, k[ip0].unit, dt, &algo);
+                    perf_row_t row;
+                    perf_measure(&c, &o, &nccl, dt, op, count, &row, &total_wrong);
                     if (c.rank != 0)
                         continue;
-                    double algbw[2] = { 0, 0 }, busbw[2] = { 0, 0 }, nbusbw[2] = { 0, 0 };
-                    printf(" %11zu %12zu %9s %6s %5d", bytes, count, maco_datatype_name(dt),
-                           op_name, rooted ? o.root : -1);
-                    for (int ip = ip0; ip < ip1; ip++) {
-                        algbw[ip] = (double)bytes / (t[ip] * 1e-6) / 1e9;
-                        busbw[ip] = algbw[ip] * factor;
-                        nbusbw[ip] =
-                            nt[ip] > 0 ? (double)bytes / (nt[ip] * 1e-6) / 1e9 * factor : 0;
-                        busbw_sum += busbw[ip];
-                        busbw_n++;
-                        printf(" %9.2f %7.2f %7.2f %6llu", t[ip], algbw[ip], busbw[ip], wrong[ip]);
-                    }
-                    if (o.nccl) {
-                        for (int ip = ip0; ip < ip1; ip++) {
-                            if (nt[ip] > 0 && nbusbw[ip] > 0)
-                                printf(" %9.2f %7.2f %5.2f", nt[ip], nbusbw[ip],
-                                       busbw[ip] / nbusbw[ip]);
-                            else if (nt[ip] > 0) /* one rank: busbw is 0 (nccl-tests' factor) */
-                                printf(" %9.2f %7.2f %5s", nt[ip], nbusbw[ip], "n/a");
-                            else
-                                printf(" %9s %7s %5s", "n/a", "n/a", "n/a");
-                        }
-                    }
-                    if (o.nccl && ip1 - ip0 == 2 && strcmp(npath[0], npath[1]) != 0)
-                        printf("  %s  | %s ; in place %s\n", algo, npath[0], npath[1]);
-                    else if (o.nccl)
-                        printf("  %s  | %s\n", algo, npath[ip0]);
-                    else
-                        printf("  %s\n", algo);
-                    fflush(stdout);
-                    for (int ip = ip0; ip < ip1 && json != NULL; ip++) {
-                        fprintf(json,
-                                "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
-                                "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
-                                "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", "
-                                "\"nranks\": %d, "
-                                "\"time_us\": %.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, "
-                                "\"wrong\": "
-                                "%llu",
-                                first_json ? "" : ",\n", maco_collective_name(o.coll), bytes, count,
-                                maco_datatype_name(dt), op_name, rooted ? o.root : -1,
-                                ip ? "true" : "false", o.graph ? "true" : "false",
-                                o.reg ? "true" : "false", algo, c.nranks, t[ip], algbw[ip],
-                                busbw[ip], wrong[ip]);
-                        if (o.nccl && nt[ip] > 0)
-                            fprintf(json,
-                                    ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f, "
-                                    "\"nccl_path\": \"%s\", \"nccl_version\": %d, "
-                                    "\"nccl_symmetric\": %s",
-                                    nt[ip], nbusbw[ip], npath[ip], nccl.version,
-                                    o.reg ? "true" : "false");
-                        fprintf(json, "}");
-                        first_json = 0;
-                    }
+                    perf_print_row(&o, &row, factor, rooted, &busbw_sum, &busbw_n);
+                    if (json != NULL)
+                        perf_json_row(json, &o, &c, &row, rooted, nccl.version, &first_json);
                 }
             }
         }
     }
-    unsigned long long oob = perf_sum_over_ranks(&c, c.oob);
-    if (c.rank == 0) {
-        printf("# Out of bounds values : %llu %s\n", oob, oob ? "FAILED" : "OK");
-        printf("# Wrong values         : %llu %s (guard bytes included)\n", total_wrong,
-               total_wrong ? "FAILED" : "OK");
-        printf("# Avg bus bandwidth    : %.3f GB/s\n", busbw_n ? busbw_sum / busbw_n : 0.0);
-        fflush(stdout);
-    }
-    if (json != NULL) {
-        fprintf(json, "\n]\n");
-        fclose(json);
-    }
-    if (o.nccl)
-        nccl_finalize(&nccl);
-    if (o.reg) {
-        maco_mem_free(c.comm, c.in);
-        maco_mem_free(c.comm, c.out);
-    } else {
-        cudaFree(c.in);
-        cudaFree(c.out);
-    }
-    cudaFree(c.counters);
-    cudaStreamDestroy(c.stream);
-    maco_comm_destroy(c.comm);
-    return total_wrong ? 1 : 0;
+    return perf_finish(&o, &c, &nccl, json, total_wrong, busbw_sum, busbw_n);
 }
