@@ -332,33 +332,19 @@ static maco_status_t maco__coll_preload(maco_comm_t comm)
     return MACO_OK;
 }
 
-static maco_status_t maco__coll_setup(maco_comm_t comm)
+/* The sizes that shape the buffer, this rank's in *mine, compared across ranks (collective):
+ * *alike_p is 0 when a rank's differ (then GPU operations are unavailable on the communicator,
+ * and say why), else 1. */
+static maco_status_t maco__coll_sizes_agree(maco_comm_t comm, const maco__coll_sizes_t *mine,
+                                            int *alike_p)
 {
     const int n = comm->nranks;
-    /* Every rank decides alike from what all of them know (the topology). */
     char why[500];
-    int *rank_at = NULL;
-    maco_status_t st = MACO_OK;
-    if (!maco__coll_topology(comm, &rank_at, comm->ext_unavailable, sizeof(comm->ext_unavailable),
-                             &st)) {
-        if (st != MACO_OK)
-            return st;
-        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
-                  comm->ext_unavailable);
-        return MACO_OK;
-    }
-    maco__coll_sizes_t mine;
-    st = maco__coll_read_sizes(&mine);
-    if (st != MACO_OK) {
-        free(rank_at);
-        return st;
-    }
+    maco_status_t st;
     maco__coll_sizes_t *all = (maco__coll_sizes_t *)calloc((size_t)n, sizeof(*all));
-    if (all == NULL) {
-        free(rank_at);
+    if (all == NULL)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
-    }
-    all[comm->rank] = mine;
+    all[comm->rank] = *mine;
     st = maco_bootstrap_allgather(comm->bs, all, sizeof(*all));
     for (int r = 0; st == MACO_OK && r < n; r++) {
         if (all[r].oneshot_max == all[0].oneshot_max &&
@@ -380,53 +366,25 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
         maco__comm_set_unavailable(comm, why);
         MACO_INFO(MACO_SUBSYS_INIT, "rank %d: GPU operations unavailable: %s", comm->rank, why);
         free(all);
-        free(rank_at);
+        *alike_p = 0;
         return MACO_OK; /* every rank saw the same sizes and decided alike */
     }
     free(all);
-    if (st != MACO_OK) {
-        free(rank_at);
-        return st;
-    }
+    if (st == MACO_OK)
+        *alike_p = 1;
+    return st;
+}
 
-    maco__coll_t *c = (maco__coll_t *)calloc(1, sizeof(*c));
-    if (c == NULL) {
-        free(rank_at);
-        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
-    }
-    comm->coll = c; /* from here on, maco__coll_destroy frees what exists */
-    c->rank_at = rank_at;
-    c->ln = comm->local_nranks;
-    c->lrank = comm->local_rank;
-    c->nnodes = comm->nnodes;
-    c->node = comm->node;
-    const int ln = c->ln;
-    const int *local = rank_at + (size_t)c->node * (size_t)ln; /* local index -> rank */
-    st = maco__coll_read_settings(c);
-    if (st != MACO_OK)
-        return st;
-    maco__coll_layout(&c->layout, ln, c->nnodes, &mine);
+/* The peers' buffers (mapped from the ranks of this node, imported without a mapping from
+ * the others) and the memory channels with every local peer: one per rsag slot, then one per
+ * p2p lane, copied to the device. Collective over the node's ranks, in rank order. */
+static maco_status_t maco__coll_channels(maco_comm_t comm, maco__coll_t *c, const int *local)
+{
+    const int n = comm->nranks, ln = c->ln;
     const maco__coll_layout_t *l = &c->layout;
-    if (c->nnodes > 1 && l->hier_piece_max < 4096) {
-        snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
-                 "collectives across %d nodes need pieces of at least 4 KiB: raise "
-                 "MACO_SCRATCH_SIZE (%llu bytes) or lower MACO_HIER_CTAS (%d)",
-                 c->nnodes, (unsigned long long)mine.scratch_bytes, (int)mine.hier_ctas);
-        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
-                  comm->ext_unavailable);
-        maco__coll_destroy(comm);
-        return MACO_OK; /* every rank computed the same layout */
-    }
     const int slots = l->rsag_slots;
     const int lanes = l->p2p_lanes;
-    MACO_CUDA_RETURN(cudaMalloc((void **)&c->buf, l->total_bytes));
-    MACO_CUDA_RETURN(cudaMemset(c->buf, 0, l->total_bytes));
-    uint32_t one = 1;
-    MACO_CUDA_RETURN(
-        cudaMemcpy(c->buf + MACO__CTR_LL_FLAG, &one, sizeof(one), cudaMemcpyHostToDevice));
-    st = maco_mem_register(comm, c->buf, l->total_bytes, &c->buf_mem);
-    if (st != MACO_OK)
-        return st;
+    maco_status_t st = MACO_OK;
     c->peer_buf = (char **)calloc((size_t)ln, sizeof(char *));
     c->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
     char **ptr = (char **)calloc((size_t)n, sizeof(char *));
@@ -482,7 +440,19 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
                               (size_t)ln * (size_t)lanes * sizeof(*p2p_chans),
                               cudaMemcpyHostToDevice),
                    st, out);
-    st = maco__registry_setup(comm);
+out:
+    free(ptr);
+    free(chans);
+    free(peer_chans);
+    free(p2p_chans);
+    return st;
+}
+
+/* What needs the buffer and the channels: the registry, the kernels loaded, the rails across
+ * nodes, a forced plan, the CTA cap agreed by every rank. */
+static maco_status_t maco__coll_setup_rest(maco_comm_t comm, maco__coll_t *c)
+{
+    maco_status_t st = maco__registry_setup(comm);
     if (st == MACO_OK)
         st = maco__coll_preload(comm);
     if (st == MACO_OK && c->nnodes > 1)
@@ -499,11 +469,74 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
         if (st == MACO_OK)
             st = maco__coll_agree_max_ctas(comm, c, (int)cap, "MACO_COLL_MAX_CTAS");
     }
-out:
-    free(ptr);
-    free(chans);
-    free(peer_chans);
-    free(p2p_chans);
+    return st;
+}
+
+static maco_status_t maco__coll_setup(maco_comm_t comm)
+{
+    /* Every rank decides alike from what all of them know (the topology). */
+    int *rank_at = NULL;
+    maco_status_t st = MACO_OK;
+    if (!maco__coll_topology(comm, &rank_at, comm->ext_unavailable, sizeof(comm->ext_unavailable),
+                             &st)) {
+        if (st != MACO_OK)
+            return st;
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
+                  comm->ext_unavailable);
+        return MACO_OK;
+    }
+    maco__coll_sizes_t mine;
+    st = maco__coll_read_sizes(&mine);
+    if (st != MACO_OK) {
+        free(rank_at);
+        return st;
+    }
+    int alike = 0;
+    st = maco__coll_sizes_agree(comm, &mine, &alike);
+    if (st != MACO_OK || !alike) {
+        free(rank_at);
+        return st;
+    }
+
+    maco__coll_t *c = (maco__coll_t *)calloc(1, sizeof(*c));
+    if (c == NULL) {
+        free(rank_at);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
+    }
+    comm->coll = c; /* from here on, maco__coll_destroy frees what exists */
+    c->rank_at = rank_at;
+    c->ln = comm->local_nranks;
+    c->lrank = comm->local_rank;
+    c->nnodes = comm->nnodes;
+    c->node = comm->node;
+    const int ln = c->ln;
+    const int *local = rank_at + (size_t)c->node * (size_t)ln; /* local index -> rank */
+    st = maco__coll_read_settings(c);
+    if (st != MACO_OK)
+        return st;
+    maco__coll_layout(&c->layout, ln, c->nnodes, &mine);
+    const maco__coll_layout_t *l = &c->layout;
+    if (c->nnodes > 1 && l->hier_piece_max < 4096) {
+        snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),
+                 "collectives across %d nodes need pieces of at least 4 KiB: raise "
+                 "MACO_SCRATCH_SIZE (%llu bytes) or lower MACO_HIER_CTAS (%d)",
+                 c->nnodes, (unsigned long long)mine.scratch_bytes, (int)mine.hier_ctas);
+        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: collectives unavailable: %s", comm->rank,
+                  comm->ext_unavailable);
+        maco__coll_destroy(comm);
+        return MACO_OK; /* every rank computed the same layout */
+    }
+    MACO_CUDA_RETURN(cudaMalloc((void **)&c->buf, l->total_bytes));
+    MACO_CUDA_RETURN(cudaMemset(c->buf, 0, l->total_bytes));
+    uint32_t one = 1;
+    MACO_CUDA_RETURN(
+        cudaMemcpy(c->buf + MACO__CTR_LL_FLAG, &one, sizeof(one), cudaMemcpyHostToDevice));
+    st = maco_mem_register(comm, c->buf, l->total_bytes, &c->buf_mem);
+    if (st != MACO_OK)
+        return st;
+    st = maco__coll_channels(comm, c, local);
+    if (st == MACO_OK)
+        st = maco__coll_setup_rest(comm, c);
     return st;
 }
 
