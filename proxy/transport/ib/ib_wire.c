@@ -1,5 +1,5 @@
 /*
- * ib_wire.c - the IB transport's endpoint and ready messages (proxy/ib_wire.h).
+ * ib_wire.c - the IB transport's endpoint and ready messages (proxy/transport/ib/ib_wire.h).
  */
 #include "proxy/transport/ib/ib_wire.h"
 

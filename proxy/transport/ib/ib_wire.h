@@ -1,6 +1,6 @@
 /*
  * ib_wire.h - what two IB transports exchange over the bootstrap for each port channel
- * (proxy/transport_ib.c says when), little-endian.
+ * (proxy/transport/ib/transport_ib.c says when), little-endian.
  *
  * Endpoint (MACO__IB_ENDPOINT, 128 bytes):
  *    0 u32 magic "MIBV"   4 u16 version (1)   6 u16 flags: 1 ready (0: the sender failed, its

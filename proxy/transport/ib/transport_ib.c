@@ -17,7 +17,7 @@
  * brought to RTS on both sides, then a second exchange says both are ready, so the first
  * write never reaches a queue pair that cannot take it yet.
  *
- * The endpoint and ready messages: proxy/ib_wire.h.
+ * The endpoint and ready messages: proxy/transport/ib/ib_wire.h.
  *
  * Puts are RDMA WRITEs from the source's memory region (split at the port's max_msg_sz);
  * a signal is an 8-byte RDMA WRITE of the channel's new count to the peer's semaphore

@@ -1,5 +1,5 @@
 /*
- * tcp_wire.c - the TCP transport's hello and message header (proxy/tcp_wire.h).
+ * tcp_wire.c - the TCP transport's hello and message header (proxy/transport/tcp/tcp_wire.h).
  */
 #include "proxy/transport/tcp/tcp_wire.h"
 

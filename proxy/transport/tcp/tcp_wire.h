@@ -1,5 +1,5 @@
 /*
- * tcp_wire.h - the TCP transport's wire format (proxy/transport_tcp.c says how it is used):
+ * tcp_wire.h - the TCP transport's wire format (transport_tcp.c says how it is used):
  * the 32-byte hello a connecting proxy sends on each socket and the 64-byte header of every
  * message, little-endian. Pure functions of bytes, no sockets, no CUDA: the transport and the
  * fuzz harness tests/fuzz/fuzz_tcp_wire.c call the same code. Thread-safe (no state).

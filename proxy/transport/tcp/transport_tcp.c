@@ -7,7 +7,7 @@
  * higher rank's listener and presents a 64-bit secret that the listener sent over the
  * bootstrap, so strangers are refused). Every socket carries messages both ways.
  *
- * Messages: a 64-byte header (proxy/tcp_wire.h gives its fields), then `bytes` of payload for
+ * Messages: a 64-byte header (tcp_wire.h gives its fields), then `bytes` of payload for
  * a put. deps[q] counts the messages the sender had dealt to socket q before this put (all
  * pieces of one put carry the same deps) or this signal.
  * A put is cut into pieces of MACO_TCP_CHUNK_SIZE, dealt to the sockets in turn. Ordering:
