@@ -189,6 +189,11 @@ def check_includes(src, rows, files, problem):
                 continue
             # kind == "below": the library.
             if target is None:
+                same = sorted(x for x in fileset if x.endswith("/" + inc))
+                if bracket == '"' and same:  # compiles only through an include folder
+                    problem(f"{f} ({name}): {line} names a file of another folder by a bare "
+                            f"name ({', '.join(same[:3])}); write its path from the "
+                            "repository root")
                 continue  # not a file of the tree: the system's or CUDA's
             if target != inc:
                 problem(f"{f} ({name}): {line} names {target} by a relative "

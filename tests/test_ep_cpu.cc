@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ep_layout.h"
+#include "algorithms/ep/ep_layout.h"
 #include "maco_test.h"
 
 namespace

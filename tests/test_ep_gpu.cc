@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "ep_layout.h"
+#include "algorithms/ep/ep_layout.h"
 #include "gpu_case.h"
 #include "maco_test.h"
 

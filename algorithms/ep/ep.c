@@ -12,11 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm_internal.h"
-#include "cuda_util.h"
-#include "ep_kernels.h"
-#include "ep_layout.h"
-#include "log.h"
+#include "src/host/comm/comm_internal.h"
+#include "src/host/cuda/cuda_util.h"
+#include "algorithms/ep/ep_kernels.h"
+#include "algorithms/ep/ep_layout.h"
+#include "src/host/base/log.h"
 
 struct maco_ep_buffer {
     maco_comm_t comm;

@@ -62,7 +62,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ep_kernels.h"
+#include "algorithms/ep/ep_kernels.h"
 #include "maco/device/atomics.h"
 #include "maco/device/error.h"
 

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ep_layout.h"
+#include "algorithms/ep/ep_layout.h"
 #include "maco/device/error.h"
 #include "maco/device/macros.h"
 

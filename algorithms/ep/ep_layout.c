@@ -3,7 +3,7 @@
  * layouts). Plain C with no CUDA: the library sizes its buffers with it and the tests use it
  * as the reference of the kernels' routing.
  */
-#include "ep_layout.h"
+#include "algorithms/ep/ep_layout.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -100,6 +100,11 @@ class CheckLayers(unittest.TestCase):
         self.fails_with("src/host/base/log.c (base): #include \"log.h\" names "
                         "src/host/base/log.h by a relative path")
 
+    def test_bare_name_of_another_folder_in_the_library(self):
+        self.append("algorithms/p2p/p2p.c", '#include "log.h"\n')
+        self.fails_with("algorithms/p2p/p2p.c (algorithms): #include \"log.h\" names a file of "
+                        "another folder by a bare name (src/host/base/log.h)")
+
     def test_include_of_a_layer_above(self):
         layer = random.choice(["src/host/base/log.c", "src/host/comm/comm_base.c", "proxy/proxy.c"])
         self.append(layer, '#include "algorithms/algorithms.h"\n')
