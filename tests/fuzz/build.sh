@@ -21,7 +21,7 @@ lib_sources=(base/status.c base/log.c base/config.c os/socket.c bootstrap/host_i
 harnesses=(fuzz_unique_id fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan fuzz_tcp_wire fuzz_port_hello fuzz_ib_endpoint)
 # Execution plans (fuzz_plan): the parser and the verifier, CPU-only (Jansson is loaded at run
 # time, MACO_JSON_LIBRARY).
-plan_sources=(plan/plan_json.c plan/plan_verify.c)
+plan_sources=(plan/plan_json.c plan/plan_verify.c plan/plan_verify_structure.c plan/plan_verify_exec.c plan/plan_verify_util.c)
 # shellcheck disable=SC2054 # the commas are inside -fsanitize=, not between elements
 cflags=(-std=c11 -g -O1 -Wall -Wextra -D_GNU_SOURCE -DMACO_BUILDING_LIBRARY
   "-DMACO_VERSION_STRING=\"fuzz\"" -I"$root/include" -I"$root"
