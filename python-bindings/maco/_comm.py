@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import threading
@@ -757,13 +758,14 @@ class Communicator:
         b = self._buf(tensor, "tensor")
         if b.nbytes == 0:
             raise ValueError("tensor: has no elements to map")
+        # Compared by digest (any length), shown by its first 96 bytes.
         sig = f"{tuple(tensor.shape)}|{tensor.dtype}".encode()
-        sigs = self.allgather_bytes(sig.ljust(96, b" ")[:96])
-        if len(set(sigs)) != 1:
-            bad = [r for r, x in enumerate(sigs) if x != sigs[self.rank]]
+        sigs = self.allgather_bytes(hashlib.sha256(sig).digest() + sig.ljust(96, b" ")[:96])
+        if len({x[:32] for x in sigs}) != 1:
+            bad = [r for r, x in enumerate(sigs) if x[:32] != sigs[self.rank][:32]]
             raise ValueError(f"tensor: rank {self.rank} has {sig.decode()}, rank {bad[0]} "
-                             f"{sigs[bad[0]].decode().strip()}: every rank passes the same "
-                             "shape and dtype")
+                             f"{sigs[bad[0]][32:].decode(errors='replace').strip()}: every "
+                             "rank passes the same shape and dtype")
         mine = self._c.register(b.address, b.nbytes)
         handles = self.allgather_bytes(mine.serialize())
         views = []

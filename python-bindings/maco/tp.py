@@ -39,6 +39,7 @@ sequential path); the copy engines move the data beside a full-speed cuBLAS (doc
 from __future__ import annotations
 
 import atexit
+import weakref
 from typing import Any, Optional
 
 __all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_chunks",
@@ -50,7 +51,7 @@ _CE_MIN_FLOP = 2.0e11
 
 # Per communicator: streams, the barrier's one-element tensor, and workspaces by name.
 _state: dict = {}
-_one_node: dict = {}
+_one_node = weakref.WeakKeyDictionary()  # communicator -> every rank on this node
 
 
 def default_chunks(pattern: str, m: int, world_size: int) -> int:
@@ -194,10 +195,10 @@ def _method(comm: Any, method: Optional[str], flop: int) -> str:
         return method
     if comm.size == 1 or flop < _CE_MIN_FLOP:
         return "seq"
-    one = _one_node.get(id(comm))
+    one = _one_node.get(comm)
     if one is None:
         here = comm.host_id(comm.rank)
-        one = _one_node[id(comm)] = all(comm.host_id(r) == here for r in range(comm.size))
+        one = _one_node[comm] = all(comm.host_id(r) == here for r in range(comm.size))
     return "ce" if one else "seq"
 
 
@@ -359,8 +360,7 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
                     views[r][rank, lo:hi].copy_(stage[r, lo:hi], non_blocking=True)
     _barrier(comm, st, side)
     cur.wait_stream(side)
-    _sum_into(recv, out)
-    stage.record_stream(side)
+    _sum_into(recv, out)  # the current stream waited for the copies out of stage
     return out
 
 

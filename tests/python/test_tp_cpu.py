@@ -39,3 +39,25 @@ def test_bad_arguments_name_the_argument(fn):
         fn(x, w)
     with pytest.raises(TypeError, match="w is a NoneType"):
         fn(x, None)
+
+
+class _Comm:
+    """What maco.tp's method choice reads of a communicator."""
+
+    def __init__(self, hosts):
+        self.size, self.rank, self.hosts, self.asked = len(hosts), 0, hosts, 0
+
+    def host_id(self, r):
+        self.asked += 1
+        return self.hosts[r]
+
+
+def test_method_choice_per_communicator():
+    one, two = _Comm(["a", "a"]), _Comm(["a", "b"])
+    assert tp._method(one, None, 10 ** 12) == "ce"
+    assert tp._method(two, None, 10 ** 12) == "seq"  # ranks on two nodes: no peer mapping
+    assert tp._method(one, None, 10 ** 9) == "seq"  # a small GEMM runs in sequence
+    assert tp._method(two, "ce", 10 ** 12) == "ce"  # an explicit method is kept
+    asked = one.asked
+    assert tp._method(one, None, 10 ** 12) == "ce" and one.asked == asked  # cached per object
+    assert tp._method(_Comm(["a"]), None, 10 ** 12) == "seq"  # one rank
