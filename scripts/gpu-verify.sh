@@ -13,6 +13,10 @@
 #                against cuBLAS + NCCL, cuBLAS + MACO and PyTorch's async TP (BENCH_ARGS adds
 #                or overrides its flags); the table, JSON and one Chrome trace into $OUT
 #   suite        ctest -L gpu (every GPU test)
+#   tp-layer     tests/python/bench_tp_layer.py under torchrun at N ranks (the Llama-3-70B layer:
+#                torch + NCCL, async TP, the overlap API's variants; TP_LAYER_ARGS adds flags)
+#   tp-mlp       python-bindings/examples/tp_mlp.py under torchrun at N ranks, with its trace
+#   ep-bench     bench_ep at N ranks (dispatch and combine, both shapes; EP_ARGS adds flags)
 #   nccl-1proc   one process driving every GPU through MACO's libnccl: ctest gpu_nccl_1proc
 #                (CuPy's sequence on every stream kind, in-place sendrecv, registration with
 #                another GPU current), gpu_nccl_cupy, gpu_1proc_2; the p2p suite (in-place
@@ -78,6 +82,19 @@ for stage in "$@"; do
       --nproc-per-node "$n" tests/python/bench_fused.py --json "$OUT/bench_fused.json" \
       --trace "$OUT/fused-trace.json" ${BENCH_ARGS:-}
     ;;
+  tp-layer)
+    # shellcheck disable=SC2086
+    bounded "tp-layer-$n" 300 python3 -m torch.distributed.run --nproc-per-node "$n" \
+      tests/python/bench_tp_layer.py --json "$OUT/tp_layer.json" ${TP_LAYER_ARGS:-}
+    ;;
+  tp-mlp)
+    bounded "tp-mlp-$n" 150 python3 -m torch.distributed.run --nproc-per-node "$n" \
+      python-bindings/examples/tp_mlp.py --trace "$OUT/tp_mlp_trace.json"
+    ;;
+  ep-bench)
+    # shellcheck disable=SC2086
+    bounded "ep-bench-$n" 200 "$R" -n "$n" $mps --timeout 190 "$B/tests/bench_ep" ${EP_ARGS:-}
+    ;;
   suite)
     bounded gpu-suite 480 ctest --test-dir "$B" -L gpu --output-on-failure --timeout 300
     ;;
@@ -131,6 +148,9 @@ for f in "$OUT"/ctest-1proc.txt "$OUT"/gpu-suite.txt; do
 done
 for f in "$OUT"/p2p-*.txt; do
   [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -E 'PASSED|FAILED' "$f" | head -4; }
+done
+for f in "$OUT"/tp-layer-*.txt "$OUT"/tp-mlp-*.txt "$OUT"/ep-bench-*.txt; do
+  [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -vE '^\[|^ *$|Warning|warn' "$f" | tail -25; }
 done
 [ -f "$OUT/nccl-tests-summary.txt" ] && { echo "== nccl-tests"; cat "$OUT/nccl-tests-summary.txt"; }
 echo "================ summary"

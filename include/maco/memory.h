@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "maco/collectives.h" /* maco_stream_t */
 #include "maco/comm.h"
 
 #ifdef __cplusplus
@@ -122,6 +123,39 @@ MACO_API maco_status_t maco_mem_get_owner(maco_mem_t mem, int *rank_p);
  * first. NULL is accepted and ignored. Errors: MACO_ERR_CUDA (unmapping failed).
  */
 MACO_API maco_status_t maco_mem_deregister(maco_mem_t mem);
+
+/** One copy of maco_mem_copy_batch: `bytes` bytes from `src` to `dst`. */
+typedef struct maco_mem_copy {
+    void *dst;       /**< destination: device memory, a peer's mapped buffer or pinned host */
+    const void *src; /**< source, as `dst` */
+    size_t bytes;    /**< bytes to copy; 0 skips the entry (dst and src may then be NULL) */
+} maco_mem_copy_t;
+
+/** The most entries maco_mem_copy_batch takes in one call. */
+#define MACO_MEM_COPY_BATCH_MAX 4096
+
+/**
+ * Enqueues `count` copies on `stream`, in order, each a cudaMemcpyAsync (cudaMemcpyDefault):
+ * the GPU's copy engines move the bytes, no SM runs a kernel. The addresses may be any
+ * this process can reach through unified addressing: memory of the current device, a peer's
+ * buffer mapped by maco_mem_import (over NVLink or PCIe), pinned host memory. For
+ * zero-SM data movement beside compute (the tensor-parallel operators of maco.tp): one call
+ * costs one crossing of the library boundary instead of one per copy.
+ *
+ * `stream` is a cudaStream_t; 0, cudaStreamLegacy and cudaStreamPerThread name the current
+ * device's. Not blocking (pinned host or device memory); stream-ordered, and capturable in a
+ * CUDA graph. The caller orders the copies against other streams and the peers' use of their
+ * buffers (e.g. a collective on the stream as a barrier). Thread-safe.
+ *
+ * Errors (nothing is enqueued when the arguments are refused):
+ *   MACO_ERR_INVALID_ARGUMENT: `copies` NULL with count > 0; count above
+ *     MACO_MEM_COPY_BATCH_MAX; an entry with bytes > 0 and a NULL dst or src, or whose source
+ *     and destination ranges overlap (the message names the entry's index).
+ *   MACO_ERR_CUDA: cudaMemcpyAsync refused entry i (e.g. an address CUDA does not know, a
+ *     destroyed stream): the message names i and CUDA's error; entries before i are enqueued.
+ */
+MACO_API maco_status_t maco_mem_copy_batch(const maco_mem_copy_t *copies, size_t count,
+                                           maco_stream_t stream);
 
 #ifdef __cplusplus
 }

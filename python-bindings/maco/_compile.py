@@ -690,7 +690,9 @@ class PersistentContext:
     What differs from the design: one persistent kernel per matmul + allreduce pair and
     shape, not one for the whole model (see :func:`maco.compile`). Every rank enters the
     context and runs the same batches (kernels are built collectively at the first batch of
-    each shape). Not thread-safe.
+    each shape). Inside the block ``maco.config``'s ``fusion`` is "persistent" (the context
+    exists for those kernels; the process-wide default is "copy_engine"); it is restored at
+    exit. Not thread-safe.
     """
 
     def __init__(self, model: Any, *, inner: str = "inductor", sm_config: Any = None):
@@ -702,11 +704,15 @@ class PersistentContext:
         self._compiled = None
         self._sites_before: Optional[set] = None
         self._saved_split = None
+        self._saved_fusion = None
 
     def __enter__(self) -> "PersistentContext":
         from . import _config as c
 
         self._saved_split = c._explicit
+        with c._lock:
+            self._saved_fusion = c._settings["fusion"]
+            c._settings["fusion"] = "persistent"
         if self.sm_config is not None:
             if hasattr(self.sm_config, "apply"):
                 self.sm_config.apply()
@@ -746,6 +752,8 @@ class PersistentContext:
         self._compiled = None
         with c._lock:
             c._explicit = self._saved_split
+            if self._saved_fusion is not None:
+                c._settings["fusion"] = self._saved_fusion
 
 
 _register_backend()

@@ -10,17 +10,21 @@ that the transfer of one chunk runs while the GEMM of the next one computes::
 
 Methods (``method=``):
 
-``"ce"`` (the default when every rank is on this node): a workspace that every rank maps
-    (:meth:`maco.Communicator.peer_views`, made at the first call of a shape and kept) receives
-    the chunks. The GEMMs run on the caller's current stream; each chunk's copies into the
-    peers' workspaces are cudaMemcpyAsync calls on a communication stream (the copy engines:
-    no SM is taken from cuBLAS), followed by a one-element MACO allreduce that serves as the
-    barrier after which every rank's copies of that chunk have landed. Sums (reduce-scatter,
+``"ce"`` (the default when every rank is on this node and the GEMM has at least 2e11 flop;
+    with 3 or more ranks for gemm_reduce_scatter only, the one "ce" won on 4 H200s): a
+    workspace that every rank maps (:meth:`maco.Communicator.peer_views`, made at the first
+    call of a shape and kept) receives the chunks. The GEMMs run on the caller's current
+    stream; each chunk's copies into the peers' workspaces are cudaMemcpyAsync calls
+    (``maco_mem_copy_batch``, one library call per chunk) on a communication stream (the copy
+    engines: no SM is taken from cuBLAS), followed by a one-element MACO allreduce that serves
+    as the barrier after which every rank's copies of that chunk have landed. Sums (reduce-scatter,
     allreduce) are done by the owner from the gathered partial products, in fp32, in rank
     order, rounded once to the output type. A call starts with one such barrier (every rank
     has finished reading its workspace from the previous call).
 ``"seq"``: the GEMM, then MACO's collective, on the current stream (the sequential
-    baseline; used across nodes).
+    baseline; used across nodes, for small GEMMs, and for allreduce and allgather from 3
+    ranks). Each "ce" call costs about 0.2-0.3 ms of Python host time per chunk with 4 ranks
+    (0.1 ms with 2); captured in a CUDA graph it costs none.
 
 Streams and blocking: nothing blocks the host; the result is ordered on the caller's current
 stream. The workspace is per communicator and shape; calls on one communicator must come from
@@ -48,6 +52,10 @@ __all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_c
 # GEMMs smaller than this (2 M N K) take the sequential path by default: below it the copy
 # engines' pipeline lost to it on 2 H200s (its launches cost more host time than they hide).
 _CE_MIN_FLOP = 2.0e11
+# From this many ranks gemm_allreduce's "ce" path is a reduce-scatter then an allgather per
+# chunk (each rank sends 2 (ws - 1) / ws of the output, not ws - 1 times it); with 2 ranks the
+# one-step path (every rank sums both partials) moves as much with one barrier less.
+_AR_SPLIT_MIN_RANKS = 3
 
 # Per communicator: streams, the barrier's one-element tensor, and workspaces by name.
 _state: dict = {}
@@ -105,7 +113,7 @@ def _st(comm: Any, device: Any) -> dict:
 
     st = _state.get(id(comm))
     if st is None:
-        st = dict(comm=comm, device=device, ws={}, typed={},
+        st = dict(comm=comm, device=device, ws={}, typed={}, events=[],
                   side=torch.cuda.Stream(device=device, priority=-1),
                   flag=torch.zeros(1, dtype=torch.float32, device=device))
         _state[id(comm)] = st
@@ -149,8 +157,46 @@ def _typed_ws(st: dict, name: str, dtype: Any, shape: tuple, esz: int) -> tuple:
     return hit
 
 
-def _barrier(comm: Any, st: dict, stream: Any) -> None:
-    comm.allreduce(st["flag"], stream=stream)
+class _Pipe:
+    """One call's stream plumbing, at a few microseconds of host time per step: copies
+    through maco_mem_copy_batch (one library call for a chunk's copies), the barrier as a
+    direct one-element allreduce on the side stream, and events from a pool kept with the
+    communicator's state (an event may be recorded again once the waits on it are enqueued)."""
+
+    __slots__ = ("st", "cur", "side", "side_h", "n_ev", "_bar")
+
+    def __init__(self, st: dict, cur: Any):
+        self.st, self.cur, self.side = st, cur, st["side"]
+        self.side_h = self.side.cuda_stream
+        self.n_ev = 0
+        c, fa = st["comm"]._c, st["flag"].data_ptr()
+        self._bar = lambda: c.allreduce(fa, fa, 1, 8, 0, self.side_h)  # float32, SUM
+
+    def event(self, stream: Any) -> Any:
+        """A pooled event recorded on ``stream``."""
+        import torch
+
+        pool = self.st["events"]
+        if self.n_ev == len(pool):
+            pool.append(torch.cuda.Event())
+        ev = pool[self.n_ev]
+        self.n_ev += 1
+        ev.record(stream)
+        return ev
+
+    def side_waits(self) -> None:
+        """The side stream waits for the work on the current stream so far."""
+        self.side.wait_event(self.event(self.cur))
+
+    def copies(self, dst: list, src: list, nbytes: list) -> None:
+        """Enqueued on the side stream (the copy engines)."""
+        from . import _maco
+
+        _maco.mem_copy_batch(dst, src, nbytes, self.side_h)
+
+    def barrier(self) -> None:
+        """On the side stream: every rank's side-stream work enqueued before it is done."""
+        self._bar()
 
 
 def _bounds(rows: int, chunks: int) -> list:
@@ -190,11 +236,13 @@ def _check(x: Any, w: Any, name: str, chunks: Optional[int], method: Optional[st
         raise ValueError(f"maco.tp.{name}: method={method!r}; 'ce', 'seq' or None expected")
 
 
-def _method(comm: Any, method: Optional[str], flop: int) -> str:
+def _method(comm: Any, method: Optional[str], flop: int, pattern: str) -> str:
     if method is not None:
         return method
     if comm.size == 1 or flop < _CE_MIN_FLOP:
         return "seq"
+    if comm.size >= 3 and pattern != "gemm_reduce_scatter":
+        return "seq"  # on 4 H200s "ce" lost to GEMM then MACO's collective (performance.md)
     one = _one_node.get(comm)
     if one is None:
         here = comm.host_id(comm.rank)
@@ -239,16 +287,6 @@ def _out(out: Any, shape: tuple, dtype: Any, like: Any, name: str) -> Any:
     return out
 
 
-def _push(views: list, rank: int, dst: Any, src: Any, side: Any) -> None:
-    """On ``side``: src copied into dst(view) of every peer (``dst(v)`` picks the region)."""
-    import torch
-
-    with torch.cuda.stream(side):
-        for p, v in enumerate(views):
-            if p != rank:
-                dst(v).copy_(src, non_blocking=True)
-
-
 def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dtype: Any = None,
                    chunks: Optional[int] = None, method: Optional[str] = None) -> Any:
     """``out = allreduce(x @ w)`` (sum) over the communicator's ranks.
@@ -261,10 +299,13 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
         out_dtype: the product's and the sum's type; None: out's, else x's.
             ``torch.float32`` with bf16 inputs needs ``torch.mm(out_dtype=)`` (PyTorch 2.8+).
         chunks: row chunks of the pipeline; None: :func:`default_chunks`.
-        method: "ce", "seq" or None: "ce" where every rank is on this node and the GEMM has
-            at least 2e11 flop (2 M N K), else "seq" (see the module's docstring).
+        method: "ce", "seq" or None: "ce" where every rank is on this node, the GEMM has
+            at least 2e11 flop (2 M N K) and there are 2 ranks, else "seq" (see the module's
+            docstring).
     Returns: ``out``, ordered on the caller's current stream (no host blocking).
-    Workspace ("ce"): world size x M x N elements of ``out_dtype`` per rank.
+    Workspace ("ce"), elements of ``out_dtype`` per rank: 2 ranks, 2 x M x N (every rank
+        sums both partial products); 3 or more, about (ws + 1) x M / ws x N (a
+        reduce-scatter to each block's owner, then an allgather of the owners' sums).
     Raises:
         TypeError, ValueError: an argument of the wrong type, device, shape or layout (the
             message names it). Errors of the collectives as the Communicator raises them.
@@ -276,31 +317,99 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     ws, rank = comm.size, comm.rank
     m, n = x.shape[0], w.shape[1]
     out = _out(out, (m, n), out_dtype, x, "gemm_allreduce")
-    if _method(comm, method, 2 * m * n * x.shape[1]) == "seq":
+    if _method(comm, method, 2 * m * n * x.shape[1], "gemm_allreduce") == "seq":
         _mm(x, w, out)
         return comm.allreduce(out)
     st = _st(comm, x.device)
-    parts, views = _typed_ws(st, "ar", out.dtype, (ws, m, n), out.element_size())
     c = default_chunks("gemm_allreduce", m, ws) if chunks is None else chunks
     b = _bounds(m, c)
-    cur, side = torch.cuda.current_stream(x.device), st["side"]
-    side.wait_stream(cur)
-    _barrier(comm, st, side)  # every rank is done with its workspace of the last call
+    if ws >= _AR_SPLIT_MIN_RANKS:
+        return _gemm_allreduce_split(x, w, out, comm, st, b)
+    esz = out.element_size()
+    parts, views = _typed_ws(st, "ar", out.dtype, (ws, m, n), esz)
+    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    rowb = n * esz
+    mine = views[rank].data_ptr() + rank * m * rowb  # parts[rank], at this rank's index
+    dst = [v.data_ptr() + rank * m * rowb for p, v in enumerate(views) if p != rank]
+    pp.side_waits()
+    pp.barrier()  # every rank is done with its workspace of the last call
     done = []
     for i in range(len(b) - 1):
         lo, hi = b[i], b[i + 1]
         _mm(x[lo:hi], w, parts[rank, lo:hi])
-        side.wait_stream(cur)
-        _push(views, rank, lambda v, lo=lo, hi=hi: v[rank, lo:hi], parts[rank, lo:hi], side)
-        _barrier(comm, st, side)
-        ev = torch.cuda.Event()
-        ev.record(side)
-        done.append(ev)
+        pp.side_waits()
+        pp.copies([d + lo * rowb for d in dst], [mine + lo * rowb] * len(dst),
+                  [(hi - lo) * rowb] * len(dst))
+        pp.barrier()
+        done.append(pp.event(pp.side))
         if i > 0:  # the sum of the chunk before, behind this chunk's GEMM
-            cur.wait_event(done[i - 1])
+            pp.cur.wait_event(done[i - 1])
             _sum_into(parts[:, b[i - 1]:b[i]], out[b[i - 1]:b[i]])
-    cur.wait_event(done[-1])
+    pp.cur.wait_event(done[-1])
     _sum_into(parts[:, b[-2]:b[-1]], out[b[-2]:b[-1]])
+    return out
+
+
+def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list) -> Any:
+    """gemm_allreduce's "ce" path for 3 or more ranks: per chunk a reduce-scatter, then an
+    allgather. Chunk j's rows are cut in world-size blocks; block r goes to its owner, rank r
+    (pushed by the copy engines), which sums the ranks' partial products in rank order (fp32,
+    rounded once) into its mapped workspace; after a barrier every rank pulls each owner's sum
+    into ``out``. Each rank moves 2 (ws - 1) / ws of the output instead of ws - 1 times it,
+    and sums 1 / ws of it; every rank gets the owner's bits, so results agree on all ranks.
+    Workspace: (ws + 1) x ceil(M / ws) x N elements (received partials, the owner's sums)."""
+    import torch
+
+    ws, rank, n = comm.size, comm.rank, out.shape[1]
+    esz = out.element_size()
+    # blk[j][r]..blk[j][r + 1]: chunk j's rows owned by rank r; off[r][j]: where they sit in
+    # rank r's compact workspaces (its blocks of every chunk, one after another).
+    blk = [[lo + (hi - lo) * r // ws for r in range(ws + 1)] for lo, hi in zip(b, b[1:])]
+    off = []
+    for r in range(ws):
+        acc, row = 0, []
+        for bl in blk:
+            row.append(acc)
+            acc += bl[r + 1] - bl[r]
+        off.append(row + [acc])
+    cap = max(max(o[-1] for o in off), 1)
+    recv, rviews = _typed_ws(st, "ar", out.dtype, (ws, cap, n), esz)  # [source rank]
+    red, dviews = _typed_ws(st, "ar_sum", out.dtype, (cap, n), esz)   # this rank's sums
+    rowb = n * esz
+    ra = [v.data_ptr() + rank * cap * rowb for v in rviews]  # recv[rank] of every rank
+    da = [v.data_ptr() for v in dviews]
+    oa = out.data_ptr()
+    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    pp.side_waits()
+    pp.barrier()  # every rank is done with its workspaces of the last call
+    scattered, gathered = [], []
+
+    def reduce_and_gather(j: int) -> None:  # chunk j: sum this rank's block, then allgather
+        a, z, o = blk[j][rank], blk[j][rank + 1], off[rank][j]
+        pp.cur.wait_event(scattered[j])
+        if z > a:
+            _sum_into(recv[:, o:o + z - a], red[o:o + z - a])
+        pp.side_waits()
+        pp.barrier()  # every owner's sum of chunk j is in its workspace
+        bl = blk[j]
+        pp.copies([oa + bl[q] * rowb for q in range(ws)],
+                  [da[q] + off[q][j] * rowb for q in range(ws)],
+                  [(bl[q + 1] - bl[q]) * rowb for q in range(ws)])
+        gathered.append(pp.event(pp.side))
+
+    for j, bl in enumerate(blk):
+        _mm(x[bl[0]:bl[-1]], w, out[bl[0]:bl[-1]])  # the partial product, in out for now
+        pp.side_waits()
+        pp.copies([ra[r] + off[r][j] * rowb for r in range(ws)],
+                  [oa + bl[r] * rowb for r in range(ws)],
+                  [(bl[r + 1] - bl[r]) * rowb for r in range(ws)])
+        pp.barrier()  # every rank's partials of chunk j are with their owners
+        scattered.append(pp.event(pp.side))
+        if j > 0:  # the chunk before is summed behind this chunk's GEMM
+            reduce_and_gather(j - 1)
+    reduce_and_gather(len(blk) - 1)
+    for ev in gathered:
+        pp.cur.wait_event(ev)
     return out
 
 
@@ -333,7 +442,7 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
                          f"world size {ws}")
     s = m // ws
     out = _out(out, (s, n), out_dtype, x, "gemm_reduce_scatter")
-    if _method(comm, method, 2 * m * n * k) == "seq":
+    if _method(comm, method, 2 * m * n * k, "gemm_reduce_scatter") == "seq":
         partial = torch.empty((m, n), dtype=out.dtype, device=x.device)
         _mm(x, w, partial)
         return comm.reduce_scatter(partial, out=out)
@@ -344,9 +453,12 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
     xr = x.view(ws, s, k)
     c = 1 if chunks is None else chunks  # pieces per destination's block
     b = _bounds(s, c)
-    cur, side = torch.cuda.current_stream(x.device), st["side"]
-    side.wait_stream(cur)
-    _barrier(comm, st, side)
+    rowb = n * out.element_size()
+    dst = [v.data_ptr() + rank * s * rowb for v in views]  # recv[this rank] of each rank
+    sa = stage.data_ptr()
+    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    pp.side_waits()
+    pp.barrier()
     # Destinations in the order rank + 1, rank + 2, ..., rank: each block's copy to its owner
     # runs while the next block's GEMM computes; this rank's own block comes last.
     for d in range(1, ws + 1):
@@ -355,11 +467,10 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
             lo, hi = b[i], b[i + 1]
             _mm(xr[r, lo:hi], w, (recv[rank] if r == rank else stage[r])[lo:hi])
             if r != rank:
-                side.wait_stream(cur)
-                with torch.cuda.stream(side):
-                    views[r][rank, lo:hi].copy_(stage[r, lo:hi], non_blocking=True)
-    _barrier(comm, st, side)
-    cur.wait_stream(side)
+                pp.side_waits()
+                pp.copies([dst[r] + lo * rowb], [sa + (r * s + lo) * rowb], [(hi - lo) * rowb])
+    pp.barrier()
+    pp.cur.wait_event(pp.event(pp.side))
     _sum_into(recv, out)  # the current stream waited for the copies out of stage
     return out
 
@@ -384,7 +495,7 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     ws, rank = comm.size, comm.rank
     s, k, n = x.shape[0], x.shape[1], w.shape[1]
     out = _out(out, (ws * s, n), out_dtype, x, "allgather_gemm")
-    if _method(comm, method, 2 * ws * s * n * k) == "seq":
+    if _method(comm, method, 2 * ws * s * n * k, "allgather_gemm") == "seq":
         g = torch.empty((ws * s, k), dtype=x.dtype, device=x.device)
         comm.allgather(x, out=g)
         _mm(g, w, out)
@@ -394,20 +505,28 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     gathered, views = _typed_ws(st, "ag", x.dtype, (ws, s, k), x.element_size())
     c = default_chunks("allgather_gemm", ws * s, ws) if chunks is None else chunks
     b = _bounds(s, c)
-    cur, side = torch.cuda.current_stream(x.device), st["side"]
-    side.wait_stream(cur)
-    _barrier(comm, st, side)
+    rowb = k * x.element_size()
+    dst = [v.data_ptr() + rank * s * rowb for p, v in enumerate(views) if p != rank]
+    xa = x.data_ptr()
+    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    pp.side_waits()
+    pp.barrier()
     done = []
     for i in range(len(b) - 1):  # every chunk's copies up front, on the side stream
         lo, hi = b[i], b[i + 1]
-        _push(views, rank, lambda v, lo=lo, hi=hi: v[rank, lo:hi], x[lo:hi], side)
-        _barrier(comm, st, side)
-        ev = torch.cuda.Event()
-        ev.record(side)
-        done.append(ev)
+        pp.copies([d + lo * rowb for d in dst], [xa + lo * rowb] * len(dst),
+                  [(hi - lo) * rowb] * len(dst))
+        pp.barrier()
+        done.append(pp.event(pp.side))
     _mm(x, w, out[rank * s:(rank + 1) * s])  # this rank's rows need no copy
     for i, ev in enumerate(done):
-        cur.wait_event(ev)
+        pp.cur.wait_event(ev)
+        if len(done) == 1:  # the ranks before this one, then those after: two GEMMs
+            if rank > 0:
+                _mm(gathered[:rank].view(rank * s, k), w, out[:rank * s])
+            if rank < ws - 1:
+                _mm(gathered[rank + 1:].view((ws - rank - 1) * s, k), w, out[(rank + 1) * s:])
+            continue
         for r in range(ws):
             if r != rank:
                 _mm(gathered[r, b[i]:b[i + 1]], w, out[r * s + b[i]:r * s + b[i + 1]])

@@ -917,6 +917,22 @@ NB_MODULE(_maco, m)
         },
         nb::arg("m"), nb::arg("n"), nb::arg("workers"),
         "[(tile_row, tile_col, tile_n), ...] in the order to add them: maco_gemm_plan_tiles.");
+    m.def(
+        "mem_copy_batch",
+        [](const std::vector<uintptr_t> &dst, const std::vector<uintptr_t> &src,
+           const std::vector<size_t> &bytes, uintptr_t stream) {
+            if (dst.size() != src.size() || dst.size() != bytes.size())
+                throw nb::value_error("mem_copy_batch: dst, src and bytes differ in length");
+            std::vector<maco_mem_copy_t> copies(dst.size());
+            for (size_t i = 0; i < copies.size(); i++)
+                copies[i] = { ptr(dst[i]), ptr(src[i]), bytes[i] };
+            checked("maco_mem_copy_batch", nullptr, [&] {
+                return maco_mem_copy_batch(copies.data(), copies.size(), stream_of(stream));
+            });
+        },
+        nb::arg("dst"), nb::arg("src"), nb::arg("bytes"), nb::arg("stream"),
+        "cudaMemcpyAsync of bytes[i] from src[i] to dst[i] (addresses), in order, on stream "
+        "(a cudaStream_t): maco_mem_copy_batch.");
     m.def("unique_id", &unique_id_create,
           "A new 128-byte unique id; rank 0 of the job must be created in this process.");
     m.def(

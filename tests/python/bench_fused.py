@@ -156,6 +156,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "empty: leave maco.tp out)")
     p.add_argument("--pipe-ctas", default="0",
                    help="communicator CTA caps to try with maco.tp (0: no cap)")
+    p.add_argument("--tp-ar-split", default="",
+                   help="maco.tp gemm_allreduce: smallest world sizes for its reduce-scatter + "
+                        "allgather path to try, comma-separated (e.g. 3,99 tries it and the "
+                        "one-step path at 4 ranks; empty: the library's choice)")
     p.add_argument("--no-fused", action="store_true", help="leave out the persistent kernel")
     p.add_argument("--no-nccl", action="store_true", help="leave out the NCCL columns")
     p.add_argument("--no-asynctp", action="store_true", help="leave out PyTorch's async TP")
@@ -558,28 +562,32 @@ class Bench:
         fn = dict(gemm_allreduce=tp.gemm_allreduce, gemm_reduce_scatter=tp.gemm_reduce_scatter,
                   allgather_gemm=tp.allgather_gemm)[c["pattern"]]
         out = t.empty(c["out_shape"], dtype=tdt, device=self.dev)
-        cap0 = comm.max_ctas
+        cap0, split0 = comm.max_ctas, tp._AR_SPLIT_MIN_RANKS
+        splits = [int(v) for v in self.a.tp_ar_split.split(",") if v] \
+            if c["pattern"] == "gemm_allreduce" else []
         best, tried = None, {}
         try:
-            for ctas in self.a.pipe_ctas:
+            for ctas, ch, split in ((ctas, ch, split) for ctas in self.a.pipe_ctas
+                                    for ch in self.a.pipe_chunks for split in splits or [None]):
                 comm.set_max_ctas(ctas)
-                for ch in self.a.pipe_chunks:
-                    # 0: the operator's defaults (method and chunks), else "ce" with ch chunks
-                    kw = dict() if ch == 0 else dict(chunks=ch, method="ce")
-                    if not self.a.no_check:
-                        out.fill_(float("nan"))
-                        fn(x, w, comm, out=out, **kw)
-                        t.cuda.synchronize()
-                        self.check(f"{c['set']} {c['pattern']} M={c['m']} {dt} maco.tp "
-                                   f"chunks={ch} ctas={ctas}", out, ref, exact=False)
-                    ms = self.time_ms(lambda: fn(x, w, comm, out=out, **kw))
-                    tried[f"{ch}/{ctas}"] = ms
-                    if ch == 0 and ctas == self.a.pipe_ctas[0]:
-                        row["t_tp_default_ms"] = ms
-                    if best is None or ms < best[0]:
-                        best = (ms, ch, ctas)
+                tp._AR_SPLIT_MIN_RANKS = split0 if split is None else split
+                # 0: the operator's defaults (method and chunks), else "ce" with ch chunks
+                kw = dict() if ch == 0 else dict(chunks=ch, method="ce")
+                if not self.a.no_check:
+                    out.fill_(float("nan"))
+                    fn(x, w, comm, out=out, **kw)
+                    t.cuda.synchronize()
+                    self.check(f"{c['set']} {c['pattern']} M={c['m']} {dt} maco.tp "
+                               f"chunks={ch} ctas={ctas}", out, ref, exact=False)
+                ms = self.time_ms(lambda: fn(x, w, comm, out=out, **kw))
+                tried[f"{ch}/{ctas}" + ("" if split is None else f"/split{split}")] = ms
+                if ch == 0 and ctas == self.a.pipe_ctas[0] and split == (splits[0] if splits else None):
+                    row["t_tp_default_ms"] = ms
+                if best is None or ms < best[0]:
+                    best = (ms, ch, ctas)
         finally:
             comm.set_max_ctas(cap0)
+            tp._AR_SPLIT_MIN_RANKS = split0
         row["t_pipe_ms"], row["pipe_chunks"], row["pipe_ctas"] = best
         row["pipe_tried"] = tried
 

@@ -56,7 +56,7 @@ def test_persistent_kernel(ranks):
     assert out.count("PASS gpu_persistent") + out.count("SKIP gpu_persistent") == ranks
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_tp_operators(ranks):
     pytest.importorskip("torch")
     out = run([maco_run(), "-n", str(ranks), "--timeout", "200", sys.executable,

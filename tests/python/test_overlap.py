@@ -994,10 +994,13 @@ def _design_worker(rank, n, port, seed):
     dist.all_gather_object(weights, model.weight.detach())
     dataloader = [t(rank, 16 + i, (4, 64 // n)) for i in range(2)]
     outs = []
+    fusion_before = maco.config.get("fusion")
     with torch.no_grad(), maco.PersistentContext(model) as ctx:
+        out["fusion_inside"] = maco.config.get("fusion")
         for batch in dataloader:
             output = ctx.forward(batch)
             outs.append(output)
+    out["fusion_restored"] = maco.config.get("fusion") == fusion_before
     out["tplinear"] = all(torch.allclose(o, sum(t(r, 16 + i, (4, 64 // n)) @ weights[r].T
                                                 for r in range(n)), atol=1e-4)
                           for i, o in enumerate(outs))
@@ -1015,8 +1018,9 @@ def test_design_examples_run_as_written_on_gloo(port):
     for rank, out in enumerate(_run(_design_worker, 2, port,
                                     int.from_bytes(os.urandom(4), "little"))):
         for k in ("level1", "auto_overlap", "region", "pipeline", "ring", "scheduler",
-                  "per_op", "optimize", "tplinear"):
+                  "per_op", "optimize", "tplinear", "fusion_restored"):
             assert out[k] is True, (k, out)
+        assert out["fusion_inside"] == "persistent", out
         assert out["sm"] == {"num_workers": 96, "num_schedulers": 24, "num_comm_workers": 12}
         assert out["dynamic_inside"] == (12 if rank == 0 else 52) and \
             out["dynamic_after"] is None, out

@@ -54,10 +54,16 @@ class _Comm:
 
 def test_method_choice_per_communicator():
     one, two = _Comm(["a", "a"]), _Comm(["a", "b"])
-    assert tp._method(one, None, 10 ** 12) == "ce"
-    assert tp._method(two, None, 10 ** 12) == "seq"  # ranks on two nodes: no peer mapping
-    assert tp._method(one, None, 10 ** 9) == "seq"  # a small GEMM runs in sequence
-    assert tp._method(two, "ce", 10 ** 12) == "ce"  # an explicit method is kept
+    for pat in ("gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm"):
+        assert tp._method(one, None, 10 ** 12, pat) == "ce"
+        assert tp._method(two, None, 10 ** 12, pat) == "seq"  # two nodes: no peer mapping
+        assert tp._method(one, None, 10 ** 9, pat) == "seq"  # a small GEMM runs in sequence
+        assert tp._method(two, "ce", 10 ** 12, pat) == "ce"  # an explicit method is kept
     asked = one.asked
-    assert tp._method(one, None, 10 ** 12) == "ce" and one.asked == asked  # cached per object
-    assert tp._method(_Comm(["a"]), None, 10 ** 12) == "seq"  # one rank
+    assert tp._method(one, None, 10 ** 12, "gemm_allreduce") == "ce" and one.asked == asked
+    assert tp._method(_Comm(["a"]), None, 10 ** 12, "gemm_allreduce") == "seq"  # one rank
+    four = _Comm(["a"] * 4)  # 3 or more ranks: only reduce-scatter takes the copy engines
+    assert tp._method(four, None, 10 ** 12, "gemm_reduce_scatter") == "ce"
+    assert tp._method(four, None, 10 ** 12, "gemm_allreduce") == "seq"
+    assert tp._method(four, None, 10 ** 12, "allgather_gemm") == "seq"
+    assert tp._method(four, "ce", 10 ** 12, "allgather_gemm") == "ce"
