@@ -40,6 +40,8 @@ typedef struct maco_mem *maco_mem_t;
  * *ptr_p is the device address. Free with maco_mem_free(). Not collective. The memory is
  * registered with the communicator at once (as by maco_mem_register over all of it), so
  * collectives use it in place (maco/collectives.h); maco_mem_free ends that registration.
+ * Every GPU of this process with peer access to the communicator's device may read and write
+ * it as well (as ncclMemAlloc's memory): copies and kernels of another device reach it.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0), MACO_ERR_UNSUPPORTED (no GPU),
  * MACO_ERR_CUDA (the driver refused: out of memory, no VMM support; the message says).
  */
@@ -50,7 +52,8 @@ MACO_API maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr
  * allocation granularity, exportable to local peers by POSIX file descriptor), without a
  * communicator: on CUDA device `cuda_device`, or the calling thread's current device when it
  * is -1. Nothing is registered: maco_mem_register() it with a communicator to share it or to
- * have collectives use it in place. *ptr_p is the device address. Free with maco_mem_free()
+ * have collectives use it in place. Every GPU of this process with peer access to the device
+ * may read and write it. *ptr_p is the device address. Free with maco_mem_free()
  * (its `comm` may be NULL). Not blocking beyond the driver's calls. Thread-safe.
  * Errors: MACO_ERR_INVALID_ARGUMENT (ptr_p NULL, bytes 0, cuda_device outside [-1, number of
  * devices)), MACO_ERR_UNSUPPORTED (no usable CUDA device: the message says why),

@@ -36,6 +36,12 @@ def fused_scratch_bytes(kind: int, nranks: int, m: int, n: int, k: int, out_type
 def plan_gemm_tiles(m: int, n: int, workers: int) -> list[tuple[int, int, int]]:
     """[(tile_row, tile_col, tile_n), ...] in the order to add them: maco_gemm_plan_tiles."""
 
+def mem_copy_batch(dst: list[int], src: list[int], bytes: list[int], stream: int) -> None:
+    """
+    cudaMemcpyAsync of bytes[i] from src[i] to dst[i] (addresses), in order, on stream (a
+    cudaStream_t): maco_mem_copy_batch.
+    """
+
 def unique_id() -> bytes:
     """
     A new 128-byte unique id; rank 0 of the job must be created in this process.

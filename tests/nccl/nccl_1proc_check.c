@@ -278,6 +278,26 @@ static void registered_case(size_t count)
         if (a.device != i)
             FAIL("ncclMemAlloc with device %d current gave memory of device %d", i, a.device);
     }
+    /* A copy between one GPU's ncclMemAlloc buffers issued with another GPU current, on the
+     * owner's stream (nccl-tests' hypercube_perf does this; NCCL's memory allows it). */
+    g_step = "cudaMemcpyAsync between ncclMemAlloc buffers with another GPU current";
+    for (int i = 0; i < g_ndev; i++) {
+        int other = (i + 1) % g_ndev;
+        unsigned char got[64];
+        CHECK_CUDA(cudaSetDevice(i));
+        CHECK_CUDA(cudaMemset(win[i], 0x5A + i, bytes));
+        CHECK_CUDA(cudaMemset(reg[i], 0, bytes));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaSetDevice(other));
+        CHECK_CUDA(cudaMemcpyAsync(reg[i], win[i], bytes, cudaMemcpyDeviceToDevice, g_made[0][i]));
+        CHECK_CUDA(cudaStreamSynchronize(g_made[0][i]));
+        CHECK_CUDA(cudaMemcpy(got, (char *)reg[i] + bytes - sizeof(got), sizeof(got),
+                              cudaMemcpyDeviceToHost));
+        for (size_t b = 0; b < sizeof(got); b++)
+            if (got[b] != (unsigned char)(0x5A + i))
+                FAIL("device %d's copy with device %d current: byte %zu is 0x%02x, not 0x%02x", i,
+                     other, bytes - sizeof(got) + b, got[b], 0x5A + i);
+    }
     g_step = "ncclCommRegister with another GPU current";
     for (int i = 0; i < g_ndev; i++) {
         int other = (i + 1) % g_ndev;
@@ -397,8 +417,8 @@ int main(void)
     printf("PASS: sendrecv in place over the ring\n");
     for (int c = 0; c < 2; c++)
         registered_case(counts[c]);
-    printf("PASS: ncclMemAlloc buffers registered (ncclCommRegister, ncclCommWindowRegister) "
-           "with another GPU current, allreduce in place on them\n");
+    printf("PASS: ncclMemAlloc buffers copied and registered (ncclCommRegister, "
+           "ncclCommWindowRegister) with another GPU current, allreduce in place on them\n");
 
     g_step = "ncclCommDestroy";
     for (int i = 0; i < g_ndev; i++) {

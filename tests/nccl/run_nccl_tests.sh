@@ -164,11 +164,14 @@ summary="$out/summary.txt"
 : > "$summary"
 failed=0
 
-# Sums the #wrong columns of a log's result rows (size count type redop root, then time
-# algbw busbw #wrong twice); prints "wrong oob busbw".
+# Sums the #wrong columns of a log's result rows (size count type [redop] root, then time
+# algbw busbw #wrong twice: counted from the end, as hypercube_perf has no redop column;
+# large counts print as 2.09715e+06); prints "wrong oob busbw".
 parse() {
   awk '
-    /^ *[0-9]+ +[0-9]+ / && NF >= 13 { if ($9 ~ /^[0-9]+$/) w += $9; if ($13 ~ /^[0-9]+$/) w += $13; rows++ }
+    function num(x) { return x ~ /^[0-9]+(\.[0-9]+)?(e\+[0-9]+)?$/ }
+    /^ *[0-9]+ +[0-9]+ / && NF >= 12 {
+      if (num($(NF - 4))) w += $(NF - 4); if (num($NF)) w += $NF; rows++ }
     /Out of bounds values/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) oob = $i }
     /Avg bus bandwidth/ { bw = $NF }
     END { printf "%s %s %s\n", (rows ? w + 0 : "none"), (oob == "" ? "none" : oob), (bw == "" ? "none" : bw) }

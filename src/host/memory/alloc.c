@@ -56,6 +56,25 @@ static maco_status_t maco__mem_alloc_vmm(const char *what, int dev, size_t bytes
     mapped = 1;
     CUmemAccessDesc access = maco__rw_access(dev);
     MACO_CU_GOTO(st, fail, what, cuMemSetAccess, va, size, &access, 1);
+    /* Every GPU of the process with peer access to `dev` may read and write it too, as with
+     * ncclMemAlloc: a process driving several GPUs may copy between them with another device
+     * current (nccl-tests' hypercube_perf does); cuMem grants access per device. */
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        ndev = 0;
+    }
+    for (int peer = 0; peer < ndev; peer++) {
+        int can = 0;
+        if (peer == dev || cudaDeviceCanAccessPeer(&can, peer, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (!can)
+            continue;
+        CUmemAccessDesc pa = maco__rw_access(peer);
+        MACO_CU_GOTO(st, fail, what, cuMemSetAccess, va, size, &pa, 1);
+    }
     a = (maco__alloc_t *)calloc(1, sizeof(*a));
     if (a == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_MEM, "%s: no host memory", what);
