@@ -825,30 +825,10 @@ nb::object alloc_dlpack(const Comm &c, std::vector<int64_t> shape, int code, int
     return nb::steal(cap);
 }
 
-} // namespace
-
-#include "ep_bindings.h" /* expert parallelism (maco/ep.h): EpBuffer, bind_ep */
-
-NB_MODULE(_maco, m)
+/* The module-level functions: versions, names, the configuration table, plans, GEMM tiles,
+ * unique ids, groups, DLPack descriptors, copies. */
+void bind_functions(nb::module_ &m)
 {
-    m.doc() = "MACO's C API for the maco package (internal: use maco's Python API).";
-
-    maco_log_set_handler(log_handler, nullptr);
-
-    nb::register_exception_translator([](const std::exception_ptr &p, void *) {
-        try {
-            std::rethrow_exception(p);
-        } catch (const StatusError &e) {
-            nb::object errors = nb::module_::import_("maco._errors");
-            nb::object exc = errors.attr("_from_status")(e.status, e.message);
-            PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
-        }
-    });
-
-    m.attr("UNIQUE_ID_BYTES") = MACO_UNIQUE_ID_BYTES;
-    m.attr("DATATYPE_COUNT") = (int)MACO_DATATYPE_COUNT;
-    m.attr("REDOP_COUNT") = (int)MACO_REDOP_COUNT;
-
     m.def(
         "version", [] { return std::string(maco_version_string()); },
         "The C library's version, \"MAJOR.MINOR.PATCH\".");
@@ -961,7 +941,11 @@ NB_MODULE(_maco, m)
             return out;
         },
         "The configuration table: (name, type, default, unit, doc) for each MACO_* variable.");
+}
 
+/* Mem, Plan and PKernel: handles a Comm makes. */
+void bind_handles(nb::module_ &m)
+{
     nb::class_<Mem>(m, "Mem", "A registration of a buffer with a communicator (maco_mem_t).")
         .def_ro("address", &Mem::address)
         .def_ro("bytes", &Mem::bytes)
@@ -1022,11 +1006,14 @@ NB_MODULE(_maco, m)
         .def("write_trace", &PKernel::write_trace, nb::arg("path"))
         .def("summary", &PKernel::summary)
         .def("close", &PKernel::close);
+}
 
-    nb::class_<Comm>(m, "Comm", "A MACO communicator handle (maco_comm_t) and what owns it.")
-        .def_static("from_unique_id", &comm_from_unique_id, nb::arg("unique_id"), nb::arg("rank"),
-                    nb::arg("size"), nb::arg("device") = -1, nb::arg("timeout_ms") = -1,
-                    "Joins the job of `unique_id` and creates a communicator (collective).")
+/* Comm: creation, properties, errors, the bootstrap's barrier and allgather. */
+void bind_comm_core(nb::class_<Comm> &c)
+{
+    c.def_static("from_unique_id", &comm_from_unique_id, nb::arg("unique_id"), nb::arg("rank"),
+                 nb::arg("size"), nb::arg("device") = -1, nb::arg("timeout_ms") = -1,
+                 "Joins the job of `unique_id` and creates a communicator (collective).")
         .def_static("from_env", &comm_from_env, nb::arg("device") = -1,
                     "Creates a communicator from MACO_* or torchrun variables (collective).")
         .def("close", &Comm::close, "Drops this handle's reference to the communicator.")
@@ -1097,23 +1084,28 @@ NB_MODULE(_maco, m)
                     out.append(nb::bytes(buf.data() + each * (size_t)r, each));
                 return out;
             },
-            nb::arg("data"), "Gathers equally sized bytes from every rank (collective).")
-        .def(
-            "bootstrap_broadcast",
-            [](const Comm &c, nb::bytes data, int root) {
-                maco_bootstrap_t bs = comm_bootstrap(c);
-                uint64_t len = data.size();
-                checked("maco_bootstrap_broadcast", c.get(),
-                        [&] { return maco_bootstrap_broadcast(bs, root, &len, sizeof(len)); });
-                std::string buf(len, '\0');
-                if (c.query(maco_comm_get_rank, "rank") == root)
-                    std::memcpy(&buf[0], data.c_str(), len);
-                checked("maco_bootstrap_broadcast", c.get(), [&] {
-                    return maco_bootstrap_broadcast(bs, root, len ? &buf[0] : nullptr, len);
-                });
-                return nb::bytes(buf.data(), buf.size());
-            },
-            nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).")
+            nb::arg("data"), "Gathers equally sized bytes from every rank (collective).");
+}
+
+/* Comm: the bootstrap's broadcast, collectives, send/recv and memory registration. */
+void bind_comm_collectives(nb::class_<Comm> &c)
+{
+    c.def(
+         "bootstrap_broadcast",
+         [](const Comm &c, nb::bytes data, int root) {
+             maco_bootstrap_t bs = comm_bootstrap(c);
+             uint64_t len = data.size();
+             checked("maco_bootstrap_broadcast", c.get(),
+                     [&] { return maco_bootstrap_broadcast(bs, root, &len, sizeof(len)); });
+             std::string buf(len, '\0');
+             if (c.query(maco_comm_get_rank, "rank") == root)
+                 std::memcpy(&buf[0], data.c_str(), len);
+             checked("maco_bootstrap_broadcast", c.get(), [&] {
+                 return maco_bootstrap_broadcast(bs, root, len ? &buf[0] : nullptr, len);
+             });
+             return nb::bytes(buf.data(), buf.size());
+         },
+         nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).")
         .def(
             "allreduce",
             [](const Comm &c, uintptr_t s, uintptr_t r, size_t n, int d, int o, uintptr_t st) {
@@ -1228,28 +1220,34 @@ NB_MODULE(_maco, m)
                         [&] { return maco_mem_register(comm, ptr(p), bytes, &mem); });
                 return new Mem(c.st, mem, p, bytes);
             },
-            nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership)
-        .def(
-            "import_mem",
-            [](const Comm &c, nb::bytes handle) {
-                if (handle.size() != MACO_MEM_HANDLE_BYTES)
-                    throw nb::value_error(("handle: " + std::to_string(handle.size()) +
-                                           " bytes, a memory handle has " +
-                                           std::to_string(MACO_MEM_HANDLE_BYTES))
-                                              .c_str());
-                maco_comm_t comm = c.get();
-                maco_mem_t mem = nullptr;
-                void *p = nullptr;
-                size_t n = 0;
-                uint8_t h[MACO_MEM_HANDLE_BYTES];
-                memcpy(h, handle.c_str(), sizeof h);
-                checked("maco_mem_import", comm, [&] { return maco_mem_import(comm, h, &mem); });
-                maco_mem_get_pointer(mem, &p);
-                maco_mem_get_size(mem, &n);
-                return new Mem(c.st, mem, reinterpret_cast<uintptr_t>(p), n);
-            },
-            nb::arg("handle"), nb::rv_policy::take_ownership,
-            "Maps a local peer's registration (maco_mem_import); deregister() unmaps it.")
+            nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership);
+}
+
+/* Comm: imports, DLPack allocation, persistent kernels, plans, algorithm and CTA settings,
+ * statistics. */
+void bind_comm_resources(nb::class_<Comm> &c)
+{
+    c.def(
+         "import_mem",
+         [](const Comm &c, nb::bytes handle) {
+             if (handle.size() != MACO_MEM_HANDLE_BYTES)
+                 throw nb::value_error(("handle: " + std::to_string(handle.size()) +
+                                        " bytes, a memory handle has " +
+                                        std::to_string(MACO_MEM_HANDLE_BYTES))
+                                           .c_str());
+             maco_comm_t comm = c.get();
+             maco_mem_t mem = nullptr;
+             void *p = nullptr;
+             size_t n = 0;
+             uint8_t h[MACO_MEM_HANDLE_BYTES];
+             memcpy(h, handle.c_str(), sizeof h);
+             checked("maco_mem_import", comm, [&] { return maco_mem_import(comm, h, &mem); });
+             maco_mem_get_pointer(mem, &p);
+             maco_mem_get_size(mem, &n);
+             return new Mem(c.st, mem, reinterpret_cast<uintptr_t>(p), n);
+         },
+         nb::arg("handle"), nb::rv_policy::take_ownership,
+         "Maps a local peer's registration (maco_mem_import); deregister() unmaps it.")
         .def(
             "persistent_kernel", [](const Comm &c) { return new PKernel(c.st); },
             nb::rv_policy::take_ownership, "A new, empty PKernel on this communicator.")
@@ -1321,6 +1319,38 @@ NB_MODULE(_maco, m)
             },
             "(in-place launches, scratch launches) of the mesh kernels and the CTAs of the last "
             "collective kernel; synchronises the device.");
+}
+
+} // namespace
+
+#include "ep_bindings.h" /* expert parallelism (maco/ep.h): EpBuffer, bind_ep */
+
+NB_MODULE(_maco, m)
+{
+    m.doc() = "MACO's C API for the maco package (internal: use maco's Python API).";
+
+    maco_log_set_handler(log_handler, nullptr);
+
+    nb::register_exception_translator([](const std::exception_ptr &p, void *) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const StatusError &e) {
+            nb::object errors = nb::module_::import_("maco._errors");
+            nb::object exc = errors.attr("_from_status")(e.status, e.message);
+            PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
+        }
+    });
+
+    m.attr("UNIQUE_ID_BYTES") = MACO_UNIQUE_ID_BYTES;
+    m.attr("DATATYPE_COUNT") = (int)MACO_DATATYPE_COUNT;
+    m.attr("REDOP_COUNT") = (int)MACO_REDOP_COUNT;
+
+    bind_functions(m);
+    bind_handles(m);
+    nb::class_<Comm> comm(m, "Comm", "A MACO communicator handle (maco_comm_t) and what owns it.");
+    bind_comm_core(comm);
+    bind_comm_collectives(comm);
+    bind_comm_resources(comm);
 
     bind_ep(m);
 }
