@@ -99,6 +99,52 @@ static __global__ void exchange(const maco_memory_channel_device_t *chans, int n
     }
 }
 
+/* Why a rank without a CUDA device skips (the cause, then what to do). */
+static void print_skip_no_device(int rank, int nranks)
+{
+    char why[512];
+    (void)maco_cuda_device_count(why, sizeof(why));
+    printf("SKIP: rank %d of %d has no CUDA device, so no memory channel can be made (they "
+           "need GPUs): %s\n",
+           rank, nranks,
+           why[0] != '\0' ? why
+                          : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
+}
+
+/* Slot q of `buf` (device memory) must hold rank q's pattern, for every peer q whose signal
+ * arrived (h_status[q]). Returns how many peers failed or sent a wrong word, or -1 when a CUDA
+ * call failed (printed). `check` holds one slot (slot_bytes). */
+static int wrong_peers_of(const char *buf, uint64_t slot_bytes, int rank, int nranks,
+                          const int *h_status, uint32_t *check)
+{
+    int wrong = 0;
+    for (int q = 0; q < nranks; q++) {
+        if (q == rank)
+            continue;
+        if (h_status[q] != MACO_OK) {
+            fprintf(stderr, "memory_channel: rank %d: waiting for rank %d's signal: %s\n", rank, q,
+                    maco_status_string((maco_status_t)h_status[q]));
+            wrong++;
+            continue;
+        }
+        CUDA_CHECK(
+            cudaMemcpy(check, buf + (size_t)q * slot_bytes, slot_bytes, cudaMemcpyDeviceToHost));
+        for (uint64_t i = 0; i < slot_bytes / 4; i++) {
+            if (check[i] != pattern(q, i)) {
+                fprintf(stderr,
+                        "memory_channel: rank %d: word %llu from rank %d is 0x%08x, expected "
+                        "0x%08x\n",
+                        rank, (unsigned long long)i, q, check[i], pattern(q, i));
+                wrong++;
+                break;
+            }
+        }
+    }
+    return wrong;
+out:
+    return -1;
+}
+
 int main(void)
 {
     const uint64_t slot_bytes = 1 << 20; /* what each rank sends to each peer */
@@ -129,14 +175,7 @@ int main(void)
     MACO_CHECK(maco_comm_get_cuda_device(comm, &device));
     MACO_CHECK(maco_comm_get_bootstrap(comm, &bs));
     if (device < 0) {
-        char why[512];
-        (void)maco_cuda_device_count(why, sizeof(why)); /* the cause, then what to do */
-        printf("SKIP: rank %d of %d has no CUDA device, so no memory channel can be made (they "
-               "need GPUs): %s\n",
-               rank, nranks,
-               why[0] != '\0'
-                   ? why
-                   : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
+        print_skip_no_device(rank, nranks);
         rc = 0;
         goto out;
     }
@@ -217,29 +256,7 @@ int main(void)
     CUDA_CHECK(
         cudaMemcpy(h_status, d_status, (size_t)nranks * sizeof(*h_status), cudaMemcpyDeviceToHost));
 
-    /* Slot q must hold rank q's pattern, for every peer q. */
-    for (int q = 0; q < nranks; q++) {
-        if (q == rank)
-            continue;
-        if (h_status[q] != MACO_OK) {
-            fprintf(stderr, "memory_channel: rank %d: waiting for rank %d's signal: %s\n", rank, q,
-                    maco_status_string((maco_status_t)h_status[q]));
-            wrong_peers++;
-            continue;
-        }
-        CUDA_CHECK(
-            cudaMemcpy(check, buf + (size_t)q * slot_bytes, slot_bytes, cudaMemcpyDeviceToHost));
-        for (uint64_t i = 0; i < slot_bytes / 4; i++) {
-            if (check[i] != pattern(q, i)) {
-                fprintf(stderr,
-                        "memory_channel: rank %d: word %llu from rank %d is 0x%08x, expected "
-                        "0x%08x\n",
-                        rank, (unsigned long long)i, q, check[i], pattern(q, i));
-                wrong_peers++;
-                break;
-            }
-        }
-    }
+    wrong_peers = wrong_peers_of(buf, slot_bytes, rank, nranks, h_status, check);
     if (wrong_peers != 0)
         goto out;
     printf("memory_channel: rank %d of %d: %llu bytes from each of %d peers correct (%d CTAs)\n",

@@ -104,6 +104,74 @@ static __global__ void exchange(const maco_port_channel_device_t *chans, int nra
     }
 }
 
+/* Why a rank without a CUDA device skips (the cause, then what to do). */
+static void print_skip_no_device(int rank, int nranks)
+{
+    char why[512];
+    (void)maco_cuda_device_count(why, sizeof(why));
+    printf("SKIP: rank %d of %d has no CUDA device, so no port channel can be made here (this "
+           "example needs GPUs): %s\n",
+           rank, nranks,
+           why[0] != '\0' ? why
+                          : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
+}
+
+/* Slot q of `buf` (device memory) must hold rank q's pattern, for every peer q whose exchange
+ * succeeded on the device (h_status[q]). Returns how many peers failed or sent a wrong word,
+ * or -1 when a CUDA call failed (printed). `check` holds one slot (slot_bytes). */
+static int wrong_peers_of(const char *buf, uint64_t slot_bytes, int rank, int nranks,
+                          const int *h_status, uint32_t *check)
+{
+    int wrong = 0;
+    for (int q = 0; q < nranks; q++) {
+        if (q == rank)
+            continue;
+        if (h_status[q] != MACO_OK) {
+            fprintf(stderr,
+                    "port_channel: rank %d: exchange with rank %d failed on the device: %s\n", rank,
+                    q, maco_status_string((maco_status_t)h_status[q]));
+            wrong++;
+            continue;
+        }
+        CUDA_CHECK(
+            cudaMemcpy(check, buf + (size_t)q * slot_bytes, slot_bytes, cudaMemcpyDeviceToHost));
+        for (uint64_t i = 0; i < slot_bytes / 4; i++) {
+            if (check[i] != pattern(q, i)) {
+                fprintf(stderr,
+                        "port_channel: rank %d: word %llu from rank %d is 0x%08x, expected "
+                        "0x%08x\n",
+                        rank, (unsigned long long)i, q, check[i], pattern(q, i));
+                wrong++;
+                break;
+            }
+        }
+    }
+    return wrong;
+out:
+    return -1;
+}
+
+/* Step 3 of main: a started proxy in *proxy_p (set as soon as it exists, so that the caller
+ * tears it down on failure) and a CUDA-copy port channel to every peer q in chans[q], with its
+ * device handle in h_dev[q]. Returns 0, or -1 after printing the failed call. */
+static int open_channels(maco_comm_t comm, int rank, int nranks, maco_mem_t mine,
+                         const maco_mem_t *peers, maco_proxy_t *proxy_p, maco_port_channel_t *chans,
+                         maco_port_channel_device_t *h_dev)
+{
+    MACO_CHECK(maco_proxy_create(comm, proxy_p));
+    MACO_CHECK(maco_proxy_start(*proxy_p));
+    for (int q = 0; q < nranks; q++) {
+        if (q == rank)
+            continue;
+        MACO_CHECK(maco_port_channel_create(*proxy_p, q, MACO_TRANSPORT_CUDA_COPY, mine, peers[q],
+                                            &chans[q]));
+        MACO_CHECK(maco_port_channel_get_device_handle(chans[q], &h_dev[q]));
+    }
+    return 0;
+out:
+    return -1;
+}
+
 int main(void)
 {
     const uint64_t slot_bytes = 1 << 20; /* what each rank sends to each peer */
@@ -134,14 +202,7 @@ int main(void)
     MACO_CHECK(maco_comm_get_cuda_device(comm, &device));
     MACO_CHECK(maco_comm_get_bootstrap(comm, &bs));
     if (device < 0) {
-        char why[512];
-        (void)maco_cuda_device_count(why, sizeof(why)); /* the cause, then what to do */
-        printf("SKIP: rank %d of %d has no CUDA device, so no port channel can be made here (this "
-               "example needs GPUs): %s\n",
-               rank, nranks,
-               why[0] != '\0'
-                   ? why
-                   : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
+        print_skip_no_device(rank, nranks);
         rc = 0;
         goto out;
     }
@@ -190,15 +251,8 @@ int main(void)
     /* 3. A proxy thread for this rank's GPU, and one channel per peer on it. Creation is
      * pairwise collective (the two ranks exchange semaphore ids): every rank creates its
      * channels in the same order, peer 0 first. */
-    MACO_CHECK(maco_proxy_create(comm, &proxy));
-    MACO_CHECK(maco_proxy_start(proxy));
-    for (int q = 0; q < nranks; q++) {
-        if (q == rank)
-            continue;
-        MACO_CHECK(maco_port_channel_create(proxy, q, MACO_TRANSPORT_CUDA_COPY, mine, peers[q],
-                                            &chans[q]));
-        MACO_CHECK(maco_port_channel_get_device_handle(chans[q], &h_dev[q]));
-    }
+    if (open_channels(comm, rank, nranks, mine, peers, &proxy, chans, h_dev) != 0)
+        goto out;
     CUDA_CHECK(cudaMalloc((void **)&d_dev, (size_t)nranks * sizeof(*d_dev)));
     CUDA_CHECK(cudaMemcpy(d_dev, h_dev, (size_t)nranks * sizeof(*d_dev), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMalloc((void **)&d_status, (size_t)nranks * sizeof(*d_status)));
@@ -208,8 +262,7 @@ int main(void)
      * 1), hence the barrier. Co-residency (see the kernel): at most `ctas` CTAs. */
     MACO_CHECK(maco_comm_get_coresident_ctas(comm, &ctas));
     if (ctas < 1) {
-        fprintf(stderr, "port_channel: rank %d: maco_comm_get_coresident_ctas gave %d\n", rank,
-                ctas);
+        fprintf(stderr, "port_channel: rank %d: %d co-resident CTAs\n", rank, ctas);
         goto out;
     }
     grid = nranks - 1 < ctas ? nranks - 1 : ctas;
@@ -228,30 +281,7 @@ int main(void)
     CUDA_CHECK(
         cudaMemcpy(h_status, d_status, (size_t)nranks * sizeof(*h_status), cudaMemcpyDeviceToHost));
 
-    /* Slot q must hold rank q's pattern, for every peer q. */
-    for (int q = 0; q < nranks; q++) {
-        if (q == rank)
-            continue;
-        if (h_status[q] != MACO_OK) {
-            fprintf(stderr,
-                    "port_channel: rank %d: exchange with rank %d failed on the device: %s\n", rank,
-                    q, maco_status_string((maco_status_t)h_status[q]));
-            wrong_peers++;
-            continue;
-        }
-        CUDA_CHECK(
-            cudaMemcpy(check, buf + (size_t)q * slot_bytes, slot_bytes, cudaMemcpyDeviceToHost));
-        for (uint64_t i = 0; i < slot_bytes / 4; i++) {
-            if (check[i] != pattern(q, i)) {
-                fprintf(stderr,
-                        "port_channel: rank %d: word %llu from rank %d is 0x%08x, expected "
-                        "0x%08x\n",
-                        rank, (unsigned long long)i, q, check[i], pattern(q, i));
-                wrong_peers++;
-                break;
-            }
-        }
-    }
+    wrong_peers = wrong_peers_of(buf, slot_bytes, rank, nranks, h_status, check);
     if (wrong_peers != 0)
         goto out;
     printf("port_channel: rank %d of %d: %llu bytes from each of %d peers correct (%d CTAs)\n",
