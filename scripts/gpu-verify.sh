@@ -17,6 +17,8 @@
 #                torch + NCCL, async TP, the overlap API's variants; TP_LAYER_ARGS adds flags)
 #   tp-mlp       python-bindings/examples/tp_mlp.py under torchrun at N ranks, with its trace
 #   ep-bench     bench_ep at N ranks (dispatch and combine, both shapes; EP_ARGS adds flags)
+#   tp-probe     tests/python/bench_tp_probe.py at N ranks: host and GPU time of each maco.tp
+#                path, eager and in a CUDA graph (PROBE_ARGS adds flags)
 #   nccl-1proc   one process driving every GPU through MACO's libnccl: ctest gpu_nccl_1proc
 #                (CuPy's sequence on every stream kind, in-place sendrecv, registration with
 #                another GPU current), gpu_nccl_cupy, gpu_1proc_2; the p2p suite (in-place
@@ -91,6 +93,11 @@ for stage in "$@"; do
     bounded "tp-mlp-$n" 150 python3 -m torch.distributed.run --nproc-per-node "$n" \
       python-bindings/examples/tp_mlp.py --trace "$OUT/tp_mlp_trace.json"
     ;;
+  tp-probe)
+    # shellcheck disable=SC2086
+    bounded "tp-probe-$n" 240 python3 -m torch.distributed.run --nproc-per-node "$n" \
+      tests/python/bench_tp_probe.py ${PROBE_ARGS:-}
+    ;;
   ep-bench)
     # shellcheck disable=SC2086
     bounded "ep-bench-$n" 200 "$R" -n "$n" $mps --timeout 190 "$B/tests/bench_ep" ${EP_ARGS:-}
@@ -149,7 +156,7 @@ done
 for f in "$OUT"/p2p-*.txt; do
   [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -E 'PASSED|FAILED' "$f" | head -4; }
 done
-for f in "$OUT"/tp-layer-*.txt "$OUT"/tp-mlp-*.txt "$OUT"/ep-bench-*.txt; do
+for f in "$OUT"/tp-layer-*.txt "$OUT"/tp-mlp-*.txt "$OUT"/ep-bench-*.txt "$OUT"/tp-probe-*.txt; do
   [ -f "$f" ] && { echo "== $(basename "$f" .txt)"; grep -vE '^\[|^ *$|Warning|warn' "$f" | tail -25; }
 done
 [ -f "$OUT/nccl-tests-summary.txt" ] && { echo "== nccl-tests"; cat "$OUT/nccl-tests-summary.txt"; }
