@@ -28,6 +28,8 @@
 #include <maco/device/memory_channel.h>
 #include <maco/maco.h>
 
+#include "../common/slots.cuh"
+
 #define MACO_CHECK(call)                                                                           \
     do {                                                                                           \
         maco_status_t st_ = (call);                                                                \
@@ -47,19 +49,6 @@
             goto out;                                                                              \
         }                                                                                          \
     } while (0)
-
-/* Word i of rank q's slot. */
-static __host__ __device__ uint32_t pattern(int q, uint64_t i)
-{
-    return (uint32_t)q * 0x9E3779B1u ^ (uint32_t)i;
-}
-
-static __global__ void fill_slot(uint32_t *slot, uint64_t words, int rank)
-{
-    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < words;
-         i += (uint64_t)gridDim.x * blockDim.x)
-        slot[i] = pattern(rank, i);
-}
 
 /*
  * chans[q] is the channel to peer q (chans[rank] is unused). The peers are numbered
@@ -99,52 +88,6 @@ static __global__ void exchange(const maco_memory_channel_device_t *chans, int n
     }
 }
 
-/* Why a rank without a CUDA device skips (the cause, then what to do). */
-static void print_skip_no_device(int rank, int nranks)
-{
-    char why[512];
-    (void)maco_cuda_device_count(why, sizeof(why));
-    printf("SKIP: rank %d of %d has no CUDA device, so no memory channel can be made (they "
-           "need GPUs): %s\n",
-           rank, nranks,
-           why[0] != '\0' ? why
-                          : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
-}
-
-/* Slot q of `buf` (device memory) must hold rank q's pattern, for every peer q whose signal
- * arrived (h_status[q]). Returns how many peers failed or sent a wrong word, or -1 when a CUDA
- * call failed (printed). `check` holds one slot (slot_bytes). */
-static int wrong_peers_of(const char *buf, uint64_t slot_bytes, int rank, int nranks,
-                          const int *h_status, uint32_t *check)
-{
-    int wrong = 0;
-    for (int q = 0; q < nranks; q++) {
-        if (q == rank)
-            continue;
-        if (h_status[q] != MACO_OK) {
-            fprintf(stderr, "memory_channel: rank %d: waiting for rank %d's signal: %s\n", rank, q,
-                    maco_status_string((maco_status_t)h_status[q]));
-            wrong++;
-            continue;
-        }
-        CUDA_CHECK(
-            cudaMemcpy(check, buf + (size_t)q * slot_bytes, slot_bytes, cudaMemcpyDeviceToHost));
-        for (uint64_t i = 0; i < slot_bytes / 4; i++) {
-            if (check[i] != pattern(q, i)) {
-                fprintf(stderr,
-                        "memory_channel: rank %d: word %llu from rank %d is 0x%08x, expected "
-                        "0x%08x\n",
-                        rank, (unsigned long long)i, q, check[i], pattern(q, i));
-                wrong++;
-                break;
-            }
-        }
-    }
-    return wrong;
-out:
-    return -1;
-}
-
 int main(void)
 {
     const uint64_t slot_bytes = 1 << 20; /* what each rank sends to each peer */
@@ -175,7 +118,7 @@ int main(void)
     MACO_CHECK(maco_comm_get_cuda_device(comm, &device));
     MACO_CHECK(maco_comm_get_bootstrap(comm, &bs));
     if (device < 0) {
-        print_skip_no_device(rank, nranks);
+        print_skip_no_device("no memory channel can be made (they need GPUs)", rank, nranks);
         rc = 0;
         goto out;
     }
@@ -256,7 +199,8 @@ int main(void)
     CUDA_CHECK(
         cudaMemcpy(h_status, d_status, (size_t)nranks * sizeof(*h_status), cudaMemcpyDeviceToHost));
 
-    wrong_peers = wrong_peers_of(buf, slot_bytes, rank, nranks, h_status, check);
+    wrong_peers = wrong_peers_of("memory_channel", "no signal from", buf, slot_bytes, rank, nranks,
+                                 h_status, check);
     if (wrong_peers != 0)
         goto out;
     printf("memory_channel: rank %d of %d: %llu bytes from each of %d peers correct (%d CTAs)\n",
