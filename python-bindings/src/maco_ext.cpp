@@ -1328,6 +1328,11 @@ void bind_comm_resources(nb::class_<Comm> &c)
 NB_MODULE(_maco, m)
 {
     m.doc() = "MACO's C API for the maco package (internal: use maco's Python API).";
+    /* Communicators, registrations and persistent kernels held by module-level caches (maco.tp's
+     * workspaces, maco.compile's kernels, torch.compile's graphs) may still be alive when the
+     * interpreter tears the module down; nanobind would then print "leaked ... instances" and
+     * blame the bindings at every exit (seen under torchrun). The process's exit releases them. */
+    nb::set_leak_warnings(false);
 
     maco_log_set_handler(log_handler, nullptr);
 
