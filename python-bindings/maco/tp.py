@@ -350,6 +350,23 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     return out
 
 
+def _split_layout(b: list, ws: int) -> tuple:
+    """The row layout of gemm_allreduce's reduce-scatter + allgather form, for chunk bounds
+    ``b`` (from :func:`_bounds`) and ``ws`` ranks: (blk, off, cap). blk[j][r]..blk[j][r + 1]
+    are chunk j's rows owned by rank r (ws near-equal blocks, in rank order); off[r][j] is where
+    they sit in rank r's compact workspaces (its blocks of every chunk one after another;
+    off[r][-1] is its total); cap is the largest total (at least 1): the workspaces' rows."""
+    blk = [[lo + (hi - lo) * r // ws for r in range(ws + 1)] for lo, hi in zip(b, b[1:])]
+    off = []
+    for r in range(ws):
+        acc, row = 0, []
+        for bl in blk:
+            row.append(acc)
+            acc += bl[r + 1] - bl[r]
+        off.append(row + [acc])
+    return blk, off, max(max(o[-1] for o in off), 1)
+
+
 def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list) -> Any:
     """gemm_allreduce's "ce" path for 3 or more ranks: per chunk a reduce-scatter, then an
     allgather. Chunk j's rows are cut in world-size blocks; block r goes to its owner, rank r
@@ -362,17 +379,7 @@ def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list
 
     ws, rank, n = comm.size, comm.rank, out.shape[1]
     esz = out.element_size()
-    # blk[j][r]..blk[j][r + 1]: chunk j's rows owned by rank r; off[r][j]: where they sit in
-    # rank r's compact workspaces (its blocks of every chunk, one after another).
-    blk = [[lo + (hi - lo) * r // ws for r in range(ws + 1)] for lo, hi in zip(b, b[1:])]
-    off = []
-    for r in range(ws):
-        acc, row = 0, []
-        for bl in blk:
-            row.append(acc)
-            acc += bl[r + 1] - bl[r]
-        off.append(row + [acc])
-    cap = max(max(o[-1] for o in off), 1)
+    blk, off, cap = _split_layout(b, ws)
     recv, rviews = _typed_ws(st, "ar", out.dtype, (ws, cap, n), esz)  # [source rank]
     red, dviews = _typed_ws(st, "ar_sum", out.dtype, (cap, n), esz)   # this rank's sums
     rowb = n * esz

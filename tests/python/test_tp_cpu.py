@@ -1,6 +1,7 @@
 """maco.tp without a GPU: argument checks name the argument, chunk arithmetic covers every row
 once. The operators themselves are checked on GPUs by gpu_tp.py (test_gpu.py)."""
 
+import os
 import random
 
 import pytest
@@ -67,3 +68,27 @@ def test_method_choice_per_communicator():
     assert tp._method(four, None, 10 ** 12, "gemm_allreduce") == "seq"
     assert tp._method(four, None, 10 ** 12, "allgather_gemm") == "seq"
     assert tp._method(four, "ce", 10 ** 12, "allgather_gemm") == "ce"
+
+
+def test_split_layout_covers_every_row_once():
+    """gemm_allreduce's reduce-scatter + allgather layout: every output row is owned by exactly
+    one rank in exactly one chunk, each owner's rows sit back to back in its workspace, and the
+    workspace (cap rows) holds the largest owner's share, for random row counts, chunk counts
+    and world sizes (uneven blocks and chunks with fewer rows than ranks included)."""
+    rnd = random.Random(int.from_bytes(os.urandom(4), "little"))
+    for _ in range(300):
+        m, ws, chunks = rnd.randint(1, 5000), rnd.randint(2, 8), rnd.randint(1, 9)
+        b = tp._bounds(m, chunks)
+        blk, off, cap = tp._split_layout(b, ws)
+        owner = [None] * m
+        for j, bl in enumerate(blk):
+            assert bl[0] == b[j] and bl[-1] == b[j + 1] and bl == sorted(bl)
+            for r in range(ws):
+                for row in range(bl[r], bl[r + 1]):
+                    assert owner[row] is None, (m, ws, chunks, row)
+                    owner[row] = (r, off[r][j] + row - bl[r])
+        assert None not in owner, (m, ws, chunks)
+        for r in range(ws):
+            slots = sorted(s for o, s in owner if o == r)
+            assert slots == list(range(off[r][-1])), (m, ws, chunks, r)
+        assert cap == max(1, max(o[-1] for o in off)) and cap <= m // ws + len(blk)
