@@ -43,7 +43,8 @@ typedef struct maco_mem *maco_mem_t;
  * Every GPU of this process with peer access to the communicator's device may read and write
  * it as well (as ncclMemAlloc's memory): copies and kernels of another device reach it.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0), MACO_ERR_UNSUPPORTED (no GPU),
- * MACO_ERR_CUDA (the driver refused: out of memory, no VMM support; the message says).
+ * MACO_ERR_CUDA (the driver refused: out of memory, no VMM support, access for a peer GPU;
+ * the message says, naming the devices).
  */
 MACO_API maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p);
 
@@ -150,10 +151,14 @@ typedef struct maco_mem_copy {
  * CUDA graph. The caller orders the copies against other streams and the peers' use of their
  * buffers (e.g. a collective on the stream as a barrier). Thread-safe.
  *
+ * `copies` (count entries, sizes in bytes) is read during the call only and stays the caller's;
+ * so do the buffers, which must stay valid until the copies are done on `stream`.
+ *
  * Errors (nothing is enqueued when the arguments are refused):
  *   MACO_ERR_INVALID_ARGUMENT: `copies` NULL with count > 0; count above
- *     MACO_MEM_COPY_BATCH_MAX; an entry with bytes > 0 and a NULL dst or src, or whose source
- *     and destination ranges overlap (the message names the entry's index).
+ *     MACO_MEM_COPY_BATCH_MAX; an entry with bytes > 0 and a NULL dst or src, a range that runs
+ *     past the end of the address space, or source and destination ranges that overlap (the
+ *     message names the entry's index).
  *   MACO_ERR_CUDA: cudaMemcpyAsync refused entry i (e.g. an address CUDA does not know, a
  *     destroyed stream): the message names i and CUDA's error; entries before i are enqueued.
  */

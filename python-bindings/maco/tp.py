@@ -46,6 +46,8 @@ import atexit
 import weakref
 from typing import Any, Optional
 
+from ._types import DataType, ReduceOp
+
 __all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_chunks",
            "release_workspaces"]
 
@@ -170,7 +172,8 @@ class _Pipe:
         self.side_h = self.side.cuda_stream
         self.n_ev = 0
         c, fa = st["comm"]._c, st["flag"].data_ptr()
-        self._bar = lambda: c.allreduce(fa, fa, 1, 8, 0, self.side_h)  # float32, SUM
+        dt, op = int(DataType.FLOAT32), int(ReduceOp.SUM)
+        self._bar = lambda: c.allreduce(fa, fa, 1, dt, op, self.side_h)
 
     def event(self, stream: Any) -> Any:
         """A pooled event recorded on ``stream``."""

@@ -902,7 +902,11 @@ void bind_functions(nb::module_ &m)
         [](const std::vector<uintptr_t> &dst, const std::vector<uintptr_t> &src,
            const std::vector<size_t> &bytes, uintptr_t stream) {
             if (dst.size() != src.size() || dst.size() != bytes.size())
-                throw nb::value_error("mem_copy_batch: dst, src and bytes differ in length");
+                throw nb::value_error(("mem_copy_batch: dst, src and bytes differ in length (" +
+                                       std::to_string(dst.size()) + ", " +
+                                       std::to_string(src.size()) + ", " +
+                                       std::to_string(bytes.size()) + ")")
+                                          .c_str());
             std::vector<maco_mem_copy_t> copies(dst.size());
             for (size_t i = 0; i < copies.size(); i++)
                 copies[i] = { ptr(dst[i]), ptr(src[i]), bytes[i] };

@@ -73,7 +73,15 @@ static maco_status_t maco__mem_alloc_vmm(const char *what, int dev, size_t bytes
         if (!can)
             continue;
         CUmemAccessDesc pa = maco__rw_access(peer);
-        MACO_CU_GOTO(st, fail, what, cuMemSetAccess, va, size, &pa, 1);
+        CUresult r = maco__cu()->cuMemSetAccess(va, size, &pa, 1); /* present: used above */
+        if (r != CUDA_SUCCESS) {
+            char txt[160];
+            st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_MEM,
+                             "%s: granting device %d access to %zu bytes of device %d "
+                             "(cuMemSetAccess) failed: %s",
+                             what, peer, size, dev, maco__cu_error_text(r, txt, sizeof(txt)));
+            goto fail;
+        }
     }
     a = (maco__alloc_t *)calloc(1, sizeof(*a));
     if (a == NULL) {

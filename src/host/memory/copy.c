@@ -5,6 +5,13 @@
 #include "src/host/base/log.h"
 #include "src/host/cuda/cuda_util.h"
 
+/* The range [p, p + bytes) runs past the end of the address space. */
+static int range_wraps(const void *p, size_t bytes)
+{
+    return (uintptr_t)p > UINTPTR_MAX - bytes;
+}
+
+/* Called only for ranges that do not wrap. */
 static int ranges_overlap(const maco_mem_copy_t *c)
 {
     uintptr_t d = (uintptr_t)c->dst, s = (uintptr_t)c->src;
@@ -30,6 +37,12 @@ maco_status_t maco_mem_copy_batch(const maco_mem_copy_t *copies, size_t count, m
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                "maco_mem_copy_batch: copies[%zu] has a NULL %s and %zu bytes", i,
                                c->dst == NULL ? "dst" : "src", c->bytes);
+        if (range_wraps(c->dst, c->bytes) || range_wraps(c->src, c->bytes))
+            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
+                               "maco_mem_copy_batch: copies[%zu]: %zu bytes at %s %p run past the "
+                               "end of the address space",
+                               i, c->bytes, range_wraps(c->dst, c->bytes) ? "dst" : "src",
+                               range_wraps(c->dst, c->bytes) ? c->dst : c->src);
         if (ranges_overlap(c))
             return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_MEM,
                                "maco_mem_copy_batch: copies[%zu]: its %zu bytes at src %p and "
