@@ -38,9 +38,10 @@ enum {
  *   ll_offset       LL16 scratch: [parity 2][source rank n][ll_slot_bytes]
  *   rsag_offset     rsag scratch: [slot rsag_slots][IN n | OUT n][rsag_piece_max bytes]
  *   p2p_ctr_offset  send/recv sequence counters: u64 sent[peer n][lane], u64 recvd[peer n][lane]
- *   p2p_hdr_offset  chunk headers: [source rank n][lane][slot MACO__P2P_SLOTS] x 16 bytes (LL16)
- *   p2p_ll_offset   LL payload:    [source rank n][lane][slot] x MACO__P2P_LL_SLOT bytes
- *   p2p_cp_offset   copy payload:  [source rank n][lane][slot] x p2p_cp_slot_bytes
+ *   p2p_hdr_offset  chunk headers: [source n - 1][lane][slot MACO__P2P_SLOTS] x 16 bytes (LL16)
+ *   p2p_ll_offset   LL payload:    [source n - 1][lane][slot] x MACO__P2P_LL_SLOT bytes
+ *   p2p_cp_offset   copy payload:  [source n - 1][lane][slot] x p2p_cp_slot_bytes
+ *                   (the sources are the peers: maco__p2p_src_index in p2p_plan.h)
  * Offsets are multiples of 256 bytes. The sizes come from MACO_ALLREDUCE_ONESHOT_MAX,
  * MACO_SCRATCH_SIZE, MACO_ALLREDUCE_RSAG_CTAS, MACO_P2P_LANES and MACO_P2P_CHUNK_SIZE, which
  * must agree on all ranks (checked at creation).
@@ -52,7 +53,7 @@ typedef struct maco__coll_layout {
     int rsag_slots; /* MACO_ALLREDUCE_RSAG_CTAS */
     int p2p_lanes;  /* MACO_P2P_LANES */
     size_t p2p_ctr_offset, p2p_hdr_offset, p2p_ll_offset, p2p_cp_offset;
-    size_t p2p_chunk;         /* MACO_P2P_CHUNK_SIZE: copy-mode payload per chunk */
+    size_t p2p_chunk;         /* copy-mode slot payload: MACO_P2P_CHUNK_SIZE, or automatic */
     size_t p2p_cp_slot_bytes; /* p2p_chunk + 16 (the skew), rounded up to 256 */
     /* Across nodes (hier.cuh): per CTA slot, hier_regions regions of hier_piece_max bytes
      * in the collectives buffer (IN, OUT) and 3 * nodes in the rail buffer in pinned host

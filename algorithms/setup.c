@@ -32,6 +32,21 @@ static size_t maco__align_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
+/* MACO_P2P_CHUNK_SIZE=0 (the default): the largest power of two from 16 KiB to
+ * MACO__P2P_AUTO_CHUNK_MAX whose copy slots for `srcs` peers and `lanes` lanes fit
+ * MACO__P2P_AUTO_BYTES (2x H200: 512 KiB chunks on 32 lanes reached 0.98-1.01x NCCL's
+ * send/recv at 1 GiB where 128 KiB reached 0.67x; docs/performance.md, 2026-11-27). */
+enum { MACO__P2P_AUTO_CHUNK_MAX = 512 << 10 };
+#define MACO__P2P_AUTO_BYTES ((size_t)64 << 20)
+static size_t maco__p2p_auto_chunk(size_t srcs, size_t lanes)
+{
+    size_t chunk = MACO__P2P_AUTO_CHUNK_MAX;
+    while (chunk > ((size_t)16 << 10) &&
+           srcs * lanes * MACO__P2P_SLOTS * chunk > MACO__P2P_AUTO_BYTES)
+        chunk /= 2;
+    return chunk;
+}
+
 /* The layout for `nranks` ranks on this node and `nnodes` nodes (algorithms.h). */
 static void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes,
                               const maco__coll_sizes_t *z)
@@ -53,18 +68,20 @@ static void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes,
         piece = 256;
     l->rsag_piece_max = piece;
     l->rsag_slot_bytes = 2 * (size_t)nranks * piece;
-    /* send/recv and all-to-all (p2p_kernels.cu): per source rank, lane and slot. */
+    /* send/recv and all-to-all (p2p_kernels.cu): per source rank (the n - 1 peers), lane and
+     * slot. */
     size_t n = (size_t)nranks, lanes = (size_t)z->p2p_lanes, slots = MACO__P2P_SLOTS;
+    size_t srcs = n > 1 ? n - 1 : 0;
     l->p2p_lanes = z->p2p_lanes;
-    l->p2p_chunk = z->p2p_chunk;
-    l->p2p_cp_slot_bytes = maco__align_up(z->p2p_chunk + 16, 256);
+    l->p2p_chunk = z->p2p_chunk != 0 ? z->p2p_chunk : maco__p2p_auto_chunk(srcs, lanes);
+    l->p2p_cp_slot_bytes = maco__align_up(l->p2p_chunk + 16, 256);
     l->p2p_ctr_offset =
         maco__align_up(l->rsag_offset + (size_t)rsag_slots * l->rsag_slot_bytes, 256);
     l->p2p_hdr_offset = maco__align_up(l->p2p_ctr_offset + 2 * n * lanes * sizeof(uint64_t), 256);
-    l->p2p_ll_offset = maco__align_up(l->p2p_hdr_offset + n * lanes * slots * 16, 256);
+    l->p2p_ll_offset = maco__align_up(l->p2p_hdr_offset + srcs * lanes * slots * 16, 256);
     l->p2p_cp_offset =
-        maco__align_up(l->p2p_ll_offset + n * lanes * slots * MACO__P2P_LL_SLOT, 256);
-    size_t end = l->p2p_cp_offset + n * lanes * slots * l->p2p_cp_slot_bytes;
+        maco__align_up(l->p2p_ll_offset + srcs * lanes * slots * MACO__P2P_LL_SLOT, 256);
+    size_t end = l->p2p_cp_offset + srcs * lanes * slots * l->p2p_cp_slot_bytes;
     /* Across nodes (hier.cuh): per slot IN [nodes][ln] and OUT [ln][nodes], from a scratch
      * of its own size; CARRY, FINAL and ACC [nodes] each in the rail buffer (host memory:
      * 1.5 * MACO_SCRATCH_SIZE / ln bytes). */
@@ -103,9 +120,10 @@ static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_P2P_LANES=%lld is outside [1, %d]", (long long)lanes,
                            MACO__P2P_MAX_LANES);
-    if (chunk < ((int64_t)16 << 10) || chunk > ((int64_t)4 << 20))
+    if (chunk != 0 && (chunk < ((int64_t)16 << 10) || chunk > ((int64_t)4 << 20)))
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                           "MACO_P2P_CHUNK_SIZE=%lld is outside [16K, 4M] bytes", (long long)chunk);
+                           "MACO_P2P_CHUNK_SIZE=%lld is outside [16K, 4M] bytes (or 0: automatic)",
+                           (long long)chunk);
     if (hier < 1 || hier > MACO__HIER_MAX_SLOTS)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_HIER_CTAS=%lld is outside [1, %d]", (long long)hier,

@@ -422,15 +422,15 @@ TEST_F(P2P, AllToAllvRandomAndZeroCounts)
 }
 
 /* nccl-tests' sendrecv ring (rank r sends to r + 1, receives from r - 1) in one group, sizes
- * on both sides of MACO_P2P_LL_MAX (64 KiB) and of the chunk size, odd byte counts, both
- * modes. */
+ * on both sides of MACO_P2P_LL_MAX (256 KiB by default) and of the copy chunk's steps (one
+ * chunk per lane, several, slots reused), odd byte counts, every mode. */
 TEST_F(P2P, RingSendRecvEverySizeAndMode)
 {
     const int n = NRanks(), me = Rank();
     const int next = (me + 1) % n, prev = (me + n - 1) % n;
     const maco_datatype_t types[] = { MACO_UINT8, MACO_FLOAT32, MACO_BFLOAT16, MACO_INT64 };
-    const size_t sizes[] = { 1,     7,      8,      1000,    65535,       65536,
-                             65537, 131072, 131073, 1000003, 16777216 + 5 };
+    const size_t sizes[] = { 1,      7,      8,      1000,   65535,   65536,       65537,
+                             131072, 131073, 262144, 262145, 1000003, 16777216 + 5 };
     int k = 0;
     for (size_t bytes : sizes) {
         for (const char *mode : kModes) {

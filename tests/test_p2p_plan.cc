@@ -5,6 +5,7 @@
  */
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,81 @@ TEST_F(P2PPlan, ChunksCoverEveryByteOnceAndEveryLaneCarriesOne)
                     }
                 }
             }
+        }
+    }
+}
+
+/* The copy-mode chunk size: a multiple of 16 within [min(16 KiB, slot), slot], growing with
+ * the message; a message that fits the lanes at 256 KiB each takes one chunk per lane, a
+ * larger one more (about two per lane from 512 KiB per lane), and the slot caps it. Fresh
+ * random sizes each run, plus the edges. */
+TEST_F(P2PPlan, CopyCapSpreadsAMessageOverEveryLane)
+{
+    std::random_device rd;
+    const unsigned seed = rd();
+    std::mt19937_64 rng(seed);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const uint64_t K = 1024;
+    for (uint32_t lanes : { 1u, 2u, 7u, 8u, 16u, 32u }) {
+        for (uint64_t chunk : { 16 * K, 128 * K, 256 * K, 512 * K, 4096 * K }) {
+            std::vector<uint64_t> sizes = { 1,
+                                            16,
+                                            16 * K * lanes,
+                                            256 * K * lanes,
+                                            256 * K * lanes + 1,
+                                            2 * chunk * lanes,
+                                            2 * chunk * lanes + 1,
+                                            uint64_t(1) << 30 };
+            for (int i = 0; i < 200; i++)
+                sizes.push_back(1 + rng() % (uint64_t(1) << (10 + rng() % 22)));
+            std::sort(sizes.begin(), sizes.end());
+            uint64_t last = 0;
+            for (uint64_t b : sizes) {
+                const uint64_t cap = maco__p2p_copy_cap(b, chunk, lanes);
+                ASSERT_EQ(cap % 16, 0u) << b;
+                ASSERT_LE(cap, chunk) << b;
+                ASSERT_GE(cap, std::min(MACO__P2P_CAP_MIN, chunk)) << b;
+                ASSERT_GE(cap, last) << "not monotone at " << b << " bytes";
+                last = cap;
+                const uint64_t n = maco__p2p_nchunks(b, cap, lanes);
+                if (chunk >= MACO__P2P_CAP_ONE && b <= MACO__P2P_CAP_ONE * lanes) {
+                    EXPECT_EQ(n, lanes) << b << " bytes: one chunk per lane";
+                }
+                if (b > MACO__P2P_CAP_ONE * lanes) { /* a lane with two chunks or more */
+                    EXPECT_GT(n, lanes) << b << " bytes, cap " << cap;
+                }
+                if (b >= 2 * MACO__P2P_CAP_ONE * lanes) { /* about two per lane, or more */
+                    EXPECT_GE(n, 2u * lanes - 1) << b << " bytes, cap " << cap;
+                }
+                if (b >= 2 * chunk * lanes) {
+                    EXPECT_EQ(cap, chunk) << b;
+                }
+                if (b >= MACO__P2P_CAP_MIN * lanes) { /* no lane idle */
+                    EXPECT_GT(maco__p2p_chunk_bytes(b, cap, lanes - 1), 0u)
+                        << b << " bytes leave lane " << lanes - 1 << " empty";
+                }
+            }
+        }
+    }
+}
+
+/* A rank's slots hold its n - 1 peers: the sources other than itself map one to one onto
+ * 0..n-2. */
+TEST_F(P2PPlan, SourceIndexSkipsTheOwner)
+{
+    for (int n = 2; n <= 8; n++) {
+        for (int dst = 0; dst < n; dst++) {
+            std::vector<int> seen(static_cast<size_t>(n - 1), 0);
+            for (int src = 0; src < n; src++) {
+                if (src == dst)
+                    continue;
+                const int i = maco__p2p_src_index(src, dst);
+                ASSERT_GE(i, 0);
+                ASSERT_LT(i, n - 1);
+                seen[static_cast<size_t>(i)]++;
+            }
+            for (int c : seen)
+                EXPECT_EQ(c, 1) << n << " ranks, owner " << dst;
         }
     }
 }

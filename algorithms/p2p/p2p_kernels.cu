@@ -4,14 +4,14 @@
  * docs/design.md ("Send/recv and all-to-all") tells the same story for readers of the docs.
  *
  * Lanes and slots. Each ordered pair of ranks (s -> d) has `lanes` lanes; each lane has
- * MACO__P2P_SLOTS slots in d's collectives buffer (layout in algorithms.h): a 16-byte chunk
- * header (an LL16 packet), an LL payload region (MACO__P2P_LL_SLOT bytes of packets) and a
- * copy payload region (MACO_P2P_CHUNK_SIZE bytes + 16). s counts the chunks it has sent on
- * the lane (sent[d][lane], in s's buffer) and d the chunks it has consumed (recvd[s][lane],
- * in d's buffer); both counters live on the device and only grow, so a CUDA graph replays
- * with fresh values. Chunk number c of a lane goes to slot c % MACO__P2P_SLOTS with flag
- * c + 1 (32 bits; it differs from whatever the slot held, the flag of chunk c - SLOTS, and
- * from the zeroed memory the first SLOTS chunks find).
+ * MACO__P2P_SLOTS slots in d's collectives buffer (layout in algorithms.h; d holds slots for
+ * its n - 1 sources only): a 16-byte chunk header (an LL16 packet), an LL payload region
+ * (MACO__P2P_LL_SLOT bytes of packets) and a copy payload region (the chunk size + 16). s counts
+ * the chunks it has sent on the lane (sent[d][lane], in s's buffer) and d the chunks it has
+ * consumed (recvd[s][lane], in d's buffer); both counters live on the device and only grow, so a
+ * CUDA graph replays with fresh values. Chunk number c of a lane goes to slot c % MACO__P2P_SLOTS
+ * with flag c + 1 (32 bits; it differs from whatever the slot held, the flag of chunk c - SLOTS,
+ * and from the zeroed memory the first SLOTS chunks find).
  *
  * A message of B bytes is cut into chunks (p2p_plan.h): max(lanes, ceil(B / cap)) of them,
  * chunk j on lane j % lanes, so every lane carries at least one chunk of every message and
@@ -30,7 +30,9 @@
  *         receiver's thread 0 sees the header's flag, fences (acquire; only for copy-mode
  *         headers) and releases the CTA with __syncthreads(): fence-to-fence
  *         synchronisation, the header being the flag (a volatile 16-byte store and load:
- *         relaxed, system scope). cap = the chunk size.
+ *         relaxed, system scope). cap = maco__p2p_copy_cap(B, chunk size, lanes): the
+ *         message spread over every lane (one CTA per lane copies about 20 GB/s over
+ *         NVLink), at most the slot.
  * Flow control: a sender may write chunk c only when the slot's previous chunk c - SLOTS has
  * been consumed. The receiver, after copying a chunk out (all threads done: __syncthreads()),
  * signals the lane's credit semaphore (a release add on the sender's counter); the sender,
@@ -107,11 +109,12 @@ static __device__ __forceinline__ void maco__p2p_store8(char *p, uint2 v, uint32
         p[k] = (char)(k < 4 ? v.x >> (8 * k) : v.y >> (8 * (k - 4)));
 }
 
-/* Slot index [source][lane][slot] of a rank's p2p regions. */
-static __device__ __forceinline__ uint64_t maco__p2p_slot(int src, int lane, int lanes,
+/* Slot index [source][lane][slot] of rank dst's p2p regions (n - 1 sources: p2p_plan.h). */
+static __device__ __forceinline__ uint64_t maco__p2p_slot(int src, int dst, int lane, int lanes,
                                                           uint64_t seq)
 {
-    return ((uint64_t)src * (uint64_t)lanes + (uint64_t)lane) * MACO__P2P_SLOTS +
+    return ((uint64_t)maco__p2p_src_index(src, dst) * (uint64_t)lanes + (uint64_t)lane) *
+               MACO__P2P_SLOTS +
            seq % MACO__P2P_SLOTS;
 }
 
@@ -152,11 +155,12 @@ maco__p2p_send_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
     const maco__p2p_op_t &op = a.plan.ops[opi];
     const uint64_t B = op.bytes;
     const bool ll = (a.plan.op_flags[opi] & MACO__P2P_FLAG_LL) != 0;
-    const uint64_t cap = ll ? (uint64_t)MACO__P2P_LL_CAP : a.chunk;
+    const uint64_t cap =
+        ll ? (uint64_t)MACO__P2P_LL_CAP : maco__p2p_copy_cap(B, a.chunk, (uint32_t)lanes);
     const uint64_t j = (uint64_t)lane + (uint64_t)lanes * c;
     const uint64_t cb = maco__p2p_chunk_bytes(B, cap, j);
     const uint32_t flag = (uint32_t)(s + 1);
-    const uint64_t slot = maco__p2p_slot(a.rank, lane, lanes, s);
+    const uint64_t slot = maco__p2p_slot(a.rank, q, lane, lanes, s);
     char *rb = a.peer_buf[q];
     maco_ll16_packet_t *hdr = (maco_ll16_packet_t *)(rb + a.hdr_offset) + slot;
     const char *src = (const char *)op.src + (cb > 0 ? j * cap : 0);
@@ -207,8 +211,8 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
                       (uint64_t)q * lanes + lane;
     if (tid == 0) {
         const uint64_t r = *recvd;
-        const maco_ll16_packet_t *hdr =
-            (const maco_ll16_packet_t *)(a.buf + a.hdr_offset) + maco__p2p_slot(q, lane, lanes, r);
+        const maco_ll16_packet_t *hdr = (const maco_ll16_packet_t *)(a.buf + a.hdr_offset) +
+                                        maco__p2p_slot(q, a.rank, lane, lanes, r);
         uint2 d = make_uint2(0u, 0u);
         const int got = maco_ll16_try_load(hdr, (uint32_t)(r + 1), &d);
         /* Acquire: a copy-mode payload was written before the header. LL payload packets
@@ -233,7 +237,7 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
     const bool ll = (hi & MACO__P2P_HDR_LL) != 0;
     const uint32_t skew = (hi >> 24) & 15u;
     const uint32_t flag = (uint32_t)(r + 1);
-    const uint64_t slot = maco__p2p_slot(q, lane, lanes, r);
+    const uint64_t slot = maco__p2p_slot(q, a.rank, lane, lanes, r);
     if (c != 0 && B != first_bytes) {
         /* Chunks of one message disagree: the lanes are out of step (a bug, or memory
          * overwritten): stop rather than misplace data. */
@@ -246,7 +250,8 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
     if (c == 0 && bad && tid == 0)
         maco_device_error_record(&bound, MACO_ERR_INVALID_ARGUMENT, q, (int)a.plan.op_flags[opi],
                                  MACO_DEVICE_ERR_COUNT_MISMATCH, R, B);
-    const uint64_t cap = ll ? (uint64_t)MACO__P2P_LL_CAP : a.chunk;
+    const uint64_t cap =
+        ll ? (uint64_t)MACO__P2P_LL_CAP : maco__p2p_copy_cap(B, a.chunk, (uint32_t)lanes);
     const uint64_t j = (uint64_t)lane + (uint64_t)lanes * c;
     const uint64_t cb = maco__p2p_chunk_bytes(B, cap, j);
     int fail = 0;
@@ -297,16 +302,17 @@ maco__p2p_self_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
      * the wrong chunk and left the CTA's barriers out of step: compute-sanitizer racecheck
      * found it (2026-11-24, H100), which the functional runs had not. */
     __syncthreads();
+    const uint64_t cap = maco__p2p_copy_cap(op.bytes, a.chunk, (uint32_t)a.lanes);
     const uint64_t j = (uint64_t)lane + (uint64_t)a.lanes * c;
-    const uint64_t cb = maco__p2p_chunk_bytes(op.bytes, a.chunk, j);
+    const uint64_t cb = maco__p2p_chunk_bytes(op.bytes, cap, j);
     if (cb > 0)
-        maco_copy((char *)op.dst + j * a.chunk, (const char *)op.src + j * a.chunk, cb, threadIdx.x,
+        maco_copy((char *)op.dst + j * cap, (const char *)op.src + j * cap, cb, threadIdx.x,
                   blockDim.x);
     /* No barrier needed before the next chunk: each thread's later copies touch other bytes,
      * and the kernel's end orders the data before later stream work. */
     if (threadIdx.x == 0)
-        maco__p2p_advance(
-            st, k, c, maco__p2p_lane_chunks(op.bytes, a.chunk, (uint32_t)a.lanes, (uint32_t)lane));
+        maco__p2p_advance(st, k, c,
+                          maco__p2p_lane_chunks(op.bytes, cap, (uint32_t)a.lanes, (uint32_t)lane));
     __syncthreads();
     return 1;
 }
@@ -324,7 +330,7 @@ static __device__ void maco__p2p_record_timeout(const maco__p2p_args_t &a,
     } else {
         const uint64_t r = *((const uint64_t *)(a.buf + a.ctr_offset) +
                              (uint64_t)a.nranks * (uint64_t)lanes + (uint64_t)q * lanes + lane);
-        const uint64_t slot = maco__p2p_slot(q, lane, lanes, r);
+        const uint64_t slot = maco__p2p_slot(q, a.rank, lane, lanes, r);
         const volatile uint32_t *hdr =
             (const volatile uint32_t *)((const maco_ll16_packet_t *)(a.buf + a.hdr_offset) + slot);
         maco_device_error_record(&bound, MACO_ERR_TIMEOUT, q, (int)slot, MACO_DEVICE_WAIT_PACKET,

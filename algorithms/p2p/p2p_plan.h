@@ -10,6 +10,9 @@
  * receive from q) or the local copies (sends to this rank matched with receives from it). A
  * pair's messages travel on `lanes` lanes, each with its own scratch slots, credit semaphore
  * and sequence counters, and each handled by its own kernel work item.
+ * Slots: a rank's buffer holds slots for its n - 1 peers only (no pair sends to itself
+ * through scratch): source s's slots in the buffer of rank d are at index
+ * maco__p2p_src_index(s, d).
  */
 #ifndef MACO_P2P_PLAN_H
 #define MACO_P2P_PLAN_H
@@ -27,7 +30,7 @@ extern "C" {
 enum {
     MACO__P2P_MAX_OPS = 128,   /* sends and receives of one launch (kernel parameter space) */
     MACO__P2P_MAX_PAIRS = 16,  /* 2 per peer (at most 7 on a node) + the local pair */
-    MACO__P2P_MAX_LANES = 16,  /* MACO_P2P_LANES' upper bound */
+    MACO__P2P_MAX_LANES = 32,  /* MACO_P2P_LANES' upper bound (and its default) */
     MACO__P2P_SLOTS = 2,       /* scratch slots per lane: a sender runs at most 2 chunks ahead */
     MACO__P2P_LL_SLOT = 16384, /* bytes of LL16 packets per slot: 8 KiB of payload */
     MACO__P2P_MAX_ITEMS = MACO__P2P_MAX_PAIRS * MACO__P2P_MAX_LANES,
@@ -128,6 +131,38 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_nchunks(uint64_t bytes, uint64
     return n < lanes ? (uint64_t)lanes : n;
 }
 
+/*
+ * Payload bytes per chunk of a copy-mode message of `bytes` bytes (> 0) on `lanes` lanes
+ * (>= 1) whose slots hold `chunk` bytes (a multiple of 16, >= 16): the message spread over
+ * every lane, so that every lane's CTA copies a share. With t = ceil(bytes / lanes) rounded
+ * up to 256 bytes: max(t, MACO__P2P_CAP_MIN) up to MACO__P2P_CAP_ONE (one chunk per lane);
+ * above it max(MACO__P2P_CAP_ONE, t / 2 rounded up to 256) (more chunks than lanes, about
+ * two per lane from 2 x MACO__P2P_CAP_ONE per lane, so a lane's two slots pipeline); never
+ * more than `chunk`. A multiple of 16, so every chunk
+ * keeps its source's alignment. Sender and receiver compute it from the message's byte count
+ * (the receiver's from the header), so they agree.
+ * Why: one CTA per lane copies about 20 GB/s over NVLink, so a message must use every lane
+ * to reach the link's speed; with the whole slot per chunk a 2 MiB message used 4 of 32 lanes
+ * (32.4 us against 17.7 us spread; 2x H200, docs/performance.md, 2026-11-27).
+ */
+#define MACO__P2P_CAP_MIN ((uint64_t)16 << 10)
+#define MACO__P2P_CAP_ONE ((uint64_t)256 << 10)
+static MACO_HOST_DEVICE inline uint64_t maco__p2p_copy_cap(uint64_t bytes, uint64_t chunk,
+                                                           uint32_t lanes)
+{
+    uint64_t t = (bytes + lanes - 1) / lanes;
+    t = (t + 255) / 256 * 256;
+    if (t <= MACO__P2P_CAP_ONE) {
+        if (t < MACO__P2P_CAP_MIN)
+            t = MACO__P2P_CAP_MIN;
+    } else {
+        t = (t / 2 + 255) / 256 * 256;
+        if (t < MACO__P2P_CAP_ONE)
+            t = MACO__P2P_CAP_ONE;
+    }
+    return t < chunk ? t : chunk;
+}
+
 /** Chunks lane `lane` carries for such a message (chunks lane, lane + lanes, ...). */
 static MACO_HOST_DEVICE inline uint64_t maco__p2p_lane_chunks(uint64_t bytes, uint64_t cap,
                                                               uint32_t lanes, uint32_t lane)
@@ -143,6 +178,12 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_chunk_bytes(uint64_t bytes, ui
     if (off >= bytes)
         return 0;
     return bytes - off < cap ? bytes - off : cap;
+}
+
+/** Where source rank `src`'s slots sit among the n - 1 sources of rank `dst`'s buffer. */
+static MACO_HOST_DEVICE inline int maco__p2p_src_index(int src, int dst)
+{
+    return src > dst ? src - 1 : src;
 }
 
 /*

@@ -203,8 +203,9 @@ MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t co
  *
  * How messages move (docs/design.md, "Send/recv and all-to-all"): every message goes from
  * the sender to a scratch area of the receiver reserved for that pair of ranks, in chunks
- * dealt to MACO_P2P_LANES lanes; messages up to MACO_P2P_LL_MAX bytes travel as LL packets,
- * larger ones are copied in MACO_P2P_CHUNK_SIZE chunks with credits, so a sender never
+ * dealt to MACO_P2P_LANES lanes (32 by default, one CTA each); messages up to MACO_P2P_LL_MAX
+ * bytes (256 KiB by default) travel as LL packets, larger ones are copied in chunks spread
+ * over every lane (at most MACO_P2P_CHUNK_SIZE each) with credits, so a sender never
  * overwrites a chunk its receiver has not consumed (MACO_ALGO_ALLTOALL and
  * MACO_ALGO_SENDRECV force "ll" or "copy"). All of one group's sends and receives on a
  * communicator, all-to-alls included, are one kernel launch. Every launch is safe to capture

@@ -246,21 +246,22 @@ typedef struct maco__config_rule {
     int pow2;          /* numbers: a power of two too */
     const char *words; /* strings: accepted words ("a|b"; "plan:*" any text after plan:) */
     size_t max_len;    /* strings: most bytes; 0 any */
+    int zero_auto;     /* numbers: 0 (automatic) accepted too */
 } maco__config_rule_t;
 
 #define MACO__NUM(id, lo, hi)                                                                      \
     {                                                                                              \
-        MACO_CFG_##id, (lo), (hi), 0, NULL, 0                                                      \
+        MACO_CFG_##id, (lo), (hi), 0, NULL, 0, 0                                                   \
     }
 #define MACO__WORDS(id, w)                                                                         \
     {                                                                                              \
-        MACO_CFG_##id, 0, -1, 0, (w), 0                                                            \
+        MACO_CFG_##id, 0, -1, 0, (w), 0, 0                                                         \
     }
 static const maco__config_rule_t maco__config_rules[] = {
     MACO__NUM(RANK, 0, INT32_MAX),
     MACO__NUM(WORLD_SIZE, 1, INT32_MAX),
     MACO__NUM(LOCAL_RANK, 0, INT32_MAX),
-    { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127 }, /* a host id's 128 bytes with the NUL */
+    { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127, 0 }, /* a host id's 128 bytes with the NUL */
     MACO__WORDS(GEMM_TILE, "auto|gmma|cublasdx"),
     MACO__WORDS(GEMM_TILE_WIDTH, "auto|128|256"),
     MACO__NUM(SCRATCH_SIZE, (int64_t)1 << 20, (int64_t)16 << 30),
@@ -272,14 +273,14 @@ static const maco__config_rule_t maco__config_rules[] = {
     MACO__WORDS(ALGO_ALLTOALL, "ll|copy|hier"),
     MACO__WORDS(ALGO_SENDRECV, "ll|copy"),
     MACO__NUM(P2P_LL_MAX, 0, (int64_t)1 << 40),
-    MACO__NUM(P2P_LANES, 1, 16), /* MACO__P2P_MAX_LANES */
-    MACO__NUM(P2P_CHUNK_SIZE, (int64_t)16 << 10, (int64_t)4 << 20),
+    MACO__NUM(P2P_LANES, 1, 32), /* MACO__P2P_MAX_LANES */
+    { MACO_CFG_P2P_CHUNK_SIZE, (int64_t)16 << 10, (int64_t)4 << 20, 0, NULL, 0, 1 },
     MACO__NUM(ALLREDUCE_ONESHOT_MAX, 16, (int64_t)64 << 20),
     MACO__NUM(ALLREDUCE_INPLACE_MAX, 0, (int64_t)1 << 50),
     MACO__NUM(ALLREDUCE_RSAG_CTAS, 1, 128), /* MACO__RSAG_MAX_SLOTS */
     MACO__NUM(COLL_MAX_CTAS, 0, INT32_MAX),
     MACO__NUM(HIER_CTAS, 1, 64), /* MACO__HIER_MAX_SLOTS */
-    { MACO_CFG_PROXY_FIFO_SIZE, 2, 65536, 1, NULL, 0 },
+    { MACO_CFG_PROXY_FIFO_SIZE, 2, 65536, 1, NULL, 0, 0 },
     MACO__WORDS(TRANSPORT, "auto|cuda|host|ib|tcp"),
     MACO__NUM(TCP_NSOCKS, 1, 8), /* MACO__TCP_MAX_SOCKS */
     MACO__NUM(TCP_CHUNK_SIZE, (int64_t)64 << 10, (int64_t)64 << 20),
@@ -339,7 +340,8 @@ static void maco__config_rule_text(const maco__config_row_t *row, const maco__co
         char lo[32], hi[32];
         maco__config_fmt(row, r->min, lo, sizeof(lo));
         maco__config_fmt(row, r->max, hi, sizeof(hi));
-        snprintf(buf, cap, "%s from %s to %s", r->pow2 ? "a power of two" : "a value", lo, hi);
+        snprintf(buf, cap, "%s from %s to %s%s", r->pow2 ? "a power of two" : "a value", lo, hi,
+                 r->zero_auto ? ", or 0 (automatic)" : "");
     }
 }
 
@@ -367,7 +369,8 @@ static int maco__config_rule_ok(maco__config_id_t id, const char *text, int64_t 
     } else if (r->max_len > 0) {
         ok = strlen(text) <= r->max_len;
     } else if (row->type != MACO_CONFIG_STRING) {
-        ok = v >= r->min && v <= r->max && (!r->pow2 || (v & (v - 1)) == 0);
+        ok = (r->zero_auto && v == 0) ||
+             (v >= r->min && v <= r->max && (!r->pow2 || (v & (v - 1)) == 0));
     }
     if (!ok && cap > 0)
         maco__config_rule_text(row, r, why, cap);

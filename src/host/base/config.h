@@ -86,14 +86,15 @@ extern "C" {
       "hier across nodes (maco_alltoall outside groups: blocks gathered per rail).")               \
     X(ALGO_SENDRECV, STRING, "", "",                                                               \
       "Force how send/recv messages travel: ll (LL packets) or copy (through scratch).")           \
-    X(P2P_LL_MAX, SIZE, "64K", "bytes",                                                            \
+    X(P2P_LL_MAX, SIZE, "256K", "bytes",                                                           \
       "Largest send/recv or all-to-all message (bytes per peer) sent as LL packets; larger "       \
       "ones are copied through the receiver's scratch in chunks.")                                 \
-    X(P2P_LANES, INT, "8", "",                                                                     \
-      "Lanes per pair of ranks for send/recv and all-to-all (1..16): each has its own scratch "    \
-      "slots, credits and CTA; a message's chunks are dealt to them in turn.")                     \
-    X(P2P_CHUNK_SIZE, SIZE, "128K", "bytes",                                                       \
-      "Send/recv and all-to-all: bytes of a chunk copied through scratch (16K..4M).")              \
+    X(P2P_LANES, INT, "32", "",                                                                    \
+      "Lanes per pair of ranks for send/recv and all-to-all (1..32): each has its own scratch "    \
+      "slots, credits and CTA; a message's chunks are spread over them.")                          \
+    X(P2P_CHUNK_SIZE, SIZE, "0", "bytes",                                                          \
+      "Send/recv and all-to-all: most bytes of a chunk copied through scratch (16K..4M); 0: "      \
+      "automatic (512K, halved until the slots of all peers fit 64 MiB).")                         \
     X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
       "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
     X(ALLREDUCE_INPLACE_MAX, SIZE, "8M", "bytes",                                                  \
