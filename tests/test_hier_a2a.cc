@@ -68,7 +68,7 @@ TEST_F(HierA2A, ShapeCoversEveryElementOnceAndFitsARegion)
                     }
 }
 
-/* The default 32 MiB scratch, 8 CTAs, 2 nodes x 2: pieces as the hier layout gives them
+/* A 32 MiB scratch, 8 CTAs, 2 nodes x 2: pieces as the hier layout gives them
  * (algorithms.h: hpiece = scratch / (CTAs x 2 ln nodes)), and the rail traffic it saves:
  * one message per other node and segment instead of one per remote rank. */
 TEST_F(HierA2A, ShapeOfTwoNodesOfTwo)
