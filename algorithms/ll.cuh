@@ -111,12 +111,14 @@ __global__ void __launch_bounds__(512) maco__ll_kernel(maco__coll_args_t a)
     const bool to_all = coll == MACO_COLL_ALLREDUCE || rs || coll == MACO_COLL_ALLGATHER ||
                         (coll == MACO_COLL_BROADCAST && r == root);
     const bool to_root = coll == MACO_COLL_REDUCE && r != root;
-#define MACO__LL_DST(q)                                                                            \
-    ((maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * a.ll_slot_bytes))
+    /* My LL slot in rank q's scratch. */
+    const auto ll_dst = [&](int q) {
+        return (maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * a.ll_slot_bytes);
+    };
     if (!to_all && tid == 0) {
         for (int q = 0; q < n; q++)
             if (q != r && !(to_root && q == root))
-                maco_ll16_store(MACO__LL_DST(q), make_uint2(0u, 0u), flag);
+                maco_ll16_store(ll_dst(q), make_uint2(0u, 0u), flag);
     }
     if (to_root || to_all) {
         for (uint64_t i = tid; i < npkt; i += nthr) {
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(512) maco__ll_kernel(maco__coll_args_t a)
             uint32_t valid = left < 8 ? (uint32_t)left : 8u;
             if (to_root) {
                 V v = maco__load_part<8, V>(in + 8 * i, valid);
-                maco_ll16_store(MACO__LL_DST(root) + i, make_uint2(v.w[0], v.w[1]), flag);
+                maco_ll16_store(ll_dst(root) + i, make_uint2(v.w[0], v.w[1]), flag);
                 continue;
             }
             V v;
@@ -135,11 +137,10 @@ __global__ void __launch_bounds__(512) maco__ll_kernel(maco__coll_args_t a)
                 const int q = (r + k) % n;
                 if (rs)
                     v = maco__load_part<8, V>(in + (uint64_t)q * bytes + 8 * i, valid);
-                maco_ll16_store(MACO__LL_DST(q) + i, make_uint2(v.w[0], v.w[1]), flag);
+                maco_ll16_store(ll_dst(q) + i, make_uint2(v.w[0], v.w[1]), flag);
             }
         }
     }
-#undef MACO__LL_DST
 
     /* 2. Every peer's packets from my scratch. */
     bool failed = false;

@@ -110,36 +110,41 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
     char *local = a.buf;
     const bool waiter = tid < (uint32_t)n && tid != (uint32_t)r;
     const bool avg = a.avg != 0;
-#define MACO__IN(rank, q) (a.peer_buf[rank] + slot + (uint64_t)(q)*pmax)
-#define MACO__OUT(rank, q) (a.peer_buf[rank] + slot + ((uint64_t)n + (uint64_t)(q)) * pmax)
-/* Piece index of owner rank q (allreduce: q; broadcast, reduce: position after the root). */
-#define MACO__PIECE(q) (rooted ? ((q)-root - 1 + n) % n : (q))
+    /* Rank `rank`'s IN and OUT piece q of this CTA's slot. */
+    const auto in_at = [&](int rank, int q) {
+        return a.peer_buf[rank] + slot + (uint64_t)q * pmax;
+    };
+    const auto out_at = [&](int rank, int q) {
+        return a.peer_buf[rank] + slot + ((uint64_t)n + (uint64_t)q) * pmax;
+    };
+    /* Piece index of owner rank q (allreduce: q; broadcast, reduce: position after the root). */
+    const auto piece_of = [&](int q) { return rooted ? (q - root - 1 + n) % n : q; };
 
     for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
         const uint64_t seg0 = seg * seg_elems;
         /* Elements of piece j of this segment. */
-#define MACO__PLEN(j)                                                                              \
-    (seg0 + (uint64_t)(j)*P < C ? min(P, C - seg0 - (uint64_t)(j)*P) : (uint64_t)0)
-        const uint64_t plen = MACO__PLEN(0); /* allgather, reduce_scatter */
+        const auto plen_of = [&](int j) -> uint64_t {
+            return seg0 + (uint64_t)j * P < C ? min(P, C - seg0 - (uint64_t)j * P) : (uint64_t)0;
+        };
+        const uint64_t plen = plen_of(0); /* allgather, reduce_scatter */
 
         /* X. Rotating the first peer per CTA spreads the traffic over every NVLink. */
         if (direct) /* every rank's segment to the root's IN[me] */
-            maco_copy(MACO__IN(root, r), in + seg0 * esz, plen * esz, tid, nthr);
+            maco_copy(in_at(root, r), in + seg0 * esz, plen * esz, tid, nthr);
         for (int k = 0; k < n && !direct; k++) {
             const int p = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
-            const int j = MACO__PIECE(p);
+            const int j = piece_of(p);
             if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && p != root) ||
                 (coll == MACO_COLL_BROADCAST && r == root && p != root)) {
-                maco_copy(MACO__IN(p, r), in + (seg0 + (uint64_t)j * P) * esz, MACO__PLEN(j) * esz,
-                          tid, nthr);
-            } else if (coll == MACO_COLL_REDUCE_SCATTER) {
-                maco_copy(MACO__IN(p, r), in + ((uint64_t)p * C + seg0) * esz, plen * esz, tid,
+                maco_copy(in_at(p, r), in + (seg0 + (uint64_t)j * P) * esz, plen_of(j) * esz, tid,
                           nthr);
+            } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+                maco_copy(in_at(p, r), in + ((uint64_t)p * C + seg0) * esz, plen * esz, tid, nthr);
             } else if (coll == MACO_COLL_ALLGATHER) {
                 /* My own piece goes straight to my output. */
                 char *own = out + ((uint64_t)r * C + seg0) * esz;
                 if (p != r)
-                    maco_copy(MACO__OUT(p, r), in + seg0 * esz, plen * esz, tid, nthr);
+                    maco_copy(out_at(p, r), in + seg0 * esz, plen * esz, tid, nthr);
                 else if (own != in + seg0 * esz)
                     maco_copy(own, in + seg0 * esz, plen * esz, tid, nthr);
             } else if (coll == MACO_COLL_BROADCAST && r == root && p == root &&
@@ -152,8 +157,8 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
             return;
 
         /* Y. */
-        const int my_j = MACO__PIECE(r);
-        const uint64_t my_len = MACO__PLEN(my_j);
+        const int my_j = piece_of(r);
+        const uint64_t my_len = plen_of(my_j);
         if (direct) {
             if (r == root) {
                 char *dst[1] = { out + seg0 * esz };
@@ -164,16 +169,16 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
             char *dst[MACO__MAXR];
 #pragma unroll
             for (int p = 0; p < MACO__MAXR; p++)
-                dst[p] = p < n ? MACO__OUT(p, r) : nullptr;
+                dst[p] = p < n ? out_at(p, r) : nullptr;
             if (coll == MACO_COLL_REDUCE)
-                dst[0] = MACO__OUT(root, r);
+                dst[0] = out_at(root, r);
             maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst,
                                      coll == MACO_COLL_REDUCE ? 1 : n, true, my_len * esz);
         } else if (coll == MACO_COLL_BROADCAST && r != root) {
             /* My own piece straight to my output (Z skips it). */
             for (int k = 0; k < n; k++) {
                 const int q = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
-                char *to = q == r ? out + (seg0 + (uint64_t)my_j * P) * esz : MACO__OUT(q, r);
+                char *to = q == r ? out + (seg0 + (uint64_t)my_j * P) * esz : out_at(q, r);
                 if (q != root)
                     maco_copy(to, local + slot + (uint64_t)root * pmax, my_len * esz, tid, nthr);
             }
@@ -196,18 +201,14 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
             for (int q = 0; q < n; q++) {
                 if ((rooted && q == root) || (coll == MACO_COLL_BROADCAST && q == r))
                     continue;
-                const int j = MACO__PIECE(q);
+                const int j = piece_of(q);
                 maco_copy(out + (seg0 + (uint64_t)j * P) * esz,
-                          local + slot + ((uint64_t)n + (uint64_t)q) * pmax, MACO__PLEN(j) * esz,
-                          tid, nthr);
+                          local + slot + ((uint64_t)n + (uint64_t)q) * pmax, plen_of(j) * esz, tid,
+                          nthr);
             }
             __syncthreads();
         }
-#undef MACO__PLEN
     }
-#undef MACO__IN
-#undef MACO__OUT
-#undef MACO__PIECE
 }
 
 /*
@@ -236,9 +237,6 @@ static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t
     const int n = a.nranks, r = a.rank, root = a.root, coll = a.coll;
     const uint64_t esz = a.esz, C = a.count;
     const bool rooted = coll == MACO_COLL_BROADCAST || coll == MACO_COLL_REDUCE;
-    /* Reduce on 2 ranks: the root reduces (the file comment's "direct" form), so each byte
-     * crosses NVLink once instead of out and back in two phases. */
-    const bool direct = coll == MACO_COLL_REDUCE && n == 2;
     const int m = coll == MACO_COLL_ALLREDUCE ? n : (rooted ? n - 1 : 1);
     /* Elements per piece: a whole number of 16-byte words. */
     const uint64_t per_word = 16 / esz;

@@ -37,15 +37,20 @@ __global__ void __launch_bounds__(512) maco__ll2_kernel(maco__coll_args_t a)
     const uint64_t half = a.ll_offset + parity * (uint64_t)n * a.ll_slot_bytes;
     const uint64_t region_b = (B * esz / 8) * sizeof(maco_ll16_packet_t); /* region A's size */
     const maco_device_wait_bound_t bound = a.bound;
-#define MACO__BLOCK_BYTES(q) ((min(C, (uint64_t)((q) + 1) * B) - (uint64_t)(q)*B) * esz)
-#define MACO__SLOT(rank, src) (a.peer_buf[rank] + half + (uint64_t)(src)*a.ll_slot_bytes)
+    /* Bytes of block q; source src's LL slot in rank `rank`'s scratch. */
+    const auto block_bytes = [&](int q) {
+        return (min(C, (uint64_t)(q + 1) * B) - (uint64_t)q * B) * esz;
+    };
+    const auto slot_of = [&](int rank, int src) {
+        return a.peer_buf[rank] + half + (uint64_t)src * a.ll_slot_bytes;
+    };
 
     /* 1. My block q to rank q's region A. */
     for (int k = 1; k < n; k++) {
         const int q = (r + k) % n;
-        const uint64_t bytes = MACO__BLOCK_BYTES(q), npkt = (bytes + 7) / 8;
+        const uint64_t bytes = block_bytes(q), npkt = (bytes + 7) / 8;
         const char *src = in + (uint64_t)q * B * esz;
-        maco_ll16_packet_t *dst = (maco_ll16_packet_t *)MACO__SLOT(q, r);
+        maco_ll16_packet_t *dst = (maco_ll16_packet_t *)slot_of(q, r);
         for (uint64_t i = tid; i < npkt; i += nthr) {
             uint64_t left = bytes - 8 * i;
             V v = maco__load_part<8, V>(src + 8 * i, left < 8 ? (uint32_t)left : 8u);
@@ -56,7 +61,7 @@ __global__ void __launch_bounds__(512) maco__ll2_kernel(maco__coll_args_t a)
     /* 2. Reduce my block, keep it, and send it to every peer's region B. */
     bool failed = false;
     {
-        const uint64_t bytes = MACO__BLOCK_BYTES(r), npkt = (bytes + 7) / 8;
+        const uint64_t bytes = block_bytes(r), npkt = (bytes + 7) / 8;
         const uint64_t off = (uint64_t)r * B * esz;
         for (uint64_t i = tid; i < npkt; i += nthr) {
             uint64_t left = bytes - 8 * i;
@@ -69,7 +74,7 @@ __global__ void __launch_bounds__(512) maco__ll2_kernel(maco__coll_args_t a)
             maco__store_part<8, V>(out + off + 8 * i, res, valid);
             for (int k = 1; k < n; k++) {
                 const int q = (r + k) % n;
-                maco_ll16_store((maco_ll16_packet_t *)(MACO__SLOT(q, r) + region_b) + i,
+                maco_ll16_store((maco_ll16_packet_t *)(slot_of(q, r) + region_b) + i,
                                 make_uint2(res.w[0], res.w[1]), flag);
             }
         }
@@ -78,7 +83,7 @@ __global__ void __launch_bounds__(512) maco__ll2_kernel(maco__coll_args_t a)
     /* 3. Every peer's reduced block from my region B. */
     for (int k = 1; k < n && !failed; k++) {
         const int q = (r + k) % n;
-        const uint64_t bytes = MACO__BLOCK_BYTES(q), npkt = (bytes + 7) / 8;
+        const uint64_t bytes = block_bytes(q), npkt = (bytes + 7) / 8;
         const maco_ll16_packet_t *src =
             (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * a.ll_slot_bytes + region_b);
         char *dst = out + (uint64_t)q * B * esz;
@@ -95,8 +100,6 @@ __global__ void __launch_bounds__(512) maco__ll2_kernel(maco__coll_args_t a)
             maco__store_part<8, V>(dst + 8 * i, v, left < 8 ? (uint32_t)left : 8u);
         }
     }
-#undef MACO__BLOCK_BYTES
-#undef MACO__SLOT
     maco__flag_advance(a.ll_flag, a.ll_done, flag);
 }
 

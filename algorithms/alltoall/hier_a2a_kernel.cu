@@ -60,7 +60,10 @@ __global__ void __launch_bounds__(MACO__HIER_A2A_THREADS) maco__hier_a2a_kernel(
      * FINAL[m] and ACC[m] in a rail buffer. */
     const uint64_t in_off = slot, final_off = rslot + (uint64_t)N * hp,
                    acc_off = rslot + 2 * (uint64_t)N * hp;
-#define MACO__IN(m, q) (((uint64_t)(m) * (uint64_t)L + (uint64_t)(q)) * hp)
+    /* Offset of region IN[m][q] from in_off. */
+    const auto in_region = [&](int m, int q) {
+        return ((uint64_t)m * (uint64_t)L + (uint64_t)q) * hp;
+    };
     const char *in = (const char *)a.input;
     char *out = (char *)a.output;
     const uint64_t pb = P * esz; /* stride of the pieces in a rail message */
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(MACO__HIER_A2A_THREADS) maco__hier_a2a_kernel(
         for (int i = 0; i < L; i++) {
             const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
             for (int m = 0; m < N; m++)
-                maco_copy(a.peer_buf[q] + in_off + MACO__IN(m, me),
+                maco_copy(a.peer_buf[q] + in_off + in_region(m, me),
                           in + ((uint64_t)h.rank_at[m * L + q] * C + seg0) * esz, bytes, tid, nthr);
         }
         if (maco__mesh_barrier(ch, waiter))
@@ -85,12 +88,12 @@ __global__ void __launch_bounds__(MACO__HIER_A2A_THREADS) maco__hier_a2a_kernel(
             return;
         for (int q = 0; q < L; q++)
             maco_copy(out + ((uint64_t)h.rank_at[k * L + q] * C + seg0) * esz,
-                      a.buf + in_off + MACO__IN(k, q), bytes, tid, nthr);
+                      a.buf + in_off + in_region(k, q), bytes, tid, nthr);
         for (int m = 0; m < N; m++)
             if (m != k)
                 for (int q = 0; q < L; q++)
                     maco_copy(h.rail_buf + acc_off + (uint64_t)m * hp + (uint64_t)q * pb,
-                              a.buf + in_off + MACO__IN(m, q), bytes, tid, nthr);
+                              a.buf + in_off + in_region(m, q), bytes, tid, nthr);
         maco__hier_publish();
         if (tid == 0)
             for (int m = 0; m < N && !fail; m++)
@@ -117,7 +120,6 @@ __global__ void __launch_bounds__(MACO__HIER_A2A_THREADS) maco__hier_a2a_kernel(
         if (maco__mesh_barrier(ch, waiter))
             return;
     }
-#undef MACO__IN
     if (did)
         maco__hier_each_node(rail, N, k, 1, false);
 }

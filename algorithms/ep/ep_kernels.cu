@@ -270,7 +270,115 @@ static __device__ void maco__ep_route(const int64_t *topk_idx, int T, int K, int
     }
 }
 
-__global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_dispatch_kernel(maco__ep_args_t a)
+/* Thread 0, dispatch step 1: the header of this rank's count row: zeros, or the first
+ * invalid entry (`bad_entry`: its index; INT_MAX: none) with its problem, token, k, value
+ * and limit. */
+static __device__ void maco__ep_row_header(const maco__ep_args_t &a, int bad_entry, int32_t *hdr)
+{
+    const int K = a.g.topk, E = a.g.num_experts;
+    int32_t h[MACO__EP_ROW_HEADER] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+    if (bad_entry != INT_MAX) {
+        const int i = bad_entry, t = i / K, k = i % K;
+        const int64_t *row = a.topk_idx + (int64_t)t * K;
+        const int64_t v = __ldg(row + k);
+        int first_k = -1;
+        h[0] = maco__ep_check(row, k, v, E, &first_k);
+        h[1] = t;
+        h[2] = k;
+        h[3] = (int32_t)(uint32_t)((uint64_t)v & 0xffffffffu);
+        h[4] = (int32_t)(uint32_t)((uint64_t)v >> 32);
+        h[5] = h[0] == MACO__EP_BAD_EXPERT ? E : first_k;
+    }
+    for (int j = 0; j < MACO__EP_ROW_HEADER; j++)
+        hdr[j] = h[j];
+}
+
+/* Thread 0, dispatch step 2: the first problem any rank reported in its count row's header
+ * (`cnt_half`: this dispatch's count rows), else (normal mode) the first rank whose rows
+ * (`rows`) exceed the receive buffer; code MACO__EP_OK when there is none. */
+static __device__ maco__ep_bad_t maco__ep_dispatch_check(const maco__ep_args_t &a,
+                                                         const char *cnt_half, const int64_t *rows,
+                                                         bool ll)
+{
+    const int n = a.g.nranks;
+    maco__ep_bad_t bad = { 0, 0, 0, 0, 0, 0 };
+    for (int r = 0; r < n && bad.code == MACO__EP_OK; r++) {
+        const int32_t *h = (const int32_t *)(cnt_half + (uint64_t)r * a.o.cnt_row_bytes);
+        const int code = __ldcg(h);
+        if (code != MACO__EP_OK) {
+            bad.code = code;
+            bad.rank = r;
+            bad.token = __ldcg(h + 1);
+            bad.k = __ldcg(h + 2);
+            bad.value = (int64_t)(((uint64_t)(uint32_t)__ldcg(h + 4) << 32) |
+                                  (uint64_t)(uint32_t)__ldcg(h + 3));
+            bad.limit = __ldcg(h + 5);
+        }
+    }
+    for (int R = 0; R < n && bad.code == MACO__EP_OK && !ll; R++)
+        if (rows[R] > a.g.recv_rows) {
+            bad.code = MACO__EP_OVERFLOW;
+            bad.rank = R;
+            bad.token = -1;
+            bad.k = -1;
+            bad.value = rows[R];
+            bad.limit = a.g.recv_rows;
+        }
+    return bad;
+}
+
+/* Dispatch's end (every thread of the CTA): the handle's per-expert table and the receive
+ * metadata of the local experts this CTA owns, the caller's counts, offsets and weights;
+ * CTA 0's thread 0 then writes the handle's header and the report. `tot` and `base`: rows
+ * and first row of every expert; `rows`: rows per rank. */
+static __device__ void maco__ep_dispatch_finish(const maco__ep_args_t &a, const int32_t *tot,
+                                                const int32_t *base, const int64_t *rows,
+                                                const maco__ep_bad_t &bad, bool abort, bool ll,
+                                                uint64_t seq)
+{
+    const int tid = threadIdx.x, me = a.rank, L = a.g.local_experts;
+    char *const handle = (char *)a.handle;
+    if (!abort) {
+        int32_t *hexp = (int32_t *)(handle + a.o.h_exp_off);
+        int2 *hmeta = (int2 *)(handle + a.o.h_meta_off);
+        const uint4 *meta = (const uint4 *)(a.buf + a.o.meta_off);
+        for (int l = (int)blockIdx.x; l < L; l += (int)gridDim.x) {
+            const int e = me * L + l, cnt = tot[e], b = base[e];
+            for (int j = tid; j < cnt; j += blockDim.x) {
+                const uint4 m = __ldcg(meta + b + j);
+                hmeta[b + j] = make_int2((int)m.x, (int)m.y);
+                if (a.recv_weights != nullptr)
+                    a.recv_weights[b + j] = __uint_as_float(m.z);
+            }
+            if (tid == 0) {
+                a.recv_counts[l] = cnt;
+                hexp[l] = b;
+                hexp[L + l] = cnt;
+                if (a.recv_offsets != nullptr)
+                    a.recv_offsets[l] = b;
+            }
+        }
+    }
+    if (blockIdx.x == 0 && tid == 0) {
+        const int64_t nrows = ll ? (int64_t)L * a.g.expert_cap : rows[me];
+        if (!abort && a.recv_offsets != nullptr)
+            a.recv_offsets[L] = (int32_t)nrows;
+        maco__ep_handle_header_t *h = (maco__ep_handle_header_t *)handle;
+        h->status = abort ? bad.code : MACO__EP_OK;
+        h->buffer_id = a.buffer_id;
+        h->num_tokens = a.num_tokens;
+        h->nranks = a.g.nranks;
+        h->local_experts = L;
+        h->topk = a.g.topk;
+        h->num_recv = abort ? 0 : rows[me];
+        h->seq = seq;
+        h->magic = MACO__EP_HANDLE_MAGIC;
+        maco__ep_report(a.report, a.ticket, a.want_report, 0, bad, abort ? -1 : rows[me]);
+    }
+}
+
+__global__ void __launch_bounds__(MACO__EP_THREADS)
+    maco__ep_dispatch_kernel(const __grid_constant__ maco__ep_args_t a)
 {
     extern __shared__ __align__(16) unsigned char maco__ep_smem[];
     __shared__ char *peer[MACO_EP_MAX_RANKS];
@@ -309,23 +417,8 @@ __global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_dispatch_kernel(mac
                        (int32_t *)(handle + a.o.h_slot_off), peer, row_off,
                        (uint32_t *)maco__ep_smem, &s_bad_entry);
         __syncthreads();
-        if (tid == 0) {
-            int32_t h[MACO__EP_ROW_HEADER] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-            if (s_bad_entry != INT_MAX) {
-                const int i = s_bad_entry, t = i / K, k = i % K;
-                const int64_t *row = a.topk_idx + (int64_t)t * K;
-                const int64_t v = __ldg(row + k);
-                int first_k = -1;
-                h[0] = maco__ep_check(row, k, v, E, &first_k);
-                h[1] = t;
-                h[2] = k;
-                h[3] = (int32_t)(uint32_t)((uint64_t)v & 0xffffffffu);
-                h[4] = (int32_t)(uint32_t)((uint64_t)v >> 32);
-                h[5] = h[0] == MACO__EP_BAD_EXPERT ? E : first_k;
-            }
-            for (int j = 0; j < MACO__EP_ROW_HEADER; j++)
-                s_hdr[j] = h[j];
-        }
+        if (tid == 0)
+            maco__ep_row_header(a, s_bad_entry, s_hdr);
         __syncthreads();
         if (tid < MACO__EP_ROW_HEADER * n)
             ((int32_t *)(peer[tid / MACO__EP_ROW_HEADER] + row_off))[tid % MACO__EP_ROW_HEADER] =
@@ -385,31 +478,8 @@ __global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_dispatch_kernel(mac
     }
     __syncthreads();
     if (tid == 0) {
-        maco__ep_bad_t bad = { 0, 0, 0, 0, 0, 0 };
-        for (int r = 0; r < n && bad.code == MACO__EP_OK; r++) {
-            const int32_t *h = (const int32_t *)(cnt_half + (uint64_t)r * a.o.cnt_row_bytes);
-            const int code = __ldcg(h);
-            if (code != MACO__EP_OK) {
-                bad.code = code;
-                bad.rank = r;
-                bad.token = __ldcg(h + 1);
-                bad.k = __ldcg(h + 2);
-                bad.value = (int64_t)(((uint64_t)(uint32_t)__ldcg(h + 4) << 32) |
-                                      (uint64_t)(uint32_t)__ldcg(h + 3));
-                bad.limit = __ldcg(h + 5);
-            }
-        }
-        for (int R = 0; R < n && bad.code == MACO__EP_OK && !ll; R++)
-            if (s_rows[R] > a.g.recv_rows) {
-                bad.code = MACO__EP_OVERFLOW;
-                bad.rank = R;
-                bad.token = -1;
-                bad.k = -1;
-                bad.value = s_rows[R];
-                bad.limit = a.g.recv_rows;
-            }
-        s_bad = bad;
-        s_abort = bad.code != MACO__EP_OK;
+        s_bad = maco__ep_dispatch_check(a, cnt_half, s_rows, ll);
+        s_abort = s_bad.code != MACO__EP_OK;
     }
     __syncthreads();
     const bool abort = s_abort != 0;
@@ -448,43 +518,7 @@ __global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_dispatch_kernel(mac
     if (__syncthreads_or(failed))
         return;
 
-    if (!abort) {
-        int32_t *hexp = (int32_t *)(handle + a.o.h_exp_off);
-        int2 *hmeta = (int2 *)(handle + a.o.h_meta_off);
-        const uint4 *meta = (const uint4 *)(buf + a.o.meta_off);
-        for (int l = (int)blockIdx.x; l < L; l += (int)gridDim.x) {
-            const int e = me * L + l, cnt = s_tot[e], b = s_base[e];
-            for (int j = tid; j < cnt; j += blockDim.x) {
-                const uint4 m = __ldcg(meta + b + j);
-                hmeta[b + j] = make_int2((int)m.x, (int)m.y);
-                if (a.recv_weights != nullptr)
-                    a.recv_weights[b + j] = __uint_as_float(m.z);
-            }
-            if (tid == 0) {
-                a.recv_counts[l] = cnt;
-                hexp[l] = b;
-                hexp[L + l] = cnt;
-                if (a.recv_offsets != nullptr)
-                    a.recv_offsets[l] = b;
-            }
-        }
-    }
-    if (blockIdx.x == 0 && tid == 0) {
-        const int64_t rows = ll ? (int64_t)L * a.g.expert_cap : s_rows[me];
-        if (!abort && a.recv_offsets != nullptr)
-            a.recv_offsets[L] = (int32_t)rows;
-        maco__ep_handle_header_t *h = (maco__ep_handle_header_t *)handle;
-        h->status = abort ? s_bad.code : MACO__EP_OK;
-        h->buffer_id = a.buffer_id;
-        h->num_tokens = T;
-        h->nranks = n;
-        h->local_experts = L;
-        h->topk = K;
-        h->num_recv = abort ? 0 : s_rows[me];
-        h->seq = seq;
-        h->magic = MACO__EP_HANDLE_MAGIC;
-        maco__ep_report(a.report, a.ticket, a.want_report, 0, s_bad, abort ? -1 : s_rows[me]);
-    }
+    maco__ep_dispatch_finish(a, s_tot, s_base, s_rows, s_bad, abort, ll, seq);
     maco__ep_advance(buf, MACO__EP_CTRL_DISP_SEQ, MACO__EP_CTRL_DISP_DONE, seq);
 }
 
@@ -506,7 +540,75 @@ static __device__ __forceinline__ uint32_t maco__ep_bf16_pack(float lo, float hi
            ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
 }
 
-__global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_combine_kernel(maco__ep_args_t a)
+/* Thread 0 of CTA 0, combine step 1: checks the handle against this buffer and call
+ * (another buffer's or a failed dispatch's handle, another token count) and stores the
+ * outcome, then the released ready word (seq << 8 | code), at every rank. */
+static __device__ void maco__ep_combine_status(const maco__ep_args_t &a, char *const *peer,
+                                               uint64_t seq)
+{
+    const int n = a.g.nranks, me = a.rank;
+    const maco__ep_handle_header_t *h = (const maco__ep_handle_header_t *)a.handle;
+    int code = MACO__EP_OK;
+    int32_t value = 0, limit = 0;
+    if (h->magic != MACO__EP_HANDLE_MAGIC || h->buffer_id != a.buffer_id || h->nranks != n ||
+        h->local_experts != a.g.local_experts || h->topk != a.g.topk) {
+        code = MACO__EP_FOREIGN;
+    } else if (h->status != MACO__EP_OK) {
+        code = MACO__EP_FAILED;
+        value = h->status;
+    } else if (h->num_tokens != a.num_tokens) {
+        code = MACO__EP_TOKENS;
+        value = a.num_tokens;
+        limit = h->num_tokens;
+    }
+    for (int r = 0; r < n; r++) {
+        *(volatile uint64_t *)((uint64_t *)(peer[r] + MACO__EP_CTRL_READY_INFO) + me) =
+            (uint64_t)(uint32_t)value | ((uint64_t)(uint32_t)limit << 32);
+    }
+    for (int r = 0; r < n; r++)
+        maco__ep_store_release((uint64_t *)(peer[r] + MACO__EP_CTRL_READY) + me,
+                               (seq << 8) | (uint64_t)code);
+}
+
+/* Combine step 5 (every thread of the grid): y[t] = sum over k of w[t][k] * row[t][k] in k
+ * order (fp32, one rounding to bf16 at the end), 8 elements (16 bytes) per thread. */
+static __device__ void maco__ep_combine_sum(const maco__ep_args_t &a)
+{
+    const int T = a.num_tokens, K = a.g.topk;
+    const uint64_t rowb = a.g.row_bytes;
+    const int32_t *slot = (const int32_t *)((const char *)a.handle + a.o.h_slot_off);
+    const int64_t vecs = a.g.hidden / 8;
+    const int64_t work = (int64_t)T * vecs;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += stride) {
+        const int t = (int)(i / vecs);
+        const int64_t v = i % vecs;
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[j] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            const int entry = t * K + k;
+            if (__ldg(slot + entry) < 0)
+                continue;
+            const float w = __ldg(a.topk_weights + entry);
+            const uint4 u =
+                __ldcg((const uint4 *)(a.buf + a.o.comb_off + (uint64_t)entry * rowb) + v);
+            const uint32_t words[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                acc[2 * j] = __fmaf_rn(w, maco__ep_bf16_lo(words[j]), acc[2 * j]);
+                acc[2 * j + 1] = __fmaf_rn(w, maco__ep_bf16_hi(words[j]), acc[2 * j + 1]);
+            }
+        }
+        ((uint4 *)((char *)a.y + (uint64_t)t * rowb))[v] =
+            make_uint4(maco__ep_bf16_pack(acc[0], acc[1]), maco__ep_bf16_pack(acc[2], acc[3]),
+                       maco__ep_bf16_pack(acc[4], acc[5]), maco__ep_bf16_pack(acc[6], acc[7]));
+    }
+}
+
+__global__ void __launch_bounds__(MACO__EP_THREADS)
+    maco__ep_combine_kernel(const __grid_constant__ maco__ep_args_t a)
 {
     extern __shared__ __align__(16) unsigned char maco__ep_smem[];
     __shared__ char *peer[MACO_EP_MAX_RANKS];
@@ -515,8 +617,7 @@ __global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_combine_kernel(maco
     __shared__ maco__ep_bad_t s_bad;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts, K = a.g.topk;
-    const int T = a.num_tokens;
+    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts;
     const uint64_t rowb = a.g.row_bytes;
     const maco_device_wait_bound_t bound = a.bound;
     char *const buf = a.buf;
@@ -534,29 +635,8 @@ __global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_combine_kernel(maco
     const uint64_t seq = s_seq;
 
     /* 1. This rank's status to every rank (CTA 0). */
-    if (blockIdx.x == 0 && tid == 0) {
-        const maco__ep_handle_header_t *h = (const maco__ep_handle_header_t *)handle;
-        int code = MACO__EP_OK;
-        int32_t value = 0, limit = 0;
-        if (h->magic != MACO__EP_HANDLE_MAGIC || h->buffer_id != a.buffer_id || h->nranks != n ||
-            h->local_experts != L || h->topk != K) {
-            code = MACO__EP_FOREIGN;
-        } else if (h->status != MACO__EP_OK) {
-            code = MACO__EP_FAILED;
-            value = h->status;
-        } else if (h->num_tokens != T) {
-            code = MACO__EP_TOKENS;
-            value = T;
-            limit = h->num_tokens;
-        }
-        for (int r = 0; r < n; r++) {
-            *(volatile uint64_t *)((uint64_t *)(peer[r] + MACO__EP_CTRL_READY_INFO) + me) =
-                (uint64_t)(uint32_t)value | ((uint64_t)(uint32_t)limit << 32);
-        }
-        for (int r = 0; r < n; r++)
-            maco__ep_store_release((uint64_t *)(peer[r] + MACO__EP_CTRL_READY) + me,
-                                   (seq << 8) | (uint64_t)code);
-    }
+    if (blockIdx.x == 0 && tid == 0)
+        maco__ep_combine_status(a, peer, seq);
 
     /* 2. Every rank's status. */
     bool failed = false;
@@ -642,38 +722,9 @@ __global__ void __launch_bounds__(MACO__EP_THREADS) maco__ep_combine_kernel(maco
     if (__syncthreads_or(failed))
         return;
 
-    /* 5. y[t] = sum over k of w[t][k] * row[t][k], 8 elements (16 bytes) per thread. */
-    if (!abort) {
-        const int32_t *slot = (const int32_t *)(handle + a.o.h_slot_off);
-        const int64_t vecs = a.g.hidden / 8;
-        const int64_t work = (int64_t)T * vecs;
-        const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + tid; i < work; i += stride) {
-            const int t = (int)(i / vecs);
-            const int64_t v = i % vecs;
-            float acc[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                acc[j] = 0.0f;
-            for (int k = 0; k < K; k++) {
-                const int entry = t * K + k;
-                if (__ldg(slot + entry) < 0)
-                    continue;
-                const float w = __ldg(a.topk_weights + entry);
-                const uint4 u =
-                    __ldcg((const uint4 *)(buf + a.o.comb_off + (uint64_t)entry * rowb) + v);
-                const uint32_t words[4] = { u.x, u.y, u.z, u.w };
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    acc[2 * j] = __fmaf_rn(w, maco__ep_bf16_lo(words[j]), acc[2 * j]);
-                    acc[2 * j + 1] = __fmaf_rn(w, maco__ep_bf16_hi(words[j]), acc[2 * j + 1]);
-                }
-            }
-            ((uint4 *)((char *)a.y + (uint64_t)t * rowb))[v] =
-                make_uint4(maco__ep_bf16_pack(acc[0], acc[1]), maco__ep_bf16_pack(acc[2], acc[3]),
-                           maco__ep_bf16_pack(acc[4], acc[5]), maco__ep_bf16_pack(acc[6], acc[7]));
-        }
-    }
+    /* 5. y[t] = sum over k of w[t][k] * row[t][k]. */
+    if (!abort)
+        maco__ep_combine_sum(a);
     if (blockIdx.x == 0 && tid == 0)
         maco__ep_report(a.report, a.ticket, a.want_report, 1, s_bad, -1);
     maco__ep_advance(buf, MACO__EP_CTRL_COMB_SEQ, MACO__EP_CTRL_COMB_DONE, seq);

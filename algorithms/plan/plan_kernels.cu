@@ -460,57 +460,76 @@ __global__ void __launch_bounds__(256) maco__plan_kernel(maco__pexec_args_t a)
         *(volatile uint32_t *)(a.buf + MACO__PLAN_CTR_EPOCH) = flag + 1 == 0 ? 1 : flag + 1;
 }
 
+/* One element type's launch: the kernel with or without the channels' info. */
+template <class T>
+static cudaError_t maco__plan_launch_t(const maco__pexec_args_t *args, int blocks, int threads,
+                                       cudaStream_t stream)
+{
+    if (args->cinfo == NULL)
+        maco__plan_kernel<T, 0><<<blocks, threads, 0, stream>>>(*args);
+    else
+        maco__plan_kernel<T, 1><<<blocks, threads, 0, stream>>>(*args);
+    return cudaGetLastError();
+}
+
+/* One element type's kernels loaded (both variants). */
+template <class T> static cudaError_t maco__plan_preload_t(cudaError_t e)
+{
+    cudaFuncAttributes fa;
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&fa, maco__plan_kernel<T, 0>);
+    if (e == cudaSuccess)
+        e = cudaFuncGetAttributes(&fa, maco__plan_kernel<T, 1>);
+    return e;
+}
+
 extern "C" cudaError_t maco__launch_plan(const maco__pexec_args_t *args, int datatype, int blocks,
                                          int threads, cudaStream_t stream)
 {
     switch (datatype) {
-#define MACO__PLAN_CASE(dt, T)                                                                     \
-    case dt:                                                                                       \
-        if (args->cinfo == NULL)                                                                   \
-            maco__plan_kernel<T, 0><<<blocks, threads, 0, stream>>>(*args);                        \
-        else                                                                                       \
-            maco__plan_kernel<T, 1><<<blocks, threads, 0, stream>>>(*args);                        \
-        break;
-        MACO__PLAN_CASE(MACO_INT8, maco__t_i8)
-        MACO__PLAN_CASE(MACO_UINT8, maco__t_u8)
-        MACO__PLAN_CASE(MACO_INT32, maco__t_i32)
-        MACO__PLAN_CASE(MACO_UINT32, maco__t_u32)
-        MACO__PLAN_CASE(MACO_INT64, maco__t_i64)
-        MACO__PLAN_CASE(MACO_UINT64, maco__t_u64)
-        MACO__PLAN_CASE(MACO_FLOAT16, maco__t_f16)
-        MACO__PLAN_CASE(MACO_BFLOAT16, maco__t_bf16)
-        MACO__PLAN_CASE(MACO_FLOAT32, maco__t_f32)
-        MACO__PLAN_CASE(MACO_FLOAT64, maco__t_f64)
-        MACO__PLAN_CASE(MACO_FP8_E4M3, maco__t_e4m3)
-        MACO__PLAN_CASE(MACO_FP8_E5M2, maco__t_e5m2)
-#undef MACO__PLAN_CASE
+    case MACO_INT8:
+        return maco__plan_launch_t<maco__t_i8>(args, blocks, threads, stream);
+    case MACO_UINT8:
+        return maco__plan_launch_t<maco__t_u8>(args, blocks, threads, stream);
+    case MACO_INT32:
+        return maco__plan_launch_t<maco__t_i32>(args, blocks, threads, stream);
+    case MACO_UINT32:
+        return maco__plan_launch_t<maco__t_u32>(args, blocks, threads, stream);
+    case MACO_INT64:
+        return maco__plan_launch_t<maco__t_i64>(args, blocks, threads, stream);
+    case MACO_UINT64:
+        return maco__plan_launch_t<maco__t_u64>(args, blocks, threads, stream);
+    case MACO_FLOAT16:
+        return maco__plan_launch_t<maco__t_f16>(args, blocks, threads, stream);
+    case MACO_BFLOAT16:
+        return maco__plan_launch_t<maco__t_bf16>(args, blocks, threads, stream);
+    case MACO_FLOAT32:
+        return maco__plan_launch_t<maco__t_f32>(args, blocks, threads, stream);
+    case MACO_FLOAT64:
+        return maco__plan_launch_t<maco__t_f64>(args, blocks, threads, stream);
+    case MACO_FP8_E4M3:
+        return maco__plan_launch_t<maco__t_e4m3>(args, blocks, threads, stream);
+    case MACO_FP8_E5M2:
+        return maco__plan_launch_t<maco__t_e5m2>(args, blocks, threads, stream);
     default:
         return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }
 
 extern "C" cudaError_t maco__preload_plan(void)
 {
-    cudaFuncAttributes fa;
     cudaError_t e = cudaSuccess;
-#define MACO__PLAN_PRELOAD(T)                                                                      \
-    if (e == cudaSuccess)                                                                          \
-        e = cudaFuncGetAttributes(&fa, maco__plan_kernel<T, 0>);                                   \
-    if (e == cudaSuccess)                                                                          \
-        e = cudaFuncGetAttributes(&fa, maco__plan_kernel<T, 1>);
-    MACO__PLAN_PRELOAD(maco__t_i8)
-    MACO__PLAN_PRELOAD(maco__t_u8)
-    MACO__PLAN_PRELOAD(maco__t_i32)
-    MACO__PLAN_PRELOAD(maco__t_u32)
-    MACO__PLAN_PRELOAD(maco__t_i64)
-    MACO__PLAN_PRELOAD(maco__t_u64)
-    MACO__PLAN_PRELOAD(maco__t_f16)
-    MACO__PLAN_PRELOAD(maco__t_bf16)
-    MACO__PLAN_PRELOAD(maco__t_f32)
-    MACO__PLAN_PRELOAD(maco__t_f64)
-    MACO__PLAN_PRELOAD(maco__t_e4m3)
-    MACO__PLAN_PRELOAD(maco__t_e5m2)
-#undef MACO__PLAN_PRELOAD
+    e = maco__plan_preload_t<maco__t_i8>(e);
+    e = maco__plan_preload_t<maco__t_u8>(e);
+    e = maco__plan_preload_t<maco__t_i32>(e);
+    e = maco__plan_preload_t<maco__t_u32>(e);
+    e = maco__plan_preload_t<maco__t_i64>(e);
+    e = maco__plan_preload_t<maco__t_u64>(e);
+    e = maco__plan_preload_t<maco__t_f16>(e);
+    e = maco__plan_preload_t<maco__t_bf16>(e);
+    e = maco__plan_preload_t<maco__t_f32>(e);
+    e = maco__plan_preload_t<maco__t_f64>(e);
+    e = maco__plan_preload_t<maco__t_e4m3>(e);
+    e = maco__plan_preload_t<maco__t_e5m2>(e);
     return e;
 }
