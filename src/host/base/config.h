@@ -68,7 +68,7 @@ extern "C" {
     X(SHARED_GPU, BOOL, "0", "",                                                                   \
       "Let ranks share a GPU without MPS (correct, but kernels time-slice: each hand-off "         \
       "between ranks costs a time slice, about 4 ms). Under MPS sharing needs no setting.")        \
-    X(SCRATCH_SIZE, SIZE, "128M", "bytes",                                                          \
+    X(SCRATCH_SIZE, SIZE, "128M", "bytes",                                                         \
       "Scratch buffer per rank for collectives on unregistered buffers.")                          \
     X(ALGO_ALLREDUCE, STRING, "", "",                                                              \
       "Force an allreduce algorithm: oneshot_ll, twoshot_ll, rsag (one node) or hier (across "     \
