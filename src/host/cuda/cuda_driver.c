@@ -13,21 +13,26 @@
 static maco__cu_table_t maco__cu_table;
 static pthread_once_t maco__cu_once = PTHREAD_ONCE_INIT;
 
-static void maco__cu_load(void)
+/* The driver's entry point `name` (CUDA 12.0 ABI), or NULL with the runtime's error cleared. */
+static void *maco__cu_entry(const char *name)
 {
     enum cudaDriverEntryPointQueryResult q;
-    void *fn;
-#define MACO__CU_LOAD(name, type)                                                                  \
-    fn = NULL;                                                                                     \
-    if (cudaGetDriverEntryPointByVersion(#name, &fn, 12000, cudaEnableDefault, &q) ==              \
-            cudaSuccess &&                                                                         \
-        q == cudaDriverEntryPointSuccess)                                                          \
-        maco__cu_table.name = (type)fn;                                                            \
-    else                                                                                           \
-        cudaGetLastError();
-    MACO_CU_SYMBOLS(MACO__CU_LOAD)
-#undef MACO__CU_LOAD
+    void *fn = NULL;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        return fn;
+    cudaGetLastError();
+    return NULL;
 }
+
+#define MACO__CU_LOAD(name, type) maco__cu_table.name = (type)maco__cu_entry(#name);
+
+static void maco__cu_load(void)
+{
+    MACO_CU_SYMBOLS(MACO__CU_LOAD)
+}
+
+#undef MACO__CU_LOAD
 
 const maco__cu_table_t *maco__cu(void)
 {
