@@ -14,74 +14,92 @@ static uint64_t maco__ep_round(uint64_t v, uint64_t a)
     return (v + a - 1) / a * a;
 }
 
+/* Writes the sentence to why (when why_bytes > 0) and returns st. */
+static maco_status_t maco__ep_plan_refuse(char *why, size_t why_bytes, maco_status_t st,
+                                          const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static maco_status_t maco__ep_plan_refuse(char *why, size_t why_bytes, maco_status_t st,
+                                          const char *fmt, ...)
+{
+    if (why_bytes > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_bytes, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
 maco_status_t maco__ep_plan(const maco_ep_config_t *cfg, int nranks, maco__ep_geom_t *g,
                             maco__ep_offsets_t *o, char *why, size_t why_bytes)
 {
-#define MACO__EP_REFUSE(st, ...)                                                                   \
-    do {                                                                                           \
-        if (why_bytes > 0)                                                                         \
-            snprintf(why, why_bytes, __VA_ARGS__);                                                 \
-        return (st);                                                                               \
-    } while (0)
     if (cfg == NULL)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT, "config is NULL");
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT, "config is NULL");
     if (nranks < 1 || nranks > MACO_EP_MAX_RANKS)
-        MACO__EP_REFUSE(MACO_ERR_UNSUPPORTED, "%d ranks: EP buffers take 1 to %d ranks (one node)",
-                        nranks, MACO_EP_MAX_RANKS);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_UNSUPPORTED,
+                                    "%d ranks: EP buffers take 1 to %d ranks (one node)", nranks,
+                                    MACO_EP_MAX_RANKS);
     if ((unsigned)cfg->mode >= MACO_EP_MODE_COUNT)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                        "config.mode %d is neither MACO_EP_LOW_LATENCY (0) nor MACO_EP_NORMAL (1)",
-                        (int)cfg->mode);
+        return maco__ep_plan_refuse(
+            why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+            "config.mode %d is neither MACO_EP_LOW_LATENCY (0) nor MACO_EP_NORMAL (1)",
+            (int)cfg->mode);
     if ((unsigned)cfg->dtype >= MACO_DATATYPE_COUNT)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT, "config.dtype %d is outside [0, %d)",
-                        (int)cfg->dtype, MACO_DATATYPE_COUNT);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "config.dtype %d is outside [0, %d)", (int)cfg->dtype,
+                                    MACO_DATATYPE_COUNT);
     if (cfg->dtype != MACO_BFLOAT16)
-        MACO__EP_REFUSE(
-            MACO_ERR_UNSUPPORTED, "config.dtype %s: this version moves bfloat16 rows only%s",
+        return maco__ep_plan_refuse(
+            why, why_bytes, MACO_ERR_UNSUPPORTED,
+            "config.dtype %s: this version moves bfloat16 rows only%s",
             maco_datatype_name(cfg->dtype),
             cfg->dtype == MACO_FP8_E4M3 ? " (fp8 dispatch is not implemented yet)" : "");
     if (cfg->max_tokens_per_rank < 1 || cfg->max_tokens_per_rank > MACO_EP_MAX_TOKENS)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                        "config.max_tokens_per_rank %d is outside [1, %d]",
-                        cfg->max_tokens_per_rank, MACO_EP_MAX_TOKENS);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "config.max_tokens_per_rank %d is outside [1, %d]",
+                                    cfg->max_tokens_per_rank, MACO_EP_MAX_TOKENS);
     if (cfg->hidden < MACO_EP_HIDDEN_ALIGN || cfg->hidden > MACO_EP_MAX_HIDDEN ||
         cfg->hidden % MACO_EP_HIDDEN_ALIGN != 0)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                        "config.hidden %d is not a multiple of %d in [%d, %d] (rows are whole "
-                        "16-byte words)",
-                        cfg->hidden, MACO_EP_HIDDEN_ALIGN, MACO_EP_HIDDEN_ALIGN,
-                        MACO_EP_MAX_HIDDEN);
+        return maco__ep_plan_refuse(
+            why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+            "config.hidden %d is not a multiple of %d in [%d, %d] (rows are whole "
+            "16-byte words)",
+            cfg->hidden, MACO_EP_HIDDEN_ALIGN, MACO_EP_HIDDEN_ALIGN, MACO_EP_MAX_HIDDEN);
     if (cfg->num_experts < 1 || cfg->num_experts > MACO_EP_MAX_EXPERTS ||
         cfg->num_experts % nranks != 0)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                        "config.num_experts %d is not a multiple of the %d ranks in [1, %d]",
-                        cfg->num_experts, nranks, MACO_EP_MAX_EXPERTS);
+        return maco__ep_plan_refuse(
+            why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+            "config.num_experts %d is not a multiple of the %d ranks in [1, %d]", cfg->num_experts,
+            nranks, MACO_EP_MAX_EXPERTS);
     int kmax = cfg->num_experts < MACO_EP_MAX_TOPK ? cfg->num_experts : MACO_EP_MAX_TOPK;
     if (cfg->topk < 1 || cfg->topk > kmax)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                        "config.topk %d is outside [1, %d] (at most %d and num_experts)", cfg->topk,
-                        kmax, MACO_EP_MAX_TOPK);
+        return maco__ep_plan_refuse(
+            why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+            "config.topk %d is outside [1, %d] (at most %d and num_experts)", cfg->topk, kmax,
+            MACO_EP_MAX_TOPK);
     if (cfg->num_ctas < 0 || cfg->num_ctas > 1024)
-        MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT, "config.num_ctas %d is outside [0, 1024]",
-                        cfg->num_ctas);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "config.num_ctas %d is outside [0, 1024]", cfg->num_ctas);
     const int64_t n = nranks, T = cfg->max_tokens_per_rank, K = cfg->topk;
     const int64_t L = cfg->num_experts / nranks;
     const int64_t worst = n * T * (K < L ? K : L);
     int64_t recv_rows, cap = 0;
     if (cfg->mode == MACO_EP_LOW_LATENCY) {
         if (cfg->max_recv_tokens != 0)
-            MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                            "config.max_recv_tokens %lld: must be 0 in low latency mode (each "
-                            "local expert holds %lld rows)",
-                            (long long)cfg->max_recv_tokens, (long long)(n * T));
+            return maco__ep_plan_refuse(
+                why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                "config.max_recv_tokens %lld: must be 0 in low latency mode (each "
+                "local expert holds %lld rows)",
+                (long long)cfg->max_recv_tokens, (long long)(n * T));
         cap = n * T;
         recv_rows = L * cap;
     } else {
         if (cfg->max_recv_tokens < 0 || cfg->max_recv_tokens > worst)
-            MACO__EP_REFUSE(MACO_ERR_INVALID_ARGUMENT,
-                            "config.max_recv_tokens %lld is outside [0, %lld] (0: the worst "
-                            "case, ranks x max_tokens_per_rank x min(topk, local experts))",
-                            (long long)cfg->max_recv_tokens, (long long)worst);
+            return maco__ep_plan_refuse(
+                why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                "config.max_recv_tokens %lld is outside [0, %lld] (0: the worst "
+                "case, ranks x max_tokens_per_rank x min(topk, local experts))",
+                (long long)cfg->max_recv_tokens, (long long)worst);
         recv_rows = cfg->max_recv_tokens == 0 ? worst : cfg->max_recv_tokens;
     }
     if (g != NULL) {
@@ -114,7 +132,6 @@ maco_status_t maco__ep_plan(const maco_ep_config_t *cfg, int nranks, maco__ep_ge
         o->handle_bytes = maco__ep_round(o->h_meta_off + (uint64_t)recv_rows * 8u, 256);
     }
     return MACO_OK;
-#undef MACO__EP_REFUSE
 }
 
 /* The first invalid entry of row t before column k ends (MACO__EP_OK when entry k is fine). */
