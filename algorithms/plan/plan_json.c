@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,16 @@ static const maco__json_table_t *maco__json_loaded;
 static char maco__json_why[400];
 static pthread_once_t maco__json_once = PTHREAD_ONCE_INIT;
 
+/* Each table entry's exported name and where its pointer sits in the table. */
+static const struct {
+    const char *name;
+    size_t offset;
+} maco__json_symbols[] = {
+#define MACO__JSON_ENTRY(name, ret, params) { "json_" #name, offsetof(maco__json_table_t, name) },
+    MACO_JSON_SYMBOLS(MACO__JSON_ENTRY)
+#undef MACO__JSON_ENTRY
+};
+
 static void maco__json_load(void)
 {
     const char *path = maco__config_string(MACO_CFG_JSON_LIBRARY);
@@ -71,20 +82,18 @@ static void maco__json_load(void)
                  dl != NULL ? dl : "dlopen failed");
         return;
     }
-    void *fn;
-#define MACO__JSON_LOAD(name, ret, params)                                                         \
-    fn = dlsym(lib, "json_" #name);                                                                \
-    if (fn == NULL) {                                                                              \
-        snprintf(maco__json_why, sizeof(maco__json_why),                                           \
-                 "the JSON library %s (MACO_JSON_LIBRARY%s) lacks json_" #name                     \
-                 " (not Jansson 2.x?)",                                                            \
-                 path, maco__config_is_set(MACO_CFG_JSON_LIBRARY) ? "" : "'s default");            \
-        dlclose(lib);                                                                              \
-        return;                                                                                    \
-    }                                                                                              \
-    memcpy(&maco__json_table.name, &fn, sizeof(fn));
-    MACO_JSON_SYMBOLS(MACO__JSON_LOAD)
-#undef MACO__JSON_LOAD
+    for (size_t i = 0; i < sizeof(maco__json_symbols) / sizeof(maco__json_symbols[0]); i++) {
+        void *fn = dlsym(lib, maco__json_symbols[i].name);
+        if (fn == NULL) {
+            snprintf(maco__json_why, sizeof(maco__json_why),
+                     "the JSON library %s (MACO_JSON_LIBRARY%s) lacks %s (not Jansson 2.x?)", path,
+                     maco__config_is_set(MACO_CFG_JSON_LIBRARY) ? "" : "'s default",
+                     maco__json_symbols[i].name);
+            dlclose(lib);
+            return;
+        }
+        memcpy((char *)&maco__json_table + maco__json_symbols[i].offset, &fn, sizeof(fn));
+    }
     maco__json_loaded = &maco__json_table;
 }
 
