@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +13,19 @@ static maco__ibv_table_t maco__ibv_table;
 static const maco__ibv_table_t *maco__ibv_loaded; /* NULL: not usable */
 static char maco__ibv_why[512];
 static pthread_once_t maco__ibv_once = PTHREAD_ONCE_INIT;
+
+/* Each table entry's exported name, whether loading fails without it, and where its pointer
+ * sits in the table. */
+static const struct {
+    const char *name;
+    int required;
+    size_t offset;
+} maco__ibv_symbols[] = {
+#define MACO__IBV_ENTRY(name, required, ret, params)                                               \
+    { "ibv_" #name, (required), offsetof(maco__ibv_table_t, name) },
+    MACO_IBV_SYMBOLS(MACO__IBV_ENTRY)
+#undef MACO__IBV_ENTRY
+};
 
 static void maco__ibv_load(void)
 {
@@ -25,20 +39,18 @@ static void maco__ibv_load(void)
                  path, dl != NULL ? dl : "dlopen failed");
         return;
     }
-    void *fn;
     /* Each symbol's default version: the one a program linked today would bind. */
-#define MACO__IBV_LOAD(name, required, ret, params)                                                \
-    fn = dlsym(lib, "ibv_" #name);                                                                 \
-    if (fn == NULL && (required)) {                                                                \
-        snprintf(maco__ibv_why, sizeof(maco__ibv_why),                                             \
-                 "%s lacks ibv_" #name " (too old a libibverbs?)", path);                          \
-        dlclose(lib);                                                                              \
-        memset(&maco__ibv_table, 0, sizeof(maco__ibv_table));                                      \
-        return;                                                                                    \
-    }                                                                                              \
-    memcpy(&maco__ibv_table.name, &fn, sizeof(fn));
-    MACO_IBV_SYMBOLS(MACO__IBV_LOAD)
-#undef MACO__IBV_LOAD
+    for (size_t i = 0; i < sizeof(maco__ibv_symbols) / sizeof(maco__ibv_symbols[0]); i++) {
+        void *fn = dlsym(lib, maco__ibv_symbols[i].name);
+        if (fn == NULL && maco__ibv_symbols[i].required) {
+            snprintf(maco__ibv_why, sizeof(maco__ibv_why), "%s lacks %s (too old a libibverbs?)",
+                     path, maco__ibv_symbols[i].name);
+            dlclose(lib);
+            memset(&maco__ibv_table, 0, sizeof(maco__ibv_table));
+            return;
+        }
+        memcpy((char *)&maco__ibv_table + maco__ibv_symbols[i].offset, &fn, sizeof(fn));
+    }
     maco__ibv_loaded = &maco__ibv_table;
 }
 
