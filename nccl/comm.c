@@ -30,6 +30,11 @@ static int maco_nccl__current_device(void)
     return dev;
 }
 
+/* Whether config cfg, as large as its size field says, holds field (an older nccl.h made it
+ * smaller). */
+#define MACO_NCCL_HAS(cfg, field)                                                                  \
+    ((cfg)->size >= offsetof(ncclConfig_t, field) + sizeof((cfg)->field))
+
 /*
  * Reads an ncclConfig_t: magic and size are checked, and only the fields that lie inside
  * config->size are read, so a config from an older nccl.h (smaller) works. blocking (0 or 1)
@@ -49,8 +54,7 @@ static ncclResult_t maco_nccl__config(const ncclConfig_t *cfg, const char *what,
                                "%s: config->magic is %#x, not %#x: initialise the config with "
                                "NCCL_CONFIG_INITIALIZER",
                                what, cfg->magic, MACO_NCCL_CONFIG_MAGIC);
-#define MACO_NCCL_HAS(field) (cfg->size >= offsetof(ncclConfig_t, field) + sizeof(cfg->field))
-    if (!MACO_NCCL_HAS(blocking) || cfg->size > (1u << 20))
+    if (!MACO_NCCL_HAS(cfg, blocking) || cfg->size > (1u << 20))
         return maco_nccl__fail(ncclInvalidArgument,
                                "%s: config->size is %zu, outside [%zu, 1 MiB]: initialise the "
                                "config with NCCL_CONFIG_INITIALIZER",
@@ -62,19 +66,18 @@ static ncclResult_t maco_nccl__config(const ncclConfig_t *cfg, const char *what,
                                    what, cfg->blocking);
         *blocking_p = cfg->blocking;
     }
-    if (MACO_NCCL_HAS(maxCTAs) && cfg->minCTAs != NCCL_CONFIG_UNDEF_INT &&
+    if (MACO_NCCL_HAS(cfg, maxCTAs) && cfg->minCTAs != NCCL_CONFIG_UNDEF_INT &&
         cfg->maxCTAs != NCCL_CONFIG_UNDEF_INT && (cfg->minCTAs < 1 || cfg->maxCTAs < cfg->minCTAs))
         return maco_nccl__fail(ncclInvalidArgument,
                                "%s: config->minCTAs %d and maxCTAs %d: need 1 <= minCTAs <= "
                                "maxCTAs",
                                what, cfg->minCTAs, cfg->maxCTAs);
-    if (MACO_NCCL_HAS(splitShare) && cfg->splitShare != NCCL_CONFIG_UNDEF_INT &&
+    if (MACO_NCCL_HAS(cfg, splitShare) && cfg->splitShare != NCCL_CONFIG_UNDEF_INT &&
         cfg->splitShare != 0 && cfg->splitShare != 1)
         return maco_nccl__fail(ncclInvalidArgument, "%s: config->splitShare is %d, not 0 or 1",
                                what, cfg->splitShare);
-    if (MACO_NCCL_HAS(commName) && cfg->commName != NULL)
+    if (MACO_NCCL_HAS(cfg, commName) && cfg->commName != NULL)
         *name_p = cfg->commName;
-#undef MACO_NCCL_HAS
     return ncclSuccess;
 }
 

@@ -34,6 +34,24 @@ static ncclResult_t maco_nccl__real_result = ncclSuccess;
 static char maco_nccl__real_why[512];
 static maco_nccl__real_t maco_nccl__real_fns;
 
+/* The real NCCL's entry points: each exported name and the slot it fills. */
+static const struct {
+    const char *name;
+    void **slot;
+} maco_nccl__real_syms[] = {
+#define MACO_NCCL__SYM(field)                                                                      \
+    {                                                                                              \
+        "nccl" #field, (void **)&maco_nccl__real_fns.field                                         \
+    }
+    MACO_NCCL__SYM(GetUniqueId), MACO_NCCL__SYM(CommInitRank),  MACO_NCCL__SYM(CommDestroy),
+    MACO_NCCL__SYM(CommAbort),   MACO_NCCL__SYM(GroupStart),    MACO_NCCL__SYM(GroupEnd),
+    MACO_NCCL__SYM(AllReduce),   MACO_NCCL__SYM(Broadcast),     MACO_NCCL__SYM(Reduce),
+    MACO_NCCL__SYM(AllGather),   MACO_NCCL__SYM(ReduceScatter), MACO_NCCL__SYM(AlltoAll),
+    MACO_NCCL__SYM(Gather),      MACO_NCCL__SYM(Scatter),       MACO_NCCL__SYM(Send),
+    MACO_NCCL__SYM(Recv),        MACO_NCCL__SYM(GetLastError),
+#undef MACO_NCCL__SYM
+};
+
 static void maco_nccl__real_load(void)
 {
     int mode = maco_nccl__fallback_mode();
@@ -45,22 +63,10 @@ static void maco_nccl__real_load(void)
                            : "MACO_NCCL_FALLBACK is invalid (accepts auto or never)");
         return;
     }
-    struct {
-        const char *name;
-        void **slot;
-    } syms[] = {
-#define MACO_NCCL__SYM(field) { "nccl" #field, (void **)&maco_nccl__real_fns.field }
-        MACO_NCCL__SYM(GetUniqueId), MACO_NCCL__SYM(CommInitRank),  MACO_NCCL__SYM(CommDestroy),
-        MACO_NCCL__SYM(CommAbort),   MACO_NCCL__SYM(GroupStart),    MACO_NCCL__SYM(GroupEnd),
-        MACO_NCCL__SYM(AllReduce),   MACO_NCCL__SYM(Broadcast),     MACO_NCCL__SYM(Reduce),
-        MACO_NCCL__SYM(AllGather),   MACO_NCCL__SYM(ReduceScatter), MACO_NCCL__SYM(AlltoAll),
-        MACO_NCCL__SYM(Gather),      MACO_NCCL__SYM(Scatter),       MACO_NCCL__SYM(Send),
-        MACO_NCCL__SYM(Recv),        MACO_NCCL__SYM(GetLastError),
-#undef MACO_NCCL__SYM
-    };
-    for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-        maco_status_t st = maco_nccl_library_symbol(syms[i].name, syms[i].slot, maco_nccl__real_why,
-                                                    sizeof(maco_nccl__real_why));
+    for (size_t i = 0; i < sizeof(maco_nccl__real_syms) / sizeof(maco_nccl__real_syms[0]); i++) {
+        maco_status_t st =
+            maco_nccl_library_symbol(maco_nccl__real_syms[i].name, maco_nccl__real_syms[i].slot,
+                                     maco_nccl__real_why, sizeof(maco_nccl__real_why));
         if (st != MACO_OK) {
             /* MACO's own library is a usage error; a missing one a system error, as NCCL's
              * own loaders say. */
