@@ -136,45 +136,48 @@ static int g_rank;
                      maco_comm_get_last_error(comm));                                              \
     } while (0)
 
+/* Fills *slot with NCCL's entry point `name`; exits saying why where it is missing. */
+static void perf_nccl_need(const char *name, void **slot)
+{
+    char why[512];
+    if (maco_nccl_library_symbol(name, slot, why, sizeof(why)) != MACO_OK)
+        PERF_DIE("--nccl: %s", why);
+}
+
+/* Fills *slot with NCCL's entry point `name`, or NULL where this NCCL has none. */
+static void perf_nccl_want(const char *name, void **slot)
+{
+    if (maco_nccl_library_symbol(name, slot, NULL, 0) != MACO_OK)
+        *slot = NULL;
+}
+
 static void nccl_load(perf_nccl_t *nc)
 {
     /* NVLink multicast stays off (it can disturb shared machines; docs/design.md, rules). */
     setenv("NCCL_NVLS_ENABLE", "0", 1);
     /* MACO's loader (maco/nccl_bootstrap.h): MACO_NCCL_LIBRARY, never MACO's own libnccl.so.2. */
-#define PERF_SYM(field, name)                                                                      \
-    do {                                                                                           \
-        char why_[512];                                                                            \
-        if (maco_nccl_library_symbol(name, (void **)&nc->field, why_, sizeof(why_)) != MACO_OK)    \
-            PERF_DIE("--nccl: %s", why_);                                                          \
-    } while (0)
-    PERF_SYM(get_unique_id, "ncclGetUniqueId");
-    PERF_SYM(comm_init_rank, "ncclCommInitRank");
-    PERF_SYM(all_reduce, "ncclAllReduce");
-    PERF_SYM(all_gather, "ncclAllGather");
-    PERF_SYM(reduce_scatter, "ncclReduceScatter");
-    PERF_SYM(broadcast, "ncclBroadcast");
-    PERF_SYM(reduce, "ncclReduce");
-    PERF_SYM(send, "ncclSend");
-    PERF_SYM(recv, "ncclRecv");
-    PERF_SYM(group_start, "ncclGroupStart");
-    PERF_SYM(group_end, "ncclGroupEnd");
+    perf_nccl_need("ncclGetUniqueId", (void **)&nc->get_unique_id);
+    perf_nccl_need("ncclCommInitRank", (void **)&nc->comm_init_rank);
+    perf_nccl_need("ncclAllReduce", (void **)&nc->all_reduce);
+    perf_nccl_need("ncclAllGather", (void **)&nc->all_gather);
+    perf_nccl_need("ncclReduceScatter", (void **)&nc->reduce_scatter);
+    perf_nccl_need("ncclBroadcast", (void **)&nc->broadcast);
+    perf_nccl_need("ncclReduce", (void **)&nc->reduce);
+    perf_nccl_need("ncclSend", (void **)&nc->send);
+    perf_nccl_need("ncclRecv", (void **)&nc->recv);
+    perf_nccl_need("ncclGroupStart", (void **)&nc->group_start);
+    perf_nccl_need("ncclGroupEnd", (void **)&nc->group_end);
     /* NCCL 2.28 spells it ncclAlltoAll; older releases have none (send/recv in a group). */
-    if (maco_nccl_library_symbol("ncclAlltoAll", (void **)&nc->alltoall, NULL, 0) != MACO_OK)
-        nc->alltoall = NULL;
-    PERF_SYM(comm_destroy, "ncclCommDestroy");
-    PERF_SYM(get_error_string, "ncclGetErrorString");
-    PERF_SYM(get_version, "ncclGetVersion");
-#undef PERF_SYM
+    perf_nccl_want("ncclAlltoAll", (void **)&nc->alltoall);
+    perf_nccl_need("ncclCommDestroy", (void **)&nc->comm_destroy);
+    perf_nccl_need("ncclGetErrorString", (void **)&nc->get_error_string);
+    perf_nccl_need("ncclGetVersion", (void **)&nc->get_version);
     /* Optional: symmetric windows (2.27 on) and the debug-log reset (for NCCL's path). */
-#define PERF_OPT(field, name)                                                                      \
-    if (maco_nccl_library_symbol(name, (void **)&nc->field, NULL, 0) != MACO_OK)                   \
-    nc->field = NULL
-    PERF_OPT(mem_alloc, "ncclMemAlloc");
-    PERF_OPT(mem_free, "ncclMemFree");
-    PERF_OPT(win_register, "ncclCommWindowRegister");
-    PERF_OPT(win_deregister, "ncclCommWindowDeregister");
-    PERF_OPT(reset_debug, "ncclResetDebugInit");
-#undef PERF_OPT
+    perf_nccl_want("ncclMemAlloc", (void **)&nc->mem_alloc);
+    perf_nccl_want("ncclMemFree", (void **)&nc->mem_free);
+    perf_nccl_want("ncclCommWindowRegister", (void **)&nc->win_register);
+    perf_nccl_want("ncclCommWindowDeregister", (void **)&nc->win_deregister);
+    perf_nccl_want("ncclResetDebugInit", (void **)&nc->reset_debug);
     nc->get_version(&nc->version);
     Dl_info info;
     snprintf(nc->library, sizeof(nc->library), "%s",
