@@ -397,61 +397,7 @@ class PKernel
         return kernel;
     }
 
-    int add_task(const nb::dict &d)
-    {
-        /* maco_task_t's fields (maco/persistent.h); another key is a typo that would
-         * otherwise leave its field 0. */
-        static const char *const fields[] = {
-            "type", "role",       "datatype",   "channel",  "count",  "alpha",  "out", "a",
-            "b",    "src_offset", "dst_offset", "rows",     "ld_in",  "ld_out", "m",   "n",
-            "k",    "ldc",        "tile_row",   "tile_col", "tile_n", "name"
-        };
-        for (auto item : d) {
-            std::string key = nb::cast<std::string>(item.first);
-            bool known = false;
-            for (const char *f : fields)
-                known = known || key == f;
-            if (!known)
-                throw nb::value_error(("add_task: unknown field '" + key +
-                                       "' (maco_task_t has type, role, datatype, channel, count, "
-                                       "alpha, out, a, b, src_offset, dst_offset, rows, ld_in, "
-                                       "ld_out, m, n, k, ldc, tile_row, tile_col, tile_n, "
-                                       "name)")
-                                          .c_str());
-        }
-        maco_task_t t{};
-        auto u64 = [&](const char *key) -> uint64_t {
-            return d.contains(key) ? nb::cast<uint64_t>(d[key]) : 0;
-        };
-        t.type = (maco_task_type_t)u64("type");
-        t.role = (maco_task_role_t)u64("role");
-        t.datatype = (maco_datatype_t)u64("datatype");
-        t.channel = (uint32_t)u64("channel");
-        t.count = u64("count");
-        t.alpha = d.contains("alpha") ? nb::cast<float>(d["alpha"]) : 0.0f;
-        t.out = ptr((uintptr_t)u64("out"));
-        t.a = ptr((uintptr_t)u64("a"));
-        t.b = ptr((uintptr_t)u64("b"));
-        t.src_offset = u64("src_offset");
-        t.dst_offset = u64("dst_offset");
-        t.rows = (uint32_t)u64("rows");
-        t.ld_in = (uint32_t)u64("ld_in");
-        t.ld_out = (uint32_t)u64("ld_out");
-        t.m = (uint32_t)u64("m");
-        t.n = (uint32_t)u64("n");
-        t.k = (uint32_t)u64("k");
-        t.ldc = (uint32_t)u64("ldc");
-        t.tile_row = (uint32_t)u64("tile_row");
-        t.tile_col = (uint32_t)u64("tile_col");
-        t.tile_n = (uint32_t)u64("tile_n");
-        std::string name = d.contains("name") ? nb::cast<std::string>(d["name"]) : std::string();
-        t.name = name.empty() ? nullptr : name.c_str();
-        int id = -1;
-        maco_task_graph_t gr = g();
-        checked("maco_task_graph_add_task", comm(),
-                [&] { return maco_task_graph_add_task(gr, &t, &id); });
-        return id;
-    }
+    int add_task(const nb::dict &d);
 
     int ntasks() const
     {
@@ -472,93 +418,14 @@ class PKernel
     /* Registers `bytes` at `scratch` (device memory of this rank), imports every peer's
      * (collective: bootstrap allgather of the handles) and makes a memory channel to each
      * peer over them; returns the graph's channel index per rank (-1 for this rank). */
-    std::vector<int> setup_channels(uintptr_t scratch, size_t bytes)
-    {
-        maco_comm_t c = comm();
-        maco_task_graph_t gr = g();
-        int rank = 0, n = 0;
-        maco_comm_get_rank(c, &rank);
-        maco_comm_get_nranks(c, &n);
-        maco_bootstrap_t bs = nullptr;
-        maco_comm_get_bootstrap(c, &bs);
-        maco_mem_t mine = nullptr;
-        checked("maco_mem_register", c,
-                [&] { return maco_mem_register(c, ptr(scratch), bytes, &mine); });
-        mems.push_back(mine);
-        std::vector<uint8_t> h((size_t)n * MACO_MEM_HANDLE_BYTES);
-        checked("maco_mem_serialize", c,
-                [&] { return maco_mem_serialize(mine, &h[(size_t)rank * MACO_MEM_HANDLE_BYTES]); });
-        checked("maco_bootstrap_allgather", c,
-                [&] { return maco_bootstrap_allgather(bs, h.data(), MACO_MEM_HANDLE_BYTES); });
-        std::vector<int> index((size_t)n, -1);
-        for (int q = 0; q < n; q++) {
-            if (q == rank)
-                continue;
-            maco_mem_t peer = nullptr;
-            checked("maco_mem_import", c, [&] {
-                return maco_mem_import(c, &h[(size_t)q * MACO_MEM_HANDLE_BYTES], &peer);
-            });
-            mems.push_back(peer);
-            maco_memory_channel_t ch = nullptr;
-            checked("maco_memory_channel_create", c,
-                    [&] { return maco_memory_channel_create(c, q, mine, peer, &ch); });
-            chans.push_back(ch);
-            maco_memory_channel_device_t dh;
-            checked("maco_memory_channel_get_device_handle", c,
-                    [&] { return maco_memory_channel_get_device_handle(ch, &dh); });
-            checked("maco_task_graph_add_channel", c,
-                    [&] { return maco_task_graph_add_channel(gr, &dh, &index[(size_t)q]); });
-        }
-        return index;
-    }
+    std::vector<int> setup_channels(uintptr_t scratch, size_t bytes);
 
     int add_fused(int kind, const std::vector<int> &channels, const std::vector<int> &out_channels,
                   uintptr_t a, uintptr_t b, uintptr_t out, uintptr_t scratch, uint32_t m,
-                  uint32_t n, uint32_t kk, int out_type, const std::string &name)
-    {
-        maco_fused_gemm_t op{};
-        op.comm = comm();
-        op.channels = channels.data();
-        op.out_channels = out_channels.empty() ? nullptr : out_channels.data();
-        op.a = ptr(a);
-        op.b = ptr(b);
-        op.out = ptr(out);
-        op.scratch = ptr(scratch);
-        op.m = m;
-        op.n = n;
-        op.k = kk;
-        op.out_type = static_cast<maco_datatype_t>(out_type);
-        op.name = name.empty() ? nullptr : name.c_str();
-        int last = -1;
-        maco_task_graph_t gr = g();
-        if (kind == MACO_FUSED_ALLGATHER_GEMM)
-            checked("maco_task_graph_add_allgather_gemm", op.comm,
-                    [&] { return maco_task_graph_add_allgather_gemm(gr, &op, &last); });
-        else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
-            checked("maco_task_graph_add_gemm_reduce_scatter", op.comm,
-                    [&] { return maco_task_graph_add_gemm_reduce_scatter(gr, &op, &last); });
-        else
-            checked("maco_task_graph_add_gemm_allreduce", op.comm,
-                    [&] { return maco_task_graph_add_gemm_allreduce(gr, &op, &last); });
-        return last;
-    }
+                  uint32_t n, uint32_t kk, int out_type, const std::string &name);
 
     /* Creates the kernel (validates and uploads the graph); the graph is freed then. */
-    void compile(int workers, int schedulers, int comm_workers, int threads, bool profile)
-    {
-        maco_comm_t c = comm();
-        maco_task_graph_t gr = g();
-        maco_persistent_config_t cfg{};
-        cfg.workers = workers;
-        cfg.schedulers = schedulers;
-        cfg.comm_workers = comm_workers;
-        cfg.threads = threads;
-        cfg.profile = profile ? 1 : 0;
-        checked("maco_persistent_kernel_create", c,
-                [&] { return maco_persistent_kernel_create(c, gr, &cfg, &kernel); });
-        maco_task_graph_destroy(graph);
-        graph = nullptr;
-    }
+    void compile(int workers, int schedulers, int comm_workers, int threads, bool profile);
 
     void launch(uintptr_t stream)
     {
@@ -567,33 +434,10 @@ class PKernel
                 [&] { return maco_persistent_kernel_launch(kk, stream_of(stream)); });
     }
 
-    nb::dict config() const
-    {
-        maco_persistent_config_t cfg{};
-        maco_persistent_kernel_t kk = k();
-        checked("maco_persistent_kernel_get_config", comm(),
-                [&] { return maco_persistent_kernel_get_config(kk, &cfg); });
-        nb::dict d;
-        d["workers"] = cfg.workers;
-        d["schedulers"] = cfg.schedulers;
-        d["comm_workers"] = cfg.comm_workers;
-        d["threads"] = cfg.threads;
-        d["profile"] = cfg.profile != 0;
-        return d;
-    }
+    nb::dict config() const;
 
     /* (start_ns, end_ns, sm, cta) per task of the last profiled launch. */
-    std::vector<std::vector<uint64_t>> profile(size_t ntasks) const
-    {
-        std::vector<maco_task_profile_t> rec(ntasks);
-        maco_persistent_kernel_t kk = k();
-        checked("maco_persistent_kernel_get_profile", comm(),
-                [&] { return maco_persistent_kernel_get_profile(kk, rec.data(), rec.size()); });
-        std::vector<std::vector<uint64_t>> out;
-        for (const auto &r : rec)
-            out.push_back({ r.start_ns, r.end_ns, (uint64_t)r.sm, (uint64_t)r.cta });
-        return out;
-    }
+    std::vector<std::vector<uint64_t>> profile(size_t ntasks) const;
 
     void write_trace(const std::string &path) const
     {
@@ -602,27 +446,7 @@ class PKernel
                 [&] { return maco_persistent_kernel_write_trace(kk, path.c_str()); });
     }
 
-    std::string summary() const
-    {
-        maco_persistent_kernel_t kk = k();
-        char *text = nullptr;
-        size_t len = 0;
-        FILE *f = open_memstream(&text, &len);
-        if (f == nullptr)
-            throw StatusError{ MACO_ERR_NO_MEMORY, "open_memstream failed" };
-        Capture capture;
-        maco_status_t r;
-        {
-            nb::gil_scoped_release release;
-            r = maco_persistent_kernel_print_summary(kk, f);
-        }
-        fclose(f);
-        std::string out(text != nullptr ? text : "", len);
-        free(text);
-        if (r != MACO_OK)
-            raise_status(r, comm(), "maco_persistent_kernel_print_summary");
-        return out;
-    }
+    std::string summary() const;
 
     void close()
     {
@@ -656,6 +480,200 @@ class PKernel
     std::vector<maco_memory_channel_t> chans;
     std::vector<maco_mem_t> mems;
 };
+
+/* PKernel's longer members, defined here so the class reads as its interface. */
+
+int PKernel::add_task(const nb::dict &d)
+{
+    /* maco_task_t's fields (maco/persistent.h); another key is a typo that would
+     * otherwise leave its field 0. */
+    static const char *const fields[] = {
+        "type", "role",       "datatype",   "channel",  "count",  "alpha",  "out", "a",
+        "b",    "src_offset", "dst_offset", "rows",     "ld_in",  "ld_out", "m",   "n",
+        "k",    "ldc",        "tile_row",   "tile_col", "tile_n", "name"
+    };
+    for (auto item : d) {
+        std::string key = nb::cast<std::string>(item.first);
+        bool known = false;
+        for (const char *f : fields)
+            known = known || key == f;
+        if (!known)
+            throw nb::value_error(("add_task: unknown field '" + key +
+                                   "' (maco_task_t has type, role, datatype, channel, count, "
+                                   "alpha, out, a, b, src_offset, dst_offset, rows, ld_in, "
+                                   "ld_out, m, n, k, ldc, tile_row, tile_col, tile_n, "
+                                   "name)")
+                                      .c_str());
+    }
+    maco_task_t t{};
+    auto u64 = [&](const char *key) -> uint64_t {
+        return d.contains(key) ? nb::cast<uint64_t>(d[key]) : 0;
+    };
+    t.type = (maco_task_type_t)u64("type");
+    t.role = (maco_task_role_t)u64("role");
+    t.datatype = (maco_datatype_t)u64("datatype");
+    t.channel = (uint32_t)u64("channel");
+    t.count = u64("count");
+    t.alpha = d.contains("alpha") ? nb::cast<float>(d["alpha"]) : 0.0f;
+    t.out = ptr((uintptr_t)u64("out"));
+    t.a = ptr((uintptr_t)u64("a"));
+    t.b = ptr((uintptr_t)u64("b"));
+    t.src_offset = u64("src_offset");
+    t.dst_offset = u64("dst_offset");
+    t.rows = (uint32_t)u64("rows");
+    t.ld_in = (uint32_t)u64("ld_in");
+    t.ld_out = (uint32_t)u64("ld_out");
+    t.m = (uint32_t)u64("m");
+    t.n = (uint32_t)u64("n");
+    t.k = (uint32_t)u64("k");
+    t.ldc = (uint32_t)u64("ldc");
+    t.tile_row = (uint32_t)u64("tile_row");
+    t.tile_col = (uint32_t)u64("tile_col");
+    t.tile_n = (uint32_t)u64("tile_n");
+    std::string name = d.contains("name") ? nb::cast<std::string>(d["name"]) : std::string();
+    t.name = name.empty() ? nullptr : name.c_str();
+    int id = -1;
+    maco_task_graph_t gr = g();
+    checked("maco_task_graph_add_task", comm(),
+            [&] { return maco_task_graph_add_task(gr, &t, &id); });
+    return id;
+}
+
+std::vector<int> PKernel::setup_channels(uintptr_t scratch, size_t bytes)
+{
+    maco_comm_t c = comm();
+    maco_task_graph_t gr = g();
+    int rank = 0, n = 0;
+    maco_comm_get_rank(c, &rank);
+    maco_comm_get_nranks(c, &n);
+    maco_bootstrap_t bs = nullptr;
+    maco_comm_get_bootstrap(c, &bs);
+    maco_mem_t mine = nullptr;
+    checked("maco_mem_register", c,
+            [&] { return maco_mem_register(c, ptr(scratch), bytes, &mine); });
+    mems.push_back(mine);
+    std::vector<uint8_t> h((size_t)n * MACO_MEM_HANDLE_BYTES);
+    checked("maco_mem_serialize", c,
+            [&] { return maco_mem_serialize(mine, &h[(size_t)rank * MACO_MEM_HANDLE_BYTES]); });
+    checked("maco_bootstrap_allgather", c,
+            [&] { return maco_bootstrap_allgather(bs, h.data(), MACO_MEM_HANDLE_BYTES); });
+    std::vector<int> index((size_t)n, -1);
+    for (int q = 0; q < n; q++) {
+        if (q == rank)
+            continue;
+        maco_mem_t peer = nullptr;
+        checked("maco_mem_import", c,
+                [&] { return maco_mem_import(c, &h[(size_t)q * MACO_MEM_HANDLE_BYTES], &peer); });
+        mems.push_back(peer);
+        maco_memory_channel_t ch = nullptr;
+        checked("maco_memory_channel_create", c,
+                [&] { return maco_memory_channel_create(c, q, mine, peer, &ch); });
+        chans.push_back(ch);
+        maco_memory_channel_device_t dh;
+        checked("maco_memory_channel_get_device_handle", c,
+                [&] { return maco_memory_channel_get_device_handle(ch, &dh); });
+        checked("maco_task_graph_add_channel", c,
+                [&] { return maco_task_graph_add_channel(gr, &dh, &index[(size_t)q]); });
+    }
+    return index;
+}
+
+int PKernel::add_fused(int kind, const std::vector<int> &channels,
+                       const std::vector<int> &out_channels, uintptr_t a, uintptr_t b,
+                       uintptr_t out, uintptr_t scratch, uint32_t m, uint32_t n, uint32_t kk,
+                       int out_type, const std::string &name)
+{
+    maco_fused_gemm_t op{};
+    op.comm = comm();
+    op.channels = channels.data();
+    op.out_channels = out_channels.empty() ? nullptr : out_channels.data();
+    op.a = ptr(a);
+    op.b = ptr(b);
+    op.out = ptr(out);
+    op.scratch = ptr(scratch);
+    op.m = m;
+    op.n = n;
+    op.k = kk;
+    op.out_type = static_cast<maco_datatype_t>(out_type);
+    op.name = name.empty() ? nullptr : name.c_str();
+    int last = -1;
+    maco_task_graph_t gr = g();
+    if (kind == MACO_FUSED_ALLGATHER_GEMM)
+        checked("maco_task_graph_add_allgather_gemm", op.comm,
+                [&] { return maco_task_graph_add_allgather_gemm(gr, &op, &last); });
+    else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
+        checked("maco_task_graph_add_gemm_reduce_scatter", op.comm,
+                [&] { return maco_task_graph_add_gemm_reduce_scatter(gr, &op, &last); });
+    else
+        checked("maco_task_graph_add_gemm_allreduce", op.comm,
+                [&] { return maco_task_graph_add_gemm_allreduce(gr, &op, &last); });
+    return last;
+}
+
+void PKernel::compile(int workers, int schedulers, int comm_workers, int threads, bool profile)
+{
+    maco_comm_t c = comm();
+    maco_task_graph_t gr = g();
+    maco_persistent_config_t cfg{};
+    cfg.workers = workers;
+    cfg.schedulers = schedulers;
+    cfg.comm_workers = comm_workers;
+    cfg.threads = threads;
+    cfg.profile = profile ? 1 : 0;
+    checked("maco_persistent_kernel_create", c,
+            [&] { return maco_persistent_kernel_create(c, gr, &cfg, &kernel); });
+    maco_task_graph_destroy(graph);
+    graph = nullptr;
+}
+
+nb::dict PKernel::config() const
+{
+    maco_persistent_config_t cfg{};
+    maco_persistent_kernel_t kk = k();
+    checked("maco_persistent_kernel_get_config", comm(),
+            [&] { return maco_persistent_kernel_get_config(kk, &cfg); });
+    nb::dict d;
+    d["workers"] = cfg.workers;
+    d["schedulers"] = cfg.schedulers;
+    d["comm_workers"] = cfg.comm_workers;
+    d["threads"] = cfg.threads;
+    d["profile"] = cfg.profile != 0;
+    return d;
+}
+
+std::vector<std::vector<uint64_t>> PKernel::profile(size_t ntasks) const
+{
+    std::vector<maco_task_profile_t> rec(ntasks);
+    maco_persistent_kernel_t kk = k();
+    checked("maco_persistent_kernel_get_profile", comm(),
+            [&] { return maco_persistent_kernel_get_profile(kk, rec.data(), rec.size()); });
+    std::vector<std::vector<uint64_t>> out;
+    for (const auto &r : rec)
+        out.push_back({ r.start_ns, r.end_ns, (uint64_t)r.sm, (uint64_t)r.cta });
+    return out;
+}
+
+std::string PKernel::summary() const
+{
+    maco_persistent_kernel_t kk = k();
+    char *text = nullptr;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == nullptr)
+        throw StatusError{ MACO_ERR_NO_MEMORY, "open_memstream failed" };
+    Capture capture;
+    maco_status_t r;
+    {
+        nb::gil_scoped_release release;
+        r = maco_persistent_kernel_print_summary(kk, f);
+    }
+    fclose(f);
+    std::string out(text != nullptr ? text : "", len);
+    free(text);
+    if (r != MACO_OK)
+        raise_status(r, comm(), "maco_persistent_kernel_print_summary");
+    return out;
+}
 
 /* ------------------------------------------------------------------ DLPack */
 
