@@ -108,11 +108,14 @@ MACO_API maco_status_t maco_mem_serialize(maco_mem_t mem, void *out);
  * Maps a peer's registered buffer from its serialized handle into this process, for this
  * communicator's device. Not collective; may block briefly (bounded by
  * MACO_BOOTSTRAP_TIMEOUT) to fetch a file descriptor from the owner's process.
+ * A buffer of a rank on another node is imported without a mapping: the handle then names
+ * it (owner, address, size) for port channels over a network transport (IB, TCP), whose
+ * owner-side proxy or NIC writes it, and maco_mem_get_pointer() on it returns
+ * MACO_ERR_UNSUPPORTED.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, not a MACO memory handle, a handle of this
- * rank), MACO_ERR_UNSUPPORTED (the owner is on another node; pinned host memory that only
- * its own process can use), MACO_ERR_CUDA (the mapping failed, e.g. the two GPUs have no
- * peer access: the message names both devices), MACO_ERR_REMOTE (the owner no longer exports
- * it), MACO_ERR_TIMEOUT.
+ * rank), MACO_ERR_UNSUPPORTED (pinned host memory that only its own process can use),
+ * MACO_ERR_CUDA (the mapping failed, e.g. the two GPUs have no peer access: the message
+ * names both devices), MACO_ERR_REMOTE (the owner no longer exports it), MACO_ERR_TIMEOUT.
  */
 MACO_API maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *mem_p);
 

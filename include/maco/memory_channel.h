@@ -22,9 +22,11 @@ typedef struct maco_memory_channel *maco_memory_channel_t;
  * the call exchanges semaphore ids with it over the bootstrap (blocking, bounded by the
  * bootstrap timeout). Each channel takes one semaphore from the communicator's pool.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, peer out of range or this rank, `remote` not
- * owned by `peer`, `local` not owned by this rank), MACO_ERR_UNSUPPORTED (no GPU),
- * MACO_ERR_NO_MEMORY (semaphore pool exhausted: the message gives its size),
- * MACO_ERR_TIMEOUT / MACO_ERR_REMOTE (bootstrap).
+ * owned by `peer`, `local` not owned by this rank), MACO_ERR_UNSUPPORTED (no GPU; `peer` on
+ * another node: use a port channel over IB or TCP), MACO_ERR_NO_MEMORY (semaphore pool
+ * exhausted: the message gives its size), MACO_ERR_INVALID_USAGE (the two ranks' channel
+ * creations do not match one to one: the message gives both counts), MACO_ERR_TIMEOUT /
+ * MACO_ERR_REMOTE (bootstrap).
  */
 MACO_API maco_status_t maco_memory_channel_create(maco_comm_t comm, int peer, maco_mem_t local,
                                                   maco_mem_t remote, maco_memory_channel_t *ch_p);

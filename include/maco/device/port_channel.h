@@ -22,16 +22,19 @@
  *   visible is how the hardware behaves (same L2), not a promise of the PTX memory model
  *   (maco/device/fifo.h). The fence is cheaper than a system-scope release, which shortens a
  *   put_with_signal ping-pong and back-to-back pushes (docs/performance.md, "Transports").
- * - host memory: a system-scope release (the proxy's CPU reads the source).
+ * - host memory, IB verbs and TCP: a system-scope release (the proxy's CPU, or the NIC,
+ *   reads the source).
  * - flush alone: no ordering (it carries no data).
  *
- * Small puts: on a CUDA copy channel whose buffers start 8-byte aligned (cudaMalloc and
- * maco_mem_alloc buffers do), a put (with or without signal) of exactly 4 or 8 bytes whose
- * source and destination offsets are multiples of its size travels inside its trigger: the calling
- * thread reads the value when it pushes (so the source may be changed right after the call), and
- * the proxy writes it with a stream memory operation, in the same stream order as copies, instead
- * of starting a copy (faster per put: docs/performance.md, "Transports"). Other sizes and
- * alignments, and host-memory channels, use the copy.
+ * Small puts: on a CUDA copy channel, or a TCP channel whose source is device memory, whose
+ * buffers start 8-byte aligned (cudaMalloc and maco_mem_alloc buffers do), a put (with or
+ * without signal) of exactly 4 or 8 bytes whose source and destination offsets are multiples
+ * of its size travels inside its trigger: the calling thread reads the value when it pushes
+ * (so the source may be changed right after the call). On CUDA copy the proxy writes it with a
+ * stream memory operation, in the same stream order as copies, instead of starting a copy
+ * (faster per put: docs/performance.md, "Transports"); on TCP the proxy sends the value
+ * without reading the source. Other sizes and alignments, and host-memory and IB channels,
+ * use the copy.
  *
  * All waits are bounded (MACO_DEVICE_TIMEOUT) and return MACO_ERR_TIMEOUT with a device
  * error report, or MACO_ERR_REMOTE when the proxy has stopped or another wait failed.
