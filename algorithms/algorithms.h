@@ -66,6 +66,30 @@ typedef struct maco__coll_layout {
     size_t oneshot_max; /* bytes per rank */
 } maco__coll_layout_t;
 
+/* The sizes that shape the buffer; every rank must have the same (fixed layout). */
+typedef struct maco__coll_sizes {
+    uint64_t oneshot_max;
+    uint64_t scratch_bytes;
+    int32_t rsag_ctas;
+    int32_t p2p_lanes;
+    int32_t hier_ctas;
+    uint64_t p2p_chunk;
+} maco__coll_sizes_t;
+
+/* MACO_P2P_CHUNK_SIZE=0 (the default): the largest power of two from 16 KiB to
+ * MACO__P2P_AUTO_CHUNK_MAX whose copy slots for `srcs` peers and `lanes` lanes (2 slots each)
+ * fit MACO__P2P_AUTO_BYTES (2x H200: 512 KiB chunks on 32 lanes reached 0.98-1.01x NCCL's
+ * send/recv at 1 GiB where 128 KiB reached 0.67x; docs/performance.md, 2026-11-27). Pure
+ * (layout.c). */
+enum { MACO__P2P_AUTO_CHUNK_MAX = 512 << 10 };
+#define MACO__P2P_AUTO_BYTES ((size_t)64 << 20)
+size_t maco__p2p_auto_chunk(size_t srcs, size_t lanes);
+
+/* The layout above for `nranks` ranks on this node and `nnodes` nodes from the sizes `z`
+ * (checked by the caller: setup.c's maco__coll_read_sizes): every offset a multiple of 256
+ * bytes, the regions back to back in the order listed, total_bytes the end. Pure (layout.c). */
+void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes, const maco__coll_sizes_t *z);
+
 /* Registrations published to peers for in-place collectives (registry.c). */
 typedef struct maco__registry maco__registry_t;
 
