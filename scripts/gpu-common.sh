@@ -1,8 +1,9 @@
 # Sourced (not run) by the scripts/gpu-*.sh that run on a lent GPU machine from the checkout's
-# root: $OUT for the logs, the carried build as $B (build/, else gpu-bundle/build from
-# scripts/gpu-bundle.sh), ctest's absolute paths of the build machine made to resolve here,
-# NCCL_NVLS_ENABLE=0, and step NAME TIMEOUT COMMAND...: runs COMMAND into $OUT/NAME.txt and
-# adds a summary line (rc, seconds, the last PASSED/FAILED/wrong-values line) to $summary.
+# root: $OUT for the logs, the carried build as $B (build/, else gpu-bundle/build: copied by
+# scripts/gpu-bundle.sh, or scripts/gpu-pack.sh's build.tgz unpacked by the calling script),
+# ctest's absolute paths of the build machine made to resolve here, NCCL_NVLS_ENABLE=0, and
+# step NAME TIMEOUT COMMAND...: runs COMMAND into $OUT/NAME.txt and adds a summary line (rc,
+# seconds, the last PASSED/FAILED/wrong-values line) to $summary.
 OUT=${OUT:-/tmp/maco-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0

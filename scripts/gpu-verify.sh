@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU verification on a machine with one or more GPUs, from the checkout's root, over a carried
-# build (scripts/gpu-issue23-bundle.sh BUILD WHEEL packs it into gpu-bundle/: the build,
+# build (scripts/gpu-pack.sh BUILD WHEEL packs it into gpu-bundle/: the build,
 # MACO's libnccl and its tests, the Python package's cp312 wheel). Nothing is built or
 # downloaded on the GPU machine. docs/multi-gpu-runbook.md says how to bundle and call it.
 #   usage: bash scripts/gpu-verify.sh STAGE [STAGE...]
@@ -25,10 +25,12 @@
 #                send/recv included) on 2 and N GPUs, one rank per GPU
 #   nccl-tests   tests/nccl/run_nccl_tests.sh over NCCL_TESTS_DIR (a checkout of NVIDIA's
 #                nccl-tests the caller brings; NCCL_TESTS_ONLY="all_reduce ..." narrows it)
-#   issue33-*    scripts/gpu-issue33.sh's stages (tests, torch)
-#   perf-*       scripts/gpu-issue22.sh's stages (verify, check, tables-1..3, nccl-new, report):
+#   clients-*    scripts/gpu-clients.sh's stages (tests, torch): the multi-process NCCL tests,
+#                the Python package's GPU tests, PyTorch on the maco backend
+#   perf-*       scripts/gpu-perf.sh's stages (verify, check, tables-1..3, nccl-new, report):
 #                maco-perf against NCCL for every collective, -R 0/1, eager and -G
-#   issue23-*    scripts/gpu-issue23.sh's stages (nodes, perf, apps, fused)
+#   nodes-*      scripts/gpu-nodes-apps.sh's stages (nodes, perf, apps, fused): 2 simulated
+#                nodes x 2, PyTorch jobs on MACO's libnccl and the maco backend, fused operators
 # BUDGET_S (default 570) bounds the call; each step has its own limit. The summary is printed
 # last; the logs are packed into $OUT/gpu-verify-<stages>.tgz.
 set -uo pipefail
@@ -125,15 +127,15 @@ for stage in "$@"; do
       [ -f "$nt/summary.txt" ] && cp "$nt/summary.txt" "$OUT/nccl-tests-summary.txt"
     fi
     ;;
-  issue33-* | perf-* | issue23-*)
-    # Stages of the larger scripts this entry forwards to: issue33-* (gpu-issue33.sh: tests,
-    # torch), perf-* (gpu-issue22.sh: verify, check, tables-1..3, nccl-new, report: every
-    # collective against NCCL's classic and symmetric kernels), issue23-* (gpu-issue23.sh:
+  clients-* | perf-* | nodes-*)
+    # Stages of the larger scripts this entry forwards to: clients-* (gpu-clients.sh: tests,
+    # torch), perf-* (gpu-perf.sh: verify, check, tables-1..3, nccl-new, report: every
+    # collective against NCCL's classic and symmetric kernels), nodes-* (gpu-nodes-apps.sh:
     # nodes, perf, apps, fused).
     case $stage in
-    issue33-*) script=scripts/gpu-issue33.sh arg=${stage#issue33-} ;;
-    perf-*) script=scripts/gpu-issue22.sh arg=${stage#perf-} ;;
-    *) script=scripts/gpu-issue23.sh arg=${stage#issue23-} ;;
+    clients-*) script=scripts/gpu-clients.sh arg=${stage#clients-} ;;
+    perf-*) script=scripts/gpu-perf.sh arg=${stage#perf-} ;;
+    *) script=scripts/gpu-nodes-apps.sh arg=${stage#nodes-} ;;
     esac
     BUDGET_S=$(left) bash "$script" "$arg" > "$OUT/$stage.txt" 2>&1
     summary+=("$(printf '%-22s rc=%d (its summary: %s.txt)' "$stage" $? "$stage")")

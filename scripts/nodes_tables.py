@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Markdown tables of maco-perf runs on 2 simulated nodes x 2 ranks next to one node of 4
-(scripts/gpu-issue23.sh perf): for each collective, per size the algorithm, time (us) and
+(scripts/gpu-nodes-apps.sh perf): for each collective, per size the algorithm, time (us) and
 busbw (GB/s) of both shapes and the time ratio 2x2 / 4x1, and the transports the 2x2 run's
 proxies reported (MACO_LOG_LEVEL=info lines "rank N's proxy uses the T transport").
 

@@ -1,6 +1,7 @@
-"""CPU checks of issue 23's benchmark tools: bench_ddp.py's training loops under torchrun on the
-Gloo backend (and the maco backend's CPU path), scripts/compare_runs.py's verdicts, bench_fused.py's
-cases and figures, and scripts/nodes_tables.py. No GPU needed; each test takes seconds."""
+"""CPU checks of the benchmark tools that scripts/gpu-nodes-apps.sh runs: bench_ddp.py's training
+loops under torchrun on the Gloo backend (and the maco backend's CPU path),
+scripts/compare_runs.py's verdicts, bench_fused.py's cases and figures, scripts/nodes_tables.py,
+and the script's own plan (DRY_RUN=1). No GPU needed; each test takes seconds."""
 
 import copy
 import json
@@ -247,13 +248,13 @@ def test_nodes_tables(tmp_path):
 
 def dry_run(tmp_path, ngpu, *stages):
     env = dict(os.environ, DRY_RUN="1", NGPU=str(ngpu), OUT=str(tmp_path))
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-issue23.sh"), *stages],
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-nodes-apps.sh"), *stages],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     return {line.split(" (")[0]: line for line in r.stdout.splitlines()[1:]}
 
 
-def test_issue23_runbook_plans(tmp_path):
+def test_nodes_apps_plans(tmp_path):
     four = dry_run(tmp_path, 4)
     assert len(four) > 30
     # 2 nodes x 2: maco-run gives each simulated node GPUs of its own (tests/test_maco_run.cc)
@@ -272,6 +273,6 @@ def test_issue23_runbook_plans(tmp_path):
     assert "--nproc-per-node 1" in one["ddp-nccl"] and "--mps on" not in one["ddp-nccl"]
     assert "run_bootstrap_gpu.sh" in one["from_nccl_1"]
     assert "fused_4" not in one
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-issue23.sh"), "bogus"],
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-nodes-apps.sh"), "bogus"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown stage" in r.stderr

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Issue 33 (parts 1 and 3) on a lent machine with several GPUs (4x H200: nvidia-h200-x4), from
-# the checkout's root, over the bundle of scripts/gpu-issue23-bundle.sh carried as gpu-bundle/
+# Real clients of MACO's libnccl and of the maco backend on a machine with several GPUs (e.g.
+# 4 H200s): the multi-process NCCL tests, the Python package's GPU tests as ctest runs them,
+# and PyTorch's process groups on the maco backend under torchrun. From the checkout's root,
+# over the bundle of scripts/gpu-pack.sh carried as gpu-bundle/
 # (build.tgz: the build, MACO's libnccl and tests/nccl; whl/: the package's cp312 wheel built
 # against that build). The machine has no internet; nothing is installed into its python3.
 # Stages, in the order given (default: both):
@@ -16,15 +18,15 @@
 #          data and poisoned outputs, a tensor on another GPU refused with the error checked
 # Each step is bounded; the whole call by BUDGET_S (default 570 s: the device tool stops a
 # command at 600 s); steps that no longer fit are listed as skipped. Logs in $OUT (one
-# archive, issue33-<stages>.tgz, and summary.txt); the summary is printed last.
-#   usage: bash scripts/gpu-issue33.sh [tests] [torch]      DRY_RUN=1 prints the commands
+# archive, clients-<stages>.tgz, and summary.txt); the summary is printed last.
+#   usage: bash scripts/gpu-clients.sh [tests] [torch]      DRY_RUN=1 prints the commands
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(tests torch)
 for s in "${stages[@]}"; do
   case $s in tests | torch) ;; *)
-    echo "gpu-issue33.sh: unknown stage '$s' (tests, torch)" >&2
+    echo "gpu-clients.sh: unknown stage '$s' (tests, torch)" >&2
     exit 2 ;;
   esac
 done
@@ -109,7 +111,7 @@ for s in "${stages[@]}"; do
 done
 [ "$dry" = 0 ] || exit 0
 {
-  echo "=== issue 33 on $ngpu GPUs: ${stages[*]}"
+  echo "=== clients on $ngpu GPUs: ${stages[*]}"
   printf '%s\n' "${summary[@]}"
   for f in "$OUT"/torch_*.txt; do
     [ -f "$f" ] || continue
@@ -119,6 +121,6 @@ done
   [ -f "$OUT/python_gpu.txt" ] && { echo "--- python_gpu"; grep -aE '^run.sh|passed|failed|SKIP' "$OUT/python_gpu.txt" | head -8; }
   [ -f "$OUT/nccl_mp.txt" ] && { echo "--- nccl_mp"; grep -aE '(EachRankUses|AbortStops).*(OK|FAILED|SKIPPED) \]|tests passed|Test +#' "$OUT/nccl_mp.txt" | head -12; }
 } > "$OUT/summary.txt"
-name=issue33-$(IFS=-; echo "${stages[*]}")
+name=clients-$(IFS=-; echo "${stages[*]}")
 (cd "$OUT" && tar czf "/tmp/$name.tgz" --exclude summary.txt . && find . -type f ! -name summary.txt -delete && mv "/tmp/$name.tgz" .)
 cat "$OUT/summary.txt"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 22's runs (re-verify every GPU path on 2 and 4 GPUs; MACO against NCCL's classic and
-# symmetric-memory kernels, both NCCL versions), on a lent GPU machine over a carried build
-# (scripts/gpu-issue23-bundle.sh; docs/multi-gpu-runbook.md says what to carry and the calls).
-#   usage: bash scripts/gpu-issue22.sh STAGE [STAGE...]
+# MACO against NCCL on a machine with 2 or more GPUs: every GPU path verified, every collective
+# checked, then timed against NCCL's classic and symmetric-memory kernels (the NCCL installed
+# and the newest), over a carried build (scripts/gpu-pack.sh; docs/multi-gpu-runbook.md says
+# what to carry and the calls).
+#   usage: bash scripts/gpu-perf.sh STAGE [STAGE...]
 # Stages (each fits one device call of 10 minutes on 4 H200s; several may be named):
 #   verify      ctest -L gpu (the whole GPU suite), then compute-sanitizer memcheck of the
 #               channel and collective suites with one rank per GPU
@@ -13,16 +14,16 @@
 #               buffers; -R 1: ncclMemAlloc buffers registered as symmetric windows)
 #   nccl-new    the tables once more against the newest NCCL (MACO_NCCL_LIBRARY): the
 #               image's nvidia-nccl-cu13 wheel, or NEW_NCCL=/path/libnccl.so.2 (carried)
-#   report      scripts/issue22_report.py over everything in $OUT: tables, targets, runs
+#   report      scripts/perf_report.py over everything in $OUT: tables, targets, runs
 # COLLS="allreduce ..." limits the collectives (default: all seven).
 # With one GPU the same stages rehearse the scripts: 4 ranks share the GPU under MPS (NCCL
 # cannot: maco-perf skips it), the tables run with 1 rank so NCCL's part still runs, sizes
-# stop at 64 MiB. Logs and JSON in $OUT (tar'ed into issue22-STAGES.tgz at the end, since
+# stop at 64 MiB. Logs and JSON in $OUT (tar'ed into perf-STAGES.tgz at the end, since
 # the device tool returns at most 8 files); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# scripts/gpu-issue23-bundle.sh packs the build (MACO's libnccl and its tests, which ctest -L gpu
-# runs, included) as gpu-bundle/build.tgz.
+# scripts/gpu-pack.sh packs the build (MACO's libnccl and its tests, which ctest -L gpu runs,
+# included) as gpu-bundle/build.tgz.
 if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
   tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
 fi
@@ -58,8 +59,8 @@ tables() { # suffix [env...]
   local sfx=$1; shift
   for c in $colls; do
     for reg in 0 1; do
-      # Issue 22 compares allreduce at both registrations; for the others -R 0 adds the
-      # unregistered baseline that earlier tables did not have at 4 GPUs.
+      # Every collective at both registrations: -R 0 is the unregistered baseline (NCCL's
+      # classic kernels), -R 1 the registered one (its symmetric kernels).
       for g in 0 10; do
         step "perf-$c-R$reg-g$g-$sfx" 120 env "$@" "$R" -n "$ntab" $mps --timeout 115 "$P" "$c" \
           -b 8 -e "$emax" -f 2 --nccl -n 20 -w 5 -R $reg -G $g \
@@ -96,11 +97,11 @@ for stage in "$@"; do
     fi
     ;;
   report)
-    python3 scripts/issue22_report.py "$OUT" > "$OUT/report.md" 2>&1
+    python3 scripts/perf_report.py "$OUT" > "$OUT/report.md" 2>&1
     summary+=("report: rc=$? ($(wc -l < "$OUT/report.md") lines in report.md)")
     ;;
   *)
-    echo "gpu-issue22.sh: unknown stage '$stage'" >&2
+    echo "gpu-perf.sh: unknown stage '$stage'" >&2
     exit 2
     ;;
   esac
@@ -122,4 +123,4 @@ done
 [ -f "$OUT/report.md" ] && tail -n 40 "$OUT/report.md"
 echo "================ summary"; printf '%s\n' "${summary[@]}"
 stages=$(echo "$*" | tr ' ' '-')
-(cd "$OUT" && tar czf "../issue22-$stages.tgz" . && rm -rf ./* && mv "../issue22-$stages.tgz" .)
+(cd "$OUT" && tar czf "../perf-$stages.tgz" . && rm -rf ./* && mv "../perf-$stages.tgz" .)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Issue 23 on a lent machine with 4 GPUs (nvidia-h200-x4), from the checkout's root, over the
-# bundle of scripts/gpu-issue23-bundle.sh carried as gpu-bundle/ (the build packed as
-# build.tgz, MACO's libnccl and its tests included, and the package's wheel in whl/).
+# Simulated nodes and applications on a machine with 4 GPUs (e.g. 4 H200s): the multi-node
+# tests and maco-perf across 2 simulated nodes, PyTorch jobs on MACO's libnccl and on the maco
+# backend against NVIDIA's NCCL, and the fused GEMM + collective operators. From the
+# checkout's root, over the bundle of scripts/gpu-pack.sh carried as gpu-bundle/ (the build
+# packed as build.tgz, MACO's libnccl and its tests included, and the package's wheel in whl/).
 # Stages, run in the order given, each step bounded, the whole call by BUDGET_S (default
 # 570 s: the device tool stops a command at 600 s; steps that no longer fit are listed as
 # skipped):
@@ -25,9 +27,10 @@
 #   fused  tests/python/bench_fused.py at world size 4 with --trace
 # With fewer than 4 GPUs the same steps run with ranks sharing the GPU(s) under MPS (maco-run
 # --mps on), the parts that need NVIDIA's NCCL at world size 1, and the summary says so.
-# Logs, JSON and tables go to $OUT: summary.txt, tables.md, fused-trace.json and one archive
-# of everything (the device tool brings back 8 files). A short summary is printed last.
-#   usage: bash scripts/gpu-issue23.sh [nodes] [perf] [apps] [fused]    (default: all four)
+# Logs, JSON and tables go to $OUT: summary.txt, tables.md, fused-trace.json and
+# nodes-apps-STAGES.tgz with everything (the device tool brings back 8 files). A short summary
+# is printed last.
+#   usage: bash scripts/gpu-nodes-apps.sh [nodes] [perf] [apps] [fused]    (default: all four)
 #   DRY_RUN=1 prints the commands instead of running them; NGPU=n pretends n GPUs (with
 #   DRY_RUN, to see the plan of another machine).
 set -uo pipefail
@@ -36,7 +39,7 @@ stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(nodes perf apps fused)
 for s in "${stages[@]}"; do
   case $s in nodes | perf | apps | fused) ;; *)
-    echo "gpu-issue23.sh: unknown stage '$s' (nodes, perf, apps, fused)" >&2
+    echo "gpu-nodes-apps.sh: unknown stage '$s' (nodes, perf, apps, fused)" >&2
     exit 2 ;;
   esac
 done
@@ -62,7 +65,7 @@ if [ -n "${NGPU:-}" ]; then
 else
   ngpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
 fi
-[ "$dry" != 0 ] || [ "$ngpu" -gt 0 ] || { echo "gpu-issue23.sh: no GPU (nvidia-smi -L)"; exit 1; }
+[ "$dry" != 0 ] || [ "$ngpu" -gt 0 ] || { echo "gpu-nodes-apps.sh: no GPU (nvidia-smi -L)"; exit 1; }
 if [ "$ngpu" -ge 4 ]; then
   setting="$ngpu GPUs: one GPU per rank"
   nccl_n=4
@@ -162,7 +165,7 @@ if [ "$dry" = 0 ]; then
     ibv_devinfo -l 2>&1 | head -n 5
   } > "$OUT/machine.txt" 2>&1
 fi
-echo "gpu-issue23.sh: stages ${stages[*]}; $setting"
+echo "gpu-nodes-apps.sh: stages ${stages[*]}; $setting"
 
 PERF_FLAGS=${PERF_FLAGS:--b 8 -e 256M -f 4 -c 1 -n 20 -w 5}
 COLLS=${COLLS:-allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv}
@@ -264,7 +267,7 @@ done
   > "$OUT/leftovers.txt" 2>&1
 # Tables to paste into docs/performance.md, in one file.
 {
-  echo "# Issue 23: ${stages[*]} ($setting)"
+  echo "# Nodes and applications: ${stages[*]} ($setting)"
   echo
   for f in nodes-tables.md compare-ddp.md compare-tp-mlp.md; do
     [ -f "$OUT/$f" ] && { echo "## $f"; echo; cat "$OUT/$f"; echo; }
@@ -276,7 +279,7 @@ done
   fi
 } > "$OUT/tables.md" 2>&1
 {
-  echo "================ gpu-issue23.sh ${stages[*]}: $setting"
+  echo "================ gpu-nodes-apps.sh ${stages[*]}: $setting"
   grep -E '^(GPU [0-9]|maco|python)' "$OUT/machine.txt"
   echo "================ steps (rc, seconds, last PASS/FAIL/SKIP line)"
   printf '%s\n' "${summary[@]}"
@@ -293,7 +296,7 @@ done
   cat "$OUT/leftovers.txt"
 } > "$OUT/summary.txt" 2>&1
 # One archive of everything; summary, tables and the trace also on their own.
-name="issue23-$(IFS=-; echo "${stages[*]}")"
+name="nodes-apps-$(IFS=-; echo "${stages[*]}")"
 keep=(summary.txt tables.md fused-trace.json)
 (
   cd "$OUT" || exit 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Issue 22's tables and target checks from maco-perf --json files (scripts/gpu-issue22.sh).
+"""MACO against NCCL: tables and target checks from maco-perf --json files (scripts/gpu-perf.sh).
 
-usage: scripts/issue22_report.py DIR [--before OLD_DIR]
+usage: scripts/perf_report.py DIR [--before OLD_DIR]
 
 DIR holds perf-<collective>-R<0|1>-g<0|10>-<run>.json, <run> = run1, run2, ... (this code,
 NCCL as installed) or new (the newest NCCL through MACO_NCCL_LIBRARY). -R 0 pairs MACO and
@@ -12,8 +12,8 @@ docs/results/2026-11-22b, the last 4-GPU tables) holds perf-<collective>-n4-g<G>
 
 Prints markdown: per collective, registration and mode, one row per size with MACO's median
 time over the runs (and its spread, max-min over median), NCCL's median time and path, busbw
-and MACO/NCCL ratios, the newest NCCL, and MACO's time before; then each of issue 22's targets
-with the sizes that miss it. "Slower than before" means: median of the runs above the old
+and MACO/NCCL ratios, the newest NCCL, and MACO's time before; then each target (targets()
+below) with the sizes that miss it. "Slower than before" means: median of the runs above the old
 time by more than max(5%, the spread of the runs). Times in us; busbw in GB/s (1e9 B/s),
 nccl-tests' definition as maco-perf prints it. Exit status 0 (it reports; it does not judge).
 """
@@ -116,7 +116,7 @@ def table(key, slot, before):
 
 
 def targets(res):
-    """Issue 22 section 3, on the medians: returns lines "target: met / missed at ..."."""
+    """The performance targets, on the medians: returns lines "target: met / missed at ..."."""
     out = []
 
     def check(name, coll, reg, graph, lo, hi, pred, what):
@@ -178,9 +178,9 @@ def main():
         old_dir = args[args.index("--before") + 1]
     data = collect(d)
     if not data:
-        print(f"issue22_report: no perf-*-R*-g*-run*.json or -new.json in {d}")
+        print(f"perf_report: no perf-*-R*-g*-run*.json or -new.json in {d}")
         return 0
-    print(f"# Issue 22 report from {d}\n")
+    print(f"# MACO against NCCL: report from {d}\n")
     res = {}
     for key in sorted(data, key=lambda k: (COLLS.index(k[0]) if k[0] in COLLS else 99, k[1],
                                            k[2])):
@@ -191,7 +191,7 @@ def main():
         if nranks == 4 and os.path.exists(old):
             before = load(old)
         res[key] = table(key, data[key], before)
-    print("\n## Issue 22's targets (medians of the runs)\n")
+    print("\n## Targets (medians of the runs)\n")
     ranks = sorted({r["nranks"] for rows in res.values() for r in rows.values()})
     if ranks != [4]:
         print(f"(these tables have {', '.join(map(str, ranks))} rank(s); the targets are for 4 "
