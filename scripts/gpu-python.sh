@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of the Python package and of jobs under torchrun (issue 19), on one GPU shared
+# GPU checks of the Python package and of jobs under torchrun, on one GPU shared
 # by the ranks through MPS. Run from the checkout's root on the GPU machine, with the build
 # carried as gpu-bundle/ (scripts/gpu-bundle.sh) and a cp312 abi3 wheel of the package in
 # gpu-bundle/whl/ (built against that libmaco, shipping it). Logs in $OUT; summary last.
