@@ -32,7 +32,8 @@
 #   nodes-*      scripts/gpu-nodes-apps.sh's stages (nodes, perf, apps, fused): 2 simulated
 #                nodes x 2, PyTorch jobs on MACO's libnccl and the maco backend, fused operators
 # BUDGET_S (default 570) bounds the call; each step has its own limit. The summary is printed
-# last; the logs are packed into $OUT/gpu-verify-<stages>.tgz.
+# last; the logs are packed into $OUT/gpu-verify-<stages>.tgz, and a forwarded stage leaves its
+# own archive and summary in $OUT/STAGE/.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
@@ -137,7 +138,10 @@ for stage in "$@"; do
     perf-*) script=scripts/gpu-perf.sh arg=${stage#perf-} ;;
     *) script=scripts/gpu-nodes-apps.sh arg=${stage#nodes-} ;;
     esac
-    BUDGET_S=$(left) bash "$script" "$arg" > "$OUT/$stage.txt" 2>&1
+    # Each in a folder of its own, $OUT/STAGE: these scripts pack and clear their $OUT at the
+    # end, which would take this entry's files, and their archive would go with the cleanup below.
+    sub=$OUT/$stage
+    BUDGET_S=$(left) OUT=$sub bash "$script" "$arg" > "$OUT/$stage.txt" 2>&1
     summary+=("$(printf '%-22s rc=%d (its summary: %s.txt)' "$stage" $? "$stage")")
     ;;
   *)
