@@ -3,7 +3,8 @@
 # by the ranks through MPS. Run from the checkout's root on the GPU machine, with the build
 # carried as gpu-bundle/ (scripts/gpu-bundle.sh) and a cp312 abi3 wheel of the package in
 # gpu-bundle/whl/ (built against that libmaco, shipping it). Logs in $OUT; summary last.
-#   usage: bash scripts/gpu-python.sh        (STEPS="..." picks steps)
+#   usage: bash scripts/gpu-verify.sh python-STEP | python-all   (or this script directly;
+#          STEPS="..." picks steps)
 set -u
 source scripts/gpu-common.sh
 export PYTHONUNBUFFERED=1 MACO_DEVICE_TIMEOUT=20s TEST_MACO_RUN=$PWD/$B/tools/maco-run

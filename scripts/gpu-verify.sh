@@ -31,6 +31,9 @@
 #                maco-perf against NCCL for every collective, -R 0/1, eager and -G
 #   nodes-*      scripts/gpu-nodes-apps.sh's stages (nodes, perf, apps, fused): 2 simulated
 #                nodes x 2, PyTorch jobs on MACO's libnccl and the maco backend, fused operators
+#   python-*     scripts/gpu-python.sh's steps (example, c_torchrun, backend, patch, pytest_gpu,
+#                pytest_cpu; python-all: every one): the Python package and torchrun jobs with
+#                4 ranks sharing one GPU under MPS
 # BUDGET_S (default 570) bounds the call; each step has its own limit. The summary is printed
 # last; the logs are packed into $OUT/gpu-verify-<stages>.tgz, and a forwarded stage leaves its
 # own archive and summary in $OUT/STAGE/.
@@ -127,6 +130,15 @@ for stage in "$@"; do
       mkdir -p "$OUT/nccl-tests" && cp "$nt"/*.log "$nt"/summary.txt "$OUT/nccl-tests/" 2>/dev/null
       [ -f "$nt/summary.txt" ] && cp "$nt/summary.txt" "$OUT/nccl-tests-summary.txt"
     fi
+    ;;
+  python-*)
+    # gpu-python.sh's steps (STEPS), in a folder of their own as the forwarded stages below.
+    steps=${stage#python-}
+    [ "$steps" = all ] && steps=""
+    sub=$OUT/$stage
+    mkdir -p "$sub"
+    BUDGET_S=$(left) OUT=$sub STEPS=$steps bash scripts/gpu-python.sh > "$OUT/$stage.txt" 2>&1
+    summary+=("$(printf '%-22s rc=%d (its summary: %s.txt)' "$stage" $? "$stage")")
     ;;
   clients-* | perf-* | nodes-*)
     # Stages of the larger scripts this entry forwards to: clients-* (gpu-clients.sh: tests,
