@@ -776,6 +776,7 @@ typedef struct perf_row {
     unsigned long long wrong[2];
     char npath[2][96]; /* NCCL's algorithm and protocol */
     const char *algo;  /* MACO's algorithm */
+    int ctas[2];       /* CTAs of MACO's last timed launch (-1: unknown) */
     double algbw[2], busbw[2], nbusbw[2];
 } perf_row_t;
 
@@ -799,6 +800,9 @@ static void perf_measure(perf_ctx_t *c, const maco_perf_opts_t *o, perf_nccl_t *
             w += perf_check(c, &k[ip], r);
         res->wrong[ip] = perf_sum_over_ranks(c, w);
         res->t[ip] = perf_time(c, o, &k[ip], 0);
+        maco_collective_stats_t stats;
+        res->ctas[ip] =
+            maco_collective_get_stats(c->comm, &stats) == MACO_OK ? stats.last_launch_ctas : -1;
         if (o->nccl) {
             perf_case_init(&kn[ip], c, nccl->in, nccl->out, o->coll, dt, op, o->root, ip, count);
             res->nt[ip] = perf_time(c, o, &kn[ip], 1);
@@ -856,15 +860,15 @@ static void perf_json_row(FILE *json, const maco_perf_opts_t *o, const perf_ctx_
         fprintf(json,
                 "%s  {\"collective\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, "
                 "\"dtype\": \"%s\", \"op\": \"%s\", \"root\": %d, \"inplace\": %s, "
-                "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", "
+                "\"graph\": %s, \"registered\": %s, \"algorithm\": \"%s\", \"ctas\": %d, "
                 "\"nranks\": %d, "
                 "\"time_us\": %.3f, \"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, "
                 "\"wrong\": "
                 "%llu",
                 *first_json ? "" : ",\n", maco_collective_name(o->coll), r->bytes, r->count,
                 maco_datatype_name(r->dt), r->op_name, rooted ? o->root : -1, ip ? "true" : "false",
-                o->graph ? "true" : "false", o->reg ? "true" : "false", r->algo, c->nranks,
-                r->t[ip], r->algbw[ip], r->busbw[ip], r->wrong[ip]);
+                o->graph ? "true" : "false", o->reg ? "true" : "false", r->algo, r->ctas[ip],
+                c->nranks, r->t[ip], r->algbw[ip], r->busbw[ip], r->wrong[ip]);
         if (o->nccl && r->nt[ip] > 0)
             fprintf(json,
                     ", \"nccl_time_us\": %.3f, \"nccl_busbw_gbps\": %.3f, "
