@@ -1,8 +1,9 @@
 /*
  * slots.cuh - what the channel examples (memory_channel.cu, port_channel.cu) share: every rank
  * owns a buffer of nranks slots of slot_bytes; slot r holds rank r's pattern once the exchange
- * is done. The pattern, the kernel that fills this rank's slot, the check of the peers' slots,
- * and the message of a rank without a GPU. Each example includes it once.
+ * is done. The pattern, the kernel that fills this rank's slot, the exchange of the
+ * registrations, the check of the peers' slots, and the message of a rank without a GPU. Each
+ * example includes it once.
  */
 #ifndef MACO_EXAMPLES_SLOTS_CUH
 #define MACO_EXAMPLES_SLOTS_CUH
@@ -26,6 +27,32 @@ static __global__ void fill_slot(uint32_t *slot, uint64_t words, int rank)
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < words;
          i += (uint64_t)gridDim.x * blockDim.x)
         slot[i] = pattern(rank, i);
+}
+
+/* Step 2 of both examples: this rank's registration `mine` serialised at its own index of
+ * `handles` ([nranks][MACO_MEM_HANDLE_BYTES]), every rank's gathered over `bs` (collective,
+ * blocking), and each peer q's buffer imported into peers[q] (peers[rank] is left as it is).
+ * Returns 0, or -1 after printing the call that failed, prefixed with `prog`. */
+static int import_peer_slots(const char *prog, maco_comm_t comm, maco_bootstrap_t bs, int rank,
+                             int nranks, maco_mem_t mine, uint8_t *handles, maco_mem_t *peers)
+{
+    const char *call = "maco_mem_serialize";
+    maco_status_t st = maco_mem_serialize(mine, handles + (size_t)rank * MACO_MEM_HANDLE_BYTES);
+    if (st == MACO_OK) {
+        call = "maco_bootstrap_allgather";
+        st = maco_bootstrap_allgather(bs, handles, MACO_MEM_HANDLE_BYTES);
+    }
+    for (int q = 0; q < nranks && st == MACO_OK; q++) {
+        if (q == rank)
+            continue;
+        call = "maco_mem_import";
+        st = maco_mem_import(comm, handles + (size_t)q * MACO_MEM_HANDLE_BYTES, &peers[q]);
+    }
+    if (st == MACO_OK)
+        return 0;
+    fprintf(stderr, "%s: rank %d: %s failed: %s: %s\n", prog, rank, call, maco_status_string(st),
+            maco_comm_get_last_error(comm));
+    return -1;
 }
 
 /* Why a rank without a CUDA device skips (the cause, then what to do); `what` says what could

@@ -157,12 +157,8 @@ int main(void)
         fprintf(stderr, "memory_channel: rank %d: out of host memory\n", rank);
         goto out;
     }
-    MACO_CHECK(maco_mem_serialize(mine, handles + (size_t)rank * MACO_MEM_HANDLE_BYTES));
-    MACO_CHECK(maco_bootstrap_allgather(bs, handles, MACO_MEM_HANDLE_BYTES));
-    for (int q = 0; q < nranks; q++)
-        if (q != rank)
-            MACO_CHECK(
-                maco_mem_import(comm, handles + (size_t)q * MACO_MEM_HANDLE_BYTES, &peers[q]));
+    if (import_peer_slots("memory_channel", comm, bs, rank, nranks, mine, handles, peers) != 0)
+        goto out;
 
     /* 3. One channel per peer. Creation is pairwise collective (the two ranks exchange
      * semaphore ids): every rank creates its channels in the same order, peer 0 first. */

@@ -93,23 +93,6 @@ static __global__ void exchange(const maco_port_channel_device_t *chans, int nra
     }
 }
 
-/* Step 2 of main: this rank's registration serialised at its own index of handles
- * ([nranks][MACO_MEM_HANDLE_BYTES]), every rank's gathered, and each peer q's imported into
- * peers[q]. Returns 0, or -1 after printing the failed call. */
-static int import_peers(maco_comm_t comm, maco_bootstrap_t bs, int rank, int nranks,
-                        maco_mem_t mine, uint8_t *handles, maco_mem_t *peers)
-{
-    MACO_CHECK(maco_mem_serialize(mine, handles + (size_t)rank * MACO_MEM_HANDLE_BYTES));
-    MACO_CHECK(maco_bootstrap_allgather(bs, handles, MACO_MEM_HANDLE_BYTES));
-    for (int q = 0; q < nranks; q++)
-        if (q != rank)
-            MACO_CHECK(
-                maco_mem_import(comm, handles + (size_t)q * MACO_MEM_HANDLE_BYTES, &peers[q]));
-    return 0;
-out:
-    return -1;
-}
-
 /* Step 3 of main: a started proxy in *proxy_p (set as soon as it exists, so that the caller
  * tears it down on failure) and a CUDA-copy port channel to every peer q in chans[q], with its
  * device handle in h_dev[q]. Returns 0, or -1 after printing the failed call. */
@@ -201,7 +184,7 @@ int main(void)
         fprintf(stderr, "port_channel: rank %d: out of host memory\n", rank);
         goto out;
     }
-    if (import_peers(comm, bs, rank, nranks, mine, handles, peers) != 0)
+    if (import_peer_slots("port_channel", comm, bs, rank, nranks, mine, handles, peers) != 0)
         goto out;
 
     /* 3. A proxy thread for this rank's GPU, and one channel per peer on it. Creation is
