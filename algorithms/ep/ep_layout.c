@@ -302,41 +302,29 @@ void maco__ep_bad_text(const maco__ep_bad_t *bad, const char *fn, char *out, siz
     }
 }
 
-/* Writes the sentence and returns MACO_ERR_INVALID_ARGUMENT. */
-static maco_status_t maco__ep_refuse(char *why, size_t why_bytes, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static maco_status_t maco__ep_refuse(char *why, size_t why_bytes, const char *fmt, ...)
-{
-    if (why_bytes > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_bytes, fmt, ap);
-        va_end(ap);
-    }
-    return MACO_ERR_INVALID_ARGUMENT;
-}
-
 /* dtype, hidden, topk and num_tokens against the buffer's shape. */
 static maco_status_t maco__ep_check_shape(const maco__ep_geom_t *g, const char *fn,
                                           const char *dname, maco_datatype_t dtype, int num_tokens,
                                           int hidden, int topk, char *why, size_t why_bytes)
 {
     if (dtype != MACO_BFLOAT16)
-        return maco__ep_refuse(why, why_bytes, "%s: %s is %s; the buffer moves bfloat16 rows", fn,
-                               dname,
-                               (unsigned)dtype < MACO_DATATYPE_COUNT ? maco_datatype_name(dtype)
-                                                                     : "not a MACO datatype");
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: %s is %s; the buffer moves bfloat16 rows", fn, dname,
+                                    (unsigned)dtype < MACO_DATATYPE_COUNT
+                                        ? maco_datatype_name(dtype)
+                                        : "not a MACO datatype");
     if (hidden != g->hidden)
-        return maco__ep_refuse(why, why_bytes, "%s: hidden %d differs from the buffer's %d", fn,
-                               hidden, g->hidden);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: hidden %d differs from the buffer's %d", fn, hidden,
+                                    g->hidden);
     if (topk != g->topk)
-        return maco__ep_refuse(why, why_bytes, "%s: topk %d differs from the buffer's %d", fn, topk,
-                               g->topk);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: topk %d differs from the buffer's %d", fn, topk, g->topk);
     if (num_tokens < 0 || num_tokens > g->max_tokens)
-        return maco__ep_refuse(why, why_bytes,
-                               "%s: num_tokens %d is outside [0, %d] (the buffer's "
-                               "max_tokens_per_rank)",
-                               fn, num_tokens, g->max_tokens);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: num_tokens %d is outside [0, %d] (the buffer's "
+                                    "max_tokens_per_rank)",
+                                    fn, num_tokens, g->max_tokens);
     return MACO_OK;
 }
 
@@ -349,8 +337,9 @@ static int maco__ep_misaligned(const void *p, size_t align)
 #define MACO__EP_ALIGNED(fn, name, p, align)                                                       \
     do {                                                                                           \
         if (maco__ep_misaligned((p), (align)))                                                     \
-            return maco__ep_refuse(why, why_bytes, "%s: %s %p is not %d-byte aligned", fn, name,   \
-                                   (const void *)(p), (int)(align));                               \
+            return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,                 \
+                                        "%s: %s %p is not %d-byte aligned", fn, name,              \
+                                        (const void *)(p), (int)(align));                          \
     } while (0)
 
 maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, const void *x,
@@ -371,8 +360,8 @@ maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, const void *x,
                             : handle == NULL                     ? "handle"
                                                                  : NULL;
     if (null_name != NULL)
-        return maco__ep_refuse(why, why_bytes, "%s: %s is NULL (num_tokens %d)", fn, null_name,
-                               num_tokens);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: %s is NULL (num_tokens %d)", fn, null_name, num_tokens);
     MACO__EP_ALIGNED(fn, "x", x, 16);
     MACO__EP_ALIGNED(fn, "handle", handle, 16);
     MACO__EP_ALIGNED(fn, "topk_idx", topk_idx, 8);
@@ -381,10 +370,11 @@ maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, const void *x,
     MACO__EP_ALIGNED(fn, "recv_offsets", recv_offsets, 4);
     MACO__EP_ALIGNED(fn, "recv_topk_weights", recv_topk_weights, 4);
     if (want_num_recv && g->mode == MACO_EP_LOW_LATENCY)
-        return maco__ep_refuse(why, why_bytes,
-                               "%s: num_recv_p must be NULL in low latency mode (recv_counts has "
-                               "the counts on the device; nothing waits on the host)",
-                               fn);
+        return maco__ep_plan_refuse(
+            why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+            "%s: num_recv_p must be NULL in low latency mode (recv_counts has "
+            "the counts on the device; nothing waits on the host)",
+            fn);
     return MACO_OK;
 }
 
@@ -404,8 +394,8 @@ maco_status_t maco__ep_check_combine(const maco__ep_geom_t *g, const void *exper
                             : num_tokens > 0 && y == NULL            ? "y"
                                                                      : NULL;
     if (null_name != NULL)
-        return maco__ep_refuse(why, why_bytes, "%s: %s is NULL (num_tokens %d)", fn, null_name,
-                               num_tokens);
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: %s is NULL (num_tokens %d)", fn, null_name, num_tokens);
     MACO__EP_ALIGNED(fn, "expert_out", expert_out, 16);
     MACO__EP_ALIGNED(fn, "handle", handle, 16);
     MACO__EP_ALIGNED(fn, "y", y, 16);
