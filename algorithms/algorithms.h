@@ -239,14 +239,13 @@ void maco__registry_withdraw(maco_comm_t comm, maco_mem_t mem);
 /** Id (1-based) of a live published registration holding [ptr, ptr+bytes), 0 if none;
  * *offset_p: ptr's offset inside it. */
 uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, uint64_t *offset_p);
-/** Maps peers' new entries and writes seen[0..nranks) (entries looked at, per peer). */
-void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p);
-/** Maps peers' new entries (maco__registry_refresh without the counts): what maco_group_end
- * does for every communicator of the group before it launches anything, since mapping (peer
- * access, cuMem access grants) may wait for the device, whose kernels of the group wait for
- * peers' kernels this thread launches only later. Call with the communicator's device
- * current. */
-void maco__registry_map_new(maco_comm_t comm);
+/** Maps peers' new entries (maco_collective_map_registrations; may fetch descriptors from
+ * peers' fd servers: never called on a launch path). Returns the first entry that failed to
+ * map (it stays unmapped and is tried again next time); MACO_OK without a registry. Call with
+ * the communicator's device current. */
+maco_status_t maco__registry_map(maco_comm_t comm);
+/** Writes seen[0..local ranks) (peer entries mapped or skipped so far); no I/O, no CUDA. */
+void maco__registry_seen(maco_comm_t comm, uint32_t *seen_p);
 /** Device addresses of the mapped-address table and the kernels' cache of it
  * ([nranks][MACO__REG_MAX] u64 each), NULL without a registry. */
 const uint64_t *maco__registry_table(maco_comm_t comm);

@@ -76,8 +76,8 @@ static uint32_t maco__desc_id(maco_comm_t comm, const void *ptr, size_t bytes, i
  * (coll_kernels.cuh, maco__direct_body: allreduce reads every send and writes every receive
  * buffer remotely; reduce-scatter reads send buffers; allgather writes receive buffers;
  * broadcast reads the root's send buffer and writes the others' receive buffers; reduce
- * reads send buffers and writes the root's receive buffer), after mapping the peers' new
- * registrations.
+ * reads send buffers and writes the root's receive buffer), with the peer registrations
+ * mapped so far (maco_collective_map_registrations maps new ones; a launch does no I/O).
  */
 static void maco__describe(const maco__coll_call_t *c, maco_comm_t comm, const maco__coll_t *coll,
                            maco__coll_args_t *a)
@@ -94,7 +94,7 @@ static void maco__describe(const maco__coll_call_t *c, maco_comm_t comm, const m
     int send_remote = c->coll != MACO_COLL_ALLGATHER;
     int recv_remote =
         c->coll != MACO_COLL_REDUCE_SCATTER && !(c->coll == MACO_COLL_BROADCAST && root);
-    maco__registry_refresh(comm, d.seen);
+    maco__registry_seen(comm, d.seen);
     d.send_id = maco__desc_id(comm, c->send, send_bytes, send_used, send_remote, &d.send_off);
     d.recv_id = maco__desc_id(comm, c->recv, recv_bytes, recv_used, recv_remote, &d.recv_off);
     /* Large allreduces are faster through scratch (MACO_ALLREDUCE_INPLACE_MAX's doc). */

@@ -181,6 +181,28 @@ maco_status_t maco_collective_get_stats(maco_comm_t comm, maco_collective_stats_
     return MACO_OK;
 }
 
+maco_status_t maco_collective_map_registrations(maco_comm_t comm)
+{
+    const char *fn = "maco_collective_map_registrations";
+    if (comm == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: comm is NULL", fn);
+    if (comm->nranks == 1)
+        return MACO_OK; /* no peers */
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, fn, &c);
+    if (st != MACO_OK)
+        return st;
+    int saved = -1;
+    st = maco__device_enter_status(comm->cuda_device, &saved, fn);
+    if (st == MACO_OK) {
+        /* A registration that did not map leaves the communicator usable (its calls use
+         * scratch): the status goes to the caller, not into the communicator's first error. */
+        st = maco__registry_map(comm);
+        maco__device_leave(saved);
+    }
+    return st;
+}
+
 maco_status_t maco_allreduce_get_algorithm(maco_comm_t comm, size_t count, maco_datatype_t datatype,
                                            const char **name_p)
 {

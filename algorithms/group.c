@@ -190,7 +190,6 @@ typedef struct maco__group_comm {
     maco_comm_t comm;
     maco_stream_t stream;
     maco__coll_t *coll;
-    int has_coll;
     int has_p2p;
     maco__p2p_plan_t plan;  /* pairs inside this node, peers by local index */
     maco__p2p_plan_t xplan; /* pairs with ranks of other nodes, peers by rank (xp2p.c) */
@@ -524,10 +523,11 @@ maco_status_t maco_group_end(void)
      * the caller's device is current again afterwards. Nothing in step 2 waits for the
      * device or for a peer: the kernels of one communicator wait for its peers' kernels,
      * which this same thread may launch only afterwards. So everything that could block
-     * (peer access, mapping the peers' new registrations) happens in step 1, before any
-     * launch of the group.
+     * (peer access, connecting point-to-point pairs across nodes) happens in step 1, before
+     * any launch of the group; peers' registrations are mapped by
+     * maco_collective_map_registrations only, never here.
      */
-    /* 1. Check everything, and map the peers' new registrations. */
+    /* 1. Check everything. */
     for (int k = 0; k < ncomms && st == MACO_OK; k++) {
         maco_comm_t comm = gcs[k].comm;
         int saved = -1;
@@ -536,9 +536,6 @@ maco_status_t maco_group_end(void)
             maco__comm_record(comm, st);
             break;
         }
-        for (int i = 0; i < g->nops; i++)
-            if (g->ops[i].comm == comm && g->ops[i].is_coll)
-                gcs[k].has_coll = 1;
         char who[96];
         maco__group_who(g, comm, who, sizeof(who));
         st = maco__comm_check_stream(comm, gcs[k].stream, who);
@@ -546,8 +543,6 @@ maco_status_t maco_group_end(void)
             st = maco__group_colls(g, comm, 0);
         if (st == MACO_OK)
             st = maco__group_plan(g, &gcs[k], prefix);
-        if (st == MACO_OK && gcs[k].has_coll)
-            maco__registry_map_new(comm);
         maco__device_leave(saved);
     }
     /* 2. Issue: per communicator its collectives in call order, then its sends and receives

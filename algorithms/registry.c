@@ -11,10 +11,11 @@
  *      rank's i-th published registration (id i + 1) and a "dead" flag set when it is
  *      deregistered. Ids are never reused, and the entry count is published with a release
  *      store after the entry is written.
- *   2. Before a collective that could use buffers in place, the host of each rank imports
- *      every peer entry it has not seen yet (maco_mem_import; dead entries are skipped) and
- *      writes the mapped address into a table of pinned host memory the GPU reads:
- *      table[peer][id - 1]. seen[peer] counts the entries it has looked at.
+ *   2. In maco_collective_map_registrations (an explicit step, never a collective launch:
+ *      importing may fetch a file descriptor from the peer's fd server), the host of each
+ *      rank imports every peer entry it has not seen yet (maco_mem_import; dead entries are
+ *      skipped) and writes the mapped address into a table of pinned host memory the GPU
+ *      reads: table[peer][id - 1]. seen[peer] counts the entries it has looked at.
  *   3. The kernel gets this rank's descriptor (algorithms.h): the ids and offsets of its send
  *      and receive buffers and seen[]; every rank sends its descriptor to every peer as LL
  *      packets. Buffers are used in place only if every rank's buffers are registered and
@@ -27,6 +28,7 @@
  * directory holds MACO__REG_MAX entries per rank; later registrations work but are not
  * used in place (logged once).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +72,7 @@ struct maco__registry {
     uint32_t nlocal;
     int full_logged;
     uint32_t *seen;      /* [n] peer entries looked at */
+    uint32_t *failed;    /* [n] id of the peer's entry whose failure was last logged */
     maco_mem_t *imp;     /* [n][MACO__REG_MAX] imports of peer entries */
     uint64_t *table;     /* [n][MACO__REG_MAX] pinned, mapped: peer entry address here */
     uint64_t *table_dev; /* its device address */
@@ -92,11 +95,12 @@ maco_status_t maco__registry_setup(maco_comm_t comm)
     g->peer = (maco__dir_t **)calloc((size_t)n, sizeof(*g->peer));
     g->peer_mem = (maco_mem_t *)calloc((size_t)n, sizeof(*g->peer_mem));
     g->seen = (uint32_t *)calloc((size_t)n, sizeof(*g->seen));
+    g->failed = (uint32_t *)calloc((size_t)n, sizeof(*g->failed));
     g->imp = (maco_mem_t *)calloc((size_t)n * MACO__REG_MAX, sizeof(*g->imp));
     uint8_t *handles = (uint8_t *)calloc((size_t)nranks, MACO_MEM_HANDLE_BYTES);
     maco_status_t st = MACO_OK;
-    if (g->peer == NULL || g->peer_mem == NULL || g->seen == NULL || g->imp == NULL ||
-        handles == NULL) {
+    if (g->peer == NULL || g->peer_mem == NULL || g->seen == NULL || g->failed == NULL ||
+        g->imp == NULL || handles == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "registry: no host memory");
         goto out;
     }
@@ -160,6 +164,7 @@ void maco__registry_free(maco_comm_t comm)
     free(g->peer);
     free(g->peer_mem);
     free(g->seen);
+    free(g->failed);
     free(g->imp);
     pthread_mutex_destroy(&g->lock);
     free(g);
@@ -190,7 +195,7 @@ int maco__registry_publish(maco_comm_t comm, maco_mem_t mem, const void *ptr, si
             g->local[i].bytes = bytes;
             g->local[i].live = 1;
             g->nlocal = i + 1;
-            /* Pairs with the acquire load in maco__registry_refresh: a peer that sees the
+            /* Pairs with the acquire load in maco__registry_map: a peer that sees the
              * count sees the entry. */
             __atomic_store_n(&g->dir->count, i + 1, __ATOMIC_RELEASE);
             published = 1;
@@ -235,13 +240,12 @@ uint32_t maco__registry_find(maco_comm_t comm, const void *ptr, size_t bytes, ui
     return id;
 }
 
-void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p)
+maco_status_t maco__registry_map(maco_comm_t comm)
 {
     maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
-    if (g == NULL) {
-        memset(seen_p, 0, (size_t)comm->local_nranks * sizeof(*seen_p));
-        return;
-    }
+    if (g == NULL)
+        return MACO_OK;
+    maco_status_t first = MACO_OK;
     pthread_mutex_lock(&g->lock);
     for (int p = 0; p < g->n; p++) {
         if (p == g->rank || g->peer[p] == NULL)
@@ -269,23 +273,40 @@ void maco__registry_refresh(maco_comm_t comm, uint32_t *seen_p)
                 g->imp[(size_t)p * MACO__REG_MAX + i] = m;
                 g->table[(size_t)p * MACO__REG_MAX + i] = (uint64_t)(uintptr_t)q;
             } else if (!e->dead) {
-                /* Not yet: try again on the next call (collectives go through scratch
-                 * meanwhile). A deregistration racing the import is not an error. */
-                MACO_DEBUG(MACO_SUBSYS_MEM, "registry: rank %d's entry %u not mapped yet: %s", p,
-                           i + 1, maco__last_error());
+                /* Not mapped: the next map call tries again (collectives on it go through
+                 * scratch meanwhile). A deregistration racing the import is not an error. */
+                if (first == MACO_OK) {
+                    /* Logged once per entry; a retry that fails again only sets the text. */
+                    char msg[512];
+                    snprintf(msg, sizeof(msg),
+                             "maco_collective_map_registrations: local rank %d's registration "
+                             "%u not mapped (calls on it use scratch): %s",
+                             p, i + 1, maco__last_error());
+                    first = g->failed[p] == i + 1 ? maco__error_quiet(st, "%s", msg)
+                                                  : maco__error(st, MACO_SUBSYS_MEM, "%s", msg);
+                    g->failed[p] = i + 1;
+                }
                 break;
             }
+            /* seen[] grows only after table[] is written: a kernel whose descriptor counts
+             * the entry finds its address (mesh.cuh). */
             g->seen[p]++;
         }
     }
-    memcpy(seen_p, g->seen, (size_t)g->n * sizeof(*seen_p));
     pthread_mutex_unlock(&g->lock);
+    return first;
 }
 
-void maco__registry_map_new(maco_comm_t comm)
+void maco__registry_seen(maco_comm_t comm, uint32_t *seen_p)
 {
-    uint32_t seen[MACO__MAX_LOCAL_RANKS];
-    maco__registry_refresh(comm, seen);
+    maco__registry_t *g = maco__coll_of(comm) != NULL ? maco__coll_of(comm)->reg : NULL;
+    if (g == NULL) {
+        memset(seen_p, 0, (size_t)comm->local_nranks * sizeof(*seen_p));
+        return;
+    }
+    pthread_mutex_lock(&g->lock);
+    memcpy(seen_p, g->seen, (size_t)g->n * sizeof(*seen_p));
+    pthread_mutex_unlock(&g->lock);
 }
 
 const uint64_t *maco__registry_table(maco_comm_t comm)

@@ -517,8 +517,9 @@ ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *handle)
 }
 MACO_NCCL_ALIAS(ncclCommDeregister)
 
-/* A window is a MACO registration (peers map it at their next collective, as any other); MACO
- * needs no symmetric layout, so NCCL_WIN_COLL_SYMMETRIC is accepted and changes nothing. */
+/* A window is a MACO registration (peers map it before their next reduction or gather:
+ * group.c's maco_nccl__map_registrations, as any other); MACO needs no symmetric layout, so
+ * NCCL_WIN_COLL_SYMMETRIC is accepted and changes nothing. */
 ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
                                      int winFlags)
 {

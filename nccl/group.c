@@ -93,6 +93,35 @@ static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
     return res;
 }
 
+/*
+ * NCCL's ncclCommRegister is local and NCCL exchanges the buffers' handles at the collectives
+ * that use them; MACO's collectives never import peers' memory themselves, so before the
+ * reductions and gathers run, each communicator of the batch maps what its local peers
+ * registered since the last time (maco_collective_map_registrations: one load per peer when
+ * nothing is new). A registration that does not map only leaves its calls in scratch, as
+ * NCCL falls back to its buffers: the status is dropped (logged once by MACO).
+ */
+static int maco_nccl__may_run_in_place(const maco_nccl__op_t *o)
+{
+    int mesh = o->kind == MACO_NCCL_ALLREDUCE || o->kind == MACO_NCCL_BROADCAST ||
+               o->kind == MACO_NCCL_REDUCE || o->kind == MACO_NCCL_ALLGATHER ||
+               o->kind == MACO_NCCL_REDUCESCATTER;
+    return mesh && o->comm->device >= 0 && o->comm->nranks > 1;
+}
+
+static void maco_nccl__map_registrations(const maco_nccl__op_t *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!maco_nccl__may_run_in_place(&ops[i]))
+            continue;
+        int earlier = 0; /* this communicator mapped for an earlier op of the batch */
+        for (int j = 0; j < i && !earlier; j++)
+            earlier = ops[j].comm == ops[i].comm && maco_nccl__may_run_in_place(&ops[j]);
+        if (!earlier)
+            (void)maco_collective_map_registrations(ops[i].comm->maco);
+    }
+}
+
 /* maco_nccl__run's work once the inputs are ready. */
 static ncclResult_t maco_nccl__run_ops(const maco_nccl__op_t *ops, int n)
 {
@@ -110,6 +139,7 @@ static ncclResult_t maco_nccl__run_ops(const maco_nccl__op_t *ops, int n)
         return maco_nccl__op_forward(ops, n,
                                      "MACO_NCCL_FORWARD names it, or MACO refused this kind of "
                                      "call on this communicator before");
+    maco_nccl__map_registrations(ops, n);
     maco_status_t st;
     if (n == 1) {
         st = maco_nccl__op_issue(&ops[0]);

@@ -194,6 +194,11 @@ TEST_F(BootstrapMp, CommunicatorTopology)
         std::string msg = maco_comm_get_last_error(comm);
         EXPECT_NE(msg.find(why), std::string::npos) << msg;
         EXPECT_EQ(msg.find("insufficient"), std::string::npos) << msg;
+        /* Mapping peers' registrations needs a GPU too (nothing to map for one rank). */
+        EXPECT_EQ(maco_collective_map_registrations(comm),
+                  NRanks() == 1 ? MACO_OK : MACO_ERR_UNSUPPORTED);
+        maco_test::AllowLog("comm is NULL");
+        EXPECT_EQ(maco_collective_map_registrations(nullptr), MACO_ERR_INVALID_ARGUMENT);
         void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         if (driver == nullptr)
             EXPECT_NE(msg.find("no NVIDIA driver: libcuda.so.1"), std::string::npos) << msg;

@@ -112,12 +112,19 @@ class Collectives : public maco_test::GpuCase
         }
     }
 
-    /* Reserve, then wait until every rank has, so every rank's next call sees every
-     * peer's registrations. */
+    /* Reserve, wait until every rank has, then map every peer's registrations, so every
+     * rank's next call can use them in place. */
     void ReserveRegistered(size_t bytes, bool registered)
     {
         ASSERT_NO_FATAL_FAILURE(Reserve(bytes, registered));
+        ASSERT_NO_FATAL_FAILURE(MapPeers());
+    }
+
+    /* The documented sequence: a barrier after every rank registered, then the map. */
+    void MapPeers()
+    {
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        ASSERT_EQ(maco_collective_map_registrations(Comm()), MACO_OK) << maco_log_last_error();
     }
 
     maco_collective_stats_t Stats()
@@ -419,6 +426,42 @@ TEST_F(Collectives, PartlyRegisteredOrMisalignedGoesThroughScratch)
     EXPECT_EQ(after.scratch_launches - mid.scratch_launches, calls);
 }
 
+/* A collective call never imports a peer's memory: buffers registered on every rank go
+ * through scratch until maco_collective_map_registrations has run on every rank, then in
+ * place, and the results are the same either way. Fresh buffers each time, so the peers'
+ * entries are new to the registry. */
+TEST_F(Collectives, RegistrationsMapOnlyWhenAsked)
+{
+    if (g_across)
+        GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
+    maco_test::AllowLog("comm is NULL");
+    EXPECT_EQ(maco_collective_map_registrations(nullptr), MACO_ERR_INVALID_ARGUMENT);
+    /* bfloat16 elements: 3 MiB + 48 bytes, above the LL sizes at up to 8 ranks, under
+     * MACO_ALLREDUCE_INPLACE_MAX, 16-byte multiples (every rank's block aligned). */
+    const size_t unit = (static_cast<size_t>(3) << 19) + 24;
+    ASSERT_NO_FATAL_FAILURE(Reserve(unit * 2 * NRanks() + 64, true));
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK); /* every rank registered */
+    /* Every collective once (roots in turn); returns the stats after the calls. */
+    uint64_t calls = 0;
+    auto each = [&]() {
+        for (maco_collective_t coll : kColls) {
+            int root = static_cast<int>(calls++ % static_cast<uint64_t>(NRanks()));
+            Shape s = { coll, MACO_BFLOAT16, MACO_SUM, unit, false, 0, root };
+            EXPECT_NO_FATAL_FAILURE(Expect(s, ""));
+        }
+        return Stats();
+    };
+    maco_collective_stats_t before = Stats();
+    maco_collective_stats_t mid = each();
+    EXPECT_EQ(mid.inplace_launches - before.inplace_launches, 0u);
+    EXPECT_EQ(mid.scratch_launches - before.scratch_launches, calls);
+    ASSERT_NO_FATAL_FAILURE(MapPeers());
+    ASSERT_NO_FATAL_FAILURE(MapPeers()); /* nothing new: a no-op */
+    maco_collective_stats_t after = each();
+    EXPECT_EQ(after.inplace_launches - mid.inplace_launches, calls / 2);
+    EXPECT_EQ(after.scratch_launches - mid.scratch_launches, 0u);
+}
+
 /* cudaMalloc'ed buffers registered with maco_mem_register (exported over CUDA IPC) are
  * used in place; after maco_mem_deregister they go through scratch again, and a new
  * registration of the same memory is used in place again. */
@@ -435,7 +478,7 @@ TEST_F(Collectives, MemRegisterAndDeregister)
             << maco_comm_get_last_error(Comm());
         ASSERT_EQ(maco_mem_register(Comm(), out_, cap_ + 2 * kGuard, &rout), MACO_OK)
             << maco_comm_get_last_error(Comm());
-        ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+        ASSERT_NO_FATAL_FAILURE(MapPeers());
         maco_collective_stats_t before = Stats();
         for (maco_collective_t coll : kColls) {
             s.coll = coll;

@@ -748,6 +748,10 @@ static void perf_alloc(const maco_perf_opts_t *o, perf_ctx_t *c, perf_nccl_t *nc
     if (o->reg) {
         PERF_MACO(c->comm, maco_mem_alloc(c->comm, o->max_bytes + PERF_GUARD, (void **)&c->in));
         PERF_MACO(c->comm, maco_mem_alloc(c->comm, o->max_bytes + PERF_GUARD, (void **)&c->out));
+        /* Once every rank has registered, map the peers' buffers (collectives only read
+         * the mappings: without this step every call would go through scratch). */
+        PERF_MACO(c->comm, maco_bootstrap_barrier(c->bs));
+        PERF_MACO(c->comm, maco_collective_map_registrations(c->comm));
     } else {
         PERF_CUDA(cudaMalloc((void **)&c->in, o->max_bytes + PERF_GUARD));
         PERF_CUDA(cudaMalloc((void **)&c->out, o->max_bytes + PERF_GUARD));

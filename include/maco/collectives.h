@@ -13,10 +13,13 @@
  * by the mesh-family algorithms (the ones above the LL sizes): peers read and write them
  * directly over NVLink, with no scratch copies. That happens for a call when on every rank
  * every buffer a peer touches is registered and 16-byte aligned and every peer has mapped
- * it; otherwise the call goes through scratch, with the same results. A peer maps a new
- * registration at its next mesh-family call (the first call after a registration may still
- * go through scratch); mappings stay until the communicator is destroyed, and a buffer must
- * stay registered until the operations using it have completed on every rank.
+ * it; otherwise the call goes through scratch, with the same results. A rank maps its
+ * peers' registrations only in maco_collective_map_registrations() (a collective call never
+ * imports memory: it does no socket I/O): register on every rank, wait until every rank has
+ * (e.g. maco_bootstrap_barrier on maco_comm_get_bootstrap()), then map on every rank;
+ * until then calls on those buffers go through scratch. Mappings stay until the
+ * communicator is destroyed, and a buffer must stay registered until the operations using
+ * it have completed on every rank.
  * maco_collective_get_stats() counts which path calls took. Counts are in elements;
  * count 0 returns MACO_OK and does nothing.
  *
@@ -373,6 +376,32 @@ MACO_API maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ct
  * not thread-safe with maco_collective_set_max_ctas on the same communicator. Errors:
  * MACO_ERR_INVALID_ARGUMENT (NULL argument), MACO_ERR_UNSUPPORTED (no usable GPU). */
 MACO_API maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p);
+
+/**
+ * Maps every registration that this rank's local peers (the ranks of its node) have
+ * published on `comm` so far and this rank has not mapped yet: memory from maco_mem_alloc
+ * and maco_mem_register, imported as maco_mem_import does (peer access for cudaMalloc
+ * memory; for cuMem memory, a file descriptor fetched from the peer's fd server over a Unix
+ * socket, each wait bounded by MACO_BOOTSTRAP_TIMEOUT). This is the one place where
+ * collectives' registrations are imported: collective calls only read what it mapped. After
+ * it, a mesh-family call whose buffers are registered on every rank runs in place once every
+ * rank has mapped (the kernel checks every rank's count). Deregistered entries are skipped;
+ * peers across nodes are never mapped (their calls use the hierarchical paths).
+ *
+ * Not collective; blocking (see above); enqueues no stream work, so it may be called while
+ * a stream captures a CUDA graph. Typical use: register on every rank, maco_bootstrap_barrier,
+ * then this call on every rank. Cheap when nothing is new (one load per local peer). Not
+ * thread-safe with other calls on `comm`.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL comm), MACO_ERR_UNSUPPORTED (no usable GPU, or the
+ * collectives were not set up), MACO_ERR_CUDA (cudaSetDevice or a mapping failed: the
+ * message names the peer's local rank and the registration), MACO_ERR_REMOTE or
+ * MACO_ERR_TIMEOUT (a peer's fd server refused or did not answer: it exited or hangs),
+ * MACO_ERR_SYSTEM (a socket call failed), MACO_ERR_NO_MEMORY. A registration that failed stays
+ * unmapped (calls on it use scratch) and the next call tries it again; the same peer's later
+ * registrations wait behind it. The communicator stays usable: the message is this thread's
+ * (maco_log_last_error(), logged once per registration), not the communicator's first error.
+ */
+MACO_API maco_status_t maco_collective_map_registrations(maco_comm_t comm);
 
 /** Mesh-family kernel launches of a communicator since its creation, by the path they
  * took (counted on the device; graph replays count every replay), and the size of the last

@@ -87,8 +87,8 @@ MACO_API maco_status_t maco_mem_free(maco_comm_t comm, void *ptr);
  * Works on the communicator's device whichever device the calling thread has current, and
  * leaves the current device as it was (so do maco_mem_import and maco_mem_deregister).
  * Device memory is also published to the communicator's peers, so collectives on it run in
- * place (maco/collectives.h); peers keep their mapping of it until the communicator is
- * destroyed.
+ * place once every rank has called maco_collective_map_registrations (maco/collectives.h);
+ * peers keep their mapping of it until the communicator is destroyed.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL, bytes 0, memory of another device, memory CUDA
  * does not know (pageable or managed), a range that runs past the end of its allocation: the
  * message gives the sizes), MACO_ERR_UNSUPPORTED (no GPU; a cuMem allocation made without

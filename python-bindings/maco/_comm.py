@@ -720,9 +720,10 @@ class Communicator:
     # ------------------------------------------------------------ memory
 
     def register(self, tensor: Any) -> Registration:
-        """Registers ``tensor``'s memory with this communicator, so collectives on it run in
-        place on every rank that registered its buffer (see :class:`Registration`). Not
-        collective, not blocking.
+        """Registers ``tensor``'s memory with this communicator, so collectives on it can run
+        in place (see :class:`Registration`) once every rank registered its buffer and called
+        :meth:`map_registrations`; until then they go through scratch, with the same results.
+        Not collective, not blocking.
 
         Raises:
             InvalidArgumentError: memory CUDA does not know or of another device.
@@ -732,6 +733,26 @@ class Communicator:
         if b.nbytes == 0:
             raise ValueError("tensor: has no elements to register")
         return Registration(self._c.register(b.address, b.nbytes), tensor)
+
+    def map_registrations(self, barrier: bool = True) -> None:
+        """Maps the registrations of this node's other ranks (:meth:`register`, :meth:`empty`)
+        so that collectives on registered buffers run in place: a collective call never maps
+        a peer's memory itself (``maco_collective_map_registrations``). With ``barrier``
+        (the default) it first waits until every rank has called it, so every registration
+        made before the call on any rank is mapped: collective then. With
+        ``barrier=False`` it maps what the peers have registered so far: local.
+
+        Blocking (mapping may fetch a file descriptor from a peer, bounded by
+        MACO_BOOTSTRAP_TIMEOUT); enqueues no GPU work. Cheap when nothing is new.
+
+        Raises:
+            CommTimeoutError, RemoteError: the barrier or a peer did not answer (named).
+            CudaError: a mapping failed (the registration stays unmapped, its calls use
+                scratch, and the communicator stays usable).
+        """
+        if barrier:
+            self.barrier()
+        self._c.map_registrations()
 
     def peer_views(self, tensor: Any) -> list:
         """Every rank's ``tensor`` as a tensor of this process: element ``r`` is rank ``r``'s
@@ -781,7 +802,8 @@ class Communicator:
 
     def empty(self, shape: Sequence[int] | int, dtype: Any, *, framework: str = "torch") -> Any:
         """A new uninitialised tensor in memory from ``maco_mem_alloc`` (registered with
-        this communicator for as long as it lives; freed when the tensor is).
+        this communicator for as long as it lives; freed when the tensor is). Collectives use
+        it in place once every rank has called :meth:`map_registrations` after allocating.
 
         Args:
             shape: dimensions.

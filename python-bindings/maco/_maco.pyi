@@ -213,6 +213,9 @@ class Comm:
 
     def register(self, address: int, bytes: int) -> Mem: ...
 
+    def map_registrations(self) -> None:
+        """Maps the local peers' new registrations (maco_collective_map_registrations)."""
+
     def import_mem(self, handle: bytes) -> Mem:
         """Maps a local peer's registration (maco_mem_import); deregister() unmaps it."""
 

@@ -119,6 +119,8 @@ class Capture
     if (msg.empty() && comm != nullptr)
         msg = maco_comm_get_last_error(comm);
     if (msg.empty())
+        msg = maco_log_last_error(); /* errors that leave the communicator usable */
+    if (msg.empty())
         msg = std::string(call) + ": " + maco_status_string(st);
     throw StatusError{ static_cast<int>(st), msg };
 }
@@ -1242,7 +1244,15 @@ void bind_comm_collectives(nb::class_<Comm> &c)
                         [&] { return maco_mem_register(comm, ptr(p), bytes, &mem); });
                 return new Mem(c.st, mem, p, bytes);
             },
-            nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership);
+            nb::arg("address"), nb::arg("bytes"), nb::rv_policy::take_ownership)
+        .def(
+            "map_registrations",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                checked("maco_collective_map_registrations", comm,
+                        [&] { return maco_collective_map_registrations(comm); });
+            },
+            "Maps the local peers' new registrations (not collective; blocking).");
 }
 
 /* Comm: imports, DLPack allocation, persistent kernels, plans, algorithm and CTA settings,

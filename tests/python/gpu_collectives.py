@@ -226,23 +226,32 @@ def torch_extras():
     out = comm.empty((n,), "float32")
     x.copy_(to_torch(ins[R], tname))
     Torch.poison(out)
-    # Peers map a registration at their next mesh call: the calls are asynchronous, so a fast
-    # rank could issue both before a slow one registered. The barrier orders them.
+    # A collective never maps a peer's memory: registered on every rank but not mapped, the
+    # call goes through scratch; after map_registrations (a barrier, then the mapping) in place.
     comm.barrier()
+    comm.allreduce(x, out)
+    torch.cuda.synchronize()
+    check("maco.empty allreduce before the map", from_torch(out, tname), want)
+    unmapped = comm.stats()["inplace"]
+    checks += 1
+    if unmapped != before:
+        failures.append(f"maco.empty: in place before map_registrations ({before} -> {unmapped})")
+    comm.map_registrations()
     for _ in range(2):
+        Torch.poison(out)
         comm.allreduce(x, out)
     torch.cuda.synchronize()
     check("maco.empty allreduce", from_torch(out, tname), want)
     after = comm.stats()["inplace"]
     checks += 1
-    if not after > before:
-        failures.append(f"maco.empty: no in-place launch (stats {before} -> {after})")
+    if after - unmapped != 2:
+        failures.append(f"maco.empty: {after - unmapped} of 2 calls in place after the map")
     # register() on torch's own memory
     xt = to_torch(ins[R], tname)
     ot = torch.empty_like(xt)
     with comm.register(xt) as rx, comm.register(ot):
         assert rx.registered and rx.nbytes == n * 4
-        comm.barrier()
+        comm.map_registrations()
         for _ in range(2):
             Torch.poison(ot)
             comm.allreduce(xt, ot)
