@@ -269,7 +269,12 @@ MACO_API maco_status_t maco_alltoallv(const void *sendbuf, const size_t *sendcou
  * Outside a group the call is a group of its own, so it completes only when its receiver has
  * posted the matching receive: a rank that sends to and receives from peers must put those
  * calls in one group (maco_group_start). A send to this rank needs the matching maco_recv
- * from this rank in the same group (it becomes a local copy).
+ * from this rank in the same group (it becomes a local copy). Across nodes, the first message
+ * between two ranks connects them when its group is issued, before anything is launched:
+ * 8 x (16 + the send/recv chunk size, MACO_P2P_CHUNK_SIZE) bytes of pinned host memory per
+ * pair, a bootstrap exchange and two port channels (socket I/O, each wait bounded by
+ * MACO_BOOTSTRAP_TIMEOUT); later messages reuse the connection. Inside a node nothing is
+ * connected at a call (the pairs' slots are made at communicator creation).
  * Errors: the common ones; MACO_ERR_INVALID_ARGUMENT for peer outside [0, nranks), a send to
  * this rank without its receive in the same group (found when the group is issued).
  */
