@@ -8,7 +8,8 @@ NCCL as installed) or new (the newest NCCL through MACO_NCCL_LIBRARY). -R 0 pair
 NCCL on the same cudaMalloc buffers (NCCL's classic kernels); -R 1 pairs MACO's registered
 buffers with NCCL's ncclMemAlloc buffers registered as symmetric windows (its symmetric
 kernels where it has one; the "path" column says which it took). OLD_DIR (default
-docs/results/2026-11-22b, the last 4-GPU tables) holds perf-<collective>-n4-g<G>-R<R>.json.
+docs/results/2026-11-22b, the last 4-GPU tables) holds perf-<collective>-n4-g<G>-R<R>.json,
+as files or in its raw.tgz.
 
 Prints markdown: per collective, registration and mode, one row per size with MACO's median
 time over the runs (and its spread, max-min over median), NCCL's median time and path, busbw
@@ -23,6 +24,7 @@ import os
 import re
 import statistics
 import sys
+import tarfile
 
 COLLS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall",
          "sendrecv"]
@@ -36,10 +38,32 @@ def size_text(b):
     return str(b)
 
 
+def json_rows(f):
+    """{size: record} of the out-of-place rows of an open maco-perf --json file."""
+    return {r["size_bytes"]: r for r in json.load(f) if not r["inplace"]}
+
+
 def load(path):
-    """{size: record} of the out-of-place rows of one maco-perf --json file."""
+    """json_rows() of the maco-perf --json file at path."""
     with open(path) as f:
-        return {r["size_bytes"]: r for r in json.load(f) if not r["inplace"]}
+        return json_rows(f)
+
+
+def load_before(old_dir, name):
+    """load() of OLD_DIR/name, or of that member of OLD_DIR/raw.tgz (docs/results packs its
+    raw files); None when neither has it."""
+    path = os.path.join(old_dir, name)
+    if os.path.exists(path):
+        return load(path)
+    packed = os.path.join(old_dir, "raw.tgz")
+    if not os.path.exists(packed):
+        return None
+    with tarfile.open(packed) as t:
+        try:
+            f = t.extractfile(name)
+        except KeyError:
+            return None
+        return json_rows(f) if f else None
 
 
 def collect(d):
@@ -186,10 +210,9 @@ def main():
                                            k[2])):
         coll, reg, graph = key
         before = None
-        old = os.path.join(old_dir, f"perf-{coll}-n4-g{graph}-R{reg}.json")
         nranks = next((r[s]["nranks"] for r in data[key]["runs"] for s in r), 0)
-        if nranks == 4 and os.path.exists(old):
-            before = load(old)
+        if nranks == 4:
+            before = load_before(old_dir, f"perf-{coll}-n4-g{graph}-R{reg}.json")
         res[key] = table(key, data[key], before)
     print("\n## Targets (medians of the runs)\n")
     ranks = sorted({r["nranks"] for rows in res.values() for r in rows.values()})
