@@ -17,9 +17,10 @@
  * peers' registrations only in maco_collective_map_registrations() (a collective call never
  * imports memory: it does no socket I/O): register on every rank, wait until every rank has
  * (e.g. maco_bootstrap_barrier on maco_comm_get_bootstrap()), then map on every rank;
- * until then calls on those buffers go through scratch. Mappings stay until the
- * communicator is destroyed, and a buffer must stay registered until the operations using
- * it have completed on every rank.
+ * until then calls on those buffers go through scratch (a CUDA graph captured before the
+ * map keeps that path when replayed: the counts are part of the captured launch). Mappings
+ * stay until the communicator is destroyed, and a buffer must stay registered until the
+ * operations using it have completed on every rank.
  * maco_collective_get_stats() counts which path calls took. Counts are in elements;
  * count 0 returns MACO_OK and does nothing.
  *
