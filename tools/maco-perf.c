@@ -891,7 +891,16 @@ static int perf_finish(const maco_perf_opts_t *o, perf_ctx_t *c, perf_nccl_t *nc
                        unsigned long long total_wrong, double busbw_sum, int busbw_n)
 {
     unsigned long long oob = perf_sum_over_ranks(c, c->oob);
+    /* -R: how many of MACO's mesh-family launches used the registered buffers in place
+     * (maco_collective_get_stats, this rank's; LL-sized calls and NCCL's are not counted). */
+    maco_collective_stats_t cs;
+    memset(&cs, 0, sizeof(cs));
+    int stats = o->reg && c->nranks > 1 && maco_collective_get_stats(c->comm, &cs) == MACO_OK;
     if (c->rank == 0) {
+        if (stats)
+            printf("# Mesh launches        : %llu in place, %llu through scratch (rank 0)\n",
+                   (unsigned long long)cs.inplace_launches,
+                   (unsigned long long)cs.scratch_launches);
         printf("# Out of bounds values : %llu %s\n", oob, oob ? "FAILED" : "OK");
         printf("# Wrong values         : %llu %s (guard bytes included)\n", total_wrong,
                total_wrong ? "FAILED" : "OK");
