@@ -25,15 +25,9 @@ cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(tests torch)
 for s in "${stages[@]}"; do
-  case $s in tests | torch) ;; *)
-    echo "gpu-clients.sh: unknown stage '$s' (tests, torch)" >&2
-    exit 2 ;;
-  esac
+  [[ " tests torch " == *" $s "* ]] || { echo "gpu-clients.sh: unknown stage '$s' (tests, torch)" >&2; exit 2; }
 done
 dry=${DRY_RUN:-0}
-if [ "$dry" = 0 ] && [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
-  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
-fi
 if [ "$dry" = 0 ]; then
   . scripts/gpu-common.sh # $OUT, $B, ctest's paths made to resolve here, NCCL_NVLS_ENABLE=0
   ngpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)

@@ -1,9 +1,12 @@
 # Sourced (not run) by the scripts/gpu-*.sh that run on a lent GPU machine from the checkout's
 # root: $OUT for the logs, the carried build as $B (build/, else gpu-bundle/build: copied by
-# scripts/gpu-bundle.sh, or scripts/gpu-pack.sh's build.tgz unpacked by the calling script),
+# scripts/gpu-bundle.sh, or scripts/gpu-pack.sh's build.tgz, unpacked here when needed),
 # ctest's absolute paths of the build machine made to resolve here, NCCL_NVLS_ENABLE=0, and
 # step NAME TIMEOUT COMMAND...: runs COMMAND into $OUT/NAME.txt and adds a summary line (rc,
 # seconds, the last PASSED/FAILED/wrong-values line) to $summary.
+if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
+  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
+fi
 OUT=${OUT:-/tmp/maco-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0

@@ -38,15 +38,10 @@ cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(nodes perf apps fused)
 for s in "${stages[@]}"; do
-  case $s in nodes | perf | apps | fused) ;; *)
-    echo "gpu-nodes-apps.sh: unknown stage '$s' (nodes, perf, apps, fused)" >&2
-    exit 2 ;;
-  esac
+  [[ " nodes perf apps fused " == *" $s "* ]] ||
+    { echo "gpu-nodes-apps.sh: unknown stage '$s' (nodes, perf, apps, fused)" >&2; exit 2; }
 done
 dry=${DRY_RUN:-0}
-if [ "$dry" = 0 ] && [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
-  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
-fi
 if [ "$dry" = 0 ]; then
   # $OUT, $B (build/ or gpu-bundle/build), ctest's paths made to resolve here,
   # NCCL_NVLS_ENABLE=0.

@@ -23,10 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # scripts/gpu-pack.sh packs the build (MACO's libnccl and its tests, which ctest -L gpu runs,
-# included) as gpu-bundle/build.tgz.
-if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
-  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
-fi
+# included) as gpu-bundle/build.tgz, which gpu-common.sh unpacks.
 . scripts/gpu-common.sh
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-30s}
 R="$B/tools/maco-run"

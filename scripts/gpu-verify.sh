@@ -40,9 +40,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 [ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
-if [ ! -e build ] && [ ! -d gpu-bundle/build ] && [ -f gpu-bundle/build.tgz ]; then
-  tar xzf gpu-bundle/build.tgz -C gpu-bundle || exit 1
-fi
 . scripts/gpu-common.sh
 export MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-20s} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
