@@ -5,11 +5,7 @@
 #include <string.h>
 
 #include "algorithms/algorithms.h"
-
-static size_t maco__align_up(size_t v, size_t a)
-{
-    return (v + a - 1) / a * a;
-}
+#include "src/host/base/align.h"
 
 size_t maco__p2p_auto_chunk(size_t srcs, size_t lanes)
 {

@@ -13,14 +13,10 @@
 #include <string.h>
 
 #include "algorithms/algorithms.h"
+#include "src/host/base/align.h"
 #include "src/host/base/config.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
-
-static size_t maco__align_up(size_t v, size_t a)
-{
-    return (v + a - 1) / a * a;
-}
 
 /* Reads and checks the sizes that shape the buffer. */
 static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)

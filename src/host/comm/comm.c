@@ -7,6 +7,7 @@
 
 #include "src/host/bootstrap/bootstrap_internal.h"
 #include "src/host/comm/comm_internal.h"
+#include "src/host/base/align.h"
 #include "src/host/base/config.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
@@ -33,11 +34,6 @@ static const char *maco__mps_pipe_directory(void)
 {
     const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
     return dir != NULL && dir[0] != '\0' ? dir : "/tmp/nvidia-mps";
-}
-
-static size_t maco__align_up(size_t v, size_t a)
-{
-    return (v + a - 1) / a * a;
 }
 
 static maco_status_t maco__comm_topology(maco_comm_t comm)
