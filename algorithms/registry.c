@@ -277,11 +277,13 @@ maco_status_t maco__registry_map(maco_comm_t comm)
                  * scratch meanwhile). A deregistration racing the import is not an error. */
                 if (first == MACO_OK) {
                     /* Logged once per entry; a retry that fails again only sets the text. */
+                    const maco__coll_t *c = maco__coll_of(comm);
                     char msg[512];
                     snprintf(msg, sizeof(msg),
-                             "maco_collective_map_registrations: local rank %d's registration "
-                             "%u not mapped (calls on it use scratch): %s",
-                             p, i + 1, maco__last_error());
+                             "maco_collective_map_registrations: rank %d's registration %u (%llu "
+                             "bytes) not mapped (calls on it use scratch): %s",
+                             c->rank_at[(size_t)c->node * (size_t)c->ln + (size_t)p], i + 1,
+                             (unsigned long long)e->bytes, maco__last_error());
                     first = g->failed[p] == i + 1 ? maco__error_quiet(st, "%s", msg)
                                                   : maco__error(st, MACO_SUBSYS_MEM, "%s", msg);
                     g->failed[p] = i + 1;

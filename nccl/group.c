@@ -96,10 +96,11 @@ static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
 /*
  * NCCL's ncclCommRegister is local and NCCL exchanges the buffers' handles at the collectives
  * that use them; MACO's collectives never import peers' memory themselves, so before the
- * reductions and gathers run, each communicator of the batch maps what its local peers
- * registered since the last time (maco_collective_map_registrations: one load per peer when
- * nothing is new). A registration that does not map only leaves its calls in scratch, as
- * NCCL falls back to its buffers: the status is dropped (logged once by MACO).
+ * reductions and gathers run, each one's communicator maps what its local peers registered
+ * since the last time (maco_collective_map_registrations: one load per peer when nothing is
+ * new, so a communicator named by several ops of the batch costs no more). A registration that does
+ * not map only leaves its calls in scratch, as NCCL falls back to its buffers: the status is
+ * dropped (logged once by MACO).
  */
 static int maco_nccl__may_run_in_place(const maco_nccl__op_t *o)
 {
@@ -111,15 +112,9 @@ static int maco_nccl__may_run_in_place(const maco_nccl__op_t *o)
 
 static void maco_nccl__map_registrations(const maco_nccl__op_t *ops, int n)
 {
-    for (int i = 0; i < n; i++) {
-        if (!maco_nccl__may_run_in_place(&ops[i]))
-            continue;
-        int earlier = 0; /* this communicator mapped for an earlier op of the batch */
-        for (int j = 0; j < i && !earlier; j++)
-            earlier = ops[j].comm == ops[i].comm && maco_nccl__may_run_in_place(&ops[j]);
-        if (!earlier)
+    for (int i = 0; i < n; i++)
+        if (maco_nccl__may_run_in_place(&ops[i]))
             (void)maco_collective_map_registrations(ops[i].comm->maco);
-    }
 }
 
 /* maco_nccl__run's work once the inputs are ready. */

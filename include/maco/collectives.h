@@ -400,7 +400,7 @@ MACO_API maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_c
  * thread-safe with other calls on `comm`.
  * Errors: MACO_ERR_INVALID_ARGUMENT (NULL comm), MACO_ERR_UNSUPPORTED (no usable GPU, or the
  * collectives were not set up), MACO_ERR_CUDA (cudaSetDevice or a mapping failed: the
- * message names the peer's local rank and the registration), MACO_ERR_REMOTE or
+ * message names the peer's rank, the registration and its size), MACO_ERR_REMOTE or
  * MACO_ERR_TIMEOUT (a peer's fd server refused or did not answer: it exited or hangs),
  * MACO_ERR_SYSTEM (a socket call failed), MACO_ERR_NO_MEMORY. A registration that failed stays
  * unmapped (calls on it use scratch) and the next call tries it again; the same peer's later
