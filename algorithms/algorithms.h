@@ -387,7 +387,9 @@ typedef struct maco__p2p_args {
     uint64_t ctr_offset, hdr_offset, ll_offset, cp_offset;
     uint64_t cp_slot_bytes; /* bytes per copy-mode slot */
     uint64_t chunk;         /* copy-mode payload per chunk (a multiple of 16) */
-    int32_t rank, nranks, lanes, pad;
+    /* lanes: the pair's lanes (slots, counters); lanes_used: the most any op of the launch
+     * uses (maco__p2p_msg_lanes), which sets the work items: npairs x lanes_used. */
+    int32_t rank, nranks, lanes, lanes_used;
 } maco__p2p_args_t;
 MACO_STATIC_ASSERT(sizeof(maco__p2p_args_t) == 3520, "maco__p2p_args_t is 3520 bytes");
 MACO_STATIC_ASSERT(sizeof(maco__p2p_args_t) <= 4096, "maco__p2p_args_t fits the 4 KiB limit");

@@ -220,9 +220,14 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
     a.rank = c->lrank;
     a.nranks = c->ln;
     a.lanes = l->p2p_lanes;
+    a.lanes_used = 1;
+    for (int i = 0; i < plan->nops; i++) {
+        int used = (int)maco__p2p_msg_lanes(plan->ops[i].bytes, (uint32_t)a.lanes);
+        a.lanes_used = used > a.lanes_used ? used : a.lanes_used;
+    }
     /* Every item may wait on a peer: at most the co-resident CTAs (comm_internal.h), and
      * the cap of maco_collective_set_max_ctas. */
-    int items = plan->npairs * l->p2p_lanes;
+    int items = plan->npairs * a.lanes_used;
     int cap = maco__coll_ctas(comm, c);
     int blocks = items < cap ? items : cap;
     if (blocks < 1)

@@ -147,16 +147,88 @@ TEST_F(P2PPlan, SourceIndexSkipsTheOwner)
     }
 }
 
-TEST_F(P2PPlan, HeaderCarriesBytesSkewAndMode)
+TEST_F(P2PPlan, HeaderCarriesBytesMessageSkewAndMode)
 {
     for (uint64_t bytes : { static_cast<uint64_t>(0), static_cast<uint64_t>(123),
                             static_cast<uint64_t>(1) << 40, MACO__P2P_MAX_BYTES }) {
-        for (uint32_t skew : { 0u, 5u, 15u }) {
-            for (int ll : { 0, 1 }) {
-                uint32_t hi = maco__p2p_hdr_hi(bytes, skew, ll);
-                EXPECT_EQ(maco__p2p_hdr_bytes(static_cast<uint32_t>(bytes), hi), bytes);
-                EXPECT_EQ((hi >> 24) & 15u, skew);
-                EXPECT_EQ((hi & MACO__P2P_HDR_LL) != 0, ll != 0);
+        for (uint32_t msg : { 0u, 1u, 77u, static_cast<uint32_t>(MACO__P2P_MAX_OPS - 1) }) {
+            for (uint32_t skew : { 0u, 5u, 15u }) {
+                for (int ll : { 0, 1 }) {
+                    uint32_t hi = maco__p2p_hdr_hi(bytes, msg, skew, ll);
+                    EXPECT_EQ(maco__p2p_hdr_bytes(static_cast<uint32_t>(bytes), hi), bytes);
+                    EXPECT_EQ(maco__p2p_hdr_msg(hi), msg);
+                    EXPECT_EQ((hi >> 24) & 15u, skew);
+                    EXPECT_EQ((hi & MACO__P2P_HDR_LL) != 0, ll != 0);
+                }
+            }
+        }
+    }
+}
+
+/* A message's lanes (maco__p2p_msg_lanes): at least 1, at most the pair's, one per 8 KiB; and
+ * with slots of at least MACO__P2P_CAP_MIN bytes every non-empty chunk is on the lane it
+ * would take on all the pair's lanes, in both modes, so dropping the other lanes only drops
+ * empty chunks; every chunk of the message is on one of its lanes, each of them carries one
+ * at least, and the bytes add up. Fresh random sizes each run, plus the edges. */
+TEST_F(P2PPlan, SmallMessagesUseFewerLanesWithTheSameChunks)
+{
+    std::random_device rd;
+    const unsigned seed = rd();
+    std::mt19937_64 rng(seed);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const uint64_t K = 1024, lb = MACO__P2P_LANE_BYTES;
+    EXPECT_EQ(lb, 8 * K);
+    for (uint32_t lanes : { 1u, 2u, 7u, 8u, 16u, 32u }) {
+        EXPECT_EQ(maco__p2p_msg_lanes(0, lanes), 1u);
+        EXPECT_EQ(maco__p2p_msg_lanes(1, lanes), 1u);
+        EXPECT_EQ(maco__p2p_msg_lanes(lb, lanes), 1u);
+        EXPECT_EQ(maco__p2p_msg_lanes(lb + 1, lanes), std::min(2u, lanes));
+        EXPECT_EQ(maco__p2p_msg_lanes(lb * lanes, lanes), lanes);
+        EXPECT_EQ(maco__p2p_msg_lanes(uint64_t(1) << 40, lanes), lanes);
+        for (uint64_t chunk : { 16 * K, 256 * K, 512 * K }) {
+            std::vector<uint64_t> sizes = { 0,
+                                            1,
+                                            15,
+                                            16,
+                                            lb - 1,
+                                            lb,
+                                            lb + 1,
+                                            lb * lanes - 1,
+                                            lb * lanes,
+                                            lb * lanes + 1,
+                                            2 * chunk * lanes + 5 };
+            for (int i = 0; i < 300; i++)
+                sizes.push_back(rng() % (uint64_t(1) << (4 + rng() % 24)));
+            uint32_t last = 1;
+            std::sort(sizes.begin(), sizes.end());
+            for (uint64_t b : sizes) {
+                const uint32_t L = maco__p2p_msg_lanes(b, lanes);
+                ASSERT_GE(L, 1u);
+                ASSERT_LE(L, lanes);
+                ASSERT_GE(L, last) << "not monotone at " << b;
+                last = L;
+                ASSERT_GE(uint64_t(L) * lb, std::min(b, lb * lanes)) << b;
+                for (int ll : { 1, 0 }) {
+                    const uint64_t cap = ll ? lb : maco__p2p_copy_cap(b, chunk, L);
+                    const uint64_t all = ll ? lb : maco__p2p_copy_cap(b, chunk, lanes);
+                    ASSERT_EQ(cap, all) << b << " bytes, ll " << ll;
+                    const uint64_t n = maco__p2p_nchunks(b, cap, L);
+                    uint64_t covered = 0, sum = 0;
+                    for (uint32_t l = 0; l < L; l++) {
+                        const uint64_t nl = maco__p2p_lane_chunks(b, cap, L, l);
+                        ASSERT_GE(nl, 1u) << b << " bytes: lane " << l << " of " << L;
+                        sum += nl;
+                    }
+                    ASSERT_EQ(sum, n) << b;
+                    for (uint64_t j = 0; j < n; j++) {
+                        const uint64_t cb = maco__p2p_chunk_bytes(b, cap, j);
+                        covered += cb;
+                        if (cb > 0) {
+                            ASSERT_EQ(j % L, j % lanes) << b << " bytes, chunk " << j;
+                        }
+                    }
+                    ASSERT_EQ(covered, b) << b << " bytes, ll " << ll;
+                }
             }
         }
     }
@@ -229,7 +301,7 @@ TEST_F(P2PPlan, ChecksNameTheCall)
           2,
           "overlaps the receive buffer" },
         { { Msg(MACO__P2P_SEND, 2, 0x1000, 100, 1) }, 1, "peer 2 is outside [0, 2)" },
-        { { Msg(MACO__P2P_SEND, 1, 0x1000, MACO__P2P_MAX_BYTES + 1, 1) }, 1, "2^56" },
+        { { Msg(MACO__P2P_SEND, 1, 0x1000, MACO__P2P_MAX_BYTES + 1, 1) }, 1, "2^48" },
     };
     std::vector<maco__p2p_msg_t> many;
     for (int i = 0; i < MACO__P2P_MAX_OPS + 1; i++)

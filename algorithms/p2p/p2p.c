@@ -42,7 +42,7 @@ maco_status_t maco__p2p_check_bytes(const char *fn, const char *what, size_t cou
     if (count > MACO__P2P_MAX_BYTES / esz / mult)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                            "%s: %s %zu elements of %zu bytes%s overflows a message's byte size "
-                           "(2^56 - 1)",
+                           "(2^48 - 1)",
                            fn, what, count, esz, mult > 1 ? " times nranks" : "");
     return MACO_OK;
 }

@@ -13,12 +13,16 @@
  * with flag c + 1 (32 bits; it differs from whatever the slot held, the flag of chunk c - SLOTS,
  * and from the zeroed memory the first SLOTS chunks find).
  *
- * A message of B bytes is cut into chunks (p2p_plan.h): max(lanes, ceil(B / cap)) of them,
- * chunk j on lane j % lanes, so every lane carries at least one chunk of every message and
- * each chunk's header carries B: a lane's receiver learns from its own first chunk how many
- * chunks of the message it will get, even when its own count differs (then it drains them
- * without writing: the sender never waits for a receiver that gave up, and the lanes stay in
- * step for the messages after).
+ * A message of B bytes uses L = maco__p2p_msg_lanes(B, lanes) lanes (p2p_plan.h: one per 8
+ * KiB, at most all) and is cut into max(L, ceil(B / cap)) chunks, chunk j on lane j % L, so
+ * each of its L lanes carries at least one chunk of it; lanes from L on skip the message
+ * (a receiver decides by its own count). Each chunk's header carries B and the message's
+ * index in the pair: a lane's receiver learns from its own first chunk how many chunks of
+ * the message it will get, even when its own count differs (then it drains them without
+ * writing, so the sender never waits for a receiver that gave up). When the counts differ
+ * the two sides may also give the message different lanes; a receiver that then meets a
+ * chunk of another message (the index) stops without writing, with the count mismatch as
+ * the error, and a sender whose chunks nobody drains ends at MACO_DEVICE_TIMEOUT.
  *
  * A chunk travels in one of two modes, chosen by the sender per message (maco__p2p_ll):
  *   LL    the payload as LL16 packets (8 bytes and the flag twice per 16-byte store) in the LL
@@ -41,7 +45,8 @@
  * SLOTS-th on takes one, so the semaphore's expected count (on the device) stays
  * max(0, sent - SLOTS) across launches.
  *
- * Work items: one per (pair, lane): item i is pair i % npairs, lane i / npairs; CTA b owns
+ * Work items: one per (pair, lane) for the lanes some message of the launch uses (host:
+ * lanes_used): item i is pair i % npairs, lane i / npairs; CTA b owns
  * items b, b + G, ... A CTA never blocks on one item: it polls each of its items in turn
  * (a send item: is there credit?; a receive item: has the next header arrived?) and moves
  * one chunk of every item that can move, so any grid size is deadlock-free and the grid
@@ -137,7 +142,8 @@ maco__p2p_send_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
 {
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
     const int q = a.plan.pair_peer[p], lanes = a.lanes;
-    const int opi = a.plan.pair_first[p] + st.msg[k];
+    const uint32_t mi = st.msg[k];
+    const int opi = a.plan.pair_first[p] + (int)mi;
     const uint64_t c = st.chunk[k];
     uint64_t *sent = (uint64_t *)(a.buf + a.ctr_offset) + (uint64_t)q * lanes + lane;
     if (tid == 0) {
@@ -154,10 +160,10 @@ maco__p2p_send_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
         return 0;
     const maco__p2p_op_t &op = a.plan.ops[opi];
     const uint64_t B = op.bytes;
+    const uint32_t L = maco__p2p_msg_lanes(B, (uint32_t)lanes); /* > lane: the loop checked */
     const bool ll = (a.plan.op_flags[opi] & MACO__P2P_FLAG_LL) != 0;
-    const uint64_t cap =
-        ll ? (uint64_t)MACO__P2P_LL_CAP : maco__p2p_copy_cap(B, a.chunk, (uint32_t)lanes);
-    const uint64_t j = (uint64_t)lane + (uint64_t)lanes * c;
+    const uint64_t cap = ll ? (uint64_t)MACO__P2P_LL_CAP : maco__p2p_copy_cap(B, a.chunk, L);
+    const uint64_t j = (uint64_t)lane + (uint64_t)L * c;
     const uint64_t cb = maco__p2p_chunk_bytes(B, cap, j);
     const uint32_t flag = (uint32_t)(s + 1);
     const uint64_t slot = maco__p2p_slot(a.rank, q, lane, lanes, s);
@@ -174,7 +180,7 @@ maco__p2p_send_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
                             flag);
         }
         if (tid == 0)
-            maco_ll16_store(hdr, make_uint2((uint32_t)B, maco__p2p_hdr_hi(B, 0, 1)), flag);
+            maco_ll16_store(hdr, make_uint2((uint32_t)B, maco__p2p_hdr_hi(B, mi, 0, 1)), flag);
     } else {
         const uint32_t skew = (uint32_t)((uintptr_t)op.src & 15u); /* j * cap keeps it */
         maco_copy(rb + a.cp_offset + slot * a.cp_slot_bytes + skew, src, cb, tid, nthr);
@@ -183,12 +189,12 @@ maco__p2p_send_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
             /* Release: the CTA's payload stores (ordered before by the barrier) are visible
              * to whoever sees this header's flag and fences. */
             __threadfence_system();
-            maco_ll16_store(hdr, make_uint2((uint32_t)B, maco__p2p_hdr_hi(B, skew, 0)), flag);
+            maco_ll16_store(hdr, make_uint2((uint32_t)B, maco__p2p_hdr_hi(B, mi, skew, 0)), flag);
         }
     }
     if (tid == 0) {
         *sent = s + 1;
-        maco__p2p_advance(st, k, c, maco__p2p_lane_chunks(B, cap, (uint32_t)lanes, (uint32_t)lane));
+        maco__p2p_advance(st, k, c, maco__p2p_lane_chunks(B, cap, L, (uint32_t)lane));
     }
     __syncthreads();
     return 1;
@@ -203,7 +209,8 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
 {
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
     const int q = a.plan.pair_peer[p], lanes = a.lanes;
-    const int opi = a.plan.pair_first[p] + st.msg[k];
+    const uint32_t mi = st.msg[k];
+    const int opi = a.plan.pair_first[p] + (int)mi;
     const uint64_t c = st.chunk[k];
     const uint64_t first_bytes = st.bytes[k];
     const bool was_bad = st.bad[k] != 0;
@@ -238,6 +245,16 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
     const uint32_t skew = (hi >> 24) & 15u;
     const uint32_t flag = (uint32_t)(r + 1);
     const uint64_t slot = maco__p2p_slot(q, a.rank, lane, lanes, r);
+    if (maco__p2p_hdr_msg(hi) != (mi & 0x7fu)) {
+        /* A chunk of another message of the pair: an earlier message's counts differed and
+         * the two sides gave it different lanes (maco__p2p_msg_lanes). Write nothing; the
+         * count mismatch is the cause. */
+        if (tid == 0)
+            maco_device_error_record(&bound, MACO_ERR_INVALID_ARGUMENT, q,
+                                     (int)a.plan.op_flags[opi], MACO_DEVICE_ERR_COUNT_MISMATCH, R,
+                                     B);
+        return -1;
+    }
     if (c != 0 && B != first_bytes) {
         /* Chunks of one message disagree: the lanes are out of step (a bug, or memory
          * overwritten): stop rather than misplace data. */
@@ -250,9 +267,10 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
     if (c == 0 && bad && tid == 0)
         maco_device_error_record(&bound, MACO_ERR_INVALID_ARGUMENT, q, (int)a.plan.op_flags[opi],
                                  MACO_DEVICE_ERR_COUNT_MISMATCH, R, B);
-    const uint64_t cap =
-        ll ? (uint64_t)MACO__P2P_LL_CAP : maco__p2p_copy_cap(B, a.chunk, (uint32_t)lanes);
-    const uint64_t j = (uint64_t)lane + (uint64_t)lanes * c;
+    /* The sender's lanes for its count (this lane is one of them: its chunk came). */
+    const uint32_t L = maco__p2p_msg_lanes(B, (uint32_t)lanes);
+    const uint64_t cap = ll ? (uint64_t)MACO__P2P_LL_CAP : maco__p2p_copy_cap(B, a.chunk, L);
+    const uint64_t j = (uint64_t)lane + (uint64_t)L * c;
     const uint64_t cb = maco__p2p_chunk_bytes(B, cap, j);
     int fail = 0;
     if (!bad && cb > 0) {
@@ -284,7 +302,7 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
             st.bytes[k] = B;
             st.bad[k] = bad ? 1 : 0;
         }
-        maco__p2p_advance(st, k, c, maco__p2p_lane_chunks(B, cap, (uint32_t)lanes, (uint32_t)lane));
+        maco__p2p_advance(st, k, c, maco__p2p_lane_chunks(B, cap, L, (uint32_t)lane));
     }
     __syncthreads();
     return 1;
@@ -302,8 +320,9 @@ maco__p2p_self_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
      * the wrong chunk and left the CTA's barriers out of step: compute-sanitizer racecheck
      * found it (2026-11-24, H100), which the functional runs had not. */
     __syncthreads();
-    const uint64_t cap = maco__p2p_copy_cap(op.bytes, a.chunk, (uint32_t)a.lanes);
-    const uint64_t j = (uint64_t)lane + (uint64_t)a.lanes * c;
+    const uint32_t L = maco__p2p_msg_lanes(op.bytes, (uint32_t)a.lanes);
+    const uint64_t cap = maco__p2p_copy_cap(op.bytes, a.chunk, L);
+    const uint64_t j = (uint64_t)lane + (uint64_t)L * c;
     const uint64_t cb = maco__p2p_chunk_bytes(op.bytes, cap, j);
     if (cb > 0)
         maco_copy((char *)op.dst + j * cap, (const char *)op.src + j * cap, cb, threadIdx.x,
@@ -311,8 +330,7 @@ maco__p2p_self_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
     /* No barrier needed before the next chunk: each thread's later copies touch other bytes,
      * and the kernel's end orders the data before later stream work. */
     if (threadIdx.x == 0)
-        maco__p2p_advance(st, k, c,
-                          maco__p2p_lane_chunks(op.bytes, cap, (uint32_t)a.lanes, (uint32_t)lane));
+        maco__p2p_advance(st, k, c, maco__p2p_lane_chunks(op.bytes, cap, L, (uint32_t)lane));
     __syncthreads();
     return 1;
 }
@@ -346,7 +364,7 @@ __global__ void __launch_bounds__(MACO__P2P_THREADS)
     __shared__ maco__p2p_state st;
     __shared__ int abort_flag;
     const int npairs = a.plan.npairs;
-    const int nitems = npairs * a.lanes;
+    const int nitems = npairs * a.lanes_used;
     const int g = (int)gridDim.x, b = (int)blockIdx.x;
     const int nmine = b < nitems ? (nitems - 1 - b) / g + 1 : 0;
     for (int k = (int)threadIdx.x; k < nmine; k += (int)blockDim.x) {
@@ -367,6 +385,17 @@ __global__ void __launch_bounds__(MACO__P2P_THREADS)
             const int p = i % npairs, lane = i / npairs;
             if (st.msg[k] >= a.plan.pair_nops[p])
                 continue;
+            /* A lane past the message's own lanes skips it (maco__p2p_msg_lanes; a receiver
+             * goes by its own count). Every thread read st.msg[k] before thread 0 moves it. */
+            const uint64_t mb = a.plan.ops[a.plan.pair_first[p] + st.msg[k]].bytes;
+            if ((uint32_t)lane >= maco__p2p_msg_lanes(mb, (uint32_t)a.lanes)) {
+                __syncthreads();
+                if (threadIdx.x == 0)
+                    st.msg[k] = (uint16_t)(st.msg[k] + 1);
+                __syncthreads();
+                progressed = 1;
+                continue;
+            }
             if (pending < 0)
                 pending = k;
             const int dir = a.plan.pair_dir[p];

@@ -64,7 +64,7 @@ static maco_status_t maco__p2p_check_msgs(const maco__p2p_msg_t *msgs, int nmsgs
         if (m->bytes > MACO__P2P_MAX_BYTES)
             return maco__p2p_fail(why, why_bytes, call_p, m->call,
                                   "call %d (%s): %llu bytes is more than one message can carry "
-                                  "(2^56 - 1)",
+                                  "(2^48 - 1)",
                                   m->call, m->fn, (unsigned long long)m->bytes);
     }
     return MACO_OK;

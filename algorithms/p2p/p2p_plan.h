@@ -33,6 +33,7 @@ enum {
     MACO__P2P_MAX_LANES = 32,  /* MACO_P2P_LANES' upper bound (and its default) */
     MACO__P2P_SLOTS = 2,       /* scratch slots per lane: a sender runs at most 2 chunks ahead */
     MACO__P2P_LL_SLOT = 16384, /* bytes of LL16 packets per slot: 8 KiB of payload */
+    MACO__P2P_LANE_BYTES = MACO__P2P_LL_SLOT / 2, /* maco__p2p_msg_lanes: bytes per lane */
     MACO__P2P_MAX_ITEMS = MACO__P2P_MAX_PAIRS * MACO__P2P_MAX_LANES,
 };
 
@@ -163,6 +164,26 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_copy_cap(uint64_t bytes, uint6
     return t < chunk ? t : chunk;
 }
 
+/*
+ * Lanes a message of `bytes` bytes uses out of the pair's `lanes`: min(lanes, ceil(bytes /
+ * MACO__P2P_LANE_BYTES)), at least 1. The message's chunks go on lanes [0, L) as above (pass L
+ * as `lanes` to the functions here); the other lanes skip the message, carrying nothing for
+ * it. Without this a small message sent an empty chunk on every lane (a header to write, to
+ * poll and to credit per lane: 7 pairs x 32 lanes = 224 work items for a small all-to-all of
+ * 4 ranks). From MACO__P2P_LANE_BYTES x lanes bytes on L = lanes; below, with slots of at
+ * least MACO__P2P_CAP_MIN bytes, the chunks are the ones all `lanes` would carry (an LL chunk
+ * holds MACO__P2P_LANE_BYTES, a copy chunk MACO__P2P_CAP_MIN, so chunk j is on lane j either
+ * way) without the empty ones. Sender and receiver compute L from their own byte counts: they
+ * agree whenever the counts match (a mismatch is an error the receiver reports).
+ */
+static MACO_HOST_DEVICE inline uint32_t maco__p2p_msg_lanes(uint64_t bytes, uint32_t lanes)
+{
+    uint64_t l = (bytes + MACO__P2P_LANE_BYTES - 1) / MACO__P2P_LANE_BYTES;
+    if (l < 1)
+        l = 1;
+    return l < lanes ? (uint32_t)l : lanes;
+}
+
 /** Chunks lane `lane` carries for such a message (chunks lane, lane + lanes, ...). */
 static MACO_HOST_DEVICE inline uint64_t maco__p2p_lane_chunks(uint64_t bytes, uint64_t cap,
                                                               uint32_t lanes, uint32_t lane)
@@ -188,23 +209,32 @@ static MACO_HOST_DEVICE inline int maco__p2p_src_index(int src, int dst)
 
 /*
  * The chunk header: one LL16 packet {data0, flag, data1, flag} at the head of each slot.
- * data0 = the message's byte count, low 32 bits; data1 = bits 32..55 of it (24 bits), the
- * skew (bits 24-27: where a copy-mode payload starts in its slot, 0..15, so that the sender's
- * copy keeps its source's alignment) and the mode (bit 28: payload as LL packets).
- * Messages are limited to 2^56 bytes.
+ * data0 = the message's byte count, low 32 bits; data1 = bits 32..47 of it (16 bits), the
+ * message's index among its pair's ops in the launch (bits 16-22: < MACO__P2P_MAX_OPS, so a
+ * receiver never takes a chunk of another message for its own, even after a count mismatch
+ * left lanes out of step: maco__p2p_msg_lanes), the skew (bits 24-27: where a copy-mode
+ * payload starts in its slot, 0..15, so that the sender's copy keeps its source's alignment)
+ * and the mode (bit 28: payload as LL packets). Messages are limited to 2^48 - 1 bytes.
  */
 #define MACO__P2P_HDR_LL (1u << 28)
-#define MACO__P2P_MAX_BYTES (((uint64_t)1 << 56) - 1)
+#define MACO__P2P_MAX_BYTES (((uint64_t)1 << 48) - 1)
+MACO_STATIC_ASSERT(MACO__P2P_MAX_OPS <= 128, "a message index fits the header's 7 bits");
 
-static MACO_HOST_DEVICE inline uint32_t maco__p2p_hdr_hi(uint64_t bytes, uint32_t skew, int ll)
+static MACO_HOST_DEVICE inline uint32_t maco__p2p_hdr_hi(uint64_t bytes, uint32_t msg,
+                                                         uint32_t skew, int ll)
 {
-    return (uint32_t)((bytes >> 32) & 0xffffffu) | ((skew & 15u) << 24) |
+    return (uint32_t)((bytes >> 32) & 0xffffu) | ((msg & 0x7fu) << 16) | ((skew & 15u) << 24) |
            (ll ? MACO__P2P_HDR_LL : 0u);
 }
 
 static MACO_HOST_DEVICE inline uint64_t maco__p2p_hdr_bytes(uint32_t lo, uint32_t hi)
 {
-    return (uint64_t)lo | ((uint64_t)(hi & 0xffffffu) << 32);
+    return (uint64_t)lo | ((uint64_t)(hi & 0xffffu) << 32);
+}
+
+static MACO_HOST_DEVICE inline uint32_t maco__p2p_hdr_msg(uint32_t hi)
+{
+    return (hi >> 16) & 0x7fu;
 }
 
 /*

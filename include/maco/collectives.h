@@ -203,7 +203,7 @@ MACO_API maco_status_t maco_reduce(const void *sendbuf, void *recvbuf, size_t co
  * that overflow; MACO_ERR_UNSUPPORTED without a GPU; MACO_ERR_INVALID_USAGE
  * after an asynchronous error; MACO_ERR_CUDA when the launch fails). Nothing is enqueued and
  * nothing written when a call returns an error. Counts and displacements are in elements;
- * one message is at most 2^56 - 1 bytes.
+ * one message is at most 2^48 - 1 bytes.
  *
  * How messages move (docs/design.md, "Send/recv and all-to-all"): every message goes from
  * the sender to a scratch area of the receiver reserved for that pair of ranks, in chunks
