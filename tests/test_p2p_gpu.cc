@@ -745,6 +745,40 @@ TEST_F(P2P, GraphReplayedWithChangingInputs)
     }
 }
 
+/* One group with a small message and then a large one to the same peer, in every mode: the
+ * small one uses one lane (maco__p2p_msg_lanes) and every other lane skips it before carrying
+ * its share of the large one. A kernel whose CTAs held only skipping items once ended after
+ * the skip and left the large message on lane 0 alone (its other chunks never written). */
+TEST_F(P2P, SmallThenLargeMessageOnOnePair)
+{
+    const int n = NRanks(), me = Rank();
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    const size_t small = 37, large = 300001, at = 64; /* float32 elements; large from at */
+    for (const char *mode : { "ll", "copy", "" }) {
+        ASSERT_NO_FATAL_FAILURE(Force(MACO_COLL_SENDRECV, mode));
+        ASSERT_NO_FATAL_FAILURE(Reserve((at + large) * 4));
+        char *send = in_ + kGuard, *recv = out_ + kGuard;
+        uint64_t seed = Seed(static_cast<uint64_t>(mode[0]));
+        Poison();
+        Fill(send, at + large, MACO_FLOAT32, seed);
+        ASSERT_EQ(maco_group_start(), MACO_OK);
+        ASSERT_EQ(maco_send(send, small, MACO_FLOAT32, next, Comm(), S()), MACO_OK);
+        ASSERT_EQ(maco_send(send + at * 4, large, MACO_FLOAT32, next, Comm(), S()), MACO_OK);
+        ASSERT_EQ(maco_recv(recv, small, MACO_FLOAT32, prev, Comm(), S()), MACO_OK);
+        ASSERT_EQ(maco_recv(recv + at * 4, large, MACO_FLOAT32, prev, Comm(), S()), MACO_OK);
+        ASSERT_EQ(maco_group_end(), MACO_OK) << maco_comm_get_last_error(Comm());
+        ExpectFrom(recv, small, MACO_FLOAT32, seed, prev, 0);
+        ExpectFrom(recv + at * 4, large, MACO_FLOAT32, seed, prev, at);
+        ExpectPoisonOutside({ { kGuard, small * 4 }, { kGuard + at * 4, large * 4 } });
+        unsigned long long wrong = 1;
+        ASSERT_NO_FATAL_FAILURE(Wrong(&wrong));
+        ASSERT_EQ(wrong, 0u) << "mode '" << mode << "'";
+        maco_status_t async_st = MACO_ERR_INTERNAL;
+        ASSERT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
+        ASSERT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(Comm());
+    }
+}
+
 /* Many small calls back to back without host synchronisation: all-to-alls of changing size and
  * mode mixed with ring exchanges and allreduces; then one checked call of each. */
 TEST_F(P2P, MixedCallsBackToBack)

@@ -385,6 +385,10 @@ __global__ void __launch_bounds__(MACO__P2P_THREADS)
             const int p = i % npairs, lane = i / npairs;
             if (st.msg[k] >= a.plan.pair_nops[p])
                 continue;
+            /* Pending before a skip: an item whose message this lane skips still has the
+             * pair's later messages (the loop must not end on a pass of skips only). */
+            if (pending < 0)
+                pending = k;
             /* A lane past the message's own lanes skips it (maco__p2p_msg_lanes; a receiver
              * goes by its own count). Every thread read st.msg[k] before thread 0 moves it. */
             const uint64_t mb = a.plan.ops[a.plan.pair_first[p] + st.msg[k]].bytes;
@@ -396,8 +400,6 @@ __global__ void __launch_bounds__(MACO__P2P_THREADS)
                 progressed = 1;
                 continue;
             }
-            if (pending < 0)
-                pending = k;
             const int dir = a.plan.pair_dir[p];
             const int res = dir == MACO__P2P_SEND   ? maco__p2p_send_step(a, st, k, p, lane)
                             : dir == MACO__P2P_RECV ? maco__p2p_recv_step(a, st, k, p, lane, bound)
