@@ -35,13 +35,16 @@
 # With mpirun and mpicc on PATH it also builds MPI=1 (into OUT_DIR/build-mpi) and runs each
 # test with one process per GPU (-g 1); without them it prints that those runs were skipped
 # and why. On 4 GPUs the whole takes about 4 minutes after the build.
+# A run that fails is run again on NVIDIA's NCCL (NCCL_REFERENCE, default the system's
+# libnccl.so.2 where there is one): when it fails there too it is SAME, not FAIL (its log
+# <test>_<args>.nccl.log); hypercube_perf with 4 or more GPUs per process is such a run.
 # Each run's output goes to OUT_DIR/<test>_<args>.log; at the end one line per run:
-#   PASS|FAIL  <test> <args>  wrong=<sum of the #wrong columns> oob=<"Out of bounds values">
+#   PASS|FAIL|SAME  <test> <args>  wrong=<sum of the #wrong columns> oob=<"Out of bounds values">
 #   busbw=<"Avg bus bandwidth", GB/s>  fallback=<calls MACO forwarded to NCCL, or none>
 # and the tests that did not build. MACO logs at info level for its "coll" subsystem so that
 # the at-exit line of calls on MACO / forwarded to NCCL and every first forwarding with its
-# reason land in the log. Exit status: 0 when every run passed, 1 when one failed, 2 on a
-# usage or build error, 77 when there is no GPU (built, nothing run).
+# reason land in the log. Exit status: 0 when every run passed or was SAME, 1 when one
+# failed, 2 on a usage or build error, 77 when there is no GPU (built, nothing run).
 set -uo pipefail
 
 usage() {
@@ -159,6 +162,13 @@ tenv=(env "LD_PRELOAD=$lib${LD_PRELOAD:+:$LD_PRELOAD}"
   "MACO_DEVICE_TIMEOUT=${MACO_DEVICE_TIMEOUT:-30s}" MACO_LOG_LEVEL=info MACO_LOG_SUBSYS=coll
   NCCL_NVLS_ENABLE=0)
 limit=${NCCL_TESTS_TIMEOUT:-180}
+# NVIDIA's NCCL to rerun a failing run on (run() below); none: failures stay failures.
+ref=${NCCL_REFERENCE:-}
+if [ -z "$ref" ]; then
+  for c in /lib/x86_64-linux-gnu/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
+    [ -e "$c" ] && ref=$c && break
+  done
+fi
 base=(-b 8 -e 64M -f 4 -c 1 -w 2 -n 5)
 summary="$out/summary.txt"
 : > "$summary"
@@ -205,7 +215,34 @@ run() {
   elif [ "$wrong" != "0" ]; then
     why=" (#wrong)"
   fi
-  [ -n "$why" ] && verdict=FAIL && failed=$((failed + 1))
+  [ -n "$why" ] && verdict=FAIL
+  # A run that fails on MACO runs again on the reference NCCL: when that one fails too (not
+  # killed), the run is SAME (the test itself is wrong there, e.g. hypercube_perf with 4 GPUs
+  # in one process: the harness's group makes its steps one group, whose sends read what its
+  # receives write) and does not fail the script.
+  if [ "$verdict" = FAIL ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ -n "$ref" ]; then
+    local a refcmd=()
+    for a in "$@"; do
+      case "$a" in
+      LD_PRELOAD=*) refcmd+=("LD_PRELOAD=$ref") ;;
+      LD_LIBRARY_PATH=*) refcmd+=("LD_LIBRARY_PATH=$(dirname "$ref")") ;;
+      *) refcmd+=("$a") ;;
+      esac
+    done
+    local rlog="$out/${name}_${tag}.nccl.log" rrc rw ro rb
+    echo "+ ${refcmd[*]}" > "$rlog"
+    timeout -k 10 "$limit" "${refcmd[@]}" >> "$rlog" 2>&1
+    rrc=$?
+    read -r rw ro rb <<< "$(parse "$rlog")"
+    if [ "$rrc" -ne 124 ] && [ "$rrc" -ne 137 ] &&
+      { [ "$rrc" -ne 0 ] || [ "$ro" != "0" ] || [ "$rw" != "0" ]; }; then
+      verdict=SAME
+      why="$why; fails on $ref too (exit $rrc, wrong=$rw oob=$ro: $(basename "$rlog"))"
+    else
+      why="$why; passes on $ref (wrong=$rw)"
+    fi
+  fi
+  [ "$verdict" = FAIL ] && failed=$((failed + 1))
   local line
   line=$(printf '%-4s  %-20s %-28s wrong=%s oob=%s busbw=%s fallback=%s%s' "$verdict" "$name" "$tag" \
     "$wrong" "$oob" "$bw" "$fb" "$why")
