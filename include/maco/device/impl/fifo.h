@@ -69,13 +69,12 @@ static __device__ __forceinline__ maco_status_t maco_fifo_wait_flush(const maco_
 {
     maco_spin_state_t spin = { 0, 0 };
     uint32_t polls = 0; /* its own count: maco_spin_check advances spin.iterations */
-    /* Each read here crosses PCIe (about a microsecond): poll flush_done alone, and look at
-     * the proxy's state only every 64 polls. The polls are relaxed (an acquire read of host
-     * memory takes about 0.08 us longer on H200); the acquire load after them pairs with the
-     * proxy's release store of flush_done, which follows the completion of the copies: this
-     * thread's later accesses (reusing the source buffer, reading the peer's) come after
-     * them. No fence after it: a fence.sc.sys costs about 0.6 us on H200 and orders nothing
-     * more. */
+    /* Each read here crosses PCIe: poll flush_done alone, and look at the proxy's state only
+     * every 64 polls. The polls are relaxed (an acquire read of host memory is slower); the
+     * acquire load after them pairs with the proxy's release store of flush_done, which
+     * follows the completion of the copies: this thread's later accesses (reusing the source
+     * buffer, reading the peer's) come after them. No fence after it: a system-scope fence
+     * costs time and orders nothing more (measurements: docs/results/2026-11-22c/notes.md). */
     const uint64_t *done = (const uint64_t *)f->flush_done;
     while (maco_load_relaxed_sys_u64(done) <= pos) {
         maco_status_t st = MACO_OK;
