@@ -78,7 +78,7 @@ TEST_F(EpCpu, ConfigurationLimitsAreNamed)
         { "topk big", [](maco_ep_config_t *c) { c->topk = 33; }, MACO_ERR_INVALID_ARGUMENT,
           "config.topk 33" },
         { "fp8", [](maco_ep_config_t *c) { c->dtype = MACO_FP8_E4M3; }, MACO_ERR_UNSUPPORTED,
-          "fp8 dispatch is not implemented yet" },
+          "dispatch with maco_ep_dispatch_fp8" },
         { "float", [](maco_ep_config_t *c) { c->dtype = MACO_FLOAT32; }, MACO_ERR_UNSUPPORTED,
           "config.dtype float32" },
         { "dtype range", [](maco_ep_config_t *c) { c->dtype = (maco_datatype_t)99; },
@@ -350,7 +350,7 @@ TEST_F(EpCpu, CallArgumentsAreChecked)
     auto dispatch = [&](const void *xx, maco_datatype_t dt, int tokens, int hidden,
                         const int64_t *ii, int topk, int32_t *cc, void *hh, int want) {
         text[0] = '\0';
-        return maco__ep_check_dispatch(&g, xx, dt, tokens, hidden, ii, w, topk, cc, nullptr,
+        return maco__ep_check_dispatch(&g, 0, xx, dt, tokens, hidden, ii, w, topk, cc, nullptr,
                                        nullptr, hh, want, text, sizeof(text));
     };
     EXPECT_EQ(dispatch(x, MACO_BFLOAT16, 64, 256, idx, 4, counts, handle, 1), MACO_OK) << text;
@@ -397,10 +397,31 @@ TEST_F(EpCpu, CallArgumentsAreChecked)
     /* num_recv_p is for normal mode only. */
     maco__ep_geom_t ll;
     ASSERT_EQ(Plan(Config(MACO_EP_LOW_LATENCY, 64, 256, 16, 4), 4, &why, &ll), MACO_OK);
-    EXPECT_EQ(maco__ep_check_dispatch(&ll, x, MACO_BFLOAT16, 8, 256, idx, w, 4, counts, nullptr,
+    EXPECT_EQ(maco__ep_check_dispatch(&ll, 0, x, MACO_BFLOAT16, 8, 256, idx, w, 4, counts, nullptr,
                                       nullptr, handle, 1, text, sizeof(text)),
               MACO_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::strstr(text, "num_recv_p must be NULL in low latency mode"), nullptr) << text;
+    /* maco_ep_dispatch_fp8: the same checks under its own name; hidden a multiple of 128. */
+    EXPECT_EQ(maco__ep_check_dispatch(&ll, 1, x, MACO_BFLOAT16, 8, 256, idx, w, 4, counts, nullptr,
+                                      nullptr, handle, 0, text, sizeof(text)),
+              MACO_OK)
+        << text;
+    EXPECT_EQ(maco__ep_check_dispatch(&ll, 1, nullptr, MACO_BFLOAT16, 8, 256, idx, w, 4, counts,
+                                      nullptr, nullptr, handle, 0, text, sizeof(text)),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(text, "maco_ep_dispatch_fp8: x is NULL"), nullptr) << text;
+    maco__ep_geom_t narrow;
+    ASSERT_EQ(Plan(Config(MACO_EP_LOW_LATENCY, 64, 200, 16, 4), 4, &why, &narrow), MACO_OK);
+    EXPECT_EQ(maco__ep_check_dispatch(&narrow, 0, x, MACO_BFLOAT16, 8, 200, idx, w, 4, counts,
+                                      nullptr, nullptr, handle, 0, text, sizeof(text)),
+              MACO_OK)
+        << text;
+    EXPECT_EQ(maco__ep_check_dispatch(&narrow, 1, x, MACO_BFLOAT16, 8, 200, idx, w, 4, counts,
+                                      nullptr, nullptr, handle, 0, text, sizeof(text)),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(text, "maco_ep_dispatch_fp8: hidden 200 is not a multiple of 128"),
+              nullptr)
+        << text;
 
     auto combine = [&](const void *out, maco_datatype_t dt, int hidden, const void *hh,
                        const float *ww, int tokens, int topk, const void *y) {

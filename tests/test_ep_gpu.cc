@@ -16,6 +16,7 @@
  * written), and device-found problems (an expert out of range or repeated, a full receive
  * region, a combine with another token count) that stop every rank alike.
  */
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -70,6 +71,27 @@ uint16_t ExpertFn(uint16_t x, int expert)
     const float scale = 0.5f + (float)(expert % 7) * 0.125f;
     const float shift = (float)(expert % 5) * 0.25f - 0.5f;
     return FloatToBf16(Bf16ToFloat(x) * scale + shift);
+}
+
+/* A row as maco_ep_dispatch_fp8 leaves it in recv_x (maco/ep.h): per 128 elements the
+ * block's amax (at least MACO_EP_FP8_MIN_AMAX), e4m3 values of x * (448 / amax) with
+ * saturation, then the float32 scales amax / 448; the rest of the 2 x hidden bytes keep
+ * `poison`. The same float32 operations as the kernel, so the bytes match exactly. */
+std::vector<uint8_t> QuantRow(const uint16_t *x, int hidden, uint8_t poison)
+{
+    std::vector<uint8_t> row((size_t)hidden * 2, poison);
+    for (int b = 0; b < hidden / MACO_EP_FP8_BLOCK; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < MACO_EP_FP8_BLOCK; j++)
+            amax = std::fmax(amax, std::fabs(Bf16ToFloat(x[b * MACO_EP_FP8_BLOCK + j])));
+        amax = std::fmax(amax, MACO_EP_FP8_MIN_AMAX);
+        const float inv = MACO_EP_FP8_MAX / amax, scale = amax / MACO_EP_FP8_MAX;
+        for (int j = 0; j < MACO_EP_FP8_BLOCK; j++)
+            row[(size_t)b * MACO_EP_FP8_BLOCK + j] = (uint8_t)__nv_cvt_float_to_fp8(
+                Bf16ToFloat(x[b * MACO_EP_FP8_BLOCK + j]) * inv, __NV_SATFINITE, __NV_E4M3);
+        std::memcpy(&row[(size_t)hidden + 4 * (size_t)b], &scale, 4);
+    }
+    return row;
 }
 
 constexpr uint16_t kPoison16 = 0xffff; /* a NaN pattern no kernel result has */
@@ -251,10 +273,10 @@ class EpGpu : public maco_test::GpuCase
 
     maco_status_t Dispatch(const RankInput &in, int64_t *num_recv_p, const int64_t *idx = nullptr)
     {
-        return maco_ep_dispatch(buf_, d_x_, MACO_BFLOAT16, in.T, shape_.hidden,
-                                idx != nullptr ? idx : d_idx_, d_w_, shape_.topk, d_counts_,
-                                d_offsets_, d_rw_, d_handle_, num_recv_p,
-                                reinterpret_cast<maco_stream_t>(stream_));
+        return (fp8_ ? maco_ep_dispatch_fp8 : maco_ep_dispatch)(
+            buf_, d_x_, MACO_BFLOAT16, in.T, shape_.hidden, idx != nullptr ? idx : d_idx_, d_w_,
+            shape_.topk, d_counts_, d_offsets_, d_rw_, d_handle_, num_recv_p,
+            reinterpret_cast<maco_stream_t>(stream_));
     }
 
     maco_status_t Combine(int num_tokens, const void *expert_out = nullptr)
@@ -358,7 +380,27 @@ class EpGpu : public maco_test::GpuCase
             }
             const int i = x.entry[row], t = i / K, k = i % K;
             const uint16_t *want = &all[s].x[(size_t)t * H];
-            for (int h = 0; h < H; h++)
+            if (fp8_) { /* the quantized row; the first wrong byte is reported */
+                const std::vector<uint8_t> q = QuantRow(want, H, 0xff);
+                const uint8_t *gb = reinterpret_cast<const uint8_t *>(got);
+                for (size_t b = 0; b < q.size(); b++)
+                    if (gb[b] != q[b]) {
+                        if (wrong++ == 0) {
+                            char text[300];
+                            std::snprintf(text, sizeof(text),
+                                          "recv_x row %zu (rank %d's token %d, k %d): fp8 byte "
+                                          "%zu (%s): expected 0x%02x, got 0x%02x",
+                                          row, s, t, k, b,
+                                          b < (size_t)H             ? "value"
+                                          : b < (size_t)H + H / 32u ? "scale"
+                                                                    : "past the scales",
+                                          q[b], gb[b]);
+                            first = text;
+                        }
+                        break;
+                    }
+            }
+            for (int h = 0; h < H && !fp8_; h++)
                 if (got[h] != want[h]) {
                     if (wrong++ == 0) {
                         char text[300];
@@ -481,6 +523,7 @@ class EpGpu : public maco_test::GpuCase
     }
 
     Shape shape_{};
+    bool fp8_ = false; /* Dispatch() calls maco_ep_dispatch_fp8 */
     maco_ep_buffer_t buf_ = nullptr;
     maco_ep_info_t info_{};
     maco__ep_geom_t geom_{};
@@ -521,6 +564,35 @@ TEST_F(EpGpu, NormalRoutings)
             ASSERT_NO_FATAL_FAILURE(RunCase(p, true));
         ASSERT_NO_FATAL_FAILURE(RunCase(kUniform, false)); /* no host wait */
     }
+}
+
+/* maco_ep_dispatch_fp8 in both modes: every received row's e4m3 values and scales equal the
+ * host's quantization byte for byte, the rest of the row untouched; combine as before
+ * (expert outputs in bfloat16, also written over the fp8 rows in place). */
+TEST_F(EpGpu, Fp8DispatchRoutings)
+{
+    const int n = NRanks();
+    fp8_ = true;
+    for (int hidden : { 128, 7168 }) {
+        ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_LOW_LATENCY, 40, hidden, 8 * n, 8, 0 }));
+        for (Pattern p : kPatterns)
+            ASSERT_NO_FATAL_FAILURE(RunCase(p, false));
+    }
+    ASSERT_NO_FATAL_FAILURE(RunCase(kUniform, false, true));
+    ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_NORMAL, 300, 384, 8 * n, 6, 0 }));
+    for (Pattern p : { kUniform, kHotExpert, kSparse, kNoTokens })
+        ASSERT_NO_FATAL_FAILURE(RunCase(p, true));
+    ASSERT_NO_FATAL_FAILURE(RunCase(kSameRank, false, true));
+    /* A hidden that is not a multiple of 128 is refused, nothing written. */
+    ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_LOW_LATENCY, 8, 200, 2 * n, 2, 0 }));
+    const std::vector<RankInput> all = Inputs(kUniform, seed_);
+    ASSERT_NO_FATAL_FAILURE(Upload(all[Rank()]));
+    AllowLog("hidden 200 is not a multiple of 128");
+    EXPECT_EQ(Dispatch(all[Rank()], nullptr), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco_log_last_error()).find("maco_ep_dispatch_fp8: hidden 200"),
+              std::string::npos)
+        << maco_log_last_error();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 TEST_F(EpGpu, ExpertOutputsWrittenIntoRecvX)

@@ -376,19 +376,21 @@ static maco_status_t maco__ep_wait_count(maco_ep_buffer_t b, uint64_t ticket, cu
     return MACO_OK;
 }
 
-maco_status_t maco_ep_dispatch(maco_ep_buffer_t buf, const void *x, maco_datatype_t x_dtype,
-                               int num_tokens, int hidden, const int64_t *topk_idx,
-                               const float *topk_weights, int topk, int32_t *recv_counts,
-                               int32_t *recv_offsets, float *recv_topk_weights, void *handle,
-                               int64_t *num_recv_p, maco_stream_t stream)
+/* maco_ep_dispatch (fp8 0) and maco_ep_dispatch_fp8 (1). */
+static maco_status_t maco__ep_dispatch(maco_ep_buffer_t buf, int fp8, const void *x,
+                                       maco_datatype_t x_dtype, int num_tokens, int hidden,
+                                       const int64_t *topk_idx, const float *topk_weights, int topk,
+                                       int32_t *recv_counts, int32_t *recv_offsets,
+                                       float *recv_topk_weights, void *handle, int64_t *num_recv_p,
+                                       maco_stream_t stream)
 {
-    const char *fn = "maco_ep_dispatch";
+    const char *fn = fp8 ? "maco_ep_dispatch_fp8" : "maco_ep_dispatch";
     if (buf == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: buf is NULL", fn);
     maco_comm_t comm = buf->comm;
     char why[400];
     maco_status_t st = maco__ep_check_dispatch(
-        &buf->g, x, x_dtype, num_tokens, hidden, topk_idx, topk_weights, topk, recv_counts,
+        &buf->g, fp8, x, x_dtype, num_tokens, hidden, topk_idx, topk_weights, topk, recv_counts,
         recv_offsets, recv_topk_weights, handle, num_recv_p != NULL, why, sizeof(why));
     if (st != MACO_OK)
         return maco__comm_record(comm, maco__error(st, MACO_SUBSYS_COLL, "%s", why));
@@ -421,6 +423,7 @@ maco_status_t maco_ep_dispatch(maco_ep_buffer_t buf, const void *x, maco_datatyp
     a.recv_weights = recv_topk_weights;
     a.handle = handle;
     a.want_report = num_recv_p != NULL;
+    a.fp8 = fp8;
     cudaError_t e = maco__ep_launch_dispatch(&a, buf->ctas, buf->dispatch_smem, s);
     if (e != cudaSuccess)
         st = maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
@@ -432,6 +435,28 @@ maco_status_t maco_ep_dispatch(maco_ep_buffer_t buf, const void *x, maco_datatyp
         st = maco__ep_wait_count(buf, a.ticket, s, num_recv_p);
     maco__device_leave(saved);
     return st == MACO_OK ? MACO_OK : maco__comm_record(comm, st);
+}
+
+maco_status_t maco_ep_dispatch(maco_ep_buffer_t buf, const void *x, maco_datatype_t x_dtype,
+                               int num_tokens, int hidden, const int64_t *topk_idx,
+                               const float *topk_weights, int topk, int32_t *recv_counts,
+                               int32_t *recv_offsets, float *recv_topk_weights, void *handle,
+                               int64_t *num_recv_p, maco_stream_t stream)
+{
+    return maco__ep_dispatch(buf, 0, x, x_dtype, num_tokens, hidden, topk_idx, topk_weights, topk,
+                             recv_counts, recv_offsets, recv_topk_weights, handle, num_recv_p,
+                             stream);
+}
+
+maco_status_t maco_ep_dispatch_fp8(maco_ep_buffer_t buf, const void *x, maco_datatype_t x_dtype,
+                                   int num_tokens, int hidden, const int64_t *topk_idx,
+                                   const float *topk_weights, int topk, int32_t *recv_counts,
+                                   int32_t *recv_offsets, float *recv_topk_weights, void *handle,
+                                   int64_t *num_recv_p, maco_stream_t stream)
+{
+    return maco__ep_dispatch(buf, 1, x, x_dtype, num_tokens, hidden, topk_idx, topk_weights, topk,
+                             recv_counts, recv_offsets, recv_topk_weights, handle, num_recv_p,
+                             stream);
 }
 
 maco_status_t maco_ep_combine(maco_ep_buffer_t buf, const void *expert_out, maco_datatype_t dtype,

@@ -17,7 +17,9 @@
  *      than the receive region holds. Stopping is thus decided alike everywhere.
  *   3. Unless stopping: entries are dealt to warps over the grid; a warp copies the token's
  *      row into the expert's rank's receive region at its row (16-byte stores through the
- *      peer mapping) and writes the row's metadata {source, entry, weight}.
+ *      peer mapping), or quantizes it to e4m3 and per-128 scales on the way
+ *      (maco_ep_dispatch_fp8: maco__ep_quant_row), and writes the row's metadata {source,
+ *      entry, weight}.
  *   4. Every CTA signals every rank (release add of 1 on DATA_DONE[me] there) and waits
  *      until DATA_DONE[r] here reaches s * ctas for every rank r: every row for this rank
  *      has landed. Then it writes the outputs for its local experts (counts, offsets,
@@ -57,6 +59,7 @@
  * same number on every rank (the done counters count CTAs).
  */
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdint.h>
@@ -117,6 +120,33 @@ static __device__ __forceinline__ void maco__ep_copy_row(char *dst, const char *
     }
     for (; i < n; i += 32)
         d[i] = __ldg(s + i);
+}
+
+/* A warp quantizes one bfloat16 row of `hidden` elements (a multiple of 128) from src to
+ * dst as maco_ep_dispatch_fp8 documents: per block of 128 elements (4 per lane, one 8-byte
+ * load) the block's amax over the warp, the e4m3 values (one 4-byte store per lane) at
+ * dst[128 b..], the float32 scale at dst + hidden + 4 b. */
+static __device__ __forceinline__ void maco__ep_quant_row(char *dst, const char *src, int hidden,
+                                                          int lane)
+{
+    const int blocks = hidden / MACO_EP_FP8_BLOCK;
+    float *scales = (float *)(dst + hidden);
+    for (int b = 0; b < blocks; b++) {
+        const uint2 w = __ldg((const uint2 *)(src + (size_t)b * 2 * MACO_EP_FP8_BLOCK) + lane);
+        const float v[4] = { __uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                             __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u) };
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+        for (int d = 16; d > 0; d >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(MACO__EP_FULL, amax, d));
+        amax = fmaxf(amax, MACO_EP_FP8_MIN_AMAX);
+        const float inv = MACO_EP_FP8_MAX / amax;
+        uint32_t q = 0;
+        for (int j = 0; j < 4; j++)
+            q |= (uint32_t)__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3) << (8 * j);
+        *((uint32_t *)(dst + (size_t)b * MACO_EP_FP8_BLOCK) + lane) = q;
+        if (lane == 0)
+            scales[b] = amax / MACO_EP_FP8_MAX;
+    }
 }
 
 /* The problem of entry k of a row (ep_layout.c, maco__ep_route: the same rules). */
@@ -497,8 +527,12 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
             const int e = (int)__ldg(a.topk_idx + i);
             const int R = e / L;
             const int64_t row = (int64_t)s_base[e] + s_off[e] + s;
-            maco__ep_copy_row(peer[R] + a.o.recv_off + (uint64_t)row * rowb,
-                              (const char *)a.x + (uint64_t)t * rowb, rowb, lane);
+            char *dst = peer[R] + a.o.recv_off + (uint64_t)row * rowb;
+            const char *src = (const char *)a.x + (uint64_t)t * rowb;
+            if (a.fp8)
+                maco__ep_quant_row(dst, src, a.g.hidden, lane);
+            else
+                maco__ep_copy_row(dst, src, rowb, lane);
             if (lane == 0) {
                 const float w = a.topk_weights != nullptr ? __ldg(a.topk_weights + i) : 0.0f;
                 *(uint4 *)(peer[R] + a.o.meta_off + (uint64_t)row * 16u) =

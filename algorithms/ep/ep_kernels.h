@@ -64,7 +64,7 @@ typedef struct maco__ep_args {
     uint64_t buffer_id;
     int32_t want_report; /* 1: the host waits for num_recv and the ticket (else only a
                           * stopped launch writes the report) */
-    int32_t pad;
+    int32_t fp8;         /* dispatch: 1 = rows quantized to e4m3 (maco_ep_dispatch_fp8) */
     maco_device_wait_bound_t bound;
 } maco__ep_args_t;
 MACO_STATIC_ASSERT(sizeof(maco__ep_args_t) <= 4096, "maco__ep_args_t fits the 4 KiB limit");

@@ -49,11 +49,13 @@ maco_status_t maco__ep_plan(const maco_ep_config_t *cfg, int nranks, maco__ep_ge
                                     "config.dtype %d is outside [0, %d)", (int)cfg->dtype,
                                     MACO_DATATYPE_COUNT);
     if (cfg->dtype != MACO_BFLOAT16)
-        return maco__ep_plan_refuse(
-            why, why_bytes, MACO_ERR_UNSUPPORTED,
-            "config.dtype %s: this version moves bfloat16 rows only%s",
-            maco_datatype_name(cfg->dtype),
-            cfg->dtype == MACO_FP8_E4M3 ? " (fp8 dispatch is not implemented yet)" : "");
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_UNSUPPORTED,
+                                    "config.dtype %s: this version moves bfloat16 rows only%s",
+                                    maco_datatype_name(cfg->dtype),
+                                    cfg->dtype == MACO_FP8_E4M3
+                                        ? " (for fp8 rows keep bfloat16 here and dispatch "
+                                          "with maco_ep_dispatch_fp8)"
+                                        : "");
     if (cfg->max_tokens_per_rank < 1 || cfg->max_tokens_per_rank > MACO_EP_MAX_TOKENS)
         return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
                                     "config.max_tokens_per_rank %d is outside [1, %d]",
@@ -342,18 +344,23 @@ static int maco__ep_misaligned(const void *p, size_t align)
                                         (const void *)(p), (int)(align));                          \
     } while (0)
 
-maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, const void *x,
+maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, int fp8, const void *x,
                                       maco_datatype_t x_dtype, int num_tokens, int hidden,
                                       const int64_t *topk_idx, const float *topk_weights, int topk,
                                       const int32_t *recv_counts, const int32_t *recv_offsets,
                                       const float *recv_topk_weights, const void *handle,
                                       int want_num_recv, char *why, size_t why_bytes)
 {
-    const char *fn = "maco_ep_dispatch";
+    const char *fn = fp8 ? "maco_ep_dispatch_fp8" : "maco_ep_dispatch";
     maco_status_t st =
         maco__ep_check_shape(g, fn, "x_dtype", x_dtype, num_tokens, hidden, topk, why, why_bytes);
     if (st != MACO_OK)
         return st;
+    if (fp8 && hidden % MACO_EP_FP8_BLOCK != 0)
+        return maco__ep_plan_refuse(why, why_bytes, MACO_ERR_INVALID_ARGUMENT,
+                                    "%s: hidden %d is not a multiple of %d (one float32 scale "
+                                    "per %d elements)",
+                                    fn, hidden, MACO_EP_FP8_BLOCK, MACO_EP_FP8_BLOCK);
     const char *null_name = num_tokens > 0 && x == NULL          ? "x"
                             : num_tokens > 0 && topk_idx == NULL ? "topk_idx"
                             : recv_counts == NULL                ? "recv_counts"

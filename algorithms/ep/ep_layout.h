@@ -154,8 +154,9 @@ int maco__ep_overflow(const maco__ep_geom_t *g, const int32_t *counts, maco__ep_
  * shape (maco/ep.h lists them): MACO_OK, or MACO_ERR_INVALID_ARGUMENT with one sentence in
  * `why` that starts with the call's name and names the argument and the limit. Pointers are
  * only compared with NULL and checked for alignment. want_num_recv: num_recv_p is not NULL.
+ * fp8: the call is maco_ep_dispatch_fp8 (its name in messages; hidden a multiple of 128).
  */
-maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, const void *x,
+maco_status_t maco__ep_check_dispatch(const maco__ep_geom_t *g, int fp8, const void *x,
                                       maco_datatype_t x_dtype, int num_tokens, int hidden,
                                       const int64_t *topk_idx, const float *topk_weights, int topk,
                                       const int32_t *recv_counts, const int32_t *recv_offsets,

@@ -45,8 +45,9 @@
  * once to bfloat16 (round to nearest even): the same inputs give the same bits on every run.
  *
  * Scope of this version: ranks of one node (one rank per GPU, or ranks sharing GPUs under
- * MPS), at most 8 ranks; bfloat16 rows. Communicators that span nodes, fp8 dispatch and
- * receive hooks are not there yet (MACO_ERR_UNSUPPORTED says so).
+ * MPS), at most 8 ranks; bfloat16 rows, sent as they are or quantized to fp8 e4m3 on the way
+ * (maco_ep_dispatch_fp8). Communicators that span nodes and receive hooks are not there yet
+ * (MACO_ERR_UNSUPPORTED says so).
  *
  * Streams and order: a call enqueues its work on `stream` and returns (normal-mode dispatch
  * with num_recv_p waits, see there). Every rank must make the same EP calls on a buffer in
@@ -111,6 +112,9 @@ typedef enum maco_ep_mode {
 #define MACO_EP_HIDDEN_ALIGN 8         /**< hidden is a multiple of this (16-byte rows) */
 #define MACO_EP_DEFAULT_CTAS_LL 16     /**< num_ctas 0, low latency */
 #define MACO_EP_DEFAULT_CTAS_NORMAL 24 /**< num_ctas 0, normal */
+#define MACO_EP_FP8_BLOCK 128          /**< maco_ep_dispatch_fp8: elements per scale */
+#define MACO_EP_FP8_MAX 448.0f         /**< the largest finite e4m3 value (OCP FP8) */
+#define MACO_EP_FP8_MIN_AMAX 1e-4f     /**< a block's amax is at least this (no 0 scale) */
 
 /**
  * The shape of an EP buffer. Zero-initialise it, then set the fields; every rank passes the
@@ -243,6 +247,33 @@ MACO_API maco_status_t maco_ep_dispatch(maco_ep_buffer_t buf, const void *x,
                                         int topk, int32_t *recv_counts, int32_t *recv_offsets,
                                         float *recv_topk_weights, void *handle, int64_t *num_recv_p,
                                         maco_stream_t stream);
+
+/**
+ * Dispatch with the rows quantized to fp8 e4m3 on the way (half the bytes over NVLink): the
+ * same call, arguments, outputs, errors and ordering as maco_ep_dispatch, and x still
+ * bfloat16, but each row of recv_x that a token lands in holds, instead of hidden bfloat16
+ * values (its first 2 x hidden bytes are the row, as always):
+ *   bytes [0, hidden)                  hidden e4m3 values (1 byte each);
+ *   bytes [hidden, hidden + hidden / 32)  hidden / MACO_EP_FP8_BLOCK float32 scales;
+ *   the rest of the row                untouched.
+ * hidden must be a multiple of MACO_EP_FP8_BLOCK (128). For block b of a row (elements
+ * [128 b, 128 b + 128)): amax = max(MACO_EP_FP8_MIN_AMAX, max |x|), value i = e4m3(x_i *
+ * (MACO_EP_FP8_MAX / amax)) rounded to nearest even with saturation to +-448 (CUDA's
+ * __nv_cvt_float_to_fp8 with __NV_SATFINITE), scale b = amax / MACO_EP_FP8_MAX (float32
+ * divisions, IEEE rounding), so x_i ~ value_i * scale_b. The per-128-element e4m3 layout is
+ * DeepSeek-V3's (its technical report, "FP8 training"), as DeepEP's low-latency dispatch
+ * uses it; here the scales follow the values inside the row rather than in a tensor of
+ * their own. A NaN element gives a NaN value and is ignored by its block's amax. Combine
+ * takes bfloat16 expert outputs in recv_x's layout as before (they may overwrite the fp8
+ * rows in place). Errors: maco_ep_dispatch's, named for this call, and
+ * MACO_ERR_INVALID_ARGUMENT for a hidden that is not a multiple of 128.
+ */
+MACO_API maco_status_t maco_ep_dispatch_fp8(maco_ep_buffer_t buf, const void *x,
+                                            maco_datatype_t x_dtype, int num_tokens, int hidden,
+                                            const int64_t *topk_idx, const float *topk_weights,
+                                            int topk, int32_t *recv_counts, int32_t *recv_offsets,
+                                            float *recv_topk_weights, void *handle,
+                                            int64_t *num_recv_p, maco_stream_t stream);
 
 /**
  * Combine: sends every expert output row back to its token's rank and sums them there

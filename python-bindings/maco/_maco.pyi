@@ -257,9 +257,10 @@ class EpBuffer:
 
     def dispatch(self, x: int, x_dtype: int, num_tokens: int, hidden: int, topk_idx: int,
                  topk_weights: int, topk: int, recv_counts: int, recv_offsets: int,
-                 recv_topk_weights: int, handle: int, want_num_recv: bool, stream: int) -> int:
+                 recv_topk_weights: int, handle: int, want_num_recv: bool, stream: int,
+                 use_fp8: bool = False) -> int:
         """
-        maco_ep_dispatch (addresses as ints, 0 for NULL); the rows received when want_num_recv (normal mode: waits), else -1. Releases the GIL.
+        maco_ep_dispatch, or maco_ep_dispatch_fp8 with use_fp8 (addresses as ints, 0 for NULL); the rows received when want_num_recv (normal mode: waits), else -1. Releases the GIL.
         """
 
     def combine(self, expert_out: int, dtype: int, hidden: int, handle: int, topk_weights: int,

@@ -28,7 +28,8 @@ Names follow DeepEP's ``deep_ep.Buffer`` where they mean the same (``group``,
   latency calls never wait on the host (CUDA-graph capturable); a normal-mode dispatch waits
   for the count exchange to learn ``num_recv``.
 
-Only ranks of one node and bfloat16 rows in this version.
+Only ranks of one node in this version; rows travel as bfloat16, or as float8 e4m3 with
+per-128-element scales (``dispatch(..., use_fp8=True)``).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class Buffer:
     # ------------------------------------------------------------ calls
 
     def dispatch(self, x: Any, topk_idx: Any, topk_weights: Any = None, *,
-                 stream: Any = None):
+                 use_fp8: bool = False, stream: Any = None):
         """Sends each token of ``x`` ([num_tokens, hidden] bfloat16) to the ranks of its
         experts ``topk_idx`` ([num_tokens, num_topk] int64, -1: none); ``topk_weights``
         ([num_tokens, num_topk] float32) travel with them and are combine's default weights.
@@ -176,6 +177,16 @@ class Buffer:
         (low latency: ``[local_experts, expert_capacity, hidden]``; normal:
         ``[num_recv, hidden]``), ``recv_count`` int32 ``[local_experts]``, and the
         :class:`Handle` for :meth:`combine`.
+
+        ``use_fp8=True`` (maco_ep_dispatch_fp8; hidden a multiple of 128): the rows travel
+        as float8 e4m3 with one float32 scale per 128 elements, and ``recv_x`` is the pair
+        ``(values, scales)`` of views of the receive region, as DeepEP's low-latency
+        dispatch returns it: ``values`` torch.float8_e4m3fn and ``scales`` float32 with
+        recv_x's leading shape and last dimensions ``hidden`` and ``hidden // 128``
+        (``x ~ values.float() * scales`` repeated over each block of 128). Both are strided
+        views (rows ``2 * hidden`` bytes apart); ``.contiguous()`` copies them. combine still
+        takes bfloat16 expert outputs in the bfloat16 layout (``torch.empty`` of
+        ``values.shape`` in bfloat16, or the region itself through a bfloat16 dispatch view).
 
         Raises:
             TypeError, ValueError: a tensor of another type, device, shape, or not
@@ -206,7 +217,7 @@ class Buffer:
             topk_weights.data_ptr() if topk_weights is not None else 0, self.num_topk,
             recv_count.data_ptr(), recv_offsets.data_ptr(),
             recv_w.data_ptr() if recv_w is not None else 0, data.data_ptr(),
-            not self.low_latency_mode, s)
+            not self.low_latency_mode, s, bool(use_fp8))
         if self.low_latency_mode:
             recv_x = self._recv.view(L, self.expert_capacity, self.hidden)
             handle = Handle(data, T, topk_weights, recv_count, recv_offsets, recv_w, None)
@@ -215,6 +226,12 @@ class Buffer:
             if recv_w is not None:
                 recv_w = recv_w[:num_recv]
             handle = Handle(data, T, topk_weights, recv_count, recv_offsets, recv_w, num_recv)
+        if use_fp8:  # the rows' bytes: hidden e4m3 values, then hidden / 128 float32 scales
+            H = self.hidden
+            rows = recv_x.reshape(-1, H).view(torch.uint8)  # [rows, 2 H]
+            lead = tuple(recv_x.shape[:-1])
+            recv_x = (rows[:, :H].view(torch.float8_e4m3fn).unflatten(0, lead),
+                      rows[:, H:H + H // 32].view(torch.float32).unflatten(0, lead))
         # Keep the inputs alive until the stream has read them.
         handle._inputs = (x, topk_idx)
         return recv_x, recv_count, handle

@@ -57,23 +57,23 @@ class EpBuffer
         return d;
     }
 
-    /* maco_ep_dispatch; returns the rows received when want_num_recv (normal mode: the call
-     * waits), else -1. */
+    /* maco_ep_dispatch (maco_ep_dispatch_fp8 with use_fp8); returns the rows received when
+     * want_num_recv (normal mode: the call waits), else -1. */
     int64_t dispatch(uintptr_t x, int x_dtype, int num_tokens, int hidden, uintptr_t topk_idx,
                      uintptr_t topk_weights, int topk, uintptr_t recv_counts,
                      uintptr_t recv_offsets, uintptr_t recv_topk_weights, uintptr_t handle,
-                     bool want_num_recv, uintptr_t stream)
+                     bool want_num_recv, uintptr_t stream, bool use_fp8)
     {
         maco_ep_buffer_t b = get();
         int64_t num_recv = -1;
-        checked("maco_ep_dispatch", comm(), [&] {
-            return maco_ep_dispatch(b, ptr(x), static_cast<maco_datatype_t>(x_dtype), num_tokens,
-                                    hidden, static_cast<const int64_t *>(ptr(topk_idx)),
-                                    static_cast<const float *>(ptr(topk_weights)), topk,
-                                    static_cast<int32_t *>(ptr(recv_counts)),
-                                    static_cast<int32_t *>(ptr(recv_offsets)),
-                                    static_cast<float *>(ptr(recv_topk_weights)), ptr(handle),
-                                    want_num_recv ? &num_recv : nullptr, stream_of(stream));
+        checked(use_fp8 ? "maco_ep_dispatch_fp8" : "maco_ep_dispatch", comm(), [&] {
+            return (use_fp8 ? maco_ep_dispatch_fp8 : maco_ep_dispatch)(
+                b, ptr(x), static_cast<maco_datatype_t>(x_dtype), num_tokens, hidden,
+                static_cast<const int64_t *>(ptr(topk_idx)),
+                static_cast<const float *>(ptr(topk_weights)), topk,
+                static_cast<int32_t *>(ptr(recv_counts)), static_cast<int32_t *>(ptr(recv_offsets)),
+                static_cast<float *>(ptr(recv_topk_weights)), ptr(handle),
+                want_num_recv ? &num_recv : nullptr, stream_of(stream));
         });
         return num_recv;
     }
@@ -138,9 +138,10 @@ void bind_ep(nb::module_ &m)
              nb::arg("num_tokens"), nb::arg("hidden"), nb::arg("topk_idx"), nb::arg("topk_weights"),
              nb::arg("topk"), nb::arg("recv_counts"), nb::arg("recv_offsets"),
              nb::arg("recv_topk_weights"), nb::arg("handle"), nb::arg("want_num_recv"),
-             nb::arg("stream"),
-             "maco_ep_dispatch (addresses as ints, 0 for NULL); the rows received when "
-             "want_num_recv (normal mode: waits), else -1. Releases the GIL.")
+             nb::arg("stream"), nb::arg("use_fp8") = false,
+             "maco_ep_dispatch, or maco_ep_dispatch_fp8 with use_fp8 (addresses as ints, 0 "
+             "for NULL); the rows received when want_num_recv (normal mode: waits), else -1. "
+             "Releases the GIL.")
         .def("combine", &EpBuffer::combine, nb::arg("expert_out"), nb::arg("dtype"),
              nb::arg("hidden"), nb::arg("handle"), nb::arg("topk_weights"), nb::arg("num_tokens"),
              nb::arg("topk"), nb::arg("y"), nb::arg("stream"), "maco_ep_combine.")

@@ -6,7 +6,8 @@ Both modes, on routings drawn from a seed shared by the ranks (every rank draws 
 inputs, so each knows what it must receive): the rows of each local expert (by source rank,
 then token order) compared exactly with the senders' tokens; a per-expert function applied in
 torch; the combined output compared with a float64 sum over each token's experts (bfloat16
-tolerance), and two runs compared bit for bit. Last line: 'PASS gpu_ep <rank>'."""
+tolerance), and two runs compared bit for bit; then the same with use_fp8 (e4m3 rows within
+their rounding, combine of the same expert outputs bit for bit). Last line: 'PASS gpu_ep <rank>'."""
 
 import os
 import sys
@@ -75,6 +76,34 @@ def run_mode(low_latency, T, H, E, K):
         torch.cuda.synchronize()
         ys.append(y.cpu())
     check(f"{name}: two runs", torch.equal(ys[0], ys[1]), "differ")
+    # use_fp8: the rows arrive as e4m3 values and per-128 scales close to the senders' tokens
+    # (within e4m3's rounding: 1/16 of the block's amax); combine of the same expert outputs
+    # then gives the same y bit for bit.
+    (vals, scales), count, handle = buf.dispatch(x, idx, w, use_fp8=True)
+    check(f"{name} fp8: types", vals.dtype == torch.float8_e4m3fn and scales.dtype ==
+          torch.float32 and vals.shape[-1] == H and scales.shape[-1] == H // 128,
+          f"{vals.dtype} {tuple(vals.shape)} {scales.dtype} {tuple(scales.shape)}")
+    deq = vals.float() * scales.repeat_interleave(128, dim=-1)
+    out = torch.empty(vals.shape, dtype=torch.bfloat16, device=DEV)
+    offsets, counts = handle.recv_offsets.cpu(), count.cpu()
+    for l in range(L):
+        e = R * L + l
+        want = [everyone[r][0][t] for r in range(N) for t in range(everyone[r][0].shape[0])
+                if bool((everyone[r][1][t] == e).any())]
+        c = int(counts[l])
+        check(f"{name} fp8: count of local expert {l}", c == len(want), f"{c} != {len(want)}")
+        if c != len(want) or not want:
+            continue
+        rows = slice(0, c) if low_latency else slice(int(offsets[l]), int(offsets[l]) + c)
+        got = (deq[l] if low_latency else deq)[rows].cpu()
+        ref = torch.stack(want).float()
+        amax = ref.view(c, H // 128, 128).abs().amax(dim=-1).clamp_min(1e-4)
+        err = ((got - ref).view(c, H // 128, 128).abs().amax(dim=-1) / amax).max().item()
+        check(f"{name} fp8: rows of local expert {l}", err <= 1 / 16, f"relative error {err}")
+        (out[l] if low_latency else out)[rows].copy_(expert_fn(torch.stack(want).to(DEV), e))
+    y8 = buf.combine(out, handle)
+    torch.cuda.synchronize()
+    check(f"{name} fp8: combine", torch.equal(y8.cpu(), ys[0]), "differs from the bf16 run's")
     ref = torch.zeros(x.shape[0], H, dtype=torch.float64)
     xs, ids, ws = everyone[R]
     for t in range(xs.shape[0]):
