@@ -123,29 +123,50 @@ static __device__ __forceinline__ void maco__ep_copy_row(char *dst, const char *
 }
 
 /* A warp quantizes one bfloat16 row of `hidden` elements (a multiple of 128) from src to
- * dst as maco_ep_dispatch_fp8 documents: per block of 128 elements (4 per lane, one 8-byte
- * load) the block's amax over the warp, the e4m3 values (one 4-byte store per lane) at
- * dst[128 b..], the float32 scale at dst + hidden + 4 b. */
+ * dst as maco_ep_dispatch_fp8 documents: the e4m3 values at dst[0, hidden), the float32
+ * scale of block b at dst + hidden + 4 b. A half-warp takes a block (8 elements per lane,
+ * one 16-byte load), its amax reduced over the 16 lanes; four steps of two blocks each are
+ * loaded before any is used, so that 64 bytes per lane are in flight as in the plain copy
+ * (one load at a time left the warp waiting on each: 2.5x slower than the copy). Each half
+ * is wholly inside the row or wholly past it (blocks are 128-aligned). */
 static __device__ __forceinline__ void maco__ep_quant_row(char *dst, const char *src, int hidden,
                                                           int lane)
 {
-    const int blocks = hidden / MACO_EP_FP8_BLOCK;
+    enum { U = 4, STEP = 2 * MACO_EP_FP8_BLOCK }; /* elements per warp step: two blocks */
+    const uint4 *s = (const uint4 *)src;
     float *scales = (float *)(dst + hidden);
-    for (int b = 0; b < blocks; b++) {
-        const uint2 w = __ldg((const uint2 *)(src + (size_t)b * 2 * MACO_EP_FP8_BLOCK) + lane);
-        const float v[4] = { __uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
-                             __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u) };
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-        for (int d = 16; d > 0; d >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(MACO__EP_FULL, amax, d));
-        amax = fmaxf(amax, MACO_EP_FP8_MIN_AMAX);
-        const float inv = MACO_EP_FP8_MAX / amax;
-        uint32_t q = 0;
-        for (int j = 0; j < 4; j++)
-            q |= (uint32_t)__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3) << (8 * j);
-        *((uint32_t *)(dst + (size_t)b * MACO_EP_FP8_BLOCK) + lane) = q;
-        if (lane == 0)
-            scales[b] = amax / MACO_EP_FP8_MAX;
+    for (int base = 0; base < hidden; base += U * STEP) {
+        uint4 w[U];
+        for (int u = 0; u < U; u++) {
+            const int at = base + u * STEP + lane * 8;
+            w[u] = at < hidden ? __ldg(s + at / 8) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        for (int u = 0; u < U; u++) {
+            const int at = base + u * STEP + lane * 8;
+            const uint32_t p[4] = { w[u].x, w[u].y, w[u].z, w[u].w };
+            float v[8];
+            float amax = 0.0f;
+            for (int j = 0; j < 4; j++) {
+                v[2 * j] = __uint_as_float(p[j] << 16);
+                v[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+                amax = fmaxf(amax, fmaxf(fabsf(v[2 * j]), fabsf(v[2 * j + 1])));
+            }
+            for (int d = 8; d > 0; d >>= 1) /* within the half-warp */
+                amax = fmaxf(amax, __shfl_xor_sync(MACO__EP_FULL, amax, d));
+            if (at >= hidden)
+                continue;
+            amax = fmaxf(amax, MACO_EP_FP8_MIN_AMAX);
+            const float inv = MACO_EP_FP8_MAX / amax;
+            uint32_t q[2] = { 0u, 0u }; /* pairs: .x in the low byte, as one by one */
+            for (int j = 0; j < 4; j++)
+                q[j / 2] |=
+                    (uint32_t)__nv_cvt_float2_to_fp8x2(
+                        make_float2(v[2 * j] * inv, v[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3)
+                    << (16 * (j % 2));
+            *(uint2 *)(dst + at) = make_uint2(q[0], q[1]);
+            if ((lane & 15) == 0)
+                scales[at / MACO_EP_FP8_BLOCK] = amax / MACO_EP_FP8_MAX;
+        }
     }
 }
 
