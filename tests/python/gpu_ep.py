@@ -44,6 +44,12 @@ def expert_fn(rows, e):
     return (rows.float() * (0.5 + (e % 7) * 0.125) + ((e % 5) * 0.25 - 0.5)).to(torch.bfloat16)
 
 
+def expected_rows(everyone, e):
+    """The rows expert e receives: every rank's tokens that name it, by rank, then token."""
+    return [x[t] for x, idx, _ in everyone for t in range(x.shape[0])
+            if bool((idx[t] == e).any())]
+
+
 def run_mode(low_latency, T, H, E, K):
     name = "low latency" if low_latency else "normal"
     buf = maco.ep.Buffer(comm, num_experts=E, hidden=H, num_max_dispatch_tokens_per_rank=T,
@@ -59,8 +65,7 @@ def run_mode(low_latency, T, H, E, K):
         counts = count.cpu()
         for l in range(L):
             e = R * L + l
-            want = [everyone[r][0][t] for r in range(N) for t in range(everyone[r][0].shape[0])
-                    if bool((everyone[r][1][t] == e).any())]
+            want = expected_rows(everyone, e)
             c = int(counts[l])
             check(f"{name}: count of local expert {l}", c == len(want), f"{c} != {len(want)}")
             if low_latency:
@@ -88,8 +93,7 @@ def run_mode(low_latency, T, H, E, K):
     offsets, counts = handle.recv_offsets.cpu(), count.cpu()
     for l in range(L):
         e = R * L + l
-        want = [everyone[r][0][t] for r in range(N) for t in range(everyone[r][0].shape[0])
-                if bool((everyone[r][1][t] == e).any())]
+        want = expected_rows(everyone, e)
         c = int(counts[l])
         check(f"{name} fp8: count of local expert {l}", c == len(want), f"{c} != {len(want)}")
         if c != len(want) or not want:
