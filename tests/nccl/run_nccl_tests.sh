@@ -35,9 +35,10 @@
 # With mpirun and mpicc on PATH it also builds MPI=1 (into OUT_DIR/build-mpi) and runs each
 # test with one process per GPU (-g 1); without them it prints that those runs were skipped
 # and why. On 4 GPUs the whole takes about 4 minutes after the build.
-# A run that fails is run again on NVIDIA's NCCL (NCCL_REFERENCE, default the system's
-# libnccl.so.2 where there is one): when it fails there too it is SAME, not FAIL (its log
-# <test>_<args>.nccl.log); hypercube_perf with 4 or more GPUs per process is such a run.
+# A run whose only fault is wrong values is run again on NVIDIA's NCCL (NCCL_REFERENCE,
+# default the system's libnccl.so.2 where there is one): when NCCL reports wrong values too it
+# is SAME, not FAIL (its log <test>_<args>.nccl.log); hypercube_perf with 4 or more GPUs per
+# process is such a run.
 # Each run's output goes to OUT_DIR/<test>_<args>.log; at the end one line per run:
 #   PASS|FAIL|SAME  <test> <args>  wrong=<sum of the #wrong columns> oob=<"Out of bounds values">
 #   busbw=<"Avg bus bandwidth", GB/s>  fallback=<calls MACO forwarded to NCCL, or none>
@@ -195,6 +196,15 @@ fallback() {
   echo "$line" | awk '{ s = ""; for (i = 1; i < NF; i += 2) { split($(i + 1), c, "/"); if (c[2] > 0) s = s " " $i "=" c[2] } print (s == "" ? "none" : substr(s, 2)) }'
 }
 
+# values_wrong WRONG OOB: parse's counts say the run checked values and some were wrong
+# (a positive #wrong sum or out-of-bounds count; "none", a log without rows, is not).
+values_wrong() {
+  awk -v w="$1" -v o="$2" 'BEGIN {
+    if (w ~ /^[0-9.e+]+$/ && w + 0 > 0) exit 0
+    if (o ~ /^[0-9]+$/ && o + 0 > 0) exit 0
+    exit 1 }'
+}
+
 # run NAME LOGTAG LAUNCHER... : one run, its log and its summary line.
 run() {
   local name=$1 tag=$2
@@ -216,11 +226,14 @@ run() {
     why=" (#wrong)"
   fi
   [ -n "$why" ] && verdict=FAIL
-  # A run that fails on MACO runs again on the reference NCCL: when that one fails too (not
-  # killed), the run is SAME (the test itself is wrong there, e.g. hypercube_perf with 4 GPUs
-  # in one process: the harness's group makes its steps one group, whose sends read what its
-  # receives write) and does not fail the script.
-  if [ "$verdict" = FAIL ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ -n "$ref" ]; then
+  # A run whose only fault on MACO is wrong values runs again on the reference NCCL: when
+  # NCCL reports wrong values too (not killed), the run is SAME (the test itself is wrong
+  # there, e.g. hypercube_perf with 4 GPUs in one process: the harness's group makes its steps
+  # one group, whose sends read what its receives write) and does not fail the script. Any
+  # other failure (killed, an error exit without wrong values, a log that does not parse, a
+  # fallback) stays FAIL whatever NCCL does.
+  if [ "$verdict" = FAIL ] && [ -n "$ref" ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] &&
+    [ "$fb" = none ] && values_wrong "$wrong" "$oob"; then
     local a refcmd=()
     for a in "$@"; do
       case "$a" in
@@ -234,8 +247,7 @@ run() {
     timeout -k 10 "$limit" "${refcmd[@]}" >> "$rlog" 2>&1
     rrc=$?
     read -r rw ro rb <<< "$(parse "$rlog")"
-    if [ "$rrc" -ne 124 ] && [ "$rrc" -ne 137 ] &&
-      { [ "$rrc" -ne 0 ] || [ "$ro" != "0" ] || [ "$rw" != "0" ]; }; then
+    if [ "$rrc" -ne 124 ] && [ "$rrc" -ne 137 ] && values_wrong "$rw" "$ro"; then
       verdict=SAME
       why="$why; fails on $ref too (exit $rrc, wrong=$rw oob=$ro: $(basename "$rlog"))"
     else
