@@ -9,9 +9,10 @@
  * hidden 7168, 256 experts, top-8, bfloat16, uniform random routing (each token's top-k
  * distinct experts drawn from a seed). Each op is timed over --iters back-to-back calls on one
  * stream after --warmup calls and a barrier (CUDA events); maco_ep_dispatch_fp8 is timed too
- * where hidden is a multiple of 128. The time printed is the slowest
- * rank's mean per call. GB/s = this rank's entries x row bytes / time (the bytes each rank sends,
- * its own rows included; the most loaded rank's). SMs: the CTAs each kernel launches.
+ * where hidden is a multiple of 128. The time printed is the slowest rank's mean per call.
+ * GB/s = this rank's entries x row bytes / time (the bytes each rank sends, its own rows
+ * included; the most loaded rank's; fp8: hidden + hidden / 32 bytes per row). SMs: the CTAs
+ * each kernel launches.
  *
  * Baseline (the way most code does it today, on MACO's collectives): dispatch = a gather
  * kernel packing every entry's row by destination rank (the order is computed on the host

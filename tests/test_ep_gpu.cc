@@ -583,7 +583,8 @@ TEST_F(EpGpu, Fp8DispatchRoutings)
     for (Pattern p : { kUniform, kHotExpert, kSparse, kNoTokens })
         ASSERT_NO_FATAL_FAILURE(RunCase(p, true));
     ASSERT_NO_FATAL_FAILURE(RunCase(kSameRank, false, true));
-    /* A hidden that is not a multiple of 128 is refused, nothing written. */
+    /* A hidden that is not a multiple of 128 is refused by the host check, before anything
+     * is enqueued, with the argument and the limit named. */
     ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_LOW_LATENCY, 8, 200, 2 * n, 2, 0 }));
     const std::vector<RankInput> all = Inputs(kUniform, seed_);
     ASSERT_NO_FATAL_FAILURE(Upload(all[Rank()]));

@@ -185,8 +185,9 @@ class Buffer:
         recv_x's leading shape and last dimensions ``hidden`` and ``hidden // 128``
         (``x ~ values.float() * scales`` repeated over each block of 128). Both are strided
         views (rows ``2 * hidden`` bytes apart); ``.contiguous()`` copies them. combine still
-        takes bfloat16 expert outputs in the bfloat16 layout (``torch.empty`` of
-        ``values.shape`` in bfloat16, or the region itself through a bfloat16 dispatch view).
+        takes bfloat16 expert outputs of ``values.shape`` (e.g. ``torch.empty(values.shape,
+        dtype=torch.bfloat16, device=...)``). Raises maco.InvalidArgumentError when hidden is
+        not a multiple of 128.
 
         Raises:
             TypeError, ValueError: a tensor of another type, device, shape, or not
