@@ -939,7 +939,9 @@ TEST_F(P2P, MismatchedCountsReportedByTheReceiver)
     /* LL (small) and copy (large) messages; receiver short by one element, or long. */
     const struct {
         size_t send, recv;
-    } cases[] = { { 100, 99 }, { 1000000, 999999 }, { 5000, 5001 } };
+    } cases[] = { { 100, 99 }, { 1000000, 999999 }, { 5000, 5001 }, { 2049, 2048 } };
+    /* The last: 8196 bytes take 2 lanes (maco__p2p_msg_lanes), 8192 one; the sender's second
+     * lane is never read and the receiver's first reports the mismatch. */
     ASSERT_NO_FATAL_FAILURE(Reserve(1000001 * 4));
     for (const auto &k : cases) {
         maco_comm_t comm;
@@ -1028,6 +1030,57 @@ TEST_F(P2P, MismatchedCountsReportedByTheReceiver)
 
 /* A receive whose sender never sends ends after MACO_DEVICE_TIMEOUT with MACO_ERR_TIMEOUT
  * naming the peer; nothing hangs. Its own communicator with a 1 s bound. */
+/* Two messages to one peer in a group, the first with counts whose lanes differ (2049 floats
+ * take 2 lanes, 2048 one): the receiver's second lane, which skips the first message, meets
+ * a chunk of it and must not take it for the second; every lane that reports names the first
+ * message's counts. The second message's lanes 2.. may still deliver its own chunks. */
+TEST_F(P2P, MismatchThatChangesTheLanesNamesItsMessage)
+{
+    if (NRanks() < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    const int me = Rank();
+    const size_t small_send = 2049, small_recv = 2048, big = 5000; /* float32 elements */
+    ASSERT_NO_FATAL_FAILURE(Reserve((small_send + big + 64) * 4));
+    maco_comm_t comm;
+    ASSERT_EQ(maco_comm_create(Bootstrap(), -1, &comm), MACO_OK);
+    maco_test::AllowLog("count");
+    char *send = in_ + kGuard, *recv = out_ + kGuard;
+    Poison();
+    Fill(send, small_send + big + 64, MACO_FLOAT32, Seed(7));
+    ASSERT_EQ(maco_group_start(), MACO_OK);
+    if (me == 0) {
+        ASSERT_EQ(maco_send(send, small_send, MACO_FLOAT32, 1, comm, S()), MACO_OK);
+        ASSERT_EQ(maco_send(send + (small_send + 64) * 4, big, MACO_FLOAT32, 1, comm, S()),
+                  MACO_OK);
+    }
+    if (me == 1) {
+        ASSERT_EQ(maco_recv(recv, small_recv, MACO_FLOAT32, 0, comm, S()), MACO_OK);
+        ASSERT_EQ(maco_recv(recv + (small_send + 64) * 4, big, MACO_FLOAT32, 0, comm, S()),
+                  MACO_OK);
+    }
+    ASSERT_EQ(maco_group_end(), MACO_OK) << maco_comm_get_last_error(comm);
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    maco_status_t async_st = MACO_OK;
+    ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
+    if (me == 1) {
+        EXPECT_EQ(async_st, MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_comm_get_last_error(comm);
+        EXPECT_NE(msg.find("maco_recv of 2048 elements"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("from rank 0"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("8196 bytes"), std::string::npos) << msg;
+        /* Nothing of the mismatched message was written. */
+        ExpectPoison(recv, small_send * 4);
+        unsigned long long res[2];
+        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        EXPECT_EQ(res[0], 0u) << "bytes of the mismatched message written";
+    } else {
+        EXPECT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(comm);
+    }
+    ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
+    ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
+}
+
 TEST_F(P2P, MissingSendTimesOutNamingThePeer)
 {
     if (NRanks() < 2)

@@ -245,14 +245,16 @@ static __device__ __forceinline__ int maco__p2p_recv_step(const maco__p2p_args_t
     const uint32_t skew = (hi >> 24) & 15u;
     const uint32_t flag = (uint32_t)(r + 1);
     const uint64_t slot = maco__p2p_slot(q, a.rank, lane, lanes, r);
-    if (maco__p2p_hdr_msg(hi) != (mi & 0x7fu)) {
-        /* A chunk of another message of the pair: an earlier message's counts differed and
-         * the two sides gave it different lanes (maco__p2p_msg_lanes). Write nothing; the
-         * count mismatch is the cause. */
+    const uint32_t hm = maco__p2p_hdr_msg(hi);
+    if (hm != (mi & 0x7fu)) {
+        /* A chunk of another message of the pair: that message's counts differed and the two
+         * sides gave it different lanes (maco__p2p_msg_lanes). Write nothing; report that
+         * message's receive against its send (B is the header's), as its own lane does. */
+        const int other = hm < (uint32_t)a.plan.pair_nops[p] ? a.plan.pair_first[p] + (int)hm : opi;
         if (tid == 0)
             maco_device_error_record(&bound, MACO_ERR_INVALID_ARGUMENT, q,
-                                     (int)a.plan.op_flags[opi], MACO_DEVICE_ERR_COUNT_MISMATCH, R,
-                                     B);
+                                     (int)a.plan.op_flags[other], MACO_DEVICE_ERR_COUNT_MISMATCH,
+                                     a.plan.ops[other].bytes, B);
         return -1;
     }
     if (c != 0 && B != first_bytes) {
