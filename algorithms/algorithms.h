@@ -36,7 +36,7 @@ enum {
  *   0               counters (above), 256 bytes
  *   desc_offset     descriptors:  [parity 2][source rank n][MACO__DESC_BYTES] (LL16)
  *   ll_offset       LL16 scratch: [parity 2][source rank n][ll_slot_bytes]
- *   rsag_offset     rsag scratch: [slot rsag_slots][IN n | OUT n][rsag_piece_max bytes]
+ *   rsag_offset     rsag scratch: [slot rsag_slots][half 2][IN n | OUT n][rsag_piece_max]
  *   p2p_ctr_offset  send/recv sequence counters: u64 sent[peer n][lane], u64 recvd[peer n][lane]
  *   p2p_hdr_offset  chunk headers: [source n - 1][lane][slot MACO__P2P_SLOTS] x 16 bytes (LL16)
  *   p2p_ll_offset   LL payload:    [source n - 1][lane][slot] x MACO__P2P_LL_SLOT bytes

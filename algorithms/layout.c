@@ -28,13 +28,13 @@ void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes, const mac
     /* LL16 doubles the bytes; two-shot needs two regions of blocks up to oneshot_max. */
     l->ll_slot_bytes = 4 * oneshot_max;
     l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
-    /* rsag: per slot, n IN and n OUT pieces. */
-    size_t piece = scratch_bytes / ((size_t)rsag_slots * 2 * (size_t)nranks);
+    /* rsag: per slot, two halves (double buffering, mesh.cuh) of n IN and n OUT pieces. */
+    size_t piece = scratch_bytes / ((size_t)rsag_slots * 4 * (size_t)nranks);
     piece = piece / 256 * 256;
     if (piece < 256)
         piece = 256;
     l->rsag_piece_max = piece;
-    l->rsag_slot_bytes = 2 * (size_t)nranks * piece;
+    l->rsag_slot_bytes = 4 * (size_t)nranks * piece;
     /* send/recv and all-to-all (p2p_kernels.cu): per source rank (the n - 1 peers), lane and
      * slot. */
     size_t n = (size_t)nranks, lanes = (size_t)z->p2p_lanes, slots = MACO__P2P_SLOTS;

@@ -24,10 +24,13 @@
  *      output; barrier; no Z. Each byte crosses NVLink once, where the owner form sends
  *      the root's data out and the sum back in two phases that do not overlap (0.53-0.57x
  *      NCCL from 32 MiB on 2x H200, 2026-11-23).
- *   Slot reuse without double buffering: X of segment k+1 writes a peer's IN (or, for
- *   allgather, OUT) only after barrier 2 of segment k, which the peer signals after its Y,
- *   the last read of those; Y of k+1 writes a peer's OUT only after barrier 1 of k+1,
- *   which the peer signals after its Z of k.
+ *   Double buffering: each CTA's slot has two halves of [IN n | OUT n] pieces; its segments
+ *   i = 0, 1, ... use half i % 2, and one barrier B_i per segment separates X(i) and Y(i-1)
+ *   (before it) from Z(i-1), Y(i) and X(i+1) (after it), so the sends of one segment and the
+ *   reduction of the next share the links. Reuse of a half: X(i+1) writes a peer's IN (for
+ *   allgather OUT) of half (i+1) % 2 after B_i, which the peer signals after Y(i-1), the
+ *   last read of that half; Y(i) writes a peer's OUT of half i % 2 after B_i, which the
+ *   peer signals after Z(i-2), the last read of that half.
  */
 #ifndef MACO_ALGO_MESH_CUH
 #define MACO_ALGO_MESH_CUH
@@ -83,131 +86,183 @@ static __device__ __forceinline__ void maco__mesh_reduce(const char *in_base, ui
     }
 }
 
-/* The scratch path of the mesh kernel (the file comment's X / barrier / Y / barrier / Z). */
+/* What the scratch path's phases share: the launch's constants and this CTA's slot. */
+struct maco__mesh_ctx {
+    int n, r, root, coll, m;
+    bool rooted, direct, avg;
+    uint64_t esz, P, C, seg_elems, pmax, slot0, half_bytes;
+    const char *in;
+    char *out, *local;
+    char *const *peer_buf;
+    /* Rank `rank`'s IN and OUT piece q of half h of this CTA's slot. */
+    __device__ __forceinline__ char *in_at(int rank, int h, int q) const
+    {
+        return peer_buf[rank] + slot0 + (uint64_t)h * half_bytes + (uint64_t)q * pmax;
+    }
+    __device__ __forceinline__ char *out_at(int rank, int h, int q) const
+    {
+        return peer_buf[rank] + slot0 + (uint64_t)h * half_bytes +
+               ((uint64_t)n + (uint64_t)q) * pmax;
+    }
+    /* Piece index of owner rank q (allreduce: q; broadcast, reduce: position after the root). */
+    __device__ __forceinline__ int piece_of(int q) const
+    {
+        return rooted ? (q - root - 1 + n) % n : q;
+    }
+    /* Elements of piece j of the segment that starts at element seg0. */
+    __device__ __forceinline__ uint64_t plen_of(uint64_t seg0, int j) const
+    {
+        return seg0 + (uint64_t)j * P < C ? min(P, C - seg0 - (uint64_t)j * P) : (uint64_t)0;
+    }
+};
+
+/* X of the segment at element seg0, into half h of the peers' slots. Rotating the first
+ * peer per CTA spreads the traffic over every NVLink. */
+static __device__ __forceinline__ void maco__mesh_x(const maco__mesh_ctx &c, uint64_t seg0, int h)
+{
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    const int n = c.n, r = c.r, coll = c.coll;
+    const uint64_t esz = c.esz, plen = c.plen_of(seg0, 0);
+    if (c.direct) { /* every rank's segment to the root's IN[me] */
+        maco_copy(c.in_at(c.root, h, r), c.in + seg0 * esz, plen * esz, tid, nthr);
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        const int p = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
+        const int j = c.piece_of(p);
+        if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && p != c.root) ||
+            (coll == MACO_COLL_BROADCAST && r == c.root && p != c.root)) {
+            maco_copy(c.in_at(p, h, r), c.in + (seg0 + (uint64_t)j * c.P) * esz,
+                      c.plen_of(seg0, j) * esz, tid, nthr);
+        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+            maco_copy(c.in_at(p, h, r), c.in + ((uint64_t)p * c.C + seg0) * esz, plen * esz, tid,
+                      nthr);
+        } else if (coll == MACO_COLL_ALLGATHER) {
+            /* My own piece goes straight to my output. */
+            char *own = c.out + ((uint64_t)r * c.C + seg0) * esz;
+            if (p != r)
+                maco_copy(c.out_at(p, h, r), c.in + seg0 * esz, plen * esz, tid, nthr);
+            else if (own != c.in + seg0 * esz)
+                maco_copy(own, c.in + seg0 * esz, plen * esz, tid, nthr);
+        } else if (coll == MACO_COLL_BROADCAST && r == c.root && p == c.root &&
+                   c.out + seg0 * esz != c.in + seg0 * esz) {
+            uint64_t len = seg0 < c.C ? min(c.seg_elems, c.C - seg0) : 0;
+            maco_copy(c.out + seg0 * esz, c.in + seg0 * esz, len * esz, tid, nthr);
+        }
+    }
+}
+
+/* Y of the segment at element seg0, from half h of this rank's slot. */
+template <class T, int Op>
+static __device__ __forceinline__ void maco__mesh_y(const maco__mesh_ctx &c, int rop, uint64_t seg0,
+                                                    int h)
+{
+    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
+    const int n = c.n, r = c.r, coll = c.coll;
+    const uint64_t esz = c.esz, plen = c.plen_of(seg0, 0);
+    const char *mine = c.local + c.slot0 + (uint64_t)h * c.half_bytes; /* my IN[0] */
+    const int my_j = c.piece_of(r);
+    const uint64_t my_len = c.plen_of(seg0, my_j);
+    if (c.direct) {
+        if (r == c.root) {
+            char *dst[1] = { c.out + seg0 * esz };
+            maco__mesh_reduce<T, Op>(mine, c.pmax, n, c.avg, rop, dst, 1, false, plen * esz);
+        }
+    } else if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r != c.root)) {
+        char *dst[MACO__MAXR];
+#pragma unroll
+        for (int p = 0; p < MACO__MAXR; p++)
+            dst[p] = p < n ? c.out_at(p, h, r) : nullptr;
+        if (coll == MACO_COLL_REDUCE)
+            dst[0] = c.out_at(c.root, h, r);
+        maco__mesh_reduce<T, Op>(mine, c.pmax, n, c.avg, rop, dst, coll == MACO_COLL_REDUCE ? 1 : n,
+                                 true, my_len * esz);
+    } else if (coll == MACO_COLL_BROADCAST && r != c.root) {
+        /* My own piece straight to my output (Z skips it). */
+        for (int k = 0; k < n; k++) {
+            const int q = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
+            char *to = q == r ? c.out + (seg0 + (uint64_t)my_j * c.P) * esz : c.out_at(q, h, r);
+            if (q != c.root)
+                maco_copy(to, mine + (uint64_t)c.root * c.pmax, my_len * esz, tid, nthr);
+        }
+    } else if (coll == MACO_COLL_REDUCE_SCATTER) {
+        char *dst[1] = { c.out + seg0 * esz };
+        maco__mesh_reduce<T, Op>(mine, c.pmax, n, c.avg, rop, dst, 1, false, plen * esz);
+    } else if (coll == MACO_COLL_ALLGATHER) {
+        for (int q = 0; q < n; q++)
+            if (q != r)
+                maco_copy(c.out + ((uint64_t)q * c.C + seg0) * esz,
+                          mine + ((uint64_t)n + (uint64_t)q) * c.pmax, plen * esz, tid, nthr);
+    }
+}
+
+/* Z of the segment at element seg0, from half h of this rank's slot: every owner's piece to
+ * my output (allreduce everywhere, reduce on the root, broadcast off the root). */
+static __device__ __forceinline__ void maco__mesh_z(const maco__mesh_ctx &c, uint64_t seg0, int h)
+{
+    const int n = c.n, r = c.r, coll = c.coll;
+    if (!(coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r == c.root && !c.direct) ||
+          (coll == MACO_COLL_BROADCAST && r != c.root)))
+        return;
+    for (int q = 0; q < n; q++) {
+        if ((c.rooted && q == c.root) || (coll == MACO_COLL_BROADCAST && q == r))
+            continue;
+        const int j = c.piece_of(q);
+        maco_copy(c.out + (seg0 + (uint64_t)j * c.P) * c.esz,
+                  c.local + c.slot0 + (uint64_t)h * c.half_bytes +
+                      ((uint64_t)n + (uint64_t)q) * c.pmax,
+                  c.plen_of(seg0, j) * c.esz, threadIdx.x, blockDim.x);
+    }
+}
+
+/* The scratch path of the mesh kernel (the file comment's phases, double-buffered): this
+ * CTA's segments i = 0, 1, ... use half i % 2 of its slot, and one barrier B_i separates
+ * X(i) and Y(i - 1) before it from Z(i - 1), Y(i) and X(i + 1) after it. */
 template <class T, int Op>
 static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &a,
                                                        maco_memory_channel_device_t *ch)
 {
-    const int n = a.nranks, r = a.rank, root = a.root, coll = a.coll;
-    const uint32_t tid = threadIdx.x, nthr = blockDim.x;
-
-    const uint64_t esz = a.esz;
-    const uint64_t P = a.piece_elems;
-    const uint64_t C = a.count;
-    const bool rooted = coll == MACO_COLL_BROADCAST || coll == MACO_COLL_REDUCE;
+    maco__mesh_ctx c;
+    c.n = a.nranks;
+    c.r = a.rank;
+    c.root = a.root;
+    c.coll = a.coll;
+    c.rooted = c.coll == MACO_COLL_BROADCAST || c.coll == MACO_COLL_REDUCE;
     /* Reduce on 2 ranks: the root reduces (the file comment's "direct" form), so each byte
      * crosses NVLink once instead of out and back in two phases. */
-    const bool direct = coll == MACO_COLL_REDUCE && n == 2;
+    c.direct = c.coll == MACO_COLL_REDUCE && c.n == 2;
+    c.avg = a.avg != 0;
     /* Pieces per segment: allreduce n (owner j = rank j), broadcast and reduce n-1 (owner
      * j = rank root+1+j), allgather and reduce-scatter one per rank block. */
-    const int m = coll == MACO_COLL_ALLREDUCE ? n : (rooted ? n - 1 : 1);
-    const uint64_t seg_elems = P * (uint64_t)m;
-    const uint64_t nseg = (C + seg_elems - 1) / seg_elems;
-    const uint64_t pmax = a.rsag_piece_max;
-    const uint64_t slot = a.rsag_offset + (uint64_t)blockIdx.x * a.rsag_slot_bytes;
-    const char *in = (const char *)a.input;
-    char *out = (char *)a.output;
-    char *local = a.buf;
-    const bool waiter = tid < (uint32_t)n && tid != (uint32_t)r;
-    const bool avg = a.avg != 0;
-    /* Rank `rank`'s IN and OUT piece q of this CTA's slot. */
-    const auto in_at = [&](int rank, int q) {
-        return a.peer_buf[rank] + slot + (uint64_t)q * pmax;
-    };
-    const auto out_at = [&](int rank, int q) {
-        return a.peer_buf[rank] + slot + ((uint64_t)n + (uint64_t)q) * pmax;
-    };
-    /* Piece index of owner rank q (allreduce: q; broadcast, reduce: position after the root). */
-    const auto piece_of = [&](int q) { return rooted ? (q - root - 1 + n) % n : q; };
+    c.m = c.coll == MACO_COLL_ALLREDUCE ? c.n : (c.rooted ? c.n - 1 : 1);
+    c.esz = a.esz;
+    c.P = a.piece_elems;
+    c.C = a.count;
+    c.seg_elems = c.P * (uint64_t)c.m;
+    c.pmax = a.rsag_piece_max;
+    c.half_bytes = 2 * (uint64_t)c.n * c.pmax;
+    c.slot0 = a.rsag_offset + (uint64_t)blockIdx.x * a.rsag_slot_bytes;
+    c.in = (const char *)a.input;
+    c.out = (char *)a.output;
+    c.local = a.buf;
+    c.peer_buf = a.peer_buf;
+    const bool waiter = threadIdx.x < (uint32_t)c.n && threadIdx.x != (uint32_t)c.r;
 
-    for (uint64_t seg = blockIdx.x; seg < nseg; seg += gridDim.x) {
-        const uint64_t seg0 = seg * seg_elems;
-        /* Elements of piece j of this segment. */
-        const auto plen_of = [&](int j) -> uint64_t {
-            return seg0 + (uint64_t)j * P < C ? min(P, C - seg0 - (uint64_t)j * P) : (uint64_t)0;
-        };
-        const uint64_t plen = plen_of(0); /* allgather, reduce_scatter */
-
-        /* X. Rotating the first peer per CTA spreads the traffic over every NVLink. */
-        if (direct) /* every rank's segment to the root's IN[me] */
-            maco_copy(in_at(root, r), in + seg0 * esz, plen * esz, tid, nthr);
-        for (int k = 0; k < n && !direct; k++) {
-            const int p = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
-            const int j = piece_of(p);
-            if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && p != root) ||
-                (coll == MACO_COLL_BROADCAST && r == root && p != root)) {
-                maco_copy(in_at(p, r), in + (seg0 + (uint64_t)j * P) * esz, plen_of(j) * esz, tid,
-                          nthr);
-            } else if (coll == MACO_COLL_REDUCE_SCATTER) {
-                maco_copy(in_at(p, r), in + ((uint64_t)p * C + seg0) * esz, plen * esz, tid, nthr);
-            } else if (coll == MACO_COLL_ALLGATHER) {
-                /* My own piece goes straight to my output. */
-                char *own = out + ((uint64_t)r * C + seg0) * esz;
-                if (p != r)
-                    maco_copy(out_at(p, r), in + seg0 * esz, plen * esz, tid, nthr);
-                else if (own != in + seg0 * esz)
-                    maco_copy(own, in + seg0 * esz, plen * esz, tid, nthr);
-            } else if (coll == MACO_COLL_BROADCAST && r == root && p == root &&
-                       out + seg0 * esz != in + seg0 * esz) {
-                uint64_t len = seg0 < C ? min(seg_elems, C - seg0) : 0;
-                maco_copy(out + seg0 * esz, in + seg0 * esz, len * esz, tid, nthr);
-            }
-        }
-        if (maco__mesh_barrier(ch, waiter))
+    const uint64_t nseg = (c.C + c.seg_elems - 1) / c.seg_elems;
+    if (blockIdx.x >= nseg)
+        return;
+    const uint64_t iters = (nseg - 1 - blockIdx.x) / gridDim.x + 1;
+    const auto seg0_of = [&](uint64_t i) { return (blockIdx.x + i * gridDim.x) * c.seg_elems; };
+    maco__mesh_x(c, seg0_of(0), 0);
+    for (uint64_t i = 0; i <= iters; i++) {
+        if (maco__mesh_barrier(ch, waiter)) /* B_i */
             return;
-
-        /* Y. */
-        const int my_j = piece_of(r);
-        const uint64_t my_len = plen_of(my_j);
-        if (direct) {
-            if (r == root) {
-                char *dst[1] = { out + seg0 * esz };
-                maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst, 1, false,
-                                         plen * esz);
-            }
-        } else if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r != root)) {
-            char *dst[MACO__MAXR];
-#pragma unroll
-            for (int p = 0; p < MACO__MAXR; p++)
-                dst[p] = p < n ? out_at(p, r) : nullptr;
-            if (coll == MACO_COLL_REDUCE)
-                dst[0] = out_at(root, r);
-            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst,
-                                     coll == MACO_COLL_REDUCE ? 1 : n, true, my_len * esz);
-        } else if (coll == MACO_COLL_BROADCAST && r != root) {
-            /* My own piece straight to my output (Z skips it). */
-            for (int k = 0; k < n; k++) {
-                const int q = (int)((blockIdx.x + (unsigned)r + (unsigned)k) % (unsigned)n);
-                char *to = q == r ? out + (seg0 + (uint64_t)my_j * P) * esz : out_at(q, r);
-                if (q != root)
-                    maco_copy(to, local + slot + (uint64_t)root * pmax, my_len * esz, tid, nthr);
-            }
-        } else if (coll == MACO_COLL_REDUCE_SCATTER) {
-            char *dst[1] = { out + seg0 * esz };
-            maco__mesh_reduce<T, Op>(local + slot, pmax, n, avg, a.op, dst, 1, false, plen * esz);
-        } else if (coll == MACO_COLL_ALLGATHER) {
-            for (int q = 0; q < n; q++)
-                if (q != r)
-                    maco_copy(out + ((uint64_t)q * C + seg0) * esz, local + slot + (n + q) * pmax,
-                              plen * esz, tid, nthr);
-        }
-        if (maco__mesh_barrier(ch, waiter))
-            return;
-
-        /* Z. Every owner's piece to my output: allreduce everywhere, reduce on the root,
-         * broadcast off the root. */
-        if (coll == MACO_COLL_ALLREDUCE || (coll == MACO_COLL_REDUCE && r == root && !direct) ||
-            (coll == MACO_COLL_BROADCAST && r != root)) {
-            for (int q = 0; q < n; q++) {
-                if ((rooted && q == root) || (coll == MACO_COLL_BROADCAST && q == r))
-                    continue;
-                const int j = piece_of(q);
-                maco_copy(out + (seg0 + (uint64_t)j * P) * esz,
-                          local + slot + ((uint64_t)n + (uint64_t)q) * pmax, plen_of(j) * esz, tid,
-                          nthr);
-            }
-            __syncthreads();
-        }
+        if (i > 0)
+            maco__mesh_z(c, seg0_of(i - 1), (int)((i - 1) & 1));
+        if (i < iters)
+            maco__mesh_y<T, Op>(c, a.op, seg0_of(i), (int)(i & 1));
+        if (i + 1 < iters)
+            maco__mesh_x(c, seg0_of(i + 1), (int)((i + 1) & 1));
     }
 }
 

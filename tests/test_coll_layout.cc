@@ -78,19 +78,20 @@ TEST_F(CollLayout, RegionsBackToBackForEveryRankAndNodeCount)
     }
 }
 
-/* The mesh's pieces: MACO_SCRATCH_SIZE over the CTAs' slots of 2 n pieces each (256 KiB at 2
- * ranks with the defaults, 128 KiB at 4). */
+/* The mesh's pieces: MACO_SCRATCH_SIZE over the CTAs' slots of two halves of 2 n pieces each
+ * (128 KiB at 2 ranks with the defaults, 64 KiB at 4). */
 TEST_F(CollLayout, MeshPiecesFromTheScratch)
 {
     maco__coll_sizes_t z = Defaults();
     maco__coll_layout_t l;
     maco__coll_layout(&l, 2, 1, &z);
-    EXPECT_EQ(l.rsag_piece_max, 256 * KiB);
-    maco__coll_layout(&l, 4, 1, &z);
     EXPECT_EQ(l.rsag_piece_max, 128 * KiB);
+    EXPECT_EQ(l.rsag_slot_bytes, 2 * 2 * 2 * l.rsag_piece_max);
+    maco__coll_layout(&l, 4, 1, &z);
+    EXPECT_EQ(l.rsag_piece_max, 64 * KiB);
     z.scratch_bytes = 32 * MiB;
     maco__coll_layout(&l, 2, 1, &z);
-    EXPECT_EQ(l.rsag_piece_max, 64 * KiB);
+    EXPECT_EQ(l.rsag_piece_max, 32 * KiB);
     EXPECT_LE((uint64_t)l.rsag_slots * l.rsag_slot_bytes, z.scratch_bytes);
 }
 
