@@ -101,6 +101,28 @@ class P2P : public maco_test::BufferCase
             ExpectPoison(out_ + at, end - at);
     }
 
+    /* The receiver's side of a count mismatch on `comm`: MACO_ERR_INVALID_ARGUMENT whose
+     * message names the receive (`call` of `recv_count` elements), rank 0 as the sender and
+     * the send's `send_bytes`, and no byte of [recv, recv + poisoned) written. */
+    void ExpectMismatchReported(maco_comm_t comm, const char *call, size_t recv_count,
+                                size_t send_bytes, const char *recv, size_t poisoned)
+    {
+        maco_status_t async_st = MACO_OK;
+        ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
+        EXPECT_EQ(async_st, MACO_ERR_INVALID_ARGUMENT);
+        std::string msg = maco_comm_get_last_error(comm);
+        EXPECT_NE(msg.find(std::string(call) + " of " + std::to_string(recv_count) + " elements"),
+                  std::string::npos)
+            << msg;
+        EXPECT_NE(msg.find("from rank 0"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(std::to_string(send_bytes) + " bytes"), std::string::npos) << msg;
+        ExpectPoison(recv, poisoned);
+        unsigned long long res[2];
+        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        EXPECT_EQ(res[0], 0u) << "bytes written by a mismatched receive";
+    }
+
     /* Wrong elements and bytes counted since Poison(); fails on an asynchronous error. */
     void Wrong(unsigned long long *wrong, unsigned long long *first = nullptr)
     {
@@ -957,25 +979,15 @@ TEST_F(P2P, MismatchedCountsReportedByTheReceiver)
             ASSERT_EQ(maco_recv(recv, k.recv, MACO_FLOAT32, 0, comm, S()), MACO_OK);
         }
         CUDA_OK(cudaStreamSynchronize(stream_));
-        maco_status_t async_st = MACO_OK;
-        ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
         if (me == 1) {
-            EXPECT_EQ(async_st, MACO_ERR_INVALID_ARGUMENT);
-            std::string msg = maco_comm_get_last_error(comm);
-            EXPECT_NE(msg.find("maco_recv of " + std::to_string(k.recv) + " elements"),
-                      std::string::npos)
-                << msg;
-            EXPECT_NE(msg.find("from rank 0"), std::string::npos) << msg;
-            EXPECT_NE(msg.find(std::to_string(k.send * 4) + " bytes"), std::string::npos) << msg;
             /* Nothing written, and the failed communicator refuses new work. */
-            ExpectPoison(out_, cap_ + 2 * kGuard);
-            unsigned long long res[2];
-            CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
-            CUDA_OK(cudaStreamSynchronize(stream_));
-            EXPECT_EQ(res[0], 0u) << "bytes written by a mismatched receive";
+            ASSERT_NO_FATAL_FAILURE(ExpectMismatchReported(comm, "maco_recv", k.recv, k.send * 4,
+                                                           out_, cap_ + 2 * kGuard));
             maco_test::AllowLog("has failed");
             EXPECT_EQ(maco_recv(recv, 1, MACO_FLOAT32, 0, comm, S()), MACO_ERR_INVALID_USAGE);
         } else {
+            maco_status_t async_st = MACO_OK;
+            ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
             EXPECT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(comm);
         }
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
@@ -1028,8 +1040,6 @@ TEST_F(P2P, MismatchedCountsReportedByTheReceiver)
     }
 }
 
-/* A receive whose sender never sends ends after MACO_DEVICE_TIMEOUT with MACO_ERR_TIMEOUT
- * naming the peer; nothing hangs. Its own communicator with a 1 s bound. */
 /* Two messages to one peer in a group, the first with counts whose lanes differ (2049 floats
  * take 2 lanes, 2048 one): the receiver's second lane, which skips the first message, meets
  * a chunk of it and must not take it for the second; every lane that reports names the first
@@ -1060,27 +1070,21 @@ TEST_F(P2P, MismatchThatChangesTheLanesNamesItsMessage)
     }
     ASSERT_EQ(maco_group_end(), MACO_OK) << maco_comm_get_last_error(comm);
     CUDA_OK(cudaStreamSynchronize(stream_));
-    maco_status_t async_st = MACO_OK;
-    ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
     if (me == 1) {
-        EXPECT_EQ(async_st, MACO_ERR_INVALID_ARGUMENT);
-        std::string msg = maco_comm_get_last_error(comm);
-        EXPECT_NE(msg.find("maco_recv of 2048 elements"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("from rank 0"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("8196 bytes"), std::string::npos) << msg;
         /* Nothing of the mismatched message was written. */
-        ExpectPoison(recv, small_send * 4);
-        unsigned long long res[2];
-        CUDA_OK(cudaMemcpyAsync(res, counters_, sizeof(res), cudaMemcpyDeviceToHost, stream_));
-        CUDA_OK(cudaStreamSynchronize(stream_));
-        EXPECT_EQ(res[0], 0u) << "bytes of the mismatched message written";
+        ASSERT_NO_FATAL_FAILURE(ExpectMismatchReported(comm, "maco_recv", small_recv,
+                                                       small_send * 4, recv, small_send * 4));
     } else {
+        maco_status_t async_st = MACO_OK;
+        ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
         EXPECT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(comm);
     }
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
 }
 
+/* A receive whose sender never sends ends after MACO_DEVICE_TIMEOUT with MACO_ERR_TIMEOUT
+ * naming the peer; nothing hangs. Its own communicator with a 1 s bound. */
 TEST_F(P2P, MissingSendTimesOutNamingThePeer)
 {
     if (NRanks() < 2)
