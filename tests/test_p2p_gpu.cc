@@ -101,6 +101,14 @@ class P2P : public maco_test::BufferCase
             ExpectPoison(out_ + at, end - at);
     }
 
+    /* No asynchronous error on `comm` (the sender's side of a count mismatch). */
+    void ExpectNoAsyncError(maco_comm_t comm)
+    {
+        maco_status_t async_st = MACO_OK;
+        ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
+        EXPECT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(comm);
+    }
+
     /* The receiver's side of a count mismatch on `comm`: MACO_ERR_INVALID_ARGUMENT whose
      * message names the receive (`call` of `recv_count` elements), rank 0 as the sender and
      * the send's `send_bytes`, and no byte of [recv, recv + poisoned) written. */
@@ -986,9 +994,7 @@ TEST_F(P2P, MismatchedCountsReportedByTheReceiver)
             maco_test::AllowLog("has failed");
             EXPECT_EQ(maco_recv(recv, 1, MACO_FLOAT32, 0, comm, S()), MACO_ERR_INVALID_USAGE);
         } else {
-            maco_status_t async_st = MACO_OK;
-            ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
-            EXPECT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(comm);
+            ASSERT_NO_FATAL_FAILURE(ExpectNoAsyncError(comm));
         }
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
         ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
@@ -1075,9 +1081,7 @@ TEST_F(P2P, MismatchThatChangesTheLanesNamesItsMessage)
         ASSERT_NO_FATAL_FAILURE(ExpectMismatchReported(comm, "maco_recv", small_recv,
                                                        small_send * 4, recv, small_send * 4));
     } else {
-        maco_status_t async_st = MACO_OK;
-        ASSERT_EQ(maco_comm_get_async_error(comm, &async_st), MACO_OK);
-        EXPECT_EQ(async_st, MACO_OK) << maco_comm_get_last_error(comm);
+        ASSERT_NO_FATAL_FAILURE(ExpectNoAsyncError(comm));
     }
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     ASSERT_EQ(maco_comm_destroy(comm), MACO_OK);
