@@ -16,6 +16,8 @@
 #   tp-layer     tests/python/bench_tp_layer.py under torchrun at N ranks (the Llama-3-70B layer:
 #                torch + NCCL, async TP, the overlap API's variants; TP_LAYER_ARGS adds flags)
 #   tp-mlp       python-bindings/examples/tp_mlp.py under torchrun at N ranks, with its trace
+#   moe-layer    python-bindings/examples/moe_layer.py under torchrun at N ranks, both maco.ep
+#                modes (checked against one GPU, timed against all_to_all_single on NCCL)
 #   ep-bench     bench_ep at N ranks (dispatch and combine, both shapes; EP_ARGS adds flags)
 #   tp-probe     tests/python/bench_tp_probe.py at N ranks: host and GPU time of each maco.tp
 #                path, eager and in a CUDA graph (PROBE_ARGS adds flags)
@@ -95,6 +97,12 @@ for stage in "$@"; do
   tp-mlp)
     bounded "tp-mlp-$n" 150 python3 -m torch.distributed.run --nproc-per-node "$n" \
       python-bindings/examples/tp_mlp.py --trace "$OUT/tp_mlp_trace.json"
+    ;;
+  moe-layer)
+    for mode in low_latency normal; do
+      bounded "moe-layer-$mode-$n" 150 python3 -m torch.distributed.run --nproc-per-node "$n" \
+        python-bindings/examples/moe_layer.py --mode "$mode"
+    done
     ;;
   tp-probe)
     # shellcheck disable=SC2086
