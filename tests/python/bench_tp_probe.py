@@ -12,9 +12,9 @@ GEMM of row chunk i on the current stream while MACO's collective of chunk i - 1
 side stream, its CTAs capped (--sm-chunks x --sm-ctas). Per line, rank 0's host time per call
 (enqueueing, us) and GPU time per call (CUDA events around the calls, us), then every rank's
 "host/gpu". Eager calls whose host time exceeds the GPU time are bound by Python's launches;
-the GRAPH lines show the same calls without it. Inputs are small integers; only the sm
-allgather lines are checked here (against "seq", " WRONG" appended on a mismatch):
-tests/python/gpu_tp.py checks maco.tp.
+the GRAPH lines show the same calls without it. Inputs are small integers; only the sm lines
+are checked here (against "seq", " WRONG" appended on a mismatch): tests/python/gpu_tp.py
+checks maco.tp.
 """
 
 import argparse
@@ -123,6 +123,21 @@ def main() -> None:
             t = tmp[ws * b[j]: ws * b[j + 1]]
             torch.matmul(gath[ws * b[j]: ws * b[j + 1]], w, out=t)
             out.view(ws, s, -1)[:, b[j]:b[j + 1]].copy_(t.view(ws, c, -1))
+
+    def sm_lines(name, out, ref, run):
+        # Every CTA cap x chunk count: one checked call (out poisoned first; small-integer
+        # inputs make the result exact, so it must equal "seq"'s bit for bit), then timed.
+        cap0 = comm.max_ctas
+        for ctas in sm_ctas:
+            comm.set_max_ctas(ctas)  # collective: every rank runs the same lines
+            for ch in sm_chunks:
+                out.fill_(float("nan"))
+                run(ch)
+                ok = bool(torch.equal(out, ref))
+                both(f"{name} chunks={ch} ctas={ctas}{'' if ok else ' WRONG'}",
+                     lambda: run(ch))
+        comm.set_max_ctas(cap0)
+
     for m in (int(x) for x in a.sizes.split(",") if x):
         x = torch.randint(-2, 3, (m, a.gemm_k), device=dev).to(torch.bfloat16)
         w = torch.randint(-2, 3, (a.gemm_k, a.gemm_n), device=dev).to(torch.bfloat16)
@@ -138,13 +153,9 @@ def main() -> None:
                      lambda: tp.gemm_allreduce(x, w, comm, out=out, chunks=ch, method=method))
         tp._AR_SPLIT_MIN_RANKS = split0
         if "sm" in lines:
-            cap0 = comm.max_ctas
-            for ctas in sm_ctas:
-                comm.set_max_ctas(ctas)
-                for ch in sm_chunks:
-                    both(f"allreduce sm M={m} chunks={ch} ctas={ctas}",
-                         lambda: sm_allreduce(x, w, out, ch))
-            comm.set_max_ctas(cap0)
+            ref = torch.empty_like(out)
+            tp.gemm_allreduce(x, w, comm, out=ref, method="seq")
+            sm_lines(f"allreduce sm M={m}", out, ref, lambda ch: sm_allreduce(x, w, out, ch))
         s = m // ws
         xs = x[:s].contiguous()
         for method, ch in (("seq", None), ("ce", 1), ("ce", 2)):
@@ -157,16 +168,8 @@ def main() -> None:
             tmp = torch.empty(m, a.gemm_n, device=dev, dtype=torch.bfloat16)
             ref = torch.empty_like(out)
             tp.allgather_gemm(xs, w, comm, out=ref, method="seq")
-            cap0 = comm.max_ctas
-            for ctas in sm_ctas:
-                comm.set_max_ctas(ctas)
-                for ch in sm_chunks:
-                    out.fill_(float("nan"))
-                    sm_allgather(xs, w, out, gath, tmp, ch)
-                    ok = bool(torch.equal(out, ref))
-                    both(f"allgather sm M={m} chunks={ch} ctas={ctas}{'' if ok else ' WRONG'}",
-                         lambda: sm_allgather(xs, w, out, gath, tmp, ch))
-            comm.set_max_ctas(cap0)
+            sm_lines(f"allgather sm M={m}", out, ref,
+                     lambda ch: sm_allgather(xs, w, out, gath, tmp, ch))
         rs_out = torch.empty(s, a.gemm_n, device=dev, dtype=torch.bfloat16)
         for method, ch in (("seq", None), ("ce", 1)):
             if method not in lines:
