@@ -207,10 +207,9 @@ run() {
   [ -n "$why" ] && verdict=FAIL
   # A run whose only fault on MACO is wrong values runs again on the reference NCCL: when
   # NCCL reports wrong values too (not killed), the run is SAME (the test itself is wrong
-  # there, e.g. hypercube_perf with 4 GPUs in one process: the harness's group makes its steps
-  # one group, whose sends read what its receives write) and does not fail the script. Any
-  # other failure (killed, an error exit without wrong values, a log that does not parse, a
-  # fallback) stays FAIL whatever NCCL does.
+  # there) and does not fail the script. Any other failure (killed, an error exit without
+  # wrong values, a log that does not parse, a fallback) stays FAIL whatever NCCL does; a test
+  # that races with these arguments (racy) is RACE below, whatever NCCL gave.
   if [ "$verdict" = FAIL ] && [ -n "$ref" ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] &&
     [ "$fb" = none ] && values_wrong "$wrong" "$oob"; then
     local a refcmd=()
@@ -225,7 +224,7 @@ run() {
     echo "+ ${refcmd[*]}" > "$rlog"
     timeout -k 10 "$limit" "${refcmd[@]}" >> "$rlog" 2>&1
     rrc=$?
-    read -r rw ro rb <<< "$(parse "$rlog")"
+    read -r rw ro _ <<< "$(parse "$rlog")"
     if [ "$rrc" -ne 124 ] && [ "$rrc" -ne 137 ] && values_wrong "$rw" "$ro"; then
       verdict=SAME
       why="$why; fails on $ref too (exit $rrc, wrong=$rw oob=$ro: $(basename "$rlog"))"
