@@ -220,7 +220,7 @@ run() {
       *) refcmd+=("$a") ;;
       esac
     done
-    local rlog="$out/${name}_${tag}.nccl.log" rrc rw ro rb
+    local rlog="$out/${name}_${tag}.nccl.log" rrc rw ro
     echo "+ ${refcmd[*]}" > "$rlog"
     timeout -k 10 "$limit" "${refcmd[@]}" >> "$rlog" 2>&1
     rrc=$?
