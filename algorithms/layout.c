@@ -28,7 +28,8 @@ void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes, const mac
     /* LL16 doubles the bytes; two-shot needs two regions of blocks up to oneshot_max. */
     l->ll_slot_bytes = 4 * oneshot_max;
     l->rsag_offset = maco__align_up(l->ll_offset + 2 * (size_t)nranks * l->ll_slot_bytes, 256);
-    /* rsag: per slot, two halves (double buffering, mesh.cuh) of n IN and n OUT pieces. */
+    /* rsag: per slot, two halves (double buffering; mesh.cuh takes half the slot) of n IN
+     * and n OUT pieces. */
     size_t piece = scratch_bytes / ((size_t)rsag_slots * 4 * (size_t)nranks);
     piece = piece / 256 * 256;
     if (piece < 256)

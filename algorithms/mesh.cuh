@@ -240,7 +240,7 @@ static __device__ __forceinline__ void maco__mesh_body(const maco__coll_args_t &
     c.C = a.count;
     c.seg_elems = c.P * (uint64_t)c.m;
     c.pmax = a.rsag_piece_max;
-    c.half_bytes = 2 * (uint64_t)c.n * c.pmax;
+    c.half_bytes = a.rsag_slot_bytes / 2; /* the slot's two halves (layout.c) */
     c.slot0 = a.rsag_offset + (uint64_t)blockIdx.x * a.rsag_slot_bytes;
     c.in = (const char *)a.input;
     c.out = (char *)a.output;
