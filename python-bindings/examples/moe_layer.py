@@ -121,7 +121,7 @@ def moe_reference(x: torch.Tensor, w: dict, topk: int) -> torch.Tensor:
     return acc.to(torch.bfloat16)
 
 
-def moe_all_to_all(x: torch.Tensor, w: dict, topk: int, rank: int, ws: int, E: int):
+def moe_all_to_all(x: torch.Tensor, w: dict, topk: int, ws: int, E: int):
     """The same layer the way most code does it today, on torch.distributed (NCCL): each
     (token, expert) row sent with all_to_all_single after a count exchange, the experts, the
     rows sent back the same way, the weighted sum."""
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
                          num_max_dispatch_tokens_per_rank=a.tokens, num_topk=a.topk,
                          low_latency_mode=low)
     y = moe_maco(x, w, buf, a.topk, low)
-    y_a2a = moe_all_to_all(x, w, a.topk, rank, ws, a.experts)
+    y_a2a = moe_all_to_all(x, w, a.topk, ws, a.experts)
     ref = moe_reference(x, w, a.topk)
     err, err_a2a = rel_error(y, ref), rel_error(y_a2a, ref)
 
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         return float(med.item())
 
     t_maco = timed(lambda: moe_maco(x, w, buf, a.topk, low))
-    t_a2a = timed(lambda: moe_all_to_all(x, w, a.topk, rank, ws, a.experts))
+    t_a2a = timed(lambda: moe_all_to_all(x, w, a.topk, ws, a.experts))
     errs = torch.tensor([err, err_a2a], device=dev)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
     ok = bool(errs[0] <= a.tolerance)
