@@ -75,6 +75,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include <cuda_bf16.h>
 #include <string.h>
 #include <type_traits>
 
@@ -223,6 +224,88 @@ __device__ __forceinline__ void load_tile(Smem &s, const GemmMap &map, const mac
     write.advance(k_tiles);
 }
 
+/*
+ * The tile stores. The accumulators of SM90's 64 x W x 16 wgmma (CuTe's CLayout_64xN), per
+ * thread of a warpgroup: value i = v0 + 2 v1 + 4 c lies at row 16 warp + lane / 4 + 8 v1 (+ 64
+ * for the second warpgroup), column 8 c + 2 (lane % 4) + v0; so the four lanes of a quad hold
+ * one row, each lane two adjacent columns of every 8-column chunk c. The row comes from
+ * CuTe's partition of an identity tensor (tCcC); the columns from the layout above.
+ */
+
+/* Word i & 3 of w, with i known only at run time, without indexing registers. */
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&w)[4], uint32_t i)
+{
+    i &= 3;
+    return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+/* bf16: per row half h and group of 4 chunks, lane q of a quad holds word c (columns
+ * 8 c + 2q, + 1) of chunks 4j .. 4j + 3; a 4 x 4 transpose within the quad (3 shuffles, the
+ * rotation form) gives lane q all 8 columns of chunk 4j + q: one 16-byte store. */
+template <int kN, class Acc, class Coord>
+__device__ __forceinline__ void store_bf16(const Acc &acc, const Coord &tCcC, T *C, int ldc)
+{
+    static_assert(kN % 32 == 0, "whole groups of 4 chunks");
+    const uint32_t lane = threadIdx.x % 32, q = lane % 4, quad = lane & ~3u;
+    CUTE_UNROLL
+    for (int h = 0; h < 2; h++) {
+        T *row = C + (size_t)get<0>(tCcC(2 * h)) * (size_t)ldc;
+        CUTE_UNROLL
+        for (int j = 0; j < kN / 32; j++) {
+            uint32_t w[4], o[4];
+            CUTE_UNROLL
+            for (int c = 0; c < 4; c++) {
+                const int i = 4 * (4 * j + c) + 2 * h;
+                __nv_bfloat162 p = __floats2bfloat162_rn(acc(i), acc(i + 1));
+                w[c] = *reinterpret_cast<uint32_t *>(&p);
+            }
+            CUTE_UNROLL
+            for (int s = 0; s < 4; s++)
+                o[s] = w[s]; /* o[q] = w[q] stays; the three others come from the shuffles */
+            CUTE_UNROLL
+            for (uint32_t r = 1; r < 4; r++) {
+                /* Lane q sends its word of the chunk that lane q + r wants, and takes from
+                 * lane q - r that lane's word of chunk q. */
+                const uint32_t got =
+                    __shfl_sync(0xffffffffu, pick4(w, q + r), (int)(quad | ((q - r) & 3)));
+                CUTE_UNROLL
+                for (uint32_t s = 0; s < 4; s++)
+                    if (s == ((q - r) & 3))
+                        o[s] = got;
+            }
+            *reinterpret_cast<uint4 *>(row + 8 * (4 * j + (int)q)) =
+                make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
+/* fp32: per row half h and pair of chunks 2j, 2j + 1, lane q holds two columns of each; lanes
+ * q and q ^ 1 swap one pair, so an even lane has columns 16 j + 2q .. + 3 and an odd one
+ * 16 j + 8 + 2 (q - 1) .. + 3: one 16-byte store each. */
+template <int kN, class Acc, class Coord>
+__device__ __forceinline__ void store_f32(const Acc &acc, const Coord &tCcC, float *C, int ldc)
+{
+    static_assert(kN % 16 == 0, "whole pairs of chunks");
+    const uint32_t q = threadIdx.x % 4;
+    const bool odd = (q & 1) != 0;
+    CUTE_UNROLL
+    for (int h = 0; h < 2; h++) {
+        float *row = C + (size_t)get<0>(tCcC(2 * h)) * (size_t)ldc;
+        CUTE_UNROLL
+        for (int j = 0; j < kN / 16; j++) {
+            const int a = 4 * (2 * j) + 2 * h, b = 4 * (2 * j + 1) + 2 * h;
+            const float a0 = acc(a), a1 = acc(a + 1), b0 = acc(b), b1 = acc(b + 1);
+            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+            if (odd)
+                *reinterpret_cast<float4 *>(row + 16 * j + 8 + 2 * (q - 1)) =
+                    make_float4(r0, r1, b0, b1);
+            else
+                *reinterpret_cast<float4 *>(row + 16 * j + 2 * q) = make_float4(a0, a1, r0, r1);
+        }
+    }
+}
+
 /* The consumers' part of one tile: CUTLASS's mma() over its K steps, then the store. */
 template <class Cfg>
 __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState &read,
@@ -241,31 +324,22 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
     mainloop.mma_tail(pipeline, read, k_tiles);
     read.advance(k_tiles);
 
-    /* Straight from the registers: each thread holds pairs of adjacent columns, stored as one
-     * 4-byte (bf16) or 8-byte (fp32) access each (C and ldc keep them aligned: graph.c). All
-     * 128 rows, also in the last row of tiles of a GEMM whose M is not a multiple of 128 (TMA
-     * read zeros past M: those rows are zeros; C has room for them, maco/persistent.h). No
-     * predicate: a row test here made the kernel spill registers in the mainloop. C may be a
-     * peer's memory mapped through a memory channel: the fused operators' reduce-scatter. */
+    /* Straight from the registers (no predicate: a row test here made the kernel spill
+     * registers in the mainloop). All 128 rows, also in the last row of tiles of a GEMM whose
+     * M is not a multiple of 128 (TMA read zeros past M: those rows are zeros; C has room for
+     * them, maco/persistent.h). C may be a peer's memory mapped through a memory channel (the
+     * fused operators' reduce-scatter), where every store is an NVLink write: the values are
+     * exchanged within each quad of lanes first so that every thread stores 16 bytes and a
+     * warp's store covers 64 contiguous bytes of each of its 8 rows (stored as they come out of
+     * the MMA, 4-byte pairs, a warp wrote 16 bytes per row: remote tiles took 60-66 us against
+     * 46 us for local ones, docs/results/2026-11-27b/notes.md). C and ldc keep the 16-byte
+     * stores aligned (graph.c: C 16-byte aligned, ldc a multiple of 8 elements). */
     auto thr_mma = mma.get_thread_slice(ct);
-    using Store = AutoVectorizingCopyWithAssumedAlignment<64>;
-    if (t->dtype == MACO__PK_BF16) {
-        T *C = (T *)t->ptr[0];
-        Tensor gC =
-            make_tensor(make_gmem_ptr(C), make_shape(TileM{}, TileN{}), make_stride(ldc, _1{}));
-        Tensor tCgC = thr_mma.partition_C(gC);
-        Tensor out = make_tensor_like<T>(acc);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc); i++)
-            out(i) = T(acc(i));
-        copy(Store{}, out, tCgC);
-    } else {
-        float *C = (float *)t->ptr[0];
-        Tensor gC =
-            make_tensor(make_gmem_ptr(C), make_shape(TileM{}, TileN{}), make_stride(ldc, _1{}));
-        Tensor tCgC = thr_mma.partition_C(gC);
-        copy(Store{}, acc, tCgC);
-    }
+    Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(TileM{}, TileN{})));
+    if (t->dtype == MACO__PK_BF16)
+        store_bf16<Cfg::kN>(acc, tCcC, (T *)t->ptr[0], ldc);
+    else
+        store_f32<Cfg::kN>(acc, tCcC, (float *)t->ptr[0], ldc);
 }
 
 /* The next task whose gate is open, and a task's signal, out of line, like every task but a
