@@ -95,7 +95,8 @@ class MacoWork(dist.Work):
 
     ``wait()`` makes the caller's current CUDA stream wait for the operation (it does not
     block the host) and raises MACO's asynchronous error if one was reported;
-    ``synchronize()`` blocks the host until it is done; ``is_completed()`` polls.
+    ``synchronize()`` blocks the host until it is done; ``is_completed()`` polls;
+    ``get_future()`` leaves the current stream free (the Future's readers wait on theirs).
     """
 
     def __init__(self, outputs: list, event: Optional[torch.cuda.Event], comm: Communicator,
@@ -156,11 +157,37 @@ class MacoWork(dist.Work):
         return self._outputs
 
     def get_future(self) -> torch.futures.Future:
-        self.wait()
-        devices = [self._device] if self._device is not None else []
-        fut = torch.futures.Future(devices=devices)
-        fut.set_result(self._outputs)
+        """A CUDA-aware Future of the outputs, completed on a stream that waits for the
+        operation (as NCCL's process group completes it on its own stream): whoever reads the
+        value (``wait()``, ``value()``, a ``then`` callback) waits for the operation on its
+        own stream; the caller's current stream is left free (DDP's reducer chains its bucket
+        callbacks on this while the backward pass goes on). Raises the issuing error or
+        MACO's asynchronous error if one was reported already."""
+        self._issue()
+        self._raise()
+        if self._event is None or self._device is None:
+            fut = torch.futures.Future()
+            fut.set_result(self._outputs)
+            return fut
+        s = _future_stream(self._device)
+        s.wait_event(self._event)
+        fut = torch.futures.Future(devices=[self._device])
+        with torch.cuda.stream(s):  # the Future records its completion event on s
+            fut.set_result(self._outputs)
         return fut
+
+
+_future_streams: dict = {}
+
+
+def _future_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream, one per device, on which the Futures of :meth:`MacoWork.get_future` are
+    completed: it only waits for operations' events."""
+    s = _future_streams.get(device.index)
+    if s is None:
+        s = torch.cuda.Stream(device=device)
+        _future_streams[device.index] = s
+    return s
 
 
 class _BoundBackend:

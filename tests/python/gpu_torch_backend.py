@@ -289,6 +289,26 @@ if mode != "patch":
                 for p, g in zip(m.parameters(), grads):
                     p -= 0.01 * g
 
+# Work.get_future() leaves the caller's current stream free, as NCCL's process group does
+# (DDP's reducer takes a Future at every bucket): the group's stream is held by a GPU sleep
+# of about 0.1 s; an event on the current stream after get_future() must complete long before
+# it, and the Future's value, read on the current stream, must be the sum
+if mode != "patch":
+    fx = data(R, 4099, salt=40).to(dev)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(pg._stream(dev)):
+        torch.cuda._sleep(200_000_000)
+    fut = dist.all_reduce(fx, async_op=True).get_future()
+    free = torch.cuda.Event()
+    free.record(torch.cuda.current_stream())
+    t0 = time.monotonic()
+    while not free.query() and time.monotonic() - t0 < 0.05:
+        time.sleep(0.0005)
+    checks += 1
+    if not free.query():
+        failures.append("get_future(): the current stream waited for the all_reduce")
+    check("all_reduce get_future", fut.wait()[0], sum(data(r, 4099, salt=40) for r in range(N)))
+
 # a CUDA graph of an all_reduce, captured through torch.distributed
 gx = torch.zeros(2049, device=dev)
 dist.all_reduce(gx)
