@@ -18,8 +18,18 @@
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
 
-/* Reads and checks the sizes that shape the buffer. */
-static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
+/* MACO_ALLREDUCE_ONESHOT_MAX's default (the LL kernels' largest message, bytes per rank) in a
+ * job of at most two ranks: on 2x H200 (2026-11-28, maco-perf -b 128K -e 4M, caps 256K, 1M and
+ * 2M in one call) LL packets beat the mesh kernels for messages of 512 KiB to 1 MiB in every
+ * collective (allgather 1 MiB 14.4 -> 9.4 us, reduce-scatter 14.7 -> 10.5, broadcast 16.0 ->
+ * 10.3, reduce 14.8 -> 9.9, allreduce 17.1 -> 14.9) and lost from 2 MiB per rank. With more ranks
+ * the 256K of the configuration table stays (not measured there); the LL scratch is
+ * 8 x ranks x this many bytes (algorithms.h). */
+#define MACO__LL_MAX_TWO_RANKS ((int64_t)1 << 20)
+
+/* Reads and checks the sizes that shape the buffer; `nranks`: the job's world size (equal on
+ * every rank, so every rank takes the same default). */
+static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z, int nranks)
 {
     int64_t oneshot, scratch, ctas, lanes, chunk, hier;
     maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_ONESHOT_MAX, &oneshot);
@@ -35,6 +45,8 @@ static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z)
         st = maco__config_int64(MACO_CFG_P2P_CHUNK_SIZE, &chunk);
     if (st != MACO_OK)
         return st;
+    if (!maco__config_is_set(MACO_CFG_ALLREDUCE_ONESHOT_MAX) && nranks <= 2)
+        oneshot = MACO__LL_MAX_TWO_RANKS;
     if (lanes < 1 || lanes > MACO__P2P_MAX_LANES)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_P2P_LANES=%lld is outside [1, %d]", (long long)lanes,
@@ -423,7 +435,7 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
         return MACO_OK;
     }
     maco__coll_sizes_t mine;
-    st = maco__coll_read_sizes(&mine);
+    st = maco__coll_read_sizes(&mine, comm->nranks);
     if (st != MACO_OK) {
         free(rank_at);
         return st;

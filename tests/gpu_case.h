@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 
 #include <vector>
@@ -27,14 +28,32 @@
 namespace maco_test
 {
 
+/* The LL kernels' largest message in bytes per rank, as the library takes it
+ * (algorithms/setup.c): MACO_ALLREDUCE_ONESHOT_MAX when set (a plain number of bytes or one
+ * with a K or M suffix, as the tests' scripts set it), else 1 MiB in a job of at most 2 ranks
+ * and 256 KiB with more. */
+inline size_t LLMax(int nranks)
+{
+    const char *v = getenv("MACO_ALLREDUCE_ONESHOT_MAX");
+    if (v != nullptr && v[0] != '\0') {
+        char *end = nullptr;
+        size_t b = static_cast<size_t>(strtoull(v, &end, 10));
+        if (end != nullptr && (*end == 'K' || *end == 'k'))
+            b <<= 10;
+        else if (end != nullptr && (*end == 'M' || *end == 'm'))
+            b <<= 20;
+        return (b + 15) / 16 * 16;
+    }
+    return nranks <= 2 ? static_cast<size_t>(1) << 20 : static_cast<size_t>(256) << 10;
+}
+
 /* Whether twoshot_ll takes `count` elements of `esz` bytes on n ranks (collectives.c:
- * blocks of whole 8-byte packets, none empty, each within MACO_ALLREDUCE_ONESHOT_MAX's
- * default of 256 KiB). */
+ * blocks of whole 8-byte packets, none empty, each within LLMax(n)). */
 inline bool TwoShotFits(size_t count, size_t esz, int n)
 {
     size_t per = 8 / esz, nn = static_cast<size_t>(n);
     size_t b = ((count + nn - 1) / nn + per - 1) / per * per;
-    return (nn - 1) * b < count && b * esz <= 256 * 1024;
+    return (nn - 1) * b < count && b * esz <= LLMax(n);
 }
 
 class GpuCase : public Test

@@ -102,8 +102,8 @@ TEST_F(Allreduce, EveryAlgorithmTypeSizePlacementAndAlignment)
             ASSERT_EQ(maco_collective_set_algorithm(Comm(), MACO_COLL_ALLREDUCE, nullptr), MACO_OK);
         for (size_t count : counts) {
             size_t bytes = count * maco_datatype_size(c.dt);
-            if (strcmp(c.algo, "oneshot_ll") == 0 && bytes > 256 * 1024)
-                continue; /* beyond MACO_ALLREDUCE_ONESHOT_MAX's default */
+            if (strcmp(c.algo, "oneshot_ll") == 0 && bytes > maco_test::LLMax(NRanks()))
+                continue; /* beyond MACO_ALLREDUCE_ONESHOT_MAX (its default) */
             if (strcmp(c.algo, "twoshot_ll") == 0 &&
                 !maco_test::TwoShotFits(count, maco_datatype_size(c.dt), NRanks()))
                 continue;

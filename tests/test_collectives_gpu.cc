@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,9 +32,6 @@ namespace
 using namespace maco_test;
 
 constexpr size_t kGuard = 256;
-/* MACO_ALLREDUCE_ONESHOT_MAX's default: the LL kernels' largest message. */
-constexpr size_t kLLMax = 256 * 1024;
-
 /* The ranks span several nodes (simulated with MACO_HOST_ID): every collective runs hier. */
 bool g_across = false;
 
@@ -306,11 +304,12 @@ TEST_F(Collectives, ThresholdsAndMisalignedPointers)
     for (maco_collective_t coll : kColls) {
         for (maco_datatype_t dt : { MACO_BFLOAT16, MACO_FLOAT32, MACO_INT8, MACO_FLOAT64 }) {
             size_t esz = maco_datatype_size(dt);
-            std::vector<size_t> units = { kLLMax / esz - 1, kLLMax / esz, kLLMax / esz + 1 };
+            const size_t ll_max = maco_test::LLMax(NRanks());
+            std::vector<size_t> units = { ll_max / esz - 1, ll_max / esz, ll_max / esz + 1 };
             if (coll == MACO_COLL_ALLREDUCE) {
                 /* one-shot / two-shot at 128 KiB (MACO__ONESHOT_CUTOFF), two-shot / rsag at
-                 * nranks * 256 KiB. */
-                size_t twoshot_max = kLLMax * static_cast<size_t>(NRanks()) / esz;
+                 * nranks * LLMax. */
+                size_t twoshot_max = ll_max * static_cast<size_t>(NRanks()) / esz;
                 for (size_t u : { 131072 / esz - 1, 131072 / esz, 131072 / esz + 1, twoshot_max - 1,
                                   twoshot_max, twoshot_max + 1 })
                     units.push_back(u);
@@ -367,8 +366,9 @@ TEST_F(Collectives, RegisteredBuffersUsedInPlace)
                 for (int inplace = 0; inplace < 2; inplace++) {
                     int root = (t + op) % NRanks();
                     /* Above the LL kernels: allreduce's two-shot LL takes up to nranks
-                     * times kLLMax. */
-                    size_t base = (coll == MACO_COLL_ALLREDUCE ? kLLMax * NRanks() : kLLMax) / esz;
+                     * times LLMax. */
+                    const size_t ll_max = maco_test::LLMax(NRanks());
+                    size_t base = (coll == MACO_COLL_ALLREDUCE ? ll_max * NRanks() : ll_max) / esz;
                     Shape s = { coll, dt,  static_cast<maco_redop_t>(op), base + 1, inplace != 0,
                                 0,    root };
                     /* Rank r's block of an allgather or reduce-scatter starts r * unit
@@ -399,7 +399,9 @@ TEST_F(Collectives, PartlyRegisteredOrMisalignedGoesThroughScratch)
 {
     if (g_across)
         GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
-    const size_t unit = 300001;
+    /* float32, odd, above every LL kernel (allreduce's two-shot: nranks x LLMax bytes). */
+    const size_t unit =
+        std::max<size_t>(300001, maco_test::LLMax(NRanks()) * NRanks() / 4 + 1);
     ASSERT_NO_FATAL_FAILURE(ReserveRegistered(unit * 4 * NRanks() + 64, Rank() == 0));
     maco_collective_stats_t before = Stats();
     uint64_t calls = 0;
@@ -469,7 +471,8 @@ TEST_F(Collectives, MemRegisterAndDeregister)
 {
     if (g_across)
         GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
-    const size_t unit = 400000; /* 1.6 MB: above two-shot LL for allreduce */
+    /* float32, above two-shot LL for allreduce (nranks x LLMax bytes). */
+    const size_t unit = std::max<size_t>(400000, maco_test::LLMax(NRanks()) * NRanks() / 4 + 1000);
     ASSERT_NO_FATAL_FAILURE(Reserve(unit * 4 * NRanks() + 64));
     Shape s = { MACO_COLL_ALLREDUCE, MACO_FLOAT32, MACO_SUM, unit, false, 0, 0 };
     for (int round = 0; round < 2; round++) {
