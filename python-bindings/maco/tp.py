@@ -393,6 +393,10 @@ def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list
     pp.side_waits()
     pp.barrier()  # every rank is done with its workspaces of the last call
     scattered, gathered = [], []
+    # The copies of a batch run one after another on the side stream: in the order rank,
+    # rank + 1, ..., so at each position of the batch every rank copies to (and pulls from) a
+    # different peer; in rank order every rank would copy into rank 0 first, then rank 1, ...
+    order = [(rank + i) % ws for i in range(ws)]
 
     def reduce_and_gather(j: int) -> None:  # chunk j: sum this rank's block, then allgather
         a, z, o = blk[j][rank], blk[j][rank + 1], off[rank][j]
@@ -402,17 +406,17 @@ def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list
         pp.side_waits()
         pp.barrier()  # every owner's sum of chunk j is in its workspace
         bl = blk[j]
-        pp.copies([oa + bl[q] * rowb for q in range(ws)],
-                  [da[q] + off[q][j] * rowb for q in range(ws)],
-                  [(bl[q + 1] - bl[q]) * rowb for q in range(ws)])
+        pp.copies([oa + bl[q] * rowb for q in order],
+                  [da[q] + off[q][j] * rowb for q in order],
+                  [(bl[q + 1] - bl[q]) * rowb for q in order])
         gathered.append(pp.event(pp.side))
 
     for j, bl in enumerate(blk):
         _mm(x[bl[0]:bl[-1]], w, out[bl[0]:bl[-1]])  # the partial product, in out for now
         pp.side_waits()
-        pp.copies([ra[r] + off[r][j] * rowb for r in range(ws)],
-                  [oa + bl[r] * rowb for r in range(ws)],
-                  [(bl[r + 1] - bl[r]) * rowb for r in range(ws)])
+        pp.copies([ra[r] + off[r][j] * rowb for r in order],
+                  [oa + bl[r] * rowb for r in order],
+                  [(bl[r + 1] - bl[r]) * rowb for r in order])
         pp.barrier()  # every rank's partials of chunk j are with their owners
         scattered.append(pp.event(pp.side))
         if j > 0:  # the chunk before is summed behind this chunk's GEMM
@@ -516,28 +520,28 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     c = default_chunks("allgather_gemm", ws * s, ws) if chunks is None else chunks
     b = _bounds(s, c)
     rowb = k * x.element_size()
-    dst = [v.data_ptr() + rank * s * rowb for p, v in enumerate(views) if p != rank]
+    dst = [v.data_ptr() + rank * s * rowb for v in views]  # gathered[rank] of every rank
     xa = x.data_ptr()
     pp = _Pipe(st, torch.cuda.current_stream(x.device))
     pp.side_waits()
     pp.barrier()
+    # Step d = 1 .. ws - 1: this rank's shard to rank + d, so in every step each rank sends to
+    # one peer and receives from one (rank - d): no rank takes every peer's copy at once. The
+    # shard from rank - d is multiplied once step d is done, behind the next step's copies.
     done = []
-    for i in range(len(b) - 1):  # every chunk's copies up front, on the side stream
-        lo, hi = b[i], b[i + 1]
-        pp.copies([d + lo * rowb for d in dst], [xa + lo * rowb] * len(dst),
-                  [(hi - lo) * rowb] * len(dst))
-        pp.barrier()
-        done.append(pp.event(pp.side))
+    for d in range(1, ws):
+        q = (rank + d) % ws
+        for i in range(len(b) - 1):
+            lo, hi = b[i], b[i + 1]
+            pp.copies([dst[q] + lo * rowb], [xa + lo * rowb], [(hi - lo) * rowb])
+            pp.barrier()
+            done.append(pp.event(pp.side))
     _mm(x, w, out[rank * s:(rank + 1) * s])  # this rank's rows need no copy
-    for i, ev in enumerate(done):
-        pp.cur.wait_event(ev)
-        if len(done) == 1:  # the ranks before this one, then those after: two GEMMs
-            if rank > 0:
-                _mm(gathered[:rank].view(rank * s, k), w, out[:rank * s])
-            if rank < ws - 1:
-                _mm(gathered[rank + 1:].view((ws - rank - 1) * s, k), w, out[(rank + 1) * s:])
-            continue
-        for r in range(ws):
-            if r != rank:
-                _mm(gathered[r, b[i]:b[i + 1]], w, out[r * s + b[i]:r * s + b[i + 1]])
+    e = 0
+    for d in range(1, ws):
+        r = (rank - d) % ws
+        for i in range(len(b) - 1):
+            pp.cur.wait_event(done[e])
+            e += 1
+            _mm(gathered[r, b[i]:b[i + 1]], w, out[r * s + b[i]:r * s + b[i + 1]])
     return out
