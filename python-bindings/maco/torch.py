@@ -237,6 +237,9 @@ class ProcessGroupMaco(dist.ProcessGroup):
         self._timeout = timeout
         self._fallback = fallback
         self._streams: dict = {}
+        # Per device: the event that orders the group's stream after the current stream's work
+        # (recorded again at every call: a wait already enqueued keeps the record it saw).
+        self._order_events: dict = {}
         self._lock = threading.RLock()  # held while the p2p queue is issued (_flush_p2p)
         # Queued sends and receives: (is_send, tensors, peer, ready event, work), in call order.
         self._p2p: list = []
@@ -371,9 +374,19 @@ class ProcessGroupMaco(dist.ProcessGroup):
         comm = self._comm_for(tensors)
         device = tensors[0].device
         s = self._stream(device)
-        s.wait_stream(_current_stream(device))
-        with torch.cuda.device(device):  # MACO launches on the current device: the tensors'
+        # s waits for the current stream (Stream.wait_stream's order, through one event per
+        # device instead of a new one per call: 8 us of host time per call, 2026-11-28).
+        with self._lock:  # record and wait as a pair when threads share the group
+            order = self._order_events.get(device.index)
+            if order is None:
+                order = self._order_events[device.index] = torch.cuda.Event()
+            order.record(_current_stream(device))
+            s.wait_event(order)
+        if torch.cuda.current_device() == device.index:
             fn(s)
+        else:
+            with torch.cuda.device(device):  # MACO launches on the current device: the tensors'
+                fn(s)
         for t in tensors:
             t.record_stream(s)
         ev = torch.cuda.Event()
