@@ -33,7 +33,7 @@ INT_TYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64"}
 ALL_TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
              "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
 SIZES = [1, 7, 1023, 70001] if not QUICK else [7, 1023]
-BIG = 300_001  # float32: 1.2 MB, above the LL sizes: the mesh (rsag) path
+BIG = 600_001  # float32: 2.4 MB, above the LL sizes (two-shot: 2 MiB with 2 or 8 ranks): rsag
 
 
 def values(rank, n, tname, salt):
