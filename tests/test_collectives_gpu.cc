@@ -400,8 +400,7 @@ TEST_F(Collectives, PartlyRegisteredOrMisalignedGoesThroughScratch)
     if (g_across)
         GTEST_SKIP() << "across nodes the collectives go through scratch (hier)";
     /* float32, odd, above every LL kernel (allreduce's two-shot: nranks x LLMax bytes). */
-    const size_t unit =
-        std::max<size_t>(300001, maco_test::LLMax(NRanks()) * NRanks() / 4 + 1);
+    const size_t unit = std::max<size_t>(300001, maco_test::LLMax(NRanks()) * NRanks() / 4 + 1);
     ASSERT_NO_FATAL_FAILURE(ReserveRegistered(unit * 4 * NRanks() + 64, Rank() == 0));
     maco_collective_stats_t before = Stats();
     uint64_t calls = 0;
