@@ -212,6 +212,20 @@ def _bounds(rows: int, chunks: int) -> list:
     return [i * step for i in range(chunks)] + [rows]
 
 
+def _peer_order(rank: int, ws: int) -> list:
+    """The order in which ``rank`` walks the ranks in a batch of copies (one per rank, run one
+    after another on the side stream): rank, rank + 1, ..., rank - 1. At every position every
+    rank copies to (or pulls from) a different rank: in plain rank order every rank would copy
+    into rank 0 first, all its links idle but one."""
+    return [(rank + i) % ws for i in range(ws)]
+
+
+def _ring_step(rank: int, ws: int, d: int) -> tuple:
+    """allgather_gemm's step d (1 .. ws - 1): (the rank this rank's shard goes to, the rank
+    whose shard arrives here). Every rank sends to one rank and receives from one."""
+    return (rank + d) % ws, (rank - d) % ws
+
+
 def _check(x: Any, w: Any, name: str, chunks: Optional[int], method: Optional[str]):
     import torch
 
@@ -393,10 +407,7 @@ def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list
     pp.side_waits()
     pp.barrier()  # every rank is done with its workspaces of the last call
     scattered, gathered = [], []
-    # The copies of a batch run one after another on the side stream: in the order rank,
-    # rank + 1, ..., so at each position of the batch every rank copies to (and pulls from) a
-    # different peer; in rank order every rank would copy into rank 0 first, then rank 1, ...
-    order = [(rank + i) % ws for i in range(ws)]
+    order = _peer_order(rank, ws)  # each batch's copies, one peer at a time per position
 
     def reduce_and_gather(j: int) -> None:  # chunk j: sum this rank's block, then allgather
         a, z, o = blk[j][rank], blk[j][rank + 1], off[rank][j]
@@ -530,7 +541,7 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     # shard from rank - d is multiplied once step d is done, behind the next step's copies.
     done = []
     for d in range(1, ws):
-        q = (rank + d) % ws
+        q = _ring_step(rank, ws, d)[0]
         for i in range(len(b) - 1):
             lo, hi = b[i], b[i + 1]
             pp.copies([dst[q] + lo * rowb], [xa + lo * rowb], [(hi - lo) * rowb])
@@ -539,7 +550,7 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     _mm(x, w, out[rank * s:(rank + 1) * s])  # this rank's rows need no copy
     e = 0
     for d in range(1, ws):
-        r = (rank - d) % ws
+        r = _ring_step(rank, ws, d)[1]
         for i in range(len(b) - 1):
             pp.cur.wait_event(done[e])
             e += 1

@@ -92,3 +92,25 @@ def test_split_layout_covers_every_row_once():
             slots = sorted(s for o, s in owner if o == r)
             assert slots == list(range(off[r][-1])), (m, ws, chunks, r)
         assert cap == max(1, max(o[-1] for o in off)) and cap <= m // ws + len(blk)
+
+
+def test_copy_orders_spread_over_the_peers():
+    """The copy-engine batches run one copy after another: at every position of a batch (and
+    at every allgather step) the ranks' copies go to distinct ranks, none to itself but at the
+    reduce-scatter's own block, and a receiver multiplies the shard of the rank that sent to
+    it in that step."""
+    for ws in range(2, 9):
+        orders = [tp._peer_order(r, ws) for r in range(ws)]
+        for r in range(ws):
+            assert sorted(orders[r]) == list(range(ws)) and orders[r][0] == r
+        for pos in range(ws):
+            assert sorted(o[pos] for o in orders) == list(range(ws)), (ws, pos)
+        for d in range(1, ws):
+            steps = [tp._ring_step(r, ws, d) for r in range(ws)]
+            assert sorted(to for to, _ in steps) == list(range(ws)), (ws, d)
+            for r, (to, frm) in enumerate(steps):
+                assert to != r and steps[to][1] == r and steps[frm][0] == r, (ws, d, r)
+        # every rank's shard reaches every other rank once over the steps
+        for r in range(ws):
+            assert sorted(tp._ring_step(r, ws, d)[0] for d in range(1, ws)) == \
+                sorted(set(range(ws)) - {r})
