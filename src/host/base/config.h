@@ -96,7 +96,8 @@ extern "C" {
       "Send/recv and all-to-all: most bytes of a chunk copied through scratch (16K..4M); 0: "      \
       "automatic (512K, halved until the slots of all peers fit 64 MiB).")                         \
     X(ALLREDUCE_ONESHOT_MAX, SIZE, "256K", "bytes",                                                \
-      "Largest allreduce (bytes per rank) that uses the one-shot LL algorithm.")                   \
+      "Largest message (bytes per rank) of the LL kernels (one-shot up to 128K, two-shot "         \
+      "blocks, ll of the other collectives); unset with at most 2 ranks in the job: 1M.")          \
     X(ALLREDUCE_INPLACE_MAX, SIZE, "8M", "bytes",                                                  \
       "Largest allreduce that uses registered buffers in place (above it, through scratch: "       \
       "faster there on 4x H200, docs/performance.md).")                                            \
