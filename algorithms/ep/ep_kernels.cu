@@ -102,24 +102,33 @@ static __device__ __forceinline__ bool maco__ep_wait(const uint64_t *p, uint64_t
 }
 
 /* A warp copies one row of `bytes` (a multiple of 16) from src (read-only during the
- * kernel) to dst, four 16-byte words per lane in flight. */
+ * kernel) to dst, eight 16-byte words per lane loaded before any is stored. */
 static __device__ __forceinline__ void maco__ep_copy_row(char *dst, const char *src, uint64_t bytes,
                                                          int lane)
 {
+    enum { U = 8 };
     const uint64_t n = bytes / 16;
     const uint4 *s = (const uint4 *)src;
     uint4 *d = (uint4 *)dst;
     uint64_t i = (uint64_t)lane;
-    for (; i + 96 < n; i += 128) {
-        uint4 w0 = __ldg(s + i), w1 = __ldg(s + i + 32), w2 = __ldg(s + i + 64),
-              w3 = __ldg(s + i + 96);
-        d[i] = w0;
-        d[i + 32] = w1;
-        d[i + 64] = w2;
-        d[i + 96] = w3;
+    for (; i + 32 * (U - 1) < n; i += 32 * U) {
+        uint4 w[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            w[u] = __ldg(s + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            d[i + 32 * u] = w[u];
     }
-    for (; i < n; i += 32)
-        d[i] = __ldg(s + i);
+    uint4 w[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (i + 32 * u < n)
+            w[u] = __ldg(s + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (i + 32 * u < n)
+            d[i + 32 * u] = w[u];
 }
 
 /* A warp quantizes one bfloat16 row of `hidden` elements (a multiple of 128) from src to
@@ -642,18 +651,32 @@ static __device__ void maco__ep_combine_sum(const maco__ep_args_t &a)
 #pragma unroll
         for (int j = 0; j < 8; j++)
             acc[j] = 0.0f;
-        for (int k = 0; k < K; k++) {
-            const int entry = t * K + k;
-            if (__ldg(slot + entry) < 0)
-                continue;
-            const float w = __ldg(a.topk_weights + entry);
-            const uint4 u =
-                __ldcg((const uint4 *)(a.buf + a.o.comb_off + (uint64_t)entry * rowb) + v);
-            const uint32_t words[4] = { u.x, u.y, u.z, u.w };
+        /* Eight entries' vectors are loaded before any is added, so that their memory
+         * latencies overlap; they are added in k order. */
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            uint4 u[8];
+            float w[8];
+            unsigned used = 0u;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                acc[2 * j] = __fmaf_rn(w, maco__ep_bf16_lo(words[j]), acc[2 * j]);
-                acc[2 * j + 1] = __fmaf_rn(w, maco__ep_bf16_hi(words[j]), acc[2 * j + 1]);
+            for (int j = 0; j < 8; j++) {
+                const int entry = t * K + k0 + j;
+                const bool use = k0 + j < K && __ldg(slot + entry) >= 0;
+                used |= use ? 1u << j : 0u;
+                w[j] = use ? __ldg(a.topk_weights + entry) : 0.0f;
+                u[j] =
+                    use ? __ldcg((const uint4 *)(a.buf + a.o.comb_off + (uint64_t)entry * rowb) + v)
+                        : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if ((used >> j & 1u) == 0u)
+                    continue;
+                const uint32_t words[4] = { u[j].x, u[j].y, u[j].z, u[j].w };
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    acc[2 * q] = __fmaf_rn(w[j], maco__ep_bf16_lo(words[q]), acc[2 * q]);
+                    acc[2 * q + 1] = __fmaf_rn(w[j], maco__ep_bf16_hi(words[q]), acc[2 * q + 1]);
+                }
             }
         }
         ((uint4 *)((char *)a.y + (uint64_t)t * rowb))[v] =
