@@ -243,6 +243,8 @@ static __device__ void maco__ep_report(maco__ep_report_t *r, uint64_t ticket, in
  * handle's slot array, using `chunk` (this rank's routing scratch) and `mask_all`
  * (MACO__EP_WARPS x E words of shared memory), and writes the counts into this rank's count
  * row (at row_off) at every rank; the first invalid entry goes to *bad_entry. */
+static_assert(MACO_EP_MAX_TOPK <= 32, "maco__ep_route keeps one bit per entry of a row");
+
 static __device__ void maco__ep_route(const int64_t *topk_idx, int T, int K, int E, int n,
                                       int32_t *chunk, int32_t *slot, char *const *peer,
                                       uint64_t row_off, uint32_t *mask_all, int *bad_entry)
@@ -252,7 +254,9 @@ static __device__ void maco__ep_route(const int64_t *topk_idx, int T, int K, int
     uint32_t *mask = mask_all + (size_t)warp * (size_t)E;
 
     /* Pass 1: per chunk of 32 tokens (one warp), which lanes name each expert; the chunk's
-     * count per expert; the first invalid entry. */
+     * count per expert; the first invalid entry. A lane finds a repeated expert in its row by
+     * its own bit being already set in the mask (atomicOr's old value): no loop over the
+     * entries before it. */
     for (int c = warp; c < nchunks; c += MACO__EP_WARPS) {
         for (int e = lane; e < E; e += 32)
             mask[e] = 0u;
@@ -262,11 +266,10 @@ static __device__ void maco__ep_route(const int64_t *topk_idx, int T, int K, int
             const int64_t *row = topk_idx + (int64_t)t * K;
             for (int k = 0; k < K; k++) {
                 const int64_t v = __ldg(row + k);
-                int first_k = -1;
-                if (maco__ep_check(row, k, v, E, &first_k) != MACO__EP_OK)
+                if (v < -1 || v >= E)
                     atomicMin(bad_entry, t * K + k);
-                else if (v >= 0)
-                    atomicOr(&mask[v], 1u << lane);
+                else if (v >= 0 && (atomicOr(&mask[v], 1u << lane) >> lane & 1u) != 0u)
+                    atomicMin(bad_entry, t * K + k);
             }
         }
         __syncwarp();
@@ -299,31 +302,39 @@ static __device__ void maco__ep_route(const int64_t *topk_idx, int T, int K, int
     __syncthreads();
 
     /* Pass 3: each entry's slot = its chunk's base for the expert + the lanes before it in
-     * the chunk that name the expert (a row names an expert at most once). */
+     * the chunk that name the expert; a repeated entry (its lane's bit already set: `rep`,
+     * one bit per k) gets none. The bases of eight entries are loaded before any slot is
+     * stored, so that their latencies overlap. */
     for (int c = warp; c < nchunks; c += MACO__EP_WARPS) {
         for (int e = lane; e < E; e += 32)
             mask[e] = 0u;
         __syncwarp();
         const int t = c * 32 + lane;
         const int64_t *row = topk_idx + (int64_t)t * K;
+        uint32_t rep = 0u;
         if (t < T) {
             for (int k = 0; k < K; k++) {
                 const int64_t v = __ldg(row + k);
-                int first_k = -1;
-                if (v >= 0 && maco__ep_check(row, k, v, E, &first_k) == MACO__EP_OK)
-                    atomicOr(&mask[v], 1u << lane);
+                if (v >= 0 && v < E && (atomicOr(&mask[v], 1u << lane) >> lane & 1u) != 0u)
+                    rep |= 1u << k;
             }
         }
         __syncwarp();
         if (t < T) {
-            for (int k = 0; k < K; k++) {
-                const int64_t v = __ldg(row + k);
-                int first_k = -1;
-                int s = -1;
-                if (v >= 0 && maco__ep_check(row, k, v, E, &first_k) == MACO__EP_OK)
-                    s = chunk[(size_t)c * (size_t)E + (size_t)v] +
-                        __popc(mask[v] & ((1u << lane) - 1u));
-                slot[t * K + k] = s;
+            for (int k0 = 0; k0 < K; k0 += 8) {
+                int32_t s[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int64_t v = k0 + j < K ? __ldg(row + k0 + j) : -1;
+                    s[j] = -1;
+                    if (v >= 0 && v < E && (rep >> (k0 + j) & 1u) == 0u)
+                        s[j] = chunk[(size_t)c * (size_t)E + (size_t)v] +
+                               __popc(mask[v] & ((1u << lane) - 1u));
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (k0 + j < K)
+                        slot[t * K + k0 + j] = s[j];
             }
         }
         __syncwarp();
@@ -402,15 +413,18 @@ static __device__ void maco__ep_dispatch_finish(const maco__ep_args_t &a, const 
         int32_t *hexp = (int32_t *)(handle + a.o.h_exp_off);
         int2 *hmeta = (int2 *)(handle + a.o.h_meta_off);
         const uint4 *meta = (const uint4 *)(a.buf + a.o.meta_off);
-        for (int l = (int)blockIdx.x; l < L; l += (int)gridDim.x) {
+        /* One warp per local expert, so that a CTA's experts proceed together. */
+        const int lane = tid & 31;
+        for (int l = (int)blockIdx.x * MACO__EP_WARPS + (tid >> 5); l < L;
+             l += (int)gridDim.x * MACO__EP_WARPS) {
             const int e = me * L + l, cnt = tot[e], b = base[e];
-            for (int j = tid; j < cnt; j += blockDim.x) {
+            for (int j = lane; j < cnt; j += 32) {
                 const uint4 m = __ldcg(meta + b + j);
                 hmeta[b + j] = make_int2((int)m.x, (int)m.y);
                 if (a.recv_weights != nullptr)
                     a.recv_weights[b + j] = __uint_as_float(m.z);
             }
-            if (tid == 0) {
+            if (lane == 0) {
                 a.recv_counts[l] = cnt;
                 hexp[l] = b;
                 hexp[L + l] = cnt;
