@@ -649,53 +649,72 @@ static __device__ void maco__ep_combine_status(const maco__ep_args_t &a, char *c
 }
 
 /* Combine step 5 (every thread of the grid): y[t] = sum over k of w[t][k] * row[t][k] in k
- * order (fp32, one rounding to bf16 at the end), 8 elements (16 bytes) per thread. */
+ * order (fp32, one rounding to bf16 at the end), 8 elements (16 bytes) per item, P items per
+ * thread at a time. Eight entries' vectors of each item are loaded before any is added, so
+ * that their memory latencies overlap, and without waiting for their slots: an entry that was
+ * not sent has a row in the combine region too ([T][K]), read and left out of the sum. */
 static __device__ void maco__ep_combine_sum(const maco__ep_args_t &a)
 {
+    enum { P = 2 };
     const int T = a.num_tokens, K = a.g.topk;
     const uint64_t rowb = a.g.row_bytes;
     const int32_t *slot = (const int32_t *)((const char *)a.handle + a.o.h_slot_off);
     const int64_t vecs = a.g.hidden / 8;
     const int64_t work = (int64_t)T * vecs;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += stride) {
-        const int t = (int)(i / vecs);
-        const int64_t v = i % vecs;
-        float acc[8];
+    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < work; i0 += P * stride) {
+        int t[P];
+        int64_t v[P];
+        float acc[P][8];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            acc[j] = 0.0f;
-        /* Eight entries' vectors are loaded before any is added, so that their memory
-         * latencies overlap; they are added in k order. */
+        for (int p = 0; p < P; p++) {
+            const int64_t i = i0 + p * stride < work ? i0 + p * stride : i0;
+            t[p] = (int)(i / vecs);
+            v[p] = i % vecs;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[p][j] = 0.0f;
+        }
         for (int k0 = 0; k0 < K; k0 += 8) {
-            uint4 u[8];
-            float w[8];
-            unsigned used = 0u;
+            uint4 u[P][8];
+            float w[P][8];
+            unsigned used[P];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int entry = t * K + k0 + j;
-                const bool use = k0 + j < K && __ldg(slot + entry) >= 0;
-                used |= use ? 1u << j : 0u;
-                w[j] = use ? __ldg(a.topk_weights + entry) : 0.0f;
-                u[j] =
-                    use ? __ldcg((const uint4 *)(a.buf + a.o.comb_off + (uint64_t)entry * rowb) + v)
-                        : make_uint4(0u, 0u, 0u, 0u);
-            }
+            for (int p = 0; p < P; p++) {
+                used[p] = 0u;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if ((used >> j & 1u) == 0u)
-                    continue;
-                const uint32_t words[4] = { u[j].x, u[j].y, u[j].z, u[j].w };
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    acc[2 * q] = __fmaf_rn(w[j], maco__ep_bf16_lo(words[q]), acc[2 * q]);
-                    acc[2 * q + 1] = __fmaf_rn(w[j], maco__ep_bf16_hi(words[q]), acc[2 * q + 1]);
+                for (int j = 0; j < 8; j++) {
+                    const int entry = t[p] * K + (k0 + j < K ? k0 + j : K - 1);
+                    used[p] |= k0 + j < K && __ldg(slot + entry) >= 0 ? 1u << j : 0u;
+                    w[p][j] = __ldg(a.topk_weights + entry);
+                    u[p][j] = __ldcg(
+                        (const uint4 *)(a.buf + a.o.comb_off + (uint64_t)entry * rowb) + v[p]);
                 }
             }
+#pragma unroll
+            for (int p = 0; p < P; p++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if ((used[p] >> j & 1u) == 0u)
+                        continue;
+                    const uint32_t words[4] = { u[p][j].x, u[p][j].y, u[p][j].z, u[p][j].w };
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        acc[p][2 * q] =
+                            __fmaf_rn(w[p][j], maco__ep_bf16_lo(words[q]), acc[p][2 * q]);
+                        acc[p][2 * q + 1] =
+                            __fmaf_rn(w[p][j], maco__ep_bf16_hi(words[q]), acc[p][2 * q + 1]);
+                    }
+                }
         }
-        ((uint4 *)((char *)a.y + (uint64_t)t * rowb))[v] =
-            make_uint4(maco__ep_bf16_pack(acc[0], acc[1]), maco__ep_bf16_pack(acc[2], acc[3]),
-                       maco__ep_bf16_pack(acc[4], acc[5]), maco__ep_bf16_pack(acc[6], acc[7]));
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            if (i0 + p * stride < work)
+                ((uint4 *)((char *)a.y + (uint64_t)t[p] * rowb))[v[p]] =
+                    make_uint4(maco__ep_bf16_pack(acc[p][0], acc[p][1]),
+                               maco__ep_bf16_pack(acc[p][2], acc[p][3]),
+                               maco__ep_bf16_pack(acc[p][4], acc[p][5]),
+                               maco__ep_bf16_pack(acc[p][6], acc[p][7]));
     }
 }
 
