@@ -116,6 +116,7 @@ struct Shape {
     maco_ep_mode_t mode;
     int max_tokens, hidden, experts, topk;
     int64_t max_recv;
+    int ctas = 0; /* config.num_ctas (0: the default) */
 };
 
 struct RankInput {
@@ -221,6 +222,7 @@ class EpGpu : public maco_test::GpuCase
         c.topk = s.topk;
         c.dtype = MACO_BFLOAT16;
         c.max_recv_tokens = s.max_recv;
+        c.num_ctas = s.ctas;
         ASSERT_EQ(maco_ep_buffer_create(Comm(), &c, &buf_), MACO_OK) << maco_log_last_error();
         ASSERT_EQ(maco_ep_buffer_get_info(buf_, &info_), MACO_OK);
         ASSERT_EQ(maco__ep_plan(&c, NRanks(), &geom_, nullptr, nullptr, 0), MACO_OK);
@@ -564,6 +566,22 @@ TEST_F(EpGpu, NormalRoutings)
             ASSERT_NO_FATAL_FAILURE(RunCase(p, true));
         ASSERT_NO_FATAL_FAILURE(RunCase(kUniform, false)); /* no host wait */
     }
+}
+
+/* The combine in more than one token group of 128 (its sender and summer warps pipelined):
+ * low latency with 200 tokens (2 groups), and one CTA in normal mode whose share of the rows
+ * received (about 700 x 8 per rank) is more than it sorts by group (MACO__EP_SORT_ROWS), so it
+ * copies them unsorted before signalling the 6 groups. */
+TEST_F(EpGpu, CombineByTokenGroups)
+{
+    const int n = NRanks();
+    ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_LOW_LATENCY, 200, 64, 4 * n, 4, 0 }));
+    for (Pattern p : { kUniform, kHotExpert, kNoTokens })
+        ASSERT_NO_FATAL_FAILURE(RunCase(p, false));
+    ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_NORMAL, 700, 64, 8 * n, 8, 0, 1 }));
+    ASSERT_EQ(info_.num_ctas, 1);
+    for (Pattern p : { kUniform, kNoTokens })
+        ASSERT_NO_FATAL_FAILURE(RunCase(p, true));
 }
 
 /* maco_ep_dispatch_fp8 in both modes: every received row's e4m3 values and scales equal the

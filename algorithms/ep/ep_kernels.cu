@@ -37,13 +37,21 @@
  *      limit in READY_INFO first). READY also says "my combine region is free": the combine
  *      before this one on this rank's stream has finished reading it.
  *   2. Every CTA waits for every rank's READY to reach c; any status stops every rank.
- *   3. Unless stopping: the rows this rank received (the handle's metadata) are dealt to
- *      warps; a warp copies expert_out's row to the combine region of the row's source at
- *      [t][k].
- *   4. Every CTA signals BACK_DONE[me] at every rank and waits for BACK_DONE[r] >= c * ctas.
- *   5. Unless stopping: y[t] = sum over k in order of w[t][k] * row[t][k] (float32, fused
- *      multiply-adds, one rounding to bfloat16) for the entries the handle's slot array says
- *      were sent. The last CTA advances c.
+ *   3. Unless stopping, the sender half of each CTA's warps (MACO__EP_SEND_WARPS): CTA b
+ *      takes a contiguous share of the rows this rank received (the handle's metadata),
+ *      sorts them by token group of their source entry (tokens [g * GT, (g + 1) * GT) of the
+ *      source rank, GT = maco__ep_group_tokens(max_tokens)) in shared memory, and for g = 0,
+ *      1, ... copies group g's rows to the combine regions of their sources at [t][k], then
+ *      adds 1 to GROUP[g][me] at every rank (also when stopping, with no rows, so that the
+ *      counts stay in step). A share larger than MACO__EP_SORT_ROWS is copied unsorted
+ *      before the first signal.
+ *   4-5. Meanwhile the summer half, for each group g of this rank's tokens: waits until
+ *      GROUP[g][r] = c * ctas for every rank r, then y[t] = sum over k in order of
+ *      w[t][k] * row[t][k] (float32, fused multiply-adds, one rounding to bfloat16) for its
+ *      tokens t of the group and the entries the handle's slot array says were sent. So the
+ *      sums of early groups overlap the copies of later ones. With one group (max_tokens
+ *      <= 128: maco__ep_group_tokens) every warp copies, then every warp sums. The last CTA
+ *      advances c.
  *
  * Ordering. Rows, metadata and count words are plain stores (local or through the peer
  * mapping); the CTA's threads finish them, __syncthreads(), and one thread then does a
@@ -70,6 +78,7 @@
 #include "maco/device/error.h"
 
 #define MACO__EP_WARPS (MACO__EP_THREADS / 32)
+#define MACO__EP_SEND_WARPS (MACO__EP_WARPS / 2) /* the combine's sender warps; the rest sum */
 #define MACO__EP_FULL 0xffffffffu
 
 /* Object codes of MACO_DEVICE_WAIT_EP reports (maco/device/error.h). */
@@ -648,28 +657,30 @@ static __device__ void maco__ep_combine_status(const maco__ep_args_t &a, char *c
                                (seq << 8) | (uint64_t)code);
 }
 
-/* Combine step 5 (every thread of the grid): y[t] = sum over k of w[t][k] * row[t][k] in k
- * order (fp32, one rounding to bf16 at the end), 8 elements (16 bytes) per item, P items per
- * thread at a time. Eight entries' vectors of each item are loaded before any is added, so
- * that their memory latencies overlap, and without waiting for their slots: an entry that was
- * not sent has a row in the combine region too ([T][K]), read and left out of the sum. */
-static __device__ void maco__ep_combine_sum(const maco__ep_args_t &a)
+/* Combine step 5 for tokens [t0, t1): y[t] = sum over k of w[t][k] * row[t][k] in k order
+ * (fp32, one rounding to bf16 at the end), 8 elements (16 bytes) per item, items dealt to
+ * `nthr` threads (this one is `me`), P items per thread at a time. Eight entries' vectors of
+ * each item are loaded before any is added, so that their memory latencies overlap, and
+ * without waiting for their slots: an entry that was not sent has a row in the combine region
+ * too ([T][K]), read and left out of the sum. */
+static __device__ void maco__ep_combine_sum(const maco__ep_args_t &a, int t0, int t1, int64_t me,
+                                            int64_t nthr)
 {
     enum { P = 2 };
-    const int T = a.num_tokens, K = a.g.topk;
+    const int K = a.g.topk;
     const uint64_t rowb = a.g.row_bytes;
     const int32_t *slot = (const int32_t *)((const char *)a.handle + a.o.h_slot_off);
     const int64_t vecs = a.g.hidden / 8;
-    const int64_t work = (int64_t)T * vecs;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < work; i0 += P * stride) {
+    const int64_t work = (int64_t)(t1 - t0) * vecs;
+    const int64_t stride = nthr;
+    for (int64_t i0 = me; i0 < work; i0 += P * stride) {
         int t[P];
         int64_t v[P];
         float acc[P][8];
 #pragma unroll
         for (int p = 0; p < P; p++) {
             const int64_t i = i0 + p * stride < work ? i0 + p * stride : i0;
-            t[p] = (int)(i / vecs);
+            t[p] = t0 + (int)(i / vecs);
             v[p] = i % vecs;
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -718,6 +729,24 @@ static __device__ void maco__ep_combine_sum(const maco__ep_args_t &a)
     }
 }
 
+/* A named barrier of `threads` threads (the combine's senders: 1, its summers: 2). */
+static __device__ __forceinline__ void maco__ep_bar(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* The same, returning whether x was true in any of the threads. */
+static __device__ __forceinline__ bool maco__ep_bar_or(int id, int threads, bool x)
+{
+    int r;
+    asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.s32 q, %1, 0;\n\t"
+                 "bar.red.or.pred p, %2, %3, q;\n\tselp.s32 %0, 1, 0, p;\n\t}"
+                 : "=r"(r)
+                 : "r"((int)x), "r"(id), "r"(threads)
+                 : "memory");
+    return r != 0;
+}
+
 __global__ void __launch_bounds__(MACO__EP_THREADS)
     maco__ep_combine_kernel(const __grid_constant__ maco__ep_args_t a)
 {
@@ -728,7 +757,7 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
     __shared__ maco__ep_bad_t s_bad;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts;
+    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts, K = a.g.topk;
     const uint64_t rowb = a.g.row_bytes;
     const maco_device_wait_bound_t bound = a.bound;
     char *const buf = a.buf;
@@ -777,36 +806,51 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
     __syncthreads();
     const bool abort = s_abort != 0;
 
-    /* 3. Every row this rank received back to its source's combine region at [t][k]. */
-    if (!abort) {
+    /* 3-5. Sender warps copy the rows back by token group, summer warps sum each group once
+     * every rank's CTAs have signalled it (the file comment). */
+    const int GT = maco__ep_group_tokens(a.g.max_tokens);
+    const int G = (a.g.max_tokens + GT - 1) / GT;
+    /* One group (low latency at its usual sizes): every warp copies, then every warp sums. */
+    const bool pipe = G > 1;
+    const int SW = pipe ? MACO__EP_SEND_WARPS : MACO__EP_WARPS;                   /* sender warps */
+    const int ST = SW * 32, UT = pipe ? MACO__EP_THREADS - ST : MACO__EP_THREADS; /* summers */
+    const uint64_t *const group_ctr = (const uint64_t *)(buf + MACO__EP_CTRL_GROUP);
+    int32_t *s_list = s_base + L;                  /* [MACO__EP_SORT_ROWS] rows */
+    int32_t *s_gofs = s_list + MACO__EP_SORT_ROWS; /* [G + 1] group starts in s_list */
+    uint8_t *s_grp = (uint8_t *)(s_gofs + MACO__EP_MAX_GROUPS + 1); /* [MACO__EP_SORT_ROWS] */
+    if (!abort && warp == 0) {
         const int32_t *hexp = (const int32_t *)(handle + a.o.h_exp_off);
-        if (warp == 0) {
-            int run = 0;
-            for (int l0 = 0; l0 < L; l0 += 32) {
-                const int l = l0 + lane;
-                const int v = l < L ? hexp[L + l] : 0;
-                int incl = v;
-                for (int d = 1; d < 32; d <<= 1) {
-                    const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
-                    if (lane >= d)
-                        incl += u;
-                }
-                if (l < L) {
-                    s_pre[l] = run + incl - v;
-                    s_base[l] = hexp[l];
-                }
-                run += __shfl_sync(MACO__EP_FULL, incl, 31);
+        int run = 0;
+        for (int l0 = 0; l0 < L; l0 += 32) {
+            const int l = l0 + lane;
+            const int v = l < L ? hexp[L + l] : 0;
+            int incl = v;
+            for (int d = 1; d < 32; d <<= 1) {
+                const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
+                if (lane >= d)
+                    incl += u;
             }
-            if (lane == 0) {
-                s_pre[L] = run;
-                s_total = run;
+            if (l < L) {
+                s_pre[l] = run + incl - v;
+                s_base[l] = hexp[l];
             }
+            run += __shfl_sync(MACO__EP_FULL, incl, 31);
         }
-        __syncthreads();
-        const int total = s_total;
+        if (lane == 0) {
+            s_pre[L] = run;
+            s_total = run;
+        }
+    }
+    __syncthreads();
+    failed = false;
+    if (warp < SW) {
         const int2 *hmeta = (const int2 *)(handle + a.o.h_meta_off);
-        const int W = (int)gridDim.x * MACO__EP_WARPS;
-        for (int v = (int)blockIdx.x * MACO__EP_WARPS + warp; v < total; v += W) {
+        const int total = abort ? 0 : s_total;
+        const int per = (total + (int)gridDim.x - 1) / (int)gridDim.x;
+        const int c0 = min(total, (int)blockIdx.x * per), c1 = min(total, c0 + per);
+        const bool sorted = pipe && c1 - c0 <= MACO__EP_SORT_ROWS;
+        /* The row of recv_x of the v-th received row (by local expert, then in order). */
+        auto row_of = [&](int v) {
             int lo = 0, hi = L - 1; /* the last local expert whose rows start at or before v */
             while (lo < hi) {
                 const int mid = (lo + hi + 1) / 2;
@@ -815,27 +859,81 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
                 else
                     hi = mid - 1;
             }
-            const int64_t row = (int64_t)s_base[lo] + (v - s_pre[lo]);
+            return (int64_t)s_base[lo] + (v - s_pre[lo]);
+        };
+        auto send = [&](int64_t row) {
             const int2 m = hmeta[row];
             maco__ep_copy_row(peer[m.x] + a.o.comb_off + (uint64_t)m.y * rowb,
                               (const char *)a.expert_out + (uint64_t)row * rowb, rowb, lane);
+        };
+        if (sorted) {
+            for (int g = tid; g <= G; g += ST)
+                s_gofs[g] = 0;
+            maco__ep_bar(1, ST);
+            for (int v = c0 + tid; v < c1; v += ST) {
+                const int g = hmeta[row_of(v)].y / K / GT;
+                s_grp[v - c0] = (uint8_t)g;
+                atomicAdd(&s_gofs[g + 1], 1);
+            }
+            maco__ep_bar(1, ST);
+            if (warp == 0) { /* exclusive starts: s_gofs[g] = rows of groups before g */
+                int run = 0;
+                for (int g0 = 0; g0 <= G; g0 += 32) {
+                    const int g = g0 + lane;
+                    int incl = g <= G ? s_gofs[g] : 0;
+                    for (int d = 1; d < 32; d <<= 1) {
+                        const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
+                        if (lane >= d)
+                            incl += u;
+                    }
+                    __syncwarp();
+                    if (g <= G)
+                        s_gofs[g] = run + incl;
+                    run += __shfl_sync(MACO__EP_FULL, incl, 31);
+                    __syncwarp();
+                }
+            }
+            maco__ep_bar(1, ST);
+            for (int v = c0 + tid; v < c1; v += ST) { /* s_gofs[g] ends as group g + 1's start */
+                const int pos = atomicAdd(&s_gofs[s_grp[v - c0]], 1);
+                s_list[pos] = (int32_t)row_of(v);
+            }
+            maco__ep_bar(1, ST);
+        } else {
+            for (int v = c0 + warp; v < c1; v += SW)
+                send(row_of(v));
+        }
+        for (int g = 0; g < G; g++) {
+            if (sorted) { /* group g: s_list[s_gofs[g - 1] (0 for g = 0), s_gofs[g]) */
+                const int lo = g == 0 ? 0 : s_gofs[g - 1], hi = s_gofs[g];
+                for (int i = lo + warp; i < hi; i += SW)
+                    send(s_list[i]);
+            }
+            maco__ep_bar(1, ST);
+            if (tid < n)
+                maco_red_add_release_sys_u64((uint64_t *)(peer[tid] + MACO__EP_CTRL_GROUP) +
+                                                 (size_t)g * MACO_EP_MAX_RANKS + (size_t)me,
+                                             1u);
         }
     }
-
-    /* 4. Done writing; wait for every rank's rows. */
-    __syncthreads();
-    if (tid < n)
-        maco_red_add_release_sys_u64((uint64_t *)(peer[tid] + MACO__EP_CTRL_BACK_DONE) + me, 1u);
-    failed = false;
-    if (tid < n)
-        failed = maco__ep_wait((const uint64_t *)(buf + MACO__EP_CTRL_BACK_DONE) + tid,
-                               seq * (uint64_t)gridDim.x, 0, &bound, tid, MACO__EP_W_BACK);
+    if ((!pipe || warp >= SW) && !abort) {
+        const int st = pipe ? tid - ST : tid;
+        const int Gmine = (a.num_tokens + GT - 1) / GT;
+        for (int g = 0; g < Gmine; g++) {
+            bool bad = false;
+            if (st < n)
+                bad = maco__ep_wait(group_ctr + (size_t)g * MACO_EP_MAX_RANKS + (size_t)st,
+                                    seq * (uint64_t)gridDim.x, 0, &bound, st, MACO__EP_W_BACK);
+            if (maco__ep_bar_or(2, UT, bad)) {
+                failed = true;
+                break;
+            }
+            maco__ep_combine_sum(a, g * GT, min(a.num_tokens, (g + 1) * GT),
+                                 (int64_t)blockIdx.x * UT + st, (int64_t)gridDim.x * UT);
+        }
+    }
     if (__syncthreads_or(failed))
         return;
-
-    /* 5. y[t] = sum over k of w[t][k] * row[t][k]. */
-    if (!abort)
-        maco__ep_combine_sum(a);
     if (blockIdx.x == 0 && tid == 0)
         maco__ep_report(a.report, a.ticket, a.want_report, 1, s_bad, -1);
     maco__ep_advance(buf, MACO__EP_CTRL_COMB_SEQ, MACO__EP_CTRL_COMB_DONE, seq);
@@ -853,7 +951,11 @@ extern "C" size_t maco__ep_dispatch_smem(const maco__ep_geom_t *g)
 
 extern "C" size_t maco__ep_combine_smem(const maco__ep_geom_t *g)
 {
-    return (2u * (size_t)g->local_experts + 1u) * 4u;
+    /* s_pre [L + 1], s_base [L], the sorted rows [MACO__EP_SORT_ROWS], the group starts
+     * [MACO__EP_MAX_GROUPS + 1] (int32), each row's group [MACO__EP_SORT_ROWS] (uint8). */
+    return (2u * (size_t)g->local_experts + 1u + MACO__EP_SORT_ROWS + MACO__EP_MAX_GROUPS + 1u) *
+               4u +
+           MACO__EP_SORT_ROWS;
 }
 
 extern "C" cudaError_t maco__ep_prepare_kernels(size_t dispatch_smem, size_t combine_smem)

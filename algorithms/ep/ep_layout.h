@@ -43,13 +43,16 @@ enum {
     MACO__EP_CTRL_DISP_DONE = 16,   /* u32: dispatch CTAs finished this launch (local) */
     MACO__EP_CTRL_COMB_DONE = 20,   /* u32: combine CTAs finished this launch (local) */
     MACO__EP_CTRL_DATA_DONE = 64,   /* u64 [src]: dispatch CTAs of src done writing here */
-    MACO__EP_CTRL_BACK_DONE = 128,  /* u64 [src]: combine CTAs of src done writing here */
     MACO__EP_CTRL_READY = 192,      /* u64 [src]: combine seq << 8 | src's status */
     MACO__EP_CTRL_CNT_FLAG = 256,   /* u64 [parity 2][8 src]: seq of src's count row there */
     MACO__EP_CTRL_READY_INFO = 384, /* u64 [src]: value | limit << 32 of src's combine status */
+    MACO__EP_CTRL_GROUP = 2048,     /* u64 [group 32][8 src]: combine CTAs of src that have
+                                     * written this rank's rows of a token group */
     MACO__EP_CTRL_BYTES = 4096,
-    MACO__EP_ROW_HEADER = 8, /* int32 words before the counts of a count row */
-    MACO__EP_THREADS = 512,  /* threads per CTA of both kernels */
+    MACO__EP_ROW_HEADER = 8,   /* int32 words before the counts of a count row */
+    MACO__EP_MAX_GROUPS = 32,  /* token groups of a combine (maco__ep_group_tokens) */
+    MACO__EP_SORT_ROWS = 2048, /* rows a combine CTA sorts by group (more: unsorted) */
+    MACO__EP_THREADS = 512,    /* threads per CTA of both kernels */
 };
 
 /* What went wrong in a launch (the count row's header word 0, a ready flag's low byte, the
@@ -103,6 +106,23 @@ typedef struct maco__ep_handle_header {
     uint8_t pad[16];
 } maco__ep_handle_header_t;
 #define MACO__EP_HANDLE_MAGIC 0x4850454du /* "MEPH" little-endian */
+
+#if defined(__CUDACC__)
+#define MACO__EP_HD __host__ __device__
+#else
+#define MACO__EP_HD
+#endif
+
+/* Tokens per group of the combine's pipeline (ep_kernels.cu, combine step 3): the rows of a
+ * source rank's tokens [g * G, (g + 1) * G) travel, are signalled and are summed together; at
+ * least 128 tokens (a group's signal and wait cost about 1.5 us: with 16-token groups a
+ * combine of 128 tokens took 61 us, against 53 us in one group, on 2x H200), at most
+ * MACO__EP_MAX_GROUPS groups of max_tokens. The same on every rank. */
+static inline MACO__EP_HD int maco__ep_group_tokens(int max_tokens)
+{
+    int g = (max_tokens + MACO__EP_MAX_GROUPS - 1) / MACO__EP_MAX_GROUPS;
+    return g < 128 ? 128 : g;
+}
 
 /**
  * Checks `cfg` for `nranks` ranks and fills *g and *o (when not NULL). MACO_OK, or
