@@ -15,7 +15,8 @@
  *      rank, where this rank's rows go among them (after those of lower ranks), and whether
  *      to stop: some rank's routing problem, or (normal mode) a rank that would receive more
  *      than the receive region holds. Stopping is thus decided alike everywhere.
- *   3. Unless stopping: entries are dealt to warps over the grid; a warp copies the token's
+ *   3. Unless stopping: entries are dealt to warps over the grid (low latency: round robin;
+ *      normal: MACO__EP_GRAB at a time from a counter); a warp copies the token's
  *      row into the expert's rank's receive region at its row (16-byte stores through the
  *      peer mapping), or quantizes it to e4m3 and per-128 scales on the way
  *      (maco_ep_dispatch_fp8: maco__ep_quant_row), and writes the row's metadata {source,
@@ -79,6 +80,7 @@
 
 #define MACO__EP_WARPS (MACO__EP_THREADS / 32)
 #define MACO__EP_SEND_WARPS (MACO__EP_WARPS / 2) /* the combine's sender warps; the rest sum */
+#define MACO__EP_GRAB 4                          /* dispatch entries a warp takes at a time */
 #define MACO__EP_FULL 0xffffffffu
 
 /* Object codes of MACO_DEVICE_WAIT_EP reports (maco/device/error.h). */
@@ -205,10 +207,10 @@ static __device__ __forceinline__ int maco__ep_check(const int64_t *row, int k, 
 }
 
 /* The last CTA to finish stores `seq` as the buffer's last sequence number (at `seq_off`),
- * with the CTA counter at `done_off` back to 0 (the kernel's end orders it before the next
- * launch). */
+ * with the CTA counter at `done_off` and the work counter at `work_off` (-1: none) back to 0
+ * (the kernel's end orders it before the next launch). */
 static __device__ __forceinline__ void maco__ep_advance(char *buf, int seq_off, int done_off,
-                                                        uint64_t seq)
+                                                        int work_off, uint64_t seq)
 {
     __syncthreads();
     if (threadIdx.x != 0)
@@ -217,6 +219,8 @@ static __device__ __forceinline__ void maco__ep_advance(char *buf, int seq_off, 
     unsigned prev = atomicAdd((unsigned *)(buf + done_off), 1u);
     if (prev == gridDim.x - 1) {
         *(volatile unsigned *)(buf + done_off) = 0u;
+        if (work_off >= 0)
+            *(volatile unsigned *)(buf + work_off) = 0u;
         *(volatile uint64_t *)(buf + seq_off) = seq;
         __threadfence();
     }
@@ -567,29 +571,44 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
     __syncthreads();
     const bool abort = s_abort != 0;
 
-    /* 3. Every entry of this rank to its expert's rank, one warp per entry. */
+    /* 3. Every entry of this rank to its expert's rank, one warp per entry. In normal mode
+     * warps take MACO__EP_GRAB entries at a time from a counter (DISP_WORK, back to 0 at the
+     * kernel's end): dealt round robin, some CTAs finished their copies in 528 us and others
+     * in 769 (2x H200), and every CTA waits for the last. Low latency keeps the round robin
+     * (its 1024 entries are even enough; the counter's round trips cost 2 us there). */
     if (!abort) {
         const int32_t *slot = (const int32_t *)(handle + a.o.h_slot_off);
-        const int W = (int)gridDim.x * MACO__EP_WARPS;
-        const int entries = T * K;
-        for (int i = (int)blockIdx.x * MACO__EP_WARPS + warp; i < entries; i += W) {
-            const int s = __ldcg(slot + i);
-            if (s < 0)
-                continue;
-            const int t = i / K;
-            const int e = (int)__ldg(a.topk_idx + i);
-            const int R = e / L;
-            const int64_t row = (int64_t)s_base[e] + s_off[e] + s;
-            char *dst = peer[R] + a.o.recv_off + (uint64_t)row * rowb;
-            const char *src = (const char *)a.x + (uint64_t)t * rowb;
-            if (a.fp8)
-                maco__ep_quant_row(dst, src, a.g.hidden, lane);
-            else
-                maco__ep_copy_row(dst, src, rowb, lane);
-            if (lane == 0) {
-                const float w = a.topk_weights != nullptr ? __ldg(a.topk_weights + i) : 0.0f;
-                *(uint4 *)(peer[R] + a.o.meta_off + (uint64_t)row * 16u) =
-                    make_uint4((uint32_t)me, (uint32_t)i, __float_as_uint(w), 0u);
+        const int entries = T * K, W = (int)gridDim.x * MACO__EP_WARPS;
+        const int step = ll ? 1 : MACO__EP_GRAB;
+        unsigned *work = (unsigned *)(buf + MACO__EP_CTRL_DISP_WORK);
+        auto next = [&](int i0) {
+            if (ll)
+                return i0 < 0 ? (int)blockIdx.x * MACO__EP_WARPS + warp : i0 + W;
+            int got = 0;
+            if (lane == 0)
+                got = (int)atomicAdd(work, (unsigned)MACO__EP_GRAB);
+            return __shfl_sync(MACO__EP_FULL, got, 0);
+        };
+        for (int i0 = next(-1); i0 < entries; i0 = next(i0)) {
+            for (int i = i0; i < min(entries, i0 + step); i++) {
+                const int s = __ldcg(slot + i);
+                if (s < 0)
+                    continue;
+                const int t = i / K;
+                const int e = (int)__ldg(a.topk_idx + i);
+                const int R = e / L;
+                const int64_t row = (int64_t)s_base[e] + s_off[e] + s;
+                char *dst = peer[R] + a.o.recv_off + (uint64_t)row * rowb;
+                const char *src = (const char *)a.x + (uint64_t)t * rowb;
+                if (a.fp8)
+                    maco__ep_quant_row(dst, src, a.g.hidden, lane);
+                else
+                    maco__ep_copy_row(dst, src, rowb, lane);
+                if (lane == 0) {
+                    const float w = a.topk_weights != nullptr ? __ldg(a.topk_weights + i) : 0.0f;
+                    *(uint4 *)(peer[R] + a.o.meta_off + (uint64_t)row * 16u) =
+                        make_uint4((uint32_t)me, (uint32_t)i, __float_as_uint(w), 0u);
+                }
             }
         }
     }
@@ -606,7 +625,8 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
         return;
 
     maco__ep_dispatch_finish(a, s_tot, s_base, s_rows, s_bad, abort, ll, seq);
-    maco__ep_advance(buf, MACO__EP_CTRL_DISP_SEQ, MACO__EP_CTRL_DISP_DONE, seq);
+    maco__ep_advance(buf, MACO__EP_CTRL_DISP_SEQ, MACO__EP_CTRL_DISP_DONE, MACO__EP_CTRL_DISP_WORK,
+                     seq);
 }
 
 /* ------------------------------------------------------------------ combine */
@@ -936,7 +956,7 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
         return;
     if (blockIdx.x == 0 && tid == 0)
         maco__ep_report(a.report, a.ticket, a.want_report, 1, s_bad, -1);
-    maco__ep_advance(buf, MACO__EP_CTRL_COMB_SEQ, MACO__EP_CTRL_COMB_DONE, seq);
+    maco__ep_advance(buf, MACO__EP_CTRL_COMB_SEQ, MACO__EP_CTRL_COMB_DONE, -1, seq);
 }
 
 /* ------------------------------------------------------------------ host side */

@@ -42,6 +42,7 @@ enum {
     MACO__EP_CTRL_COMB_SEQ = 8,     /* u64: the last combine's (local) */
     MACO__EP_CTRL_DISP_DONE = 16,   /* u32: dispatch CTAs finished this launch (local) */
     MACO__EP_CTRL_COMB_DONE = 20,   /* u32: combine CTAs finished this launch (local) */
+    MACO__EP_CTRL_DISP_WORK = 24,   /* u32: dispatch entries taken by warps this launch (local) */
     MACO__EP_CTRL_DATA_DONE = 64,   /* u64 [src]: dispatch CTAs of src done writing here */
     MACO__EP_CTRL_READY = 192,      /* u64 [src]: combine seq << 8 | src's status */
     MACO__EP_CTRL_CNT_FLAG = 256,   /* u64 [parity 2][8 src]: seq of src's count row there */
