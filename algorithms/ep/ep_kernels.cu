@@ -464,6 +464,55 @@ static __device__ void maco__ep_dispatch_finish(const maco__ep_args_t &a, const 
     }
 }
 
+/* Dispatch step 3: every entry of this rank to its expert's rank, one warp per entry. In normal
+ * mode warps take MACO__EP_GRAB entries at a time from a counter (DISP_WORK, back to 0 at the
+ * kernel's end): dealt round robin, some CTAs finished their copies in 528 us and others
+ * in 769 (2x H200), and every CTA waits for the last. Low latency keeps the round robin
+ * (its 1024 entries are even enough; the counter's round trips cost 2 us there). */
+static __device__ void maco__ep_dispatch_rows(const maco__ep_args_t &a, char *const *peer,
+                                              const int32_t *s_base, const int32_t *s_off, bool ll)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int me = a.rank, L = a.g.local_experts, K = a.g.topk, T = a.num_tokens;
+    const uint64_t rowb = a.g.row_bytes;
+    char *const buf = a.buf;
+    const char *const handle = (const char *)a.handle;
+    const int32_t *slot = (const int32_t *)(handle + a.o.h_slot_off);
+    const int entries = T * K, W = (int)gridDim.x * MACO__EP_WARPS;
+    const int step = ll ? 1 : MACO__EP_GRAB;
+    unsigned *work = (unsigned *)(buf + MACO__EP_CTRL_DISP_WORK);
+    auto next = [&](int i0) {
+        if (ll)
+            return i0 < 0 ? (int)blockIdx.x * MACO__EP_WARPS + warp : i0 + W;
+        int got = 0;
+        if (lane == 0)
+            got = (int)atomicAdd(work, (unsigned)MACO__EP_GRAB);
+        return __shfl_sync(MACO__EP_FULL, got, 0);
+    };
+    for (int i0 = next(-1); i0 < entries; i0 = next(i0)) {
+        for (int i = i0; i < min(entries, i0 + step); i++) {
+            const int s = __ldcg(slot + i);
+            if (s < 0)
+                continue;
+            const int t = i / K;
+            const int e = (int)__ldg(a.topk_idx + i);
+            const int R = e / L;
+            const int64_t row = (int64_t)s_base[e] + s_off[e] + s;
+            char *dst = peer[R] + a.o.recv_off + (uint64_t)row * rowb;
+            const char *src = (const char *)a.x + (uint64_t)t * rowb;
+            if (a.fp8)
+                maco__ep_quant_row(dst, src, a.g.hidden, lane);
+            else
+                maco__ep_copy_row(dst, src, rowb, lane);
+            if (lane == 0) {
+                const float w = a.topk_weights != nullptr ? __ldg(a.topk_weights + i) : 0.0f;
+                *(uint4 *)(peer[R] + a.o.meta_off + (uint64_t)row * 16u) =
+                    make_uint4((uint32_t)me, (uint32_t)i, __float_as_uint(w), 0u);
+            }
+        }
+    }
+}
+
 __global__ void __launch_bounds__(MACO__EP_THREADS)
     maco__ep_dispatch_kernel(const __grid_constant__ maco__ep_args_t a)
 {
@@ -478,7 +527,6 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = a.g.nranks, me = a.rank, E = a.g.num_experts, L = a.g.local_experts;
     const int K = a.g.topk, T = a.num_tokens;
-    const uint64_t rowb = a.g.row_bytes;
     const bool ll = a.g.mode == MACO_EP_LOW_LATENCY;
     const maco_device_wait_bound_t bound = a.bound;
     char *const buf = a.buf;
@@ -571,47 +619,9 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
     __syncthreads();
     const bool abort = s_abort != 0;
 
-    /* 3. Every entry of this rank to its expert's rank, one warp per entry. In normal mode
-     * warps take MACO__EP_GRAB entries at a time from a counter (DISP_WORK, back to 0 at the
-     * kernel's end): dealt round robin, some CTAs finished their copies in 528 us and others
-     * in 769 (2x H200), and every CTA waits for the last. Low latency keeps the round robin
-     * (its 1024 entries are even enough; the counter's round trips cost 2 us there). */
-    if (!abort) {
-        const int32_t *slot = (const int32_t *)(handle + a.o.h_slot_off);
-        const int entries = T * K, W = (int)gridDim.x * MACO__EP_WARPS;
-        const int step = ll ? 1 : MACO__EP_GRAB;
-        unsigned *work = (unsigned *)(buf + MACO__EP_CTRL_DISP_WORK);
-        auto next = [&](int i0) {
-            if (ll)
-                return i0 < 0 ? (int)blockIdx.x * MACO__EP_WARPS + warp : i0 + W;
-            int got = 0;
-            if (lane == 0)
-                got = (int)atomicAdd(work, (unsigned)MACO__EP_GRAB);
-            return __shfl_sync(MACO__EP_FULL, got, 0);
-        };
-        for (int i0 = next(-1); i0 < entries; i0 = next(i0)) {
-            for (int i = i0; i < min(entries, i0 + step); i++) {
-                const int s = __ldcg(slot + i);
-                if (s < 0)
-                    continue;
-                const int t = i / K;
-                const int e = (int)__ldg(a.topk_idx + i);
-                const int R = e / L;
-                const int64_t row = (int64_t)s_base[e] + s_off[e] + s;
-                char *dst = peer[R] + a.o.recv_off + (uint64_t)row * rowb;
-                const char *src = (const char *)a.x + (uint64_t)t * rowb;
-                if (a.fp8)
-                    maco__ep_quant_row(dst, src, a.g.hidden, lane);
-                else
-                    maco__ep_copy_row(dst, src, rowb, lane);
-                if (lane == 0) {
-                    const float w = a.topk_weights != nullptr ? __ldg(a.topk_weights + i) : 0.0f;
-                    *(uint4 *)(peer[R] + a.o.meta_off + (uint64_t)row * 16u) =
-                        make_uint4((uint32_t)me, (uint32_t)i, __float_as_uint(w), 0u);
-                }
-            }
-        }
-    }
+    /* 3. Every entry of this rank to its expert's rank. */
+    if (!abort)
+        maco__ep_dispatch_rows(a, peer, s_base, s_off, ll);
 
     /* 4. This CTA is done writing to every rank; wait until every rank's CTAs are. */
     __syncthreads();
@@ -767,21 +777,155 @@ static __device__ __forceinline__ bool maco__ep_bar_or(int id, int threads, bool
     return r != 0;
 }
 
+/* Combine step 3 (the sender warps, SW of them: ST threads, barrier 1): this CTA's share of
+ * the received rows back to their sources' combine regions, group by group, each group
+ * signalled at every rank (file comment). s_pre [L + 1], s_base [L]: filled with the local
+ * experts' first rows in the received order and in recv_x; s_list, s_gofs, s_grp: the sort's
+ * shared memory. */
+static __device__ void maco__ep_combine_send(const maco__ep_args_t &a, char *const *peer,
+                                             int32_t *s_pre, int32_t *s_base, int32_t *s_list,
+                                             int32_t *s_gofs, uint8_t *s_grp, bool abort, bool pipe,
+                                             int SW, int GT, int G)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, ST = SW * 32;
+    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts, K = a.g.topk;
+    const uint64_t rowb = a.g.row_bytes;
+    const char *const handle = (const char *)a.handle;
+    if (!abort && warp == 0) { /* where each local expert's rows start, received and in recv_x */
+        const int32_t *hexp = (const int32_t *)(handle + a.o.h_exp_off);
+        int run = 0;
+        for (int l0 = 0; l0 < L; l0 += 32) {
+            const int l = l0 + lane;
+            const int v = l < L ? hexp[L + l] : 0;
+            int incl = v;
+            for (int d = 1; d < 32; d <<= 1) {
+                const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
+                if (lane >= d)
+                    incl += u;
+            }
+            if (l < L) {
+                s_pre[l] = run + incl - v;
+                s_base[l] = hexp[l];
+            }
+            run += __shfl_sync(MACO__EP_FULL, incl, 31);
+        }
+        if (lane == 0)
+            s_pre[L] = run;
+    }
+    maco__ep_bar(1, ST);
+    const int total = abort ? 0 : s_pre[L];
+    const int2 *hmeta = (const int2 *)(handle + a.o.h_meta_off);
+    const int per = (total + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int c0 = min(total, (int)blockIdx.x * per), c1 = min(total, c0 + per);
+    const bool sorted = pipe && c1 - c0 <= MACO__EP_SORT_ROWS;
+    /* The row of recv_x of the v-th received row (by local expert, then in order). */
+    auto row_of = [&](int v) {
+        int lo = 0, hi = L - 1; /* the last local expert whose rows start at or before v */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (s_pre[mid] <= v)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        return (int64_t)s_base[lo] + (v - s_pre[lo]);
+    };
+    auto send = [&](int64_t row) {
+        const int2 m = hmeta[row];
+        maco__ep_copy_row(peer[m.x] + a.o.comb_off + (uint64_t)m.y * rowb,
+                          (const char *)a.expert_out + (uint64_t)row * rowb, rowb, lane);
+    };
+    if (sorted) {
+        for (int g = tid; g <= G; g += ST)
+            s_gofs[g] = 0;
+        maco__ep_bar(1, ST);
+        for (int v = c0 + tid; v < c1; v += ST) {
+            const int g = hmeta[row_of(v)].y / K / GT;
+            s_grp[v - c0] = (uint8_t)g;
+            atomicAdd(&s_gofs[g + 1], 1);
+        }
+        maco__ep_bar(1, ST);
+        if (warp == 0) { /* exclusive starts: s_gofs[g] = rows of groups before g */
+            int run = 0;
+            for (int g0 = 0; g0 <= G; g0 += 32) {
+                const int g = g0 + lane;
+                int incl = g <= G ? s_gofs[g] : 0;
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
+                    if (lane >= d)
+                        incl += u;
+                }
+                __syncwarp();
+                if (g <= G)
+                    s_gofs[g] = run + incl;
+                run += __shfl_sync(MACO__EP_FULL, incl, 31);
+                __syncwarp();
+            }
+        }
+        maco__ep_bar(1, ST);
+        for (int v = c0 + tid; v < c1; v += ST) { /* s_gofs[g] ends as group g + 1's start */
+            const int pos = atomicAdd(&s_gofs[s_grp[v - c0]], 1);
+            s_list[pos] = (int32_t)row_of(v);
+        }
+        maco__ep_bar(1, ST);
+    } else {
+        for (int v = c0 + warp; v < c1; v += SW)
+            send(row_of(v));
+    }
+    for (int g = 0; g < G; g++) {
+        if (sorted) { /* group g: s_list[s_gofs[g - 1] (0 for g = 0), s_gofs[g]) */
+            const int lo = g == 0 ? 0 : s_gofs[g - 1], hi = s_gofs[g];
+            for (int i = lo + warp; i < hi; i += SW)
+                send(s_list[i]);
+        }
+        maco__ep_bar(1, ST);
+        if (tid < n)
+            maco_red_add_release_sys_u64((uint64_t *)(peer[tid] + MACO__EP_CTRL_GROUP) +
+                                             (size_t)g * MACO_EP_MAX_RANKS + (size_t)me,
+                                         1u);
+    }
+}
+
+/* Combine steps 4-5 (the summer threads, UT of them from thread `first`, barrier 2): for
+ * each group of this rank's tokens, wait until every rank's CTAs signalled it, then sum its
+ * tokens. Returns true, in every summer thread, when a wait failed. */
+static __device__ bool maco__ep_combine_sums(const maco__ep_args_t &a, uint64_t seq, int first,
+                                             int UT, int GT)
+{
+    const int tid = threadIdx.x, n = a.g.nranks;
+    const maco_device_wait_bound_t bound = a.bound;
+    const uint64_t *const group_ctr = (const uint64_t *)(a.buf + MACO__EP_CTRL_GROUP);
+    bool failed = false;
+    const int st = tid - first;
+    const int Gmine = (a.num_tokens + GT - 1) / GT;
+    for (int g = 0; g < Gmine; g++) {
+        bool bad = false;
+        if (st < n)
+            bad = maco__ep_wait(group_ctr + (size_t)g * MACO_EP_MAX_RANKS + (size_t)st,
+                                seq * (uint64_t)gridDim.x, 0, &bound, st, MACO__EP_W_BACK);
+        if (maco__ep_bar_or(2, UT, bad)) {
+            failed = true;
+            break;
+        }
+        maco__ep_combine_sum(a, g * GT, min(a.num_tokens, (g + 1) * GT),
+                             (int64_t)blockIdx.x * UT + st, (int64_t)gridDim.x * UT);
+    }
+    return failed;
+}
+
 __global__ void __launch_bounds__(MACO__EP_THREADS)
     maco__ep_combine_kernel(const __grid_constant__ maco__ep_args_t a)
 {
     extern __shared__ __align__(16) unsigned char maco__ep_smem[];
     __shared__ char *peer[MACO_EP_MAX_RANKS];
     __shared__ uint64_t s_seq;
-    __shared__ int s_abort, s_total;
+    __shared__ int s_abort;
     __shared__ maco__ep_bad_t s_bad;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n = a.g.nranks, me = a.rank, L = a.g.local_experts, K = a.g.topk;
-    const uint64_t rowb = a.g.row_bytes;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int n = a.g.nranks, L = a.g.local_experts;
     const maco_device_wait_bound_t bound = a.bound;
     char *const buf = a.buf;
-    const char *const handle = (const char *)a.handle;
     int32_t *s_pre = (int32_t *)maco__ep_smem; /* [L + 1]: rows of local experts before l */
     int32_t *s_base = s_pre + L + 1;           /* [L]: local expert l's first row */
 
@@ -834,124 +978,16 @@ __global__ void __launch_bounds__(MACO__EP_THREADS)
     const bool pipe = G > 1;
     const int SW = pipe ? MACO__EP_SEND_WARPS : MACO__EP_WARPS;                   /* sender warps */
     const int ST = SW * 32, UT = pipe ? MACO__EP_THREADS - ST : MACO__EP_THREADS; /* summers */
-    const uint64_t *const group_ctr = (const uint64_t *)(buf + MACO__EP_CTRL_GROUP);
     int32_t *s_list = s_base + L;                  /* [MACO__EP_SORT_ROWS] rows */
     int32_t *s_gofs = s_list + MACO__EP_SORT_ROWS; /* [G + 1] group starts in s_list */
     uint8_t *s_grp = (uint8_t *)(s_gofs + MACO__EP_MAX_GROUPS + 1); /* [MACO__EP_SORT_ROWS] */
-    if (!abort && warp == 0) {
-        const int32_t *hexp = (const int32_t *)(handle + a.o.h_exp_off);
-        int run = 0;
-        for (int l0 = 0; l0 < L; l0 += 32) {
-            const int l = l0 + lane;
-            const int v = l < L ? hexp[L + l] : 0;
-            int incl = v;
-            for (int d = 1; d < 32; d <<= 1) {
-                const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
-                if (lane >= d)
-                    incl += u;
-            }
-            if (l < L) {
-                s_pre[l] = run + incl - v;
-                s_base[l] = hexp[l];
-            }
-            run += __shfl_sync(MACO__EP_FULL, incl, 31);
-        }
-        if (lane == 0) {
-            s_pre[L] = run;
-            s_total = run;
-        }
-    }
     __syncthreads();
     failed = false;
-    if (warp < SW) {
-        const int2 *hmeta = (const int2 *)(handle + a.o.h_meta_off);
-        const int total = abort ? 0 : s_total;
-        const int per = (total + (int)gridDim.x - 1) / (int)gridDim.x;
-        const int c0 = min(total, (int)blockIdx.x * per), c1 = min(total, c0 + per);
-        const bool sorted = pipe && c1 - c0 <= MACO__EP_SORT_ROWS;
-        /* The row of recv_x of the v-th received row (by local expert, then in order). */
-        auto row_of = [&](int v) {
-            int lo = 0, hi = L - 1; /* the last local expert whose rows start at or before v */
-            while (lo < hi) {
-                const int mid = (lo + hi + 1) / 2;
-                if (s_pre[mid] <= v)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            return (int64_t)s_base[lo] + (v - s_pre[lo]);
-        };
-        auto send = [&](int64_t row) {
-            const int2 m = hmeta[row];
-            maco__ep_copy_row(peer[m.x] + a.o.comb_off + (uint64_t)m.y * rowb,
-                              (const char *)a.expert_out + (uint64_t)row * rowb, rowb, lane);
-        };
-        if (sorted) {
-            for (int g = tid; g <= G; g += ST)
-                s_gofs[g] = 0;
-            maco__ep_bar(1, ST);
-            for (int v = c0 + tid; v < c1; v += ST) {
-                const int g = hmeta[row_of(v)].y / K / GT;
-                s_grp[v - c0] = (uint8_t)g;
-                atomicAdd(&s_gofs[g + 1], 1);
-            }
-            maco__ep_bar(1, ST);
-            if (warp == 0) { /* exclusive starts: s_gofs[g] = rows of groups before g */
-                int run = 0;
-                for (int g0 = 0; g0 <= G; g0 += 32) {
-                    const int g = g0 + lane;
-                    int incl = g <= G ? s_gofs[g] : 0;
-                    for (int d = 1; d < 32; d <<= 1) {
-                        const int u = __shfl_up_sync(MACO__EP_FULL, incl, d);
-                        if (lane >= d)
-                            incl += u;
-                    }
-                    __syncwarp();
-                    if (g <= G)
-                        s_gofs[g] = run + incl;
-                    run += __shfl_sync(MACO__EP_FULL, incl, 31);
-                    __syncwarp();
-                }
-            }
-            maco__ep_bar(1, ST);
-            for (int v = c0 + tid; v < c1; v += ST) { /* s_gofs[g] ends as group g + 1's start */
-                const int pos = atomicAdd(&s_gofs[s_grp[v - c0]], 1);
-                s_list[pos] = (int32_t)row_of(v);
-            }
-            maco__ep_bar(1, ST);
-        } else {
-            for (int v = c0 + warp; v < c1; v += SW)
-                send(row_of(v));
-        }
-        for (int g = 0; g < G; g++) {
-            if (sorted) { /* group g: s_list[s_gofs[g - 1] (0 for g = 0), s_gofs[g]) */
-                const int lo = g == 0 ? 0 : s_gofs[g - 1], hi = s_gofs[g];
-                for (int i = lo + warp; i < hi; i += SW)
-                    send(s_list[i]);
-            }
-            maco__ep_bar(1, ST);
-            if (tid < n)
-                maco_red_add_release_sys_u64((uint64_t *)(peer[tid] + MACO__EP_CTRL_GROUP) +
-                                                 (size_t)g * MACO_EP_MAX_RANKS + (size_t)me,
-                                             1u);
-        }
-    }
-    if ((!pipe || warp >= SW) && !abort) {
-        const int st = pipe ? tid - ST : tid;
-        const int Gmine = (a.num_tokens + GT - 1) / GT;
-        for (int g = 0; g < Gmine; g++) {
-            bool bad = false;
-            if (st < n)
-                bad = maco__ep_wait(group_ctr + (size_t)g * MACO_EP_MAX_RANKS + (size_t)st,
-                                    seq * (uint64_t)gridDim.x, 0, &bound, st, MACO__EP_W_BACK);
-            if (maco__ep_bar_or(2, UT, bad)) {
-                failed = true;
-                break;
-            }
-            maco__ep_combine_sum(a, g * GT, min(a.num_tokens, (g + 1) * GT),
-                                 (int64_t)blockIdx.x * UT + st, (int64_t)gridDim.x * UT);
-        }
-    }
+    if (warp < SW)
+        maco__ep_combine_send(a, peer, s_pre, s_base, s_list, s_gofs, s_grp, abort, pipe, SW, GT,
+                              G);
+    if ((!pipe || warp >= SW) && !abort)
+        failed = maco__ep_combine_sums(a, seq, pipe ? ST : 0, UT, GT);
     if (__syncthreads_or(failed))
         return;
     if (blockIdx.x == 0 && tid == 0)
