@@ -175,6 +175,28 @@ TEST_F(EpCpu, BufferAndHandleLayouts)
     }
 }
 
+/* The combine's token groups (ep_kernels.cu, combine step 3): at least 128 tokens each, so
+ * that up to 128 tokens take one group; never more than MACO__EP_MAX_GROUPS groups, whose
+ * counters the control words hold; every token in exactly one group. */
+TEST_F(EpCpu, CombineTokenGroups)
+{
+    EXPECT_EQ(maco__ep_group_tokens(1), 128);
+    EXPECT_EQ(maco__ep_group_tokens(128), 128);
+    EXPECT_EQ(maco__ep_group_tokens(4096), 128);
+    EXPECT_EQ(maco__ep_group_tokens(4097), 129);
+    EXPECT_EQ(maco__ep_group_tokens(MACO_EP_MAX_TOKENS), MACO_EP_MAX_TOKENS / 32);
+    for (int T = 1; T <= MACO_EP_MAX_TOKENS; T += T < 300 ? 1 : 97) {
+        const int gt = maco__ep_group_tokens(T), groups = (T + gt - 1) / gt;
+        ASSERT_GE(gt, 128) << T;
+        ASSERT_LE(groups, (int)MACO__EP_MAX_GROUPS) << T;
+        ASSERT_GE((int64_t)groups * gt, T) << T;
+        ASSERT_LT((int64_t)(groups - 1) * gt, T) << T;
+        if (T <= 128) {
+            ASSERT_EQ(groups, 1) << T;
+        }
+    }
+}
+
 TEST_F(EpCpu, RoutingGivesSlotsInTokenOrder)
 {
     /* 4 tokens, top-2 of 4 experts (the hand-worked example of ep_layout.h's routing). */

@@ -9,6 +9,21 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The control words peers write must not overlap and must fit before the count rows. */
+_Static_assert(MACO__EP_CTRL_DATA_DONE + 8 * MACO_EP_MAX_RANKS <= MACO__EP_CTRL_READY,
+               "DATA_DONE [src] overlaps READY");
+_Static_assert(MACO__EP_CTRL_READY + 8 * MACO_EP_MAX_RANKS <= MACO__EP_CTRL_CNT_FLAG,
+               "READY [src] overlaps CNT_FLAG");
+_Static_assert(MACO__EP_CTRL_CNT_FLAG + 2 * 8 * MACO_EP_MAX_RANKS <= MACO__EP_CTRL_READY_INFO,
+               "CNT_FLAG [2][src] overlaps READY_INFO");
+_Static_assert(MACO__EP_CTRL_READY_INFO + 8 * MACO_EP_MAX_RANKS <= MACO__EP_CTRL_GROUP,
+               "READY_INFO [src] overlaps GROUP");
+_Static_assert(MACO__EP_CTRL_GROUP + 8 * MACO__EP_MAX_GROUPS * MACO_EP_MAX_RANKS <=
+                   MACO__EP_CTRL_BYTES,
+               "GROUP [group][src] does not fit the control words");
+_Static_assert(MACO__EP_CTRL_DISP_WORK + 4 <= MACO__EP_CTRL_DATA_DONE,
+               "DISP_WORK overlaps DATA_DONE");
+
 static uint64_t maco__ep_round(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
