@@ -11,7 +11,7 @@ that the transfer of one chunk runs while the GEMM of the next one computes::
 Methods (``method=``):
 
 ``"ce"`` (the default when every rank is on this node and the GEMM has at least 2e11 flop;
-    with 3 or more ranks for gemm_reduce_scatter only, the one "ce" won on 4 H200s): a
+    with 3 or more ranks not for gemm_allreduce, where "ce" lost on 4 H200s): a
     workspace that every rank maps (:meth:`maco.Communicator.peer_views`, made at the first
     call of a shape and kept) receives the chunks. The GEMMs run on the caller's current
     stream; each chunk's copies into the peers' workspaces are cudaMemcpyAsync calls
@@ -22,8 +22,8 @@ Methods (``method=``):
     order, rounded once to the output type. A call starts with one such barrier (every rank
     has finished reading its workspace from the previous call).
 ``"seq"``: the GEMM, then MACO's collective, on the current stream (the sequential
-    baseline; used across nodes, for small GEMMs, and for allreduce and allgather from 3
-    ranks). Each "ce" call costs about 0.2-0.3 ms of Python host time per chunk with 4 ranks
+    baseline; used across nodes, for small GEMMs, and for allreduce from 3 ranks). Each "ce"
+    call costs about 0.2-0.3 ms of Python host time per chunk with 4 ranks
     (0.1 ms with 2); captured in a CUDA graph it costs none.
 
 Streams and blocking: nothing blocks the host; the result is ordered on the caller's current
@@ -71,12 +71,16 @@ def default_chunks(pattern: str, m: int, world_size: int) -> int:
         pattern: "gemm_allreduce", "gemm_reduce_scatter" or "allgather_gemm".
         m: the operator's output rows (tokens, all ranks together).
         world_size: the communicator's size.
-    Returns: allreduce: 4 from M = 8192, 2 from 2048, else 1; allgather: 2 where each rank
-    has at least 2048 rows, else 1; reduce-scatter: 1 (its pipeline goes by destination
-    block). Each chunk costs one barrier and several launches (about 30 us of host time);
-    these counts were the fastest or within noise of it on 2 H200s (docs/performance.md).
+    Returns: allreduce: 4 from M = 8192, 2 from 2048, else 1; allgather: with 2 ranks, 2
+    where each rank has at least 2048 rows, else 1; from 3 ranks 1 (its ring steps pipeline
+    already); reduce-scatter: 1 (its pipeline goes by destination block). Each chunk costs
+    one barrier and several launches (about 30 us of host time); these counts were the
+    fastest or within noise of it on 2 H200s, and for allgather from 3 ranks on 4 H200s
+    (docs/performance.md).
     """
     if pattern == "gemm_reduce_scatter":
+        return 1
+    if pattern == "allgather_gemm" and world_size >= 3:
         return 1
     if pattern == "gemm_allreduce":
         return 4 if m >= 8192 else 2 if m >= 2048 else 1
@@ -258,8 +262,8 @@ def _method(comm: Any, method: Optional[str], flop: int, pattern: str) -> str:
         return method
     if comm.size == 1 or flop < _CE_MIN_FLOP:
         return "seq"
-    if comm.size >= 3 and pattern != "gemm_reduce_scatter":
-        return "seq"  # on 4 H200s "ce" lost to GEMM then MACO's collective (performance.md)
+    if comm.size >= 3 and pattern == "gemm_allreduce":
+        return "seq"  # on 4 H200s "ce" lost to GEMM then MACO's allreduce (performance.md)
     one = _one_node.get(comm)
     if one is None:
         here = comm.host_id(comm.rank)
@@ -447,7 +451,9 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
         x: [M, K] this rank's input; M a multiple of the world size ws. Other requirements
             as for :func:`gemm_allreduce`.
         w: [K, N] this rank's weight shard.
-        comm, out_dtype, method: as for :func:`gemm_allreduce`.
+        comm, out_dtype: as for :func:`gemm_allreduce`.
+        method: "ce", "seq" or None: "ce" where every rank is on this node and the GEMM has
+            at least 2e11 flop (2 M N K), with any number of ranks, else "seq".
         chunks: pieces of each destination's block of rows (None: 1); the blocks go in the
             order rank + 1, rank + 2, ..., each copied to its owner while the next computes.
         out: [M / ws, N] output; None: a new tensor.
@@ -507,7 +513,10 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     Args:
         x: [S, K] this rank's row shard (every rank the same S).
         w: [K, N] this rank's weight shard.
-        comm, out_dtype, chunks, method: as for :func:`gemm_allreduce`.
+        comm, out_dtype, chunks: as for :func:`gemm_allreduce`.
+        method: "ce", "seq" or None: "ce" where every rank is on this node and the GEMM has
+            at least 2e11 flop (2 M N K), with any number of ranks (from 3, a ring of
+            ws - 1 steps, each rank sending its shard to rank + d in step d), else "seq".
         out: [ws * S, N] output; None: a new tensor.
     Returns: ``out``, ordered on the current stream. The gathered input is not returned.
     Workspace ("ce"): ws x S x K elements of x's type.
