@@ -11,7 +11,7 @@ that the transfer of one chunk runs while the GEMM of the next one computes::
 Methods (``method=``):
 
 ``"ce"`` (the default when every rank is on this node and the GEMM has at least 2e11 flop;
-    with 3 or more ranks not for gemm_allreduce, where "ce" lost on 4 H200s): a
+    gemm_allreduce from 3 ranks only where M is a multiple of the world size): a
     workspace that every rank maps (:meth:`maco.Communicator.peer_views`, made at the first
     call of a shape and kept) receives the chunks. The GEMMs run on the caller's current
     stream; each chunk's copies into the peers' workspaces are cudaMemcpyAsync calls
@@ -22,9 +22,9 @@ Methods (``method=``):
     order, rounded once to the output type. A call starts with one such barrier (every rank
     has finished reading its workspace from the previous call).
 ``"seq"``: the GEMM, then MACO's collective, on the current stream (the sequential
-    baseline; used across nodes, for small GEMMs, and for allreduce from 3 ranks). Each "ce"
-    call costs about 0.2-0.3 ms of Python host time per chunk with 4 ranks
-    (0.1 ms with 2); captured in a CUDA graph it costs none.
+    baseline; used across nodes, for small GEMMs, and for gemm_allreduce from 3 ranks with M
+    not a multiple of the world size). Each "ce" call costs about 0.2-0.3 ms of Python host
+    time per chunk with 4 ranks (0.1 ms with 2); captured in a CUDA graph it costs none.
 
 Streams and blocking: nothing blocks the host; the result is ordered on the caller's current
 stream. The workspace is per communicator and shape; calls on one communicator must come from
@@ -54,9 +54,11 @@ __all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_c
 # GEMMs smaller than this (2 M N K) take the sequential path by default: below it the copy
 # engines' pipeline lost to it on 2 H200s (its launches cost more host time than they hide).
 _CE_MIN_FLOP = 2.0e11
-# From this many ranks gemm_allreduce's "ce" path is a reduce-scatter then an allgather per
-# chunk (each rank sends 2 (ws - 1) / ws of the output, not ws - 1 times it); with 2 ranks the
-# one-step path (every rank sums both partials) moves as much with one barrier less.
+# From this many ranks gemm_allreduce's "ce" path is a reduce-scatter then an allgather (each
+# rank sends 2 (ws - 1) / ws of the output, not ws - 1 times it): gemm_reduce_scatter's path
+# then MACO's allgather where M is a multiple of ws, else both per chunk on the copy engines;
+# with 2 ranks the one-step path (every rank sums both partials) moves as much with one
+# barrier less.
 _AR_SPLIT_MIN_RANKS = 3
 
 # Per communicator: streams, the barrier's one-element tensor, and workspaces by name.
@@ -71,16 +73,17 @@ def default_chunks(pattern: str, m: int, world_size: int) -> int:
         pattern: "gemm_allreduce", "gemm_reduce_scatter" or "allgather_gemm".
         m: the operator's output rows (tokens, all ranks together).
         world_size: the communicator's size.
-    Returns: allreduce: 4 from M = 8192, 2 from 2048, else 1; allgather: with 2 ranks, 2
-    where each rank has at least 2048 rows, else 1; from 3 ranks 1 (its ring steps pipeline
-    already); reduce-scatter: 1 (its pipeline goes by destination block). Each chunk costs
+    Returns: with 2 ranks, allreduce: 4 from M = 8192, 2 from 2048, else 1; allgather: 2
+    where each rank has at least 2048 rows, else 1. From 3 ranks 1 for both (allgather's ring
+    steps pipeline already; allreduce's reduce-scatter goes by destination block);
+    reduce-scatter: 1 (its pipeline goes by destination block). Each chunk costs
     one barrier and several launches (about 30 us of host time); these counts were the
-    fastest or within noise of it on 2 H200s, and for allgather from 3 ranks on 4 H200s
+    fastest or within noise of it on 2 H200s, and from 3 ranks on 4 H200s
     (docs/performance.md).
     """
     if pattern == "gemm_reduce_scatter":
         return 1
-    if pattern == "allgather_gemm" and world_size >= 3:
+    if pattern in ("allgather_gemm", "gemm_allreduce") and world_size >= 3:
         return 1
     if pattern == "gemm_allreduce":
         return 4 if m >= 8192 else 2 if m >= 2048 else 1
@@ -262,8 +265,6 @@ def _method(comm: Any, method: Optional[str], flop: int, pattern: str) -> str:
         return method
     if comm.size == 1 or flop < _CE_MIN_FLOP:
         return "seq"
-    if comm.size >= 3 and pattern == "gemm_allreduce":
-        return "seq"  # on 4 H200s "ce" lost to GEMM then MACO's allreduce (performance.md)
     one = _one_node.get(comm)
     if one is None:
         here = comm.host_id(comm.rank)
@@ -319,14 +320,20 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
         out: [M, N] output (contiguous, ``out_dtype``); None: a new tensor.
         out_dtype: the product's and the sum's type; None: out's, else x's.
             ``torch.float32`` with bf16 inputs needs ``torch.mm(out_dtype=)`` (PyTorch 2.8+).
-        chunks: row chunks of the pipeline; None: :func:`default_chunks`.
-        method: "ce", "seq" or None: "ce" where every rank is on this node, the GEMM has
-            at least 2e11 flop (2 M N K) and there are 2 ranks, else "seq" (see the module's
+        chunks: row chunks of the pipeline; None: :func:`default_chunks`. From 3 ranks
+            with M a multiple of the world size: pieces of each destination's block, as
+            for :func:`gemm_reduce_scatter` (None: 1).
+        method: "ce", "seq" or None: "ce" where every rank is on this node and the GEMM has
+            at least 2e11 flop (2 M N K), and from 3 ranks M is a multiple of the world size
+            (on 4 H200s the per-chunk split lost to "seq"); else "seq" (see the module's
             docstring).
     Returns: ``out``, ordered on the caller's current stream (no host blocking).
     Workspace ("ce"), elements of ``out_dtype`` per rank: 2 ranks, 2 x M x N (every rank
-        sums both partial products); 3 or more, about (ws + 1) x M / ws x N (a
-        reduce-scatter to each block's owner, then an allgather of the owners' sums).
+        sums both partial products); from 3 ranks with M a multiple of the world size,
+        2 x M x N (gemm_reduce_scatter's "ce" path into this rank's block of ``out``, then
+        MACO's allgather in place); else about (ws + 1) x M / ws x N (per chunk a
+        reduce-scatter to each block's owner, then an allgather of the owners' sums, both
+        on the copy engines).
     Raises:
         TypeError, ValueError: an argument of the wrong type, device, shape or layout (the
             message names it). Errors of the collectives as the Communicator raises them.
@@ -338,14 +345,18 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     ws, rank = comm.size, comm.rank
     m, n = x.shape[0], w.shape[1]
     out = _out(out, (m, n), out_dtype, x, "gemm_allreduce")
-    if _method(comm, method, 2 * m * n * x.shape[1], "gemm_allreduce") == "seq":
+    split = ws >= _AR_SPLIT_MIN_RANKS and m % ws != 0
+    if (method is None and split) or \
+            _method(comm, method, 2 * m * n * x.shape[1], "gemm_allreduce") == "seq":
         _mm(x, w, out)
         return comm.allreduce(out)
     st = _st(comm, x.device)
     c = default_chunks("gemm_allreduce", m, ws) if chunks is None else chunks
     b = _bounds(m, c)
-    if ws >= _AR_SPLIT_MIN_RANKS:
+    if split:
         return _gemm_allreduce_split(x, w, out, comm, st, b)
+    if ws >= _AR_SPLIT_MIN_RANKS:
+        return _gemm_allreduce_rs_ag(x, w, out, comm, chunks)
     esz = out.element_size()
     parts, views = _typed_ws(st, "ar", out.dtype, (ws, m, n), esz)
     pp = _Pipe(st, torch.cuda.current_stream(x.device))
@@ -371,6 +382,20 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     return out
 
 
+def _gemm_allreduce_rs_ag(x: Any, w: Any, out: Any, comm: Any, chunks: Optional[int]) -> Any:
+    """gemm_allreduce's "ce" path for 3 or more ranks and M a multiple of the world size:
+    :func:`gemm_reduce_scatter`'s "ce" path (each destination's block of rows computed and
+    copied to its owner by the copy engines while the next block computes; the owner sums in
+    rank order, fp32, rounded once) into this rank's block of ``out``, then MACO's allgather in
+    place on the current stream. Every rank gets the owners' bits. ``chunks``: pieces of each
+    destination's block, as for gemm_reduce_scatter."""
+    s = out.shape[0] // comm.size
+    mine = out[comm.rank * s:(comm.rank + 1) * s]
+    gemm_reduce_scatter(x, w, comm, out=mine, chunks=chunks, method="ce")
+    comm.allgather(mine, out=out)
+    return out
+
+
 def _split_layout(b: list, ws: int) -> tuple:
     """The row layout of gemm_allreduce's reduce-scatter + allgather form, for chunk bounds
     ``b`` (from :func:`_bounds`) and ``ws`` ranks: (blk, off, cap). blk[j][r]..blk[j][r + 1]
@@ -389,13 +414,15 @@ def _split_layout(b: list, ws: int) -> tuple:
 
 
 def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list) -> Any:
-    """gemm_allreduce's "ce" path for 3 or more ranks: per chunk a reduce-scatter, then an
-    allgather. Chunk j's rows are cut in world-size blocks; block r goes to its owner, rank r
-    (pushed by the copy engines), which sums the ranks' partial products in rank order (fp32,
-    rounded once) into its mapped workspace; after a barrier every rank pulls each owner's sum
-    into ``out``. Each rank moves 2 (ws - 1) / ws of the output instead of ws - 1 times it,
-    and sums 1 / ws of it; every rank gets the owner's bits, so results agree on all ranks.
-    Workspace: (ws + 1) x ceil(M / ws) x N elements (received partials, the owner's sums)."""
+    """gemm_allreduce's "ce" path for 3 or more ranks where M is not a multiple of the world
+    size: per chunk a reduce-scatter, then an allgather. Chunk j's rows are cut in world-size
+    blocks; block r goes to its owner, rank r (pushed by the copy engines), which sums the
+    ranks' partial products in rank order (fp32, rounded once) into its mapped workspace; after
+    a barrier every rank pulls each owner's sum into ``out``. Each rank moves 2 (ws - 1) / ws of
+    the output instead of ws - 1 times it, and sums 1 / ws of it; every rank gets the owner's
+    bits, so results agree on all ranks. Workspace: (ws + 1) x ceil(M / ws) x N elements
+    (received partials, the owner's sums).
+    """
     import torch
 
     ws, rank, n = comm.size, comm.rank, out.shape[1]

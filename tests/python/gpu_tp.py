@@ -103,15 +103,18 @@ for pattern in ("gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm"):
             case(pattern, 96 * N, 16, 384, out_dtype, method, chunks)
     case(pattern, 8 * N, 16, 64, torch.bfloat16, "ce", 3)  # fewer rows than chunks allow
     case(pattern, 96 * N, 16, 384, torch.bfloat16, "ce", 2)  # the workspace reused
-# gemm_allreduce's reduce-scatter + allgather path (3 or more ranks) also with 2 ranks, and
-# uneven blocks (M = 8 N + 8 rows in 3 chunks).
+# gemm_allreduce's paths from 3 ranks also with 2 ranks: the reduce-scatter + allgather form
+# (M a multiple of N) and the per-chunk split (M = 25: uneven blocks).
 if N == 2:
     split0, tp._AR_SPLIT_MIN_RANKS = tp._AR_SPLIT_MIN_RANKS, 2
     for out_dtype in (torch.bfloat16, torch.float32):
         case("gemm_allreduce", 96 * N, 16, 384, out_dtype, "ce", 3)
+    case("gemm_allreduce", 8 * N + 9, 16, 64, torch.float32, "ce", 3)
     tp._AR_SPLIT_MIN_RANKS = split0
-if N > 1:
+if N > 1:  # from 3 ranks: M a multiple of N takes the reduce-scatter + allgather form, M
+    # not a multiple of N the per-chunk split (uneven blocks)
     case("gemm_allreduce", 8 * N + 8, 16, 64, torch.float32, "ce", 3)
+    case("gemm_allreduce", 8 * N + 9, 16, 64, torch.bfloat16, "ce", 2)
 
 # A CUDA graph of the "ce" path (the workspace exists from the calls above), replayed on new
 # inputs copied into the captured ones.

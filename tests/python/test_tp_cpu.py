@@ -28,6 +28,7 @@ def test_default_chunks():
     assert tp.default_chunks("allgather_gemm", 2048, 2) == 1
     assert tp.default_chunks("allgather_gemm", 8192, 4) == 1  # the ring's steps pipeline
     assert tp.default_chunks("allgather_gemm", 65536, 8) == 1
+    assert tp.default_chunks("gemm_allreduce", 8192, 4) == 1  # pieces per destination block
     assert tp.default_chunks("gemm_reduce_scatter", 65536, 2) == 1
 
 
@@ -65,10 +66,10 @@ def test_method_choice_per_communicator():
     asked = one.asked
     assert tp._method(one, None, 10 ** 12, "gemm_allreduce") == "ce" and one.asked == asked
     assert tp._method(_Comm(["a"]), None, 10 ** 12, "gemm_allreduce") == "seq"  # one rank
-    four = _Comm(["a"] * 4)  # 3 or more ranks: allreduce runs in sequence
+    four = _Comm(["a"] * 4)  # 3 or more ranks: every pattern from 2e11 flop
     assert tp._method(four, None, 10 ** 12, "gemm_reduce_scatter") == "ce"
-    assert tp._method(four, None, 10 ** 12, "gemm_allreduce") == "seq"
-    assert tp._method(four, "ce", 10 ** 12, "gemm_allreduce") == "ce"
+    assert tp._method(four, None, 10 ** 12, "gemm_allreduce") == "ce"
+    assert tp._method(four, None, 1.5 * 10 ** 11, "gemm_allreduce") == "seq"
     assert tp._method(four, None, 10 ** 12, "allgather_gemm") == "ce"
     assert tp._method(four, None, 1.5 * 10 ** 11, "allgather_gemm") == "seq"  # under 2e11
 
