@@ -909,31 +909,43 @@ TEST_F(EpGpu, RefusedAcrossNodes)
         << maco_log_last_error();
 }
 
-/* A rank that dies before a dispatch: the others' kernels stop at MACO_DEVICE_TIMEOUT and
- * their asynchronous error names it. Runs alone (ctest gpu_ep_dead_peer). */
+/* A rank that dies before a dispatch (TEST_EP_KILL_PHASE unset or "dispatch") or between a
+ * dispatch and its combine ("combine"): the others' kernels stop at MACO_DEVICE_TIMEOUT and
+ * their asynchronous error names it. Runs alone (ctest gpu_ep_dead_peer, gpu_ep_dead_peer_combine).
+ */
 TEST_F(EpGpu, DeadPeerIsNamed)
 {
     if (std::getenv("TEST_EP_KILL_RANK") == nullptr)
         GTEST_SKIP() << "runs alone (ctest gpu_ep_dead_peer sets TEST_EP_KILL_RANK)";
+    const char *phase_env = std::getenv("TEST_EP_KILL_PHASE");
+    const std::string phase = phase_env != nullptr ? phase_env : "dispatch";
+    ASSERT_TRUE(phase == "dispatch" || phase == "combine") << "TEST_EP_KILL_PHASE=" << phase;
     AllowLog("");
     const int n = NRanks(), victim = n - 1;
     ASSERT_NO_FATAL_FAILURE(Make({ MACO_EP_LOW_LATENCY, 16, 256, 4 * n, 2, 0 }));
     ASSERT_NO_FATAL_FAILURE(RunCase(kUniform, false)); /* one complete round first */
+    std::vector<RankInput> all = Inputs(kUniform, seed_ + 1);
+    ASSERT_NO_FATAL_FAILURE(Upload(all[Rank()]));
+    if (phase == "combine") { /* every rank's dispatch completes, the victim then leaves */
+        ASSERT_EQ(Dispatch(all[Rank()], nullptr), MACO_OK) << maco_log_last_error();
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    }
     ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     if (Rank() == victim) {
         std::fflush(stdout);
         _exit(0); /* gone without a word */
     }
-    std::vector<RankInput> all = Inputs(kUniform, seed_ + 1);
-    ASSERT_NO_FATAL_FAILURE(Upload(all[Rank()]));
     auto t0 = std::chrono::steady_clock::now();
-    EXPECT_EQ(Dispatch(all[Rank()], nullptr), MACO_OK);
+    if (phase == "combine")
+        EXPECT_EQ(Combine(all[Rank()].T), MACO_OK);
+    else
+        EXPECT_EQ(Dispatch(all[Rank()], nullptr), MACO_OK);
     cudaError_t ce = cudaStreamSynchronize(stream_);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     maco_status_t async_st = MACO_OK;
     EXPECT_EQ(maco_comm_get_async_error(Comm(), &async_st), MACO_OK);
     std::string why = maco_comm_get_last_error(Comm());
-    std::printf("rank %d: stream %s, async error %s after %.1f s: %s\n", Rank(),
+    std::printf("rank %d: %s: stream %s, async error %s after %.1f s: %s\n", Rank(), phase.c_str(),
                 cudaGetErrorString(ce), maco_status_string(async_st), secs, why.c_str());
     EXPECT_NE(async_st, MACO_OK);
     const std::regex names_victim("\\branks? ([0-9]+, )*" + std::to_string(victim) + "\\b");
