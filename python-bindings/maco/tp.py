@@ -73,11 +73,10 @@ def default_chunks(pattern: str, m: int, world_size: int) -> int:
         pattern: "gemm_allreduce", "gemm_reduce_scatter" or "allgather_gemm".
         m: the operator's output rows (tokens, all ranks together).
         world_size: the communicator's size.
-    Returns: with 2 ranks, allreduce: 4 from M = 8192, 2 from 2048, else 1; allgather: 2
-    where each rank has at least 2048 rows, else 1. From 3 ranks 1 for both (allgather's ring
-    steps pipeline already; allreduce's reduce-scatter goes by destination block);
-    reduce-scatter: 1 (its pipeline goes by destination block). Each chunk costs
-    one barrier and several launches (about 30 us of host time); these counts were the
+    Returns: reduce-scatter, and from 3 ranks allreduce and allgather: 1 (their pipelines go
+    by destination block and by ring step). With 2 ranks, allreduce: 4 from M = 8192, 2 from
+    2048, else 1; allgather: 2 where each rank has at least 2048 rows, else 1. Each chunk
+    costs one barrier and several launches (about 30 us of host time); these counts were the
     fastest or within noise of it on 2 H200s, and from 3 ranks on 4 H200s
     (docs/performance.md).
     """
@@ -260,10 +259,15 @@ def _check(x: Any, w: Any, name: str, chunks: Optional[int], method: Optional[st
         raise ValueError(f"maco.tp.{name}: method={method!r}; 'ce', 'seq' or None expected")
 
 
-def _method(comm: Any, method: Optional[str], flop: int, pattern: str) -> str:
+def _method(comm: Any, method: Optional[str], flop: int, pattern: str, rows: int = 0) -> str:
+    """The path a call takes: ``method`` where given, else "ce" from _CE_MIN_FLOP with every
+    rank on this node, except gemm_allreduce from _AR_SPLIT_MIN_RANKS ranks with ``rows`` (M)
+    not a multiple of the world size (its per-chunk split lost to "seq" on 4 H200s)."""
     if method is not None:
         return method
     if comm.size == 1 or flop < _CE_MIN_FLOP:
+        return "seq"
+    if pattern == "gemm_allreduce" and comm.size >= _AR_SPLIT_MIN_RANKS and rows % comm.size:
         return "seq"
     one = _one_node.get(comm)
     if one is None:
@@ -345,18 +349,16 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     ws, rank = comm.size, comm.rank
     m, n = x.shape[0], w.shape[1]
     out = _out(out, (m, n), out_dtype, x, "gemm_allreduce")
-    split = ws >= _AR_SPLIT_MIN_RANKS and m % ws != 0
-    if (method is None and split) or \
-            _method(comm, method, 2 * m * n * x.shape[1], "gemm_allreduce") == "seq":
+    if _method(comm, method, 2 * m * n * x.shape[1], "gemm_allreduce", m) == "seq":
         _mm(x, w, out)
         return comm.allreduce(out)
+    if ws >= _AR_SPLIT_MIN_RANKS and m % ws == 0:
+        return _gemm_allreduce_rs_ag(x, w, out, comm, chunks)
     st = _st(comm, x.device)
     c = default_chunks("gemm_allreduce", m, ws) if chunks is None else chunks
     b = _bounds(m, c)
-    if split:
-        return _gemm_allreduce_split(x, w, out, comm, st, b)
     if ws >= _AR_SPLIT_MIN_RANKS:
-        return _gemm_allreduce_rs_ag(x, w, out, comm, chunks)
+        return _gemm_allreduce_split(x, w, out, comm, st, b)
     esz = out.element_size()
     parts, views = _typed_ws(st, "ar", out.dtype, (ws, m, n), esz)
     pp = _Pipe(st, torch.cuda.current_stream(x.device))

@@ -72,6 +72,12 @@ def test_method_choice_per_communicator():
     assert tp._method(four, None, 1.5 * 10 ** 11, "gemm_allreduce") == "seq"
     assert tp._method(four, None, 10 ** 12, "allgather_gemm") == "ce"
     assert tp._method(four, None, 1.5 * 10 ** 11, "allgather_gemm") == "seq"  # under 2e11
+    # gemm_allreduce with M not a multiple of the world size: the per-chunk split only on request
+    assert tp._method(four, None, 10 ** 12, "gemm_allreduce", 8192) == "ce"
+    assert tp._method(four, None, 10 ** 12, "gemm_allreduce", 8190) == "seq"
+    assert tp._method(four, "ce", 10 ** 12, "gemm_allreduce", 8190) == "ce"
+    assert tp._method(one, None, 10 ** 12, "gemm_allreduce", 8191) == "ce"  # 2 ranks: any M
+    assert tp._method(four, None, 10 ** 12, "gemm_reduce_scatter", 8190) == "ce"  # allreduce's rule
 
 
 def test_split_layout_covers_every_row_once():
