@@ -1,13 +1,19 @@
-"""Models: ``maco.compile`` and ``torch.compile(backend="maco")`` (each matmul + all_reduce of
-a tensor-parallel layer becomes MACO's fused GEMM + allreduce persistent kernel, the rest
+"""Models: ``maco.compile`` and ``torch.compile(backend="maco")`` (each matmul + collective
+pair of a tensor-parallel layer becomes one of MACO's GEMM + collective operators, the rest
 stays torch's), the FX pass behind them (:func:`fuse_matmul_allreduce`), ``maco.Module``,
 ``maco.TPLinear``, ``@maco.task_graph`` and ``maco.PersistentContext``.
 
-The fused operator is the custom op ``torch.ops.maco.gemm_allreduce(a, b, bias, group_name,
-site)``: ``a`` (m, k), ``b`` (k, n), result (m, n) of a's dtype = the sum over the group's
-ranks of ``a @ b`` (+ the sum of ``bias`` (n,) when given: allreduce(addmm) semantics).
+Row-parallel matmul + all_reduce becomes the custom op ``torch.ops.maco.gemm_allreduce(a, b,
+bias, group_name, site)``: ``a`` (m, k), ``b`` (k, n), result (m, n) of a's dtype = the sum
+over the group's ranks of ``a @ b`` (+ the sum of ``bias`` (n,) when given: allreduce(addmm)
+semantics). On CUDA it runs what ``maco.config`` ``fusion`` names:
 
-- CUDA, bf16 ``a`` and ``b``, n a multiple of 128 and k of 32: a :class:`maco.PersistentKernel`
+- "copy_engine" (the default; bf16, fp16 or fp32 operands of one type):
+  :func:`maco.tp.gemm_allreduce`, cuBLAS in row chunks with the transfers on the copy
+  engines from 1e11 flop (2 m n k) with every rank on one node (``_COMPILE_CE_MIN_FLOP``:
+  inside a compiled graph the host runs ahead, so the path's host time is hidden), else the
+  GEMM then MACO's allreduce;
+- "persistent" (bf16, n a multiple of 128 and k of 32): a :class:`maco.PersistentKernel`
   whose graph is ``g.allreduce(g.matmul(A, B, output=OUT))`` (the fused operator of
   ``maco_task_graph_add_gemm_allreduce``), built once per call site and shape on the group's
   MACO communicator (collective: every rank reaches the site with the same shapes), with
@@ -16,9 +22,21 @@ ranks of ``a @ b`` (+ the sum of ``bias`` (n,) when given: allreduce(addmm) sema
   kernel on the current stream, and returns a copy of OUT (the kernel's OUT is overwritten by
   the next launch). The sum is in rank order in fp32 of bf16 products, bitwise equal on every
   rank; it differs from cuBLAS + NCCL by bf16 rounding.
-- Otherwise (CPU tensors, other dtypes or shapes): ``a @ b`` then an allreduce on the group
-  (CUDA: MACO's communicator of the group; CPU: torch.distributed, e.g. Gloo): the CPU
-  fallback that CPU tests check.
+
+Otherwise (CPU tensors, other dtypes or shapes): ``a @ b`` then an allreduce on the group
+(CUDA: MACO's communicator of the group; CPU: torch.distributed, e.g. Gloo): the fallback
+that CPU tests check.
+
+The sequence-parallel pairs (Inductor's async-TP form: an all_gather of row shards before a
+column-parallel matmul, a reduce_scatter after a row-parallel one) become
+``torch.ops.maco.allgather_gemm(a, b, group_size, group_name, site)`` ((s, k) shard ->
+(group_size * s, n)) and ``torch.ops.maco.gemm_reduce_scatter(a, b, bias, group_size,
+group_name, site)`` ((m, k) -> this rank's (m / group_size, n) rows; m a multiple of
+group_size, else ValueError). On CUDA with bf16, fp16 or fp32 operands of one type they run
+:func:`maco.tp.allgather_gemm` and :func:`maco.tp.gemm_reduce_scatter` with the same
+copy-engine threshold, whatever ``fusion`` says (the persistent kernel's forms of these two
+are not used here); otherwise the collective and the matmul one after the other (CPU:
+torch.distributed).
 """
 
 from __future__ import annotations
@@ -138,10 +156,13 @@ def _fusable(a: Any, b: Any) -> bool:
 
 
 _warned: set = set()
-stats = {"fused": 0, "copy_engine": 0, "fallback": 0}
-"""Calls of torch.ops.maco.gemm_allreduce in this process: through the fused persistent
-kernel, through maco.tp.gemm_allreduce (``maco.config.set(fusion="copy_engine")``), and
-through the fallback (matmul, then an allreduce)."""
+stats = {"fused": 0, "copy_engine": 0, "fallback": 0, "allgather_gemm": 0,
+         "gemm_reduce_scatter": 0, "sp_fallback": 0}
+"""Calls in this process: of torch.ops.maco.gemm_allreduce through the fused persistent
+kernel ("fused"), through maco.tp.gemm_allreduce ("copy_engine": ``maco.config.set(
+fusion="copy_engine")``) and through the fallback (matmul, then an allreduce: "fallback");
+of torch.ops.maco.allgather_gemm and gemm_reduce_scatter through maco.tp (by name) and through
+their fallback (the collective and the matmul one after the other: "sp_fallback")."""
 _contiguous: dict = {}  # site -> ((data_ptr, version, shape, stride), contiguous copy of b)
 
 
@@ -156,6 +177,20 @@ def _contiguous_b(site: int, b: Any) -> Any:
     return hit[1]
 
 
+# Inside compiled graphs the copy-engine path of maco.tp is taken from this many flop (2 M N K)
+# instead of maco.tp's 2e11: there the host runs ahead of the GPU, so the path's Python host
+# time (0.2-0.3 ms per call with 4 ranks) is hidden. Llama-3-70B TP4 layer, sequence parallel,
+# 4096 tokens, 4x H200: with the QKV (1.7e11) and o_proj (1.4e11) pairs on the copy engines
+# too, 3.088 ms per step against 3.240 (docs/performance.md).
+_COMPILE_CE_MIN_FLOP = 1.0e11
+
+
+def _tp_method(comm: Any, flop: int, pattern: str, rows: int = 0) -> str:
+    from . import tp
+
+    return tp._method(comm, None, flop, pattern, rows, min_flop=_COMPILE_CE_MIN_FLOP)
+
+
 def _gemm_allreduce_impl(a, b, bias, group_name, site):
     torch = _torch()
     pg = _resolve_group(group_name)
@@ -164,7 +199,10 @@ def _gemm_allreduce_impl(a, b, bias, group_name, site):
             and a.dtype in (torch.bfloat16, torch.float16, torch.float32)):
         from . import tp
 
-        y = tp.gemm_allreduce(a.contiguous(), _contiguous_b(site, b), _group_comm(pg, a.device))
+        comm = _group_comm(pg, a.device)
+        flop = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        y = tp.gemm_allreduce(a.contiguous(), _contiguous_b(site, b), comm,
+                              method=_tp_method(comm, flop, "gemm_allreduce", a.shape[0]))
         stats["copy_engine"] += 1
     elif _fusable(a, b):
         key = (site, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device.index)
@@ -195,8 +233,70 @@ def _gemm_allreduce_impl(a, b, bias, group_name, site):
     return y
 
 
+def _tp_ready(a: Any, b: Any) -> bool:
+    """Whether maco.tp takes the pair: CUDA, one float type of maco.tp's, 2-D."""
+    torch = _torch()
+    return (a.is_cuda and b.is_cuda and a.dtype == b.dtype and a.dim() == 2 and b.dim() == 2
+            and a.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+def _allgather_gemm_impl(a, b, group_size, group_name, site):
+    """``allgather(a) @ b`` over the group (rows of the ranks' shards in rank order)."""
+    torch = _torch()
+    pg = _resolve_group(group_name)
+    if _tp_ready(a, b):
+        from . import tp
+
+        stats["allgather_gemm"] += 1
+        comm = _group_comm(pg, a.device)
+        flop = 2 * group_size * a.shape[0] * a.shape[1] * b.shape[1]
+        return tp.allgather_gemm(a.contiguous(), _contiguous_b(site, b), comm,
+                                 method=_tp_method(comm, flop, "allgather_gemm"))
+    stats["sp_fallback"] += 1
+    if a.is_cuda:
+        g = _group_comm(pg, a.device).allgather(a.contiguous()).reshape(-1, a.shape[1])
+    else:
+        import torch.distributed as dist
+
+        from ._overlap import _Inside
+
+        parts = [torch.empty_like(a) for _ in range(group_size)]
+        with _Inside():
+            dist.all_gather(parts, a.contiguous(), group=pg)
+        g = torch.cat(parts)
+    return torch.mm(g, b)
+
+
+def _gemm_reduce_scatter_impl(a, b, bias, group_size, group_name, site):
+    """This rank's block of rows of ``sum over the group of a @ b (+ bias)``."""
+    torch = _torch()
+    pg = _resolve_group(group_name)
+    if a.shape[0] % group_size:
+        raise ValueError(f"maco.gemm_reduce_scatter: a has {a.shape[0]} rows, not a multiple "
+                         f"of the group's {group_size} ranks")
+    s = a.shape[0] // group_size
+    if _tp_ready(a, b):
+        from . import tp
+
+        stats["gemm_reduce_scatter"] += 1
+        comm = _group_comm(pg, a.device)
+        flop = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        y = tp.gemm_reduce_scatter(a.contiguous(), _contiguous_b(site, b), comm,
+                                   method=_tp_method(comm, flop, "gemm_reduce_scatter"))
+    else:
+        import torch.distributed as dist
+
+        stats["sp_fallback"] += 1
+        rank = dist.get_rank(pg)
+        y = _allreduce_on_group(torch.mm(a, b), pg)[rank * s:(rank + 1) * s].contiguous()
+    if bias is not None:
+        y = y + _allreduce_on_group(bias.detach().clone(), pg).to(y.dtype)
+    return y
+
+
 def _register_ops() -> None:
-    """Registers ``torch.ops.maco.gemm_allreduce`` (and its fake, for tracing) once."""
+    """Registers ``torch.ops.maco.gemm_allreduce``, ``allgather_gemm`` and
+    ``gemm_reduce_scatter`` (and their fakes, for tracing) once."""
     global _ops_registered
     with _lock:
         if _ops_registered:
@@ -212,6 +312,27 @@ def _register_ops() -> None:
         @gemm_allreduce.register_fake
         def _(a, b, bias, group_name, site):
             return a.new_empty((a.shape[0], b.shape[1]))
+
+        @torch.library.custom_op(
+            "maco::allgather_gemm", mutates_args=(),
+            schema="(Tensor a, Tensor b, int group_size, str group_name, int site) -> Tensor")
+        def allgather_gemm(a, b, group_size, group_name, site):
+            return _allgather_gemm_impl(a, b, group_size, group_name, site)
+
+        @allgather_gemm.register_fake
+        def _(a, b, group_size, group_name, site):
+            return a.new_empty((a.shape[0] * group_size, b.shape[1]))
+
+        @torch.library.custom_op(
+            "maco::gemm_reduce_scatter", mutates_args=(),
+            schema="(Tensor a, Tensor b, Tensor? bias, int group_size, str group_name, "
+                   "int site) -> Tensor")
+        def gemm_reduce_scatter(a, b, bias, group_size, group_name, site):
+            return _gemm_reduce_scatter_impl(a, b, bias, group_size, group_name, site)
+
+        @gemm_reduce_scatter.register_fake
+        def _(a, b, bias, group_size, group_name, site):
+            return a.new_empty((a.shape[0] // group_size, b.shape[1]))
 
         _ops_registered = True
 
@@ -248,6 +369,8 @@ def _targets() -> dict:
                  torch.reshape},
         "view_method": {"view", "reshape"},
         "all_reduce": {c10d.all_reduce.default, c10d.all_reduce},
+        "all_gather": {c10d.all_gather_into_tensor.default, c10d.all_gather_into_tensor},
+        "reduce_scatter": {c10d.reduce_scatter_tensor.default, c10d.reduce_scatter_tensor},
         "wait": {c10d.wait_tensor.default, c10d.wait_tensor},
         "copy": {aten.copy.default, aten.copy_.default},
         "dist_all_reduce": {dist.all_reduce, dist.distributed_c10d.all_reduce,
@@ -274,7 +397,8 @@ def _fused_matmul_allreduce(x, b, bias, group_name, site):
 
 def fuse_matmul_allreduce(gm: Any) -> int:
     """Rewrites ``gm`` (a ``torch.fx.GraphModule`` or ``Graph``) in place: each matmul whose
-    only consumer is a sum all_reduce becomes one fused call; returns how many.
+    only consumer is a sum all_reduce or reduce_scatter, and each all_gather whose only
+    consumer is a matmul, becomes one fused call; returns how many.
 
     Recognised (the matmul's result feeding nothing but the all_reduce, through views):
 
@@ -288,8 +412,20 @@ def fuse_matmul_allreduce(gm: Any) -> int:
       .all_reduce(y)`` (SUM, async_op False) or the functional all_reduce + wait (+
       ``copy_``) -> a call of the fused operator reshaping as the matmul did.
 
-    Everything else is left as it is. Every rank must rewrite the same graph (the site
-    numbers given to the fused calls are process-wide counters).
+    The sequence-parallel pairs (aten graphs only, as Inductor's async TP pass sees them):
+
+    - ``_c10d_functional.all_gather_into_tensor(x, group_size, group)`` and its
+      ``wait_tensor``, read by nothing but one ``aten.mm(gathered, b)`` ->
+      ``torch.ops.maco.allgather_gemm(x, b, group_size, group, site)``
+      (:func:`maco.tp.allgather_gemm`);
+    - ``aten.mm(a, b)`` or ``aten.addmm(bias, a, b)`` read by nothing but
+      ``_c10d_functional.reduce_scatter_tensor(y, "sum", group_size, group)`` and its wait
+      -> ``torch.ops.maco.gemm_reduce_scatter(a, b, bias, group_size, group, site)``
+      (:func:`maco.tp.gemm_reduce_scatter`).
+
+    Everything else is left as it is (a gathered input read by more than one matmul, views
+    between the collective and the matmul, other reductions). Every rank must rewrite the
+    same graph (the site numbers given to the fused calls are process-wide counters).
     """
     torch = _torch()
     _register_ops()
@@ -301,6 +437,10 @@ def fuse_matmul_allreduce(gm: Any) -> int:
             continue
         if _is(node, T["all_reduce"]):
             count += _rewrite_functional(graph, node, T, torch)
+        elif _is(node, T["all_gather"]):
+            count += _rewrite_allgather(graph, node, T, torch)
+        elif _is(node, T["reduce_scatter"]):
+            count += _rewrite_reduce_scatter(graph, node, T, torch)
         elif _is(node, T["dist_all_reduce"]):
             count += _rewrite_inplace(graph, node, T)
     if count:
@@ -400,6 +540,71 @@ def _rewrite_functional(graph: Any, ar: Any, T: dict, torch: Any) -> int:
     return 1
 
 
+def _last_wait(node: Any, T: dict) -> Optional[Any]:
+    """The end of the chain of wait_tensor nodes that are ``node``'s only reader (one wait
+    per wait_tensor call), or None when something else reads ``node`` or a wait."""
+    if len(node.users) != 1:
+        return None
+    wait = next(iter(node.users))
+    if not _is(wait, T["wait"]):
+        return None
+    while len(wait.users) == 1 and _is(next(iter(wait.users)), T["wait"]):
+        wait = next(iter(wait.users))
+    return wait
+
+
+def _erase_waits(graph: Any, wait: Any, upto: Any) -> None:
+    while wait is not upto:
+        prev = wait.args[0]
+        graph.erase_node(wait)
+        wait = prev
+
+
+def _rewrite_allgather(graph: Any, ag: Any, T: dict, torch: Any) -> int:
+    if len(ag.args) != 3 or ag.kwargs:
+        return 0
+    wait = _last_wait(ag, T)
+    if wait is None or len(wait.users) != 1:
+        return 0
+    m = next(iter(wait.users))
+    if not (_is(m, T["mm"]) and m.op == "call_function" and "aten" in str(m.target)
+            and not m.kwargs and m.args[0] is wait and m.args[1] is not wait):
+        return 0
+    x, group_size, group = ag.args
+    with graph.inserting_before(m):
+        new = graph.call_function(torch.ops.maco.allgather_gemm.default,
+                                  (x, m.args[1], group_size, group, next(_sites)))
+    m.replace_all_uses_with(new)
+    graph.erase_node(m)
+    _erase_waits(graph, wait, ag)
+    graph.erase_node(ag)
+    return 1
+
+
+def _rewrite_reduce_scatter(graph: Any, rs: Any, T: dict, torch: Any) -> int:
+    if len(rs.args) != 4 or rs.kwargs or rs.args[1] != "sum":
+        return 0
+    m = rs.args[0]
+    if not hasattr(m, "op") or len(m.users) != 1:
+        return 0
+    parts = _matmul_parts(m, T)
+    if parts is None or parts[3] != "aten":
+        return 0
+    a, b, bias, _ = parts
+    wait = _last_wait(rs, T)
+    if wait is None:
+        return 0
+    _, _, group_size, group = rs.args
+    with graph.inserting_before(rs):
+        new = graph.call_function(torch.ops.maco.gemm_reduce_scatter.default,
+                                  (a, b, bias, group_size, group, next(_sites)))
+    wait.replace_all_uses_with(new)
+    _erase_waits(graph, wait, rs)
+    graph.erase_node(rs)
+    graph.erase_node(m)
+    return 1
+
+
 def _rewrite_inplace(graph: Any, ar: Any, T: dict) -> int:
     """``y = matmul(...); torch.distributed.all_reduce(y)``: later uses of y take the fused
     call's result."""
@@ -491,8 +696,11 @@ def _register_backend() -> None:
 def compile(model: Any, *, inner: str = "inductor", **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, backend="maco")`` with the choice of what runs the rest of the
     graph: ``inner`` "inductor" (default) or "eager" (see :func:`maco_backend`). Each
-    matmul + all_reduce of a tensor-parallel layer becomes the fused GEMM + allreduce
-    persistent kernel (``torch.ops.maco.gemm_allreduce``); ``maco.allreduce`` calls in the
+    matmul + all_reduce of a tensor-parallel layer becomes ``torch.ops.maco.gemm_allreduce``
+    (:func:`maco.tp.gemm_allreduce` by default, the fused persistent kernel with
+    ``maco.config.set(fusion="persistent")``); in a sequence-parallel layer each all_gather
+    + matmul and matmul + reduce_scatter becomes ``torch.ops.maco.allgather_gemm`` or
+    ``gemm_reduce_scatter`` (:func:`fuse_matmul_allreduce`). ``maco.allreduce`` calls in the
     model are traced as torch's functional all_reduce so they fuse too. Other keyword
     arguments go to ``torch.compile``.
 

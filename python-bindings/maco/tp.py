@@ -259,13 +259,15 @@ def _check(x: Any, w: Any, name: str, chunks: Optional[int], method: Optional[st
         raise ValueError(f"maco.tp.{name}: method={method!r}; 'ce', 'seq' or None expected")
 
 
-def _method(comm: Any, method: Optional[str], flop: int, pattern: str, rows: int = 0) -> str:
-    """The path a call takes: ``method`` where given, else "ce" from _CE_MIN_FLOP with every
-    rank on this node, except gemm_allreduce from _AR_SPLIT_MIN_RANKS ranks with ``rows`` (M)
-    not a multiple of the world size (its per-chunk split lost to "seq" on 4 H200s)."""
+def _method(comm: Any, method: Optional[str], flop: int, pattern: str, rows: int = 0,
+            min_flop: Optional[float] = None) -> str:
+    """The path a call takes: ``method`` where given, else "ce" from ``min_flop`` (None:
+    _CE_MIN_FLOP) with every rank on this node, except gemm_allreduce from
+    _AR_SPLIT_MIN_RANKS ranks with ``rows`` (M) not a multiple of the world size (its
+    per-chunk split lost to "seq" on 4 H200s)."""
     if method is not None:
         return method
-    if comm.size == 1 or flop < _CE_MIN_FLOP:
+    if comm.size == 1 or flop < (_CE_MIN_FLOP if min_flop is None else min_flop):
         return "seq"
     if pattern == "gemm_allreduce" and comm.size >= _AR_SPLIT_MIN_RANKS and rows % comm.size:
         return "seq"

@@ -29,6 +29,13 @@ Variants (--variants), each on the same weights and input:
                   become MACO's fused GEMM + allreduce persistent kernels, the rest Inductor
   maco-compile-ce the same compiled layer with maco.config.set(fusion="copy_engine"): the
                   pairs run as maco.tp.gemm_allreduce (cuBLAS in row chunks, copy engines)
+  maco-compile-sp torch-asynctp's sequence-parallel layer through maco.compile: each
+                  all_gather + matmul and matmul + reduce_scatter becomes maco.tp's
+                  allgather_gemm / gemm_reduce_scatter (copy engines from 1e11 flop, the
+                  compiled graphs' default)
+  maco-compile-sp-seq  the same, every pair sequential (the GEMM and MACO's collective one
+                  after the other; the copy-engine threshold of compiled graphs raised for
+                  this variant: a measurement, not an API)
 
 Each step time is the median of --iters steps between CUDA events, the largest over ranks
 (ms). Checks: every variant's output against torch-nccl's, relative Frobenius error <=
@@ -50,7 +57,8 @@ import time
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 8192, 64, 8, 128, 28672
 VARIANTS = ["torch-nccl", "torch-compile", "torch-asynctp", "maco-eager", "maco-pipeline",
-            "maco-compile", "maco-compile-ce"]
+            "maco-compile", "maco-compile-ce", "maco-compile-sp", "maco-compile-sp-seq"]
+SHARDED = ("torch-asynctp", "maco-compile-sp", "maco-compile-sp-seq")  # output: a row shard
 
 
 def parse(argv=None):
@@ -269,7 +277,7 @@ def main(argv=None) -> int:
     if a.cpu:
         dev = torch.device("cpu")
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
-        a.variants = [v for v in a.variants if v != "torch-asynctp"]
+        a.variants = [v for v in a.variants if v != "torch-asynctp"]  # needs CUDA
         a.no_profile = True  # maco.profiler times with CUDA events
     else:
         torch.cuda.set_device(local % torch.cuda.device_count())
@@ -326,6 +334,8 @@ def main(argv=None) -> int:
         fns["torch-nccl"] = L["Plain"](L["nccl_allreduce"])
         if "torch-compile" in a.variants:
             fns["torch-compile"] = torch.compile(L["Plain"](L["functional_allreduce"]))
+        rows = a.tokens // ws
+        xs = x.reshape(-1, H)[rank * rows:(rank + 1) * rows].contiguous()
         if "torch-asynctp" in a.variants:
             try:
                 import torch._inductor.config as ic
@@ -334,9 +344,6 @@ def main(argv=None) -> int:
                 enable_symm_mem_for_group(dist.group.WORLD.group_name)
                 ic._micro_pipeline_tp = True
                 sp = torch.compile(L["sp_layer"], fullgraph=True)
-                rows = a.tokens // ws
-
-                xs = x.reshape(-1, H)[rank * rows:(rank + 1) * rows].contiguous()
 
                 def asynctp():
                     return sp(xs)
@@ -351,6 +358,13 @@ def main(argv=None) -> int:
         fns["maco-pipeline"] = L["pipelined"]
         fns["maco-compile"] = L["TaskGraphLayer"](maco.allreduce)
         fns["maco-compile-ce"] = fns["maco-compile"]  # the same graph; fusion set below
+        if any(v.startswith("maco-compile-sp") for v in a.variants):
+            def sp_entry(t):  # its own code object: Dynamo's cache apart from asynctp's
+                return L["sp_layer"](t)
+
+            msp = maco.compile(sp_entry, fullgraph=True)
+            fns["maco-compile-sp"] = lambda: msp(xs)
+            fns["maco-compile-sp-seq"] = fns["maco-compile-sp"]  # threshold set below
 
         ref = fns["torch-nccl"](x.clone())
         sync()
@@ -363,9 +377,14 @@ def main(argv=None) -> int:
             if v == "maco-pipeline" and a.comm_sms:
                 maco.set_config(comm_sms=a.comm_sms)  # applied at its first allreduce
             maco.config.set(fusion="copy_engine" if v == "maco-compile-ce" else "persistent")
+            import maco._compile as mcomp
+
+            ce_min = mcomp._COMPILE_CE_MIN_FLOP
+            if v == "maco-compile-sp-seq":
+                mcomp._COMPILE_CE_MIN_FLOP = float("inf")
             try:
-                out = f(x.clone()) if v != "torch-asynctp" else f()
-                if v == "torch-asynctp":
+                out = f(x.clone()) if v not in SHARDED else f()
+                if v in SHARDED:
                     shard = out.contiguous()
                     out = torch.empty(a.tokens, H, device=dev, dtype=shard.dtype)
                     dist.all_gather_into_tensor(out, shard)
@@ -377,13 +396,15 @@ def main(argv=None) -> int:
                     import maco._compile as mc
 
                     before = dict(mc.stats)
-                    f(x.clone())
+                    f(x.clone()) if v not in SHARDED else f()
                     d = {k: mc.stats[k] - before[k] for k in before}
                     log(f"  {v}: per step {d['fused']} fused GEMM + allreduce kernel(s), "
-                        f"{d['copy_engine']} maco.tp.gemm_allreduce, {d['fallback']} through "
-                        f"the fallback (matmul, then allreduce)")
+                        f"{d['copy_engine']} maco.tp.gemm_allreduce, {d['allgather_gemm']} "
+                        f"maco.tp.allgather_gemm, {d['gemm_reduce_scatter']} "
+                        f"maco.tp.gemm_reduce_scatter, {d['fallback'] + d['sp_fallback']} "
+                        f"through the fallback (matmul and collective one after the other)")
                 xin = x.clone()
-                t = time_ms((lambda: f()) if v == "torch-asynctp" else (lambda: f(xin)))
+                t = time_ms((lambda: f()) if v in SHARDED else (lambda: f(xin)))
                 rows.append(dict(variant=v, ms=t, rel_error=err))
                 log(f"  {v:<15} {t:8.3f} ms   error {err:.2e}")
             except Exception as e:  # noqa: BLE001 - a failing variant is reported
@@ -391,6 +412,7 @@ def main(argv=None) -> int:
                 rows.append(dict(variant=v, skip=f"{type(e).__name__}: {e}"[:200]))
                 log(f"  {v:<15} failed: {type(e).__name__}: {e}")
             finally:
+                mcomp._COMPILE_CE_MIN_FLOP = ce_min
                 if v == "maco-pipeline" and a.comm_sms:
                     from maco import _config
 

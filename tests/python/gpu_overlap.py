@@ -16,7 +16,10 @@ sum over every rank's inputs recomputed here:
 - auto_config measured on the GPU (the same answer on every rank);
 - maco.compile / torch.compile(backend="maco") of a tensor-parallel block: the fused
   gemm_allreduce kernels run (launch counts) and the output equals the reference within bf16
-  rounding; maco.PersistentContext frees its kernels; SMConfig's split reaches the kernel.
+  rounding; the same with fusion="copy_engine"; a sequence-parallel block (all_gather +
+  matmul, matmul + reduce_scatter) through maco.tp's allgather_gemm and gemm_reduce_scatter,
+  by default and on the copy engines; maco.PersistentContext frees its kernels; SMConfig's
+  split reaches the kernel.
 
 Last line per rank: 'PASS gpu_overlap rank R/N ...' (exit status 1 on a failed check).
 """
@@ -249,6 +252,47 @@ check("copy_engine fusion ran maco.tp", mc.stats["copy_engine"] - before == 2,
 err = ((got.float().cpu() - want).norm() / want.norm()).item()
 check("copy_engine fusion within bf16 rounding", err <= 2 ** -7, f"relative error {err:.3g}")
 maco.config.reset()
+
+# the sequence-parallel layer's pairs: all_gather + matmul and matmul + reduce_scatter become
+# maco.tp's allgather_gemm and gemm_reduce_scatter, by default and forced onto the copy engines
+import torch.distributed._functional_collectives as fc  # noqa: E402
+
+SP_ROWS, SP_H, SP_F = 64, 256, 384  # rows per rank, hidden, this rank's MLP shard
+sp_w1 = [torch.randn(SP_F, SP_H, generator=gen(r, 31)) / 16 for r in range(N)]
+sp_w2 = [torch.randn(SP_H, SP_F, generator=gen(r, 32)) / 16 for r in range(N)]
+sp_x = [torch.randn(SP_ROWS, SP_H, generator=gen(r, 33)) for r in range(N)]
+w1d, w2d = sp_w1[R].to(DEV, torch.bfloat16), sp_w2[R].to(DEV, torch.bfloat16)
+
+
+def sp_block(xs):
+    xf = fc.all_gather_tensor(xs, 0, dist.group.WORLD)
+    h = torch.relu(torch.matmul(xf, w1d.T))
+    return xs + fc.reduce_scatter_tensor(torch.matmul(h, w2d.T), "sum", 0, dist.group.WORLD)
+
+
+sp_bf = [t.to(torch.bfloat16).float() for t in sp_x]
+sp_full = sum(torch.relu(torch.cat(sp_bf) @ sp_w1[r].to(torch.bfloat16).float().T)
+              @ sp_w2[r].to(torch.bfloat16).float().T for r in range(N))
+sp_want = sp_bf[R] + sp_full[R * SP_ROWS:(R + 1) * SP_ROWS]
+torch._dynamo.reset()
+sp_f = maco.compile(sp_block)
+for label, ce_min in (("default", mc._COMPILE_CE_MIN_FLOP), ("copy engines", 0)):
+    saved, mc._COMPILE_CE_MIN_FLOP = mc._COMPILE_CE_MIN_FLOP, ce_min
+    before = dict(mc.stats)
+    try:
+        with torch.no_grad():
+            xs = sp_x[R].to(DEV, torch.bfloat16)
+            got = sp_f(xs)
+        torch.cuda.synchronize()
+    finally:
+        mc._COMPILE_CE_MIN_FLOP = saved
+    d = {k: mc.stats[k] - before[k] for k in ("allgather_gemm", "gemm_reduce_scatter",
+                                              "sp_fallback")}
+    check(f"sequence parallel ({label}): maco.tp ran both pairs",
+          d == {"allgather_gemm": 1, "gemm_reduce_scatter": 1, "sp_fallback": 0}, f"{d}")
+    err = ((got.float().cpu() - sp_want).norm() / sp_want.norm()).item()
+    check(f"sequence parallel ({label}): within bf16 rounding", err <= 2 ** -7,
+          f"relative error {err:.3g}")
 
 sm = maco.SMConfig(total_sms=torch.cuda.get_device_properties(DEV).multi_processor_count)
 sm.assign_role((0, 64), maco.Role.COMPUTE)

@@ -715,6 +715,126 @@ def test_fx_pass_on_traced_graphs():
     assert fuse_matmul_allreduce(g) == 0
 
 
+def _sp_worker(rank, n, port, seed, inner):
+    """A sequence-parallel block (all_gather + column-parallel matmul, row-parallel matmul +
+    reduce_scatter, as Inductor's async TP pass sees it) through maco.compile: both pairs
+    become MACO's fused ops and the output equals the reference recomputed from every rank's
+    shards."""
+    import torch
+    import torch.distributed._functional_collectives as fc
+
+    dist = _init(rank, n, port)
+    import maco
+    import maco._compile as mc
+
+    def t(r, salt, shape):
+        return torch.randn(shape, generator=_seeded(seed, r, salt))
+
+    rows = 3  # rows of the token dimension per rank
+    w1 = [t(r, 1, (48, 16)) for r in range(n)]  # column-parallel: (out shard, hidden)
+    w2 = [t(r, 2, (16, 48)) for r in range(n)]  # row-parallel: (hidden, in shard)
+    x = [t(r, 3, (rows, 16)) for r in range(n)]  # each rank's row shard
+
+    def block(xs):
+        xf = fc.all_gather_tensor(xs, 0, dist.group.WORLD)
+        h = torch.relu(torch.matmul(xf, w1[rank].T))
+        y = fc.reduce_scatter_tensor(torch.matmul(h, w2[rank].T), "sum", 0, dist.group.WORLD)
+        return xs + y
+
+    xf = torch.cat(x)
+    full = sum(torch.relu(xf @ w1[r].T) @ w2[r].T for r in range(n))
+    ref = x[rank] + full[rank * rows:(rank + 1) * rows]
+    graphs = []
+    real = mc.fuse_matmul_allreduce
+
+    def spy(g):
+        k = real(g)
+        graphs.append((k, str(getattr(g, "graph", g))))
+        return k
+
+    mc.fuse_matmul_allreduce = spy
+    before = dict(mc.stats)
+    with torch.no_grad():
+        got = maco.compile(block, inner=inner)(x[rank])
+    mc.fuse_matmul_allreduce = real
+    out = {"fused": [k for k, _ in graphs],
+           "clean": all("maco.allgather_gemm" in g and "maco.gemm_reduce_scatter" in g
+                        and "all_gather_into_tensor" not in g and "reduce_scatter_tensor" not in g
+                        for _, g in graphs),
+           "calls": mc.stats["sp_fallback"] - before["sp_fallback"],
+           "ok": torch.allclose(got, ref, rtol=1e-4, atol=1e-4),
+           "err": float((got - ref).abs().max())}
+    dist.destroy_process_group()
+    return out
+
+
+@needs_torch
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
+def test_compile_fuses_sequence_parallel_pairs_on_gloo(port, inner):
+    for out in _run(_sp_worker, 2, port, int.from_bytes(os.urandom(4), "little"), inner):
+        assert out["fused"] == [2] and out["clean"], out
+        assert out["calls"] == 2 and out["ok"], out
+
+
+@needs_torch
+def test_fx_pass_sequence_parallel_patterns():
+    """all_gather -> wait -> mm and mm -> reduce_scatter -> wait on hand-built aten graphs:
+    what is fused and what is left alone."""
+    import torch.fx as fx
+
+    from maco._compile import fuse_matmul_allreduce
+
+    c10d = torch.ops._c10d_functional
+    aten = torch.ops.aten
+
+    def ag_graph(second_reader=False):
+        g = fx.Graph()
+        x, b = g.placeholder("x"), g.placeholder("b")
+        ag = g.call_function(c10d.all_gather_into_tensor.default, (x, 4, "7"))
+        w = g.call_function(c10d.wait_tensor.default, (ag,))
+        mm = g.call_function(aten.mm.default, (w, b))
+        outs = [g.call_function(aten.relu.default, (mm,))]
+        if second_reader:
+            outs.append(g.call_function(aten.neg.default, (w,)))
+        g.output(tuple(outs))
+        return g
+
+    def rs_graph(op="sum", addmm=False, extra_user=False):
+        g = fx.Graph()
+        a, b, bias = g.placeholder("a"), g.placeholder("b"), g.placeholder("bias")
+        mm = (g.call_function(aten.addmm.default, (bias, a, b)) if addmm else
+              g.call_function(aten.mm.default, (a, b)))
+        rs = g.call_function(c10d.reduce_scatter_tensor.default, (mm, op, 4, "7"))
+        w = g.call_function(c10d.wait_tensor.default, (rs,))
+        r = g.call_function(aten.relu.default, (w,))
+        g.output((r, mm) if extra_user else r)
+        return g
+
+    def calls(g):
+        return [str(n.target) for n in g.nodes if n.op == "call_function"]
+
+    g = ag_graph()
+    assert fuse_matmul_allreduce(g) == 1
+    assert calls(g) == ["maco.allgather_gemm.default", "aten.relu.default"], calls(g)
+    fused = next(n for n in g.nodes if "allgather_gemm" in str(n.target))
+    assert [getattr(a, "name", a) for a in fused.args[:4]] == ["x", "b", 4, "7"]
+    g = rs_graph()
+    assert fuse_matmul_allreduce(g) == 1
+    assert calls(g) == ["maco.gemm_reduce_scatter.default", "aten.relu.default"], calls(g)
+    fused = next(n for n in g.nodes if "gemm_reduce_scatter" in str(n.target))
+    assert [getattr(a, "name", a) for a in fused.args[:5]] == ["a", "b", None, 4, "7"]
+    g = rs_graph(addmm=True)
+    assert fuse_matmul_allreduce(g) == 1
+    fused = next(n for n in g.nodes if "gemm_reduce_scatter" in str(n.target))
+    assert fused.args[2].name == "bias"
+    # left alone: the gathered input read elsewhere, the partial product read elsewhere, a
+    # max reduce_scatter
+    for g in (ag_graph(second_reader=True), rs_graph(extra_user=True), rs_graph(op="max")):
+        before = calls(g)
+        assert fuse_matmul_allreduce(g) == 0
+        assert calls(g) == before
+
+
 def _module_worker(rank, n, port, seed):
     """maco.Module, TPLinear, @maco.task_graph and PersistentContext with 2 ranks on Gloo."""
     import torch
@@ -787,7 +907,8 @@ def test_module_tplinear_task_graph_on_gloo(port):
 def test_bench_tp_layer_runs_on_cpu():
     """bench_tp_layer.py's logic on 2 Gloo ranks at a small size (--cpu: not a benchmark):
     every variant but async TP runs and matches torch + NCCL's output, and maco-compile's
-    steps go through torch.ops.maco.gemm_allreduce (its CPU fallback here)."""
+    steps go through torch.ops.maco.gemm_allreduce, the sequence-parallel ones' through
+    allgather_gemm and gemm_reduce_scatter (their CPU fallbacks here)."""
     import subprocess
     import sys
 
@@ -805,11 +926,13 @@ def test_bench_tp_layer_runs_on_cpu():
     assert out.returncode == 0, text[-4000:]
     assert "PASS bench_tp_layer TP 2" in text, text[-4000:]
     for v in ("torch-nccl", "torch-compile", "maco-eager", "maco-pipeline", "maco-compile",
-              "maco-compile-ce"):
+              "maco-compile-ce", "maco-compile-sp", "maco-compile-sp-seq"):
         assert f"\n{v} " in text, (v, text[-3000:])
-    for v in ("maco-compile", "maco-compile-ce"):
+    for v, k in (("maco-compile", 2), ("maco-compile-ce", 2), ("maco-compile-sp", 4),
+                 ("maco-compile-sp-seq", 4)):  # the sp layer: 2 all_gathers, 2 reduce_scatters
         assert (f"{v}: per step 0 fused GEMM + allreduce kernel(s), 0 maco.tp.gemm_allreduce, "
-                "2 through the fallback") in text, text[-3000:]
+                f"0 maco.tp.allgather_gemm, 0 maco.tp.gemm_reduce_scatter, {k} through the "
+                "fallback") in text, text[-3000:]
 
 
 def test_persistent_kernel_takes_the_designs_names(clean_env):
