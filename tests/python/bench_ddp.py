@@ -109,6 +109,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--label", default="", help="a name for this run in the JSON and tables")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds torch.distributed waits for a collective (default 300)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="after the timed steps, 3 more under torch.profiler: rank 0 prints "
+                        "where the GPU time went (communication kernels, the rest, how much "
+                        "of the communication ran beside other kernels) and writes the Chrome "
+                        "trace to FILE (.json.gz)")
     g = p.add_argument_group("ddp")
     g.add_argument("--layers", type=int, help="blocks (default 12; tp-mlp: 4)")
     g.add_argument("--hidden", type=int, help="model width (default 768; tp-mlp: 8192)")
@@ -354,6 +359,79 @@ def exchange(key: str, value, rank: int, world: int) -> list:
     return [json.loads(store.get(f"bench_ddp/{key}/{r}")) for r in range(world)]
 
 
+COMM_KERNELS = ("nccl", "maco__")  # kernel names that are communication
+
+
+def _union(iv: list) -> list:
+    out = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _length(iv: list) -> float:
+    return sum(b - a for a, b in iv)
+
+
+def _intersect(x: list, y: list) -> float:
+    i = j = 0
+    t = 0.0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        t += max(0.0, hi - lo)
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return t
+
+
+def profile_steps(step, sync, steps: int, rank: int, path: str) -> None:
+    """Runs ``steps`` steps under torch.profiler on every rank (the same work everywhere);
+    rank 0 prints the GPU time by kind and writes the Chrome trace to ``path``."""
+    import gzip
+    import shutil
+    import tempfile
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for s in range(steps):
+            step(s)
+        sync()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    if rank != 0:
+        return
+    comm, rest, by_name = [], [], {}
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        iv = (e.time_range.start / 1e3, e.time_range.end / 1e3)  # ms
+        (comm if any(k in e.name for k in COMM_KERNELS) else rest).append(iv)
+        n, t = by_name.get(e.name[:60], (0, 0.0))
+        by_name[e.name[:60]] = (n + 1, t + iv[1] - iv[0])
+    cu, ru = _union(comm), _union(rest)
+    both = _intersect(cu, ru)
+    print(f"PROFILE {steps} steps, {wall:.2f} ms per step on the host clock (profiled); per "
+          f"step: communication kernels busy {_length(cu) / steps:.2f} ms, other kernels "
+          f"{_length(ru) / steps:.2f} ms, both at once {both / steps:.2f} ms, communication "
+          f"alone {(_length(cu) - both) / steps:.2f} ms, GPU idle "
+          f"{max(0.0, wall - _length(_union(cu + ru)) / steps):.2f} ms", flush=True)
+    for name, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"PROFILE   {t / steps:8.3f} ms/step {n // steps:5d} calls/step  {name}")
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        prof.export_chrome_trace(tmp.name)
+    with open(tmp.name, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.unlink(tmp.name)
+
+
 def summarize(step_ms: list, warmup: int) -> dict:
     timed = step_ms[warmup:]
     return dict(median_ms=statistics.median(timed), mean_ms=statistics.fmean(timed),
@@ -481,6 +559,9 @@ def main(argv=None) -> int:
         sync()
         step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss.item()))
+
+    if a.profile and use_cuda:
+        profile_steps(step, sync, 3, rank, a.profile)
 
     # The job's view: losses averaged over ranks, step times the largest over ranks.
     red_dev = dev if use_cuda else torch.device("cpu")
