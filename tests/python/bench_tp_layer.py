@@ -38,7 +38,8 @@ Variants (--variants), each on the same weights and input:
                   this variant: a measurement, not an API)
 
 Each step time is the median of --iters steps between CUDA events, the largest over ranks
-(ms). Checks: every variant's output against torch-nccl's, relative Frobenius error <=
+(ms); with --rounds R the variants are timed R times in turn and the table gives the median of
+the R times. Checks: every variant's output against torch-nccl's, relative Frobenius error <=
 --tolerance (bf16 rounding: the variants sum in different orders); exit status 1 otherwise.
 Then maco.profiler's summary table of one maco-compile step (per operation: time, overlap %,
 SMs), on rank 0. --json writes the rows and the environment.
@@ -68,6 +69,9 @@ def parse(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every variant this many times in turn; the table gives the "
+                        "median of the rounds' medians")
     p.add_argument("--chunks", type=int, default=4, help="maco-pipeline's token chunks")
     p.add_argument("--comm-sms", type=int, default=24,
                    help="maco-pipeline: CTA cap of the allreduce kernels (0: none)")
@@ -90,6 +94,8 @@ def parse(argv=None):
         p.error(f"--variants: unknown {bad}; known: {VARIANTS}")
     if a.tokens % a.batch:
         p.error(f"--tokens {a.tokens} is not a multiple of --batch {a.batch}")
+    if a.rounds < 1:
+        p.error(f"--rounds {a.rounds}: at least 1")
     return a
 
 
@@ -369,19 +375,37 @@ def main(argv=None) -> int:
         ref = fns["torch-nccl"](x.clone())
         sync()
         rows, failures = [], []
+        import maco._compile as mcomp
+
+        ce_min = mcomp._COMPILE_CE_MIN_FLOP
+
+        def enter(v):  # the variant's settings
+            if v == "maco-pipeline" and a.comm_sms:
+                maco.set_config(comm_sms=a.comm_sms)  # applied at its first allreduce
+            maco.config.set(fusion="copy_engine" if v == "maco-compile-ce" else "persistent")
+            if v == "maco-compile-sp-seq":
+                mcomp._COMPILE_CE_MIN_FLOP = float("inf")
+
+        def leave(v):
+            mcomp._COMPILE_CE_MIN_FLOP = ce_min
+            if v == "maco-pipeline" and a.comm_sms:
+                from maco import _config
+
+                _config.clear_config()
+                if not a.cpu:
+                    comm.set_max_ctas(0)  # collective, as the cap was
+
+        def timed(v):
+            f = fns[v]
+            xin = x.clone()
+            return time_ms((lambda: f()) if v in SHARDED else (lambda: f(xin)))
+
         for v in a.variants:
             if v not in fns:
                 rows.append(dict(variant=v, skip="unavailable"))
                 continue
             f = fns[v]
-            if v == "maco-pipeline" and a.comm_sms:
-                maco.set_config(comm_sms=a.comm_sms)  # applied at its first allreduce
-            maco.config.set(fusion="copy_engine" if v == "maco-compile-ce" else "persistent")
-            import maco._compile as mcomp
-
-            ce_min = mcomp._COMPILE_CE_MIN_FLOP
-            if v == "maco-compile-sp-seq":
-                mcomp._COMPILE_CE_MIN_FLOP = float("inf")
+            enter(v)
             try:
                 out = f(x.clone()) if v not in SHARDED else f()
                 if v in SHARDED:
@@ -403,22 +427,28 @@ def main(argv=None) -> int:
                         f"maco.tp.allgather_gemm, {d['gemm_reduce_scatter']} "
                         f"maco.tp.gemm_reduce_scatter, {d['fallback'] + d['sp_fallback']} "
                         f"through the fallback (matmul and collective one after the other)")
-                xin = x.clone()
-                t = time_ms((lambda: f()) if v in SHARDED else (lambda: f(xin)))
-                rows.append(dict(variant=v, ms=t, rel_error=err))
+                t = timed(v)
+                rows.append(dict(variant=v, ms=t, rounds=[t], rel_error=err))
                 log(f"  {v:<15} {t:8.3f} ms   error {err:.2e}")
             except Exception as e:  # noqa: BLE001 - a failing variant is reported
                 failures.append(f"{v}: {type(e).__name__}: {e}")
                 rows.append(dict(variant=v, skip=f"{type(e).__name__}: {e}"[:200]))
                 log(f"  {v:<15} failed: {type(e).__name__}: {e}")
             finally:
-                mcomp._COMPILE_CE_MIN_FLOP = ce_min
-                if v == "maco-pipeline" and a.comm_sms:
-                    from maco import _config
-
-                    _config.clear_config()
-                    if not a.cpu:
-                        comm.set_max_ctas(0)  # collective, as the cap was
+                leave(v)
+        for i in range(1, a.rounds):  # the variants in turn again: drift hits them alike
+            for r in rows:
+                if "ms" in r:
+                    enter(r["variant"])
+                    try:
+                        r["rounds"].append(timed(r["variant"]))
+                    finally:
+                        leave(r["variant"])
+            log(f"  round {i + 1}: " + ", ".join(f"{r['variant']} {r['rounds'][-1]:.3f}"
+                                                for r in rows if "ms" in r))
+        for r in rows:
+            if "ms" in r:
+                r["ms"] = statistics.median(r["rounds"])
         base = {r["variant"]: r.get("ms") for r in rows}
         log(f"{'variant':<15} {'ms':>9} {'vs torch-nccl':>14} {'vs asynctp':>11}")
         for r in rows:

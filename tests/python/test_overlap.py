@@ -920,11 +920,12 @@ def test_bench_tp_layer_runs_on_cpu():
     env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in sys.path if p])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", os.path.join(HERE, "bench_tp_layer.py"), "--cpu", "--small", "--tokens", "64",
-           "--iters", "2", "--warmup", "1", "--inner", "eager"]
+           "--iters", "2", "--warmup", "1", "--inner", "eager", "--rounds", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "PASS bench_tp_layer TP 2" in text, text[-4000:]
+    assert "  round 2: torch-nccl " in text, text[-4000:]
     for v in ("torch-nccl", "torch-compile", "maco-eager", "maco-pipeline", "maco-compile",
               "maco-compile-ce", "maco-compile-sp", "maco-compile-sp-seq"):
         assert f"\n{v} " in text, (v, text[-3000:])
