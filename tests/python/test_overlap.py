@@ -582,6 +582,25 @@ def test_region_pipeline_ring_scheduler_on_gloo(port):
         assert out["sched_ok"], out
 
 
+class _SpyPass:
+    """Records (fused count, graph text) of every run of maco._compile's FX pass inside."""
+
+    def __init__(self, mc):
+        self.mc, self.graphs, self.real = mc, [], mc.fuse_matmul_allreduce
+
+    def __enter__(self):
+        def spy(g):
+            k = self.real(g)
+            self.graphs.append((k, str(getattr(g, "graph", g))))
+            return k
+
+        self.mc.fuse_matmul_allreduce = spy
+        return self.graphs
+
+    def __exit__(self, *exc):
+        self.mc.fuse_matmul_allreduce = self.real
+
+
 def _compile_worker(rank, n, port, seed, inner):
     """The "maco" torch.compile backend on a tensor-parallel block (row-parallel matmul +
     dist.all_reduce, a linear with bias + maco.allreduce): two fused calls in the graph, and
@@ -610,22 +629,13 @@ def _compile_worker(rank, n, port, seed, inner):
             z = self.fc(torch.relu(y) * 0.5)
             return maco.allreduce(z)
 
-    graphs = []
-    real = mc.fuse_matmul_allreduce
-
-    def spy(g):
-        k = real(g)
-        graphs.append((k, str(getattr(g, "graph", g))))
-        return k
-
-    mc.fuse_matmul_allreduce = spy
     x = shard(0, 4, (3, 5, 32))  # the same input on every rank
     # the reference: sums over every rank's shards, recomputed here
     y = sum(x @ shard(r, 1, (64, 32)).T for r in range(n))
     h = torch.relu(y) * 0.5
     ref = sum(h @ shard(r, 2, (16, 64)).T + shard(r, 3, (16,)) for r in range(n))
     m = Block(rank)
-    with torch.no_grad():
+    with torch.no_grad(), _SpyPass(mc) as graphs:
         if inner == "string":
             got = torch.compile(m, backend="maco")(x)
         else:
@@ -634,7 +644,6 @@ def _compile_worker(rank, n, port, seed, inner):
     y2 = sum((x + 1) @ shard(r, 1, (64, 32)).T for r in range(n))
     ref2 = sum((torch.relu(y2) * 0.5) @ shard(r, 2, (16, 64)).T + shard(r, 3, (16,))
                for r in range(n))
-    mc.fuse_matmul_allreduce = real
     out = {"fused": [k for k, _ in graphs],
            "graph_has_fused": all("maco.gemm_allreduce" in g and "_c10d_functional.all_reduce"
                                   not in g for _, g in graphs),
@@ -744,19 +753,9 @@ def _sp_worker(rank, n, port, seed, inner):
     xf = torch.cat(x)
     full = sum(torch.relu(xf @ w1[r].T) @ w2[r].T for r in range(n))
     ref = x[rank] + full[rank * rows:(rank + 1) * rows]
-    graphs = []
-    real = mc.fuse_matmul_allreduce
-
-    def spy(g):
-        k = real(g)
-        graphs.append((k, str(getattr(g, "graph", g))))
-        return k
-
-    mc.fuse_matmul_allreduce = spy
     before = dict(mc.stats)
-    with torch.no_grad():
+    with torch.no_grad(), _SpyPass(mc) as graphs:
         got = maco.compile(block, inner=inner)(x[rank])
-    mc.fuse_matmul_allreduce = real
     out = {"fused": [k for k, _ in graphs],
            "clean": all("maco.allgather_gemm" in g and "maco.gemm_reduce_scatter" in g
                         and "all_gather_into_tensor" not in g and "reduce_scatter_tensor" not in g
