@@ -133,7 +133,9 @@ typedef struct maco__coll {
      * that uses registered buffers in place. */
     char forced[MACO_COLLECTIVE_COUNT][32];
     int64_t inplace_max;
-    int64_t p2p_ll_max; /* MACO_P2P_LL_MAX: largest message a sender sends as LL packets */
+    int64_t p2p_ll_max;    /* MACO_P2P_LL_MAX: largest message a sender sends as LL packets */
+    int64_t mesh_gate_min; /* MACO_MESH_GATE_MIN: mesh kernels from this many bytes (0: none)
+                            * wait for every rank behind maco__mesh_gate_kernel (mesh.cuh) */
     /* maco_collective_set_max_ctas: the most CTAs a collective or send/recv kernel launches
      * (0: no cap beyond comm->coresident_ctas). Equal on every rank (the call checks). */
     int max_ctas;
@@ -301,18 +303,20 @@ typedef struct maco__coll_args {
     const uint64_t *reg_table; /* [nranks][MACO__REG_MAX] peer registrations mapped here */
     uint64_t *reg_cache;       /* device copy of reg_table's entries, filled on use */
     maco_device_wait_bound_t bound;
+    int32_t gated;    /* MESH: maco__mesh_gate_kernel ran before it and sent the descriptors */
+    int32_t reserved; /* 0 */
 } maco__coll_args_t;
 
-/* Filled by the host (collectives.c), passed by value to every kernel: 312 bytes on LP64
+/* Filled by the host (collectives.c), passed by value to every kernel: 320 bytes on LP64
  * (pointers and u64 fields 8-byte aligned; desc is 14 u32 words); well under CUDA's 4 KiB
  * parameter limit. */
-MACO_STATIC_ASSERT(sizeof(maco__coll_args_t) == 312, "maco__coll_args_t is 312 bytes");
+MACO_STATIC_ASSERT(sizeof(maco__coll_args_t) == 320, "maco__coll_args_t is 320 bytes");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco__coll_args_t) == 8, "maco__coll_args_t alignment");
 
 /*
  * The hierarchical kernel's arguments (hier.cuh): the intra-node view in `c` (rank = this
  * rank's local index, nranks = ranks on this node, peer_buf and channels over local peers,
- * piece_elems = elements per piece) and the rails. Passed by value: 312 + 80 = 392 bytes.
+ * piece_elems = elements per piece) and the rails. Passed by value: 320 + 80 = 400 bytes.
  */
 typedef struct maco__hier_args {
     maco__coll_args_t c;
@@ -327,7 +331,7 @@ typedef struct maco__hier_args {
     int32_t root_node, root_local;          /* broadcast, reduce: where the root is */
     uint32_t accsz;                         /* bytes of the type's accumulator (carries) */
 } maco__hier_args_t;
-MACO_STATIC_ASSERT(sizeof(maco__hier_args_t) == 392, "maco__hier_args_t is 392 bytes");
+MACO_STATIC_ASSERT(sizeof(maco__hier_args_t) == 400, "maco__hier_args_t is 400 bytes");
 
 /* The kernels (coll_kernels.cuh): LL (one-shot), MESH, and LL2 (two-shot LL allreduce).
  * For all-to-all and send/recv (MACO_COLL_ALLTOALL, MACO_COLL_SENDRECV) the same numbers name

@@ -23,8 +23,11 @@ static cudaError_t maco__launch_one(const maco__coll_args_t *args, int kernel, i
         maco__ll_kernel<T, Op><<<blocks, threads, 0, stream>>>(*args);
     else if (kernel == MACO__KERNEL_LL2)
         maco__ll2_kernel<T, Op><<<blocks, threads, 0, stream>>>(*args);
-    else
+    else {
+        if (args->gated)
+            maco__mesh_gate_kernel<<<1, MACO__GATE_THREADS, 0, stream>>>(*args);
         maco__mesh_kernel<T, Op><<<blocks, threads, 0, stream>>>(*args);
+    }
     return cudaGetLastError();
 }
 

@@ -291,8 +291,11 @@ static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_com
      * maco_collective_set_max_ctas allows. */
     size_t max_blocks = (size_t)maco__coll_ctas(comm, coll_state);
     size_t blocks;
-    if (kernel == MACO__KERNEL_MESH)
+    if (kernel == MACO__KERNEL_MESH) {
         maco__describe(c, comm, coll_state, &a);
+        /* MACO_MESH_GATE_MIN: wait for every rank on one CTA first (mesh.cuh, the gate). */
+        a.gated = coll_state->mesh_gate_min > 0 && unit >= (size_t)coll_state->mesh_gate_min;
+    }
     if (kernel == MACO__KERNEL_LL2) {
         /* About one packet per thread, as LL. */
         a.piece_elems = maco__coll_twoshot_block(c->count, esz, n, l->oneshot_max);

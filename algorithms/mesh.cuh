@@ -411,6 +411,37 @@ static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t
 }
 
 /*
+ * MESH gate (a.gated, MACO_MESH_GATE_MIN): one CTA, launched just before the MESH kernel on
+ * the same stream, sends this rank's descriptor packets to every peer (what the MESH kernel's
+ * CTA 0 does otherwise, with the same flag: the kernel before both on the stream advanced it)
+ * and waits until every peer's have arrived here. The MESH kernel's CTAs then find every
+ * descriptor at once: a rank that reaches the collective before the others waits on one CTA,
+ * and its other SMs stay free for the work beside it (a DDP backward pass), where otherwise
+ * every CTA of the MESH kernel would spin on the slowest peer's descriptor. A failed wait is
+ * recorded (the communicator's error names the peer); the MESH kernel then stops at the same
+ * packet.
+ */
+#define MACO__GATE_THREADS (((MACO__MAX_LOCAL_RANKS * MACO__DESC_PKTS) + 31) / 32 * 32)
+static __global__ void __launch_bounds__(MACO__GATE_THREADS)
+    maco__mesh_gate_kernel(maco__coll_args_t a)
+{
+    const int n = a.nranks, r = a.rank;
+    const uint32_t tid = threadIdx.x;
+    const int q = (int)(tid / MACO__DESC_PKTS), k = (int)(tid % MACO__DESC_PKTS);
+    if (q >= n || q == r)
+        return;
+    const uint32_t flag = *(volatile uint32_t *)a.ll_flag;
+    const uint64_t half = a.desc_offset + (uint64_t)(flag & 1u) * (uint64_t)n * MACO__DESC_BYTES;
+    const maco_device_wait_bound_t bound = a.bound;
+    uint2 d = make_uint2(a.desc[2 * k], a.desc[2 * k + 1]);
+    maco_ll16_store(
+        (maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * MACO__DESC_BYTES) + k, d, flag);
+    (void)maco_ll16_load(
+        (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * MACO__DESC_BYTES) + k, flag, &d,
+        &bound, q, k);
+}
+
+/*
  * MESH kernel: first every rank sends its descriptor (algorithms.h) to every peer as LL16
  * packets (CTA 0) and every CTA reads all of them; all ranks then take the same path: in
  * place when every buffer a peer touches is registered, mapped by that peer and 16-byte
@@ -440,7 +471,7 @@ __global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
     const int q = (int)(tid / MACO__DESC_PKTS), k = (int)(tid % MACO__DESC_PKTS);
     if (q < n) {
         uint2 d = make_uint2(a.desc[2 * k], a.desc[2 * k + 1]);
-        if (q != r && blockIdx.x == 0)
+        if (q != r && blockIdx.x == 0 && !a.gated)
             maco_ll16_store(
                 (maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * MACO__DESC_BYTES) + k,
                 d, flag);

@@ -102,6 +102,8 @@ maco_status_t maco__coll_read_settings(maco__coll_t *c)
     maco_status_t st = maco__config_int64(MACO_CFG_ALLREDUCE_INPLACE_MAX, &c->inplace_max);
     if (st == MACO_OK)
         st = maco__config_int64(MACO_CFG_P2P_LL_MAX, &c->p2p_ll_max);
+    if (st == MACO_OK)
+        st = maco__config_int64(MACO_CFG_MESH_GATE_MIN, &c->mesh_gate_min);
     return st;
 }
 

@@ -278,6 +278,7 @@ static const maco__config_rule_t maco__config_rules[] = {
     MACO__NUM(ALLREDUCE_ONESHOT_MAX, 16, (int64_t)64 << 20),
     MACO__NUM(ALLREDUCE_INPLACE_MAX, 0, (int64_t)1 << 50),
     MACO__NUM(ALLREDUCE_RSAG_CTAS, 1, 128), /* MACO__RSAG_MAX_SLOTS */
+    MACO__NUM(MESH_GATE_MIN, 0, (int64_t)1 << 50),
     MACO__NUM(COLL_MAX_CTAS, 0, INT32_MAX),
     MACO__NUM(HIER_CTAS, 1, 64), /* MACO__HIER_MAX_SLOTS */
     { MACO_CFG_PROXY_FIFO_SIZE, 2, 65536, 1, NULL, 0, 0 },

@@ -104,6 +104,10 @@ extern "C" {
     X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \
       "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
       "slot and semaphores.")                                                                      \
+    X(MESH_GATE_MIN, SIZE, "0", "bytes",                                                           \
+      "Smallest message (bytes per rank) whose mesh kernel waits for every rank behind a one-CTA " \
+      "gate kernel instead of on its own SMs (a rank that arrives first leaves its SMs to the "    \
+      "work beside it); 0: never.")                                                                \
     X(COLL_MAX_CTAS, INT, "0", "",                                                                 \
       "Most CTAs a collective or send/recv kernel launches (0: no cap beyond the co-resident "     \
       "bound, SM count / ranks sharing the GPU, halved when any GPU of the job is shared); the "   \
