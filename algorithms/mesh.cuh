@@ -410,6 +410,16 @@ static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t
     maco__mesh_barrier(ch, threadIdx.x < (uint32_t)n && threadIdx.x != (uint32_t)r);
 }
 
+/* Packet k of rank `from`'s descriptor in the comm buffer `base` (a.buf: this rank's,
+ * a.peer_buf[q]: rank q's), in the half of the descriptor scratch that `flag` selects. */
+static __device__ __forceinline__ maco_ll16_packet_t *
+maco__desc_packet(const maco__coll_args_t &a, char *base, int from, uint32_t flag, int k)
+{
+    const uint64_t half =
+        a.desc_offset + (uint64_t)(flag & 1u) * (uint64_t)a.nranks * MACO__DESC_BYTES;
+    return (maco_ll16_packet_t *)(base + half + (uint64_t)from * MACO__DESC_BYTES) + k;
+}
+
 /*
  * MESH gate (a.gated, MACO_MESH_GATE_MIN): one CTA, launched just before the MESH kernel on
  * the same stream, sends this rank's descriptor packets to every peer (what the MESH kernel's
@@ -418,27 +428,22 @@ static __device__ __forceinline__ void maco__direct_body(const maco__coll_args_t
  * descriptor at once: a rank that reaches the collective before the others waits on one CTA,
  * and its other SMs stay free for the work beside it (a DDP backward pass), where otherwise
  * every CTA of the MESH kernel would spin on the slowest peer's descriptor. A failed wait is
- * recorded (the communicator's error names the peer); the MESH kernel then stops at the same
- * packet.
+ * recorded (the communicator's error names the peer); the MESH kernel's wait on the same
+ * packet then sees that error and stops.
  */
 #define MACO__GATE_THREADS (((MACO__MAX_LOCAL_RANKS * MACO__DESC_PKTS) + 31) / 32 * 32)
 static __global__ void __launch_bounds__(MACO__GATE_THREADS)
     maco__mesh_gate_kernel(maco__coll_args_t a)
 {
-    const int n = a.nranks, r = a.rank;
-    const uint32_t tid = threadIdx.x;
-    const int q = (int)(tid / MACO__DESC_PKTS), k = (int)(tid % MACO__DESC_PKTS);
-    if (q >= n || q == r)
+    const int r = a.rank;
+    const int q = (int)(threadIdx.x / MACO__DESC_PKTS), k = (int)(threadIdx.x % MACO__DESC_PKTS);
+    if (q >= a.nranks || q == r)
         return;
     const uint32_t flag = *(volatile uint32_t *)a.ll_flag;
-    const uint64_t half = a.desc_offset + (uint64_t)(flag & 1u) * (uint64_t)n * MACO__DESC_BYTES;
     const maco_device_wait_bound_t bound = a.bound;
     uint2 d = make_uint2(a.desc[2 * k], a.desc[2 * k + 1]);
-    maco_ll16_store(
-        (maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * MACO__DESC_BYTES) + k, d, flag);
-    (void)maco_ll16_load(
-        (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * MACO__DESC_BYTES) + k, flag, &d,
-        &bound, q, k);
+    maco_ll16_store(maco__desc_packet(a, a.peer_buf[q], r, flag, k), d, flag);
+    (void)maco_ll16_load(maco__desc_packet(a, a.buf, q, flag, k), flag, &d, &bound, q, k);
 }
 
 /*
@@ -464,7 +469,6 @@ __global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
     if (tid == 0)
         bad = 0;
     const uint32_t flag = *(volatile uint32_t *)a.ll_flag;
-    const uint64_t half = a.desc_offset + (uint64_t)(flag & 1u) * (uint64_t)n * MACO__DESC_BYTES;
     const maco_device_wait_bound_t bound = a.bound;
     __syncthreads();
 
@@ -472,13 +476,9 @@ __global__ void __launch_bounds__(512) maco__mesh_kernel(maco__coll_args_t a)
     if (q < n) {
         uint2 d = make_uint2(a.desc[2 * k], a.desc[2 * k + 1]);
         if (q != r && blockIdx.x == 0 && !a.gated)
-            maco_ll16_store(
-                (maco_ll16_packet_t *)(a.peer_buf[q] + half + (uint64_t)r * MACO__DESC_BYTES) + k,
-                d, flag);
-        if (q != r &&
-            maco_ll16_load(
-                (const maco_ll16_packet_t *)(a.buf + half + (uint64_t)q * MACO__DESC_BYTES) + k,
-                flag, &d, &bound, q, k) != MACO_OK)
+            maco_ll16_store(maco__desc_packet(a, a.peer_buf[q], r, flag, k), d, flag);
+        if (q != r && maco_ll16_load(maco__desc_packet(a, a.buf, q, flag, k), flag, &d, &bound, q,
+                                     k) != MACO_OK)
             bad = 1;
         desc[q][2 * k] = d.x;
         desc[q][2 * k + 1] = d.y;
