@@ -302,38 +302,23 @@ def _register_ops() -> None:
         if _ops_registered:
             return
         torch = _torch()
-
-        @torch.library.custom_op(
-            "maco::gemm_allreduce", mutates_args=(),
-            schema="(Tensor a, Tensor b, Tensor? bias, str group_name, int site) -> Tensor")
-        def gemm_allreduce(a, b, bias, group_name, site):
-            return _gemm_allreduce_impl(a, b, bias, group_name, site)
-
-        @gemm_allreduce.register_fake
-        def _(a, b, bias, group_name, site):
-            return a.new_empty((a.shape[0], b.shape[1]))
-
-        @torch.library.custom_op(
-            "maco::allgather_gemm", mutates_args=(),
-            schema="(Tensor a, Tensor b, int group_size, str group_name, int site) -> Tensor")
-        def allgather_gemm(a, b, group_size, group_name, site):
-            return _allgather_gemm_impl(a, b, group_size, group_name, site)
-
-        @allgather_gemm.register_fake
-        def _(a, b, group_size, group_name, site):
-            return a.new_empty((a.shape[0] * group_size, b.shape[1]))
-
-        @torch.library.custom_op(
-            "maco::gemm_reduce_scatter", mutates_args=(),
-            schema="(Tensor a, Tensor b, Tensor? bias, int group_size, str group_name, "
-                   "int site) -> Tensor")
-        def gemm_reduce_scatter(a, b, bias, group_size, group_name, site):
-            return _gemm_reduce_scatter_impl(a, b, bias, group_size, group_name, site)
-
-        @gemm_reduce_scatter.register_fake
-        def _(a, b, bias, group_size, group_name, site):
-            return a.new_empty((a.shape[0] // group_size, b.shape[1]))
-
+        # name -> (schema, implementation, output shape from the fake arguments)
+        ops = {
+            "gemm_allreduce": (
+                "(Tensor a, Tensor b, Tensor? bias, str group_name, int site) -> Tensor",
+                _gemm_allreduce_impl, lambda a, b, *_: (a.shape[0], b.shape[1])),
+            "allgather_gemm": (
+                "(Tensor a, Tensor b, int group_size, str group_name, int site) -> Tensor",
+                _allgather_gemm_impl, lambda a, b, ws, *_: (a.shape[0] * ws, b.shape[1])),
+            "gemm_reduce_scatter": (
+                "(Tensor a, Tensor b, Tensor? bias, int group_size, str group_name, int site) "
+                "-> Tensor",
+                _gemm_reduce_scatter_impl,
+                lambda a, b, bias, ws, *_: (a.shape[0] // ws, b.shape[1])),
+        }
+        for name, (schema, impl, shape) in ops.items():
+            op = torch.library.custom_op(f"maco::{name}", impl, mutates_args=(), schema=schema)
+            op.register_fake(lambda a, *rest, shape=shape: a.new_empty(shape(a, *rest)))
         _ops_registered = True
 
 
