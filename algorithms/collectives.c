@@ -298,3 +298,16 @@ maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p)
         *max_ctas_p = c->max_ctas;
     return st;
 }
+
+maco_status_t maco_collective_get_last_ctas(maco_comm_t comm, int *ctas_p)
+{
+    if (comm == NULL || ctas_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                           "maco_collective_get_last_ctas: %s is NULL",
+                           comm == NULL ? "comm" : "ctas_p");
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, "maco_collective_get_last_ctas", &c);
+    if (st == MACO_OK)
+        *ctas_p = c->last_ctas;
+    return st;
+}

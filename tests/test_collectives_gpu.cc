@@ -651,6 +651,9 @@ TEST_F(Collectives, MaxCtasCapsEveryKernelAndMustAgree)
     ASSERT_EQ(maco_comm_get_coresident_ctas(Comm(), &coresident), MACO_OK);
     maco_test::AllowLog("maco_collective_set_max_ctas");
     EXPECT_EQ(maco_collective_set_max_ctas(Comm(), -1), MACO_ERR_INVALID_ARGUMENT);
+    maco_test::AllowLog("maco_collective_get_last_ctas");
+    EXPECT_EQ(maco_collective_get_last_ctas(Comm(), nullptr), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(maco_collective_get_last_ctas(nullptr, &cap), MACO_ERR_INVALID_ARGUMENT);
     if (NRanks() > 1) {
         const int last = NRanks() - 1;
         EXPECT_EQ(maco_collective_set_max_ctas(Comm(), Rank() == last ? 4 : 3),
@@ -674,6 +677,9 @@ TEST_F(Collectives, MaxCtasCapsEveryKernelAndMustAgree)
                 Shape s = { coll, MACO_FLOAT32, MACO_SUM, unit, false, 0, NRanks() - 1 };
                 ASSERT_NO_FATAL_FAILURE(Expect(s, ""));
                 const int ctas = Stats().last_launch_ctas;
+                int last = -1; /* the same number, read without waiting for the device */
+                ASSERT_EQ(maco_collective_get_last_ctas(Comm(), &last), MACO_OK);
+                EXPECT_EQ(last, ctas);
                 EXPECT_GE(ctas, 1);
                 EXPECT_LE(ctas, want) << maco_collective_name(coll) << " unit " << unit;
             }

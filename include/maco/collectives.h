@@ -383,6 +383,15 @@ MACO_API maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ct
  * MACO_ERR_INVALID_ARGUMENT (NULL argument), MACO_ERR_UNSUPPORTED (no usable GPU). */
 MACO_API maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p);
 
+/** CTAs (thread blocks) of the last collective, all-to-all or send/recv kernel launched on
+ * `comm` (0: none yet): maco_collective_stats_t.last_launch_ctas without waiting for the
+ * device, since it is counted on the host at launch. A call that launches no kernel (one
+ * rank, a zero count) leaves it as it was. For profilers that read it after each call (the
+ * Python maco.profiler). Local and non-blocking; not thread-safe with calls that launch on
+ * the same communicator. Errors: MACO_ERR_INVALID_ARGUMENT (NULL argument),
+ * MACO_ERR_UNSUPPORTED (no usable GPU). */
+MACO_API maco_status_t maco_collective_get_last_ctas(maco_comm_t comm, int *ctas_p);
+
 /**
  * Maps every registration that this rank's local peers (the ranks of its node) have
  * published on `comm` so far and this rank has not mapped yet: memory from maco_mem_alloc

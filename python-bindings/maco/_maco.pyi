@@ -242,6 +242,11 @@ class Comm:
         (cap set by set_max_ctas or 0, co-resident CTAs of a kernel that waits on peers).
         """
 
+    def last_ctas(self) -> int:
+        """
+        CTAs of the last collective kernel launched (0: none yet); does not wait for the device.
+        """
+
     def stats(self) -> tuple[int, int, int]:
         """
         (in-place launches, scratch launches) of the mesh kernels and the CTAs of the last collective kernel; synchronises the device.

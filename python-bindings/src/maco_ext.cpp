@@ -1341,6 +1341,17 @@ void bind_comm_resources(nb::class_<Comm> &c)
             },
             "(cap set by set_max_ctas or 0, co-resident CTAs of a kernel that waits on peers).")
         .def(
+            "last_ctas",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                int n = 0;
+                checked("maco_collective_get_last_ctas", comm,
+                        [&] { return maco_collective_get_last_ctas(comm, &n); });
+                return n;
+            },
+            "CTAs of the last collective kernel launched (0: none yet); does not wait for the "
+            "device.")
+        .def(
             "stats",
             [](const Comm &c) {
                 maco_comm_t comm = c.get();

@@ -254,6 +254,9 @@ def test_context_and_cta_cap_without_gpu(comm):
     with pytest.raises(maco.UnsupportedError) as e:
         comm.set_max_ctas(8)
     assert "maco_collective_set_max_ctas" in str(e.value)
+    with pytest.raises(maco.UnsupportedError) as e:
+        comm._c.last_ctas()  # what maco.profiler reads after each collective
+    assert "maco_collective_get_last_ctas" in str(e.value)
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     if torch.cuda.is_available():
         pytest.skip("this check is for machines where PyTorch sees no GPU")
