@@ -30,9 +30,12 @@ Order follows data: an operation waits for the last writer of each tensor it rea
 writers and readers of the tensor it writes. Every rank builds the same graph in the same order
 (fused operations set up memory channels collectively).
 
-:func:`profiler` times MACO's collectives made through :class:`maco.Communicator` inside its
-``with`` block with CUDA events (host-side start and end on the call's stream), and collects the
-per-task profiles of persistent kernels created with ``profile=True`` and launched inside it.
+:func:`profiler` times MACO's work inside its ``with`` block with CUDA events (recorded on the
+streams the work runs on): collectives made through :class:`maco.Communicator` and the steps of
+``maco.tp``'s operators (GEMMs, copy-engine transfers, barriers, sums); its summary is the seeds'
+table (operation, time, overlap %, SMs) with the total overlap efficiency (maco._prof_table
+defines them). It also collects the per-task profiles of persistent kernels created with
+``profile=True`` and launched inside it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Any, Iterator, Optional, Sequence
 from . import _maco
 from ._comm import Communicator
 from ._errors import InvalidArgumentError
+from ._prof_table import format_table, overlap_table
 from ._tensor import describe, stream_handle
 from ._types import DataType, to_maco_dtype
 
@@ -501,14 +505,36 @@ def _active_profiler() -> Optional["Profiler"]:
 
 
 class Profiler:
-    """What :func:`profiler` collected: collectives (CUDA events on each call's stream) and
-    persistent kernels (their per-task profiles)."""
+    """What :func:`profiler` collected: spans of MACO's work (CUDA events on the streams it
+    ran on) and persistent kernels (their per-task profiles).
+
+    A span is a collective made through :class:`maco.Communicator` (kind "comm", on the
+    call's stream, SMs = the CTAs of its kernel), or a step of a ``maco.tp`` operator: its
+    GEMMs and sums ("compute", on the current stream), its copy-engine transfers ("comm", on
+    its communication stream, 0 SMs) and barriers ("comm"), named ``op.step`` (e.g.
+    ``gemm_reduce_scatter.copy``); collectives made inside a ``maco.tp`` operator are named
+    ``op.collective``."""
 
     def __init__(self):
-        self._events: list = []   # (name, start Event, end Event)
+        self._events: list = []   # [name, kind, sms, start Event, end Event]
         self._kernels: list = []
         self._base = None
         self._saved: dict = {}
+        self._device_sms: Optional[int] = None
+
+    def _begin(self, name: str, kind: str, stream: Any) -> list:
+        """Starts a span on ``stream`` (a torch.cuda.Stream); :meth:`_end` closes it."""
+        torch = _torch()
+        op = getattr(_state, "op", None)
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return [f"{op}.{name}" if op else name, kind, None, ev, None, stream]
+
+    def _end(self, span: list, sms: Optional[int] = None) -> None:
+        ev = _torch().cuda.Event(enable_timing=True)
+        ev.record(span[5])
+        span[2], span[4] = sms, ev
+        self._events.append(span)
 
     def _wrap(self, name: str, fn: Any) -> Any:
         torch = _torch()
@@ -525,12 +551,9 @@ class Profiler:
                 s = stream
             if s is None:  # another kind of stream: not timed
                 return fn(comm_self, *args, **kw)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record(s)
+            span = prof._begin(name, "comm", s)
             out = fn(comm_self, *args, **kw)
-            end.record(s)
-            prof._events.append((name, start, end))
+            prof._end(span, comm_self._c.last_ctas() if comm_self.size > 1 else 0)
             return out
 
         timed.__wrapped__ = fn
@@ -540,6 +563,8 @@ class Profiler:
         torch = _torch()
         self._base = torch.cuda.Event(enable_timing=True)
         self._base.record()
+        self._device_sms = torch.cuda.get_device_properties(
+            torch.cuda.current_device()).multi_processor_count
         for name in _COLLECTIVES:
             fn = getattr(Communicator, name)
             self._saved[name] = fn
@@ -552,25 +577,28 @@ class Profiler:
         _torch().cuda.synchronize()
 
     def records(self) -> list:
-        """(name, start_ms, duration_ms) of each timed collective, from the block's start."""
-        return [(n, self._base.elapsed_time(s), s.elapsed_time(e)) for n, s, e in self._events]
+        """(name, start_ms, duration_ms) of each span, from the block's start."""
+        return [(r[0], self._base.elapsed_time(r[3]), r[3].elapsed_time(r[4]))
+                for r in self._events]
+
+    def spans(self) -> list:
+        """(name, kind, start_ms, duration_ms, sms) of each span (kind "comm" or "compute";
+        sms: CTAs of a collective's kernel, 0 for copy-engine transfers, None where MACO does
+        not choose the grid, as for cuBLAS)."""
+        return [(r[0], r[1], st, d, r[2])
+                for r, (_, st, d) in zip(self._events, self.records())]
+
+    def overlap(self) -> tuple:
+        """``(rows, efficiency)``: per operation its calls, time, mean, overlap % and SMs, and
+        the total overlap efficiency in percent (None without communication); the
+        definitions are in maco._prof_table."""
+        return overlap_table(self.spans())
 
     def summary(self) -> str:
-        """A table per operation (calls, total and mean GPU time between the call's events,
-        the span from first start to last end), then each profiled persistent kernel's own
-        summary."""
-        rows: dict = {}
-        for n, st, d in self.records():
-            r = rows.setdefault(n, [0, 0.0, st, st + d])
-            r[0] += 1
-            r[1] += d
-            r[2] = min(r[2], st)
-            r[3] = max(r[3], st + d)
-        lines = [f"{'Operation':<16} {'Calls':>6} {'Time(ms)':>10} {'Mean(us)':>10} "
-                 f"{'Span(ms)':>10}"]
-        for n, (c, t, a, b) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-            lines.append(f"{n:<16} {c:>6} {t:>10.3f} {t / c * 1e3:>10.1f} {b - a:>10.3f}")
-        out = "\n".join(lines) + "\n"
+        """The seeds' table (operation, time, overlap %, SMs) of the spans and the total
+        overlap efficiency, then each profiled persistent kernel's own summary."""
+        rows, eff = self.overlap()
+        out = format_table(rows, eff, self._device_sms)
         for i, k in enumerate(dict.fromkeys(self._kernels)):
             out += f"persistent kernel {i} ({k.num_tasks} tasks):\n" + k.summary()
         return out
@@ -579,15 +607,32 @@ class Profiler:
         print(self.summary(), end="", file=file or sys.stdout)
 
     def export_chrome_trace(self, path: str) -> None:
-        """Writes the timed collectives as a Chrome trace (one lane, "collectives"; times in
-        us from the block's start). Persistent kernels write their own:
+        """Writes the spans as a Chrome trace: lane 0 "compute", lane 1 "communication";
+        times in us from the block's start. Persistent kernels write their own:
         :meth:`PersistentKernel.export_chrome_trace`."""
-        ev = [{"name": n, "ph": "X", "pid": 0, "tid": 0, "ts": st * 1e3, "dur": d * 1e3}
-              for n, st, d in self.records()]
-        ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": 0,
-                   "args": {"name": "collectives"}})
+        lane = {"compute": 0, "comm": 1}
+        ev = [{"name": n, "ph": "X", "pid": 0, "tid": lane[k], "ts": st * 1e3, "dur": d * 1e3,
+               "args": {"sms": sms}} for n, k, st, d, sms in self.spans()]
+        for name, tid in (("compute", 0), ("communication", 1)):
+            ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+                       "args": {"name": name}})
         with open(path, "w") as f:
             json.dump({"traceEvents": ev, "displayTimeUnit": "ms"}, f)
+
+
+@contextlib.contextmanager
+def _op_scope(name: str) -> Iterator[None]:
+    """Names the spans made inside (maco.tp's operators: ``name.step``); the outermost scope
+    of a thread wins (gemm_allreduce's reduce-scatter + allgather form stays
+    "gemm_allreduce")."""
+    if getattr(_state, "op", None) is not None:
+        yield
+        return
+    _state.op = name
+    try:
+        yield
+    finally:
+        _state.op = None
 
 
 _profiler_lock = threading.Lock()

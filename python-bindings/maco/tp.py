@@ -43,10 +43,12 @@ sequential path); the copy engines move the data beside a full-speed cuBLAS (doc
 from __future__ import annotations
 
 import atexit
+import functools
 import weakref
 from typing import Any, Optional
 
 from ._types import DataType, ReduceOp
+from .persistent import _active_profiler, _op_scope
 
 __all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_chunks",
            "release_workspaces"]
@@ -201,11 +203,17 @@ class _Pipe:
         """Enqueued on the side stream (the copy engines)."""
         from . import _maco
 
+        sp = _span("copy", "comm", self.side)
         _maco.mem_copy_batch(dst, src, nbytes, self.side_h)
+        if sp:
+            sp[0]._end(sp[1], 0)
 
     def barrier(self) -> None:
         """On the side stream: every rank's side-stream work enqueued before it is done."""
+        sp = _span("barrier", "comm", self.side)
         self._bar()
+        if sp:
+            sp[0]._end(sp[1], self.st["comm"]._c.last_ctas())
 
 
 def _bounds(rows: int, chunks: int) -> list:
@@ -278,25 +286,59 @@ def _method(comm: Any, method: Optional[str], flop: int, pattern: str, rows: int
     return "ce" if one else "seq"
 
 
+def _profiled(fn: Any) -> Any:
+    """A public operator: under :func:`maco.profiler` its steps are timed as spans named
+    ``<operator>.<step>`` (gemm, sum: compute; copy, barrier: communication)."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def op(*args: Any, **kw: Any) -> Any:
+        if _active_profiler() is None:
+            return fn(*args, **kw)
+        with _op_scope(name):
+            return fn(*args, **kw)
+
+    return op
+
+
+def _span(step: str, kind: str, stream: Any, like: Any = None) -> Any:
+    """``(profiler, span)`` of ``step`` on ``stream`` (None: the current stream of ``like``'s
+    device) when a :func:`maco.profiler` is active, else None; closed by ``profiler._end``."""
+    prof = _active_profiler()
+    if prof is None:
+        return None
+    if stream is None:
+        import torch
+
+        stream = torch.cuda.current_stream(like.device)
+    return prof, prof._begin(step, kind, stream)
+
+
 def _mm(a: Any, b: Any, out: Any) -> None:
     import torch
 
+    sp = _span("gemm", "compute", None, out)
     if out.dtype == a.dtype:
         torch.matmul(a, b, out=out)
     else:
         torch.mm(a, b, out_dtype=out.dtype, out=out)
+    if sp:
+        sp[0]._end(sp[1])
 
 
 def _sum_into(parts: Any, out: Any) -> None:
     """out = sum over dim 0 of parts (ws, rows, n), in fp32, rounded once to out's type."""
     import torch
 
+    sp = _span("sum", "compute", None, out)
     if parts.shape[0] == 2:  # one pass: torch adds bf16/fp16 in fp32 and rounds once
         torch.add(parts[0], parts[1], out=out)
     elif out.dtype == torch.float32:
         torch.sum(parts, dim=0, dtype=torch.float32, out=out)
     else:
         out.copy_(torch.sum(parts, dim=0, dtype=torch.float32))
+    if sp:
+        sp[0]._end(sp[1])
 
 
 def _out(out: Any, shape: tuple, dtype: Any, like: Any, name: str) -> Any:
@@ -315,6 +357,7 @@ def _out(out: Any, shape: tuple, dtype: Any, like: Any, name: str) -> Any:
     return out
 
 
+@_profiled
 def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dtype: Any = None,
                    chunks: Optional[int] = None, method: Optional[str] = None) -> Any:
     """``out = allreduce(x @ w)`` (sum) over the communicator's ranks.
@@ -473,6 +516,7 @@ def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list
     return out
 
 
+@_profiled
 def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
                         out_dtype: Any = None, chunks: Optional[int] = None,
                         method: Optional[str] = None) -> Any:
@@ -537,6 +581,7 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
     return out
 
 
+@_profiled
 def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dtype: Any = None,
                    chunks: Optional[int] = None, method: Optional[str] = None) -> Any:
     """``out = allgather(x) @ w``: the ranks' row shards gathered in rank order, times w.

@@ -41,8 +41,10 @@ Each step time is the median of --iters steps between CUDA events, the largest o
 (ms); with --rounds R the variants are timed R times in turn and the table gives the median of
 the R times. Checks: every variant's output against torch-nccl's, relative Frobenius error <=
 --tolerance (bf16 rounding: the variants sum in different orders); exit status 1 otherwise.
-Then maco.profiler's summary table of one maco-compile step (per operation: time, overlap %,
-SMs), on rank 0. --json writes the rows and the environment.
+Then maco.profiler's summary tables (per operation: time, overlap %, SMs; the total overlap
+efficiency) of one step of maco-compile and of the maco.tp variants (maco-compile-sp,
+maco-compile-ce), on rank 0; the efficiency also goes into their rows. --json writes the rows
+and the environment.
 """
 
 from __future__ import annotations
@@ -474,6 +476,24 @@ def main(argv=None) -> int:
             if rank == 0:
                 print("maco.profiler summary of one maco-compile step (rank 0):")
                 prof.print_summary()
+        for v in ("maco-compile-sp", "maco-compile-ce"):  # the maco.tp paths: copy engines
+            if v in fns and v in a.variants and not a.no_profile and not a.cpu:
+                enter(v)
+                try:
+                    f = fns[v]
+                    f() if v in SHARDED else f(x.clone())
+                    sync()
+                    with maco.profiler() as prof:
+                        f() if v in SHARDED else f(x.clone())
+                    _, eff = prof.overlap()
+                    for r in rows:
+                        if r["variant"] == v:
+                            r["overlap_efficiency_pct"] = eff
+                    if rank == 0:
+                        print(f"maco.profiler summary of one {v} step (rank 0):")
+                        prof.print_summary()
+                finally:
+                    leave(v)
     if a.json and rank == 0:
         with open(a.json, "w") as fh:
             json.dump(dict(world_size=ws, gpu=gpu,

@@ -9,7 +9,8 @@ integers with K = 16, so every product and every sum of up to 4 ranks is exact i
 check is bit for bit whatever the summation order); outputs poisoned first; fresh inputs per
 case (one seed shared through the bootstrap). Also: results equal on every rank, a second call
 with new inputs (the workspace reused), a CUDA graph of the "ce" path replayed on new inputs,
-and bad arguments refused with the argument named. Prints 'PASS gpu_tp ...' per rank."""
+bad arguments refused with the argument named, and maco.profiler's spans of the "ce" paths.
+Prints 'PASS gpu_tp ...' per rank."""
 
 import os
 import sys
@@ -142,6 +143,30 @@ try:
 except Exception as e:  # noqa: BLE001 - reported as a failure with its cause
     failures.append(f"CUDA graph of maco.tp.gemm_allreduce: {type(e).__name__}: {e}")
 del graph
+
+# maco.profiler around the "ce" paths: every step a span of the right kind (GEMMs and sums
+# compute; copies on the copy engines with 0 SMs; barriers comm with their CTAs), results right.
+if N > 1:
+    with maco.profiler() as prof:
+        case("gemm_reduce_scatter", 96 * N, 16, 384, torch.bfloat16, "ce", 2)
+        case("allgather_gemm", 96 * N, 16, 384, torch.bfloat16, "ce", 2)
+    checks += 1
+    spans = prof.spans()
+    kinds = {}
+    for name, kind, st, d, sms in spans:
+        kinds.setdefault(name, set()).add((kind, sms if name.endswith(".copy") else None))
+        if not (st >= 0 and d > 0) or (name.endswith(".barrier") and not sms):
+            failures.append(f"profiler span {name}: start {st} ms, {d} ms, sms {sms}")
+    want_k = {f"{op}.{step}": {(kind, 0 if step == "copy" else None)}
+              for op, steps in (("gemm_reduce_scatter", "gemm copy barrier sum"),
+                                ("allgather_gemm", "gemm copy barrier"))
+              for step in steps.split() for kind in ["comm" if step in ("copy", "barrier")
+                                                     else "compute"]}
+    rows, eff = prof.overlap()
+    if kinds != want_k or eff is None or not 0 <= eff <= 100:
+        failures.append(f"profiler: spans {kinds}, efficiency {eff}")
+    if R == 0:
+        prof.print_summary()
 
 # Bad arguments: refused before anything runs, naming the argument.
 x = ints((8 * N, 16), R)
