@@ -286,28 +286,27 @@ maco_status_t maco_collective_set_max_ctas(maco_comm_t comm, int max_ctas)
     return maco__coll_agree_max_ctas(comm, c, max_ctas, fn);
 }
 
+/* The two CTA getters: checks `comm` and `out_p` (named `out_name`), then *out_p = the cap
+ * (last = 0) or the last launch's CTAs (last = 1). */
+static maco_status_t maco__coll_get_ctas(maco_comm_t comm, const char *fn, const char *out_name,
+                                         int *out_p, int last)
+{
+    if (comm == NULL || out_p == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL, "%s: %s is NULL", fn,
+                           comm == NULL ? "comm" : out_name);
+    maco__coll_t *c = NULL;
+    maco_status_t st = maco__coll_require(comm, fn, &c);
+    if (st == MACO_OK)
+        *out_p = last ? c->last_ctas : c->max_ctas;
+    return st;
+}
+
 maco_status_t maco_collective_get_max_ctas(maco_comm_t comm, int *max_ctas_p)
 {
-    if (comm == NULL || max_ctas_p == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_collective_get_max_ctas: %s is NULL",
-                           comm == NULL ? "comm" : "max_ctas_p");
-    maco__coll_t *c = NULL;
-    maco_status_t st = maco__coll_require(comm, "maco_collective_get_max_ctas", &c);
-    if (st == MACO_OK)
-        *max_ctas_p = c->max_ctas;
-    return st;
+    return maco__coll_get_ctas(comm, "maco_collective_get_max_ctas", "max_ctas_p", max_ctas_p, 0);
 }
 
 maco_status_t maco_collective_get_last_ctas(maco_comm_t comm, int *ctas_p)
 {
-    if (comm == NULL || ctas_p == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                           "maco_collective_get_last_ctas: %s is NULL",
-                           comm == NULL ? "comm" : "ctas_p");
-    maco__coll_t *c = NULL;
-    maco_status_t st = maco__coll_require(comm, "maco_collective_get_last_ctas", &c);
-    if (st == MACO_OK)
-        *ctas_p = c->last_ctas;
-    return st;
+    return maco__coll_get_ctas(comm, "maco_collective_get_last_ctas", "ctas_p", ctas_p, 1);
 }
