@@ -522,15 +522,21 @@ class Profiler:
         self._saved: dict = {}
         self._device_sms: Optional[int] = None
 
-    def _begin(self, name: str, kind: str, stream: Any) -> list:
-        """Starts a span on ``stream`` (a torch.cuda.Stream); :meth:`_end` closes it."""
+    def _begin(self, name: str, kind: str, stream: Any) -> Optional[list]:
+        """Starts a span on ``stream`` (a torch.cuda.Stream); :meth:`_end` closes it. None
+        while a CUDA graph is being captured (work in a graph is not timed: its events would
+        be recorded at replay, after the block)."""
         torch = _torch()
+        if torch.cuda.is_current_stream_capturing():
+            return None
         op = getattr(_state, "op", None)
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(stream)
         return [f"{op}.{name}" if op else name, kind, None, ev, None, stream]
 
-    def _end(self, span: list, sms: Optional[int] = None) -> None:
+    def _end(self, span: Optional[list], sms: Optional[int] = None) -> None:
+        if span is None:
+            return
         ev = _torch().cuda.Event(enable_timing=True)
         ev.record(span[5])
         span[2], span[4] = sms, ev
@@ -553,7 +559,8 @@ class Profiler:
                 return fn(comm_self, *args, **kw)
             span = prof._begin(name, "comm", s)
             out = fn(comm_self, *args, **kw)
-            prof._end(span, comm_self._c.last_ctas() if comm_self.size > 1 else 0)
+            if span is not None:
+                prof._end(span, comm_self._c.last_ctas() if comm_self.size > 1 else 0)
             return out
 
         timed.__wrapped__ = fn

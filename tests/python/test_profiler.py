@@ -143,6 +143,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    clock.capturing = False
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: clock.capturing)
     return torch, clock
 
 
@@ -197,6 +199,11 @@ def test_tp_steps_are_spans_named_after_their_operator(fake_cuda, monkeypatch, t
     assert "gemm_reduce_scatter.copy" in text and "0 (CE)" in text and "<= 132" in text
     assert "Total overlap efficiency: 0%" in text  # one stream's clock: nothing overlapped
     assert getattr(persistent._state, "op", None) is None
+    with maco.profiler() as q:  # work captured into a CUDA graph is not timed
+        clock.capturing = True
+        gemm_reduce_scatter(a, b)
+        clock.capturing = False
+    assert q.spans() == [] and calls[-2:] == [("copy", (64,), 7), "barrier"]
     p.export_chrome_trace(tmp_path / "t.json")
     ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     lanes = {e["name"]: e["tid"] for e in ev if e["ph"] == "X"}
