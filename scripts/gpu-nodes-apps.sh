@@ -22,7 +22,8 @@
 #   apps   tests/nccl/torch_check.py under torchrun (4 ranks) with MACO's libnccl preloaded;
 #          tests/python/bench_ddp.py (ddp and tp-mlp) with NVIDIA's NCCL, with MACO's libnccl
 #          preloaded and with the maco backend, compared by scripts/compare_runs.py (ddp:
-#          against the noise floor of a --perturb-ulp run of NVIDIA's NCCL);
+#          against the noise floor of a --perturb-ulp run of NVIDIA's NCCL); from 2 GPUs
+#          bench_ddp --backends nccl,maco (both in one job, turns alternating);
 #          maco_comm_create_from_nccl on a 4-rank NCCL communicator (test_nccl_bootstrap)
 #   fused  tests/python/bench_fused.py at world size 4 with --trace
 # With fewer than 4 GPUs the same steps run with ranks sharing the GPU(s) under MPS (maco-run
@@ -240,6 +241,13 @@ for s in "${stages[@]}"; do
           "$OUT/$mode-nccl-on-maco.json" "$OUT/$mode-maco-backend.json" "${noise[@]}" \
           --markdown "$OUT/compare-$mode.md"
       done
+      if [ "$ngpu" -ge 2 ]; then
+        # NCCL and the maco backend in one job, their turns alternating (bench_ddp
+        # --backends): step times that drift between separate jobs does not blur.
+        trun "$nccl_n" 300
+        step ddp-compare 300 "${TRUN[@]}" tests/python/bench_ddp.py --mode ddp \
+          --backends nccl,maco --rounds 4 --steps 30 --json "$OUT/ddp-compare.json"
+      fi
       if [ "$ngpu" -ge 4 ]; then
         step from_nccl_4 90 "$R" -n 4 --timeout 85 env TEST_NCCL_BOOT=gpu \
           "MACO_NCCL_LIBRARY=$nccl_lib" "$PWD/$B/tests/nccl/test_nccl_bootstrap"

@@ -7,6 +7,7 @@ rank, started by torchrun:
     torchrun ... --backend maco                           # the maco package's backend
     torchrun --nproc-per-node 2 tests/python/bench_ddp.py --backend gloo --small   # CPU smoke
     python3 scripts/compare_runs.py ddp-nccl.json ddp-maco.json     # same curve? step time?
+    torchrun ... --backends nccl,maco --rounds 4                    # step times, one job
 
 Ranks sharing one GPU (world size > GPUs: cuda:LOCAL_RANK % GPUs) need an MPS server: start
 torchrun under `maco-run -n 1 --mps on` (maco-run's own MACO_* variables are dropped here).
@@ -109,6 +110,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--label", default="", help="a name for this run in the JSON and tables")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds torch.distributed waits for a collective (default 300)")
+    p.add_argument("--backends", metavar="LIST",
+                   help="ddp only: compare backends in one job (e.g. nccl,maco): the same model "
+                        "and data, one DDP per backend (the first on the default process "
+                        "group, the others on groups of their own), their --steps steps run "
+                        "in turn --rounds times (ABBA order), so that what drifts between "
+                        "jobs (clocks, placement, other tenants) hits every backend alike; "
+                        "prints each round's median step and the median over rounds")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --backends: rounds of --steps steps per backend (default 1)")
     p.add_argument("--profile", metavar="FILE",
                    help="after the timed steps, 3 more under torch.profiler: rank 0 prints "
                         "where the GPU time went (communication kernels, the rest, how much "
@@ -149,6 +159,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"steps")
     if a.mode == "ddp" and a.hidden % a.heads:
         p.error(f"--hidden {a.hidden} is not a multiple of --heads {a.heads}")
+    if a.rounds < 1:
+        p.error(f"--rounds {a.rounds}: need at least 1")
+    if a.backends is not None:
+        a.backends = [b.strip() for b in a.backends.split(",") if b.strip()]
+        bad = [b for b in a.backends if b not in ("nccl", "maco", "gloo")]
+        if bad or len(set(a.backends)) != len(a.backends) or not a.backends:
+            p.error(f"--backends {','.join(a.backends)}: a list of distinct backends out of "
+                    f"nccl, maco, gloo")
+        if a.mode != "ddp" or a.profile or a.perturb_ulp:
+            p.error("--backends: --mode ddp only, without --profile and --perturb-ulp")
+        a.backend = a.backends[0]  # the default process group's
+    elif a.rounds != 1:
+        p.error("--rounds needs --backends")
     return a
 
 
@@ -223,6 +246,43 @@ class GPT(nn.Module):
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+def build_ddp(a, dev, use_cuda: bool, batches: list, group=None) -> tuple:
+    """(model, step, parameter count): the GPT in bfloat16 wrapped by DDP on ``group`` (None:
+    the default process group) with fp32 AdamW masters; step(s) trains on batches[s] and
+    returns the loss. The same initial weights on every call (seeded)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(a.seed)
+    net = GPT(a)
+    params = count_params(net)
+    net = net.to(dev, torch.bfloat16)
+    model = DDP(net, device_ids=[dev.index] if use_cuda else None, bucket_cap_mb=a.bucket_mb,
+                process_group=group)
+    live = list(model.parameters())
+    master = [p.detach().float().requires_grad_(True) for p in live]
+    opt = torch.optim.AdamW(master, lr=a.lr, weight_decay=0.0)
+
+    def step(s):
+        x, y = batches[s]
+        logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.view(-1))
+        model.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces the bf16 gradients here
+        for m, p in zip(master, live):
+            m.grad = p.grad.float()
+        if a.perturb_ulp:  # (seed, step): the same on every rank, replicas stay equal
+            g = torch.Generator(device=dev)
+            g.manual_seed(a.seed * 1000003 + s)
+            for m in master:
+                r = torch.randint(-1, 2, m.grad.shape, generator=g, device=dev)
+                m.grad.mul_(1.0 + r.float() * 2.0**-8)
+        opt.step()
+        with torch.no_grad():
+            torch._foreach_copy_(live, master)  # fp32 masters to the bf16 model
+        return loss
+    return model, step, params
 
 
 # --------------------------------------------------------------------------- tp-mlp
@@ -362,33 +422,6 @@ def exchange(key: str, value, rank: int, world: int) -> list:
 COMM_KERNELS = ("nccl", "maco__")  # kernel names that are communication
 
 
-def _union(iv: list) -> list:
-    out = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def _length(iv: list) -> float:
-    return sum(b - a for a, b in iv)
-
-
-def _intersect(x: list, y: list) -> float:
-    i = j = 0
-    t = 0.0
-    while i < len(x) and j < len(y):
-        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        t += max(0.0, hi - lo)
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return t
-
-
 def profile_steps(step, sync, steps: int, rank: int, path: str) -> None:
     """Runs ``steps`` steps under torch.profiler on every rank (the same work everywhere);
     rank 0 prints the GPU time by kind and writes the Chrome trace to ``path``."""
@@ -408,6 +441,8 @@ def profile_steps(step, sync, steps: int, rank: int, path: str) -> None:
     wall = (time.perf_counter() - t0) * 1e3 / steps
     if rank != 0:
         return
+    from maco._prof_table import covered, merge  # interval arithmetic, as maco.profiler's
+
     comm, rest, by_name = [], [], {}
     for e in prof.events():
         if e.device_type != DeviceType.CUDA:
@@ -416,13 +451,15 @@ def profile_steps(step, sync, steps: int, rank: int, path: str) -> None:
         (comm if any(k in e.name for k in COMM_KERNELS) else rest).append(iv)
         n, t = by_name.get(e.name[:60], (0, 0.0))
         by_name[e.name[:60]] = (n + 1, t + iv[1] - iv[0])
-    cu, ru = _union(comm), _union(rest)
-    both = _intersect(cu, ru)
+    cu, ru = merge(comm), merge(rest)
+    both = sum(covered(a, b, ru) for a, b in cu)
+    c_ms, r_ms = (sum(b - a for a, b in iv) for iv in (cu, ru))
+    busy = sum(b - a for a, b in merge(cu + ru))
     print(f"PROFILE {steps} steps, {wall:.2f} ms per step on the host clock (profiled); per "
-          f"step: communication kernels busy {_length(cu) / steps:.2f} ms, other kernels "
-          f"{_length(ru) / steps:.2f} ms, both at once {both / steps:.2f} ms, communication "
-          f"alone {(_length(cu) - both) / steps:.2f} ms, GPU idle "
-          f"{max(0.0, wall - _length(_union(cu + ru)) / steps):.2f} ms", flush=True)
+          f"step: communication kernels busy {c_ms / steps:.2f} ms, other kernels "
+          f"{r_ms / steps:.2f} ms, both at once {both / steps:.2f} ms, communication "
+          f"alone {(c_ms - both) / steps:.2f} ms, GPU idle "
+          f"{max(0.0, wall - busy / steps):.2f} ms", flush=True)
     for name, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]:
         print(f"PROFILE   {t / steps:8.3f} ms/step {n // steps:5d} calls/step  {name}")
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
@@ -438,6 +475,74 @@ def summarize(step_ms: list, warmup: int) -> dict:
                 min_ms=min(timed), max_ms=max(timed), timed_steps=len(timed))
 
 
+def compare_backends(a, rank: int, world: int, dev, use_cuda: bool, sync, timeout) -> int:
+    """--backends: one DDP per backend (the first on the default group), --rounds rounds of
+    --steps steps each, the backends' turns in ABBA order; per round the median step (largest
+    over ranks, warm-up steps left out). Checks: finite losses, replicas equal per backend.
+    Prints a table and 'PASS/FAIL bench_ddp compare ...'; --json writes the rounds."""
+    groups = {a.backends[0]: None}
+    for b in a.backends[1:]:
+        if b == "maco":
+            import maco.torch  # noqa: F401 - registers the backend
+        groups[b] = dist.new_group(backend=b, timeout=timeout)
+    batches = ddp_batches(a, rank, world, dev)
+    runs = {b: build_ddp(a, dev, use_cuda, batches, groups[b]) for b in a.backends}
+    red_dev = dev if use_cuda else torch.device("cpu")
+    rounds = {b: [] for b in a.backends}
+    failures = []
+    for r in range(a.rounds):
+        for b in (a.backends if r % 2 == 0 else a.backends[::-1]):
+            step = runs[b][1]
+            dist.barrier()
+            ms, losses = [], []
+            for s in range(a.steps):
+                sync()
+                t0 = time.perf_counter()
+                loss = step(s)
+                sync()
+                ms.append((time.perf_counter() - t0) * 1e3)
+                losses.append(float(loss.item()))
+            tt = torch.tensor(ms, dtype=torch.float64, device=red_dev)
+            dist.all_reduce(tt, op=dist.ReduceOp.MAX)  # on the default group, untimed
+            rounds[b].append(summarize(tt.tolist(), a.warmup)["median_ms"])
+            if not all(math.isfinite(v) for v in losses):
+                failures.append(f"{b}, round {r}: a loss is not finite")
+    for b in a.backends:
+        digests = exchange(f"digest-{b}", params_digest(runs[b][0].module), rank, world)
+        if len(set(digests)) != 1:
+            failures.append(f"{b}: DDP replicas differ across ranks ({len(set(digests))} "
+                            f"distinct hashes)")
+    fails = exchange("failures", failures, rank, world)
+    all_failures = [f"rank {q}: {f}" for q, fl in enumerate(fails) for f in fl]
+    gpu = torch.cuda.get_device_name(dev) if use_cuda else "cpu"
+    med = {b: statistics.median(v) for b, v in rounds.items()}
+    if rank == 0:
+        first = a.backends[0]
+        print(f"bench_ddp compare: {', '.join(a.backends)}, world size {world}, {gpu}, "
+              f"{runs[first][2]:,} parameters, {a.rounds} round(s) of {a.steps} steps "
+              f"(median step in ms, largest over ranks)")
+        for b in a.backends:
+            print(f"  {b:<6} rounds " + " ".join(f"{t:8.2f}" for t in rounds[b]) +
+                  f"   median {med[b]:8.2f}   {first}/{b} {med[first] / med[b]:.3f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(bench="bench_ddp", mode="ddp-compare", backends=a.backends,
+                               world_size=world, gpu=gpu, torch=torch.__version__,
+                               steps=a.steps, warmup=a.warmup, rounds=rounds, median_ms=med,
+                               failures=all_failures, ok=not all_failures), f, indent=1)
+        for f in all_failures:
+            print(f"FAIL {f}")
+        print(f"{'FAIL' if all_failures else 'PASS'} bench_ddp compare {','.join(a.backends)}: "
+              f"{a.rounds} round(s), replicas equal per backend on {world} rank(s)", flush=True)
+    dist.barrier()
+    if "gloo" in a.backends:  # as in main: leave without tearing the Gloo groups down
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if all_failures else 0)
+    dist.destroy_process_group()
+    return 1 if all_failures else 0
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -448,17 +553,20 @@ def main(argv=None) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     preloaded = "maco_nccl" in os.environ.get("LD_PRELOAD", "")
     counts0 = maco_nccl_counts()
-    if a.cpu and a.backend == "nccl":
+    if a.cpu and "nccl" in (a.backends or [a.backend]):
         print("bench_ddp: --cpu needs --backend gloo or maco (NCCL runs on GPUs only)")
         return 2
     use_cuda = a.backend != "gloo" and not a.cpu
+    if a.backends and "gloo" in a.backends and use_cuda:
+        print("bench_ddp: --backends with gloo compares on the CPU only (--cpu)")
+        return 2
     if use_cuda and not torch.cuda.is_available():
         print(f"SKIP: bench_ddp --backend {a.backend}: torch {torch.__version__} sees no CUDA "
               f"device (--backend gloo runs on the CPU)")
         return SKIP_EXIT
     ngpu = torch.cuda.device_count() if use_cuda else 0
     shared = use_cuda and local_world > ngpu
-    if a.backend == "nccl" and shared and counts0 is None:
+    if "nccl" in (a.backends or [a.backend]) and shared and counts0 is None:
         print(f"SKIP: bench_ddp --backend nccl: {local_world} ranks share {ngpu} GPU(s) and "
               f"NVIDIA's NCCL refuses a duplicate GPU (preload MACO's libnccl, or use "
               f"--backend maco)")
@@ -483,39 +591,13 @@ def main(argv=None) -> int:
         if use_cuda:
             torch.cuda.synchronize(dev)
 
+    if a.backends is not None:
+        return compare_backends(a, rank, world, dev, use_cuda, sync, timeout)
+
     failures = []
     if a.mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        torch.manual_seed(a.seed)
-        net = GPT(a)
-        params = count_params(net)
-        net = net.to(dev, torch.bfloat16)
-        model = DDP(net, device_ids=[dev.index] if use_cuda else None,
-                    bucket_cap_mb=a.bucket_mb)
-        live = list(model.parameters())
-        master = [p.detach().float().requires_grad_(True) for p in live]
-        opt = torch.optim.AdamW(master, lr=a.lr, weight_decay=0.0)
         batches = ddp_batches(a, rank, world, dev)
-
-        def step(s):
-            x, y = batches[s]
-            logits = model(x)
-            loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.view(-1))
-            model.zero_grad(set_to_none=True)
-            loss.backward()  # DDP all-reduces the bf16 gradients here
-            for m, p in zip(master, live):
-                m.grad = p.grad.float()
-            if a.perturb_ulp:  # (seed, step): the same on every rank, replicas stay equal
-                g = torch.Generator(device=dev)
-                g.manual_seed(a.seed * 1000003 + s)
-                for m in master:
-                    r = torch.randint(-1, 2, m.grad.shape, generator=g, device=dev)
-                    m.grad.mul_(1.0 + r.float() * 2.0**-8)
-            opt.step()
-            with torch.no_grad():
-                torch._foreach_copy_(live, master)  # fp32 masters to the bf16 model
-            return loss
+        model, step, params = build_ddp(a, dev, use_cuda, batches)
         shape = dict(layers=a.layers, hidden=a.hidden, heads=a.heads, vocab=a.vocab,
                      seq_len=a.seq_len, global_batch=a.global_batch)
         extra = dict(bucket_mb=a.bucket_mb)

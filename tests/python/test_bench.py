@@ -109,10 +109,34 @@ def test_ddp_on_the_maco_backend_cpu_path(gloo_run, tmp_path):
 
 
 @needs_torch
-def test_bench_ddp_refuses_bad_arguments():
-    r = subprocess.run([sys.executable, os.path.join(HERE, "bench_ddp.py"), "--steps", "3",
-                        "--warmup", "3"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "warmup" in r.stderr
+def test_ddp_backends_compared_in_one_job(tmp_path):
+    pytest.importorskip("maco.torch")
+    j = tmp_path / "cmp.json"
+    out = torchrun(2, "--backends", "gloo,maco", "--cpu", "--rounds", "3", *SMALL, "--json",
+                   str(j))
+    assert "PASS bench_ddp compare gloo,maco: 3 round(s)" in out
+    r = load(j)
+    assert r["ok"] and r["backends"] == ["gloo", "maco"]
+    assert all(len(r["rounds"][b]) == 3 and all(t > 0 for t in r["rounds"][b])
+               for b in ("gloo", "maco"))
+    for b in ("gloo", "maco"):
+        assert f"  {b:<6} rounds" in out
+        assert r["median_ms"][b] == sorted(r["rounds"][b])[1]
+
+
+@needs_torch
+@pytest.mark.parametrize("args, text", [
+    (["--steps", "3", "--warmup", "3"], "warmup"),
+    (["--rounds", "2"], "--rounds needs --backends"),
+    (["--rounds", "0", "--backends", "gloo"], "need at least 1"),
+    (["--backends", "gloo,gloo"], "distinct backends"),
+    (["--backends", "gloo,mpi"], "distinct backends"),
+    (["--backends", "gloo,maco", "--mode", "tp-mlp"], "--mode ddp only"),
+])
+def test_bench_ddp_refuses_bad_arguments(args, text):
+    r = subprocess.run([sys.executable, os.path.join(HERE, "bench_ddp.py"), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and text in r.stderr, r.stderr
 
 
 def run(ref_loss, other_loss, **kw):
@@ -267,12 +291,14 @@ def test_nodes_apps_plans(tmp_path):
     assert "--backend maco" in four["tp-mlp-maco-backend"]
     assert "maco-run -n 4" in four["from_nccl_4"] and "TEST_NCCL_BOOT=gpu" in four["from_nccl_4"]
     assert "--trace" in four["fused_4"]
+    assert "--backends nccl" in four["ddp-compare"] and "--rounds 4" in four["ddp-compare"]
+    assert "--nproc-per-node 4" in four["ddp-compare"]
     one = dry_run(tmp_path, 1, "nodes", "apps")
     assert "--mps off" not in one["hier_2x2"]
     assert "--mps on" in one["ddp-maco-backend"] and "--nproc-per-node 4" in one["ddp-maco-backend"]
     assert "--nproc-per-node 1" in one["ddp-nccl"] and "--mps on" not in one["ddp-nccl"]
     assert "run_bootstrap_gpu.sh" in one["from_nccl_1"]
-    assert "fused_4" not in one
+    assert "fused_4" not in one and "ddp-compare" not in one  # NCCL refuses shared GPUs
     r = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-nodes-apps.sh"), "bogus"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown stage" in r.stderr
