@@ -469,6 +469,21 @@ def profile_steps(step, sync, steps: int, rank: int, path: str) -> None:
     os.unlink(tmp.name)
 
 
+def timed_steps(step, sync, steps: int) -> tuple:
+    """After a barrier, steps 0 .. steps - 1, each timed on the host between device
+    synchronisations: (times in ms, losses)."""
+    dist.barrier()
+    step_ms, losses = [], []
+    for s in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        loss = step(s)
+        sync()
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        losses.append(float(loss.item()))
+    return step_ms, losses
+
+
 def summarize(step_ms: list, warmup: int) -> dict:
     timed = step_ms[warmup:]
     return dict(median_ms=statistics.median(timed), mean_ms=statistics.fmean(timed),
@@ -492,16 +507,7 @@ def compare_backends(a, rank: int, world: int, dev, use_cuda: bool, sync, timeou
     failures = []
     for r in range(a.rounds):
         for b in (a.backends if r % 2 == 0 else a.backends[::-1]):
-            step = runs[b][1]
-            dist.barrier()
-            ms, losses = [], []
-            for s in range(a.steps):
-                sync()
-                t0 = time.perf_counter()
-                loss = step(s)
-                sync()
-                ms.append((time.perf_counter() - t0) * 1e3)
-                losses.append(float(loss.item()))
+            ms, losses = timed_steps(runs[b][1], sync, a.steps)
             tt = torch.tensor(ms, dtype=torch.float64, device=red_dev)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)  # on the default group, untimed
             rounds[b].append(summarize(tt.tolist(), a.warmup)["median_ms"])
@@ -632,15 +638,7 @@ def main(argv=None) -> int:
               f"{world}, {gpu}{f', {local_world} ranks on {ngpu} GPU(s)' if shared else ''}, "
               f"{params:,} parameters, {comm_note}", flush=True)
 
-    dist.barrier()
-    step_ms, losses = [], []
-    for s in range(a.steps):
-        sync()
-        t0 = time.perf_counter()
-        loss = step(s)
-        sync()
-        step_ms.append((time.perf_counter() - t0) * 1e3)
-        losses.append(float(loss.item()))
+    step_ms, losses = timed_steps(step, sync, a.steps)
 
     if a.profile and use_cuda:
         profile_steps(step, sync, 3, rank, a.profile)
