@@ -504,6 +504,17 @@ def _active_profiler() -> Optional["Profiler"]:
     return getattr(_state, "profiler", None)
 
 
+class _Span:
+    """One timed piece of work: its name, kind ("comm" or "compute"), stream, CUDA events
+    and SMs (Profiler.spans)."""
+
+    __slots__ = ("name", "kind", "stream", "start", "end", "sms")
+
+    def __init__(self, name: str, kind: str, stream: Any, start: Any):
+        self.name, self.kind, self.stream, self.start = name, kind, stream, start
+        self.end, self.sms = None, None
+
+
 class Profiler:
     """What :func:`profiler` collected: spans of MACO's work (CUDA events on the streams it
     ran on) and persistent kernels (their per-task profiles).
@@ -516,13 +527,13 @@ class Profiler:
     ``op.collective``."""
 
     def __init__(self):
-        self._events: list = []   # [name, kind, sms, start Event, end Event]
+        self._events: list = []   # _Span, closed
         self._kernels: list = []
         self._base = None
         self._saved: dict = {}
         self._device_sms: Optional[int] = None
 
-    def _begin(self, name: str, kind: str, stream: Any) -> Optional[list]:
+    def _begin(self, name: str, kind: str, stream: Any) -> Optional["_Span"]:
         """Starts a span on ``stream`` (a torch.cuda.Stream); :meth:`_end` closes it. None
         while a CUDA graph is being captured (work in a graph is not timed: its events would
         be recorded at replay, after the block)."""
@@ -532,14 +543,15 @@ class Profiler:
         op = getattr(_state, "op", None)
         ev = torch.cuda.Event(enable_timing=True)
         ev.record(stream)
-        return [f"{op}.{name}" if op else name, kind, None, ev, None, stream]
+        return _Span(f"{op}.{name}" if op else name, kind, stream, ev)
 
-    def _end(self, span: Optional[list], sms: Optional[int] = None) -> None:
+    def _end(self, span: Optional["_Span"], sms: Optional[int] = None) -> None:
+        """Closes ``span`` (None: nothing) on its stream; ``sms`` as :meth:`spans` says."""
         if span is None:
             return
-        ev = _torch().cuda.Event(enable_timing=True)
-        ev.record(span[5])
-        span[2], span[4] = sms, ev
+        span.end = _torch().cuda.Event(enable_timing=True)
+        span.end.record(span.stream)
+        span.sms = sms
         self._events.append(span)
 
     def _wrap(self, name: str, fn: Any) -> Any:
@@ -585,14 +597,14 @@ class Profiler:
 
     def records(self) -> list:
         """(name, start_ms, duration_ms) of each span, from the block's start."""
-        return [(r[0], self._base.elapsed_time(r[3]), r[3].elapsed_time(r[4]))
+        return [(r.name, self._base.elapsed_time(r.start), r.start.elapsed_time(r.end))
                 for r in self._events]
 
     def spans(self) -> list:
         """(name, kind, start_ms, duration_ms, sms) of each span (kind "comm" or "compute";
         sms: CTAs of a collective's kernel, 0 for copy-engine transfers, None where MACO does
         not choose the grid, as for cuBLAS)."""
-        return [(r[0], r[1], st, d, r[2])
+        return [(r.name, r.kind, st, d, r.sms)
                 for r, (_, st, d) in zip(self._events, self.records())]
 
     def overlap(self) -> tuple:

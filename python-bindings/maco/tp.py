@@ -203,17 +203,17 @@ class _Pipe:
         """Enqueued on the side stream (the copy engines)."""
         from . import _maco
 
-        sp = _span("copy", "comm", self.side)
+        end = _span("copy", "comm", self.side)
         _maco.mem_copy_batch(dst, src, nbytes, self.side_h)
-        if sp:
-            sp[0]._end(sp[1], 0)
+        if end:
+            end(0)
 
     def barrier(self) -> None:
         """On the side stream: every rank's side-stream work enqueued before it is done."""
-        sp = _span("barrier", "comm", self.side)
+        end = _span("barrier", "comm", self.side)
         self._bar()
-        if sp:
-            sp[0]._end(sp[1], self.st["comm"]._c.last_ctas())
+        if end:
+            end(self.st["comm"]._c.last_ctas())
 
 
 def _bounds(rows: int, chunks: int) -> list:
@@ -302,8 +302,9 @@ def _profiled(fn: Any) -> Any:
 
 
 def _span(step: str, kind: str, stream: Any, like: Any = None) -> Any:
-    """``(profiler, span)`` of ``step`` on ``stream`` (None: the current stream of ``like``'s
-    device) when a :func:`maco.profiler` is active, else None; closed by ``profiler._end``."""
+    """When a :func:`maco.profiler` is active: starts a span of ``step`` on ``stream`` (None:
+    the current stream of ``like``'s device) and returns ``end(sms=None)``, which closes it;
+    else None."""
     prof = _active_profiler()
     if prof is None:
         return None
@@ -311,34 +312,35 @@ def _span(step: str, kind: str, stream: Any, like: Any = None) -> Any:
         import torch
 
         stream = torch.cuda.current_stream(like.device)
-    return prof, prof._begin(step, kind, stream)
+    span = prof._begin(step, kind, stream)
+    return lambda sms=None: prof._end(span, sms)
 
 
 def _mm(a: Any, b: Any, out: Any) -> None:
     import torch
 
-    sp = _span("gemm", "compute", None, out)
+    end = _span("gemm", "compute", None, out)
     if out.dtype == a.dtype:
         torch.matmul(a, b, out=out)
     else:
         torch.mm(a, b, out_dtype=out.dtype, out=out)
-    if sp:
-        sp[0]._end(sp[1])
+    if end:
+        end()
 
 
 def _sum_into(parts: Any, out: Any) -> None:
     """out = sum over dim 0 of parts (ws, rows, n), in fp32, rounded once to out's type."""
     import torch
 
-    sp = _span("sum", "compute", None, out)
+    end = _span("sum", "compute", None, out)
     if parts.shape[0] == 2:  # one pass: torch adds bf16/fp16 in fp32 and rounds once
         torch.add(parts[0], parts[1], out=out)
     elif out.dtype == torch.float32:
         torch.sum(parts, dim=0, dtype=torch.float32, out=out)
     else:
         out.copy_(torch.sum(parts, dim=0, dtype=torch.float32))
-    if sp:
-        sp[0]._end(sp[1])
+    if end:
+        end()
 
 
 def _out(out: Any, shape: tuple, dtype: Any, like: Any, name: str) -> Any:
