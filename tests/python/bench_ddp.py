@@ -469,6 +469,20 @@ def profile_steps(step, sync, steps: int, rank: int, path: str) -> None:
     os.unlink(tmp.name)
 
 
+def leave(gloo: bool, failed: bool) -> int:
+    """The job's end: a barrier, then the process groups torn down and the exit status (1:
+    failed). With a Gloo group the process exits here instead, without tearing it down: its
+    teardown aborted a rank now and then in CI ("terminate called without an active
+    exception", a joinable std::thread destroyed), after PASS."""
+    dist.barrier()
+    if gloo:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if failed else 0)
+    dist.destroy_process_group()
+    return 1 if failed else 0
+
+
 def timed_steps(step, sync, steps: int) -> tuple:
     """After a barrier, steps 0 .. steps - 1, each timed on the host between device
     synchronisations: (times in ms, losses)."""
@@ -540,13 +554,7 @@ def compare_backends(a, rank: int, world: int, dev, use_cuda: bool, sync, timeou
             print(f"FAIL {f}")
         print(f"{'FAIL' if all_failures else 'PASS'} bench_ddp compare {','.join(a.backends)}: "
               f"{a.rounds} round(s), replicas equal per backend on {world} rank(s)", flush=True)
-    dist.barrier()
-    if "gloo" in a.backends:  # as in main: leave without tearing the Gloo groups down
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1 if all_failures else 0)
-    dist.destroy_process_group()
-    return 1 if all_failures else 0
+    return leave("gloo" in a.backends, bool(all_failures))
 
 
 # --------------------------------------------------------------------------- main
@@ -705,16 +713,7 @@ def main(argv=None) -> int:
             print(f"PASS bench_ddp {res['label']}: {a.steps} steps, finite losses, "
                   f"{'replicas' if a.mode == 'ddp' else 'activations'} equal on {world} rank(s)"
                   f"{', every NCCL call on MACO' if counts is not None else ''}")
-    dist.barrier()
-    if a.backend == "gloo":
-        # Every rank is past the barrier, the results are written: leave without tearing the
-        # Gloo group down. Its teardown aborted a rank now and then in CI ("terminate called
-        # without an active exception", a joinable std::thread destroyed), after PASS.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1 if all_failures else 0)
-    dist.destroy_process_group()
-    return 1 if all_failures else 0
+    return leave(a.backend == "gloo", bool(all_failures))
 
 
 if __name__ == "__main__":
