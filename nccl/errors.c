@@ -108,6 +108,7 @@ ncclResult_t maco_nccl__result(maco_status_t st)
         return ncclSystemError;
     case MACO_ERR_TIMEOUT: /* a bounded wait for a peer: the peer is late or gone */
     case MACO_ERR_REMOTE:
+    case MACO_ERR_REVOKED: /* NCCL's revoked communicators fail their work as a remote error */
         return ncclRemoteError;
     case MACO_ERR_UNSUPPORTED:
     case MACO_ERR_INVALID_USAGE:

@@ -81,6 +81,119 @@ MACO_API maco_status_t maco_comm_destroy(maco_comm_t comm);
  */
 MACO_API maco_status_t maco_comm_abort(maco_comm_t comm);
 
+/**
+ * Revokes the communicator, on this rank and on its peers: every call on it that waits (a host
+ * wait of the bootstrap, a port channel's flush or wait, a device wait of a kernel on it: the
+ * same error word maco_comm_abort sets) ends with MACO_ERR_REVOKED, a host wait within one wake
+ * of its poll (a few milliseconds; at most 1 s where the system has no eventfd) and a device
+ * wait at its next clock check; every later call that needs the peers (collectives, channel
+ * creation, memory exchange, bootstrap calls) returns MACO_ERR_REVOKED at once, and
+ * maco_comm_get_async_error reports it, with maco_comm_get_last_error naming the rank that
+ * revoked. The peers are told with a frame on each open bootstrap link (written within 1 s);
+ * a peer's communicator takes it in at its next call that reads the bootstrap, or within 10 ms
+ * of a maco_comm_get_async_error call (a watchdog thread's), and then ends its own device
+ * waits. What stays possible: maco_comm_shrink (the way on after a failure), maco_comm_destroy
+ * and the queries. Results of work in flight are undefined. Idempotent (a second call, or a
+ * call after a peer's revoke, returns MACO_OK and sends nothing). Thread-safe: meant to be
+ * called from a watchdog thread while another thread is blocked in a call on the communicator;
+ * blocks only until that call has returned (it returns promptly) and the frames are written.
+ * Not while another thread runs maco_comm_shrink or maco_comm_destroy on it.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL).
+ */
+MACO_API maco_status_t maco_comm_revoke(maco_comm_t comm);
+
+/**
+ * Splits the communicator, as ncclCommSplit: the ranks that pass the same `color` (>= 0) form a
+ * new communicator, ordered by `key` and then by their rank here; a negative color (e.g.
+ * MACO_SPLIT_NOCOLOR) joins none and gets *newcomm_p = NULL. The new communicator has its own
+ * bootstrap (made through this one) and the same CUDA device as this rank here, and is
+ * independent of this one (destroy each). Collective over every rank of `comm`, which must be
+ * alive and not revoked (use maco_comm_shrink after a failure). Blocking, bounded by the
+ * bootstrap's timeout. Errors: MACO_ERR_INVALID_ARGUMENT (NULL), MACO_ERR_REVOKED, those of
+ * maco_bootstrap_create and maco_comm_create (MACO_ERR_REMOTE / MACO_ERR_TIMEOUT when a rank
+ * fails meanwhile: the message names it).
+ */
+MACO_API maco_status_t maco_comm_split(maco_comm_t comm, int color, int key,
+                                       maco_comm_t *newcomm_p);
+
+/** maco_comm_split's color for a rank that joins no new communicator. */
+#define MACO_SPLIT_NOCOLOR (-1)
+
+/** maco_comm_shrink's flags: revoke `comm` first, ending its work in flight (ncclCommShrink's
+ * NCCL_SHRINK_ABORT). Without it the shrink leaves `comm` as it is (usable, if it was). */
+#define MACO_SHRINK_ABORT 1u
+
+/**
+ * Makes a communicator of the ranks of `comm` that are alive and not excluded, also when ranks
+ * died at any point before or during the call: the way a job goes on after losing a rank.
+ * Ranks keep their order; the new ranks are 0 .. m-1. `exclude[0 .. n_exclude)` are ranks this
+ * caller wants out. Ranks that died need not be listed by anyone: every caller finds them
+ * (their bootstrap links ended) and the survivors agree on one membership, the union of what
+ * all callers excluded and found dead, so every survivor gets the same ranks in the same order,
+ * also when each saw a different failure; a rank that is slow but alive is waited for, never
+ * excluded. A rank that is alive but must leave has to be in every caller's `exclude` (as with
+ * ncclCommShrink); it then need not call (if it calls, it gets *newcomm_p = NULL). If ranks die
+ * while the call runs, the survivors start over without them (the protocol, with its failure
+ * model: src/host/bootstrap/agree.c); the call returns only once every member has built the
+ * new communicator, so either all survivors get it or (at the deadline) all fail.
+ * The new communicator owns a new bootstrap and its own GPU resources (comm buffer, scratch,
+ * channels of the collectives), built anew among the members, on the same CUDA device as this
+ * rank's here: nothing of `comm` is reused, and nothing of the dead ranks is touched.
+ * Registrations, proxies and port channels of `comm` stay with `comm`: make them again on the
+ * new communicator. `comm` itself stays as it is (revoked with MACO_SHRINK_ABORT, failed if a
+ * peer died); destroy it when done.
+ * Collective over the live, non-excluded ranks of `comm`. Blocking, bounded by
+ * MACO_BOOTSTRAP_TIMEOUT from the call (a death costs about one more message round, not a
+ * timeout). Not thread-safe with other calls on `comm` (maco_comm_revoke included).
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL comm or newcomm_p, n_exclude outside [0, world size],
+ * an exclude entry outside [0, world size), flags other than MACO_SHRINK_ABORT);
+ * MACO_ERR_TIMEOUT (the deadline passed: the message names the ranks still awaited, e.g. a live
+ * rank that neither calls nor is excluded by every caller); an error of maco_comm_create when a
+ * member failed to build its part three times in a row (the message names it); MACO_ERR_NO_MEMORY;
+ * MACO_ERR_SYSTEM.
+ */
+MACO_API maco_status_t maco_comm_shrink(maco_comm_t comm, const int *exclude, int n_exclude,
+                                        unsigned flags, maco_comm_t *newcomm_p);
+
+/**
+ * Makes the id that new ranks join with (maco_comm_join) when `comm` grows
+ * (maco_comm_grow): call on rank 0 of `comm`, which becomes rank 0 of the grown communicator,
+ * then hand the id to the new processes (a file, a launcher's store, a socket); the existing
+ * ranks get it from rank 0 inside maco_comm_grow. An id serves one grow; it holds a listening
+ * socket of this process until then. A unique id (maco/bootstrap.h) with a grow mark and the
+ * old world size in its reserved bytes. Not blocking.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL), MACO_ERR_INVALID_USAGE (not rank 0), those of
+ * maco_unique_id_create.
+ */
+MACO_API maco_status_t maco_comm_get_grow_id(maco_comm_t comm, maco_unique_id_t *id_p);
+
+/**
+ * Grows `comm` to `nranks` ranks (ncclCommGrow): the existing ranks keep their numbers, the new
+ * ones (maco_comm_join, ranks comm's size .. nranks-1) take the rest: to replace ranks lost by a
+ * shrink, or to scale up. Every existing rank calls it; rank 0 passes the id it made with
+ * maco_comm_get_grow_id, the others NULL (rank 0 sends it to them through `comm`). The grown
+ * communicator is a new one, with its own bootstrap and GPU resources, on this rank's CUDA
+ * device; `comm` stays usable and is destroyed separately. Collective over the existing and the
+ * joining ranks. Blocking, bounded by MACO_BOOTSTRAP_TIMEOUT (a new rank that never joins is
+ * waited for until then).
+ * Errors: MACO_ERR_INVALID_ARGUMENT (NULL comm or newcomm_p; nranks not above the current size;
+ * an id on a rank other than 0 or none on rank 0; an id that is not a grow id or was made for
+ * another size; ranks that passed different nranks), those of maco_bootstrap_create and
+ * maco_comm_create (MACO_ERR_REMOTE, MACO_ERR_TIMEOUT naming the rank).
+ */
+MACO_API maco_status_t maco_comm_grow(maco_comm_t comm, int nranks, const maco_unique_id_t *id,
+                                      maco_comm_t *newcomm_p);
+
+/**
+ * The new ranks' side of maco_comm_grow: joins the grown communicator of `nranks` ranks as
+ * `rank` (from the old size to nranks-1), with the grow id rank 0 made; `cuda_device` as in
+ * maco_comm_create (-1: local rank modulo the visible devices). Blocking, bounded by
+ * MACO_BOOTSTRAP_TIMEOUT. Errors: MACO_ERR_INVALID_ARGUMENT (NULL; not a grow id; rank outside
+ * [old size, nranks); cuda_device below -1), those of maco_bootstrap_create and maco_comm_create.
+ */
+MACO_API maco_status_t maco_comm_join(const maco_unique_id_t *id, int rank, int nranks,
+                                      int cuda_device, maco_comm_t *newcomm_p);
+
 /** Queries; each returns MACO_ERR_INVALID_ARGUMENT when an argument is NULL. */
 MACO_API maco_status_t maco_comm_get_rank(maco_comm_t comm, int *rank_p);
 MACO_API maco_status_t maco_comm_get_nranks(maco_comm_t comm, int *nranks_p);

@@ -37,6 +37,9 @@ typedef enum maco_status {
     MACO_ERR_NO_MEMORY = -8,
     /** The call is valid but its object is not in a state that allows it (e.g. in error). */
     MACO_ERR_INVALID_USAGE = -9,
+    /** The communicator was revoked (maco_comm_revoke on this rank or on a peer): its pending and
+     * later operations end with this status; destroy it, or shrink it into a new one. */
+    MACO_ERR_REVOKED = -10,
 } maco_status_t;
 
 /**

@@ -24,6 +24,8 @@ const char *maco_status_string(maco_status_t status)
         return "out of host memory";
     case MACO_ERR_INVALID_USAGE:
         return "invalid usage";
+    case MACO_ERR_REVOKED:
+        return "communicator revoked";
     }
     return "unknown status";
 }

@@ -21,7 +21,90 @@ enum {
     MACO__TAG_PORT = 0xFFFF0012u,
     MACO__TAG_PORT_TRANSPORT = 0xFFFF0013u, /* a transport's own connect exchange */
     MACO__TAG_XP2P = 0xFFFF0014u,           /* send/recv across nodes: the pair's buffers */
+    MACO__TAG_SPLIT = 0xFFFF0020u,          /* maco_comm_split: colors and keys, then the id */
+    MACO__TAG_GROW = 0xFFFF0021u,           /* maco_comm_grow: the new bootstrap's id */
+    /* maco__bootstrap_shrink's agreement (agree.c): instance k uses these + (k % 256). */
+    MACO__TAG_AGREE_PROPOSE = 0xFFFF1000u,
+    MACO__TAG_AGREE_DECIDE = 0xFFFF1100u,
+    MACO__TAG_AGREE_ID = 0xFFFF1200u,
+    MACO__TAG_AGREE_ABANDON = 0xFFFF1300u,
 };
+
+/** As maco_bootstrap_allgather, with `tag` (any tag; MACO's own calls use reserved ones). */
+maco_status_t maco__bootstrap_allgather_tag(maco_bootstrap_t bs, uint32_t tag, void *buffer,
+                                            size_t bytes_per_rank);
+
+/** Tells a bootstrap's setup whether to stop waiting for rank `rank` of the bootstrap being made
+ * (nonzero: its process ended, or the attempt was given up), so setup fails at once instead of
+ * waiting for it until the deadline. */
+typedef struct maco__watch {
+    int (*gone)(void *ctx, int rank);
+    void *ctx;
+} maco__watch_t;
+
+/**
+ * maco_bootstrap_create with a timeout in ms (negative: MACO_BOOTSTRAP_TIMEOUT) and an
+ * optional watch (NULL: none) asked while setup waits for a rank (each poll, at most every
+ * 200 ms). Errors as maco_bootstrap_create, plus MACO_ERR_REMOTE naming a rank the watch says
+ * is gone.
+ */
+maco_status_t maco__bootstrap_create_watched(const maco_unique_id_t *id, int rank, int nranks,
+                                             int64_t timeout_ms, const maco__watch_t *watch,
+                                             maco_bootstrap_t *bs_p);
+
+/**
+ * Revokes the bootstrap: from now on its calls (maco_bootstrap_* and the internal ones) return
+ * MACO_ERR_REVOKED, a call blocked on another thread returns within one poll wake-up, and every
+ * peer whose link is open gets a REVOKE frame (written within 1 s, or dropped), so its calls end
+ * the same way, naming this rank, and its on_revoke callback runs. Idempotent: a bootstrap
+ * already revoked (here or by a peer) is left as it is. Any thread; blocks until the call
+ * running on the bootstrap (if any) has returned. MACO_OK, or MACO_ERR_INVALID_ARGUMENT for
+ * NULL.
+ */
+maco_status_t maco__bootstrap_revoke(maco_bootstrap_t bs);
+
+/** The rank that revoked the bootstrap (this rank or a peer), or -1. Any thread. */
+int maco__bootstrap_revoked_by(maco_bootstrap_t bs);
+
+/** Sets the function called (once, on the thread reading the links) when a peer's REVOKE frame
+ * arrives. NULL clears it. */
+void maco__bootstrap_set_on_revoke(maco_bootstrap_t bs, void (*fn)(void *ctx, int by_rank),
+                                   void *ctx);
+
+/**
+ * Reads what has arrived on the links without blocking, if no call is running on the bootstrap
+ * (else returns at once: that call reads them): a peer's REVOKE frame then takes effect, and a
+ * link that ended is noticed. For watchdog threads (maco_comm_get_async_error). Any thread.
+ */
+void maco__bootstrap_poll(maco_bootstrap_t bs);
+
+/**
+ * What a shrink builds on the new bootstrap (the communicator over it): `build` makes it
+ * (collective over the new bootstrap's ranks; it takes the bootstrap over, also on failure) and
+ * writes the result to *out_p; `discard` frees a result the agreement did not keep. Errors of
+ * `build` are logged by it.
+ */
+typedef struct maco__shrink_build {
+    maco_status_t (*build)(void *ctx, maco_bootstrap_t child, void **out_p);
+    void (*discard)(void *ctx, void *out);
+    void *ctx;
+} maco__shrink_build_t;
+
+/**
+ * The survivors of `bs` agree on who stays and build a new bootstrap over those ranks (and what
+ * `how` builds on it), also when ranks died at any point before or during the call, or die while
+ * it runs. Collective over the live ranks of `bs` that are not excluded; see maco_comm_shrink
+ * (maco/comm.h) for the contract, which this implements (the protocol: agree.c). `exclude[0..
+ * n_exclude)` are ranks of `bs` this rank wants out. On success *out_p is what `how` built, or
+ * NULL when this rank is not a member (excluded); *new_rank_p its rank there (-1 if excluded).
+ * Errors: MACO_ERR_TIMEOUT (the deadline, MACO_BOOTSTRAP_TIMEOUT from the call, passed: the
+ * message names the ranks still awaited), MACO_ERR_INVALID_USAGE (this rank excluded itself and
+ * called anyway is not an error: it gets NULL; a member that failed to build its part three
+ * times: its error), MACO_ERR_NO_MEMORY, MACO_ERR_SYSTEM.
+ */
+maco_status_t maco__bootstrap_shrink(maco_bootstrap_t bs, const int *exclude, int n_exclude,
+                                     const maco__shrink_build_t *how, void **out_p,
+                                     int *new_rank_p);
 
 /** As maco_bootstrap_send/recv, but any tag is allowed. */
 maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,

@@ -29,6 +29,7 @@
 #ifndef MACO_BOOTSTRAP_PRIVATE_H
 #define MACO_BOOTSTRAP_PRIVATE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,7 +52,8 @@ enum {
     MACO__FRAME_BYE = 1,
     MACO__FRAME_TABLE = 2,
     MACO__FRAME_INIT_ERROR = 3,
-    MACO__FRAME_ABORT = 4, /* payload: u32 culprit rank (or ~0), i32 status, text */
+    MACO__FRAME_ABORT = 4,  /* payload: u32 culprit rank (or ~0), i32 status, text */
+    MACO__FRAME_REVOKE = 5, /* no payload: the sender revoked the bootstrap (maco_comm_revoke) */
 };
 
 enum {
@@ -101,6 +103,10 @@ typedef struct maco__rx_post {
 
 typedef struct maco__tx {
     struct maco__tx *next;
+    /* 1 when the bootstrap owns this frame and its data (one allocation, freed once sent): what
+     * is left of a frame whose call ended while it was half sent, so the stream stays in frame
+     * and the link stays usable for later calls. */
+    int owned;
     uint8_t hdr[MACO__FRAME_HDR_BYTES];
     size_t hdr_sent;
     const uint8_t *data;
@@ -130,6 +136,9 @@ typedef struct maco__peer {
     /* Queued sends, in order. */
     maco__tx_t *tx_head, *tx_tail;
     int tx_broken; /* a frame was abandoned half-sent: nothing more may be sent */
+    /* 1 while the rest of the frame being read is thrown away (its call ended while it was
+     * arriving): the bytes are read and dropped, so the stream stays in frame. */
+    int rx_discard;
 } maco__peer_t;
 
 struct maco_bootstrap {
@@ -150,6 +159,32 @@ struct maco_bootstrap {
     /* Connections that ended without BYE, awaiting the grace period. */
     int64_t lost_at_ms; /* when the first ended; 0 when none */
     int first_lost;
+    /* One thread at a time runs the calls (calls.c); maco__bootstrap_poll tries it without
+     * waiting from any thread. */
+    pthread_mutex_t lock;
+    /* Revocation (maco__bootstrap_revoke): the rank that revoked (this one, or a peer whose
+     * REVOKE frame arrived), or -1. Written once under `lock`, read by any thread (atomic). */
+    int revoked_by;
+    /* An eventfd in every poll of the progress engine: a revoke from another thread writes it
+     * so that a call blocked in poll returns at once. -1 when none could be made (the call
+     * then notices within one poll period, at most 1 s). */
+    int wake_fd;
+    /* While 1 (maco__bootstrap_shrink's agreement), a link that ends or aborts marks only its
+     * peer gone: the bootstrap does not fail, and calls ignore the sticky failure and the
+     * revocation. */
+    int tolerant;
+    /* Called once, on the thread that reads it, when a peer's REVOKE frame arrives (the
+     * communicator ends its device waits); NULL when none. */
+    void (*on_revoke)(void *ctx, int by_rank);
+    void *on_revoke_ctx;
+    /* During setup of a bootstrap made by maco__bootstrap_shrink: says whether a rank of the
+     * new bootstrap is already gone (its link in the parent ended), so setup fails at once
+     * instead of waiting for it until the deadline. NULL otherwise. */
+    int (*watch_gone)(void *ctx, int rank);
+    void *watch_ctx;
+    /* The next instance of the shrink agreement (agree.c): instances are numbered per
+     * bootstrap, so messages of an earlier shrink are never taken for this one's. */
+    uint32_t agree_seq;
 };
 
 /*
@@ -176,7 +211,27 @@ void maco__bs_post(maco_bootstrap_t bs, int src, maco__rx_post_t *post, uint32_t
 void maco__bs_queue(maco_bootstrap_t bs, int dst, maco__tx_t *t, uint16_t kind, uint32_t tag,
                     const void *data, size_t len);
 maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const char *what);
+/* Removes a frame of a call that ends from its peer's send queue; one partly written stays as
+ * a copy the bootstrap owns (so the stream stays in frame). Caller holds the lock. */
+void maco__bs_unqueue(maco_bootstrap_t bs, int dst, maco__tx_t *t);
 maco_status_t maco__bs_sticky(maco_bootstrap_t bs);
+/* The status a normal call gets now: MACO_ERR_REVOKED (naming who revoked), the sticky
+ * failure, or MACO_OK. Not logged again. */
+maco_status_t maco__bs_state(maco_bootstrap_t bs);
+/* One round of the progress engine that only moves bytes: waits up to `deadline_ms` (at most
+ * 1 s, and no longer once the wake fd fires) for any open link, reads and writes what is
+ * ready. Peers whose link ended, aborted or broke the protocol are marked (their state); the
+ * bootstrap is not failed here. MACO_OK, or MACO_ERR_SYSTEM / MACO_ERR_NO_MEMORY for a local
+ * failure (logged). */
+maco_status_t maco__bs_progress_links(maco_bootstrap_t bs, int64_t deadline_ms);
+/* 1 when `peer`'s link can carry nothing more (it said goodbye, aborted, ended or broke the
+ * protocol), else 0. Caller holds the lock. */
+int maco__bs_peer_is_gone(maco_bootstrap_t bs, int peer);
+/* Takes the oldest unexpected message with `tag` that has arrived from any peer in
+ * [0, nranks) for which want[peer] is nonzero (NULL: any): moves it into *msg_p (the caller
+ * frees msg->data and msg) and its sender into *from_p. 0 when one was taken, -1 when none. */
+int maco__bs_take_any(maco_bootstrap_t bs, uint32_t tag, const char *want, maco__msg_t **msg_p,
+                      int *from_p);
 int maco__take_root_socket(uint64_t nonce);
 maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
                               const char *what);

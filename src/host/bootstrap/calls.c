@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "src/host/bootstrap/bootstrap_private.h"
@@ -19,9 +20,7 @@ static maco_status_t maco__bs_check(maco_bootstrap_t bs, const char *fn)
 {
     if (bs == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP, "%s: bs is NULL", fn);
-    if (bs->failed != MACO_OK)
-        return maco__bs_sticky(bs);
-    return MACO_OK;
+    return maco__bs_state(bs);
 }
 
 static maco_status_t maco__check_peer(maco_bootstrap_t bs, const char *fn, int peer)
@@ -57,8 +56,11 @@ maco_status_t maco__bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, 
     memset(&op, 0, sizeof(op));
     op.peer = peer;
     op.is_send = 1;
+    pthread_mutex_lock(&bs->lock);
     maco__bs_queue(bs, peer, &op.tx, MACO__FRAME_DATA, tag, data, bytes);
-    return maco__bs_run(bs, &op, 1, "send");
+    st = maco__bs_run(bs, &op, 1, "send");
+    pthread_mutex_unlock(&bs->lock);
+    return st;
 }
 
 maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, void *data,
@@ -71,10 +73,13 @@ maco_status_t maco__bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, 
     maco__op_t op;
     memset(&op, 0, sizeof(op));
     op.peer = peer;
-    maco__bs_post(bs, peer, &op.rx, tag, data, bytes);
     char what[64];
     snprintf(what, sizeof(what), "receive (tag 0x%x)", tag);
-    return maco__bs_run(bs, &op, 1, what);
+    pthread_mutex_lock(&bs->lock);
+    maco__bs_post(bs, peer, &op.rx, tag, data, bytes);
+    st = maco__bs_run(bs, &op, 1, what);
+    pthread_mutex_unlock(&bs->lock);
+    return st;
 }
 
 maco_status_t maco_bootstrap_send(maco_bootstrap_t bs, int peer, uint32_t tag, const void *data,
@@ -101,6 +106,12 @@ maco_status_t maco_bootstrap_recv(maco_bootstrap_t bs, int peer, uint32_t tag, v
 
 maco_status_t maco_bootstrap_allgather(maco_bootstrap_t bs, void *buffer, size_t bytes_per_rank)
 {
+    return maco__bootstrap_allgather_tag(bs, MACO__TAG_ALLGATHER, buffer, bytes_per_rank);
+}
+
+maco_status_t maco__bootstrap_allgather_tag(maco_bootstrap_t bs, uint32_t tag, void *buffer,
+                                            size_t bytes_per_rank)
+{
     MACO__LOG_RANK_SCOPE(bs != NULL ? bs->rank : -1);
     maco_status_t st = maco__bs_check(bs, "maco_bootstrap_allgather");
     if (st != MACO_OK)
@@ -118,13 +129,14 @@ maco_status_t maco_bootstrap_allgather(maco_bootstrap_t bs, void *buffer, size_t
     uint8_t *base = (uint8_t *)buffer;
     const uint8_t *mine = base ? base + (size_t)bs->rank * bytes_per_rank : NULL;
     int k = 0;
+    pthread_mutex_lock(&bs->lock);
     /* Receives first, so data can land in place as soon as it arrives. */
     for (int r = 0; r < bs->nranks; r++) {
         if (r == bs->rank)
             continue;
         ops[k].peer = r;
-        maco__bs_post(bs, r, &ops[k].rx, MACO__TAG_ALLGATHER,
-                      base ? base + (size_t)r * bytes_per_rank : NULL, bytes_per_rank);
+        maco__bs_post(bs, r, &ops[k].rx, tag, base ? base + (size_t)r * bytes_per_rank : NULL,
+                      bytes_per_rank);
         k++;
     }
     /* Send to ranks after this one first, so the load spreads instead of all ranks
@@ -133,11 +145,11 @@ maco_status_t maco_bootstrap_allgather(maco_bootstrap_t bs, void *buffer, size_t
         int r = (bs->rank + i) % bs->nranks;
         ops[k].peer = r;
         ops[k].is_send = 1;
-        maco__bs_queue(bs, r, &ops[k].tx, MACO__FRAME_DATA, MACO__TAG_ALLGATHER, mine,
-                       bytes_per_rank);
+        maco__bs_queue(bs, r, &ops[k].tx, MACO__FRAME_DATA, tag, mine, bytes_per_rank);
         k++;
     }
     st = maco__bs_run(bs, ops, nops, "allgather");
+    pthread_mutex_unlock(&bs->lock);
     free(ops);
     return st;
 }
@@ -166,14 +178,18 @@ maco_status_t maco_bootstrap_broadcast(maco_bootstrap_t bs, int root, void *buff
         maco__op_t op;
         memset(&op, 0, sizeof(op));
         op.peer = root;
+        pthread_mutex_lock(&bs->lock);
         maco__bs_post(bs, root, &op.rx, MACO__TAG_BROADCAST, buffer, bytes);
-        return maco__bs_run(bs, &op, 1, "broadcast");
+        st = maco__bs_run(bs, &op, 1, "broadcast");
+        pthread_mutex_unlock(&bs->lock);
+        return st;
     }
     int nops = bs->nranks - 1;
     maco__op_t *ops = (maco__op_t *)calloc((size_t)nops, sizeof(*ops));
     if (ops == NULL)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "broadcast: no memory");
     int k = 0;
+    pthread_mutex_lock(&bs->lock);
     for (int r = 0; r < bs->nranks; r++) {
         if (r == root)
             continue;
@@ -183,6 +199,7 @@ maco_status_t maco_bootstrap_broadcast(maco_bootstrap_t bs, int root, void *buff
         k++;
     }
     st = maco__bs_run(bs, ops, nops, "broadcast");
+    pthread_mutex_unlock(&bs->lock);
     free(ops);
     return st;
 }
@@ -239,6 +256,9 @@ maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
 {
     if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank)
         return MACO_OK;
+    int by = __atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE);
+    if (by >= 0)
+        return maco__error_quiet(MACO_ERR_REVOKED, "rank %d revoked the communicator", by);
     maco_status_t failed = (maco_status_t)__atomic_load_n((int *)&bs->failed, __ATOMIC_ACQUIRE);
     if (failed != MACO_OK)
         return maco__error_quiet(failed, "the job failed: %s", bs->failed_text);
@@ -318,4 +338,76 @@ maco_status_t maco__bootstrap_exchange(maco_bootstrap_t bs, int peer, uint32_t t
     if (st == MACO_OK)
         st = maco__bootstrap_recv(bs, peer, tag, theirs, bytes);
     return st;
+}
+
+/* ------------------------------------------------------------------ revocation */
+
+int maco__bootstrap_revoked_by(maco_bootstrap_t bs)
+{
+    return bs == NULL ? -1 : __atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE);
+}
+
+void maco__bootstrap_set_on_revoke(maco_bootstrap_t bs, void (*fn)(void *ctx, int by_rank),
+                                   void *ctx)
+{
+    pthread_mutex_lock(&bs->lock);
+    bs->on_revoke = fn;
+    bs->on_revoke_ctx = ctx;
+    pthread_mutex_unlock(&bs->lock);
+}
+
+/* Sends a REVOKE frame to every peer whose link is open, waiting at most `ms` for them to be
+ * written. Caller holds the lock. */
+static void maco__bs_tell_revoke(maco_bootstrap_t bs, int64_t ms)
+{
+    maco__tx_t *tx = (maco__tx_t *)calloc((size_t)bs->nranks, sizeof(*tx));
+    if (tx == NULL)
+        return; /* peers learn it from their own waits instead */
+    for (int r = 0; r < bs->nranks; r++)
+        if (r != bs->rank && !maco__bs_peer_is_gone(bs, r))
+            maco__bs_queue(bs, r, &tx[r], MACO__FRAME_REVOKE, 0, NULL, 0);
+    int64_t deadline = maco__deadline_ms(ms);
+    for (;;) {
+        int pending = 0;
+        for (int r = 0; r < bs->nranks; r++)
+            pending += tx[r].hdr_sent != (size_t)-1 && r != bs->rank &&
+                       !maco__bs_peer_is_gone(bs, r) && bs->peers[r].tx_head != NULL;
+        if (pending == 0 || maco__now_ms() >= deadline ||
+            maco__bs_progress_links(bs, deadline) != MACO_OK)
+            break;
+    }
+    /* Not written yet (a peer that stopped reading): dropped, or kept whole if half of it is
+     * out, as for every call that ends. */
+    for (int r = 0; r < bs->nranks; r++)
+        if (r != bs->rank && tx[r].hdr_sent != (size_t)-1)
+            maco__bs_unqueue(bs, r, &tx[r]);
+    free(tx);
+}
+
+maco_status_t maco__bootstrap_revoke(maco_bootstrap_t bs)
+{
+    if (bs == NULL)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_comm_revoke: the bootstrap is NULL");
+    int none = -1;
+    if (!__atomic_compare_exchange_n(&bs->revoked_by, &none, bs->rank, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return MACO_OK; /* revoked already, here or by a peer (which told the others) */
+    if (bs->wake_fd >= 0)
+        (void)eventfd_write(bs->wake_fd, 1); /* a call blocked in poll returns now */
+    pthread_mutex_lock(&bs->lock);
+    maco__bs_tell_revoke(bs, 1000);
+    pthread_mutex_unlock(&bs->lock);
+    MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "rank %d revoked the communicator; its peers were told",
+              bs->rank);
+    return MACO_OK;
+}
+
+void maco__bootstrap_poll(maco_bootstrap_t bs)
+{
+    if (bs == NULL || pthread_mutex_trylock(&bs->lock) != 0)
+        return; /* a call is running on another thread: it reads the links */
+    if (bs->failed == MACO_OK)
+        (void)maco__bs_progress_links(bs, maco__now_ms());
+    pthread_mutex_unlock(&bs->lock);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "src/host/bootstrap/bootstrap_private.h"
@@ -60,6 +61,56 @@ maco_status_t maco__bs_sticky(maco_bootstrap_t bs)
     return maco__error_quiet(bs->failed, "rank %d: %s", bs->rank, bs->failed_text);
 }
 
+maco_status_t maco__bs_state(maco_bootstrap_t bs)
+{
+    int by = __atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE);
+    if (by == bs->rank)
+        return maco__error_quiet(MACO_ERR_REVOKED,
+                                 "rank %d: the communicator was revoked on this rank "
+                                 "(maco_comm_revoke); destroy it or shrink it",
+                                 bs->rank);
+    if (by >= 0)
+        return maco__error_quiet(MACO_ERR_REVOKED,
+                                 "rank %d: rank %d revoked the communicator (maco_comm_revoke); "
+                                 "destroy it or shrink it",
+                                 bs->rank, by);
+    if (bs->failed != MACO_OK)
+        return maco__bs_sticky(bs);
+    return MACO_OK;
+}
+
+int maco__bs_peer_is_gone(maco_bootstrap_t bs, int peer)
+{
+    const maco__peer_t *p = &bs->peers[peer];
+    return p->state != MACO__PEER_OPEN || p->fd < 0 || p->tx_broken;
+}
+
+int maco__bs_take_any(maco_bootstrap_t bs, uint32_t tag, const char *want, maco__msg_t **msg_p,
+                      int *from_p)
+{
+    for (int r = 0; r < bs->nranks; r++) {
+        if (r == bs->rank || (want != NULL && !want[r]))
+            continue;
+        maco__peer_t *p = &bs->peers[r];
+        maco__msg_t *prev = NULL;
+        for (maco__msg_t *m = p->unexpected_head; m != NULL; prev = m, m = m->next) {
+            if (m->tag != tag)
+                continue;
+            if (prev)
+                prev->next = m->next;
+            else
+                p->unexpected_head = m->next;
+            if (p->unexpected_tail == m)
+                p->unexpected_tail = prev;
+            m->next = NULL;
+            *msg_p = m;
+            *from_p = r;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* ------------------------------------------------------------------ link I/O */
 
 /* A connection ended or broke without BYE. The failure is reported after a grace period
@@ -76,10 +127,16 @@ static void maco__bs_peer_lost(maco_bootstrap_t bs, int src)
     MACO_DEBUG(MACO_SUBSYS_BOOTSTRAP, "connection to rank %d ended without goodbye", src);
 }
 
-/* An ABORT frame: the peer failed and says whom it blames. */
+/* An ABORT frame: the peer failed and says whom it blames. It is leaving: its link carries
+ * nothing more. During an agreement (bs->tolerant) that is all it means. */
 static maco_status_t maco__bs_on_abort(maco_bootstrap_t bs, int src, const uint8_t *data,
                                        size_t len)
 {
+    bs->peers[src].state = MACO__PEER_BYE;
+    if (bs->tolerant) {
+        MACO_DEBUG(MACO_SUBSYS_BOOTSTRAP, "rank %d stopped with an error (abort frame)", src);
+        return MACO_OK;
+    }
     char text[MACO__ABORT_TEXT_BYTES] = "";
     int culprit = src;
     if (len >= 8) {
@@ -129,11 +186,32 @@ static maco_status_t maco__rx_frame_start(maco_bootstrap_t bs, int src, maco__pe
         p->payload_cap = p->payload_len;
         return MACO_OK;
     }
-    if (p->kind != MACO__FRAME_DATA || len > ((uint64_t)1 << 40))
+    if (p->kind == MACO__FRAME_REVOKE && len == 0) {
+        int none = -1;
+        if (__atomic_compare_exchange_n(&bs->revoked_by, &none, src, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "rank %d revoked the communicator", src);
+            if (bs->on_revoke != NULL)
+                bs->on_revoke(bs->on_revoke_ctx, src);
+        }
+        return MACO_OK;
+    }
+    if (p->kind != MACO__FRAME_DATA || len > ((uint64_t)1 << 40)) {
+        if (bs->tolerant) {
+            /* Out of frame: nothing more can be read from this link; its peer is gone. */
+            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                      "rank %d sent an invalid frame (kind %u, length %llu); its link is closed",
+                      src, (unsigned)p->kind, (unsigned long long)len);
+            p->in_payload = 0;
+            p->state = MACO__PEER_LOST;
+            maco__peer_close_fd(p);
+            return MACO_OK;
+        }
         return maco__bs_fail(bs, MACO_ERR_REMOTE,
                              "rank %d sent an invalid frame (kind %u, length %llu): protocol "
                              "error or a different MACO version",
                              src, (unsigned)p->kind, (unsigned long long)len);
+    }
     /* The oldest posted receive for this tag takes it, unless an older message with the
      * same tag is already waiting (posting checks the unexpected list first, so that
      * cannot happen while a matching post exists). */
@@ -214,8 +292,14 @@ static maco_status_t maco__peer_read(maco_bootstrap_t bs, int src)
     maco__peer_t *p = &bs->peers[src];
     for (;;) {
         ssize_t n;
+        uint8_t scratch[4096];
+        if (p->fd < 0)
+            return MACO_OK; /* closed while reading (a broken frame during an agreement) */
         if (!p->in_payload) {
             n = recv(p->fd, p->hdr + p->hdr_got, MACO__FRAME_HDR_BYTES - p->hdr_got, 0);
+        } else if (p->rx_discard) {
+            size_t left = p->payload_len - p->payload_got;
+            n = recv(p->fd, scratch, left < sizeof(scratch) ? left : sizeof(scratch), 0);
         } else {
             if (p->payload_got == p->payload_cap && p->rx_msg != NULL) {
                 /* The buffered message's piece is full: grow it for the bytes to come. */
@@ -284,6 +368,10 @@ static maco_status_t maco__peer_read(maco_bootstrap_t bs, int src)
             if (p->payload_got < p->payload_len)
                 continue;
             p->in_payload = 0;
+            if (p->rx_discard) {
+                p->rx_discard = 0;
+                continue;
+            }
             if (p->kind == MACO__FRAME_ABORT) {
                 maco_status_t ast = maco__bs_on_abort(bs, src, p->rx_msg->data, p->rx_msg->len);
                 free(p->rx_msg->data);
@@ -337,18 +425,14 @@ static maco_status_t maco__peer_write(maco_bootstrap_t bs, int dst)
             p->tx_tail = NULL;
         t->next = NULL;
         t->hdr_sent = (size_t)-1; /* marks completion for the caller */
+        if (t->owned)
+            free(t);
     }
     return MACO_OK;
 }
 
-/*
- * One round of progress: waits up to the deadline (at most 1 s per poll) for any link to
- * become readable or, where sends are queued, writable, then services every ready link.
- */
-static maco_status_t maco__bs_progress(maco_bootstrap_t bs, int64_t deadline_ms)
+maco_status_t maco__bs_progress_links(maco_bootstrap_t bs, int64_t deadline_ms)
 {
-    if (bs->failed != MACO_OK)
-        return maco__bs_sticky(bs);
     int n = 0;
     for (int r = 0; r < bs->nranks; r++) {
         maco__peer_t *p = &bs->peers[r];
@@ -360,6 +444,14 @@ static maco_status_t maco__bs_progress(maco_bootstrap_t bs, int64_t deadline_ms)
         bs->pfd_rank[n] = r;
         n++;
     }
+    int nlinks = n;
+    if (bs->wake_fd >= 0) { /* pfds has room for one more than the peers */
+        bs->pfds[n].fd = bs->wake_fd;
+        bs->pfds[n].events = POLLIN;
+        bs->pfds[n].revents = 0;
+        bs->pfd_rank[n] = -1;
+        n++;
+    }
     int64_t left = deadline_ms - maco__now_ms();
     if (left < 0)
         left = 0;
@@ -369,9 +461,14 @@ static maco_status_t maco__bs_progress(maco_bootstrap_t bs, int64_t deadline_ms)
     if (rc < 0) {
         if (errno == EINTR)
             return MACO_OK;
-        return maco__bs_fail(bs, MACO_ERR_SYSTEM, "poll failed: %s", strerror(errno));
+        return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "rank %d: poll failed: %s",
+                           bs->rank, strerror(errno));
     }
-    for (int i = 0; i < n && rc > 0; i++) {
+    if (n > nlinks && bs->pfds[nlinks].revents != 0) {
+        eventfd_t drained;
+        (void)eventfd_read(bs->wake_fd, &drained); /* the caller looks at revoked_by */
+    }
+    for (int i = 0; i < nlinks && rc > 0; i++) {
         if (bs->pfds[i].revents == 0)
             continue;
         int r = bs->pfd_rank[i];
@@ -383,6 +480,26 @@ static maco_status_t maco__bs_progress(maco_bootstrap_t bs, int64_t deadline_ms)
         if (st != MACO_OK)
             return st;
     }
+    return MACO_OK;
+}
+
+/*
+ * One round of progress for a normal call: the links (maco__bs_progress_links), then the
+ * failures they showed become the bootstrap's sticky failure: an ABORT frame at once, a link
+ * that ended without goodbye after the grace period.
+ */
+static maco_status_t maco__bs_progress(maco_bootstrap_t bs, int64_t deadline_ms)
+{
+    if (bs->failed != MACO_OK)
+        return maco__bs_sticky(bs);
+    maco_status_t st = maco__bs_progress_links(bs, deadline_ms);
+    if (st != MACO_OK && bs->failed == MACO_OK) { /* a local failure, logged where it happened */
+        snprintf(bs->failed_text, sizeof(bs->failed_text), "%s", maco__last_error());
+        bs->failed = st;
+        bs->failed_culprit = -1;
+    }
+    if (bs->failed != MACO_OK)
+        return maco__bs_sticky(bs);
     if (bs->lost_at_ms != 0 && maco__now_ms() - bs->lost_at_ms >= MACO__LOST_GRACE_MS) {
         char others[128] = "";
         size_t used = 0;
@@ -481,26 +598,45 @@ static void maco__bs_unpost(maco_bootstrap_t bs, int src, maco__rx_post_t *post)
     }
 }
 
-/* Removes unsent frames of an aborted call from the send queues. */
-static void maco__bs_unqueue(maco_bootstrap_t bs, int dst, maco__tx_t *t)
+/* Removes unsent frames of an ended call from the send queues. A frame already partly
+ * written stays, as a copy the bootstrap owns, so the stream stays in frame (the peer gets a
+ * whole message nobody waits for, and the link keeps working); only when no memory is left
+ * for the copy does the link stop carrying frames. */
+void maco__bs_unqueue(maco_bootstrap_t bs, int dst, maco__tx_t *t)
 {
     maco__peer_t *p = &bs->peers[dst];
     maco__tx_t *prev = NULL;
     for (maco__tx_t *it = p->tx_head; it != NULL; prev = it, it = it->next) {
         if (it != t)
             continue;
+        maco__tx_t *keep = NULL;
         if (it->hdr_sent != 0 && !maco__tx_done(it)) {
-            /* Partly written: the stream is now out of frame; nothing more may follow. */
-            p->tx_broken = 1;
-            maco__bs_fail(bs, MACO_ERR_INTERNAL,
-                          "a call was abandoned in the middle of a send to rank %d", dst);
+            keep = (maco__tx_t *)malloc(sizeof(*keep) + it->len);
+            if (keep != NULL) {
+                *keep = *it;
+                keep->owned = 1;
+                keep->data = (const uint8_t *)(keep + 1);
+                if (it->len > 0)
+                    memcpy(keep + 1, it->data, it->len);
+            } else {
+                p->tx_broken = 1;
+                maco__bs_fail(bs, MACO_ERR_NO_MEMORY,
+                              "no host memory to finish a %zu-byte frame to rank %d whose call "
+                              "ended; the link stops",
+                              it->len, dst);
+            }
+        }
+        maco__tx_t *next = it->next;
+        if (keep != NULL) {
+            keep->next = next;
+            next = keep;
         }
         if (prev)
-            prev->next = it->next;
+            prev->next = next;
         else
-            p->tx_head = it->next;
+            p->tx_head = next;
         if (p->tx_tail == it)
-            p->tx_tail = prev;
+            p->tx_tail = keep != NULL ? keep : prev;
         return;
     }
 }
@@ -510,6 +646,10 @@ maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const
     int64_t deadline = maco__deadline_ms(bs->timeout_ms);
     maco_status_t st = MACO_OK;
     for (;;) {
+        if (__atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE) >= 0) {
+            st = maco__bs_state(bs);
+            goto out;
+        }
         int pending = 0;
         for (int i = 0; i < nops; i++) {
             maco__op_t *op = &ops[i];
@@ -578,14 +718,14 @@ out:
             maco__bs_unpost(bs, ops[i].peer, &ops[i].rx);
     }
     /* A receive whose frame is still arriving must not write into the caller's buffer
-     * after we return: hand the rest of that frame to a scratch message. */
+     * after we return: the rest of that frame is read and dropped, keeping the link in frame. */
     if (st != MACO_OK) {
         for (int i = 0; i < nops; i++) {
             maco__peer_t *p = &bs->peers[ops[i].peer];
             if (!ops[i].is_send && p->rx_target == &ops[i].rx) {
                 p->rx_target = NULL;
-                maco__bs_fail(bs, MACO_ERR_INTERNAL,
-                              "a call was abandoned while receiving from rank %d", ops[i].peer);
+                p->payload_dst = NULL;
+                p->rx_discard = 1;
             }
         }
     }

@@ -2,6 +2,7 @@
  * files (bootstrap_private.h). */
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -39,6 +40,10 @@ maco_bootstrap_t maco__bs_alloc(int rank, int nranks, uint64_t nonce, int64_t ti
     }
     for (int r = 0; r < nranks; r++)
         bs->peers[r].fd = -1;
+    pthread_mutex_init(&bs->lock, NULL);
+    bs->revoked_by = -1;
+    /* Without it a revoke from another thread is noticed within one poll period instead. */
+    bs->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     return bs;
 }
 
@@ -59,9 +64,19 @@ void maco__bs_free(maco_bootstrap_t bs)
             free(p->rx_msg->data);
             free(p->rx_msg);
         }
+        /* Frames the bootstrap owns (the rest of half-sent ones); the callers' own frames
+         * were removed when their calls ended. */
+        for (maco__tx_t *t = p->tx_head, *next; t != NULL; t = next) {
+            next = t->next;
+            if (t->owned)
+                free(t);
+        }
     }
     if (bs->listen_fd >= 0)
         close(bs->listen_fd);
+    if (bs->wake_fd >= 0)
+        close(bs->wake_fd);
+    pthread_mutex_destroy(&bs->lock);
     free(bs->peers);
     free(bs->host_ids);
     free(bs->pfds);

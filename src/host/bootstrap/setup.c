@@ -219,6 +219,22 @@ static maco_status_t maco__accept_check_links(const maco__accept_t *ac, int n)
     return st;
 }
 
+/* A bootstrap made by a shrink: a rank still awaited whose process is known gone (its link
+ * in the shrunk bootstrap ended) fails setup now instead of at the deadline. */
+static maco_status_t maco__accept_check_watch(const maco__accept_t *ac)
+{
+    maco_bootstrap_t bs = ac->bs;
+    if (bs->watch_gone == NULL || ac->job_error[0] != '\0')
+        return MACO_OK;
+    for (int r = 0; r < bs->nranks; r++)
+        if (ac->expect[r] && bs->watch_gone(bs->watch_ctx, r))
+            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                               "rank %d: stopped waiting for rank %d of the new communicator: it "
+                               "is gone (its process ended) or gave up this setup",
+                               bs->rank, r);
+    return MACO_OK;
+}
+
 /* Rank 0 tells the process on `fd` (its hello said `rank`) the job error, and counts it. */
 static void maco__accept_tell(maco__accept_t *ac, int fd, int rank)
 {
@@ -435,6 +451,8 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
         }
         int n = maco__accept_poll(&ac, now, &st);
         if (st == MACO_OK)
+            st = maco__accept_check_watch(&ac);
+        if (st == MACO_OK)
             st = maco__accept_check_links(&ac, n);
         if (st == MACO_OK)
             st = maco__accept_pending(&ac);
@@ -524,6 +542,41 @@ static maco_status_t maco__setup_root(maco_bootstrap_t bs, int64_t deadline)
     return MACO_OK;
 }
 
+/* What maco__connect_rank's `stop` asks: whether the rank being connected to is gone. */
+typedef struct maco__connect_watch {
+    maco_bootstrap_t bs;
+    int rank;
+} maco__connect_watch_t;
+
+static maco_status_t maco__connect_stop(void *ctx)
+{
+    const maco__connect_watch_t *w = (const maco__connect_watch_t *)ctx;
+    if (!w->bs->watch_gone(w->bs->watch_ctx, w->rank))
+        return MACO_OK;
+    return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                       "rank %d: stopped connecting to rank %d of the new communicator: it is "
+                       "gone (its process ended) or gave up this setup",
+                       w->bs->rank, w->rank);
+}
+
+/* Connects to `rank` at `addr` before the deadline; in a bootstrap made by a shrink it stops as
+ * soon as that rank is known gone. */
+static maco_status_t maco__connect_rank(maco_bootstrap_t bs, int rank, const maco__sockaddr_t *addr,
+                                        int64_t deadline, const char *what, int *fd_p)
+{
+    if (bs->watch_gone == NULL)
+        return maco__socket_connect(addr, deadline, what, fd_p);
+    maco__connect_watch_t w = { bs, rank };
+    return maco__socket_connect_watched(addr, deadline, what, maco__connect_stop, &w, fd_p);
+}
+
+/* Installs (or with NULL removes) the watch a setup asks while it waits for a rank. */
+static void maco__bs_set_watch(maco_bootstrap_t bs, const maco__watch_t *watch)
+{
+    bs->watch_gone = watch != NULL ? watch->gone : NULL;
+    bs->watch_ctx = watch != NULL ? watch->ctx : NULL;
+}
+
 static void maco__apply_table(maco_bootstrap_t bs, const uint8_t *table)
 {
     for (int r = 0; r < bs->nranks; r++) {
@@ -539,7 +592,7 @@ static void maco__apply_table(maco_bootstrap_t bs, const uint8_t *table)
  */
 static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_t nonce, int rank,
                                            int nranks, int64_t timeout_ms, int listen_fd,
-                                           maco_bootstrap_t *bs_p)
+                                           const maco__watch_t *watch, maco_bootstrap_t *bs_p)
 {
     maco_bootstrap_t bs = maco__bs_alloc(rank, nranks, nonce, timeout_ms);
     if (bs == NULL) {
@@ -548,6 +601,7 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP,
                            "no host memory for a bootstrap of %d ranks", nranks);
     }
+    maco__bs_set_watch(bs, watch);
     maco__log_set_rank(rank);
     int64_t deadline = maco__deadline_ms(timeout_ms);
     maco_status_t st = MACO_OK;
@@ -591,7 +645,7 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
             goto fail;
     } else {
         int fd;
-        st = maco__socket_connect(root, deadline, "rank 0", &fd);
+        st = maco__connect_rank(bs, 0, root, deadline, "rank 0", &fd);
         if (st != MACO_OK)
             goto fail;
         bs->peers[0].fd = fd;
@@ -648,7 +702,7 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
             }
             char what[32];
             snprintf(what, sizeof(what), "rank %d", q);
-            st = maco__socket_connect(&addr, deadline, what, &fd);
+            st = maco__connect_rank(bs, q, &addr, deadline, what, &fd);
             if (st != MACO_OK)
                 goto fail;
             bs->peers[q].fd = fd;
@@ -678,6 +732,7 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
     bs->setup_table = NULL;
     free(table);
     MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "rank %d of %d connected (root %s)", rank, nranks, root_text);
+    maco__bs_set_watch(bs, NULL); /* its context lives only as long as the setup */
     *bs_p = bs;
     return MACO_OK;
 fail:
@@ -691,6 +746,13 @@ fail:
 
 maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nranks,
                                     int timeout_ms, maco_bootstrap_t *bs_p)
+{
+    return maco__bootstrap_create_watched(id, rank, nranks, timeout_ms, NULL, bs_p);
+}
+
+maco_status_t maco__bootstrap_create_watched(const maco_unique_id_t *id, int rank, int nranks,
+                                             int64_t timeout_ms, const maco__watch_t *watch,
+                                             maco_bootstrap_t *bs_p)
 {
     if (id == NULL || bs_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
@@ -718,5 +780,5 @@ maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nr
     }
     maco__config_check_environment();
     int listen_fd = rank == 0 ? maco__take_root_socket(nonce) : -1;
-    return maco__bootstrap_setup(&root, nonce, rank, nranks, timeout, listen_fd, bs_p);
+    return maco__bootstrap_setup(&root, nonce, rank, nranks, timeout, listen_fd, watch, bs_p);
 }

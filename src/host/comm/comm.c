@@ -295,6 +295,8 @@ static void maco__comm_free(maco_comm_t comm)
     cudaGetLastError();
     free(comm->peer_buf);
     free(comm->peer_buf_mem);
+    if (comm->bs != NULL)
+        maco__bootstrap_set_on_revoke(comm->bs, NULL, NULL);
     if (comm->owns_bootstrap)
         maco_bootstrap_destroy(comm->bs);
     pthread_mutex_destroy(&comm->error_lock);
@@ -351,6 +353,8 @@ maco_status_t maco_comm_create(maco_bootstrap_t bs, int cuda_device, maco_comm_t
         comm->gpu_ranks = 0; /* the getters' documented value without a usable GPU */
         comm->coresident_ctas = 0;
     }
+    /* A peer's maco_comm_revoke reaches this communicator through its bootstrap. */
+    maco__bootstrap_set_on_revoke(bs, maco__comm_on_revoke, comm);
     MACO_INFO(MACO_SUBSYS_INIT,
               "communicator: rank %d of %d, local rank %d of %d, node %d of %d, device %d",
               comm->rank, comm->nranks, comm->local_rank, comm->local_nranks, comm->node,

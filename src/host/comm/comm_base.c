@@ -2,8 +2,9 @@
  * comm_base.c - what every layer above the bootstrap may call on a communicator: its errors
  * (the first error's message, asynchronous errors of proxies and device-side waits), the "no
  * usable GPU" answer, and the extension the collectives install (comm_internal.h). It calls
- * only the logger, the bootstrap's link check and, to end device waits after a peer failed,
- * the CUDA runtime (docs/design.md, layers).
+ * only the logger, the bootstrap (its link check, and reading its links for a watchdog) and,
+ * to end device waits after a peer failed or the communicator was revoked, the CUDA runtime
+ * (docs/design.md, layers).
  */
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -232,6 +233,13 @@ maco_status_t maco_comm_get_async_error(maco_comm_t comm, maco_status_t *async_s
     if (comm == NULL || async_status_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "maco_comm_get_async_error: NULL argument");
+    /* The watchdog pattern (a thread polling this while the application waits on the GPU):
+     * read what arrived on the bootstrap's links, at most every 10 ms, so that a peer's revoke
+     * takes effect here (it ends this rank's device waits) although no call reads them. */
+    int64_t now = maco__now_ms(), last = __atomic_load_n(&comm->polled_at_ms, __ATOMIC_RELAXED);
+    if (now - last >= 10 && __atomic_compare_exchange_n(&comm->polled_at_ms, &last, now, 0,
+                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        maco__bootstrap_poll(comm->bs);
     *async_status_p = maco__comm_async_status(comm);
     if (*async_status_p == MACO_OK)
         *async_status_p = maco__comm_check_context(comm);
@@ -376,4 +384,31 @@ void maco__comm_set_extension(const maco__comm_ext_t *ext)
 const maco__comm_ext_t *maco__comm_extension(void)
 {
     return __atomic_load_n(&maco__comm_ext, __ATOMIC_ACQUIRE);
+}
+
+/* The communicator's record of a revocation: the first error, the asynchronous status (every
+ * launch and every maco_comm_get_async_error sees it) and the device waits ended. */
+void maco__comm_on_revoke(void *ctx, int by_rank)
+{
+    maco_comm_t comm = (maco_comm_t)ctx;
+    pthread_mutex_lock(&comm->error_lock);
+    if (comm->first_status == MACO_OK || comm->first_status == MACO_ERR_INVALID_ARGUMENT ||
+        comm->first_status == MACO_ERR_UNSUPPORTED) {
+        comm->first_status = MACO_ERR_REVOKED;
+        if (by_rank == comm->rank)
+            snprintf(comm->first_error, sizeof(comm->first_error),
+                     "rank %d: the communicator was revoked (maco_comm_revoke): its work ends; "
+                     "destroy it or shrink it",
+                     comm->rank);
+        else
+            snprintf(comm->first_error, sizeof(comm->first_error),
+                     "rank %d: rank %d revoked the communicator (maco_comm_revoke): its work "
+                     "ends; destroy it or shrink it",
+                     comm->rank, by_rank);
+    }
+    pthread_mutex_unlock(&comm->error_lock);
+    __atomic_compare_exchange_n(&comm->host_async_status, &(int32_t){ 0 },
+                                (int32_t)MACO_ERR_REVOKED, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    if (comm->buf != NULL)
+        (void)maco__comm_end_device_waits(comm); /* logs its own failure */
 }

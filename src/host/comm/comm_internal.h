@@ -107,7 +107,8 @@ struct maco_comm {
     maco_device_error_t *err_report;     /* host address (mapped pinned) */
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
-    void *coll; /* the extension's state (algorithms/setup.c: maco__coll_t), or NULL */
+    void *coll;           /* the extension's state (algorithms/setup.c: maco__coll_t), or NULL */
+    int64_t polled_at_ms; /* when maco_comm_get_async_error last read the bootstrap's links */
     char ext_unavailable[256]; /* why the extension set nothing up ("" when it did or was not asked)
                                 */
 };
@@ -117,6 +118,11 @@ struct maco_comm {
  * the CUDA context (a proxy's error, a device-side report): cheap, for every launch path.
  */
 maco_status_t maco__comm_async_status(maco_comm_t comm);
+
+/** Records that the communicator was revoked by `by_rank` (this rank: maco_comm_revoke; a
+ * peer: the bootstrap's callback when its REVOKE frame arrives): MACO_ERR_REVOKED as the first
+ * error and the asynchronous status, and the device waits ended. `ctx` is the communicator. */
+void maco__comm_on_revoke(void *ctx, int by_rank);
 
 /** Copies this thread's last error into the communicator if it has none yet. */
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);

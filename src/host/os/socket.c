@@ -301,6 +301,13 @@ maco_status_t maco__socket_listen(maco__sockaddr_t *addr, int *fd_p)
 maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadline_ms,
                                    const char *what, int *fd_p)
 {
+    return maco__socket_connect_watched(addr, deadline_ms, what, NULL, NULL, fd_p);
+}
+
+maco_status_t maco__socket_connect_watched(const maco__sockaddr_t *addr, int64_t deadline_ms,
+                                           const char *what, maco_status_t (*stop)(void *ctx),
+                                           void *stop_ctx, int *fd_p)
+{
     char text[96];
     maco__sockaddr_format(addr, text, sizeof(text));
     int backoff_ms = 5;
@@ -315,7 +322,8 @@ maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadlin
         if (rc != 0 && errno == EINPROGRESS) {
             int64_t left = deadline_ms - maco__now_ms();
             struct pollfd pfd = { .fd = fd, .events = POLLOUT, .revents = 0 };
-            rc = left > 0 ? poll(&pfd, 1, (int)(left > 1000 ? 1000 : left)) : 0;
+            int64_t slice = stop != NULL ? 200 : 1000; /* how often `stop` is asked */
+            rc = left > 0 ? poll(&pfd, 1, (int)(left > slice ? slice : left)) : 0;
             if (rc > 0) {
                 int err = 0;
                 socklen_t len = sizeof(err);
@@ -350,6 +358,11 @@ maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadlin
             last_err != EINTR)
             return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_BOOTSTRAP, "connect to %s at %s: %s",
                                what, text, strerror(last_err));
+        if (stop != NULL) {
+            maco_status_t st = stop(stop_ctx);
+            if (st != MACO_OK)
+                return st;
+        }
         int64_t now = maco__now_ms();
         if (now >= deadline_ms)
             break;

@@ -66,6 +66,15 @@ maco_status_t maco__socket_listen(maco__sockaddr_t *addr, int *fd_p);
 maco_status_t maco__socket_connect(const maco__sockaddr_t *addr, int64_t deadline_ms,
                                    const char *what, int *fd_p);
 
+/**
+ * As maco__socket_connect, and between attempts (at least every 200 ms) asks `stop`: a status
+ * other than MACO_OK (which `stop` logs) ends the attempts and is returned. For connections to
+ * a process that may be gone for good (a rank that died), which another channel can tell.
+ */
+maco_status_t maco__socket_connect_watched(const maco__sockaddr_t *addr, int64_t deadline_ms,
+                                           const char *what, maco_status_t (*stop)(void *ctx),
+                                           void *stop_ctx, int *fd_p);
+
 /** Accepts one pending connection (non-blocking); 0 with *fd_p=-1 when none is pending. */
 maco_status_t maco__socket_accept(int listen_fd, int *fd_p, maco__sockaddr_t *peer);
 
