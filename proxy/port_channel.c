@@ -651,13 +651,14 @@ maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms)
                             (unsigned long long)seen));
         if (now >= next_check) {
             next_check = now + 100;
-            if (maco__bootstrap_peer_alive(ch->proxy->comm->bs, ch->peer) != MACO_OK &&
-                __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE) < want) {
+            maco_status_t alive = maco__bootstrap_peer_alive(ch->proxy->comm->bs, ch->peer);
+            if (alive != MACO_OK && __atomic_load_n(ch->inbound, __ATOMIC_ACQUIRE) < want) {
                 char why[512];
                 snprintf(why, sizeof(why), "%s", maco__last_error());
                 return maco__comm_record(
                     ch->proxy->comm,
-                    maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_PROXY,
+                    maco__error(alive == MACO_ERR_REVOKED ? MACO_ERR_REVOKED : MACO_ERR_REMOTE,
+                                MACO_SUBSYS_PROXY,
                                 "port channel %u: waited %lld ms for signal %llu from rank %d, "
                                 "which can no longer send it: %s",
                                 ch->id, (long long)(now - start), (unsigned long long)want,

@@ -169,8 +169,9 @@ MACO_API maco_status_t maco_port_channel_flush(maco_port_channel_t ch);
  * visible. The calling thread spins for about a thousand polls, then yields, then sleeps 50
  * and then 200 us between polls (about 1% of a core). Errors: MACO_ERR_TIMEOUT (naming the peer),
  * MACO_ERR_REMOTE (the peer exited, crashed or left the job without sending the signal: noticed
- * within about 100 ms through its bootstrap link, bounded or not), MACO_ERR_UNSUPPORTED (the
- * semaphore is in device memory: wait on the device).
+ * within about 100 ms through its bootstrap link, bounded or not), MACO_ERR_REVOKED (the
+ * communicator was revoked, here or by a peer: noticed within about 100 ms the same way),
+ * MACO_ERR_UNSUPPORTED (the semaphore is in device memory: wait on the device).
  */
 MACO_API maco_status_t maco_port_channel_wait(maco_port_channel_t ch, int64_t timeout_ms);
 

@@ -154,10 +154,15 @@ static maco_status_t agree_send(agree_t *a, const char *to, uint32_t tag, const 
         if (pending == 0)
             break;
         if (maco__now_ms() >= a->deadline) {
+            int first = -1;
+            for (int r = 0; r < a->n && first < 0; r++)
+                if (to[r] && r != a->me && tx[r].hdr_sent != (size_t)-1 &&
+                    !maco__bs_peer_is_gone(bs, r))
+                    first = r;
             st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
-                             "rank %d: shrink: %d peer(s) took no message before the deadline "
-                             "(MACO_BOOTSTRAP_TIMEOUT)",
-                             a->me, pending);
+                             "rank %d: shrink: %d live peer(s), rank %d first, took no message "
+                             "before the deadline (they read nothing: MACO_BOOTSTRAP_TIMEOUT)",
+                             a->me, pending, first);
             break;
         }
         st = maco__bs_progress_links(bs, a->deadline);

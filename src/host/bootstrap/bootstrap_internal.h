@@ -121,10 +121,13 @@ maco_status_t maco__bootstrap_exchange(maco_bootstrap_t bs, int peer, uint32_t t
 
 /**
  * Whether rank `peer` is still in the job, as far as its link shows without blocking:
- * MACO_OK, or MACO_ERR_REMOTE (message naming the peer) when its connection ended, it left
- * the job, or the bootstrap already failed. Reads only the link's descriptor (recv with
- * MSG_PEEK | MSG_DONTWAIT), so any thread may call it while another uses the bootstrap; a
- * peer that died right after sending data not yet read shows as alive until it is read.
+ * MACO_OK; MACO_ERR_REVOKED (naming who) when the bootstrap was revoked, here or by a peer;
+ * MACO_ERR_REMOTE (message naming the peer) when its connection ended, it left the job, or the
+ * bootstrap already failed. First reads what arrived on the links when no call is running
+ * (maco__bootstrap_poll: a peer's REVOKE frame takes effect), else looks only at the link's
+ * descriptor (recv with MSG_PEEK | MSG_DONTWAIT), so any thread may call it while another uses
+ * the bootstrap; a peer that died right after sending data not yet read shows as alive until
+ * it is read.
  * Host waits that depend on a peer (port channels) call it to fail fast instead of waiting
  * for their bound.
  */

@@ -256,6 +256,9 @@ maco_status_t maco__bootstrap_peer_alive(maco_bootstrap_t bs, int peer)
 {
     if (bs == NULL || peer < 0 || peer >= bs->nranks || peer == bs->rank)
         return MACO_OK;
+    /* Read what arrived, if no call is reading the links now: a peer's revoke reaches a rank
+     * whose only wait is this one (a port channel's host wait asks every 100 ms). */
+    maco__bootstrap_poll(bs);
     int by = __atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE);
     if (by >= 0)
         return maco__error_quiet(MACO_ERR_REVOKED, "rank %d revoked the communicator", by);
