@@ -1,12 +1,12 @@
 /*
- * test_coll_layout.cc - the collectives' buffer layout (algorithms/layout.c): regions back to
- * back without overlap, 256-byte aligned, sized as algorithms.h says; the automatic send/recv
+ * test_coll_layout.cc - the collectives' buffer layout (algorithms/common/layout.c): regions back
+ * to back without overlap, 256-byte aligned, sized as algorithms.h says; the automatic send/recv
  * chunk size; the mesh's pieces from MACO_SCRATCH_SIZE. No GPU.
  */
 #include <cstdint>
 #include <vector>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/state.h"
 #include "maco_test.h"
 
 namespace

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/state.h"
 #include "maco_test.h"
 #include "algorithms/p2p/p2p_plan.h"
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/state.h"
 #include "src/host/base/log.h"
 
 /* Block q of an all-to-allv side ("s"/"send" or "r"/"recv"): its end, displacement + count

@@ -60,7 +60,7 @@
 #define MACO_ALGO_HIER_CUH
 
 #include "maco/device/port_channel.h"
-#include "algorithms/mesh.cuh"
+#include "algorithms/collectives/mesh.cuh"
 #include "src/device/sysmem.cuh"
 
 /* Folds `len` elements: the accumulator values at `cin` (when not NULL) then the element

@@ -66,7 +66,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/state.h"
 #include "maco/device/copy.h"
 #include "maco/device/memory_channel.h"
 #include "maco/device/packet.h"

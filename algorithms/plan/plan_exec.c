@@ -22,8 +22,8 @@
  * port channels put from host buffer to host buffer (TCP between nodes, the host-memory
  * transport inside one). So the proxies never copy GPU memory: a CUDA copy of a proxy can wait
  * behind work the application queued after the launch, which then waits for the launch
- * (algorithms/setup.c, maco__coll_rails, has the measurement). Sources of port puts that live
- * in the plan buffer are copied to the same offset of the host buffer by the kernel first.
+ * (algorithms/common/setup.c, maco__coll_rails, has the measurement). Sources of port puts that
+ * live in the plan buffer are copied to the same offset of the host buffer by the kernel first.
  */
 #include "maco/plan.h"
 
@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/state.h"
 #include "src/host/comm/comm_internal.h"
 #include "src/host/base/config.h"
 #include "src/host/cuda/cuda_util.h"

@@ -271,7 +271,7 @@ MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
  * to a counter in the peer's scratch; the peer's task that reads it has a gate on that counter
  * (maco_task_t: gates and signals). Sums and copies to peers run on the communication workers,
  * GEMM tiles on the compute workers; no gated task waits for a worker that could be held by a
- * gated task, so no launch deadlocks (src/host/persistent/fused.c gives the argument). With
+ * gated task, so no launch deadlocks (runtime/host/fused.c gives the argument). With
  * comm_workers left to the runtime (maco_persistent_config_t), the kernel gets the number the
  * operator asks for: one communication worker per 8 CTAs (per 16 for the reduce-scatter), at
  * least 2.

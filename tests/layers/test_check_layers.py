@@ -47,9 +47,9 @@ CLEAN = {
     "proxy/transport/tcp/tcp.h": '#include "proxy/transport.h"\n',
     "proxy/transport/tcp/tcp.c": '#include "proxy/transport/tcp/tcp.h"\n',
     "proxy/transport/ib/ib.c": '#include "proxy/transport.h"\n#include <infiniband/verbs.h>\n',
-    "algorithms/algorithms.h": '#include "proxy/transport.h"\n#include "src/host/comm/x.h"\n',
-    "src/host/comm/x.h": "/* #include \"algorithms/algorithms.h\" (a comment, not counted) */\n",
-    "algorithms/p2p/p2p.c": '#include "algorithms/algorithms.h"\n#include <cuda_runtime.h>\n',
+    "algorithms/common/state.h": '#include "proxy/transport.h"\n#include "src/host/comm/x.h"\n',
+    "src/host/comm/x.h": "/* #include \"algorithms/common/state.h\" (a comment, not counted) */\n",
+    "algorithms/p2p/p2p.c": '#include "algorithms/common/state.h"\n#include <cuda_runtime.h>\n',
     "nccl/shim.h": '#include "maco/comm.h"\n#include <nccl.h>\n',
     "nccl/comm.c": '#include "shim.h"\n',
     "tools/run.c": '#include <maco/comm.h>\n#include "maco_build_info.h"\n',
@@ -107,7 +107,7 @@ class CheckLayers(unittest.TestCase):
 
     def test_include_of_a_layer_above(self):
         layer = random.choice(["src/host/base/log.c", "src/host/comm/comm_base.c", "proxy/proxy.c"])
-        self.append(layer, '#include "algorithms/algorithms.h"\n')
+        self.append(layer, '#include "algorithms/common/state.h"\n')
         self.fails_with(f"{layer} (", "reaches layer algorithms, above")
 
     def test_longest_path_wins(self):

@@ -11,7 +11,7 @@
  *
  * Offsets are multiples of 256 bytes. The collectives keep their scratch (LL packets,
  * descriptors, mesh pieces) in a buffer of their own, set up through the extension below
- * (algorithms/setup.c); the communicator knows nothing of it.
+ * (algorithms/common/setup.c); the communicator knows nothing of it.
  *
  * Layers (docs/design.md): comm_base.c (errors, the GPU check, the extension) is a leaf that
  * every file above the bootstrap may call; comm.c calls memory (its buffer) and never the
@@ -50,7 +50,7 @@ typedef struct maco__comm_layout {
 
 /*
  * What a layer above the communicator adds to every communicator (the collectives do, from
- * algorithms/setup.c, when the library loads). All calls are optional (NULL: nothing to do).
+ * algorithms/common/setup.c, when the library loads). All calls are optional (NULL: nothing to do).
  *   setup:         collective over the communicator's ranks, at creation, once the
  *                  communicator's own GPU resources exist; may call maco__comm_set_unavailable
  *                  and return MACO_OK (the communicator then stays bootstrap-only).
@@ -107,7 +107,7 @@ struct maco_comm {
     maco_device_error_t *err_report;     /* host address (mapped pinned) */
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
-    void *coll;           /* the extension's state (algorithms/setup.c: maco__coll_t), or NULL */
+    void *coll;           /* the extension's state (algorithms/common/setup.c: maco__coll_t), or NULL */
     int64_t polled_at_ms; /* when maco_comm_get_async_error last read the bootstrap's links */
     char ext_unavailable[256]; /* why the extension set nothing up ("" when it did or was not asked)
                                 */
