@@ -1,5 +1,5 @@
 /*
- * persistent_gemm.cu - the library's persistent kernel with GEMM tiles: maco_pk_run with a
+ * gemm_cublasdx.cu - the library's persistent kernel with GEMM tiles: maco_pk_run with a
  * tile function made of cuBLASDx (NVIDIA MathDx, header-only over CUTLASS/CuTe), built only
  * when CMake finds MathDx (MACO_MATHDX_DIR). We do not write a GEMM of our own: cuBLASDx
  * chooses the MMA instructions and the shared-memory layouts; this file only moves tiles.

@@ -1,5 +1,5 @@
 /*
- * persistent_kernel.cu - the library's persistent kernel: maco_pk_run with the built-in task
+ * kernel.cu - the library's persistent kernel: maco_pk_run with the built-in task
  * types only (maco/device/persistent.h says what each CTA does).
  */
 #include "maco/device/persistent.h"

@@ -1,9 +1,9 @@
 /*
- * persistent_launch.h - the library's persistent kernel (persistent_kernel.cu) behind two C
+ * launch.h - the library's persistent kernel (kernel.cu) behind two C
  * calls, for the runtime's host side (runtime/host/launch.c).
  */
-#ifndef MACO_PERSISTENT_LAUNCH_H
-#define MACO_PERSISTENT_LAUNCH_H
+#ifndef MACO_RUNTIME_LAUNCH_H
+#define MACO_RUNTIME_LAUNCH_H
 
 #include <cuda_runtime_api.h>
 
@@ -16,7 +16,7 @@ extern "C" {
 /* The most threads per CTA the kernel is compiled for (its __launch_bounds__). */
 enum { MACO__PK_MAX_THREADS = 1024 };
 
-/* GEMM tiles (persistent_gemm.cu, built with cuBLASDx where MathDx was found). A kernel with
+/* GEMM tiles (gemm_cublasdx.cu, built with cuBLASDx where MathDx was found). A kernel with
  * GEMM tiles runs with MACO__PK_GEMM_THREADS threads per CTA. */
 enum {
     MACO__PK_GEMM_TM = 128,
@@ -25,7 +25,7 @@ enum {
     MACO__PK_GEMM_THREADS = 256,
 };
 
-/* The Hopper GEMM tiles (persistent_gemm_gmma.cu: CUTLASS's SM90 TMA + GMMA warp-specialized
+/* The Hopper GEMM tiles (gemm_gmma.cu: CUTLASS's SM90 TMA + GMMA warp-specialized
  * mainloop, built for sm_90a): a producer warpgroup and two consumer warpgroups per CTA,
  * MACO__PK_GEMM_GMMA_STAGES shared-memory stages of 48 KiB (a wide tile's 64-deep step of A and
  * B; a narrow tile uses 32 KiB of each), and at most this dynamic shared memory (the stages,
@@ -75,4 +75,4 @@ cudaError_t maco__pk_ctas_per_sm(int threads, int *ctas_p);
 }
 #endif
 
-#endif /* MACO_PERSISTENT_LAUNCH_H */
+#endif /* MACO_RUNTIME_LAUNCH_H */

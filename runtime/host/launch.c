@@ -1,9 +1,9 @@
 /*
- * kernel.c - a task graph made launchable: the CTA split, the upload (one allocation for what
+ * launch.c - a task graph made launchable: the CTA split, the upload (one allocation for what
  * never changes, one zeroed allocation for the counters and queues the kernel advances), the
  * launch, and the profile's records.
  *
- * The memory layout is maco__pk_layout's (graph.c).
+ * The memory layout is maco__pk_layout's (graph_lower.c).
  */
 #include <stdlib.h>
 #include <string.h>

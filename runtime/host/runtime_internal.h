@@ -1,11 +1,11 @@
 /*
- * persistent_internal.h - the persistent-kernel runtime's host side, shared by its files:
+ * runtime_internal.h - the persistent-kernel runtime's host side, shared by its files:
  * the task graph as the host builds it (graph.c) and the form it is uploaded in (the device
- * descriptors of maco/device/persistent.h), which kernel.c sends to the GPU and the CPU tests
- * drive with host threads.
+ * descriptors of maco/device/persistent.h: graph_lower.c), which launch.c sends to the GPU and
+ * the CPU tests drive with host threads.
  */
-#ifndef MACO_PERSISTENT_INTERNAL_H
-#define MACO_PERSISTENT_INTERNAL_H
+#ifndef MACO_RUNTIME_INTERNAL_H
+#define MACO_RUNTIME_INTERNAL_H
 
 #include <stdint.h>
 
@@ -46,7 +46,12 @@ typedef struct maco__pk_lowered {
     int comm_workers_hint;  /* the graph's (maco_task_graph) */
 } maco__pk_lowered_t;
 
-/** Validates `graph` (errors as maco_task_graph_validate, prefixed with `fn`) and lowers it. */
+/** Checks every task's arguments and every dependency of `graph` (graph.c; errors as
+ * maco_task_graph_validate, prefixed with `fn`); cycles are found by maco__task_graph_lower. */
+maco_status_t maco__task_graph_check(maco_task_graph_t graph, const char *fn);
+
+/** Validates `graph` (errors as maco_task_graph_validate, prefixed with `fn`) and lowers it
+ * (graph_lower.c). */
 maco_status_t maco__task_graph_lower(maco_task_graph_t graph, const char *fn,
                                      maco__pk_lowered_t *out);
 
@@ -90,7 +95,7 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
 maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
                                 maco_fused_op_t kind, int rank, int nranks, int units, int *last_p);
 
-/* kernel.c, for the profile's writers (profile.c). */
+/* launch.c, for the profile's writers (profile.c). */
 maco_status_t maco__pk_profile_read(maco_persistent_kernel_t k, const char *fn,
                                     maco_task_profile_t *records, size_t nrecords);
 const char *maco__pk_label(maco_persistent_kernel_t k, uint32_t task);
@@ -108,4 +113,4 @@ uint32_t maco__pk_ntasks(maco_persistent_kernel_t k);
  * value. Used by maco_gemm_plan_tiles and the fused operators. */
 uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forced_p);
 
-#endif /* MACO_PERSISTENT_INTERNAL_H */
+#endif /* MACO_RUNTIME_INTERNAL_H */
