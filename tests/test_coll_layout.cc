@@ -1,12 +1,14 @@
 /*
  * test_coll_layout.cc - the collectives' buffer layout (algorithms/common/layout.c): regions back
- * to back without overlap, 256-byte aligned, sized as algorithms.h says; the automatic send/recv
+ * to back without overlap, 256-byte aligned, sized as common/state.h says; the automatic send/recv
  * chunk size; the mesh's pieces from MACO_SCRATCH_SIZE. No GPU.
  */
 #include <cstdint>
 #include <vector>
 
 #include "algorithms/common/state.h"
+#include "algorithms/p2p/p2p_plan.h"
+#include "algorithms/tuning.h"
 #include "maco_test.h"
 
 namespace
@@ -111,7 +113,8 @@ TEST_F(CollLayout, AutomaticSendRecvChunk)
         maco__coll_layout(&l, c.n, 1, &z);
         EXPECT_EQ(l.p2p_chunk, c.chunk);
         const uint64_t srcs = c.n > 1 ? (uint64_t)c.n - 1 : 0;
-        EXPECT_LE(srcs * 32 * MACO__P2P_SLOTS * l.p2p_chunk, (uint64_t)MACO__P2P_AUTO_BYTES);
+        EXPECT_LE(srcs * 32 * MACO__P2P_SLOTS * l.p2p_chunk,
+                  (uint64_t)MACO__TUNING_P2P_AUTO_SLOT_BYTES);
         z.p2p_chunk = 128 * KiB;
         maco__coll_layout(&l, c.n, 1, &z);
         EXPECT_EQ(l.p2p_chunk, 128 * KiB) << "a chunk size that is set stays";

@@ -307,8 +307,8 @@ TEST_F(Collectives, ThresholdsAndMisalignedPointers)
             const size_t ll_max = maco_test::LLMax(NRanks());
             std::vector<size_t> units = { ll_max / esz - 1, ll_max / esz, ll_max / esz + 1 };
             if (coll == MACO_COLL_ALLREDUCE) {
-                /* one-shot / two-shot at 128 KiB (MACO__ONESHOT_CUTOFF), two-shot / rsag at
-                 * nranks * LLMax. */
+                /* one-shot / two-shot at 128 KiB (MACO__TUNING_ALLREDUCE_ONESHOT_CUTOFF), two-shot
+                 * / rsag at nranks * LLMax. */
                 size_t twoshot_max = ll_max * static_cast<size_t>(NRanks()) / esz;
                 for (size_t u : { 131072 / esz - 1, 131072 / esz, 131072 / esz + 1, twoshot_max - 1,
                                   twoshot_max, twoshot_max + 1 })

@@ -9,7 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "algorithms/common/state.h"
+#include "algorithms/common/select.h"
+#include "algorithms/hier/hier.h"
 #include "maco_test.h"
 #include "algorithms/p2p/p2p_plan.h"
 
@@ -53,10 +54,11 @@ TEST_F(HierA2A, ShapeCoversEveryElementOnceAndFitsARegion)
                         EXPECT_LT((s.nseg - 1) * s.piece, count) << at;
                         EXPECT_GE(s.nseg * s.piece, count) << at;
                         EXPECT_EQ((uint64_t)s.blocks, std::min<uint64_t>(s.nseg, slots)) << at;
-                        /* Blocks up to MACO__HIER_A2A_MIN_MSG / ln bytes travel whole in
-                         * one segment where a region holds them; else no segment is smaller
-                         * than that but the last, or the region caps it. */
-                        const uint64_t min_piece = MACO__HIER_A2A_MIN_MSG / (uint64_t)ln;
+                        /* Blocks up to MACO__TUNING_HIER_ALLTOALL_RAIL_MESSAGE_MIN / ln bytes
+                         * travel whole in one segment where a region holds them; else no segment is
+                         * smaller than that but the last, or the region caps it. */
+                        const uint64_t min_piece =
+                            (uint64_t)MACO__TUNING_HIER_ALLTOALL_RAIL_MESSAGE_MIN / (uint64_t)ln;
                         if (count * esz <= min_piece && hp / (uint64_t)ln >= min_piece + 16) {
                             EXPECT_EQ(s.nseg, 1u) << at;
                         }
@@ -69,7 +71,7 @@ TEST_F(HierA2A, ShapeCoversEveryElementOnceAndFitsARegion)
 }
 
 /* A 32 MiB scratch, 8 CTAs, 2 nodes x 2: pieces as the hier layout gives them
- * (algorithms.h: hpiece = scratch / (CTAs x 2 ln nodes)), and the rail traffic it saves:
+ * (common/state.h: hpiece = scratch / (CTAs x 2 ln nodes)), and the rail traffic it saves:
  * one message per other node and segment instead of one per remote rank. */
 TEST_F(HierA2A, ShapeOfTwoNodesOfTwo)
 {
@@ -79,7 +81,7 @@ TEST_F(HierA2A, ShapeOfTwoNodesOfTwo)
     ASSERT_EQ(hp, (uint64_t)512 << 10);
     maco__hier_a2a_shape_t s;
     /* 1 MiB of float32 per block: not 8 segments of 128 KiB but 4 of 256 KiB (rail
-     * messages of MACO__HIER_A2A_MIN_MSG = 512 KiB). */
+     * messages of MACO__TUNING_HIER_ALLTOALL_RAIL_MESSAGE_MIN = 512 KiB). */
     ASSERT_EQ(maco__hier_a2a_shape(262144, 4, ln, hp, ctas, &s), 1);
     EXPECT_EQ(s.piece, 65536u);
     EXPECT_EQ(s.nseg, 4u);

@@ -1,6 +1,6 @@
 /*
  * collectives.c - the collectives' public calls and their argument checks; a checked call
- * goes to group.c (inside maco_group_start/end) or straight to coll_launch.c.
+ * goes to group.c (inside maco_group_start/end) or straight to launch.c.
  */
 #include "maco/collectives.h"
 
@@ -9,7 +9,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/collectives/collectives.h"
+#include "algorithms/common/group.h"
+#include "algorithms/common/registry.h"
+#include "algorithms/common/select.h"
 #include "src/host/base/config.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"

@@ -1,17 +1,20 @@
 /*
- * coll_kernels.cuh - the collectives' kernel families, templated on element type and op, and
- * their launcher; coll_kernels_<type>.cu instantiate them, one type per file so builds run in
- * parallel. The kernels: ll.cuh (one-shot LL), allreduce/twoshot_ll.cuh (two-shot LL),
- * mesh.cuh (mesh, in place or through scratch), hier/hier.cuh (across nodes); shared device
- * code in src/device (reduce.cuh, words.cuh).
+ * kernels.cuh - the collectives' kernel families, templated on element type and op, and
+ * their launchers; kernels_<type>.cu instantiate them, one type per file: twelve files of four
+ * lines, so that the twelve heavy compilations run in parallel and each object shows its
+ * calls to the layers check under its own path (a CMake template would give the same objects
+ * from generated files outside the tree). The kernels: ll.cuh (one-shot LL),
+ * allreduce/twoshot_ll.cuh (two-shot LL), mesh.cuh (mesh, in place or through scratch),
+ * hier/hier.cuh (across nodes); shared device code in src/device (reduce.cuh, words.cuh).
  */
 #ifndef MACO_COLL_KERNELS_CUH
 #define MACO_COLL_KERNELS_CUH
 
-#include "algorithms/hier/hier.cuh"
+#include "algorithms/allreduce/twoshot_ll.cuh"
 #include "algorithms/collectives/ll.cuh"
 #include "algorithms/collectives/mesh.cuh"
-#include "algorithms/allreduce/twoshot_ll.cuh"
+#include "algorithms/common/select.h"
+#include "algorithms/hier/hier.cuh"
 
 /* ------------------------------------------------------------------ instantiation */
 
@@ -31,7 +34,7 @@ static cudaError_t maco__launch_one(const maco__coll_args_t *args, int kernel, i
     return cudaGetLastError();
 }
 
-/* Loads the kernels of type T and op Op into the current device's context (algorithms.h,
+/* Loads the kernels of type T and op Op into the current device's context (collectives.h,
  * maco__coll_preload). */
 template <class T, int Op> static cudaError_t maco__preload_one()
 {
@@ -47,7 +50,7 @@ template <class T, int Op> static cudaError_t maco__preload_one()
 }
 
 /* Defines maco__launch_coll_<name>, maco__launch_hier_<name> and maco__preload_coll_<name>
- * for type trait T (algorithms.h). */
+ * for type trait T (collectives.h, hier/hier.h). */
 #define MACO__DEFINE_LAUNCHER(name, T)                                                             \
     extern "C" cudaError_t maco__launch_coll_##name(const maco__coll_args_t *args, int kernel,     \
                                                     int op, int blocks, int threads,               \

@@ -1,4 +1,4 @@
-/* coll_kernels_float64.cu - the collective kernels for float64 (coll_kernels.cuh). */
+/* kernels_float64.cu - the collectives' kernels for float64 (kernels.cuh). */
 #include "algorithms/collectives/kernels.cuh"
 
 MACO__DEFINE_LAUNCHER(float64, maco__t_f64)

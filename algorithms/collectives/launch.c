@@ -1,14 +1,19 @@
 /*
- * coll_launch.c - launching a checked collective call: what the communicator must offer
+ * launch.c - launching a checked collective call: what the communicator must offer
  * (maco__coll_prepare), the kernel's arguments, its grid and the in-place descriptor
- * (maco__coll_launch). collectives.c checks the arguments and group.c queues calls; both
- * come here to issue them.
+ * (maco__coll_launch); across nodes the hier kernel's own launch (hier/launch.c) takes over.
+ * collectives.c checks the arguments and common/group.c queues calls; both come here to issue
+ * them.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/collectives/collectives.h"
+#include "algorithms/common/registry.h"
+#include "algorithms/common/select.h"
+#include "algorithms/hier/hier.h"
+#include "algorithms/tuning.h"
 #include "maco/plan.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
@@ -17,25 +22,12 @@
 _Static_assert(MACO_SUM == 0 && MACO_PROD == 1 && MACO_MIN == 2 && MACO_MAX == 3,
                "maco_redop_t matches the kernels' op codes");
 
-/* Threads per CTA of both kernel families (their __launch_bounds__). */
-enum { MACO__COLL_THREADS = 512 };
-
 static const maco__coll_launcher_t maco__launchers[MACO_DATATYPE_COUNT] = {
     maco__launch_coll_int8,    maco__launch_coll_uint8,    maco__launch_coll_int32,
     maco__launch_coll_uint32,  maco__launch_coll_int64,    maco__launch_coll_uint64,
     maco__launch_coll_float16, maco__launch_coll_bfloat16, maco__launch_coll_float32,
     maco__launch_coll_float64, maco__launch_coll_fp8_e4m3, maco__launch_coll_fp8_e5m2,
 };
-
-static const maco__hier_launcher_t maco__hier_launchers[MACO_DATATYPE_COUNT] = {
-    maco__launch_hier_int8,    maco__launch_hier_uint8,    maco__launch_hier_int32,
-    maco__launch_hier_uint32,  maco__launch_hier_int64,    maco__launch_hier_uint64,
-    maco__launch_hier_float16, maco__launch_hier_bfloat16, maco__launch_hier_float32,
-    maco__launch_hier_float64, maco__launch_hier_fp8_e4m3, maco__launch_hier_fp8_e5m2,
-};
-
-/* Bytes of each type's accumulator (reduce.cuh: the 16- and 8-bit floats add in float). */
-static const uint8_t maco__acc_bytes[MACO_DATATYPE_COUNT] = { 1, 1, 4, 4, 8, 8, 4, 4, 4, 8, 4, 4 };
 
 /* A single rank: the result is the input (every op of one value is the value). */
 static maco_status_t maco__single_rank(const maco__coll_call_t *c, maco_comm_t comm, cudaStream_t s)
@@ -51,7 +43,7 @@ static maco_status_t maco__single_rank(const maco__coll_call_t *c, maco_comm_t c
     return MACO_OK;
 }
 
-/* A buffer's descriptor id (algorithms.h): `used` by the call on this rank, touched by
+/* A buffer's descriptor id (common/registry.h): `used` by the call on this rank, touched by
  * peers (`remote`) in place. */
 static uint32_t maco__desc_id(maco_comm_t comm, const void *ptr, size_t bytes, int used, int remote,
                               uint64_t *offset_p)
@@ -73,7 +65,7 @@ static uint32_t maco__desc_id(maco_comm_t comm, const void *ptr, size_t bytes, i
 
 /*
  * Fills the mesh kernel's descriptor: which of this rank's buffers peers may use in place
- * (coll_kernels.cuh, maco__direct_body: allreduce reads every send and writes every receive
+ * (mesh.cuh, maco__direct_body: allreduce reads every send and writes every receive
  * buffer remotely; reduce-scatter reads send buffers; allgather writes receive buffers;
  * broadcast reads the root's send buffer and writes the others' receive buffers; reduce
  * reads send buffers and writes the root's receive buffer), with the peer registrations
@@ -132,92 +124,6 @@ maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
     return MACO_OK;
 }
 
-/*
- * Across nodes (hier.cuh): pieces of a whole number of 16-byte words that hold the type's
- * accumulator in a slot's region, enough segments for every CTA, at least 4 KiB where the
- * data allows; one CTA per slot up to MACO_HIER_CTAS (and the co-resident bound). Every
- * rank computes the same numbers from the same inputs.
- */
-static maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t comm,
-                                       maco__coll_t *coll, maco__coll_args_t *a, cudaStream_t s)
-{
-    const maco__coll_layout_t *l = &coll->layout;
-    size_t esz = maco_datatype_size(c->datatype);
-    int reducing = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE_SCATTER ||
-                   c->coll == MACO_COLL_REDUCE;
-    size_t accsz = reducing ? maco__acc_bytes[c->datatype] : esz;
-    size_t wide = accsz > esz ? accsz : esz;
-    size_t slots = (size_t)l->hier_slots;
-    if (slots > (size_t)l->rsag_slots) /* the barrier's semaphores are the rsag slots' */
-        slots = (size_t)l->rsag_slots;
-    if (slots > (size_t)maco__coll_ctas(comm, coll))
-        slots = (size_t)maco__coll_ctas(comm, coll);
-    size_t p, blocks;
-    if (c->coll == MACO_COLL_ALLTOALL) {
-        /* maco__coll_select took hier only where this shape exists. */
-        maco__hier_a2a_shape_t shape;
-        if (!maco__hier_a2a_shape(c->count, esz, coll->ln, l->hier_piece_max, (int)slots, &shape))
-            return maco__comm_record(comm, maco__error(MACO_ERR_INTERNAL, MACO_SUBSYS_COLL,
-                                                       "%s: no hier all-to-all shape for %zu "
-                                                       "elements of %zu bytes",
-                                                       c->fn, c->count, esz));
-        p = shape.piece;
-        blocks = (size_t)shape.blocks;
-    } else {
-        int split = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE ||
-                    c->coll == MACO_COLL_BROADCAST;
-        size_t per_seg = split ? (size_t)coll->ln : 1;
-        size_t word = 16 / esz; /* elements per 16-byte word */
-        size_t pmax = l->hier_piece_max / wide / word * word;
-        p = (c->count + per_seg * slots - 1) / (per_seg * slots);
-        if (p < 4096 / esz)
-            p = 4096 / esz;
-        p = (p + word - 1) / word * word;
-        if (p > pmax)
-            p = pmax;
-        size_t seg = p * per_seg;
-        size_t nseg = (c->count + seg - 1) / seg;
-        blocks = nseg < slots ? nseg : slots;
-    }
-    a->piece_elems = p;
-    maco__hier_args_t h;
-    memset(&h, 0, sizeof(h));
-    h.c = *a;
-    h.rail = coll->rail_dev;
-    h.rank_at = coll->rank_at_dev;
-    h.hier_offset = l->hier_offset;
-    h.hier_slot_bytes = l->hier_slot_bytes;
-    h.rail_buf = coll->rail_buf_dev;
-    h.rail_slot_bytes = l->rail_slot_bytes;
-    h.hpiece = l->hier_piece_max;
-    h.node = coll->node;
-    h.nnodes = coll->nnodes;
-    h.nranks = comm->nranks;
-    for (int k = 0; k < coll->nnodes; k++)
-        for (int i = 0; i < coll->ln; i++)
-            if (coll->rank_at[k * coll->ln + i] == c->root) {
-                h.root_node = k;
-                h.root_local = i;
-            }
-    h.accsz = (uint32_t)accsz;
-    maco_datatype_t kt = reducing ? c->datatype : MACO_UINT8;
-    cudaError_t cerr = c->coll == MACO_COLL_ALLTOALL
-                           ? maco__launch_hier_a2a(&h, (int)blocks, MACO__COLL_THREADS, s)
-                           : maco__hier_launchers[kt](&h, reducing ? (int)c->op : (int)MACO_SUM,
-                                                      (int)blocks, MACO__COLL_THREADS, s);
-    if (cerr != cudaSuccess)
-        return maco__comm_record(comm, maco__error(MACO_ERR_CUDA, MACO_SUBSYS_COLL,
-                                                   "%s: launching hier for %zu bytes failed: %s "
-                                                   "(%s)",
-                                                   c->fn, c->count * esz, cudaGetErrorName(cerr),
-                                                   cudaGetErrorString(cerr)));
-    coll->last_ctas = (int)blocks;
-    MACO_TRACE(MACO_SUBSYS_COLL, "%s %zu bytes %s %s: hier, %zu CTAs, pieces of %zu elements",
-               maco__coll_name(c->coll), c->count * esz, maco_datatype_name(c->datatype),
-               maco_redop_name(c->op), blocks, p);
-    return MACO_OK;
-}
-
 /* maco__coll_launch's work, with the communicator's device current. */
 static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_comm_t comm,
                                             maco__coll_t *coll_state, int kernel,
@@ -265,7 +171,7 @@ static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_com
     /* maco_redop_t's sum, prod, min and max are reduce.cuh's MACO__OP_* values. */
     a.op = reducing && c->op != MACO_AVG ? (int32_t)c->op : 0;
     a.root = c->root;
-    a.rank = coll_state->lrank; /* the node's view (algorithms.h, maco__coll_t) */
+    a.rank = coll_state->lrank; /* the node's view (common/state.h, maco__coll_t) */
     a.nranks = coll_state->ln;
     a.buf = coll_state->buf;
     for (int r = 0; r < coll_state->ln; r++)
@@ -300,29 +206,29 @@ static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_com
         /* About one packet per thread, as LL. */
         a.piece_elems = maco__coll_twoshot_block(c->count, esz, n, l->oneshot_max);
         blocks = ((unit + 7) / 8 + threads - 1) / threads;
-        if (blocks > 64)
-            blocks = 64;
+        if (blocks > MACO__TUNING_LL_MAX_CTAS)
+            blocks = MACO__TUNING_LL_MAX_CTAS;
     } else if (kernel == MACO__KERNEL_LL) {
         /* About one packet per thread (allgather reads n messages); CTAs stay co-resident
-         * (<= SMs) and at most 64. */
+         * (<= SMs) and at most MACO__TUNING_LL_MAX_CTAS. */
         size_t npkt = (unit + 7) / 8 * (c->coll == MACO_COLL_ALLGATHER ? n : 1);
         blocks = (npkt + threads - 1) / threads;
-        if (blocks > 64)
-            blocks = 64;
+        if (blocks > MACO__TUNING_LL_MAX_CTAS)
+            blocks = MACO__TUNING_LL_MAX_CTAS;
     } else {
         /* Pieces: enough segments for every slot, a multiple of 16 bytes, within the slot's
          * piece. All ranks compute the same numbers from the same inputs. */
         size_t slots = (size_t)l->rsag_slots;
         if (slots > max_blocks)
             slots = max_blocks;
-        /* Pieces per segment, as the mesh kernel splits them (coll_kernels.cuh). */
+        /* Pieces per segment, as the mesh kernel splits them (mesh.cuh). */
         size_t per_seg = c->coll == MACO_COLL_ALLREDUCE                                    ? n
                          : (c->coll == MACO_COLL_BROADCAST || c->coll == MACO_COLL_REDUCE) ? n - 1
                                                                                            : 1;
         size_t piece = (unit + per_seg * slots - 1) / (per_seg * slots);
         piece = (piece + 15) / 16 * 16;
-        if (piece < 4096)
-            piece = 4096;
+        if (piece < MACO__TUNING_MESH_PIECE_MIN)
+            piece = MACO__TUNING_MESH_PIECE_MIN;
         if (piece > l->rsag_piece_max)
             piece = l->rsag_piece_max;
         a.piece_elems = piece / esz;

@@ -24,7 +24,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/collectives/collectives.h"
 #include "maco/device/copy.h"
 #include "maco/device/packet.h"
 #include "src/device/reduce.cuh"

@@ -447,12 +447,12 @@ static __global__ void __launch_bounds__(MACO__GATE_THREADS)
 }
 
 /*
- * MESH kernel: first every rank sends its descriptor (algorithms.h) to every peer as LL16
+ * MESH kernel: first every rank sends its descriptor (common/registry.h) to every peer as LL16
  * packets (CTA 0) and every CTA reads all of them; all ranks then take the same path: in
  * place when every buffer a peer touches is registered, mapped by that peer and 16-byte
  * aligned, else through scratch. The descriptors use the LL kernel's packet flag and its
  * two halves by parity, and every rank sends to and reads from every peer, so the LL
- * kernel's argument (coll_kernels.cuh, top) keeps a half from being overwritten while it is
+ * kernel's argument (kernels.cuh, top) keeps a half from being overwritten while it is
  * read, across LL and mesh launches alike.
  */
 template <class T, int Op>

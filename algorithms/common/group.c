@@ -20,7 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/collectives/collectives.h"
+#include "algorithms/common/group.h"
+#include "algorithms/common/select.h"
+#include "algorithms/p2p/p2p.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
 
@@ -191,8 +194,9 @@ typedef struct maco__group_comm {
     maco_stream_t stream;
     maco__coll_t *coll;
     int has_p2p;
-    maco__p2p_plan_t plan;  /* pairs inside this node, peers by local index */
-    maco__p2p_plan_t xplan; /* pairs with ranks of other nodes, peers by rank (xp2p.c) */
+    maco__p2p_plan_t plan; /* pairs inside this node, peers by local index */
+    maco__p2p_plan_t
+        internode_plan; /* pairs with ranks of other nodes, peers by rank (internode.c) */
 } maco__group_comm_t;
 
 /* The p2p kernel's arguments for `plan` on this communicator, and its launch. */
@@ -265,7 +269,7 @@ static maco_status_t maco__group_stage(maco__group_comm_t *gc, const char *prefi
 {
     *temp_p = NULL;
     cudaStream_t stream = (cudaStream_t)gc->stream;
-    maco__p2p_plan_t *plans[2] = { &gc->plan, &gc->xplan };
+    maco__p2p_plan_t *plans[2] = { &gc->plan, &gc->internode_plan };
     /* The staged ops, in plan order, and where each goes in the temporary. */
     maco__p2p_op_t *ops[2 * MACO__P2P_MAX_OPS];
     uint64_t offs[2 * MACO__P2P_MAX_OPS];
@@ -408,11 +412,11 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     if (has_a2a && (st = maco__coll_select(comm, c, MACO_COLL_ALLTOALL, 1, 1, &kernel)) != MACO_OK)
         return maco__comm_record(comm, st);
     gc->coll = c;
-    /* The kernel names peers by local index (algorithms.h); pairs with ranks of other nodes
-     * move to their own plan (xp2p.c), launched after this node's. */
-    maco__p2p_plan_t *p = &gc->plan, *xp = &gc->xplan;
+    /* The kernel names peers by local index (common/state.h); pairs with ranks of other nodes
+     * move to their own plan (internode.c), launched after this node's. */
+    maco__p2p_plan_t *p = &gc->plan, *internode = &gc->internode_plan;
     const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;
-    memset(xp, 0, sizeof(*xp));
+    memset(internode, 0, sizeof(*internode));
     int kept = 0;
     for (int k = 0; k < p->npairs; k++) {
         int q = p->pair_peer[k], i = 0;
@@ -426,19 +430,19 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
             kept++;
             continue;
         }
-        int x = xp->npairs++;
-        xp->pair_peer[x] = q;
-        xp->pair_dir[x] = p->pair_dir[k];
-        xp->pair_first[x] = (uint16_t)xp->nops;
-        xp->pair_nops[x] = p->pair_nops[k];
+        int x = internode->npairs++;
+        internode->pair_peer[x] = q;
+        internode->pair_dir[x] = p->pair_dir[k];
+        internode->pair_first[x] = (uint16_t)internode->nops;
+        internode->pair_nops[x] = p->pair_nops[k];
         for (int o = p->pair_first[k]; o < p->pair_first[k] + p->pair_nops[k]; o++) {
-            xp->ops[xp->nops] = p->ops[o];
-            xp->op_flags[xp->nops] = p->op_flags[o];
-            xp->nops++;
+            internode->ops[internode->nops] = p->ops[o];
+            internode->op_flags[internode->nops] = p->op_flags[o];
+            internode->nops++;
         }
     }
     p->npairs = kept;
-    st = maco__xp2p_connect(comm, c, xp);
+    st = maco__p2p_internode_connect(comm, c, internode);
     if (st != MACO_OK) {
         char who[96];
         if (g->implicit)
@@ -567,7 +571,8 @@ maco_status_t maco_group_end(void)
         if (st == MACO_OK && gc->has_p2p)
             st = maco__group_launch_p2p(gc->comm, gc->coll, &gc->plan, gc->stream, prefix);
         if (st == MACO_OK && gc->has_p2p)
-            st = maco__xp2p_launch(gc->comm, gc->coll, &gc->xplan, gc->stream, prefix);
+            st = maco__p2p_internode_launch(gc->comm, gc->coll, &gc->internode_plan, gc->stream,
+                                            prefix);
         if (temp != NULL && cudaFreeAsync(temp, (cudaStream_t)gc->stream) != cudaSuccess)
             cudaGetLastError(); /* the launches' own errors are the ones to report */
         maco__device_leave(saved);

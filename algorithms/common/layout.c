@@ -1,17 +1,19 @@
 /*
- * layout.c - the collectives' buffer layout (algorithms.h) from the sizes that shape it: pure
+ * layout.c - the collectives' buffer layout (state.h) from the sizes that shape it: pure
  * arithmetic, no CUDA, so the CPU tests check it (test_unit: CollLayout).
  */
 #include <string.h>
 
 #include "algorithms/common/state.h"
+#include "algorithms/p2p/p2p_plan.h"
+#include "algorithms/tuning.h"
 #include "src/host/base/align.h"
 
 size_t maco__p2p_auto_chunk(size_t srcs, size_t lanes)
 {
-    size_t chunk = MACO__P2P_AUTO_CHUNK_MAX;
-    while (chunk > ((size_t)16 << 10) &&
-           srcs * lanes * MACO__P2P_SLOTS * chunk > MACO__P2P_AUTO_BYTES)
+    size_t chunk = MACO__TUNING_P2P_AUTO_CHUNK_MAX;
+    while (chunk > (size_t)MACO__TUNING_P2P_AUTO_CHUNK_MIN &&
+           srcs * lanes * MACO__P2P_SLOTS * chunk > (size_t)MACO__TUNING_P2P_AUTO_SLOT_BYTES)
         chunk /= 2;
     return chunk;
 }

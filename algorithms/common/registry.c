@@ -16,7 +16,7 @@
  *      rank imports every peer entry it has not seen yet (maco_mem_import; dead entries are
  *      skipped) and writes the mapped address into a table of pinned host memory the GPU
  *      reads: table[peer][id - 1]. seen[peer] counts the entries it has looked at.
- *   3. The kernel gets this rank's descriptor (algorithms.h): the ids and offsets of its send
+ *   3. The kernel gets this rank's descriptor (registry.h): the ids and offsets of its send
  *      and receive buffers and seen[]; every rank sends its descriptor to every peer as LL
  *      packets. Buffers are used in place only if every rank's buffers are registered and
  *      every rank has seen every peer's ids: all ranks decide the same from the same
@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/common/registry.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
 
@@ -81,7 +81,7 @@ struct maco__registry {
 
 maco_status_t maco__registry_setup(maco_comm_t comm)
 {
-    /* Peers are the ranks of this node, by local index (algorithms.h). */
+    /* Peers are the ranks of this node, by local index (state.h). */
     const maco__coll_t *c = maco__coll_of(comm);
     const int n = c->ln, nranks = comm->nranks;
     const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;

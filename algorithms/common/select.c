@@ -1,15 +1,17 @@
 /*
  * select.c - which algorithm a collective call runs: the names of each collective's
  * algorithms, the forced choice (MACO_ALGO_<COLLECTIVE>, read once when the communicator is
- * created, or maco_collective_set_algorithm), and the choice by size, whose thresholds were
- * placed by measurement (docs/performance.md).
+ * created, or maco_collective_set_algorithm), and the choice by size, whose thresholds are
+ * rows of algorithms/tuning.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/common/select.h"
+#include "algorithms/hier/hier.h"
+#include "algorithms/tuning.h"
 #include "src/host/base/config.h"
 #include "src/host/base/log.h"
 
@@ -27,34 +29,21 @@ static const struct {
     { "reduce", { "ll", "mesh", NULL, "hier" }, MACO_CFG_ALGO_REDUCE },
     /* How a sender moves each message (p2p_kernels.cu): LL packets or chunks through
      * scratch. Any size works either way, so forcing one never fails for size. Across
-     * nodes maco_alltoall may also run hierarchical (hier_a2a_kernel.cu). */
+     * nodes maco_alltoall may also run hierarchical (hier/alltoall_kernel.cu). */
     { "alltoall", { "ll", "copy", NULL, "hier" }, MACO_CFG_ALGO_ALLTOALL },
     { "sendrecv", { "ll", "copy", NULL, NULL }, MACO_CFG_ALGO_SENDRECV },
 };
 
 /*
- * Allreduce sizes (bytes) up to which one-shot LL beats two-shot LL, placed by measurement
- * on 4x H200 (docs/performance.md, "Collectives against NCCL on 4x H200"; the sweep in
- * docs/results/2026-11-22b/notes.md). Two-shot LL runs from there up to what its scratch holds
- * (nranks * MACO_ALLREDUCE_ONESHOT_MAX), rsag above.
- */
-#define MACO__ONESHOT_CUTOFF ((size_t)128 << 10)
-
-/*
  * All-to-all across nodes: whether maco_alltoall runs hier rather than direct by default, for
- * `msg` bytes per block with `ln` ranks per node: blocks of MACO__HIER_A2A_DEFAULT_MIN
- * bytes and more when a node has 2 or more ranks. Below, the direct path (ll, copy) was
- * faster in the last measurement; with one rank per node hier aggregates nothing (as many
- * rail peers as remote ranks) and its one measurement with the final shape is the only one
- * it won. PROVISIONAL: placed by measurements of simulated nodes (TCP over loopback, 4 ranks
- * on one H100 under MPS, 2 nodes x 2, blocks of 256 B to 16 MiB; docs/performance.md,
- * "All-to-all across nodes"), not on a real network; larger ln was not measured.
+ * `msg` bytes per block with `local_ranks` ranks per node (algorithms/tuning.h,
+ * HIER_ALLTOALL_MIN_BLOCK and _MIN_LOCAL_RANKS). With one rank per node hier aggregates nothing:
+ * as many rail peers as remote ranks.
  */
-#define MACO__HIER_A2A_DEFAULT_MIN ((size_t)512 << 10)
-
-static int maco__hier_a2a_default(size_t msg, int ln)
+static int maco__hier_a2a_default(size_t msg, int local_ranks)
 {
-    return ln >= 2 && msg >= MACO__HIER_A2A_DEFAULT_MIN;
+    return local_ranks >= MACO__TUNING_HIER_ALLTOALL_MIN_LOCAL_RANKS &&
+           msg >= (size_t)MACO__TUNING_HIER_ALLTOALL_MIN_BLOCK;
 }
 
 /* Elements per two-shot block for `count` elements of `esz` bytes on n ranks (a whole
@@ -111,7 +100,7 @@ maco_status_t maco__coll_read_settings(maco__coll_t *c)
  * Picks the kernel: the forced algorithm if any (MACO_ALGO_<COLLECTIVE> at creation, or
  * maco_collective_set_algorithm), else LL up to the LL scratch's capacity
  * (MACO_ALLREDUCE_ONESHOT_MAX bytes per message) and mesh above. `unit_bytes` is the
- * collective's unit (algorithms.h). All-to-all and send/recv: LL packets up to
+ * collective's unit (collectives/collectives.h). All-to-all and send/recv: LL packets up to
  * MACO_P2P_LL_MAX bytes per message, "copy" above (a sender's choice; the receiver follows
  * each chunk's header).
  */
@@ -123,7 +112,7 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
     int p2p = coll == MACO_COLL_ALLTOALL || coll == MACO_COLL_SENDRECV;
     size_t n = (size_t)c->ln;
     int across = c->nnodes > 1 && !p2p;
-    /* All-to-all across nodes: hier where its shape exists (p2p_plan.h), else direct. */
+    /* All-to-all across nodes: hier where its shape exists (hier/hier.h), else direct. */
     maco__hier_a2a_shape_t a2a;
     int a2a_hier = coll == MACO_COLL_ALLTOALL && c->nnodes > 1 &&
                    maco__hier_a2a_shape(count, esz, c->ln, c->layout.hier_piece_max, 1, &a2a);
@@ -185,7 +174,8 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
         *kernel_p = MACO__KERNEL_HIER;
     else if (p2p)
         *kernel_p = msg <= (size_t)c->p2p_ll_max ? MACO__KERNEL_LL : MACO__KERNEL_MESH;
-    else if (coll == MACO_COLL_ALLREDUCE && msg <= cap && msg <= MACO__ONESHOT_CUTOFF)
+    else if (coll == MACO_COLL_ALLREDUCE && msg <= cap &&
+             msg <= (size_t)MACO__TUNING_ALLREDUCE_ONESHOT_CUTOFF) /* two-shot LL above */
         *kernel_p = MACO__KERNEL_LL;
     else if (twoshot)
         *kernel_p = MACO__KERNEL_LL2;

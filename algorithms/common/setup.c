@@ -1,31 +1,28 @@
 /*
  * setup.c - the collectives' resources on a communicator: their buffer (layout in
- * algorithms.h), mapped by every peer, the rsag CTAs' memory channels, the registry of
+ * state.h), mapped by every peer, the rsag CTAs' memory channels, the registry of
  * buffers usable in place, and their settings.
  *
- * The communicator knows nothing of collectives: this file installs an extension
- * (comm_internal.h) when the library loads, and the communicator calls it at creation and
- * destruction and when memory is registered. So src/host never calls into algorithms/, and
- * a program linked with libmaco.a that uses no collective carries none of this.
+ * The communicator knows nothing of collectives: this file defines the hook
+ * maco__collectives_extension that comm_internal.h declares (weak), and the communicator calls
+ * the extension it returns at creation and destruction and when memory is registered. So
+ * src/host never calls into algorithms/, and a program linked with libmaco.a that uses no
+ * collective carries none of this.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/collectives/collectives.h"
+#include "algorithms/common/registry.h"
+#include "algorithms/common/select.h"
+#include "algorithms/p2p/p2p.h"
+#include "algorithms/plan/plan_internal.h"
+#include "algorithms/tuning.h"
 #include "src/host/base/align.h"
 #include "src/host/base/config.h"
 #include "src/host/cuda/cuda_util.h"
 #include "src/host/base/log.h"
-
-/* MACO_ALLREDUCE_ONESHOT_MAX's default (the LL kernels' largest message, bytes per rank) in a
- * job of at most two ranks: on 2x H200 (2026-11-28, maco-perf -b 128K -e 4M, caps 256K, 1M and
- * 2M in one call) LL packets beat the mesh kernels for messages of 512 KiB to 1 MiB in every
- * collective (allgather 1 MiB 14.4 -> 9.4 us, reduce-scatter 14.7 -> 10.5, broadcast 16.0 ->
- * 10.3, reduce 14.8 -> 9.9, allreduce 17.1 -> 14.9) and lost from 2 MiB per rank. With more ranks
- * the 256K of the configuration table stays (not measured there); the LL scratch is
- * 8 x ranks x this many bytes (algorithms.h). */
-#define MACO__LL_MAX_TWO_RANKS ((int64_t)1 << 20)
 
 /* Reads and checks the sizes that shape the buffer; `nranks`: the job's world size (equal on
  * every rank, so every rank takes the same default). */
@@ -45,8 +42,10 @@ static maco_status_t maco__coll_read_sizes(maco__coll_sizes_t *z, int nranks)
         st = maco__config_int64(MACO_CFG_P2P_CHUNK_SIZE, &chunk);
     if (st != MACO_OK)
         return st;
+    /* MACO_ALLREDUCE_ONESHOT_MAX's default in a job of at most two ranks (algorithms/tuning.h,
+     * LL_MAX_TWO_RANKS); the LL scratch is 8 x ranks x this many bytes (common/state.h). */
     if (!maco__config_is_set(MACO_CFG_ALLREDUCE_ONESHOT_MAX) && nranks <= 2)
-        oneshot = MACO__LL_MAX_TWO_RANKS;
+        oneshot = (int64_t)MACO__TUNING_LL_MAX_TWO_RANKS;
     if (lanes < 1 || lanes > MACO__P2P_MAX_LANES)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
                            "MACO_P2P_LANES=%lld is outside [1, %d]", (long long)lanes,
@@ -92,7 +91,7 @@ static void maco__coll_destroy(maco_comm_t comm)
         for (size_t i = 0; i < nch; i++)
             maco_port_channel_destroy(c->rail[i]);
     }
-    maco__xp2p_free(comm, c);
+    maco__p2p_internode_free(comm, c);
     maco_proxy_destroy(c->proxy);
     if (c->peer_rail_mem != NULL)
         for (int k = 0; k < c->nnodes; k++)
@@ -258,7 +257,8 @@ out:
     return st;
 }
 
-/* Every kernel the collectives may launch, loaded now (algorithms.h, kernel preloading). */
+/* Every kernel the collectives may launch, loaded now (collectives/collectives.h, "Kernel
+ * preloading"). */
 static maco_status_t maco__coll_preload(maco_comm_t comm)
 {
     static cudaError_t (*const preload[])(void) = {
@@ -523,8 +523,10 @@ static const maco__comm_ext_t maco__coll_ext = {
     maco__coll_on_deregister,
 };
 
-/* Installed when the library (or, from libmaco.a, this object) is loaded. */
-__attribute__((constructor)) static void maco__coll_install(void)
+/* The collectives' registration with every communicator: the hook comm_internal.h declares
+ * (weak, so that src/host names it without depending on algorithms/), which the communicator
+ * calls through maco__comm_extension at creation, destruction and memory registration. */
+const maco__comm_ext_t *maco__collectives_extension(void)
 {
-    maco__comm_set_extension(&maco__coll_ext);
+    return &maco__coll_ext;
 }

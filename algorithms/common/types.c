@@ -1,6 +1,6 @@
 /* types.c - the element types, reduction ops and collectives by name and size (public,
  * maco/collectives.h). A leaf of algorithms/: it calls nothing. */
-#include "algorithms/common/state.h"
+#include "maco/collectives.h"
 
 size_t maco_datatype_size(maco_datatype_t datatype)
 {

@@ -75,12 +75,13 @@
 #include <string.h>
 
 #include "algorithms/ep/ep_kernels.h"
+#include "algorithms/tuning.h"
 #include "maco/device/atomics.h"
 #include "maco/device/error.h"
 
 #define MACO__EP_WARPS (MACO__EP_THREADS / 32)
-#define MACO__EP_SEND_WARPS (MACO__EP_WARPS / 2) /* the combine's sender warps; the rest sum */
-#define MACO__EP_GRAB 4                          /* dispatch entries a warp takes at a time */
+#define MACO__EP_SEND_WARPS (MACO__EP_WARPS / 2)    /* the combine's sender warps; the rest sum */
+#define MACO__EP_GRAB MACO__TUNING_EP_DISPATCH_GRAB /* dispatch entries a warp takes at a time */
 #define MACO__EP_FULL 0xffffffffu
 
 /* Object codes of MACO_DEVICE_WAIT_EP reports (maco/device/error.h). */
@@ -466,9 +467,9 @@ static __device__ void maco__ep_dispatch_finish(const maco__ep_args_t &a, const 
 
 /* Dispatch step 3: every entry of this rank to its expert's rank, one warp per entry. In normal
  * mode warps take MACO__EP_GRAB entries at a time from a counter (DISP_WORK, back to 0 at the
- * kernel's end): dealt round robin, some CTAs finished their copies in 528 us and others
- * in 769 (2x H200), and every CTA waits for the last. Low latency keeps the round robin
- * (its 1024 entries are even enough; the counter's round trips cost 2 us there). */
+ * kernel's end): dealt round robin, some CTAs finished their copies long before others, and
+ * every CTA waits for the last (algorithms/tuning.h, EP_DISPATCH_GRAB). Low latency keeps the round
+ * robin (its 1024 entries are even enough; the counter's round trips cost 2 us there). */
 static __device__ void maco__ep_dispatch_rows(const maco__ep_args_t &a, char *const *peer,
                                               const int32_t *s_base, const int32_t *s_off, bool ll)
 {

@@ -1,5 +1,5 @@
 /*
- * hier_a2a_kernel.cu - the hierarchical all-to-all across nodes (MACO_ALGO_ALLTOALL=hier),
+ * alltoall_kernel.cu - the hierarchical all-to-all across nodes (MACO_ALGO_ALLTOALL=hier),
  * rail-aligned as NCCL's PXN: rank (k, i) (node k, local index i) hands its block for rank
  * (m, j) of another node to its local peer (k, j) over memory channels, and (k, j) sends one
  * message per other node m over rail j to (m, j), holding the blocks of all ln ranks of node k
@@ -7,12 +7,12 @@
  * nnodes - 1 rail peers instead of (nnodes - 1) ln remote ranks, with ln times larger messages.
  * docs/design.md ("Collectives across nodes") tells this for readers of the docs.
  *
- * Resources are the hier collectives' (hier.cuh; setup.c): CTA b uses slot b: the regions
+ * Resources are the hier collectives' (hier.cuh; common/setup.c): CTA b uses slot b: the regions
  * IN[m][q] of hpiece bytes in every rank's collectives buffer, ACC[m] and FINAL[m] in the rail
  * buffer (pinned host memory), its memory-channel semaphores with the node's ranks (the mesh
  * barrier), and its data and acknowledgement port channels to each rail peer. The shape
- * (pieces, segments, CTAs) is maco__hier_a2a_shape (p2p_plan.h); segment s is elements
- * [s P, s P + len) of every block, and CTA b carries segments b, b + G, ...
+ * (pieces, segments, CTAs) is maco__hier_a2a_shape (hier.h, alltoall_shape.c); segment s is
+ * elements [s P, s P + len) of every block, and CTA b carries segments b, b + G, ...
  *
  * Rank (k, me), per segment of the CTA:
  *   X  for every local q and node m: its block for rank (m, q), this segment's piece, into
@@ -40,7 +40,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/hier/hier.h"
 #include "algorithms/hier/hier.cuh"
 
 enum { MACO__HIER_A2A_THREADS = 512 };

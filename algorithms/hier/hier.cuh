@@ -4,9 +4,9 @@
  * talks to local index i of the others), as docs/design.md ("Collectives across nodes")
  * tells for readers of the docs.
  *
- * Each CTA b owns scratch slot b of every rank (layout in algorithms.h: regions of hpiece
+ * Each CTA b owns scratch slot b of every rank (layout in common/state.h: regions of hpiece
  * bytes IN [node][local] and OUT [local][node] in the collectives buffer, CARRY [node], FINAL
- * [node] and ACC [node] in the rail buffer, pinned host memory: setup.c says why), its own
+ * [node] and ACC [node] in the rail buffer, pinned host memory: common/setup.c says why), its own
  * memory-channel semaphores with the node's ranks (the mesh barrier) and its own two port
  * channels to each rail peer: "data" (a put, then a signal: the data landed) and "ack" (the
  * receiver has consumed what a data signal announced). It works on segments b, b + G, ...
@@ -59,8 +59,9 @@
 #ifndef MACO_ALGO_HIER_CUH
 #define MACO_ALGO_HIER_CUH
 
-#include "maco/device/port_channel.h"
 #include "algorithms/collectives/mesh.cuh"
+#include "algorithms/hier/hier.h"
+#include "maco/device/port_channel.h"
 #include "src/device/sysmem.cuh"
 
 /* Folds `len` elements: the accumulator values at `cin` (when not NULL) then the element
@@ -194,7 +195,7 @@ static __device__ __forceinline__ bool maco__hier_each_node(const maco_port_chan
     return maco__cta_failed(fail);
 }
 
-/* A CTA's start in the hier kernels (this one, hier_a2a_kernel.cu): its slot's memory
+/* A CTA's start in the hier kernels (this one, alltoall_kernel.cu): its slot's memory
  * channels with the node's ranks into `ch` (shared memory; the mesh barrier's); returns
  * whether this thread waits on one of them in the barrier, and sets *rail_p to the slot's
  * port channels [nnodes][2] (data, acknowledgements). */

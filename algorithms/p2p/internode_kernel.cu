@@ -1,11 +1,11 @@
 /*
- * xp2p_kernel.cu - send/recv and all-to-all between ranks of different nodes: one CTA per
+ * internode_kernel.cu - send/recv and all-to-all between ranks of different nodes: one CTA per
  * pair of the plan (send to q, or receive from q), over the pair's buffers and port channels
- * (algorithms.h, maco__xpeer_dev_t; made by xp2p.c).
+ * (p2p.h, maco__internode_peer_dev_t; made by internode.c).
  *
  * A message of B bytes travels as max(1, ceil(B / chunk)) chunks in the slots of the pair,
  * chunk number n of the pair (counted over all messages and calls: `sent`, `recvd`) in slot
- * n % K (K = MACO__XP2P_SLOTS). Sender, per chunk: when n >= K it waits for one
+ * n % K (K = MACO__P2P_INTERNODE_SLOTS). Sender, per chunk: when n >= K it waits for one
  * acknowledgement (the receiver read slot n % K when it had chunk n - K); writes the header {B,
  * chunk bytes} and the payload into its send slot (host memory, then every writer's system fence
  * and the CTA barrier); puts header and payload into the peer's receive slot with a signal.
@@ -22,19 +22,21 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms/common/state.h"
+#include "algorithms/p2p/p2p.h"
+#include "algorithms/tuning.h"
 #include "maco/device/copy.h"
 #include "maco/device/port_channel.h"
 #include "src/device/sysmem.cuh"
 
-enum { MACO__XP2P_THREADS = 512 };
+enum { MACO__P2P_INTERNODE_THREADS = 512 };
 
-__global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp2p_args_t a)
+__global__ void __launch_bounds__(MACO__P2P_INTERNODE_THREADS)
+    maco__p2p_internode_kernel(maco__p2p_internode_args_t a)
 {
     const int k = blockIdx.x;
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
     const int q = a.plan.pair_peer[k];
-    maco__xpeer_dev_t *x = &a.peers[q];
+    maco__internode_peer_dev_t *x = &a.peers[q];
     const uint64_t S = x->slot_bytes, cap = a.chunk;
     const bool send = a.plan.pair_dir[k] == MACO__P2P_SEND;
     __shared__ uint64_t sh_bytes;
@@ -46,12 +48,12 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
             const uint64_t nch = B == 0 ? 1 : (B + cap - 1) / cap;
             for (uint64_t c = 0; c < nch; c++, n++) {
                 bool fail = false;
-                if (tid == 0 && n >= MACO__XP2P_SLOTS)
+                if (tid == 0 && n >= MACO__P2P_INTERNODE_SLOTS)
                     fail = maco_port_channel_wait(&x->ack) != MACO_OK;
                 if (maco__cta_failed(fail))
                     return;
                 const uint64_t off = c * cap, cb = B - off < cap ? B - off : cap;
-                char *slot = x->buf + (n % MACO__XP2P_SLOTS) * S;
+                char *slot = x->buf + (n % MACO__P2P_INTERNODE_SLOTS) * S;
                 if (tid == 0) {
                     ((uint64_t *)slot)[0] = B;
                     ((uint64_t *)slot)[1] = cb;
@@ -61,8 +63,9 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
                 __syncthreads();
                 if (tid == 0)
                     fail = maco_port_channel_put_with_signal(
-                               &x->data, (MACO__XP2P_SLOTS + n % MACO__XP2P_SLOTS) * S,
-                               (n % MACO__XP2P_SLOTS) * S, 16 + cb) != MACO_OK;
+                               &x->data,
+                               (MACO__P2P_INTERNODE_SLOTS + n % MACO__P2P_INTERNODE_SLOTS) * S,
+                               (n % MACO__P2P_INTERNODE_SLOTS) * S, 16 + cb) != MACO_OK;
                 if (maco__cta_failed(fail))
                     return;
             }
@@ -72,7 +75,8 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
             bool bad = false;
             for (uint64_t c = 0; c < nch; c++, n++) {
                 bool fail = false;
-                const char *slot = x->buf + (MACO__XP2P_SLOTS + n % MACO__XP2P_SLOTS) * S;
+                const char *slot =
+                    x->buf + (MACO__P2P_INTERNODE_SLOTS + n % MACO__P2P_INTERNODE_SLOTS) * S;
                 if (tid == 0) {
                     fail = maco_port_channel_wait(&x->data) != MACO_OK;
                     if (!fail && c == 0)
@@ -111,15 +115,15 @@ __global__ void __launch_bounds__(MACO__XP2P_THREADS) maco__xp2p_kernel(maco__xp
     }
 }
 
-extern "C" cudaError_t maco__launch_xp2p(const maco__xp2p_args_t *args, int blocks, int threads,
-                                         cudaStream_t stream)
+extern "C" cudaError_t maco__launch_p2p_internode(const maco__p2p_internode_args_t *args,
+                                                  int blocks, int threads, cudaStream_t stream)
 {
-    maco__xp2p_kernel<<<blocks, threads, 0, stream>>>(*args);
+    maco__p2p_internode_kernel<<<blocks, threads, 0, stream>>>(*args);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t maco__preload_xp2p(void)
+extern "C" cudaError_t maco__preload_p2p_internode(void)
 {
     cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, maco__xp2p_kernel);
+    return cudaFuncGetAttributes(&fa, maco__p2p_internode_kernel);
 }

@@ -138,6 +138,19 @@ void maco__plan_desc_free(maco__plan_desc_t *d);
  */
 int maco__plan_verify(maco__plan_desc_t *d, char *report, size_t cap);
 
+/* ---- plan_exec.c, for the collectives' setup (algorithms/common/setup.c) */
+
+struct maco__coll; /* algorithms/common/state.h */
+
+/**
+ * Loads the plan of every MACO_ALGO_<COLLECTIVE>=plan:FILE into c->plans (at creation,
+ * collective). MACO_ERR_INVALID_ARGUMENT for a plan of another collective or a collective
+ * without plans (broadcast, reduce, all-to-all, send/recv), else maco_plan_load's status.
+ */
+maco_status_t maco__plan_load_forced(maco_comm_t comm, struct maco__coll *c);
+/** Destroys c->plans (at destruction). */
+void maco__plan_free_forced(struct maco__coll *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -363,7 +363,7 @@ MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_coll
  * GPU of the job runs several ranks (README, "Co-residency"); a kernel launches
  * min(its own choice by size, max_ctas, that bound) CTAs. One-shot and two-shot LL
  * kernels already stop at 64 CTAs, the mesh kernels at the scratch's slots. Not capped: the
- * direct (xp2p) send/recv and all-to-all between nodes (one CTA per remote pair; the
+ * direct send/recv and all-to-all between nodes (one CTA per remote pair; the
  * hierarchical all-to-all is capped) and execution plans
  * (their CTA count is part of the plan).
  *
