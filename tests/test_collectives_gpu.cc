@@ -807,9 +807,9 @@ TEST_F(Collectives, RankKilledMidCallIsNamed)
     /* The victim's rail peers hold TCP connections to it: their proxies see them end and
      * stop their kernels at once (maco__comm_end_device_waits), long before the device
      * timeout (10 s in the ctest entry). */
-    int ln = 1;
-    ASSERT_EQ(maco_comm_get_local_nranks(Comm(), &ln), MACO_OK);
-    if (ln > 0 && Rank() % ln == victim % ln) {
+    int local_nranks = 1;
+    ASSERT_EQ(maco_comm_get_local_nranks(Comm(), &local_nranks), MACO_OK);
+    if (local_nranks > 0 && Rank() % local_nranks == victim % local_nranks) {
         EXPECT_LT(secs, 5.0) << "a rail peer of the dead rank waited for the device timeout";
     }
     std::fflush(stdout);

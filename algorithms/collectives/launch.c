@@ -76,7 +76,7 @@ static void maco__describe(const maco__coll_call_t *c, maco_comm_t comm, const m
 {
     maco__coll_desc_t d;
     memset(&d, 0, sizeof(d));
-    int me = coll->lrank, n = coll->ln; /* one node: the rank and the rank count */
+    int me = coll->local_index, n = coll->local_nranks; /* one node: the rank and the rank count */
     int root = me == c->root;
     size_t unit = c->count * maco_datatype_size(c->datatype);
     size_t send_bytes = c->coll == MACO_COLL_REDUCE_SCATTER ? unit * (size_t)n : unit;
@@ -125,9 +125,9 @@ maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
 }
 
 /* maco__coll_launch's work, with the communicator's device current. */
-static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_comm_t comm,
-                                            maco__coll_t *coll_state, int kernel,
-                                            maco_stream_t stream);
+static maco_status_t maco__coll_launch_on_its_device(const maco__coll_call_t *c, maco_comm_t comm,
+                                                     maco__coll_t *coll_state, int kernel,
+                                                     maco_stream_t stream);
 
 maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
                                 maco__coll_t *coll_state, int kernel, maco_stream_t stream)
@@ -141,14 +141,14 @@ maco_status_t maco__coll_launch(const maco__coll_call_t *c, maco_comm_t comm,
     maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, c->fn);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__coll_launch_here(c, comm, coll_state, kernel, stream);
+    st = maco__coll_launch_on_its_device(c, comm, coll_state, kernel, stream);
     maco__device_leave(saved);
     return st;
 }
 
-static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_comm_t comm,
-                                            maco__coll_t *coll_state, int kernel,
-                                            maco_stream_t stream)
+static maco_status_t maco__coll_launch_on_its_device(const maco__coll_call_t *c, maco_comm_t comm,
+                                                     maco__coll_t *coll_state, int kernel,
+                                                     maco_stream_t stream)
 {
     if (coll_state->plans[c->coll] != NULL) /* MACO_ALGO_<COLLECTIVE>=plan:FILE */
         return maco_plan_execute(coll_state->plans[c->coll], c->send, c->recv, c->count,
@@ -171,10 +171,10 @@ static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_com
     /* maco_redop_t's sum, prod, min and max are reduce.cuh's MACO__OP_* values. */
     a.op = reducing && c->op != MACO_AVG ? (int32_t)c->op : 0;
     a.root = c->root;
-    a.rank = coll_state->lrank; /* the node's view (common/state.h, maco__coll_t) */
-    a.nranks = coll_state->ln;
+    a.rank = coll_state->local_index; /* the node's view (common/state.h, maco__coll_t) */
+    a.nranks = coll_state->local_nranks;
     a.buf = coll_state->buf;
-    for (int r = 0; r < coll_state->ln; r++)
+    for (int r = 0; r < coll_state->local_nranks; r++)
         a.peer_buf[r] = coll_state->peer_buf[r];
     const maco__coll_layout_t *l = &coll_state->layout;
     a.ll_offset = l->ll_offset;
@@ -190,7 +190,7 @@ static maco_status_t maco__coll_launch_here(const maco__coll_call_t *c, maco_com
 
     if (kernel == MACO__KERNEL_HIER)
         return maco__hier_launch(c, comm, coll_state, &a, s);
-    size_t n = (size_t)coll_state->ln;
+    size_t n = (size_t)coll_state->local_nranks;
     size_t threads = MACO__COLL_THREADS;
     /* Every kernel here waits on peers: its CTAs must be co-resident with theirs, also
      * when ranks share a GPU (comm_internal.h, coresident_ctas), and at most what

@@ -210,7 +210,7 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
     memset(&a, 0, sizeof(a));
     a.plan = *plan;
     a.buf = c->buf;
-    for (int r = 0; r < c->ln; r++) /* the node's view: plans name peers by local index */
+    for (int r = 0; r < c->local_nranks; r++) /* the node's view: plans name peers by local index */
         a.peer_buf[r] = c->peer_buf[r];
     a.chans = c->p2p_channels;
     a.bound = comm->bound;
@@ -221,8 +221,8 @@ static maco_status_t maco__group_launch_p2p(maco_comm_t comm, maco__coll_t *c,
     a.cp_offset = l->p2p_cp_offset;
     a.cp_slot_bytes = l->p2p_cp_slot_bytes;
     a.chunk = l->p2p_chunk;
-    a.rank = c->lrank;
-    a.nranks = c->ln;
+    a.rank = c->local_index;
+    a.nranks = c->local_nranks;
     a.lanes = l->p2p_lanes;
     a.lanes_used = 1;
     for (int i = 0; i < plan->nops; i++) {
@@ -415,14 +415,14 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     /* The kernel names peers by local index (common/state.h); pairs with ranks of other nodes
      * move to their own plan (internode.c), launched after this node's. */
     maco__p2p_plan_t *p = &gc->plan, *internode = &gc->internode_plan;
-    const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;
+    const int *local = c->rank_at + (size_t)c->node * (size_t)c->local_nranks;
     memset(internode, 0, sizeof(*internode));
     int kept = 0;
     for (int k = 0; k < p->npairs; k++) {
         int q = p->pair_peer[k], i = 0;
-        while (i < c->ln && local[i] != q)
+        while (i < c->local_nranks && local[i] != q)
             i++;
-        if (i < c->ln) { /* this node (the local pair included) */
+        if (i < c->local_nranks) { /* this node (the local pair included) */
             p->pair_peer[kept] = i;
             p->pair_first[kept] = p->pair_first[k];
             p->pair_nops[kept] = p->pair_nops[k];

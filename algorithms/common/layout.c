@@ -52,9 +52,9 @@ void maco__coll_layout(maco__coll_layout_t *l, int nranks, int nnodes, const mac
     l->p2p_cp_offset =
         maco__align_up(l->p2p_ll_offset + srcs * lanes * slots * MACO__P2P_LL_SLOT, 256);
     size_t end = l->p2p_cp_offset + srcs * lanes * slots * l->p2p_cp_slot_bytes;
-    /* Across nodes (hier.cuh): per slot IN [nodes][ln] and OUT [ln][nodes], from a scratch
-     * of its own size; CARRY, FINAL and ACC [nodes] each in the rail buffer (host memory:
-     * 1.5 * MACO_SCRATCH_SIZE / ln bytes). */
+    /* Across nodes (hier.cuh): per slot IN [nodes][local_nranks] and OUT [local_nranks][nodes],
+     * from a scratch of its own size; CARRY, FINAL and ACC [nodes] each in the rail buffer (host
+     * memory: 1.5 * MACO_SCRATCH_SIZE / local_nranks bytes). */
     l->hier_slots = z->hier_ctas;
     if (nnodes > 1) {
         size_t nn = (size_t)nnodes;

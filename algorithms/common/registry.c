@@ -83,14 +83,14 @@ maco_status_t maco__registry_setup(maco_comm_t comm)
 {
     /* Peers are the ranks of this node, by local index (state.h). */
     const maco__coll_t *c = maco__coll_of(comm);
-    const int n = c->ln, nranks = comm->nranks;
-    const int *local = c->rank_at + (size_t)c->node * (size_t)c->ln;
+    const int n = c->local_nranks, nranks = comm->nranks;
+    const int *local = c->rank_at + (size_t)c->node * (size_t)c->local_nranks;
     maco__registry_t *g = (maco__registry_t *)calloc(1, sizeof(*g));
     if (g == NULL)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "registry: no host memory");
     pthread_mutex_init(&g->lock, NULL);
     g->n = n;
-    g->rank = c->lrank;
+    g->rank = c->local_index;
     maco__coll_of(comm)->reg = g; /* freed by maco__registry_free on any failure below */
     g->peer = (maco__dir_t **)calloc((size_t)n, sizeof(*g->peer));
     g->peer_mem = (maco_mem_t *)calloc((size_t)n, sizeof(*g->peer_mem));
@@ -282,8 +282,8 @@ maco_status_t maco__registry_map(maco_comm_t comm)
                     snprintf(msg, sizeof(msg),
                              "maco_collective_map_registrations: rank %d's registration %u (%llu "
                              "bytes) not mapped (calls on it use scratch): %s",
-                             c->rank_at[(size_t)c->node * (size_t)c->ln + (size_t)p], i + 1,
-                             (unsigned long long)e->bytes, maco__last_error());
+                             c->rank_at[(size_t)c->node * (size_t)c->local_nranks + (size_t)p],
+                             i + 1, (unsigned long long)e->bytes, maco__last_error());
                     first = g->failed[p] == i + 1 ? maco__error_quiet(st, "%s", msg)
                                                   : maco__error(st, MACO_SUBSYS_MEM, "%s", msg);
                     g->failed[p] = i + 1;

@@ -110,12 +110,13 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
     size_t cap = c->layout.oneshot_max;
     size_t msg = count * esz; /* the unit: what one rank sends one peer */
     int p2p = coll == MACO_COLL_ALLTOALL || coll == MACO_COLL_SENDRECV;
-    size_t n = (size_t)c->ln;
+    size_t n = (size_t)c->local_nranks;
     int across = c->nnodes > 1 && !p2p;
     /* All-to-all across nodes: hier where its shape exists (hier/hier.h), else direct. */
     maco__hier_a2a_shape_t a2a;
-    int a2a_hier = coll == MACO_COLL_ALLTOALL && c->nnodes > 1 &&
-                   maco__hier_a2a_shape(count, esz, c->ln, c->layout.hier_piece_max, 1, &a2a);
+    int a2a_hier =
+        coll == MACO_COLL_ALLTOALL && c->nnodes > 1 &&
+        maco__hier_a2a_shape(count, esz, c->local_nranks, c->layout.hier_piece_max, 1, &a2a);
     int twoshot = coll == MACO_COLL_ALLREDUCE && maco__coll_twoshot_block(count, esz, n, cap) != 0;
     const char *forced = c->forced[coll];
     if (forced[0] != '\0') {
@@ -136,7 +137,7 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
                                    "MACO_SCRATCH_SIZE and MACO_HIER_CTAS) must hold 16 bytes "
                                    "per rank of a node",
                                    maco__config_name(maco__colls[coll].force), forced, count, esz,
-                                   c->ln, (size_t)c->layout.hier_piece_max);
+                                   c->local_nranks, (size_t)c->layout.hier_piece_max);
             /* hier is the one algorithm of the other collectives across nodes, and works
              * only there. */
             if (!p2p && (k == MACO__KERNEL_HIER) != across)
@@ -170,7 +171,7 @@ maco_status_t maco__coll_select(maco_comm_t comm, const maco__coll_t *c, maco_co
                            maco__colls[coll].algo[3] ? " or " : "",
                            maco__colls[coll].algo[3] ? maco__colls[coll].algo[3] : "");
     }
-    if (across || (a2a_hier && maco__hier_a2a_default(msg, c->ln)))
+    if (across || (a2a_hier && maco__hier_a2a_default(msg, c->local_nranks)))
         *kernel_p = MACO__KERNEL_HIER;
     else if (p2p)
         *kernel_p = msg <= (size_t)c->p2p_ll_max ? MACO__KERNEL_LL : MACO__KERNEL_MESH;

@@ -126,7 +126,7 @@ static void maco__coll_destroy(maco_comm_t comm)
 }
 
 /*
- * Where every rank sits: rank_at[k * ln + i] is local index i of node k. Returns 0 and
+ * Where every rank sits: rank_at[k * local_nranks + i] is local index i of node k. Returns 0 and
  * writes why (every rank decides alike) when the collectives cannot work on this topology:
  * more ranks on a node than MACO__MAX_LOCAL_RANKS, or nodes with different numbers of ranks
  * (the rails pair local index i of every node).
@@ -134,7 +134,7 @@ static void maco__coll_destroy(maco_comm_t comm)
 static int maco__coll_topology(maco_comm_t comm, int **rank_at_p, char *why, size_t why_bytes,
                                maco_status_t *st_p)
 {
-    const int n = comm->nranks, nn = comm->nnodes, ln = comm->local_nranks;
+    const int n = comm->nranks, nn = comm->nnodes, local_nranks = comm->local_nranks;
     int32_t *where = (int32_t *)calloc((size_t)n * 2, sizeof(int32_t));
     int *rank_at = (int *)malloc((size_t)n * sizeof(int));
     int *count = (int *)calloc((size_t)nn, sizeof(int));
@@ -157,17 +157,17 @@ static int maco__coll_topology(maco_comm_t comm, int **rank_at_p, char *why, siz
                      count[k], k, MACO__MAX_LOCAL_RANKS);
             goto fail;
         }
-        if (count[k] != ln) {
+        if (count[k] != local_nranks) {
             snprintf(why, why_bytes,
                      "node %d has %d ranks and node %d has %d; collectives across nodes need "
                      "the same number of ranks on every node (local rank i of each node forms "
                      "rail i)",
-                     comm->node, ln, k, count[k]);
+                     comm->node, local_nranks, k, count[k]);
             goto fail;
         }
     }
     for (int r = 0; r < n; r++)
-        rank_at[where[2 * r] * ln + where[2 * r + 1]] = r;
+        rank_at[where[2 * r] * local_nranks + where[2 * r + 1]] = r;
     free(where);
     free(count);
     *rank_at_p = rank_at;
@@ -192,10 +192,10 @@ fail:
  * kernel polls. With GPU memory the proxy of a TCP rail copies to and from the GPU with
  * cudaMemcpyAsync on its own stream, and that copy can wait behind work the application
  * queued after the collective (a cudaMemcpy of the result on the collective's stream): the
- * collective then waits for its own successor. Measured on one H100 with ranks sharing it
- * under MPS: every such call hung until MACO_DEVICE_TIMEOUT, while the same calls with
- * nothing queued behind them passed (docs/results/2026-11-24/hier-h100). The cost is PCIe
- * bandwidth, which is far above a network rail's.
+ * collective then waits for its own successor: every such call hung until
+ * MACO_DEVICE_TIMEOUT, while the same calls with nothing queued behind them passed
+ * (docs/performance.md, "Tuning", "Rail buffers in host memory"). The cost is PCIe bandwidth,
+ * which is far above a network rail's.
  */
 static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
 {
@@ -222,9 +222,11 @@ static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
         st = maco_bootstrap_allgather(comm->bs, handles, MACO_MEM_HANDLE_BYTES);
     for (int k = 0; k < nn && st == MACO_OK; k++)
         if (k != c->node)
-            st = maco_mem_import(
-                comm, handles + (size_t)c->rank_at[k * c->ln + c->lrank] * MACO_MEM_HANDLE_BYTES,
-                &c->peer_rail_mem[k]);
+            st =
+                maco_mem_import(comm,
+                                handles + (size_t)c->rank_at[k * c->local_nranks + c->local_index] *
+                                              MACO_MEM_HANDLE_BYTES,
+                                &c->peer_rail_mem[k]);
     if (st == MACO_OK)
         st = maco_proxy_create(comm, &c->proxy);
     if (st == MACO_OK)
@@ -232,7 +234,7 @@ static maco_status_t maco__coll_rails(maco_comm_t comm, maco__coll_t *c)
     for (int k = 0; k < nn && st == MACO_OK; k++) {
         if (k == c->node)
             continue;
-        int peer = c->rank_at[k * c->ln + c->lrank];
+        int peer = c->rank_at[k * c->local_nranks + c->local_index];
         for (int b = 0; b < slots && st == MACO_OK; b++)
             for (int w = 0; w < 2 && st == MACO_OK; w++) {
                 size_t i = ((size_t)b * (size_t)nn + (size_t)k) * 2 + (size_t)w;
@@ -329,21 +331,21 @@ static maco_status_t maco__coll_sizes_agree(maco_comm_t comm, const maco__coll_s
  * p2p lane, copied to the device. Collective over the node's ranks, in rank order. */
 static maco_status_t maco__coll_channels(maco_comm_t comm, maco__coll_t *c, const int *local)
 {
-    const int n = comm->nranks, ln = c->ln;
+    const int n = comm->nranks, local_nranks = c->local_nranks;
     const maco__coll_layout_t *l = &c->layout;
     const int slots = l->rsag_slots;
     const int lanes = l->p2p_lanes;
     maco_status_t st = MACO_OK;
-    c->peer_buf = (char **)calloc((size_t)ln, sizeof(char *));
+    c->peer_buf = (char **)calloc((size_t)local_nranks, sizeof(char *));
     c->peer_buf_mem = (maco_mem_t *)calloc((size_t)n, sizeof(maco_mem_t));
     char **ptr = (char **)calloc((size_t)n, sizeof(char *));
     maco_memory_channel_device_t *chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)slots * (size_t)ln, sizeof(maco_memory_channel_device_t));
+        (size_t)slots * (size_t)local_nranks, sizeof(maco_memory_channel_device_t));
     /* Room for either a peer's rsag channels or its p2p lanes. */
     maco_memory_channel_device_t *peer_chans = (maco_memory_channel_device_t *)calloc(
         (size_t)(slots > lanes ? slots : lanes), sizeof(maco_memory_channel_device_t));
     maco_memory_channel_device_t *p2p_chans = (maco_memory_channel_device_t *)calloc(
-        (size_t)ln * (size_t)lanes, sizeof(maco_memory_channel_device_t));
+        (size_t)local_nranks * (size_t)lanes, sizeof(maco_memory_channel_device_t));
     if (c->peer_buf == NULL || c->peer_buf_mem == NULL || ptr == NULL || chans == NULL ||
         peer_chans == NULL || p2p_chans == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_INIT, "collectives setup: no memory");
@@ -354,12 +356,12 @@ static maco_status_t maco__coll_channels(maco_comm_t comm, maco__coll_t *c, cons
     st = maco__mem_exchange(comm, c->buf_mem, ptr, c->peer_buf_mem);
     if (st != MACO_OK)
         goto out;
-    for (int i = 0; i < ln; i++)
+    for (int i = 0; i < local_nranks; i++)
         c->peer_buf[i] = ptr[local[i]];
     /* rsag channels: for every local peer in rank order, one channel per slot; then its p2p
      * credit channels, one per lane. The pairwise exchanges happen in the same global order
      * on all ranks, so none waits in a cycle. */
-    for (int i = 0; i < ln; i++) {
+    for (int i = 0; i < local_nranks; i++) {
         const int p = local[i];
         if (p == comm->rank)
             continue;
@@ -368,7 +370,7 @@ static maco_status_t maco__coll_channels(maco_comm_t comm, maco__coll_t *c, cons
         if (st != MACO_OK)
             goto out;
         for (int b = 0; b < slots; b++)
-            chans[(size_t)b * (size_t)ln + (size_t)i] = peer_chans[b];
+            chans[(size_t)b * (size_t)local_nranks + (size_t)i] = peer_chans[b];
         st =
             maco__memory_channels_setup(comm, p, c->buf_mem, c->peer_buf_mem[p], lanes, peer_chans);
         if (st != MACO_OK)
@@ -376,17 +378,18 @@ static maco_status_t maco__coll_channels(maco_comm_t comm, maco__coll_t *c, cons
         for (int b = 0; b < lanes; b++)
             p2p_chans[(size_t)i * (size_t)lanes + (size_t)b] = peer_chans[b];
     }
-    MACO_CUDA_GOTO(
-        cudaMalloc((void **)&c->rsag_channels, (size_t)slots * (size_t)ln * sizeof(*chans)), st,
-        out);
-    MACO_CUDA_GOTO(cudaMemcpy(c->rsag_channels, chans, (size_t)slots * (size_t)ln * sizeof(*chans),
+    MACO_CUDA_GOTO(cudaMalloc((void **)&c->rsag_channels,
+                              (size_t)slots * (size_t)local_nranks * sizeof(*chans)),
+                   st, out);
+    MACO_CUDA_GOTO(cudaMemcpy(c->rsag_channels, chans,
+                              (size_t)slots * (size_t)local_nranks * sizeof(*chans),
                               cudaMemcpyHostToDevice),
                    st, out);
-    MACO_CUDA_GOTO(
-        cudaMalloc((void **)&c->p2p_channels, (size_t)ln * (size_t)lanes * sizeof(*p2p_chans)), st,
-        out);
+    MACO_CUDA_GOTO(cudaMalloc((void **)&c->p2p_channels,
+                              (size_t)local_nranks * (size_t)lanes * sizeof(*p2p_chans)),
+                   st, out);
     MACO_CUDA_GOTO(cudaMemcpy(c->p2p_channels, p2p_chans,
-                              (size_t)ln * (size_t)lanes * sizeof(*p2p_chans),
+                              (size_t)local_nranks * (size_t)lanes * sizeof(*p2p_chans),
                               cudaMemcpyHostToDevice),
                    st, out);
 out:
@@ -454,16 +457,16 @@ static maco_status_t maco__coll_setup(maco_comm_t comm)
     }
     comm->coll = c; /* from here on, maco__coll_destroy frees what exists */
     c->rank_at = rank_at;
-    c->ln = comm->local_nranks;
-    c->lrank = comm->local_rank;
+    c->local_nranks = comm->local_nranks;
+    c->local_index = comm->local_rank;
     c->nnodes = comm->nnodes;
     c->node = comm->node;
-    const int ln = c->ln;
-    const int *local = rank_at + (size_t)c->node * (size_t)ln; /* local index -> rank */
+    const int local_nranks = c->local_nranks;
+    const int *local = rank_at + (size_t)c->node * (size_t)local_nranks; /* local index -> rank */
     st = maco__coll_read_settings(c);
     if (st != MACO_OK)
         return st;
-    maco__coll_layout(&c->layout, ln, c->nnodes, &mine);
+    maco__coll_layout(&c->layout, local_nranks, c->nnodes, &mine);
     const maco__coll_layout_t *l = &c->layout;
     if (c->nnodes > 1 && l->hier_piece_max < 4096) {
         snprintf(comm->ext_unavailable, sizeof(comm->ext_unavailable),

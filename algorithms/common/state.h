@@ -100,23 +100,24 @@ typedef struct maco__registry maco__registry_t;
 /* The collectives' state on a communicator (comm->coll), made by setup.c at creation. */
 /*
  * Peers are indexed by *local index*: the position of a rank among the ranks of its node in
- * rank order (its local rank). Every array below over "local peers" has ln entries; on one
- * node the local index is the rank. Across nodes the collectives are hierarchical
+ * rank order (its local rank). Every array below over "local peers" has local_nranks entries; on
+ * one node the local index is the rank. Across nodes the collectives are hierarchical
  * (hier/hier.cuh): the kernels' intra-node parts run on the local view, and each rank talks to
  * the ranks of the same local index on the other nodes (its rail) over port channels.
  */
 typedef struct maco__coll {
     maco__coll_layout_t layout;
-    int ln, lrank;            /* ranks on this node, this rank's local index */
-    int nnodes, node;         /* nodes, this rank's node (numbered as maco_comm_get_node) */
-    int *rank_at;             /* [nnodes][ln] the rank of local index i on node k */
-    int *rank_at_dev;         /* the same on the device (hier kernels), NULL on one node */
-    char *buf;                /* this rank's collectives buffer */
-    maco_mem_t buf_mem;       /* its registration */
-    char **peer_buf;          /* [ln] mapped buffers of local peers (own: buf) */
-    maco_mem_t *peer_buf_mem; /* [nranks] imports by rank (own: NULL) */
-    maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][ln] */
-    maco_memory_channel_device_t *p2p_channels;  /* device array [ln][p2p_lanes]: credits */
+    int local_nranks, local_index; /* ranks on this node, this rank's local index */
+    int nnodes, node;              /* nodes, this rank's node (numbered as maco_comm_get_node) */
+    int *rank_at;                  /* [nnodes][local_nranks] the rank of local index i on node k */
+    int *rank_at_dev;              /* the same on the device (hier kernels), NULL on one node */
+    char *buf;                     /* this rank's collectives buffer */
+    maco_mem_t buf_mem;            /* its registration */
+    char **peer_buf;               /* [local_nranks] mapped buffers of local peers (own: buf) */
+    maco_mem_t *peer_buf_mem;      /* [nranks] imports by rank (own: NULL) */
+    maco_memory_channel_device_t *rsag_channels; /* device array [rsag_slots][local_nranks] */
+    maco_memory_channel_device_t
+        *p2p_channels; /* device array [local_nranks][p2p_lanes]: credits */
     /* Across nodes: the collectives' proxy and its port channels to the rail peers,
      * [hier_slots][nnodes][2] (0: data, 1: acknowledgements; none to this node). */
     maco_proxy_t proxy;
@@ -178,9 +179,9 @@ static inline int maco__coll_ctas(maco_comm_t comm, const maco__coll_t *c)
 /** The node of rank r (from rank_at). */
 static inline int maco__node_of(const maco__coll_t *c, int r)
 {
-    for (int i = 0; i < c->nnodes * c->ln; i++)
+    for (int i = 0; i < c->nnodes * c->local_nranks; i++)
         if (c->rank_at[i] == r)
-            return i / c->ln;
+            return i / c->local_nranks;
     return -1;
 }
 

@@ -25,15 +25,15 @@ extern "C" {
 typedef struct maco__hier_args {
     maco__coll_args_t c;
     const maco_port_channel_device_t *rail; /* [hier_slots][nnodes][2]: data, acknowledgements */
-    const int *rank_at;                     /* [nnodes][ln]: rank of local index i on node k */
-    uint64_t hier_offset, hier_slot_bytes;  /* the slots in every rank's collectives buffer */
-    char *rail_buf;                         /* the rail buffer (mapped host memory) */
-    uint64_t rail_slot_bytes;               /* its slots: CARRY, FINAL, ACC [nnodes] each */
-    uint64_t hpiece;                        /* bytes per region of a slot */
-    int32_t node, nnodes;                   /* this rank's node and the node count */
-    int32_t nranks;                         /* ranks in all (avg divides by it) */
-    int32_t root_node, root_local;          /* broadcast, reduce: where the root is */
-    uint32_t accsz;                         /* bytes of the type's accumulator (carries) */
+    const int *rank_at; /* [nnodes][local_nranks]: rank of local index i on node k */
+    uint64_t hier_offset, hier_slot_bytes; /* the slots in every rank's collectives buffer */
+    char *rail_buf;                        /* the rail buffer (mapped host memory) */
+    uint64_t rail_slot_bytes;              /* its slots: CARRY, FINAL, ACC [nnodes] each */
+    uint64_t region_bytes;                 /* bytes per region of a slot */
+    int32_t node, nnodes;                  /* this rank's node and the node count */
+    int32_t nranks;                        /* ranks in all (avg divides by it) */
+    int32_t root_node, root_local;         /* broadcast, reduce: where the root is */
+    uint32_t accsz;                        /* bytes of the type's accumulator (carries) */
 } maco__hier_args_t;
 MACO_STATIC_ASSERT(sizeof(maco__hier_args_t) == 400, "maco__hier_args_t is 400 bytes");
 

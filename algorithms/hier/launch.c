@@ -45,7 +45,8 @@ maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t comm, ma
     if (c->coll == MACO_COLL_ALLTOALL) {
         /* maco__coll_select took hier only where this shape exists. */
         maco__hier_a2a_shape_t shape;
-        if (!maco__hier_a2a_shape(c->count, esz, coll->ln, l->hier_piece_max, (int)slots, &shape))
+        if (!maco__hier_a2a_shape(c->count, esz, coll->local_nranks, l->hier_piece_max, (int)slots,
+                                  &shape))
             return maco__comm_record(comm, maco__error(MACO_ERR_INTERNAL, MACO_SUBSYS_COLL,
                                                        "%s: no hier all-to-all shape for %zu "
                                                        "elements of %zu bytes",
@@ -55,7 +56,7 @@ maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t comm, ma
     } else {
         int split = c->coll == MACO_COLL_ALLREDUCE || c->coll == MACO_COLL_REDUCE ||
                     c->coll == MACO_COLL_BROADCAST;
-        size_t per_seg = split ? (size_t)coll->ln : 1;
+        size_t per_seg = split ? (size_t)coll->local_nranks : 1;
         size_t word = 16 / esz; /* elements per 16-byte word */
         size_t pmax = l->hier_piece_max / wide / word * word;
         p = (c->count + per_seg * slots - 1) / (per_seg * slots);
@@ -78,13 +79,13 @@ maco_status_t maco__hier_launch(const maco__coll_call_t *c, maco_comm_t comm, ma
     h.hier_slot_bytes = l->hier_slot_bytes;
     h.rail_buf = coll->rail_buf_dev;
     h.rail_slot_bytes = l->rail_slot_bytes;
-    h.hpiece = l->hier_piece_max;
+    h.region_bytes = l->hier_piece_max;
     h.node = coll->node;
     h.nnodes = coll->nnodes;
     h.nranks = comm->nranks;
     for (int k = 0; k < coll->nnodes; k++)
-        for (int i = 0; i < coll->ln; i++)
-            if (coll->rank_at[k * coll->ln + i] == c->root) {
+        for (int i = 0; i < coll->local_nranks; i++)
+            if (coll->rank_at[k * coll->local_nranks + i] == c->root) {
                 h.root_node = k;
                 h.root_local = i;
             }

@@ -1,4 +1,4 @@
-/* object.c - the bootstrap object: allocation and freeing, the lowest of the bootstrap's
+/* alloc.c - the bootstrap object: allocation and freeing, the lowest of the bootstrap's
  * files (bootstrap_private.h). */
 #include <poll.h>
 #include <stdlib.h>

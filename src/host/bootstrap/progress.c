@@ -1,4 +1,4 @@
-/* link.c - the bootstrap object, its links and the progress engine: frames in and out,
+/* progress.c - the progress engine over the bootstrap's peer links: frames in and out,
  * posted receives and unexpected messages, failures (a lost link, an ABORT frame) and the
  * grace period that names the rank that really died. Also the fuzzing entry point. */
 #include <errno.h>
