@@ -22,8 +22,8 @@
  *   Reduce on 2 ranks ("direct"; one piece, owned by the root): X every rank's segment
  *      -> the root's IN[me]; barrier; Y the root reduces IN[0..n) in rank order -> its
  *      output; barrier; no Z. Each byte crosses NVLink once, where the owner form sends
- *      the root's data out and the sum back in two phases that do not overlap (0.53-0.57x
- *      NCCL from 32 MiB on 2x H200, 2026-11-23).
+ *      the root's data out and the sum back in two phases that do not overlap
+ *      (docs/performance.md, "Tuning", "Reduce on two ranks").
  *   Double buffering: each CTA's slot has two halves of [IN n | OUT n] pieces; its segments
  *   i = 0, 1, ... use half i % 2, and one barrier B_i per segment separates X(i) and Y(i-1)
  *   (before it) from Z(i-1), Y(i) and X(i+1) (after it), so the sends of one segment and the

@@ -321,7 +321,7 @@ maco__p2p_self_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
     /* Every thread has read the item's state (here and in the kernel's loop) before thread 0
      * advances it below. Without this barrier a late warp read the advanced state, copied
      * the wrong chunk and left the CTA's barriers out of step: compute-sanitizer racecheck
-     * found it (2026-11-24, H100), which the functional runs had not. */
+     * found it, which the functional runs had not. */
     __syncthreads();
     const uint32_t L = maco__p2p_msg_lanes(op.bytes, (uint32_t)a.lanes);
     const uint64_t cap = maco__p2p_copy_cap(op.bytes, a.chunk, L);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "maco/collectives.h"
+#include "maco/plan.h"
 #include "maco/status.h"
 
 #ifdef __cplusplus
@@ -138,7 +139,10 @@ void maco__plan_desc_free(maco__plan_desc_t *d);
  */
 int maco__plan_verify(maco__plan_desc_t *d, char *report, size_t cap);
 
-/* ---- plan_exec.c, for the collectives' setup (algorithms/common/setup.c) */
+/** The collective a loaded plan computes (plan_exec.c). */
+maco_collective_t maco__plan_collective(maco_plan_t plan);
+
+/* ---- plan_forced.c, for the collectives' setup (algorithms/common/setup.c) */
 
 struct maco__coll; /* algorithms/common/state.h */
 

@@ -44,11 +44,11 @@
  * consumers still multiply the last stages of tile i and store it, so neither the pipeline's
  * fill, the hand-off of the next task nor the release of the successors sits between two tiles
  * on the tensor cores (the per-tile pipeline that this replaced did all three in turn:
- * docs/results/2026-11-24/notes.md, "GEMM tiles"). Measured on an H100: the pop ahead and the
- * completion warp took the workers from 84.2-90.8% busy to 93.4-97.6%; letting the producer run
- * ahead into the next tile's stages, rather than waiting for the last stage of the previous tile to
- * be consumed (its loads then overlap only the store), made no difference beyond the noise (1-2%),
- * so the kernel keeps the simpler rule: the producer runs ahead. The stages of the two widths
+ * docs/performance.md, "Tuning", "GEMM tiles", has the measurements): the pop ahead and the
+ * completion warp keep the workers busier; letting the producer run ahead into the next tile's
+ * stages, rather than waiting for the last stage of the previous tile to be consumed (its loads
+ * then overlap only the store), made no difference beyond the noise, so the kernel keeps the
+ * simpler rule: the producer runs ahead. The stages of the two widths
  * lie at different offsets, so before a tile of another width than the previous one the
  * producer waits until every stage issued so far was consumed. TMA fills the rows past K with
  * zeros (K is a multiple of 32).
@@ -94,7 +94,7 @@ __device__ __noinline__ void post_signal(const maco_pk_view_t *v, uint32_t task)
 }
 
 /* Every task but a GEMM tile, out of line: inlined, the element-wise, copy and sum loops made
- * the kernel spill registers inside the tiles' mainloop (ptxas, 2026-11-27). */
+ * the kernel spill registers inside the tiles' mainloop (ptxas said so). */
 __device__ __noinline__ maco_status_t other_task(const maco_pk_view_t *v, const maco_pk_task_t *t,
                                                  uint32_t task, uint64_t run, uint32_t ct)
 {
@@ -153,10 +153,10 @@ __device__ __noinline__ void comm_executors(const maco_pk_view_t *v, uint64_t ru
  * executors run task i, the control warp posts task i - 1's signal, releases its successors and
  * pops task i + 1 if one is ready, so neither the system-scope fence of a signal nor the queue's
  * atomics sit between two tasks: run one after the other by the whole CTA they cost about 6 us
- * (post and release) and 2-3 us (pop) per task, as long as a tile's sum itself (runtime trace
- * of GEMM + allreduce on 2 H200s, 2026-11-27). The control warp never holds a finished task
- * while it waits for work: with nothing ready it releases the last task first, then waits
- * (bounded) as maco_pk_next_ready does. Out of line, away from the tiles' registers.
+ * (post and release) and 2-3 us (pop) per task, as long as a tile's sum itself (a runtime trace
+ * of GEMM + allreduce: docs/performance.md, "Tuning", "GEMM tiles"). The control warp never holds a
+ * finished task while it waits for work: with nothing ready it releases the last task first, then
+ * waits (bounded) as maco_pk_next_ready does. Out of line, away from the tiles' registers.
  */
 __device__ __noinline__ void comm_worker(const maco_pk_view_t *v, uint64_t run)
 {

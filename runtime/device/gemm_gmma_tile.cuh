@@ -270,8 +270,8 @@ __device__ __forceinline__ void mma_tile(Smem &s, Pipeline &pipeline, PipeState 
      * fused operators' reduce-scatter), where every store is an NVLink write: the values are
      * exchanged within each quad of lanes first so that every thread stores 16 bytes and a
      * warp's store covers 64 contiguous bytes of each of its 8 rows (stored as they come out of
-     * the MMA, 4-byte pairs, a warp wrote 16 bytes per row: remote tiles took 60-66 us against
-     * 46 us for local ones, docs/results/2026-11-27b/notes.md). C and ldc keep the 16-byte
+     * the MMA, 4-byte pairs, a warp wrote 16 bytes per row: remote tiles took much longer than
+     * local ones, docs/performance.md, "Tuning", "GEMM tiles"). C and ldc keep the 16-byte
      * stores aligned (graph.c: C 16-byte aligned, ldc a multiple of 8 elements). */
     auto thr_mma = mma.get_thread_slice(ct);
     Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(TileM{}, TileN{})));

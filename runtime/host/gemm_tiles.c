@@ -29,7 +29,7 @@ uint32_t maco__gemm_tile_width(uint32_t m, uint32_t n, uint64_t units, int *forc
 {
     /* A wide tile reads a third fewer bytes per FLOP than two narrow ones and pays the per-task
      * costs once; but half as many tasks leave workers idle when C is small
-     * (docs/results/2026-11-24/notes.md, "GEMM tiles"): wide only when there are at least as many
+     * (docs/performance.md, "Tuning", "GEMM tiles"): wide only when there are at least as many
      * wide tiles as units. */
     const char *want = maco__config_string(MACO_CFG_GEMM_TILE_WIDTH);
     int forced = strcmp(want, "128") == 0 || strcmp(want, "256") == 0;

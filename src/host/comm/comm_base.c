@@ -137,7 +137,7 @@ maco_status_t maco__comm_check_stream(maco_comm_t comm, void *stream, const char
     if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread)
         return MACO_OK;
     /* Not while the stream captures a graph: cudaStreamGetDevice invalidated the capture
-     * (P2P.GraphReplayedWithChangingInputs and nccl-tests -G on 4 H200s, 2026-11-27). The
+     * (P2P.GraphReplayedWithChangingInputs and nccl-tests -G showed it). The
      * launch itself then says what is wrong, if anything. */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
