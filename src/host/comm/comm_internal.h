@@ -119,8 +119,8 @@ struct maco_comm {
     maco_device_error_t *err_report;     /* host address (mapped pinned) */
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
-    void *coll;           /* the extension's state (algorithms/common/setup.c: maco__coll_t), or NULL */
-    int64_t polled_at_ms; /* when maco_comm_get_async_error last read the bootstrap's links */
+    void *coll; /* the extension's state (algorithms/common/setup.c: maco__coll_t), or NULL */
+    int64_t polled_at_ms;      /* when maco_comm_get_async_error last read the bootstrap's links */
     char ext_unavailable[256]; /* why the extension set nothing up ("" when it did or was not asked)
                                 */
 };
