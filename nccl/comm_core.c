@@ -427,12 +427,6 @@ ncclResult_t maco_nccl__comm_subset(struct ncclComm *parent, const int *exclude,
     return res;
 }
 
-void maco_nccl__comm_note(struct ncclComm *c, maco_status_t st)
-{
-    if (c != NULL && (st == MACO_ERR_REMOTE || st == MACO_ERR_TIMEOUT))
-        __atomic_store_n(&c->peer_error, (int)ncclRemoteError, __ATOMIC_RELEASE);
-}
-
 ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
 {
     maco_nccl__comm_wait(c);

@@ -1,5 +1,5 @@
-/* errors.c - status mapping, the per-thread last error, call counters, ncclGetVersion and
- * ncclGetErrorString (shim.h). */
+/* errors.c - status mapping, the per-thread last error, a communicator's peer failure
+ * (maco_nccl__comm_note), call counters, ncclGetVersion and ncclGetErrorString (shim.h). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +140,14 @@ ncclResult_t maco_nccl__fail_maco(maco_status_t st, const char *what)
     snprintf(maco_nccl__error_text, sizeof(maco_nccl__error_text), "%s: %s", what,
              msg[0] != '\0' ? msg : maco_status_string(st));
     return maco_nccl__result(st);
+}
+
+/* Here with the statuses, not in comm_core.c: fallback.c notes peer failures too, and
+ * comm_core.c calls fallback.c (the files call one way: scripts/check_layers.py). */
+void maco_nccl__comm_note(struct ncclComm *c, maco_status_t st)
+{
+    if (c != NULL && (st == MACO_ERR_REMOTE || st == MACO_ERR_TIMEOUT))
+        __atomic_store_n(&c->peer_error, (int)ncclRemoteError, __ATOMIC_RELEASE);
 }
 
 const char *maco_nccl__last_error(void)

@@ -202,8 +202,9 @@ maco_status_t maco__fifo_host_push(const maco_fifo_device_t *f, maco_trigger_t t
         pos = __atomic_load_n(f->head, __ATOMIC_RELAXED);
     }
     maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
-    __atomic_store_n(&slot->fst, t.fst, __ATOMIC_RELAXED);
-    __atomic_store_n(&slot->snd, t.snd | maco_fifo_parity(pos, f->capacity), __ATOMIC_RELEASE);
+    __atomic_store_n(&slot->src_word, t.src_word, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->dst_word, t.dst_word | maco_fifo_parity(pos, f->capacity),
+                     __ATOMIC_RELEASE);
     *pos_p = pos;
     return MACO_OK;
 }
@@ -234,11 +235,11 @@ int maco__fifo_peek(maco__fifo_t *f, maco_trigger_t *t)
 {
     uint64_t cap = f->view.capacity;
     maco_trigger_t *slot = f->ring + (f->tail & (cap - 1));
-    uint64_t snd = __atomic_load_n(&slot->snd, __ATOMIC_ACQUIRE);
-    if ((snd & (1ull << 63)) != maco_fifo_parity(f->tail, cap))
+    uint64_t dst_word = __atomic_load_n(&slot->dst_word, __ATOMIC_ACQUIRE);
+    if ((dst_word & (1ull << 63)) != maco_fifo_parity(f->tail, cap))
         return 0;
-    t->snd = snd & ~(1ull << 63);
-    t->fst = __atomic_load_n(&slot->fst, __ATOMIC_RELAXED);
+    t->dst_word = dst_word & ~(1ull << 63);
+    t->src_word = __atomic_load_n(&slot->src_word, __ATOMIC_RELAXED);
     return 1;
 }
 
@@ -253,8 +254,8 @@ uint64_t maco__fifo_unpublished(const maco__fifo_t *f, uint64_t head)
     uint64_t cap = f->view.capacity, missing = 0;
     for (uint64_t pos = f->tail; pos < head && pos < f->tail + cap; pos++) {
         const maco_trigger_t *slot = f->ring + (pos & (cap - 1));
-        uint64_t snd = __atomic_load_n(&slot->snd, __ATOMIC_ACQUIRE);
-        missing += (snd & (1ull << 63)) != maco_fifo_parity(pos, cap);
+        uint64_t dst_word = __atomic_load_n(&slot->dst_word, __ATOMIC_ACQUIRE);
+        missing += (dst_word & (1ull << 63)) != maco_fifo_parity(pos, cap);
     }
     return missing + (head > f->tail + cap ? head - f->tail - cap : 0);
 }

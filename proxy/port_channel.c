@@ -304,9 +304,10 @@ static void maco__port_channel_device_init(maco_proxy_t p, struct maco_port_chan
 }
 
 /* maco_port_channel_create's work, with the communicator's device current. */
-static maco_status_t maco__port_channel_create_here(maco_proxy_t p, int peer,
-                                                    maco_transport_t transport, maco_mem_t src,
-                                                    maco_mem_t dst, maco_port_channel_t *ch_p)
+static maco_status_t maco__port_channel_create_on_its_device(maco_proxy_t p, int peer,
+                                                             maco_transport_t transport,
+                                                             maco_mem_t src, maco_mem_t dst,
+                                                             maco_port_channel_t *ch_p)
 {
     if (p == NULL || src == NULL || dst == NULL || ch_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -440,7 +441,7 @@ maco_status_t maco_port_channel_create(maco_proxy_t p, int peer, maco_transport_
         maco__device_enter_status(p->comm->cuda_device, &saved, "maco_port_channel_create");
     if (st != MACO_OK)
         return maco__comm_record(p->comm, st);
-    st = maco__port_channel_create_here(p, peer, transport, src, dst, ch_p);
+    st = maco__port_channel_create_on_its_device(p, peer, transport, src, dst, ch_p);
     maco__device_leave(saved);
     return st;
 }
@@ -477,7 +478,7 @@ maco_status_t maco_port_channel_get_device_handle(maco_port_channel_t ch,
 }
 
 /* maco_port_channel_destroy's work, with the communicator's device current. */
-static maco_status_t maco__port_channel_destroy_here(maco_port_channel_t ch)
+static maco_status_t maco__port_channel_destroy_on_its_device(maco_port_channel_t ch)
 {
     if (ch == NULL)
         return MACO_OK;
@@ -493,7 +494,7 @@ maco_status_t maco_port_channel_destroy(maco_port_channel_t ch)
         return MACO_OK;
     int saved = -1;
     (void)maco__device_enter(ch->proxy->comm->cuda_device, &saved);
-    maco_status_t st = maco__port_channel_destroy_here(ch);
+    maco_status_t st = maco__port_channel_destroy_on_its_device(ch);
     maco__device_leave(saved);
     return st;
 }

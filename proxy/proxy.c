@@ -226,7 +226,8 @@ static void maco__proxy_handle(struct maco_proxy *p, maco__fifo_t *f, maco_trigg
                                             (unsigned long long)ch->dst_bytes));
         } else {
             int with_signal = (type & MACO_TRIGGER_SIGNAL) != 0;
-            maco_status_t st = ch->ops->put_value(ch, state, dst, t.fst, inline_bytes, with_signal);
+            maco_status_t st =
+                ch->ops->put_value(ch, state, dst, t.src_word, inline_bytes, with_signal);
             if (st != MACO_OK)
                 maco__proxy_fail(p, st);
             signalled = with_signal; /* put_value's job, also when it failed */
@@ -317,7 +318,7 @@ static void *maco__proxy_main(void *arg)
 /* ------------------------------------------------------------------ lifecycle */
 
 /* maco_proxy_create's work, with the communicator's device current. */
-static maco_status_t maco__proxy_create_here(maco_comm_t comm, maco_proxy_t *proxy_p)
+static maco_status_t maco__proxy_create_on_its_device(maco_comm_t comm, maco_proxy_t *proxy_p)
 {
     if (comm == NULL || proxy_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -388,13 +389,13 @@ maco_status_t maco_proxy_create(maco_comm_t comm, maco_proxy_t *proxy_p)
     maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_proxy_create");
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__proxy_create_here(comm, proxy_p);
+    st = maco__proxy_create_on_its_device(comm, proxy_p);
     maco__device_leave(saved);
     return st;
 }
 
 /* maco_proxy_start's work, with the communicator's device current. */
-static maco_status_t maco__proxy_start_here(maco_proxy_t p)
+static maco_status_t maco__proxy_start_on_its_device(maco_proxy_t p)
 {
     if (p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -454,13 +455,13 @@ maco_status_t maco_proxy_start(maco_proxy_t p)
     maco_status_t st = maco__device_enter_status(p->comm->cuda_device, &saved, "maco_proxy_start");
     if (st != MACO_OK)
         return maco__comm_record(p->comm, st);
-    st = maco__proxy_start_here(p);
+    st = maco__proxy_start_on_its_device(p);
     maco__device_leave(saved);
     return st;
 }
 
 /* maco_proxy_stop's work, with the communicator's device current. */
-static maco_status_t maco__proxy_stop_here(maco_proxy_t p)
+static maco_status_t maco__proxy_stop_on_its_device(maco_proxy_t p)
 {
     if (p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PROXY,
@@ -523,13 +524,13 @@ maco_status_t maco_proxy_stop(maco_proxy_t p)
     /* The drain below copies on the communicator's device; the caller's stays current. */
     int saved = -1;
     (void)maco__device_enter(p->comm->cuda_device, &saved);
-    maco_status_t st = maco__proxy_stop_here(p);
+    maco_status_t st = maco__proxy_stop_on_its_device(p);
     maco__device_leave(saved);
     return st;
 }
 
 /* maco_proxy_destroy's work, with the communicator's device current. */
-static maco_status_t maco__proxy_destroy_here(maco_proxy_t p)
+static maco_status_t maco__proxy_destroy_on_its_device(maco_proxy_t p)
 {
     if (p == NULL)
         return MACO_OK;
@@ -580,7 +581,7 @@ maco_status_t maco_proxy_destroy(maco_proxy_t p)
         return MACO_OK;
     int saved = -1;
     (void)maco__device_enter(p->comm->cuda_device, &saved);
-    maco_status_t st = maco__proxy_destroy_here(p);
+    maco_status_t st = maco__proxy_destroy_on_its_device(p);
     maco__device_leave(saved);
     return st;
 }

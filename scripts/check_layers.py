@@ -3,25 +3,32 @@
 
 The rule is the layer table of docs/design.md, read from there, so the page and the check
 cannot disagree. Rows run from the top layer down; a file belongs to the row with the longest
-path that holds it. The checks:
+path that holds it. A row named "<name>, beside <other>" is at the level of row <other>: both
+may use what is below them, neither may include or call the other. The checks:
 
-  design.md   the table is there, each row names paths that exist, no path twice, and each
-              row's `includes` is public, below or any;
+  design.md   the table is there, each row names paths that exist, no path twice, each
+              row's `includes` is public, below or any, and a row beside another names a
+              row of the table of the same `includes`;
   coverage    every C, C++ and CUDA file of the tree (git's files, tracked or not but not
               ignored; docs/results excluded) is in a row;
   includes    every #include of every such file keeps its row's `includes` rule:
                 public  public headers as maco/... (include/), files of its own folder by
                         name, or headers from outside the tree (system, CUDA, generated);
                 below   public headers as maco/..., private ones by their path from the
-                        repository root (never a bare name), of its own layer or below;
+                        repository root (never a bare name), of its own layer or below
+                        (not of a layer beside it);
                 any     anything (tests);
               transports include no other transport's files, and the proxy's core includes
               none; no header includes itself through others;
   objects     (with a build folder) the library's objects (maco_core, maco_gpu, maco_gpu_gmma)
-              call one way: no call loop between files, no call into a layer above, no call
-              between transports, and only proxy/transport.c calls into proxy/transport/;
-              the clients' objects (nccl/, tools/, python-bindings/, examples/) use no
-              internal symbol (maco__*).
+              call one way: no call loop between files, no call into a layer above or
+              beside, no call between transports, and only proxy/transport.c calls into
+              proxy/transport/; the clients' objects (nccl/, tools/, python-bindings/,
+              examples/) use no internal symbol (maco__*), and the files of one client
+              folder (the NCCL library's, a tool's) call each other one way too: no loop.
+              A weak reference (nm's `w`) is a hook, not a call: a lower layer names a
+              function an upper one may define (src/host/comm/comm_internal.h,
+              maco__collectives_extension); it pulls nothing in, so it is no edge.
 
   usage: scripts/check_layers.py BUILD_DIR SOURCE_DIR [-v]
          scripts/check_layers.py --sources SOURCE_DIR [-v]    (no build: all but `objects`)
@@ -75,16 +82,37 @@ def read_table(src, problem):
             problem(f"docs/design.md: layer row '{l}' has fewer than 3 columns")
             continue
         name, paths, includes = cells[0], re.findall(r"`([^`]+)`", cells[1]), cells[2]
+        beside = None
+        m = re.fullmatch(r"(\S+), beside (\S+)", name)
+        if m:
+            name, beside = m.group(1), m.group(2)
         if includes not in INCLUDE_KINDS:
             problem(f"docs/design.md: layer {name}: includes '{includes}' is none of "
                     f"{', '.join(INCLUDE_KINDS)}")
         if not paths:
             problem(f"docs/design.md: layer {name} names no path")
-        rows.append((name, paths, includes))
+        rows.append([name, paths, includes, beside])
     if not rows:
         problem("docs/design.md: the layer table has no rows")
+    # Levels: the rows in order, a row beside another at that row's level.
+    level, n = {}, 0
+    for r in rows:
+        if r[3] is None:
+            level[r[0]] = n
+            n += 1
+    for r in rows:
+        if r[3] is not None:
+            other = next((o for o in rows if o[0] == r[3] and o[3] is None), None)
+            if other is None or other[2] != r[2]:
+                problem(f"docs/design.md: layer {r[0]} is beside '{r[3]}', which is no row of "
+                        f"the table with includes '{r[2]}'")
+                level[r[0]] = n
+                n += 1
+            else:
+                level[r[0]] = level[other[0]]
+    rows = [(name, paths, includes, level[name]) for name, paths, includes, _ in rows]
     seen = {}
-    for name, paths, _ in rows:
+    for name, paths, _, _ in rows:
         for p in paths:
             if p in seen:
                 problem(f"docs/design.md: {p} is in layer {seen[p]} and in layer {name}")
@@ -95,14 +123,23 @@ def read_table(src, problem):
 
 
 def layer_of(rows, path):
-    """(index, name, includes) of the row holding `path` (longest path wins), or None."""
+    """(index, name, includes, level) of the row holding `path` (longest path wins), or None."""
     best = None
-    for i, (name, paths, includes) in enumerate(rows):
+    for i, (name, paths, includes, level) in enumerate(rows):
         for p in paths:
             if path == p.rstrip("/") or (p.endswith("/") and path.startswith(p)):
                 if best is None or len(p) > best[0]:
-                    best = (len(p), i, name, includes)
+                    best = (len(p), i, name, includes, level)
     return None if best is None else best[1:]
+
+
+def reach(lf, lt):
+    """Why a file of layer lf may not reach layer lt ("above", "beside"), or None."""
+    if lt[3] < lf[3]:
+        return "above"
+    if lt[3] == lf[3] and lt[0] != lf[0]:
+        return "beside"
+    return None
 
 
 # ---------------------------------------------------------------- source files and includes
@@ -156,7 +193,7 @@ def check_includes(src, rows, files, problem):
         if lay is None:
             problem(f"{f}: in no layer of docs/design.md's table (add its folder to a row)")
             continue
-        idx, name, kind = lay
+        idx, name, kind, _ = lay
         folder = os.path.dirname(f)
         client_root = next((p for p in rows[idx][1] if f.startswith(p)), folder + "/")
         for bracket, inc in includes_of(src, f):
@@ -205,8 +242,8 @@ def check_includes(src, rows, files, problem):
             if tl[2] != "below":
                 problem(f"{f} ({name}): {line} reaches layer {tl[1]}, which the "
                         "library never includes")
-            elif tl[0] < idx:
-                problem(f"{f} ({name}): {line} reaches layer {tl[1]}, above {name}")
+            elif reach(lay, tl) is not None:
+                problem(f"{f} ({name}): {line} reaches layer {tl[1]}, {reach(lay, tl)} {name}")
             ta, tb = transport_of(f), transport_of(target)
             if tb is not None and ta != tb and (ta is not None or proxy_core(f)):
                 problem(f"{f}: {line}: a transport's files are its own (transports "
@@ -247,9 +284,33 @@ def source_of(obj):
     return m.group(1) if m else obj
 
 
-def nm(obj, *flags):
+def nm_typed(obj, *flags):
+    """{symbol: nm's type letter} of an object."""
     res = subprocess.run(["nm", "-P", *flags, obj], capture_output=True, text=True, check=True)
-    return {line.split()[0] for line in res.stdout.splitlines() if len(line.split()) >= 2}
+    return {line.split()[0]: line.split()[1] for line in res.stdout.splitlines()
+            if len(line.split()) >= 2}
+
+
+def nm(obj, *flags):
+    return set(nm_typed(obj, *flags))
+
+
+def calls_of(obj):
+    """(strong undefined symbols, weak undefined ones: hooks) of an object."""
+    und = nm_typed(obj, "-u")
+    return ({s for s, t in und.items() if t not in "wv"},
+            {s for s, t in und.items() if t in "wv"})
+
+
+def file_loops(nodes, edges, used, defined, problem, where):
+    for comp in sccs(nodes, edges):
+        if len(comp) > 1:
+            problem(f"call loop between files{where}: " + " <-> ".join(comp))
+            for a in comp:
+                for b in sorted(edges.get(a, ())):
+                    if b in comp:
+                        syms = sorted(s for s in used[a] if defined.get(s) == b)[:6]
+                        print(f"    {a} calls {b}: {', '.join(syms)}")
 
 
 def sccs(nodes, edges):
@@ -290,13 +351,16 @@ def check_objects(build, src, rows, problem, verbose):
     if not lib:
         print(f"check_layers: no library objects under {build}")
         return None
-    defined, used = {}, {}
+    defined, used, hooks = {}, {}, {}
     for o in lib:
         f = source_of(o)
         for s in nm(o, "--defined-only"):
             if s.startswith("maco_"):
                 defined.setdefault(s, f)
-        used[f] = {s for s in nm(o, "-u") if s.startswith("maco_")}
+        strong, weak = calls_of(o)
+        used[f] = {s for s in strong if s.startswith("maco_")}
+        if weak & {s for s in weak if s.startswith("maco_")}:
+            hooks[f] = {s for s in weak if s.startswith("maco_")}
     edges, nodes = {}, set(used)
     for f, syms in used.items():
         for s in syms:
@@ -306,25 +370,22 @@ def check_objects(build, src, rows, problem, verbose):
     if verbose:
         for f in sorted(edges):
             print(f"{f} -> {', '.join(sorted(edges[f]))}")
+        for f in sorted(hooks):
+            print(f"{f} names hooks (weak): {', '.join(sorted(hooks[f]))}")
 
     def why(a, b):
         return ", ".join(sorted(s for s in used[a] if defined.get(s) == b)[:6])
 
-    for comp in sccs(nodes, edges):
-        if len(comp) > 1:
-            problem("call loop between files: " + " <-> ".join(comp))
-            for a in comp:
-                for b in sorted(edges.get(a, ())):
-                    if b in comp:
-                        print(f"    {a} calls {b}: {why(a, b)}")
+    file_loops(nodes, edges, used, defined, problem, "")
     for f in sorted(edges):
         lf = layer_of(rows, f)
         for g in sorted(edges[f]):
             lg = layer_of(rows, g)
             if lf is None or lg is None:
                 continue  # reported as a file in no layer
-            if lg[0] < lf[0]:
-                problem(f"layer violation: {f} ({lf[1]}) calls {g} ({lg[1]}): {why(f, g)}")
+            if reach(lf, lg) is not None:
+                problem(f"layer violation: {f} ({lf[1]}) calls {g} ({lg[1]}, a layer "
+                        f"{reach(lf, lg)} it): {why(f, g)}")
             ta, tb = transport_of(f), transport_of(g)
             if tb is not None and ta != tb and f != "proxy/transport.c":
                 problem(f"transport rule: {f} calls {g}: {why(f, g)} (transports never call "
@@ -334,7 +395,32 @@ def check_objects(build, src, rows, problem, verbose):
         if bad:
             problem(f"{rel}: a client of the public API uses internal symbols: "
                     f"{', '.join(bad[:6])}")
+    check_client_loops(rows, clients, problem)
     return len(nodes), sum(len(v) for v in edges.values()), len(clients)
+
+
+def check_client_loops(rows, clients, problem):
+    """The files of each client folder (a path of a client row: nccl/, tools/, ...) call each
+    other one way: no loop among them, through their strong global symbols."""
+    folders = {}
+    for o, rel in clients:
+        lay = layer_of(rows, rel)
+        root = next((p for p in rows[lay[0]][1] if rel.startswith(p)), os.path.dirname(rel))
+        folders.setdefault(root, []).append((o, rel))
+    for root, objs in sorted(folders.items()):
+        defined, used = {}, {}
+        for o, rel in objs:
+            for s, t in nm_typed(o, "--defined-only").items():
+                if t in "TDBR":
+                    defined.setdefault(s, rel)
+            used[rel] = calls_of(o)[0]
+        edges = {}
+        for f, syms in used.items():
+            for s in syms:
+                g = defined.get(s)
+                if g is not None and g != f:
+                    edges.setdefault(f, set()).add(g)
+        file_loops(set(used), edges, used, defined, problem, f" of {root}")
 
 
 def main():

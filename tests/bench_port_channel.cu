@@ -312,9 +312,9 @@ __global__ void piece_flush_breakdown(maco_port_channel_device_t ch, int iters, 
         long long t1 = clock64();
         maco_trigger_t t = maco_trigger_make(MACO_TRIGGER_FLUSH, ch.channel, 0, 0, 0);
         maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
-        uint64_t snd = t.snd | maco_fifo_parity(pos, f->capacity);
-        asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
-                     "l"(snd)
+        uint64_t dst_word = t.dst_word | maco_fifo_parity(pos, f->capacity);
+        asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.src_word),
+                     "l"(dst_word)
                      : "memory");
         long long t2 = clock64();
         const uint64_t *done = (const uint64_t *)f->flush_done;

@@ -29,7 +29,7 @@ namespace maco_test
 {
 
 /* The LL kernels' largest message in bytes per rank, as the library takes it
- * (algorithms/setup.c): MACO_ALLREDUCE_ONESHOT_MAX when set (a plain number of bytes or one
+ * (algorithms/common/setup.c): MACO_ALLREDUCE_ONESHOT_MAX when set (a plain number of bytes or one
  * with a K or M suffix, as the tests' scripts set it), else 1 MiB in a job of at most 2 ranks
  * and 256 KiB with more. */
 inline size_t LLMax(int nranks)

@@ -1,12 +1,17 @@
 /*
- * test_coll_layout.cc - the collectives' buffer layout (algorithms/layout.c): regions back to
- * back without overlap, 256-byte aligned, sized as algorithms.h says; the automatic send/recv
+ * test_coll_layout.cc - the collectives' buffer layout (algorithms/common/layout.c): regions back
+ * to back without overlap, 256-byte aligned, sized as common/state.h says; the automatic send/recv
  * chunk size; the mesh's pieces from MACO_SCRATCH_SIZE. No GPU.
  */
 #include <cstdint>
+#include <fstream>
+#include <set>
+#include <string>
 #include <vector>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/state.h"
+#include "algorithms/p2p/p2p_plan.h"
+#include "algorithms/tuning.h"
 #include "maco_test.h"
 
 namespace
@@ -111,7 +116,8 @@ TEST_F(CollLayout, AutomaticSendRecvChunk)
         maco__coll_layout(&l, c.n, 1, &z);
         EXPECT_EQ(l.p2p_chunk, c.chunk);
         const uint64_t srcs = c.n > 1 ? (uint64_t)c.n - 1 : 0;
-        EXPECT_LE(srcs * 32 * MACO__P2P_SLOTS * l.p2p_chunk, (uint64_t)MACO__P2P_AUTO_BYTES);
+        EXPECT_LE(srcs * 32 * MACO__P2P_SLOTS * l.p2p_chunk,
+                  (uint64_t)MACO__TUNING_P2P_AUTO_SLOT_BYTES);
         z.p2p_chunk = 128 * KiB;
         maco__coll_layout(&l, c.n, 1, &z);
         EXPECT_EQ(l.p2p_chunk, 128 * KiB) << "a chunk size that is set stays";
@@ -135,6 +141,33 @@ TEST_F(CollLayout, DefaultsTakeWhatTheDocsSay)
         maco__coll_layout(&l, c.n, 1, &z);
         EXPECT_EQ(l.total_bytes / MiB, c.mib) << c.n << " ranks: " << l.total_bytes << " bytes";
     }
+}
+
+/* The tuning table (algorithms/tuning.h): every row names a subsection of docs/performance.md's
+ * "Tuning" section that exists, says its unit and what it decides, and has a positive value. */
+TEST(Tuning, EveryRowPointsAtItsSectionOfPerformanceMd)
+{
+    std::ifstream f(MACO_SOURCE_DIR "/docs/performance.md");
+    ASSERT_TRUE(f.good()) << "cannot read docs/performance.md";
+    std::set<std::string> sections;
+    bool in_tuning = false;
+    for (std::string line; std::getline(f, line);) {
+        if (line.rfind("## ", 0) == 0)
+            in_tuning = line == "## Tuning";
+        else if (in_tuning && line.rfind("### ", 0) == 0)
+            sections.insert(line.substr(4));
+    }
+    ASSERT_FALSE(sections.empty()) << "docs/performance.md has no \"## Tuning\" with subsections";
+    int rows = 0;
+#define MACO__TUNING_ROW(name, value, unit, what, section)                                         \
+    rows++;                                                                                        \
+    EXPECT_GT((long long)(value), 0) << #name;                                                     \
+    EXPECT_GT(std::string(what).size(), 10u) << #name;                                             \
+    EXPECT_TRUE(sections.count(section))                                                           \
+        << #name << ": docs/performance.md has no \"### " << section << "\" under \"## Tuning\"";
+    MACO__TUNING_TABLE(MACO__TUNING_ROW)
+#undef MACO__TUNING_ROW
+    EXPECT_GE(rows, 10);
 }
 
 } // namespace

@@ -307,8 +307,8 @@ TEST_F(Collectives, ThresholdsAndMisalignedPointers)
             const size_t ll_max = maco_test::LLMax(NRanks());
             std::vector<size_t> units = { ll_max / esz - 1, ll_max / esz, ll_max / esz + 1 };
             if (coll == MACO_COLL_ALLREDUCE) {
-                /* one-shot / two-shot at 128 KiB (MACO__ONESHOT_CUTOFF), two-shot / rsag at
-                 * nranks * LLMax. */
+                /* one-shot / two-shot at 128 KiB (MACO__TUNING_ALLREDUCE_ONESHOT_CUTOFF), two-shot
+                 * / rsag at nranks * LLMax. */
                 size_t twoshot_max = ll_max * static_cast<size_t>(NRanks()) / esz;
                 for (size_t u : { 131072 / esz - 1, 131072 / esz, 131072 / esz + 1, twoshot_max - 1,
                                   twoshot_max, twoshot_max + 1 })
@@ -807,9 +807,9 @@ TEST_F(Collectives, RankKilledMidCallIsNamed)
     /* The victim's rail peers hold TCP connections to it: their proxies see them end and
      * stop their kernels at once (maco__comm_end_device_waits), long before the device
      * timeout (10 s in the ctest entry). */
-    int ln = 1;
-    ASSERT_EQ(maco_comm_get_local_nranks(Comm(), &ln), MACO_OK);
-    if (ln > 0 && Rank() % ln == victim % ln) {
+    int local_nranks = 1;
+    ASSERT_EQ(maco_comm_get_local_nranks(Comm(), &local_nranks), MACO_OK);
+    if (local_nranks > 0 && Rank() % local_nranks == victim % local_nranks) {
         EXPECT_LT(secs, 5.0) << "a rail peer of the dead rank waited for the device timeout";
     }
     std::fflush(stdout);

@@ -45,7 +45,7 @@ TEST_F(Fifo, TriggerFieldsRoundTripAtTheirWidths)
     EXPECT_EQ(maco_trigger_size(t), 0xFFFFFFFFull);
     EXPECT_EQ(maco_trigger_channel(t), 4095u);
     EXPECT_EQ(maco_trigger_type(t), 7u);
-    EXPECT_EQ(t.snd >> 63, 0u) << "the parity bit is the push's";
+    EXPECT_EQ(t.dst_word >> 63, 0u) << "the parity bit is the push's";
     maco_trigger_t z = maco_trigger_make(MACO_TRIGGER_SIGNAL, 1, 0, 0, 0);
     EXPECT_EQ(maco_trigger_size(z), 0u);
     EXPECT_EQ(maco_trigger_type(z), MACO_TRIGGER_SIGNAL);
@@ -60,20 +60,20 @@ TEST_F(Fifo, InlineTriggersCarryTheirValue)
     maco_trigger_t t = maco_trigger_make_inline(MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL, 4095,
                                                 max_off & ~7ull, 0xFEDCBA9876543210ull, 8);
     EXPECT_EQ(maco_trigger_inline_bytes(t), 8u);
-    EXPECT_EQ(t.fst, 0xFEDCBA9876543210ull) << "the value is fst, all 64 bits";
+    EXPECT_EQ(t.src_word, 0xFEDCBA9876543210ull) << "the value is src_word, all 64 bits";
     EXPECT_EQ(maco_trigger_dst_offset(t), max_off & ~7ull);
     EXPECT_EQ(maco_trigger_channel(t), 4095u);
     EXPECT_EQ(maco_trigger_type(t), MACO_TRIGGER_DATA | MACO_TRIGGER_SIGNAL);
-    EXPECT_EQ(t.snd >> 63, 0u) << "the parity bit is the push's";
+    EXPECT_EQ(t.dst_word >> 63, 0u) << "the parity bit is the push's";
     maco_trigger_t w = maco_trigger_make_inline(MACO_TRIGGER_DATA, 7, 12, 0x1122334455667788ull, 4);
     EXPECT_EQ(maco_trigger_inline_bytes(w), 4u);
-    EXPECT_EQ(w.fst, 0x55667788ull) << "a 4-byte value keeps its low 32 bits";
+    EXPECT_EQ(w.src_word, 0x55667788ull) << "a 4-byte value keeps its low 32 bits";
     EXPECT_EQ(maco_trigger_dst_offset(w), 12u);
     /* An ordinary trigger, even at full widths, is not inline. */
     maco_trigger_t d = maco_trigger_make(MACO_TRIGGER_DATA, 4095, max_off, max_off, 0xFFFFFFFFull);
     EXPECT_EQ(maco_trigger_inline_bytes(d), 0u);
     /* The parity bit does not disturb the inline bits. */
-    w.snd |= maco_fifo_parity(0, 8);
+    w.dst_word |= maco_fifo_parity(0, 8);
     EXPECT_EQ(maco_trigger_inline_bytes(w), 4u);
 }
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "src/host/persistent/persistent_internal.h"
+#include "runtime/host/runtime_internal.h"
 
 namespace
 {
@@ -187,7 +187,7 @@ class FusedCpu : public maco_test::Test
         return false;
     }
 
-    /* A communication worker as the GMMA kernel runs it (src/device/persistent_gemm_gmma.cu,
+    /* A communication worker as the GMMA kernel runs it (runtime/device/gemm_gmma.cu,
      * comm_worker): the next task is popped without waiting (maco__pk_try_next_ready) before
      * the last one is released, and released before any wait. Which of the two runs first
      * (the release of task i, or task i + 1, which the GPU overlaps) is drawn at random. */

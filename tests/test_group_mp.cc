@@ -322,7 +322,7 @@ TEST_F(Group, CollectivesInAGroup)
     EXPECT_EQ(maco_group_end(), Valid()) << LastProblem();
 }
 
-/* Across (simulated) nodes: a message to a rank of another node travels (xp2p.c), in a
+/* Across (simulated) nodes: a message to a rank of another node travels (internode.c), in a
  * group with a local pair and alone, with fresh values every round; an all-to-all too. */
 TEST_F(Group, AcrossNodesMessagesTravel)
 {

@@ -219,9 +219,9 @@ int Nodes(maco_comm_t comm)
 
 /* All-to-all across nodes through the hierarchical path (MACO_ALGO_ALLTOALL=hier) and the
  * default choice: every type, counts on both sides of the segment boundaries (pieces of
- * 512 KiB / ln at least, of hpiece / ln at most: p2p_plan.h, maco__hier_a2a_shape; run with a
- * small MACO_SCRATCH_SIZE for many segments per CTA), odd counts, misaligned buffers, fresh
- * inputs every call, poisoned outputs checked bitwise. */
+ * 512 KiB / local_nranks at least, of region_bytes / local_nranks at most: p2p_plan.h,
+ * maco__hier_a2a_shape; run with a small MACO_SCRATCH_SIZE for many segments per CTA), odd counts,
+ * misaligned buffers, fresh inputs every call, poisoned outputs checked bitwise. */
 TEST_F(P2P, AllToAllHierAcrossNodes)
 {
     if (Nodes(Comm()) < 2)

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "maco_test.h"
-#include "src/host/persistent/persistent_internal.h"
+#include "runtime/host/runtime_internal.h"
 
 namespace
 {

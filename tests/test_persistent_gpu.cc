@@ -754,7 +754,7 @@ TEST_F(Persistent, GemmTilesMatchCublas)
 
 /* A registered scratch buffer and a memory channel over it to every peer, made once per
  * process and kept until the tests end: the collectives' registry keeps its mappings of peers'
- * registrations for the communicator's life (algorithms/registry.c), so a scratch freed and
+ * registrations for the communicator's life (algorithms/common/registry.c), so a scratch freed and
  * allocated again could meet a stale mapping of the old one (cudaErrorAlreadyMapped on the
  * 2-rank H100 run of 2026-11-24). */
 struct FusedSetup {

@@ -6,7 +6,7 @@
 #ifndef MACO_ALGO_TWOSHOT_LL_CUH
 #define MACO_ALGO_TWOSHOT_LL_CUH
 
-#include "algorithms/ll.cuh"
+#include "algorithms/collectives/ll.cuh"
 
 /*
  * Two-shot LL allreduce (one launch, medium messages). The buffer is cut into n blocks of

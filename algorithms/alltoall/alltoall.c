@@ -2,13 +2,16 @@
  * alltoall.c - maco_alltoall and maco_alltoallv: argument checks (those they share with send
  * and recv are in p2p/p2p.c), then the call's messages, a send and a receive per rank, go to
  * group.c (queued inside a group, else issued at once as a group of one); across nodes and
- * outside a group, maco_alltoall may run as a collective of its own (hier_a2a_kernel.cu).
+ * outside a group, maco_alltoall may run as a collective of its own (hier/alltoall_kernel.cu).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/collectives/collectives.h"
+#include "algorithms/common/group.h"
+#include "algorithms/common/select.h"
+#include "algorithms/p2p/p2p.h"
 #include "src/host/base/log.h"
 
 /* Block q of an all-to-allv side ("s"/"send" or "r"/"recv"): its end, displacement + count
@@ -86,7 +89,7 @@ maco_status_t maco_alltoall(const void *sendbuf, void *recvbuf, size_t count,
     if (count == 0)
         return maco__group_add_p2p(fn, NULL, 0, comm, stream);
     /* Across nodes, outside a group: hierarchical where maco__coll_select picks it (forced
-     * or by size), as a collective of its own (hier_a2a_kernel.cu). Inside a group, and
+     * or by size), as a collective of its own (hier/alltoall_kernel.cu). Inside a group, and
      * maco_alltoallv, always direct. */
     maco__coll_t *c = maco__coll_of(comm);
     if (maco__group_depth() == 0 && c != NULL && c->nnodes > 1) {

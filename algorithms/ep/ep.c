@@ -144,7 +144,7 @@ static maco_status_t maco__ep_agree(maco_comm_t comm, const maco_ep_config_t *cf
 
 /* CTAs of every EP kernel: the configured or default number, capped at the co-resident bound
  * of kernels that wait on peers (halved when any GPU of the job is shared, as the
- * collectives do: algorithms.h, maco__coll_ctas). The same on every rank (the inputs are). */
+ * collectives do: common/state.h, maco__coll_ctas). The same on every rank (the inputs are). */
 static int maco__ep_ctas(maco_comm_t comm, const maco__ep_geom_t *g)
 {
     int want = g->num_ctas > 0                  ? g->num_ctas

@@ -74,8 +74,8 @@ size_t maco__ep_dispatch_smem(const maco__ep_geom_t *g);
 size_t maco__ep_combine_smem(const maco__ep_geom_t *g);
 
 /*
- * Loads both kernels into the current device's context (algorithms.h, "Kernel preloading":
- * a kernel loaded lazily while a peer's kernel waits can deadlock) and allows them the
+ * Loads both kernels into the current device's context (collectives/collectives.h, "Kernel
+ * preloading": a kernel loaded lazily while a peer's kernel waits can deadlock) and allows them the
  * dynamic shared memory they need. Returns cudaSuccess or CUDA's error.
  */
 cudaError_t maco__ep_prepare_kernels(size_t dispatch_smem, size_t combine_smem);

@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "algorithms/tuning.h"
 #include "maco/ep.h"
 
 #ifdef __cplusplus
@@ -116,13 +117,14 @@ typedef struct maco__ep_handle_header {
 
 /* Tokens per group (GT) of the combine's pipeline (ep_kernels.cu, combine step 3): the rows
  * of a source rank's tokens [g * GT, (g + 1) * GT) travel, are signalled and are summed together;
- * at least 128 tokens (a group's signal and wait cost about 1.5 us: with 16-token groups a combine
- * of 128 tokens took 61 us, against 53 us in one group, on 2x H200), at most MACO__EP_MAX_GROUPS
- * groups of max_tokens. The same on every rank. */
+ * at least MACO__TUNING_EP_COMBINE_GROUP_TOKENS_MIN tokens (a group's signal and wait cost about
+ * as much as moving many rows: algorithms/tuning.h), at most MACO__EP_MAX_GROUPS groups of
+ * max_tokens. The same on every rank. */
 static inline MACO__EP_HD int maco__ep_group_tokens(int max_tokens)
 {
     int g = (max_tokens + MACO__EP_MAX_GROUPS - 1) / MACO__EP_MAX_GROUPS;
-    return g < 128 ? 128 : g;
+    return g < MACO__TUNING_EP_COMBINE_GROUP_TOKENS_MIN ? MACO__TUNING_EP_COMBINE_GROUP_TOKENS_MIN
+                                                        : g;
 }
 
 /**

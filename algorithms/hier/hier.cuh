@@ -4,9 +4,9 @@
  * talks to local index i of the others), as docs/design.md ("Collectives across nodes")
  * tells for readers of the docs.
  *
- * Each CTA b owns scratch slot b of every rank (layout in algorithms.h: regions of hpiece
+ * Each CTA b owns scratch slot b of every rank (layout in common/state.h: regions of region_bytes
  * bytes IN [node][local] and OUT [local][node] in the collectives buffer, CARRY [node], FINAL
- * [node] and ACC [node] in the rail buffer, pinned host memory: setup.c says why), its own
+ * [node] and ACC [node] in the rail buffer, pinned host memory: common/setup.c says why), its own
  * memory-channel semaphores with the node's ranks (the mesh barrier) and its own two port
  * channels to each rail peer: "data" (a put, then a signal: the data landed) and "ack" (the
  * receiver has consumed what a data signal announced). It works on segments b, b + G, ...
@@ -23,55 +23,54 @@
  * k's rail peer, and no put outlives its sender's kernel unconsumed (the sender waits for an
  * acknowledgement or for an answer that the receiver can only give after it read the data).
  *
- * allreduce, reduce (segment = ln pieces; local index j owns piece j):
+ * allreduce, reduce (segment = local_nranks pieces; local index j owns piece j):
  *   X   each rank copies its input's piece j to owner j's IN[0][me];  mesh barrier
  *   Y1  owner: node k > 0 waits for CARRY from node k-1 (data); folds CARRY (or nothing on
- *       node 0) and IN[0][0..ln) in order; node k < N-1 puts the accumulator (ACC) to node
- *       k+1's CARRY with a signal; node N-1 converts it (avg: divides by the rank count),
- *       stores it in its ACC and the local OUT[me] regions (reduce: only the root's, on the
- *       root's node) and puts ACC to every other node's FINAL[N-1] with a signal
- *   Y2  node k < N-1 waits for FINAL and copies it to the local OUT[me] regions (reduce:
- *       the root's only, on the root's node), in the CTA's last segment acknowledges it
- *       (the last node's kernel waits for these before it ends);  mesh barrier
- *   Z   every rank (reduce: the root) copies the OUT pieces to its output.
- *   Reduce moves the result to every node like allreduce: each node waiting for FINAL is
- *   what keeps a node from starting segment s + G while its segment-s put is in flight.
- * reduce_scatter (segment = P elements of every rank's block; rail i reduces the blocks of
- * the ranks of local index i): X copies block (node m, local q) of the input to q's
- * IN[m][me]; Y1 folds per destination node m (CARRY[m], IN[m][0..ln)) and passes the N
- * accumulators on in one go (one signal); node N-1 puts the result for node m to m's
- * FINAL[N-1]; Y2: FINAL (node N-1: its own ACC[N-1]) to the output, acknowledged as above.
- * Flow control of the chains: node k-1 writes node k's CARRY for segment s + G only after it
- * received FINAL of segment s, which exists only after the chain of s passed node k; the
- * same holds for FINAL and for the ACC regions being read by a put.
- * allgather (segment = P elements of each block): every rank copies its piece to its ACC and
- * the local OUT[me][k] regions, puts ACC to every other node's FINAL[k], waits for the
- * FINAL[m] of every other node, copies them to the local OUT[me][m], acknowledges them;
- * barrier; Z copies OUT[q][m] to the block of rank (m, q).
- * broadcast (segment = ln pieces): on the root's node the root copies piece j to owner j's
- * IN; owner j copies it to its ACC and the local OUT[j] and puts ACC to every other node's
- * FINAL[root's node]; elsewhere owner j waits for FINAL, copies it to the local OUT[j] and
- * acknowledges; Z as allreduce. Here nothing else paces the sender, so before it overwrites ACC for
- * the next segment (and before the kernel ends) it waits for every acknowledgement of the last.
- * Every wait is bounded (MACO_DEVICE_TIMEOUT); a failed one records the device error and
- * the CTA stops (its local peers then time out on the barrier, naming it).
+ *       node 0) and IN[0][0..local_nranks) in order; node k < N-1 puts the accumulator (ACC) to
+ * node k+1's CARRY with a signal; node N-1 converts it (avg: divides by the rank count), stores it
+ * in its ACC and the local OUT[me] regions (reduce: only the root's, on the root's node) and puts
+ * ACC to every other node's FINAL[N-1] with a signal Y2  node k < N-1 waits for FINAL and copies it
+ * to the local OUT[me] regions (reduce: the root's only, on the root's node), in the CTA's last
+ * segment acknowledges it (the last node's kernel waits for these before it ends);  mesh barrier Z
+ * every rank (reduce: the root) copies the OUT pieces to its output. Reduce moves the result to
+ * every node like allreduce: each node waiting for FINAL is what keeps a node from starting segment
+ * s + G while its segment-s put is in flight. reduce_scatter (segment = P elements of every rank's
+ * block; rail i reduces the blocks of the ranks of local index i): X copies block (node m, local q)
+ * of the input to q's IN[m][me]; Y1 folds per destination node m (CARRY[m], IN[m][0..local_nranks))
+ * and passes the N accumulators on in one go (one signal); node N-1 puts the result for node m to
+ * m's FINAL[N-1]; Y2: FINAL (node N-1: its own ACC[N-1]) to the output, acknowledged as above. Flow
+ * control of the chains: node k-1 writes node k's CARRY for segment s + G only after it received
+ * FINAL of segment s, which exists only after the chain of s passed node k; the same holds for
+ * FINAL and for the ACC regions being read by a put. allgather (segment = P elements of each
+ * block): every rank copies its piece to its ACC and the local OUT[me][k] regions, puts ACC to
+ * every other node's FINAL[k], waits for the FINAL[m] of every other node, copies them to the local
+ * OUT[me][m], acknowledges them; barrier; Z copies OUT[q][m] to the block of rank (m, q). broadcast
+ * (segment = local_nranks pieces): on the root's node the root copies piece j to owner j's IN;
+ * owner j copies it to its ACC and the local OUT[j] and puts ACC to every other node's FINAL[root's
+ * node]; elsewhere owner j waits for FINAL, copies it to the local OUT[j] and acknowledges; Z as
+ * allreduce. Here nothing else paces the sender, so before it overwrites ACC for the next segment
+ * (and before the kernel ends) it waits for every acknowledgement of the last. Every wait is
+ * bounded (MACO_DEVICE_TIMEOUT); a failed one records the device error and the CTA stops (its local
+ * peers then time out on the barrier, naming it).
  */
 #ifndef MACO_ALGO_HIER_CUH
 #define MACO_ALGO_HIER_CUH
 
+#include "algorithms/collectives/mesh.cuh"
+#include "algorithms/hier/hier.h"
 #include "maco/device/port_channel.h"
-#include "algorithms/mesh.cuh"
 #include "src/device/sysmem.cuh"
 
-/* Folds `len` elements: the accumulator values at `cin` (when not NULL) then the element
- * values of ln regions at src0, src0 + hp, ... in that order. Not last: stores the
- * accumulators at acc_out. Last: converts (avg: divided by nranks) and stores the elements
- * at dst[0..ndst). Whole 16-byte words of scratch are read and written; words past `len`
- * carry stale bytes that no output receives. */
+/* Folds `len` elements: the accumulator values at `carry_in` (when not NULL) then the element
+ * values of local_nranks regions at src0, src0 + region_bytes, ... in that order. Not last: stores
+ * the accumulators at acc_out. Last: converts (avg: divided by nranks) and stores the elements at
+ * dst[0..ndst). Whole 16-byte words of scratch are read and written; words past `len` carry stale
+ * bytes that no output receives. */
 template <class T, int Op>
 static __device__ __forceinline__ void
-maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool last, bool avg,
-                int nranks, int rop, char *const *dst, int ndst, char *acc_out, uint64_t len)
+maco__hier_fold(const char *carry_in, const char *src0, uint64_t region_bytes, int local_nranks,
+                bool last, bool avg, int nranks, int rop, char *const *dst, int ndst, char *acc_out,
+                uint64_t len)
 {
     typedef typename T::bits B;
     typedef typename T::acc A;
@@ -81,10 +80,10 @@ maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool las
     for (uint64_t v = threadIdx.x; v < nw; v += blockDim.x) {
         A acc[E];
         int q0 = 0;
-        if (cin != nullptr) {
+        if (carry_in != nullptr) {
             /* The carry is in the rail buffer: loads that fetch it again (sysmem.cuh
              * says why). E accumulators fill a whole number of 16-byte words. */
-            const uint4 *cp = (const uint4 *)(cin + v * E * sizeof(A));
+            const uint4 *cp = (const uint4 *)(carry_in + v * E * sizeof(A));
             union {
                 uint4 w[E * sizeof(A) / 16];
                 A x[E];
@@ -102,8 +101,8 @@ maco__hier_fold(const char *cin, const char *src0, uint64_t hp, int ln, bool las
                 acc[e] = T::widen(x.e[e]);
             q0 = 1;
         }
-        for (int q = q0; q < ln; q++) {
-            const V x = *(const V *)(src0 + (uint64_t)q * hp + 16 * v);
+        for (int q = q0; q < local_nranks; q++) {
+            const V x = *(const V *)(src0 + (uint64_t)q * region_bytes + 16 * v);
 #pragma unroll
             for (int e = 0; e < E; e++)
                 acc[e] = maco__combine<T, Op>(acc[e], T::widen(x.e[e]), rop);
@@ -140,10 +139,10 @@ static __device__ __forceinline__ void maco__hier_publish()
 /* Chains: the mesh barrier after the node's inputs are in place, then (nodes after the first)
  * the carry of the node before. True when the CTA must stop. */
 static __device__ __forceinline__ bool
-maco__hier_take_carry(maco_memory_channel_device_t *ch, bool waiter,
+maco__hier_take_carry(maco_memory_channel_device_t *channels, bool waiter,
                       const maco_port_channel_device_t *carry)
 {
-    if (maco__mesh_barrier(ch, waiter))
+    if (maco__mesh_barrier(channels, waiter))
         return true;
     bool fail = carry != nullptr && threadIdx.x == 0 && maco_port_channel_wait(carry) != MACO_OK;
     return maco__cta_failed(fail);
@@ -179,34 +178,35 @@ static __device__ __forceinline__ int maco__hier_put(const maco_port_channel_dev
     return st != MACO_OK;
 }
 
-/* Thread 0 waits for (`raise`: raises) one signal on port channel `w` (0: data, 1:
- * acknowledgements) of the rail peer on every node but `k`, in node order; `rail` is the
+/* Thread 0 waits for (`raise`: raises) one signal on port channel `which` (0: data,
+ * 1: acknowledgements) of the rail peer on every node but `skip_node`, in node order; `rail` is the
  * CTA's [nnodes][2]. The CTA agrees on a failure: true in every thread when it must stop. */
 static __device__ __forceinline__ bool maco__hier_each_node(const maco_port_channel_device_t *rail,
-                                                            int nnodes, int k, int w, bool raise)
+                                                            int nnodes, int skip_node, int which,
+                                                            bool raise)
 {
     bool fail = false;
     if (threadIdx.x == 0)
         for (int m = 0; m < nnodes && !fail; m++)
-            if (m != k)
-                fail = (raise ? maco_port_channel_signal(&rail[2 * m + w])
-                              : maco_port_channel_wait(&rail[2 * m + w])) != MACO_OK;
+            if (m != skip_node)
+                fail = (raise ? maco_port_channel_signal(&rail[2 * m + which])
+                              : maco_port_channel_wait(&rail[2 * m + which])) != MACO_OK;
     return maco__cta_failed(fail);
 }
 
-/* A CTA's start in the hier kernels (this one, hier_a2a_kernel.cu): its slot's memory
- * channels with the node's ranks into `ch` (shared memory; the mesh barrier's); returns
+/* A CTA's start in the hier kernels (this one, alltoall_kernel.cu): its slot's memory
+ * channels with the node's ranks into `channels` (shared memory; the mesh barrier's); returns
  * whether this thread waits on one of them in the barrier, and sets *rail_p to the slot's
  * port channels [nnodes][2] (data, acknowledgements). */
 static __device__ __forceinline__ bool
-maco__hier_cta_begin(const maco__hier_args_t &h, maco_memory_channel_device_t *ch,
+maco__hier_cta_begin(const maco__hier_args_t &args, maco_memory_channel_device_t *channels,
                      const maco_port_channel_device_t **rail_p)
 {
-    const uint32_t L = (uint32_t)h.c.nranks, me = (uint32_t)h.c.rank, tid = threadIdx.x;
+    const uint32_t L = (uint32_t)args.c.nranks, me = (uint32_t)args.c.rank, tid = threadIdx.x;
     if (tid < L && tid != me)
-        ch[tid] = h.c.channels[(uint64_t)blockIdx.x * L + tid];
+        channels[tid] = args.c.channels[(uint64_t)blockIdx.x * L + tid];
     __syncthreads();
-    *rail_p = h.rail + (uint64_t)blockIdx.x * (uint64_t)h.nnodes * 2;
+    *rail_p = args.rail + (uint64_t)blockIdx.x * (uint64_t)args.nnodes * 2;
     return tid < L && tid != me;
 }
 
@@ -221,8 +221,8 @@ maco__hier_cta_begin(const maco__hier_args_t &h, maco_memory_channel_device_t *c
  * to the rail peer on node m.
  */
 struct maco__hier_cta {
-    const maco__hier_args_t &h;
-    maco_memory_channel_device_t *ch;
+    const maco__hier_args_t &args;
+    maco_memory_channel_device_t *channels;
     const maco_port_channel_device_t *rail;
     uint64_t slot, rslot, nseg;
     bool waiter;
@@ -238,24 +238,24 @@ struct maco__hier_cta {
     /* In the collectives buffer: */
     __device__ __forceinline__ uint64_t r_in(int m, int q) const
     {
-        return (uint64_t)m * (uint64_t)h.c.nranks + (uint64_t)q;
+        return (uint64_t)m * (uint64_t)args.c.nranks + (uint64_t)q;
     }
     __device__ __forceinline__ uint64_t r_out(int q, int m) const
     {
-        return (uint64_t)h.nnodes * (uint64_t)h.c.nranks + (uint64_t)q * (uint64_t)h.nnodes +
-               (uint64_t)m;
+        return (uint64_t)args.nnodes * (uint64_t)args.c.nranks +
+               (uint64_t)q * (uint64_t)args.nnodes + (uint64_t)m;
     }
     __device__ __forceinline__ uint64_t off(uint64_t r) const
     {
-        return slot + r * h.hpiece;
+        return slot + r * args.region_bytes;
     }
     __device__ __forceinline__ char *loc(uint64_t r) const
     {
-        return h.c.buf + off(r);
+        return args.c.buf + off(r);
     }
     __device__ __forceinline__ char *peer(int q, uint64_t r) const
     {
-        return h.c.peer_buf[q] + off(r);
+        return args.c.peer_buf[q] + off(r);
     }
     /* In the rail buffer (what the port channels move): */
     __device__ __forceinline__ uint64_t r_carry(int m) const
@@ -264,25 +264,25 @@ struct maco__hier_cta {
     }
     __device__ __forceinline__ uint64_t r_final(int m) const
     {
-        return (uint64_t)h.nnodes + (uint64_t)m;
+        return (uint64_t)args.nnodes + (uint64_t)m;
     }
     __device__ __forceinline__ uint64_t r_acc(int m) const
     {
-        return 2 * (uint64_t)h.nnodes + (uint64_t)m;
+        return 2 * (uint64_t)args.nnodes + (uint64_t)m;
     }
     __device__ __forceinline__ uint64_t roff(uint64_t r) const
     {
-        return rslot + r * h.hpiece;
+        return rslot + r * args.region_bytes;
     }
     __device__ __forceinline__ char *rail_at(uint64_t r) const
     {
-        return h.rail_buf + roff(r);
+        return args.rail_buf + roff(r);
     }
     /* Elements of piece j of the segment at seg0 (split collectives), or of every block's
      * piece. */
     __device__ __forceinline__ uint64_t plen(uint64_t seg0, int j) const
     {
-        const uint64_t P = h.c.piece_elems, C = h.c.count;
+        const uint64_t P = args.c.piece_elems, C = args.c.count;
         return seg0 + (uint64_t)j * P < C ? min(P, C - seg0 - (uint64_t)j * P) : (uint64_t)0;
     }
 };
@@ -290,64 +290,64 @@ struct maco__hier_cta {
 /* One segment of allreduce and reduce: a chain over the nodes in node order, the last node
  * puts the result to every other. True when the CTA must stop. */
 template <class T, int Op>
-static __device__ __forceinline__ bool maco__hier_seg_reduce(const maco__hier_cta &x, uint64_t seg,
-                                                             uint64_t seg0, uint64_t len)
+static __device__ __forceinline__ bool
+maco__hier_seg_reduce(const maco__hier_cta &cta, uint64_t seg, uint64_t seg0, uint64_t len)
 {
-    const maco__coll_args_t &a = x.h.c;
-    const int L = a.nranks, me = a.rank, N = x.h.nnodes, k = x.h.node, coll = a.coll;
+    const maco__coll_args_t &a = cta.args.c;
+    const int L = a.nranks, me = a.rank, N = cta.args.nnodes, k = cta.args.node, coll = a.coll;
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
     const uint64_t esz = a.esz, P = a.piece_elems;
     const char *in = (const char *)a.input;
     char *out = (char *)a.output;
     const bool avg = a.avg != 0, first = k == 0, last = k == N - 1;
-    const int kr = x.h.root_node, lr = x.h.root_local;
+    const int kr = cta.args.root_node, lr = cta.args.root_local;
     bool fail = false;
     for (int i = 0; i < L; i++) {
         const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
-        maco_copy(x.peer(q, x.r_in(0, me)), in + (seg0 + (uint64_t)q * P) * esz,
-                  x.plen(seg0, q) * esz, tid, nthr);
+        maco_copy(cta.peer(q, cta.r_in(0, me)), in + (seg0 + (uint64_t)q * P) * esz,
+                  cta.plen(seg0, q) * esz, tid, nthr);
     }
-    if (maco__hier_take_carry(x.ch, x.waiter, first ? nullptr : x.data(k - 1)))
+    if (maco__hier_take_carry(cta.channels, cta.waiter, first ? nullptr : cta.data(k - 1)))
         return true;
     /* Where the result goes on the last node: ACC (the source of its puts) and the
      * OUT[me] regions of the ranks that output it. */
     const bool outputs = coll == MACO_COLL_ALLREDUCE || k == kr;
     char *dst[MACO__MAXR + 1];
     int ndst = 0;
-    dst[ndst++] = x.rail_at(x.r_acc(0));
+    dst[ndst++] = cta.rail_at(cta.r_acc(0));
     for (int q = 0; q < MACO__MAXR; q++)
         if (q < L && outputs && (coll == MACO_COLL_ALLREDUCE || q == lr))
-            dst[ndst++] = x.peer(q, x.r_out(me, 0));
-    maco__hier_fold<T, Op>(first ? nullptr : x.rail_at(x.r_carry(0)), x.loc(x.r_in(0, 0)),
-                           x.h.hpiece, L, last, avg, x.h.nranks, a.op, dst, ndst,
-                           x.rail_at(x.r_acc(0)), len);
+            dst[ndst++] = cta.peer(q, cta.r_out(me, 0));
+    maco__hier_fold<T, Op>(first ? nullptr : cta.rail_at(cta.r_carry(0)), cta.loc(cta.r_in(0, 0)),
+                           cta.args.region_bytes, L, last, avg, cta.args.nranks, a.op, dst, ndst,
+                           cta.rail_at(cta.r_acc(0)), len);
     maco__hier_publish();
     if (tid == 0) {
         if (!last)
-            fail = maco__hier_put(x.data(k + 1), x.roff(x.r_carry(0)), x.roff(x.r_acc(0)),
-                                  len * x.h.accsz, true);
+            fail = maco__hier_put(cta.data(k + 1), cta.roff(cta.r_carry(0)), cta.roff(cta.r_acc(0)),
+                                  len * cta.args.accsz, true);
         else
             for (int m = 0; m < N - 1 && !fail; m++)
-                fail = maco__hier_put(x.data(m), x.roff(x.r_final(N - 1)), x.roff(x.r_acc(0)),
-                                      len * esz, true);
+                fail = maco__hier_put(cta.data(m), cta.roff(cta.r_final(N - 1)),
+                                      cta.roff(cta.r_acc(0)), len * esz, true);
         if (!last && !fail)
-            fail = maco_port_channel_wait(x.data(N - 1)) != MACO_OK;
+            fail = maco_port_channel_wait(cta.data(N - 1)) != MACO_OK;
     }
     if (maco__cta_failed(fail))
         return true;
     if (!last && outputs)
         for (int q = 0; q < L; q++)
             if (coll == MACO_COLL_ALLREDUCE || q == lr)
-                maco__copy_from_sysmem(x.peer(q, x.r_out(me, 0)), x.rail_at(x.r_final(N - 1)),
-                                       len * esz, tid, nthr);
-    if (!last && maco__hier_ack_last(x.ack(N - 1), seg + gridDim.x >= x.nseg))
+                maco__copy_from_sysmem(cta.peer(q, cta.r_out(me, 0)),
+                                       cta.rail_at(cta.r_final(N - 1)), len * esz, tid, nthr);
+    if (!last && maco__hier_ack_last(cta.ack(N - 1), seg + gridDim.x >= cta.nseg))
         return true;
-    if (maco__mesh_barrier(x.ch, x.waiter))
+    if (maco__mesh_barrier(cta.channels, cta.waiter))
         return true;
     if (outputs && (coll == MACO_COLL_ALLREDUCE || me == lr)) {
         for (int q = 0; q < L; q++)
-            maco_copy(out + (seg0 + (uint64_t)q * P) * esz, x.loc(x.r_out(q, 0)),
-                      x.plen(seg0, q) * esz, tid, nthr);
+            maco_copy(out + (seg0 + (uint64_t)q * P) * esz, cta.loc(cta.r_out(q, 0)),
+                      cta.plen(seg0, q) * esz, tid, nthr);
         __syncthreads();
     }
     return false;
@@ -357,10 +357,10 @@ static __device__ __forceinline__ bool maco__hier_seg_reduce(const maco__hier_ct
  * last node puts each node's reduced block to it. True when the CTA must stop. */
 template <class T, int Op>
 static __device__ __forceinline__ bool
-maco__hier_seg_reduce_scatter(const maco__hier_cta &x, uint64_t seg, uint64_t seg0, uint64_t len)
+maco__hier_seg_reduce_scatter(const maco__hier_cta &cta, uint64_t seg, uint64_t seg0, uint64_t len)
 {
-    const maco__coll_args_t &a = x.h.c;
-    const int L = a.nranks, me = a.rank, N = x.h.nnodes, k = x.h.node;
+    const maco__coll_args_t &a = cta.args.c;
+    const int L = a.nranks, me = a.rank, N = cta.args.nnodes, k = cta.args.node;
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
     const uint64_t esz = a.esz, C = a.count;
     const char *in = (const char *)a.input;
@@ -370,39 +370,39 @@ maco__hier_seg_reduce_scatter(const maco__hier_cta &x, uint64_t seg, uint64_t se
     for (int i = 0; i < L; i++) {
         const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
         for (int m = 0; m < N; m++) {
-            const uint64_t blk = (uint64_t)x.h.rank_at[m * L + q] * C;
-            maco_copy(x.peer(q, x.r_in(m, me)), in + (blk + seg0) * esz, len * esz, tid, nthr);
+            const uint64_t blk = (uint64_t)cta.args.rank_at[m * L + q] * C;
+            maco_copy(cta.peer(q, cta.r_in(m, me)), in + (blk + seg0) * esz, len * esz, tid, nthr);
         }
     }
-    if (maco__hier_take_carry(x.ch, x.waiter, first ? nullptr : x.data(k - 1)))
+    if (maco__hier_take_carry(cta.channels, cta.waiter, first ? nullptr : cta.data(k - 1)))
         return true;
     for (int m = 0; m < N; m++) {
-        char *dst[1] = { x.rail_at(x.r_acc(m)) };
-        maco__hier_fold<T, Op>(first ? nullptr : x.rail_at(x.r_carry(m)), x.loc(x.r_in(m, 0)),
-                               x.h.hpiece, L, last, avg, x.h.nranks, a.op, dst, 1,
-                               x.rail_at(x.r_acc(m)), len);
+        char *dst[1] = { cta.rail_at(cta.r_acc(m)) };
+        maco__hier_fold<T, Op>(first ? nullptr : cta.rail_at(cta.r_carry(m)),
+                               cta.loc(cta.r_in(m, 0)), cta.args.region_bytes, L, last, avg,
+                               cta.args.nranks, a.op, dst, 1, cta.rail_at(cta.r_acc(m)), len);
     }
     maco__hier_publish();
     if (tid == 0) {
         for (int m = 0; m < N && !fail; m++) {
             if (!last)
-                fail = maco__hier_put(x.data(k + 1), x.roff(x.r_carry(m)), x.roff(x.r_acc(m)),
-                                      len * x.h.accsz, m == N - 1);
+                fail = maco__hier_put(cta.data(k + 1), cta.roff(cta.r_carry(m)),
+                                      cta.roff(cta.r_acc(m)), len * cta.args.accsz, m == N - 1);
             else if (m != k)
-                fail = maco__hier_put(x.data(m), x.roff(x.r_final(N - 1)), x.roff(x.r_acc(m)),
-                                      len * esz, true);
+                fail = maco__hier_put(cta.data(m), cta.roff(cta.r_final(N - 1)),
+                                      cta.roff(cta.r_acc(m)), len * esz, true);
         }
         if (!last && !fail)
-            fail = maco_port_channel_wait(x.data(N - 1)) != MACO_OK;
+            fail = maco_port_channel_wait(cta.data(N - 1)) != MACO_OK;
     }
     if (maco__cta_failed(fail))
         return true;
     maco__copy_from_sysmem(out + seg0 * esz,
-                           last ? x.rail_at(x.r_acc(k)) : x.rail_at(x.r_final(N - 1)), len * esz,
-                           tid, nthr);
-    if (!last && maco__hier_ack_last(x.ack(N - 1), seg + gridDim.x >= x.nseg))
+                           last ? cta.rail_at(cta.r_acc(k)) : cta.rail_at(cta.r_final(N - 1)),
+                           len * esz, tid, nthr);
+    if (!last && maco__hier_ack_last(cta.ack(N - 1), seg + gridDim.x >= cta.nseg))
         return true;
-    if (maco__mesh_barrier(x.ch, x.waiter))
+    if (maco__mesh_barrier(cta.channels, cta.waiter))
         return true;
     return false;
 }
@@ -410,57 +410,57 @@ maco__hier_seg_reduce_scatter(const maco__hier_cta &x, uint64_t seg, uint64_t se
 /* One segment of allgather: every rank's piece to its node's ranks and, from its rail slot, to
  * every other node; *did: acknowledgements outstanding. True when the CTA must stop. */
 static __device__ __forceinline__ bool
-maco__hier_seg_allgather(const maco__hier_cta &x, uint64_t seg0, uint64_t len, bool *did)
+maco__hier_seg_allgather(const maco__hier_cta &cta, uint64_t seg0, uint64_t len, bool *did)
 {
-    const int L = x.h.c.nranks, me = x.h.c.rank, N = x.h.nnodes, k = x.h.node;
+    const int L = cta.args.c.nranks, me = cta.args.c.rank, N = cta.args.nnodes, k = cta.args.node;
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
-    const uint64_t esz = x.h.c.esz, C = x.h.c.count;
-    const char *in = (const char *)x.h.c.input;
-    char *out = (char *)x.h.c.output;
+    const uint64_t esz = cta.args.c.esz, C = cta.args.c.count;
+    const char *in = (const char *)cta.args.c.input;
+    char *out = (char *)cta.args.c.output;
     bool fail = false;
-    if (maco__mesh_barrier(x.ch, x.waiter))
+    if (maco__mesh_barrier(cta.channels, cta.waiter))
         return true;
     if (*did && tid == 0)
         for (int m = 0; m < N && !fail; m++)
             if (m != k)
-                fail = maco_port_channel_wait(x.ack(m)) != MACO_OK;
+                fail = maco_port_channel_wait(cta.ack(m)) != MACO_OK;
     if (maco__cta_failed(fail))
         return true;
     const char *mine = in + seg0 * esz;
-    maco_copy(x.rail_at(x.r_acc(0)), mine, len * esz, tid, nthr);
+    maco_copy(cta.rail_at(cta.r_acc(0)), mine, len * esz, tid, nthr);
     for (int q = 0; q < L; q++)
-        maco_copy(x.peer(q, x.r_out(me, k)), mine, len * esz, tid, nthr);
+        maco_copy(cta.peer(q, cta.r_out(me, k)), mine, len * esz, tid, nthr);
     maco__hier_publish();
     if (tid == 0) {
         for (int m = 0; m < N && !fail; m++)
             if (m != k)
-                fail = maco__hier_put(x.data(m), x.roff(x.r_final(k)), x.roff(x.r_acc(0)),
+                fail = maco__hier_put(cta.data(m), cta.roff(cta.r_final(k)), cta.roff(cta.r_acc(0)),
                                       len * esz, true);
         for (int m = 0; m < N && !fail; m++)
             if (m != k)
-                fail = maco_port_channel_wait(x.data(m)) != MACO_OK;
+                fail = maco_port_channel_wait(cta.data(m)) != MACO_OK;
     }
     if (maco__cta_failed(fail))
         return true;
     for (int m = 0; m < N; m++)
         if (m != k)
             for (int q = 0; q < L; q++)
-                maco__copy_from_sysmem(x.peer(q, x.r_out(me, m)), x.rail_at(x.r_final(m)),
+                maco__copy_from_sysmem(cta.peer(q, cta.r_out(me, m)), cta.rail_at(cta.r_final(m)),
                                        len * esz, tid, nthr);
     __syncthreads();
     if (tid == 0)
         for (int m = 0; m < N && !fail; m++)
             if (m != k)
-                fail = maco_port_channel_signal(x.ack(m)) != MACO_OK;
+                fail = maco_port_channel_signal(cta.ack(m)) != MACO_OK;
     *did = true;
     if (maco__cta_failed(fail))
         return true;
-    if (maco__mesh_barrier(x.ch, x.waiter))
+    if (maco__mesh_barrier(cta.channels, cta.waiter))
         return true;
     for (int m = 0; m < N; m++)
         for (int q = 0; q < L; q++)
-            maco_copy(out + ((uint64_t)x.h.rank_at[m * L + q] * C + seg0) * esz,
-                      x.loc(x.r_out(q, m)), len * esz, tid, nthr);
+            maco_copy(out + ((uint64_t)cta.args.rank_at[m * L + q] * C + seg0) * esz,
+                      cta.loc(cta.r_out(q, m)), len * esz, tid, nthr);
     __syncthreads();
     return false;
 }
@@ -469,100 +469,100 @@ maco__hier_seg_allgather(const maco__hier_cta &x, uint64_t seg0, uint64_t len, b
  * them from their rail slots to every other node; *did: acknowledgements outstanding (the
  * root's node). True when the CTA must stop. */
 static __device__ __forceinline__ bool
-maco__hier_seg_broadcast(const maco__hier_cta &x, uint64_t seg0, uint64_t len, bool *did)
+maco__hier_seg_broadcast(const maco__hier_cta &cta, uint64_t seg0, uint64_t len, bool *did)
 {
-    const int L = x.h.c.nranks, me = x.h.c.rank, N = x.h.nnodes, k = x.h.node;
+    const int L = cta.args.c.nranks, me = cta.args.c.rank, N = cta.args.nnodes, k = cta.args.node;
     const uint32_t tid = threadIdx.x, nthr = blockDim.x;
-    const uint64_t esz = x.h.c.esz, P = x.h.c.piece_elems;
-    const char *in = (const char *)x.h.c.input;
-    char *out = (char *)x.h.c.output;
-    const int kr = x.h.root_node, lr = x.h.root_local;
+    const uint64_t esz = cta.args.c.esz, P = cta.args.c.piece_elems;
+    const char *in = (const char *)cta.args.c.input;
+    char *out = (char *)cta.args.c.output;
+    const int kr = cta.args.root_node, lr = cta.args.root_local;
     bool fail = false;
     const bool root_node = k == kr;
     if (root_node && me == lr)
         for (int i = 0; i < L; i++) {
             const int q = (int)((blockIdx.x + (unsigned)me + (unsigned)i) % (unsigned)L);
-            maco_copy(x.peer(q, x.r_in(0, 0)), in + (seg0 + (uint64_t)q * P) * esz,
-                      x.plen(seg0, q) * esz, tid, nthr);
+            maco_copy(cta.peer(q, cta.r_in(0, 0)), in + (seg0 + (uint64_t)q * P) * esz,
+                      cta.plen(seg0, q) * esz, tid, nthr);
         }
-    if (maco__mesh_barrier(x.ch, x.waiter))
+    if (maco__mesh_barrier(cta.channels, cta.waiter))
         return true;
     if (root_node) {
         if (*did && tid == 0)
             for (int m = 0; m < N && !fail; m++)
                 if (m != k)
-                    fail = maco_port_channel_wait(x.ack(m)) != MACO_OK;
+                    fail = maco_port_channel_wait(cta.ack(m)) != MACO_OK;
         if (maco__cta_failed(fail))
             return true;
-        maco_copy(x.rail_at(x.r_acc(0)), x.loc(x.r_in(0, 0)), len * esz, tid, nthr);
+        maco_copy(cta.rail_at(cta.r_acc(0)), cta.loc(cta.r_in(0, 0)), len * esz, tid, nthr);
         for (int q = 0; q < L; q++)
-            maco_copy(x.peer(q, x.r_out(me, 0)), x.loc(x.r_in(0, 0)), len * esz, tid, nthr);
+            maco_copy(cta.peer(q, cta.r_out(me, 0)), cta.loc(cta.r_in(0, 0)), len * esz, tid, nthr);
         maco__hier_publish();
         if (tid == 0)
             for (int m = 0; m < N && !fail; m++)
                 if (m != k)
-                    fail = maco__hier_put(x.data(m), x.roff(x.r_final(kr)), x.roff(x.r_acc(0)),
-                                          len * esz, true);
+                    fail = maco__hier_put(cta.data(m), cta.roff(cta.r_final(kr)),
+                                          cta.roff(cta.r_acc(0)), len * esz, true);
         *did = true;
     } else {
         if (tid == 0)
-            fail = maco_port_channel_wait(x.data(kr)) != MACO_OK;
+            fail = maco_port_channel_wait(cta.data(kr)) != MACO_OK;
         if (maco__cta_failed(fail))
             return true;
         for (int q = 0; q < L; q++)
-            maco__copy_from_sysmem(x.peer(q, x.r_out(me, 0)), x.rail_at(x.r_final(kr)), len * esz,
-                                   tid, nthr);
+            maco__copy_from_sysmem(cta.peer(q, cta.r_out(me, 0)), cta.rail_at(cta.r_final(kr)),
+                                   len * esz, tid, nthr);
         __syncthreads();
         if (tid == 0)
-            fail = maco_port_channel_signal(x.ack(kr)) != MACO_OK;
+            fail = maco_port_channel_signal(cta.ack(kr)) != MACO_OK;
     }
     if (maco__cta_failed(fail))
         return true;
-    if (maco__mesh_barrier(x.ch, x.waiter))
+    if (maco__mesh_barrier(cta.channels, cta.waiter))
         return true;
     if (!(root_node && me == lr && out == in)) {
         for (int q = 0; q < L; q++)
-            maco_copy(out + (seg0 + (uint64_t)q * P) * esz, x.loc(x.r_out(q, 0)),
-                      x.plen(seg0, q) * esz, tid, nthr);
+            maco_copy(out + (seg0 + (uint64_t)q * P) * esz, cta.loc(cta.r_out(q, 0)),
+                      cta.plen(seg0, q) * esz, tid, nthr);
         __syncthreads();
     }
     return false;
 }
 
 template <class T, int Op>
-__global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
+__global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t args)
 {
-    const maco__coll_args_t &a = h.c;
-    __shared__ maco_memory_channel_device_t ch[MACO__MAXR];
-    const int L = a.nranks, me = a.rank, N = h.nnodes, k = h.node, coll = a.coll;
+    const maco__coll_args_t &a = args.c;
+    __shared__ maco_memory_channel_device_t channels[MACO__MAXR];
+    const int L = a.nranks, me = a.rank, N = args.nnodes, k = args.node, coll = a.coll;
     const maco_port_channel_device_t *rail;
-    const bool waiter = maco__hier_cta_begin(h, ch, &rail);
+    const bool waiter = maco__hier_cta_begin(args, channels, &rail);
     const uint64_t P = a.piece_elems, C = a.count;
     const bool last = k == N - 1;
     const bool split = coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE ||
                        coll == MACO_COLL_BROADCAST; /* a segment is L pieces */
     const uint64_t seg_elems = split ? P * (uint64_t)L : P;
-    const maco__hier_cta x = { h,
-                               ch,
-                               rail,
-                               h.hier_offset + (uint64_t)blockIdx.x * h.hier_slot_bytes,
-                               (uint64_t)blockIdx.x * h.rail_slot_bytes,
-                               (C + seg_elems - 1) / seg_elems,
-                               waiter };
+    const maco__hier_cta cta = { args,
+                                 channels,
+                                 rail,
+                                 args.hier_offset + (uint64_t)blockIdx.x * args.hier_slot_bytes,
+                                 (uint64_t)blockIdx.x * args.rail_slot_bytes,
+                                 (C + seg_elems - 1) / seg_elems,
+                                 waiter };
     bool did = false; /* broadcast, allgather: acknowledgements outstanding */
 
-    for (uint64_t seg = blockIdx.x; seg < x.nseg; seg += gridDim.x) {
+    for (uint64_t seg = blockIdx.x; seg < cta.nseg; seg += gridDim.x) {
         const uint64_t seg0 = seg * seg_elems;
-        const uint64_t len = split ? x.plen(seg0, me) : x.plen(seg0, 0);
+        const uint64_t len = split ? cta.plen(seg0, me) : cta.plen(seg0, 0);
         bool stop;
         if (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE)
-            stop = maco__hier_seg_reduce<T, Op>(x, seg, seg0, len);
+            stop = maco__hier_seg_reduce<T, Op>(cta, seg, seg0, len);
         else if (coll == MACO_COLL_REDUCE_SCATTER)
-            stop = maco__hier_seg_reduce_scatter<T, Op>(x, seg, seg0, len);
+            stop = maco__hier_seg_reduce_scatter<T, Op>(cta, seg, seg0, len);
         else if (coll == MACO_COLL_ALLGATHER)
-            stop = maco__hier_seg_allgather(x, seg0, len, &did);
+            stop = maco__hier_seg_allgather(cta, seg0, len, &did);
         else
-            stop = maco__hier_seg_broadcast(x, seg0, len, &did);
+            stop = maco__hier_seg_broadcast(cta, seg0, len, &did);
         if (stop)
             return;
     }
@@ -573,12 +573,12 @@ __global__ void __launch_bounds__(512) maco__hier_kernel(maco__hier_args_t h)
         (coll == MACO_COLL_ALLREDUCE || coll == MACO_COLL_REDUCE ||
          coll == MACO_COLL_REDUCE_SCATTER))
         for (int m = 0; m < N - 1; m++)
-            if (maco_port_channel_wait(x.ack(m)) != MACO_OK)
+            if (maco_port_channel_wait(cta.ack(m)) != MACO_OK)
                 break;
     /* The acknowledgements of this CTA's last segment (broadcast: the root's node). */
-    if (did && threadIdx.x == 0 && (coll == MACO_COLL_ALLGATHER || k == h.root_node))
+    if (did && threadIdx.x == 0 && (coll == MACO_COLL_ALLGATHER || k == args.root_node))
         for (int m = 0; m < N; m++)
-            if (m != k && maco_port_channel_wait(x.ack(m)) != MACO_OK)
+            if (m != k && maco_port_channel_wait(cta.ack(m)) != MACO_OK)
                 break;
 }
 

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/common/group.h"
+#include "algorithms/p2p/p2p.h"
 #include "src/host/base/log.h"
 
 /* log2 of an element size (1, 2, 4 or 8 bytes). */

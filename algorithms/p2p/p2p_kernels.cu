@@ -4,7 +4,7 @@
  * docs/design.md ("Send/recv and all-to-all") tells the same story for readers of the docs.
  *
  * Lanes and slots. Each ordered pair of ranks (s -> d) has `lanes` lanes; each lane has
- * MACO__P2P_SLOTS slots in d's collectives buffer (layout in algorithms.h; d holds slots for
+ * MACO__P2P_SLOTS slots in d's collectives buffer (layout in common/state.h; d holds slots for
  * its n - 1 sources only): a 16-byte chunk header (an LL16 packet), an LL payload region
  * (MACO__P2P_LL_SLOT bytes of packets) and a copy payload region (the chunk size + 16). s counts
  * the chunks it has sent on the lane (sent[d][lane], in s's buffer) and d the chunks it has
@@ -66,7 +66,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/hier/hier.h"
+#include "algorithms/p2p/p2p.h"
 #include "maco/device/copy.h"
 #include "maco/device/memory_channel.h"
 #include "maco/device/packet.h"
@@ -320,7 +321,7 @@ maco__p2p_self_step(const maco__p2p_args_t &a, maco__p2p_state &st, int k, int p
     /* Every thread has read the item's state (here and in the kernel's loop) before thread 0
      * advances it below. Without this barrier a late warp read the advanced state, copied
      * the wrong chunk and left the CTA's barriers out of step: compute-sanitizer racecheck
-     * found it (2026-11-24, H100), which the functional runs had not. */
+     * found it, which the functional runs had not. */
     __syncthreads();
     const uint32_t L = maco__p2p_msg_lanes(op.bytes, (uint32_t)a.lanes);
     const uint64_t cap = maco__p2p_copy_cap(op.bytes, a.chunk, L);
@@ -447,7 +448,7 @@ extern "C" cudaError_t maco__preload_p2p(void)
     cudaFuncAttributes fa;
     cudaError_t e = cudaFuncGetAttributes(&fa, maco__p2p_kernel);
     if (e == cudaSuccess)
-        e = maco__preload_xp2p();
+        e = maco__preload_p2p_internode();
     if (e == cudaSuccess)
         e = maco__preload_hier_a2a();
     return e;

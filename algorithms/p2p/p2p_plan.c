@@ -254,28 +254,3 @@ maco_status_t maco__p2p_plan_build(const maco__p2p_msg_t *msgs, int nmsgs, int r
         st = maco__p2p_plan_pairs(msgs, nmsgs, rank, nranks, plan, call_p, why, why_bytes);
     return st;
 }
-
-int maco__hier_a2a_shape(uint64_t count, uint64_t esz, int ln, uint64_t hpiece, int slots,
-                         maco__hier_a2a_shape_t *shape_p)
-{
-    if (count == 0 || (esz != 1 && esz != 2 && esz != 4 && esz != 8) || ln < 1 || slots < 1 ||
-        hpiece < 16 * (uint64_t)ln)
-        return 0;
-    const uint64_t word = 16 / esz; /* elements per 16-byte word */
-    const uint64_t pmax = hpiece / (uint64_t)ln / 16 * word;
-    uint64_t p = (count + (uint64_t)slots - 1) / (uint64_t)slots;
-    const uint64_t pmin = MACO__HIER_A2A_MIN_MSG / (uint64_t)ln / esz;
-    if (p < pmin)
-        p = pmin;
-    p = (p + word - 1) / word * word;
-    if (p > pmax)
-        p = pmax;
-    maco__hier_a2a_shape_t s;
-    memset(&s, 0, sizeof(s));
-    s.piece = p;
-    s.nseg = (count + p - 1) / p;
-    s.msg_bytes = (uint64_t)ln * p * esz;
-    s.blocks = s.nseg < (uint64_t)slots ? (int32_t)s.nseg : (int32_t)slots;
-    *shape_p = s;
-    return 1;
-}

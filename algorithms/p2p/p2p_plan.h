@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "algorithms/tuning.h"
 #include "maco/device/macros.h"
 #include "maco/status.h"
 
@@ -65,7 +66,7 @@ typedef struct maco__p2p_op {
 MACO_STATIC_ASSERT(sizeof(maco__p2p_op_t) == 24, "maco__p2p_op_t is 24 bytes");
 
 /*
- * A launch's plan, passed to the kernel by value inside maco__p2p_args_t (algorithms.h):
+ * A launch's plan, passed to the kernel by value inside maco__p2p_args_t (p2p.h):
  * pairs in the order q = 0..n-1 (send to q, then receive from q; q != rank), then the local
  * pair; each pair's ops are ops[first .. first + nops), in call order.
  * Layout: 128 ops x 24 bytes, then 16 pairs' peer (i32), first and nops (u16), dir (u8),
@@ -142,12 +143,11 @@ static MACO_HOST_DEVICE inline uint64_t maco__p2p_nchunks(uint64_t bytes, uint64
  * more than `chunk`. A multiple of 16, so every chunk
  * keeps its source's alignment. Sender and receiver compute it from the message's byte count
  * (the receiver's from the header), so they agree.
- * Why: one CTA per lane copies about 20 GB/s over NVLink, so a message must use every lane
- * to reach the link's speed; with the whole slot per chunk a 2 MiB message used 4 of 32 lanes
- * (32.4 us against 17.7 us spread; 2x H200, docs/performance.md, 2026-11-27).
+ * Why: one CTA per lane copies only a share of a link's speed, so a message must use every
+ * lane to reach it (the values: algorithms/tuning.h, P2P_COPY_CHUNK_MIN and _ONE).
  */
-#define MACO__P2P_CAP_MIN ((uint64_t)16 << 10)
-#define MACO__P2P_CAP_ONE ((uint64_t)256 << 10)
+#define MACO__P2P_CAP_MIN ((uint64_t)MACO__TUNING_P2P_COPY_CHUNK_MIN)
+#define MACO__P2P_CAP_ONE ((uint64_t)MACO__TUNING_P2P_COPY_CHUNK_ONE)
 static MACO_HOST_DEVICE inline uint64_t maco__p2p_copy_cap(uint64_t bytes, uint64_t chunk,
                                                            uint32_t lanes)
 {
@@ -236,45 +236,6 @@ static MACO_HOST_DEVICE inline uint32_t maco__p2p_hdr_msg(uint32_t hi)
 {
     return (hi >> 16) & 0x7fu;
 }
-
-/*
- * The hierarchical all-to-all across nodes (MACO_ALGO_ALLTOALL=hier; hier_a2a_kernel.cu has
- * the protocol). With ln ranks on each of `nnodes` nodes, rank (k, i) hands its block for
- * rank (m, j) of another node to its local peer (k, j) over memory channels; (k, j) sends
- * node m's rail peer (m, j) one message holding the ln blocks of node k's ranks for (m, j).
- * The blocks move in segments: segment s is elements [s P, min(count, (s + 1) P)) of every
- * block (P = piece), and CTA b carries segments b, b + blocks, ... through its own slot.
- * A rail message of a segment holds the ln pieces at a stride of P elements; it must fit one
- * region of the slot (hpiece bytes: algorithms.h, the hier layout).
- */
-/* The smallest rail message of a segment (bytes) where the blocks and the region allow:
- * fewer, larger segments. On one H100 with 2 simulated nodes x 2 (TCP over loopback), 8
- * segments of 32-128 KiB messages took 575-865 us where 1-2 of 512 KiB-1 MiB took 436-797
- * (1-2 MiB all-to-alls), and above 4 MiB 8 segments of 512 KiB were fastest
- * (docs/results/2026-11-24/notes.md, "Hierarchical all-to-all across simulated nodes").
- * Provisional: a loopback measurement. */
-#define MACO__HIER_A2A_MIN_MSG ((uint64_t)512 << 10)
-
-typedef struct maco__hier_a2a_shape {
-    uint64_t piece;     /* P: elements of each block per segment (whole 16-byte words) */
-    uint64_t nseg;      /* segments: ceil(count / P) */
-    uint64_t msg_bytes; /* bytes of a full segment's rail message: ln * P * esz */
-    int32_t blocks;     /* CTAs: min(nseg, slots) */
-    int32_t pad;
-} maco__hier_a2a_shape_t;
-
-/*
- * The shape of a hierarchical all-to-all of `count` elements of `esz` bytes per block (esz
- * 1, 2, 4 or 8; count > 0), `ln` ranks per node, `slots` CTA slots whose regions hold
- * `hpiece` bytes: pieces of about count / slots elements (enough segments for every slot),
- * at least MACO__HIER_A2A_MIN_MSG / ln bytes (rail messages of 512 KiB) where the block
- * allows, a whole number of 16-byte words, and at most hpiece / ln bytes (one rail message
- * per region). Every rank gets the same shape from the
- * same inputs. Returns 0 and leaves *shape_p untouched when a region cannot hold ln words
- * (hpiece < 16 ln) or an argument is out of range; else 1. Pure.
- */
-int maco__hier_a2a_shape(uint64_t count, uint64_t esz, int ln, uint64_t hpiece, int slots,
-                         maco__hier_a2a_shape_t *shape_p);
 
 #ifdef __cplusplus
 }

@@ -22,16 +22,16 @@
  * port channels put from host buffer to host buffer (TCP between nodes, the host-memory
  * transport inside one). So the proxies never copy GPU memory: a CUDA copy of a proxy can wait
  * behind work the application queued after the launch, which then waits for the launch
- * (algorithms/setup.c, maco__coll_rails, has the measurement). Sources of port puts that live
- * in the plan buffer are copied to the same offset of the host buffer by the kernel first.
+ * (algorithms/common/setup.c, maco__coll_rails, has the measurement). Sources of port puts that
+ * live in the plan buffer are copied to the same offset of the host buffer by the kernel first.
  */
 #include "maco/plan.h"
+#include "maco/port_channel.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/algorithms.h"
 #include "src/host/comm/comm_internal.h"
 #include "src/host/base/config.h"
 #include "src/host/cuda/cuda_util.h"
@@ -115,7 +115,7 @@ maco_status_t maco_plan_verify_file(const char *path, char *report, size_t repor
 }
 
 /* maco_plan_destroy's work, with the plan's device current. */
-static maco_status_t maco__plan_destroy_here(maco_plan_t plan)
+static maco_status_t maco__plan_destroy_on_its_device(maco_plan_t plan)
 {
     maco_status_t st = MACO_OK;
     if (plan->buf != NULL && cudaDeviceSynchronize() != cudaSuccess)
@@ -168,7 +168,7 @@ maco_status_t maco_plan_destroy(maco_plan_t plan)
     /* Synchronisation and frees on the communicator's device; the caller's stays current. */
     int saved = -1;
     (void)maco__device_enter(plan->comm->cuda_device, &saved);
-    maco_status_t st = maco__plan_destroy_here(plan);
+    maco_status_t st = maco__plan_destroy_on_its_device(plan);
     maco__device_leave(saved);
     return st;
 }
@@ -440,7 +440,8 @@ out:
 }
 
 /* maco_plan_load's work, with the communicator's device current. */
-static maco_status_t maco__plan_load_here(maco_comm_t comm, const char *path, maco_plan_t *plan_p)
+static maco_status_t maco__plan_load_on_its_device(maco_comm_t comm, const char *path,
+                                                   maco_plan_t *plan_p)
 {
     maco_status_t st = maco__comm_require_gpu(comm, "maco_plan_load");
     if (st != MACO_OK)
@@ -565,7 +566,7 @@ maco_status_t maco_plan_load(maco_comm_t comm, const char *path, maco_plan_t *pl
     maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_plan_load");
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__plan_load_here(comm, path, plan_p);
+    st = maco__plan_load_on_its_device(comm, path, plan_p);
     maco__device_leave(saved);
     return st;
 }
@@ -665,41 +666,7 @@ maco_status_t maco_plan_execute(maco_plan_t plan, const void *sendbuf, void *rec
     return MACO_OK;
 }
 
-maco_status_t maco__plan_load_forced(maco_comm_t comm, maco__coll_t *c)
+maco_collective_t maco__plan_collective(maco_plan_t plan)
 {
-    static const maco__config_id_t vars[MACO_COLLECTIVE_COUNT] = {
-        MACO_CFG_ALGO_ALLREDUCE, MACO_CFG_ALGO_ALLGATHER, MACO_CFG_ALGO_REDUCE_SCATTER,
-        MACO_CFG_ALGO_BROADCAST, MACO_CFG_ALGO_REDUCE,    MACO_CFG_ALGO_ALLTOALL,
-        MACO_CFG_ALGO_SENDRECV,
-    };
-    const size_t skip = strlen(MACO__PLAN_PREFIX);
-    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
-        const char *v = maco__config_string(vars[k]);
-        if (strncmp(v, MACO__PLAN_PREFIX, skip) != 0)
-            continue;
-        if (k != MACO_COLL_ALLREDUCE && k != MACO_COLL_ALLGATHER && k != MACO_COLL_REDUCE_SCATTER)
-            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                               "%s=%s: plans exist for allreduce, allgather and reduce_scatter "
-                               "only",
-                               maco__config_name(vars[k]), v);
-        maco_status_t st = maco_plan_load(comm, v + skip, &c->plans[k]);
-        if (st != MACO_OK)
-            return st;
-        if (c->plans[k]->desc->coll != (maco_collective_t)k)
-            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_INIT,
-                               "%s=%s: the plan is a %s plan, not %s", maco__config_name(vars[k]),
-                               v, maco_collective_name(c->plans[k]->desc->coll),
-                               maco_collective_name((maco_collective_t)k));
-        MACO_INFO(MACO_SUBSYS_INIT, "rank %d: %s runs plan %s", comm->rank,
-                  maco_collective_name((maco_collective_t)k), v + skip);
-    }
-    return MACO_OK;
-}
-
-void maco__plan_free_forced(maco__coll_t *c)
-{
-    for (int k = 0; k < MACO_COLLECTIVE_COUNT; k++) {
-        maco_plan_destroy(c->plans[k]);
-        c->plans[k] = NULL;
-    }
+    return plan->desc->coll;
 }

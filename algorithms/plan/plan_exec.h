@@ -77,7 +77,7 @@ typedef struct maco__pexec_args {
  * block of the rank. Returns the launch's CUDA error. */
 cudaError_t maco__launch_plan(const maco__pexec_args_t *args, int datatype, int blocks, int threads,
                               cudaStream_t stream);
-/** Loads every type's executor kernel into the current device's context (algorithms.h,
+/** Loads every type's executor kernel into the current device's context (collectives/collectives.h,
  * kernel preloading, says why); maco_plan_load calls it. Returns CUDA's error. */
 cudaError_t maco__preload_plan(void);
 

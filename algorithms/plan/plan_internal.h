@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "maco/collectives.h"
+#include "maco/plan.h"
 #include "maco/status.h"
 
 #ifdef __cplusplus
@@ -137,6 +138,22 @@ void maco__plan_desc_free(maco__plan_desc_t *d);
  * On success every data op's part0 is set (the executor sizes scratch-only moves by it).
  */
 int maco__plan_verify(maco__plan_desc_t *d, char *report, size_t cap);
+
+/** The collective a loaded plan computes (plan_exec.c). */
+maco_collective_t maco__plan_collective(maco_plan_t plan);
+
+/* ---- plan_forced.c, for the collectives' setup (algorithms/common/setup.c) */
+
+struct maco__coll; /* algorithms/common/state.h */
+
+/**
+ * Loads the plan of every MACO_ALGO_<COLLECTIVE>=plan:FILE into c->plans (at creation,
+ * collective). MACO_ERR_INVALID_ARGUMENT for a plan of another collective or a collective
+ * without plans (broadcast, reduce, all-to-all, send/recv), else maco_plan_load's status.
+ */
+maco_status_t maco__plan_load_forced(maco_comm_t comm, struct maco__coll *c);
+/** Destroys c->plans (at destruction). */
+void maco__plan_free_forced(struct maco__coll *c);
 
 #ifdef __cplusplus
 }

@@ -142,7 +142,7 @@ MACO_API const char *maco_collective_name(maco_collective_t coll);
  *   twoshot_ll  up to nranks * MACO_ALLREDUCE_ONESHOT_MAX bytes: rank q's block goes to
  *               rank q as LL16 packets, q reduces it and sends it back to every rank as
  *               packets, all in one launch (where it beats oneshot_ll and rsag was
- *               measured: docs/performance.md, "Collectives against NCCL on 4x H200");
+ *               measured: docs/performance.md, "Tuning");
  *   rsag        larger: pieces are pushed to their owner rank, reduced there in rank order
  *               (reduce-scatter), and the reduced pieces pushed to every rank (allgather),
  *               pipelined through scratch with one semaphore per peer and CTA; with
@@ -363,7 +363,7 @@ MACO_API maco_status_t maco_collective_set_algorithm(maco_comm_t comm, maco_coll
  * GPU of the job runs several ranks (README, "Co-residency"); a kernel launches
  * min(its own choice by size, max_ctas, that bound) CTAs. One-shot and two-shot LL
  * kernels already stop at 64 CTAs, the mesh kernels at the scratch's slots. Not capped: the
- * direct (xp2p) send/recv and all-to-all between nodes (one CTA per remote pair; the
+ * direct send/recv and all-to-all between nodes (one CTA per remote pair; the
  * hierarchical all-to-all is capped) and execution plans
  * (their CTA count is part of the plan).
  *

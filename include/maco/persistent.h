@@ -135,7 +135,7 @@ typedef enum maco_task_role {
  *   ldc a multiple of 8 and at least tile_n. Tiles of both
  *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
  *   fewer bytes read per FLOP (narrow tiles were measured bound by that traffic:
- *   docs/results/2026-11-24/notes.md, "GEMM tiles"); narrow ones give more tasks to spread over the
+ *   docs/performance.md, "Tuning", "GEMM tiles"); narrow ones give more tasks to spread over the
  * SMs when C is small. Needs a library built with cuBLASDx (MACO_MATHDX_DIR at configure time; else
  *   maco_persistent_kernel_create returns MACO_ERR_UNSUPPORTED), and a kernel of
  *   MACO_GEMM_TILE_THREADS threads per CTA (the default there; with the GMMA tiles, the
@@ -191,7 +191,7 @@ typedef struct maco_gemm_tile {
  * the order to add them in. The workers take root tasks in the order they were added, the k-th
  * root to worker k mod workers (maco/device/persistent.h: the schedulers' round-robin), so the
  * order decides which tiles run at the same time and on which CTAs. The plan
- * (docs/results/2026-11-24/notes.md, "GEMM tiles", has the measurements behind it):
+ * (docs/performance.md, "Tuning", "GEMM tiles", has the measurements behind it):
  * - widths: MACO_GEMM_TILE_N_WIDE where n is a multiple of 256 and there are at least `workers`
  *   wide tiles, else MACO_GEMM_TILE_N (MACO_GEMM_TILE_WIDTH=128 or 256 forces one, 256 only
  *   where n allows); when the last round of wide tiles would leave at least half of the workers
@@ -271,7 +271,7 @@ MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
  * to a counter in the peer's scratch; the peer's task that reads it has a gate on that counter
  * (maco_task_t: gates and signals). Sums and copies to peers run on the communication workers,
  * GEMM tiles on the compute workers; no gated task waits for a worker that could be held by a
- * gated task, so no launch deadlocks (src/host/persistent/fused.c gives the argument). With
+ * gated task, so no launch deadlocks (runtime/host/fused.c gives the argument). With
  * comm_workers left to the runtime (maco_persistent_config_t), the kernel gets the number the
  * operator asks for: one communication worker per 8 CTAs (per 16 for the reduce-scatter), at
  * least 2.

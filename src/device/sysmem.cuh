@@ -1,6 +1,6 @@
 /*
  * sysmem.cuh - device code shared by the kernels that exchange data with a proxy through
- * pinned host memory mapped for the GPU (hier.cuh's rail buffer, xp2p_kernel.cu's slots):
+ * pinned host memory mapped for the GPU (hier.cuh's rail buffer, internode_kernel.cu's slots):
  * reading what the proxy's CPU wrote while the kernel ran, and agreeing on a failure.
  */
 #ifndef MACO_DEVICE_SYSMEM_CUH

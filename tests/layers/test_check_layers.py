@@ -24,6 +24,7 @@ TABLE = """# design
 | --- | --- | --- | --- |
 | clients | `nccl/` `tools/` | public | clients |
 | tests | `tests/` | any | tests |
+| runtime, beside algorithms | `runtime/` | below | persistent kernels |
 | algorithms | `algorithms/` | below | collectives |
 | proxy | `proxy/` | below | proxy |
 | comm | `src/host/comm/` | below | communicator |
@@ -47,9 +48,10 @@ CLEAN = {
     "proxy/transport/tcp/tcp.h": '#include "proxy/transport.h"\n',
     "proxy/transport/tcp/tcp.c": '#include "proxy/transport/tcp/tcp.h"\n',
     "proxy/transport/ib/ib.c": '#include "proxy/transport.h"\n#include <infiniband/verbs.h>\n',
-    "algorithms/algorithms.h": '#include "proxy/transport.h"\n#include "src/host/comm/x.h"\n',
-    "src/host/comm/x.h": "/* #include \"algorithms/algorithms.h\" (a comment, not counted) */\n",
-    "algorithms/p2p/p2p.c": '#include "algorithms/algorithms.h"\n#include <cuda_runtime.h>\n',
+    "algorithms/common/state.h": '#include "proxy/transport.h"\n#include "src/host/comm/x.h"\n',
+    "src/host/comm/x.h": "/* #include \"algorithms/common/state.h\" (a comment, not counted) */\n",
+    "algorithms/p2p/p2p.c": '#include "algorithms/common/state.h"\n#include <cuda_runtime.h>\n',
+    "runtime/host/graph.c": '#include "proxy/transport.h"\n#include "maco/comm.h"\n',
     "nccl/shim.h": '#include "maco/comm.h"\n#include <nccl.h>\n',
     "nccl/comm.c": '#include "shim.h"\n',
     "tools/run.c": '#include <maco/comm.h>\n#include "maco_build_info.h"\n',
@@ -93,7 +95,7 @@ class CheckLayers(unittest.TestCase):
     def test_clean_tree_passes(self):
         rc, out = self.check()
         self.assertEqual(rc, 0, out)
-        self.assertIn(f"8 layers, {len(CLEAN)} source files, 0 problem(s)", out)
+        self.assertIn(f"9 layers, {len(CLEAN)} source files, 0 problem(s)", out)
 
     def test_bare_name_in_the_library(self):
         self.append("src/host/base/log.c", '#include "log.h"\n')
@@ -107,8 +109,21 @@ class CheckLayers(unittest.TestCase):
 
     def test_include_of_a_layer_above(self):
         layer = random.choice(["src/host/base/log.c", "src/host/comm/comm_base.c", "proxy/proxy.c"])
-        self.append(layer, '#include "algorithms/algorithms.h"\n')
+        self.append(layer, '#include "algorithms/common/state.h"\n')
         self.fails_with(f"{layer} (", "reaches layer algorithms, above")
+
+    def test_include_of_a_layer_beside(self):
+        self.append("runtime/host/graph.c", '#include "algorithms/common/state.h"\n')
+        self.fails_with("runtime/host/graph.c (runtime): #include \"algorithms/common/state.h\" "
+                        "reaches layer algorithms, beside runtime")
+        self.write("runtime/host/graph.c", "")
+        self.append("algorithms/p2p/p2p.c", '#include "runtime/host/graph.c"\n')
+        self.fails_with("reaches layer runtime, beside algorithms")
+
+    def test_beside_a_row_that_is_not_there(self):
+        self.write("docs/design.md", TABLE.replace("runtime, beside algorithms",
+                                                   "runtime, beside nowhere"))
+        self.fails_with("docs/design.md: layer runtime is beside 'nowhere', which is no row")
 
     def test_longest_path_wins(self):
         # comm_base.c is in comm-base, below comm: it may not include comm's header.
@@ -174,7 +189,7 @@ class CheckLayers(unittest.TestCase):
         for path, text in sources.items():
             self.write(path, text)
             top = path.split("/", 1)[0]
-            lib = top in ("src", "proxy", "algorithms")
+            lib = top in ("src", "proxy", "algorithms", "runtime")
             out = (f"CMakeFiles/maco_core.dir/{path}.o" if lib
                    else f"{top}/CMakeFiles/client.dir/{os.path.basename(path)}.o")
             os.makedirs(os.path.dirname(os.path.join(build, out)), exist_ok=True)
@@ -210,7 +225,40 @@ class CheckLayers(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("call loop between files: src/host/base/log.c <-> src/host/comm/comm.c", out)
         self.assertIn("layer violation: src/host/base/log.c (base) calls src/host/comm/comm.c "
-                      "(comm): maco_comm", out)
+                      "(comm, a layer above it): maco_comm", out)
+
+    def test_objects_call_a_layer_beside(self):
+        build = self.build({
+            "algorithms/p2p/p2p.c": "void maco__p2p(void) {}\n",
+            "runtime/host/graph.c": "void maco__p2p(void); void maco__graph(void) { maco__p2p(); }\n"})
+        rc, out = self.check_build(build)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("layer violation: runtime/host/graph.c (runtime) calls algorithms/p2p/p2p.c "
+                      "(algorithms, a layer beside it): maco__p2p", out)
+
+    def test_objects_weak_hook_is_no_call(self):
+        # The communicator names the collectives' hook weakly: no edge up, no loop.
+        build = self.build({
+            "src/host/comm/comm_base.c":
+                "int maco__hook(void) __attribute__((weak));\n"
+                "int maco__base(void) { return maco__hook ? maco__hook() : 0; }\n",
+            "algorithms/p2p/p2p.c":
+                "int maco__base(void); int maco__hook(void) { return maco__base(); }\n"})
+        rc, out = self.check_build(build)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("2 library objects with 1 call edges", out)
+
+    def test_objects_client_files_call_in_a_loop(self):
+        build = self.build({
+            "src/host/base/log.c": "void maco_log(void) {}\n",
+            "nccl/comm.c": "void maco_nccl__b(void); void maco_nccl__a(void) { maco_nccl__b(); }\n",
+            "nccl/fallback.c":
+                "void maco_nccl__a(void); void maco_nccl__b(void) { maco_nccl__a(); }\n",
+            "tools/run.c": "void maco_nccl__a(void); int main(void) { maco_nccl__a(); }\n"})
+        rc, out = self.check_build(build)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("call loop between files of nccl/: nccl/comm.c <-> nccl/fallback.c", out)
+        self.assertNotIn("tools/run.c <->", out)
 
     def test_objects_transports_call_each_other(self):
         build = self.build({

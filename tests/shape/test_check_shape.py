@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The shape checker (scripts/check_shape.py) on small trees made here: a clean tree passes,
 a function body one line over the limit, a #define inside a function (and inside a C++
-member function) each fail with their message, and braces of namespaces, classes, structs
-and extern "C" blocks are not taken for functions (so the `shape` test can fail).
+member function), a library file over 700 lines, a library constructor, a machine name or a
+date in code each fail with their message, and braces of namespaces, classes, structs and
+extern "C" blocks are not taken for functions (so the `shape` test can fail).
 
   usage: tests/shape/test_check_shape.py [SOURCE_DIR]   (SOURCE_DIR: where scripts/ is)
 """
@@ -83,6 +84,52 @@ class Shape(unittest.TestCase):
         self.write("tests/t.cc", ["void long_test(void)"] + body(400))
         rc, out = self.run_checker()
         self.assertEqual(rc, 0, out)
+
+
+    def test_library_file_one_line_over_fails(self):
+        lines = ["int f(void)"] + body(3)
+        self.write("runtime/host/long.c", lines + ["/* filler */"] * (700 - len(lines)))
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 0, out)
+        self.write("runtime/host/long.c", lines + ["/* filler */"] * (701 - len(lines)))
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 1, out)
+        self.assertIn("runtime/host/long.c: 701 lines (a library file has at most 700", out)
+
+    def test_tools_may_be_longer(self):
+        self.write("tools/maco-x.c", ["/* filler */"] * 900)
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 0, out)
+
+    def test_library_constructor_fails(self):
+        self.write("algorithms/common/setup.c",
+                   ["__attribute__((constructor)) static void attach(void)"] + body(3))
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 1, out)
+        self.assertIn("algorithms/common/setup.c:1: a library constructor", out)
+
+    def test_machine_names_and_dates_fail(self):
+        for text, word in (("/* 12 us on an H200 */", "H200"), ("/* two gh200s */", "gh200s"),
+                           ("/* measured 2026-11-27 */", "2026-11"),
+                           ('const char *s = "on 4x A100";', "A100")):
+            self.write("proxy/p.c", [text])
+            rc, out = self.run_checker()
+            self.assertEqual(rc, 1, out)
+            self.assertIn(f"proxy/p.c:1: '{word}': machine names and dates belong in", out)
+        self.write("proxy/p.c", ["/* sm_90a, 0x2026, maco__h100_free is not a machine */"])
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 0, out)
+
+    def test_exceptions_are_listed_and_kept_true(self):
+        # nccl/env.c's constructor is a listed exception; once it has none, the entry is stale.
+        self.write("nccl/env.c", ["__attribute__((constructor)) static void at_load(void)"] +
+                   body(3))
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 0, out)
+        self.write("nccl/env.c", ["static void at_load(void)"] + body(3))
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 1, out)
+        self.assertIn("nccl/env.c: listed as an exception to 'registration'", out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,24 @@ static __device__ __forceinline__ uint64_t maco_load_relaxed_sys_u64(const uint6
 /* Acquire load, GPU scope (32-bit): pairs with a gpu-scope release on this GPU. */
 static __device__ __forceinline__ uint32_t maco_load_acquire_gpu_u32(const uint32_t *p);
 
+/* Acquire load, GPU scope (64-bit): pairs with a gpu-scope release of another CTA of this
+ * GPU (counters only this GPU's CTAs write, e.g. the persistent kernel's queues). */
+static __device__ __forceinline__ uint64_t maco_load_acquire_gpu_u64(const uint64_t *p);
+
+/* Relaxed load, GPU scope (64-bit): a coherent read with no ordering of other accesses. */
+static __device__ __forceinline__ uint64_t maco_load_relaxed_gpu_u64(const uint64_t *p);
+
+/* Release store, GPU scope (64-bit): this thread's earlier writes (and those it observed)
+ * are visible to a thread of this GPU that acquires the value. */
+static __device__ __forceinline__ void maco_store_release_gpu_u64(uint64_t *p, uint64_t v);
+
+/* Relaxed fetch-add, GPU scope (64-bit): returns the old value, orders nothing else (a ticket). */
+static __device__ __forceinline__ uint64_t maco_fetch_add_relaxed_gpu_u64(uint64_t *p, uint64_t v);
+
+/* Acquire-release fetch-add, GPU scope (64-bit): returns the old value; the last of several
+ * arrivals sees what every earlier one wrote before its add (dependency counters). */
+static __device__ __forceinline__ uint64_t maco_fetch_add_acq_rel_gpu_u64(uint64_t *p, uint64_t v);
+
 /* Release add, system scope, no return value: every earlier write of this thread (and,
  * by cumulativity, writes it observed, e.g. other threads' writes ordered before a
  * __syncthreads() that preceded this call) is visible to a thread that acquires the

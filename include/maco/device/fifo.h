@@ -22,22 +22,24 @@
  * host memory whole (one PCIe write), as MSCCL++'s FIFO does; PTX itself only promises the
  * two 8-byte halves.
  *
- * Trigger layout (two little-endian 64-bit words, `fst` then `snd`):
- *   fst bits  0..35  src_offset   bytes into the channel's source buffer   (36 bits: 64 GiB)
- *   fst bits 36..63  size[0..27]  low 28 bits of the transfer size in bytes
- *   snd bits  0..35  dst_offset   bytes into the channel's destination buffer (64 GiB)
- *   snd bits 36..47  channel      port channel id within its proxy         (12 bits: 4096)
- *   snd bits 48..50  type         MACO_TRIGGER_DATA | _SIGNAL | _FLUSH (any combination)
- *   snd bits 51..54  size[28..31] high 4 bits of the size (size < 4 GiB per trigger; the
- *                                 device and host put calls split larger transfers)
- *   snd bit  55      inline       the data travels in the trigger: fst is the value itself
- *                                 (little-endian, zero-extended), not an offset and size
- *   snd bit  56      inline32     with inline: the value is 4 bytes (else 8)
- *   snd bits 57..62  reserved, zero
- *   snd bit  63      lap parity (written by the push; callers pass it as zero)
+ * Trigger layout (two little-endian 64-bit words: `src_word`, where the data comes from or
+ * the data itself, then `dst_word`, where it goes, what to do and the lap parity):
+ *   src_word bits  0..35  src_offset   bytes into the channel's source buffer   (36 bits: 64 GiB)
+ *   src_word bits 36..63  size[0..27]  low 28 bits of the transfer size in bytes
+ *   dst_word bits  0..35  dst_offset   bytes into the channel's destination buffer (64 GiB)
+ *   dst_word bits 36..47  channel      port channel id within its proxy     (12 bits: 4096)
+ *   dst_word bits 48..50  type         MACO_TRIGGER_DATA | _SIGNAL | _FLUSH (any combination)
+ *   dst_word bits 51..54  size[28..31] high 4 bits of the size (size < 4 GiB per trigger;
+ *                                      the device and host put calls split larger transfers)
+ *   dst_word bit  55      inline       the data travels in the trigger: src_word is the value
+ *                                      itself (little-endian, zero-extended), not an offset
+ *                                      and size
+ *   dst_word bit  56      inline32     with inline: the value is 4 bytes (else 8)
+ *   dst_word bits 57..62  reserved, zero
+ *   dst_word bit  63      lap parity (written by the push; callers pass it as zero)
  *
  * Inline triggers: a device put of 4 or 8 naturally aligned bytes on a CUDA copy channel
- * reads the value when it pushes and sends it in fst; the proxy writes it (and a signal after
+ * reads the value when it pushes and sends it in src_word; the proxy writes it (and a signal after
  * it) with stream memory operations in one cuStreamBatchMemOp call in place of a copy, or as
  * staged copies where those are unavailable (maco/device/port_channel.h).
  */
@@ -69,17 +71,17 @@ extern "C" {
 #define MACO_TRIGGER_INLINE32_BIT 56
 
 typedef struct maco_trigger {
-    uint64_t fst;
-    uint64_t snd;
+    uint64_t src_word;
+    uint64_t dst_word;
 } maco_trigger_t;
 
 MACO_STATIC_ASSERT(sizeof(maco_trigger_t) == 16, "a trigger is 128 bits");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_trigger_t) == 8, "a trigger is 8-byte aligned (ring: 16)");
-MACO_STATIC_ASSERT(MACO_TRIGGER_OFFSET_BITS + 28 == 64, "fst is full");
+MACO_STATIC_ASSERT(MACO_TRIGGER_OFFSET_BITS + 28 == 64, "src_word is full");
 MACO_STATIC_ASSERT(MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS + MACO_TRIGGER_TYPE_BITS +
                            4 + 2 + 6 + 1 ==
                        64,
-                   "snd is full");
+                   "dst_word is full");
 MACO_STATIC_ASSERT(MACO_TRIGGER_INLINE_BIT == MACO_TRIGGER_OFFSET_BITS + MACO_TRIGGER_CHANNEL_BITS +
                                                   MACO_TRIGGER_TYPE_BITS + 4,
                    "the inline bit follows the size's high bits");
@@ -92,51 +94,51 @@ static inline MACO_HOST_DEVICE maco_trigger_t maco_trigger_make(uint32_t type, u
                                                                 uint64_t src_offset, uint64_t size)
 {
     maco_trigger_t t;
-    t.fst = (src_offset & MACO_TRIGGER_MAX_OFFSET) | ((size & 0xFFFFFFFull) << 36);
-    t.snd = (dst_offset & MACO_TRIGGER_MAX_OFFSET) |
-            ((uint64_t)(channel & (MACO_TRIGGER_MAX_CHANNELS - 1)) << 36) |
-            ((uint64_t)(type & 7u) << 48) | (((size >> 28) & 0xFull) << 51);
+    t.src_word = (src_offset & MACO_TRIGGER_MAX_OFFSET) | ((size & 0xFFFFFFFull) << 36);
+    t.dst_word = (dst_offset & MACO_TRIGGER_MAX_OFFSET) |
+                 ((uint64_t)(channel & (MACO_TRIGGER_MAX_CHANNELS - 1)) << 36) |
+                 ((uint64_t)(type & 7u) << 48) | (((size >> 28) & 0xFull) << 51);
     return t;
 }
 
 /* Field readers (parity ignored; src_offset and size mean nothing in an inline trigger). */
 static inline MACO_HOST_DEVICE uint64_t maco_trigger_src_offset(maco_trigger_t t)
 {
-    return t.fst & MACO_TRIGGER_MAX_OFFSET;
+    return t.src_word & MACO_TRIGGER_MAX_OFFSET;
 }
 static inline MACO_HOST_DEVICE uint64_t maco_trigger_dst_offset(maco_trigger_t t)
 {
-    return t.snd & MACO_TRIGGER_MAX_OFFSET;
+    return t.dst_word & MACO_TRIGGER_MAX_OFFSET;
 }
 static inline MACO_HOST_DEVICE uint64_t maco_trigger_size(maco_trigger_t t)
 {
-    return (t.fst >> 36) | (((t.snd >> 51) & 0xFull) << 28);
+    return (t.src_word >> 36) | (((t.dst_word >> 51) & 0xFull) << 28);
 }
 static inline MACO_HOST_DEVICE uint32_t maco_trigger_channel(maco_trigger_t t)
 {
-    return (uint32_t)((t.snd >> 36) & (MACO_TRIGGER_MAX_CHANNELS - 1));
+    return (uint32_t)((t.dst_word >> 36) & (MACO_TRIGGER_MAX_CHANNELS - 1));
 }
 static inline MACO_HOST_DEVICE uint32_t maco_trigger_type(maco_trigger_t t)
 {
-    return (uint32_t)((t.snd >> 48) & 7u);
+    return (uint32_t)((t.dst_word >> 48) & 7u);
 }
-/** 0, or the size (4 or 8 bytes) of the value an inline trigger carries in fst. */
+/** 0, or the size (4 or 8 bytes) of the value an inline trigger carries in src_word. */
 static inline MACO_HOST_DEVICE uint32_t maco_trigger_inline_bytes(maco_trigger_t t)
 {
-    if (((t.snd >> MACO_TRIGGER_INLINE_BIT) & 1u) == 0)
+    if (((t.dst_word >> MACO_TRIGGER_INLINE_BIT) & 1u) == 0)
         return 0;
-    return ((t.snd >> MACO_TRIGGER_INLINE32_BIT) & 1u) ? 4u : 8u;
+    return ((t.dst_word >> MACO_TRIGGER_INLINE32_BIT) & 1u) ? 4u : 8u;
 }
 /** Builds an inline trigger: `value` (4 or 8 bytes per `bytes`) goes to dst_offset. */
 static inline MACO_HOST_DEVICE maco_trigger_t maco_trigger_make_inline(
     uint32_t type, uint32_t channel, uint64_t dst_offset, uint64_t value, uint32_t bytes)
 {
     maco_trigger_t t;
-    t.fst = bytes == 4 ? (value & 0xFFFFFFFFull) : value;
-    t.snd = (dst_offset & MACO_TRIGGER_MAX_OFFSET) |
-            ((uint64_t)(channel & (MACO_TRIGGER_MAX_CHANNELS - 1)) << 36) |
-            ((uint64_t)(type & 7u) << 48) | (1ull << MACO_TRIGGER_INLINE_BIT) |
-            ((uint64_t)(bytes == 4) << MACO_TRIGGER_INLINE32_BIT);
+    t.src_word = bytes == 4 ? (value & 0xFFFFFFFFull) : value;
+    t.dst_word = (dst_offset & MACO_TRIGGER_MAX_OFFSET) |
+                 ((uint64_t)(channel & (MACO_TRIGGER_MAX_CHANNELS - 1)) << 36) |
+                 ((uint64_t)(type & 7u) << 48) | (1ull << MACO_TRIGGER_INLINE_BIT) |
+                 ((uint64_t)(bytes == 4) << MACO_TRIGGER_INLINE32_BIT);
     return t;
 }
 /** The lap parity a trigger at `pos` carries in a ring of `capacity` (a power of two). */

@@ -365,6 +365,8 @@ static __device__ __forceinline__ void maco_pk_run(const maco_pk_view_t *v, maco
 
 #endif /* __CUDACC__ */
 
-#include "maco/device/impl/persistent.h"
+#include "maco/device/impl/persistent_sync.h"
+#include "maco/device/impl/persistent_queue.h"
+#include "maco/device/impl/persistent_kernel.h"
 
 #endif /* MACO_DEVICE_PERSISTENT_H */

@@ -216,7 +216,7 @@ static maco_status_t maco__cuda_signal(struct maco_port_channel *ch, void *state
  * stream memory operations in one cuStreamBatchMemOp call, in stream order after earlier
  * copies. Each write's default flags put a memory barrier before it, so the peer sees the
  * count only after the value. One driver call instead of a copy and a write: about 2.5 us
- * less from the call until the peer sees the count on H200 (bench_port_channel --pieces).
+ * less from the call until the peer sees the count (docs/performance.md, "Tuning").
  * Where stream memory operations are unavailable: a staged copy of the value, then the
  * signal. The signal is this function's whole job: on a failure it is not sent at all.
  */

@@ -238,7 +238,7 @@ static int maco__config_parse(const maco__config_row_t *row, const char *text, i
  * What each variable accepts beyond its type's syntax, in one place: maco__config_validate
  * (maco-info --env) and the readers (maco__config_int64, maco__config_word) both apply it,
  * so the checker and the library agree. The bounds mirror the code that uses the values
- * (algorithms.h, p2p_plan.h, transport_tcp.c, transport_ib.c, proxy.c, plan_exec.c).
+ * (algorithms/common/state.h, p2p_plan.h, transport_tcp.c, transport_ib.c, proxy.c, plan_exec.c).
  */
 typedef struct maco__config_rule {
     maco__config_id_t id;

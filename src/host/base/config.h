@@ -59,8 +59,8 @@ extern "C" {
     X(GEMM_TILE, STRING, "auto", "",                                                               \
       "GEMM tiles of the persistent kernel: auto (gmma where built and this GPU runs it, else "    \
       "cublasdx), gmma (Hopper TMA + wgmma through CUTLASS's SM90 warp-specialized mainloop, "     \
-      "sm_90a, 384 threads per CTA; 83.8-89.3% of cuBLAS on an H100 with maco_gemm_plan_tiles's "  \
-      "tiles) or cublasdx (cuBLASDx, mma.sync, 22.0-25.8% of cuBLAS).")                            \
+      "sm_90a, 384 threads per CTA; the faster: docs/performance.md, \"Tuning\") or cublasdx "     \
+      "(cuBLASDx, mma.sync).")                                                                     \
     X(GEMM_TILE_WIDTH, STRING, "auto", "",                                                         \
       "Width of the GEMM tiles that maco_gemm_plan_tiles and the fused operators make: auto "      \
       "(256 where n allows it and there are at least as many 128 x 256 tiles as workers or SMs, "  \
@@ -100,7 +100,7 @@ extern "C" {
       "blocks, ll of the other collectives); unset with at most 2 ranks in the job: 1M.")          \
     X(ALLREDUCE_INPLACE_MAX, SIZE, "8M", "bytes",                                                  \
       "Largest allreduce that uses registered buffers in place (above it, through scratch: "       \
-      "faster there on 4x H200, docs/performance.md).")                                            \
+      "faster there: docs/performance.md, \"Tuning\").")                                           \
     X(ALLREDUCE_RSAG_CTAS, INT, "128", "",                                                         \
       "CTAs of the rsag allreduce (1..128, at most the SM count); each has its own scratch "       \
       "slot and semaphores.")                                                                      \

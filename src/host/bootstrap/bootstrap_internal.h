@@ -20,7 +20,7 @@ enum {
     MACO__TAG_MEMORY = 0xFFFF0011u,
     MACO__TAG_PORT = 0xFFFF0012u,
     MACO__TAG_PORT_TRANSPORT = 0xFFFF0013u, /* a transport's own connect exchange */
-    MACO__TAG_XP2P = 0xFFFF0014u,           /* send/recv across nodes: the pair's buffers */
+    MACO__TAG_P2P_INTERNODE = 0xFFFF0014u,  /* send/recv across nodes: the pair's buffers */
     MACO__TAG_SPLIT = 0xFFFF0020u,          /* maco_comm_split: colors and keys, then the id */
     MACO__TAG_GROW = 0xFFFF0021u,           /* maco_comm_grow: the new bootstrap's id */
     /* maco__bootstrap_shrink's agreement (agree.c): instance k uses these + (k % 256). */

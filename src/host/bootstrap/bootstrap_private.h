@@ -1,7 +1,7 @@
 /*
  * bootstrap_private.h - the TCP bootstrap's insides, shared by the files of src/host/bootstrap:
  *   host_id.c (host identity, topology), unique_id.c (the 128-byte id, rank 0's socket),
- *   link.c (frames, the progress engine, failures), calls.c (the public calls), setup.c (the
+ *   progress.c (frames, the progress engine, failures), calls.c (the public calls), setup.c (the
  *   setup protocol), env.c (starting from the environment).
  *
  * TCP bootstrap: setup through rank 0, then a full mesh of connections.
@@ -198,10 +198,11 @@ typedef struct maco__op {
     maco__rx_post_t rx;
 } maco__op_t;
 
-/* ---- functions the bootstrap's files share: object.c defines maco__bs_alloc, maco__bs_free
+/* ---- functions the bootstrap's files share: alloc.c defines maco__bs_alloc, maco__bs_free
  * and maco__peer_close_fd (the object), unique_id.c maco__take_root_socket, setup.c
- * maco__write_all and maco__read_all, link.c the rest (posting, queueing and running sends and
- * receives; the sticky failure). The files call each other one way: object < link < setup < calls.
+ * maco__write_all and maco__read_all, progress.c the rest (posting, queueing and running sends and
+ * receives; the sticky failure). The files call each other one way: alloc < progress < setup <
+ * calls.
  */
 maco_bootstrap_t maco__bs_alloc(int rank, int nranks, uint64_t nonce, int64_t timeout_ms);
 void maco__bs_free(maco_bootstrap_t bs);

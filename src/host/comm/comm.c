@@ -189,7 +189,7 @@ static void maco__comm_check_sharing(maco_comm_t comm, const maco__rank_info_t *
         MACO_WARN(MACO_SUBSYS_INIT,
                   "rank %d shares its GPU with rank %d without MPS (MACO_SHARED_GPU=1): their "
                   "kernels time-slice, so every hand-off between them waits for a time slice "
-                  "(a round trip took 4.2-4.5 ms on an H100, against 1.9-2.0 us under MPS); "
+                  "(a round trip takes milliseconds, against microseconds under MPS); "
                   "run the ranks under MPS for speed (maco-run --mps auto)",
                   me, forced_pair);
 }

@@ -1,7 +1,7 @@
 /*
  * comm_base.c - what every layer above the bootstrap may call on a communicator: its errors
  * (the first error's message, asynchronous errors of proxies and device-side waits), the "no
- * usable GPU" answer, and the extension the collectives install (comm_internal.h). It calls
+ * usable GPU" answer, and the collectives' extension (comm_internal.h). It calls
  * only the logger, the bootstrap (its link check, and reading its links for a watchdog) and,
  * to end device waits after a peer failed or the communicator was revoked, the CUDA runtime
  * (docs/design.md, layers).
@@ -137,7 +137,7 @@ maco_status_t maco__comm_check_stream(maco_comm_t comm, void *stream, const char
     if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread)
         return MACO_OK;
     /* Not while the stream captures a graph: cudaStreamGetDevice invalidated the capture
-     * (P2P.GraphReplayedWithChangingInputs and nccl-tests -G on 4 H200s, 2026-11-27). The
+     * (P2P.GraphReplayedWithChangingInputs and nccl-tests -G showed it). The
      * launch itself then says what is wrong, if anything. */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
@@ -374,16 +374,10 @@ void maco__comm_set_unavailable(maco_comm_t comm, const char *why)
         snprintf(comm->gpu_unavailable, sizeof(comm->gpu_unavailable), "%s", why);
 }
 
-static const maco__comm_ext_t *maco__comm_ext;
-
-void maco__comm_set_extension(const maco__comm_ext_t *ext)
-{
-    __atomic_store_n(&maco__comm_ext, ext, __ATOMIC_RELEASE);
-}
-
 const maco__comm_ext_t *maco__comm_extension(void)
 {
-    return __atomic_load_n(&maco__comm_ext, __ATOMIC_ACQUIRE);
+    /* The collectives' registration hook (comm_internal.h says why it is weak). */
+    return maco__collectives_extension != NULL ? maco__collectives_extension() : NULL;
 }
 
 /* The communicator's record of a revocation: the first error, the asynchronous status (every

@@ -11,7 +11,7 @@
  *
  * Offsets are multiples of 256 bytes. The collectives keep their scratch (LL packets,
  * descriptors, mesh pieces) in a buffer of their own, set up through the extension below
- * (algorithms/setup.c); the communicator knows nothing of it.
+ * (algorithms/common/setup.c); the communicator knows nothing of it.
  *
  * Layers (docs/design.md): comm_base.c (errors, the GPU check, the extension) is a leaf that
  * every file above the bootstrap may call; comm.c calls memory (its buffer) and never the
@@ -49,8 +49,8 @@ typedef struct maco__comm_layout {
 } maco__comm_layout_t;
 
 /*
- * What a layer above the communicator adds to every communicator (the collectives do, from
- * algorithms/setup.c, when the library loads). All calls are optional (NULL: nothing to do).
+ * What a layer above the communicator adds to every communicator: the collectives'
+ * (maco__collectives_extension, below). All calls are optional (NULL: nothing to do).
  *   setup:         collective over the communicator's ranks, at creation, once the
  *                  communicator's own GPU resources exist; may call maco__comm_set_unavailable
  *                  and return MACO_OK (the communicator then stays bootstrap-only).
@@ -67,9 +67,21 @@ typedef struct maco__comm_ext {
     void (*on_deregister)(maco_comm_t comm, maco_mem_t mem);
 } maco__comm_ext_t;
 
-/** Installs the extension (one; a later call replaces it). From a library constructor. */
-void maco__comm_set_extension(const maco__comm_ext_t *ext);
-/** The installed extension, or NULL. */
+/*
+ * How the collectives register with every communicator: algorithms/common/setup.c defines this
+ * function, which returns their extension, and the communicator calls it through
+ * maco__comm_extension (at creation, at destruction, when memory is registered). It is
+ * declared weak, so that this layer names the hook without depending on the layer above it
+ * (src/host never includes or calls algorithms/: docs/design.md, "Layers"): libmaco.so always
+ * has the definition; a program linked with libmaco.a has it when it uses a collective (a weak
+ * reference pulls no object out of an archive), so a program without collectives carries none
+ * of their code, and then the function's address is NULL. A library constructor that installed
+ * the extension did the same, but a reader of the communicator could not find who set it.
+ */
+const maco__comm_ext_t *maco__collectives_extension(void) __attribute__((weak));
+
+/** The extension of every communicator: maco__collectives_extension()'s, or NULL where the
+ * collectives are not linked in. */
 const maco__comm_ext_t *maco__comm_extension(void);
 
 struct maco_comm {
@@ -107,8 +119,8 @@ struct maco_comm {
     maco_device_error_t *err_report;     /* host address (mapped pinned) */
     maco_device_error_t *err_report_dev; /* its device address */
     maco_device_wait_bound_t bound;
-    void *coll;           /* the extension's state (algorithms/setup.c: maco__coll_t), or NULL */
-    int64_t polled_at_ms; /* when maco_comm_get_async_error last read the bootstrap's links */
+    void *coll; /* the extension's state (algorithms/common/setup.c: maco__coll_t), or NULL */
+    int64_t polled_at_ms;      /* when maco_comm_get_async_error last read the bootstrap's links */
     char ext_unavailable[256]; /* why the extension set nothing up ("" when it did or was not asked)
                                 */
 };

@@ -124,7 +124,7 @@ maco_status_t maco_mem_alloc(maco_comm_t comm, size_t bytes, void **ptr_p)
     st = maco__mem_alloc_vmm("maco_mem_alloc", comm->cuda_device, bytes, &a);
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    /* Registered at once, so collectives use it in place (algorithms/registry.c), when the
+    /* Registered at once, so collectives use it in place (algorithms/common/registry.c), when the
      * communicator has them (its extension took note of registrations: comm_internal.h). */
     if (comm->coll != NULL) {
         st = maco_mem_register(comm, a->base, a->bytes, &a->reg);

@@ -178,7 +178,8 @@ void maco__import_unmap(maco__import_t *imp)
 }
 
 /* maco_mem_import's work, on the communicator's device (the caller's scope). */
-static maco_status_t maco__mem_import_here(maco_comm_t comm, const void *handle, maco_mem_t *mem_p)
+static maco_status_t maco__mem_import_on_its_device(maco_comm_t comm, const void *handle,
+                                                    maco_mem_t *mem_p)
 {
     const uint8_t *p = (const uint8_t *)handle;
     maco__mem_handle_t h;
@@ -299,7 +300,7 @@ maco_status_t maco_mem_import(maco_comm_t comm, const void *handle, maco_mem_t *
     maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_mem_import");
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__mem_import_here(comm, handle, mem_p);
+    st = maco__mem_import_on_its_device(comm, handle, mem_p);
     maco__device_leave(saved);
     return st;
 }

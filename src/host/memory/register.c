@@ -78,8 +78,8 @@ out:
 }
 
 /* maco_mem_register's work, on the communicator's device (the caller's scope). */
-static maco_status_t maco__mem_register_here(maco_comm_t comm, void *ptr, size_t bytes,
-                                             maco_mem_t *mem_p)
+static maco_status_t maco__mem_register_on_its_device(maco_comm_t comm, void *ptr, size_t bytes,
+                                                      maco_mem_t *mem_p)
 {
     static const char *what = "maco_mem_register";
     char *p = (char *)ptr;
@@ -234,7 +234,7 @@ maco_status_t maco_mem_register(maco_comm_t comm, void *ptr, size_t bytes, maco_
     maco_status_t st = maco__device_enter_status(comm->cuda_device, &saved, "maco_mem_register");
     if (st != MACO_OK)
         return maco__comm_record(comm, st);
-    st = maco__mem_register_here(comm, ptr, bytes, mem_p);
+    st = maco__mem_register_on_its_device(comm, ptr, bytes, mem_p);
     maco__device_leave(saved);
     return st;
 }

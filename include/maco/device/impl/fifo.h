@@ -33,18 +33,18 @@ static __device__ __forceinline__ uint64_t maco__fifo_push(const maco_fifo_devic
         }
     }
     maco_trigger_t *slot = f->triggers + (pos & (f->capacity - 1));
-    uint64_t snd = t.snd | maco_fifo_parity(pos, f->capacity);
+    uint64_t dst_word = t.dst_word | maco_fifo_parity(pos, f->capacity);
     /* One 128-bit store at system scope: the proxy sees both words at once. Release: also
      * after everything this thread wrote (and observed) before, e.g. the data of a put. */
     if (order == MACO__PUSH_RELEASE_SYS) {
-        asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
-                     "l"(snd)
+        asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.src_word),
+                     "l"(dst_word)
                      : "memory");
     } else {
         if (order == MACO__PUSH_FENCE_GPU)
             asm volatile("fence.acq_rel.gpu;" ::: "memory");
-        asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.fst),
-                     "l"(snd)
+        asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(t.src_word),
+                     "l"(dst_word)
                      : "memory");
     }
     *status_p = MACO_OK;
@@ -74,7 +74,7 @@ static __device__ __forceinline__ maco_status_t maco_fifo_wait_flush(const maco_
      * acquire load after them pairs with the proxy's release store of flush_done, which
      * follows the completion of the copies: this thread's later accesses (reusing the source
      * buffer, reading the peer's) come after them. No fence after it: a system-scope fence
-     * costs time and orders nothing more (measurements: docs/results/2026-11-22c/notes.md). */
+     * costs time and orders nothing more (docs/performance.md, "Tuning", "FIFO flush polls"). */
     const uint64_t *done = (const uint64_t *)f->flush_done;
     while (maco_load_relaxed_sys_u64(done) <= pos) {
         maco_status_t st = MACO_OK;

@@ -1,4 +1,0 @@
-/* coll_kernels_bfloat16.cu - the collective kernels for bfloat16 (coll_kernels.cuh). */
-#include "algorithms/coll_kernels.cuh"
-
-MACO__DEFINE_LAUNCHER(bfloat16, maco__t_bf16)

@@ -1,4 +1,0 @@
-/* coll_kernels_float32.cu - the collective kernels for float32 (coll_kernels.cuh). */
-#include "algorithms/coll_kernels.cuh"
-
-MACO__DEFINE_LAUNCHER(float32, maco__t_f32)

@@ -1,4 +1,0 @@
-/* coll_kernels_fp8_e4m3.cu - the collective kernels for fp8_e4m3 (coll_kernels.cuh). */
-#include "algorithms/coll_kernels.cuh"
-
-MACO__DEFINE_LAUNCHER(fp8_e4m3, maco__t_e4m3)

@@ -1,4 +1,0 @@
-/* coll_kernels_int32.cu - the collective kernels for int32 (coll_kernels.cuh). */
-#include "algorithms/coll_kernels.cuh"
-
-MACO__DEFINE_LAUNCHER(int32, maco__t_i32)

@@ -1,4 +1,0 @@
-/* coll_kernels_int8.cu - the collective kernels for int8 (coll_kernels.cuh). */
-#include "algorithms/coll_kernels.cuh"
-
-MACO__DEFINE_LAUNCHER(int8, maco__t_i8)
