@@ -290,40 +290,43 @@ def caps_restored() -> Iterator[None]:
                 comm.set_max_ctas(cap)
 
 
+def issue(comm: Any, fn: Callable[[Any], Any], stream: Any) -> tuple:
+    """Runs ``fn(stream)`` (Communicator calls with ``stream=``) after ``comm``'s previous
+    collective of the overlap API; returns (fn's result, the event recorded behind it on
+    ``stream``). The one issue path of the overlap API (:func:`run_on_comm_stream`,
+    :func:`run_ordered`, :class:`maco.Context`)."""
+    with _Inside():
+        order_after_last(comm, stream)
+        result = fn(stream)
+        ev = _torch().cuda.Event()
+        ev.record(stream)
+        note_issue(comm, stream, ev)
+    return result, ev
+
+
 def run_on_comm_stream(comm: Any, fn: Callable[[Any], Any], priority: Any = None,
                        name: str = "collective") -> tuple:
-    """Runs ``fn(stream)`` (a Communicator call with ``stream=``) on the communication stream,
-    after the current stream's work and the communicator's previous collective; returns
-    (fn's result, handle)."""
+    """Runs ``fn(stream)`` (a Communicator call with ``stream=``) on the communication stream
+    of ``priority``, after the current stream's work and the communicator's previous
+    collective, under the split in use; returns (fn's result, handle)."""
     torch = _torch()
     dev = torch.device("cuda", comm.device)
     with _Inside():
         apply_split(comm)
-        cur = torch.cuda.current_stream(dev)
         s = comm_stream(dev, priority)
-        s.wait_stream(cur)
-        order_after_last(comm, s)
-        result = fn(s)
-        ev = torch.cuda.Event()
-        ev.record(s)
-        note_issue(comm, s, ev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+    result, ev = issue(comm, fn, s)
     return result, _event_handle(ev, dev, name)
 
 
 def run_ordered(comm: Any, fn: Callable[[Any], Any]) -> Any:
     """Runs ``fn(current stream)`` with the communicator's order kept across streams (inside
-    pipeline stages and overlap regions, whose streams differ)."""
+    pipeline stages and overlap regions, whose streams differ), under the split in use."""
     torch = _torch()
     dev = torch.device("cuda", comm.device)
     with _Inside():
         apply_split(comm)
-        cur = torch.cuda.current_stream(dev)
-        order_after_last(comm, cur)
-        result = fn(cur)
-        ev = torch.cuda.Event()
-        ev.record(cur)
-        note_issue(comm, cur, ev)
-    return result
+    return issue(comm, fn, torch.cuda.current_stream(dev))[0]
 
 
 # ---------------------------------------------------------------------------- tensors

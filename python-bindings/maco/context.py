@@ -22,13 +22,14 @@ How the SMs are split:
 - ``compute_sms``: ``ctx.compute(fn)`` runs ``fn`` inside a CUDA green context of that many SMs
   (``torch.cuda.GreenContext``, CUDA 12.8+ drivers), so compute cannot take the SMs the
   communication runs on. Where green contexts are not available (an older PyTorch or driver,
-  or a driver that refuses them), ``fn`` runs on the current stream without an SM limit; :attr:`Context.compute_sms_enforced` says which, and
-  :attr:`Context.compute_sms_reason` why not. The driver rounds the count up to its SM
-  granularity (8 on Hopper).
-- Communication runs on the Context's own high-priority stream, ordered after the work already
-  on the caller's current stream; ``async_op=True`` returns a :class:`Work` at once, so the next
-  compute overlaps it; ``Work.wait()`` orders the caller's current stream after it (it does not
-  block the host).
+  or a driver that refuses them), ``fn`` runs on the current stream without an SM limit;
+  :attr:`Context.compute_sms_enforced` says which, and :attr:`Context.compute_sms_reason` why
+  not. The driver rounds the count up to its SM granularity.
+- Communication runs on the overlap API's high-priority communication stream, ordered after the
+  work already on the caller's current stream and after the communicator's previous collective
+  of the overlap API; ``async_op=True`` returns a :class:`Work` at once, so the next compute
+  overlaps it; ``Work.wait()`` orders the caller's current stream after it (it does not block
+  the host).
 
 Thread-safety: a Context is used from one thread. Its communicator must not be used by other
 Contexts or threads at the same time.
@@ -42,6 +43,7 @@ from typing import Any, Callable, Optional
 from ._comm import Communicator
 from ._default_comm import get_default_communicator, init, is_initialized
 from ._sm import green_context
+from ._streams import comm_stream, issue
 from ._types import ReduceOp
 
 __all__ = ["Context", "Work"]
@@ -138,7 +140,7 @@ class Context:
         self.overlap = bool(overlap)
         self._previous_cap = comm.max_ctas
         comm.set_max_ctas(self.comm_sms or 0)  # collective: every rank, same value
-        self._stream = torch.cuda.Stream(device=self.device, priority=-1)
+        self._stream = comm_stream(self.device, "high")  # the overlap API's
         self._pending: list[Work] = []
         self._green = None
         self.compute_sms_enforced = False
@@ -203,11 +205,10 @@ class Context:
         if self.overlap:
             stream = self._stream
             stream.wait_stream(current)
-        # Communicator calls on an explicit torch stream record it on the tensors, so the
-        # caching allocator keeps them until that stream is done.
-        result = run(stream)
-        event = torch.cuda.Event()
-        event.record(stream)
+        # The overlap API's issue path (after the communicator's previous collective of the
+        # overlap API, on any stream). Communicator calls on an explicit torch stream record it
+        # on the tensors, so the caching allocator keeps them until that stream is done.
+        result, event = issue(self.comm, run, stream)
         w = Work(result, event, self)
         self._pending.append(w)
         if async_op:
