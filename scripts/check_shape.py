@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Checks the shape rules of MACO's C, C++ and CUDA code (docs/design.md, "Layers"):
+"""Checks the shape rules of MACO's C, C++ and CUDA code (docs/design.md, "Layers") and of the
+Python package (docs/design.md, "Python package"):
 
   length   no function body longer than MAX_LINES lines (150), counted from its opening
            brace's line to its closing brace's line;
   macros   no #define inside a function body (a macro there hides control flow or captures
-           the function's locals: use a function, a lambda or a template instead).
+           the function's locals: use a function, a lambda or a template instead);
+  files    no file longer than FILE_LINES lines (700) under FILE_FOLDERS (python-bindings:
+           its Python modules, the extension's sources and its build files): a longer one is
+           split by topic.
 
 Files: every .c, .h, .cc, .cpp, .cu and .cuh of the tree under the folders the library, its
 clients and the examples live in (include, src, algorithms, proxy, nccl, tools,
@@ -25,6 +29,9 @@ import sys
 FOLDERS = ("include", "src", "algorithms", "proxy", "nccl", "tools", "python-bindings/src",
            "examples")
 SOURCE_EXT = (".c", ".h", ".cc", ".cpp", ".cu", ".cuh")
+FILE_LINES = 700
+FILE_FOLDERS = ("python-bindings",)
+FILE_EXT = SOURCE_EXT + (".py", ".pyi", ".cmake", ".toml", "CMakeLists.txt")
 NOT_FUNCTION = re.compile(r"^\s*(namespace|extern\s+\"C\"|struct|class|enum|union|typedef)\b")
 DEFINE = re.compile(r"^\s*#\s*define\b")
 
@@ -86,6 +93,26 @@ def check_file(path, rel, max_lines, problems):
             problems.append(f"{rel}:{i + 1}: {name}: #define inside a function body")
 
 
+def check_file_lengths(root, problems):
+    """FILE_LINES for every file of FILE_EXT under FILE_FOLDERS; returns the files counted."""
+    n = 0
+    for folder in FILE_FOLDERS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
+            dirnames[:] = sorted(d for d in dirnames
+                                 if not d.startswith(("build", ".")) and d != "__pycache__")
+            for fn in sorted(filenames):
+                if not fn.endswith(FILE_EXT):
+                    continue
+                path = os.path.join(dirpath, fn)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = sum(1 for _ in f)
+                n += 1
+                if lines > FILE_LINES:
+                    problems.append(f"{os.path.relpath(path, root)}: {lines} lines (at most "
+                                    f"{FILE_LINES} in {folder}/: split it by topic)")
+    return n
+
+
 def main(argv):
     args = argv[1:]
     max_lines = 150
@@ -111,9 +138,10 @@ def main(argv):
                     path = os.path.join(dirpath, fn)
                     nfiles += 1
                     check_file(path, os.path.relpath(path, root), max_lines, problems)
+    nlong = check_file_lengths(root, problems)
     for p in problems:
         print(p)
-    print(f"check_shape: {nfiles} files, {len(problems)} problem(s)")
+    print(f"check_shape: {nfiles} files, {nlong} files' lengths, {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

@@ -14,6 +14,82 @@
 namespace maco_py
 {
 
+namespace
+{
+
+/* Comm: the algorithm choice, the CTA cap and the launch statistics. */
+void bind_settings(nb::class_<Comm> &c)
+{
+    c.def(
+         "algorithm",
+         [](const Comm &c, int coll, size_t count, int d) {
+             maco_comm_t comm = c.get();
+             maco_datatype_t dt = dtype_of(d);
+             const char *name = nullptr;
+             checked("maco_collective_get_algorithm", comm, [&] {
+                 return maco_collective_get_algorithm(comm, (maco_collective_t)coll, count, dt,
+                                                      &name);
+             });
+             return std::string(name);
+         },
+         nb::arg("collective"), nb::arg("count"), nb::arg("datatype"))
+        .def(
+            "set_algorithm",
+            [](const Comm &c, int coll, std::optional<std::string> name) {
+                maco_comm_t comm = c.get();
+                checked("maco_collective_set_algorithm", comm, [&] {
+                    return maco_collective_set_algorithm(comm, (maco_collective_t)coll,
+                                                         name ? name->c_str() : nullptr);
+                });
+            },
+            nb::arg("collective"), nb::arg("name").none())
+        .def(
+            "set_max_ctas",
+            [](const Comm &c, int n) {
+                maco_comm_t comm = c.get();
+                checked("maco_collective_set_max_ctas", comm,
+                        [&] { return maco_collective_set_max_ctas(comm, n); });
+            },
+            nb::arg("max_ctas"), "maco_collective_set_max_ctas (collective, blocking).")
+        .def(
+            "max_ctas",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                int n = 0;
+                checked("maco_collective_get_max_ctas", comm,
+                        [&] { return maco_collective_get_max_ctas(comm, &n); });
+                int co = 0;
+                checked("maco_comm_get_coresident_ctas", comm,
+                        [&] { return maco_comm_get_coresident_ctas(comm, &co); });
+                return std::make_pair(n, co);
+            },
+            "(cap set by set_max_ctas or 0, co-resident CTAs of a kernel that waits on peers).")
+        .def(
+            "last_ctas",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                int n = 0;
+                checked("maco_collective_get_last_ctas", comm,
+                        [&] { return maco_collective_get_last_ctas(comm, &n); });
+                return n;
+            },
+            "CTAs of the last collective kernel launched (0: none yet); does not wait for the "
+            "device.")
+        .def(
+            "stats",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                maco_collective_stats_t s{};
+                checked("maco_collective_get_stats", comm,
+                        [&] { return maco_collective_get_stats(comm, &s); });
+                return std::make_tuple(s.inplace_launches, s.scratch_launches, s.last_launch_ctas);
+            },
+            "(in-place launches, scratch launches) of the mesh kernels and the CTAs of the last "
+            "collective kernel; synchronises the device.");
+}
+
+} // namespace
+
 void bind_collectives(nb::class_<Comm> &c)
 {
     c.def(
@@ -120,73 +196,8 @@ void bind_collectives(nb::class_<Comm> &c)
                         [&] { return maco_recv(ptr(b), n, dt, peer, comm, stream_of(st)); });
             },
             nb::arg("buf"), nb::arg("count"), nb::arg("datatype"), nb::arg("peer"),
-            nb::arg("stream"))
-        .def(
-            "algorithm",
-            [](const Comm &c, int coll, size_t count, int d) {
-                maco_comm_t comm = c.get();
-                maco_datatype_t dt = dtype_of(d);
-                const char *name = nullptr;
-                checked("maco_collective_get_algorithm", comm, [&] {
-                    return maco_collective_get_algorithm(comm, (maco_collective_t)coll, count, dt,
-                                                         &name);
-                });
-                return std::string(name);
-            },
-            nb::arg("collective"), nb::arg("count"), nb::arg("datatype"))
-        .def(
-            "set_algorithm",
-            [](const Comm &c, int coll, std::optional<std::string> name) {
-                maco_comm_t comm = c.get();
-                checked("maco_collective_set_algorithm", comm, [&] {
-                    return maco_collective_set_algorithm(comm, (maco_collective_t)coll,
-                                                         name ? name->c_str() : nullptr);
-                });
-            },
-            nb::arg("collective"), nb::arg("name").none())
-        .def(
-            "set_max_ctas",
-            [](const Comm &c, int n) {
-                maco_comm_t comm = c.get();
-                checked("maco_collective_set_max_ctas", comm,
-                        [&] { return maco_collective_set_max_ctas(comm, n); });
-            },
-            nb::arg("max_ctas"), "maco_collective_set_max_ctas (collective, blocking).")
-        .def(
-            "max_ctas",
-            [](const Comm &c) {
-                maco_comm_t comm = c.get();
-                int n = 0;
-                checked("maco_collective_get_max_ctas", comm,
-                        [&] { return maco_collective_get_max_ctas(comm, &n); });
-                int co = 0;
-                checked("maco_comm_get_coresident_ctas", comm,
-                        [&] { return maco_comm_get_coresident_ctas(comm, &co); });
-                return std::make_pair(n, co);
-            },
-            "(cap set by set_max_ctas or 0, co-resident CTAs of a kernel that waits on peers).")
-        .def(
-            "last_ctas",
-            [](const Comm &c) {
-                maco_comm_t comm = c.get();
-                int n = 0;
-                checked("maco_collective_get_last_ctas", comm,
-                        [&] { return maco_collective_get_last_ctas(comm, &n); });
-                return n;
-            },
-            "CTAs of the last collective kernel launched (0: none yet); does not wait for the "
-            "device.")
-        .def(
-            "stats",
-            [](const Comm &c) {
-                maco_comm_t comm = c.get();
-                maco_collective_stats_t s{};
-                checked("maco_collective_get_stats", comm,
-                        [&] { return maco_collective_get_stats(comm, &s); });
-                return std::make_tuple(s.inplace_launches, s.scratch_launches, s.last_launch_ctas);
-            },
-            "(in-place launches, scratch launches) of the mesh kernels and the CTAs of the last "
-            "collective kernel; synchronises the device.");
+            nb::arg("stream"));
+    bind_settings(c);
 }
 
 } // namespace maco_py
