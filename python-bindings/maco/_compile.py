@@ -12,7 +12,6 @@ import operator
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ._fused_ops import register_ops
@@ -30,6 +29,8 @@ def _group_name(group: Any) -> str:
 # ---------------------------------------------------------------------------- the FX pass
 
 def _targets() -> dict:
+    import torch.distributed as dist  # where a graph is rewritten: the module loads without it
+
     aten = torch.ops.aten
     c10d = torch.ops._c10d_functional
     return {
@@ -278,6 +279,8 @@ def _rewrite_reduce_scatter(graph: Any, rs: Any, T: dict, torch: Any) -> int:
 def _rewrite_inplace(graph: Any, ar: Any, T: dict) -> int:
     """``y = matmul(...); torch.distributed.all_reduce(y)``: later uses of y take the fused
     call's result."""
+    import torch.distributed as dist
+
     y = ar.args[0] if ar.args else ar.kwargs.get("tensor")
     if not hasattr(y, "op"):
         return 0

@@ -44,13 +44,9 @@ import warnings
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import _resolve_process_group
 
 from . import _config, tp
 from ._errors import UnsupportedError
-from ._process_group import ProcessGroupMaco
-from ._routes import maco_pg
 from ._streams import _Inside
 from .persistent import PersistentKernel
 
@@ -68,7 +64,14 @@ class _Ops:
 
 # ---------------------------------------------------------------------------- groups
 
+# torch.distributed (and the modules of this package over it) are imported where a group is
+# used: maco.Module and the compile backend load without them.
+
+
 def _resolve_group(group_name: str) -> Any:
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _resolve_process_group
+
     if not group_name:
         return dist.group.WORLD
     return _resolve_process_group(group_name)
@@ -77,13 +80,17 @@ def _resolve_group(group_name: str) -> Any:
 def _group_comm(pg: Any, device: Any) -> Any:
     """The MACO communicator of process group ``pg`` on ``device`` (made at first use,
     collectively, as maco.patch_torch_distributed does)."""
-    if isinstance(pg, ProcessGroupMaco):
+    from . import _process_group, _routes
+
+    if isinstance(pg, _process_group.ProcessGroupMaco):
         return pg.comm
-    return maco_pg(pg, device).comm
+    return _routes.maco_pg(pg, device).comm
 
 
 def _allreduce_on_group(y: Any, pg: Any) -> Any:
     """In-place sum of ``y`` over ``pg``: MACO on CUDA, torch.distributed on the CPU."""
+    import torch.distributed as dist
+
     if y.is_cuda:
         _group_comm(pg, y.device).allreduce(y)
     else:
@@ -224,6 +231,8 @@ def _allgather_gemm_impl(a, b, group_size, group_name, site):
     if a.is_cuda:
         g = _group_comm(pg, a.device).allgather(a.contiguous()).reshape(-1, a.shape[1])
     else:
+        import torch.distributed as dist
+
         parts = [torch.empty_like(a) for _ in range(group_size)]
         with _Inside():
             dist.all_gather(parts, a.contiguous(), group=pg)
@@ -245,6 +254,8 @@ def _gemm_reduce_scatter_impl(a, b, bias, group_size, group_name, site):
         y = tp.gemm_reduce_scatter(a.contiguous(), _contiguous_b(site, b), comm,
                                    method=_tp_method(comm, flop, "gemm_reduce_scatter"))
     else:
+        import torch.distributed as dist
+
         stats["sp_fallback"] += 1
         rank = dist.get_rank(pg)
         y = _allreduce_on_group(torch.mm(a, b), pg)[rank * s:(rank + 1) * s].contiguous()

@@ -255,6 +255,8 @@ class OverlapScope:
                 self._mode.__enter__()
         except BaseException:
             self._leave()
+            block, self._block = self._block, None
+            block.close()
             raise
         return self
 

@@ -91,7 +91,7 @@ class OverlapRegion:
     CUDA (``device``: the current device, or the default communicator's): compute goes to a
     region compute stream, communication to the overlap API's communication stream
     (``priority``); both start after the work on the caller's current stream at entry, run in
-    submission order within their kind, and the caller's stream waits for both at exit. A
+    submission order within their kind, and the caller's stream waits for those used at exit. A
     Future passed as an argument is waited for on the submitting kind's stream first (its
     value is passed), which is how a submission depends on another. Collectives inside
     ``submit_comm`` run on that stream, in call order after the other collectives of the
@@ -131,8 +131,8 @@ class OverlapRegion:
                                      else torch.cuda.current_device())
             self._start = torch.cuda.Event()
             self._start.record(torch.cuda.current_stream(self._dev))
-            self._compute = self._join(torch.cuda.Stream(device=self._dev))
-            self._comm = self._join(comm_stream(self._dev, self._priority))
+            self._compute: Any = None  # made and joined at the first submission of each kind
+            self._comm: Any = None
         self._open = True
         return self
 
@@ -193,8 +193,16 @@ class OverlapRegion:
                     f._exc = e
             return f
         torch = _torch()
-        s = self._join(stream) if stream is not None else (
-            self._comm if kind == "comm" else self._compute)
+        if stream is None:
+            if kind == "comm":
+                if self._comm is None:
+                    self._comm = comm_stream(self._dev, self._priority)
+                stream = self._comm
+            else:
+                if self._compute is None:
+                    self._compute = torch.cuda.Stream(device=self._dev)
+                stream = self._compute
+        s = self._join(stream)
         with torch.cuda.stream(s):
             try:
                 a, k = _resolve(args, kwargs)  # waits for Future arguments on s
