@@ -318,7 +318,10 @@ class SMSplit:
                 "num_comm_workers": self.comm_sms or 0}
 
 
-def _count(value: Any, name: str, allow_none: bool = True) -> Optional[int]:
+def sm_count(value: Any, name: str, allow_none: bool = True) -> Optional[int]:
+    """``value`` checked as a number of SMs: a positive int (None passes when allowed).
+
+    Raises: ValueError naming ``name``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -393,10 +396,10 @@ def set_config(compute_sms: Optional[int] = None, comm_sms: Optional[int] = None
     Not blocking here: the cap is applied (collectively, over the bootstrap) before the
     next collective on each communicator.
     """
-    c = _count(compute_sms, "compute_sms")
-    m = _count(comm_sms, "comm_sms")
-    s = _count(scheduler_sms, "scheduler_sms")
-    t = _count(total_sms, "total_sms")
+    c = sm_count(compute_sms, "compute_sms")
+    m = sm_count(comm_sms, "comm_sms")
+    s = sm_count(scheduler_sms, "scheduler_sms")
+    t = sm_count(total_sms, "total_sms")
     used = (c or 0) + (m or 0) + (s or 0)
     if t is not None and used > t:
         raise ValueError(f"compute_sms={c} + comm_sms={m} + scheduler_sms={s} = {used} exceed "
@@ -426,8 +429,8 @@ def scoped_split(compute_sms: Optional[int] = None, comm_sms: Optional[int] = No
     back is the caller's (maco/_streams.py's ``caps_restored``).
 
     Raises: ValueError: a count that is not a positive int (named)."""
-    c = _count(compute_sms, "compute_sms")
-    m = _count(comm_sms, "comm_sms")
+    c = sm_count(compute_sms, "compute_sms")
+    m = sm_count(comm_sms, "comm_sms")
     if c is None and m is None:
         yield None
         return

@@ -194,8 +194,8 @@ class OverlapScope:
                  device: Any = None, what: str = "optimize_context"):
         if priority is not None:
             _priority(priority)  # checks it
-        _config._count(comm_sms, "comm_sms")
-        _config._count(compute_sms, "compute_sms")
+        _config.sm_count(comm_sms, "comm_sms")
+        _config.sm_count(compute_sms, "compute_sms")
         self.redirect = redirect
         self.priority = priority
         self.comm_sms = comm_sms

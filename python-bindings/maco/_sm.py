@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from ._config import SMSplit, _count, set_measured, set_split
+from ._config import SMSplit, set_measured, set_split, sm_count
 from ._default_comm import get_default_communicator, init, is_initialized
 
 __all__ = ["Role", "SMConfig", "auto_config", "green_context"]
@@ -296,7 +296,7 @@ def auto_config(compute_intensity: str = "medium", comm_intensity: str = "medium
             total_sms = props.multi_processor_count
     if total_sms is None:
         raise ValueError("total_sms: required with measure= (no GPU to count the SMs of)")
-    _count(total_sms, "total_sms", allow_none=False)
+    sm_count(total_sms, "total_sms", allow_none=False)
     if candidates is None:
         candidates = [c for c in (8, 16, 24, 32, 48, 64) if c < total_sms]
     cands = []
