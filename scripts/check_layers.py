@@ -20,6 +20,8 @@ may use what is below them, neither may include or call the other. The checks:
                 any     anything (tests);
               transports include no other transport's files, and the proxy's core includes
               none; no header includes itself through others;
+  python      the Python package's layers (scripts/check_py_layers.py: its own table in
+              docs/design.md, "Python package");
   objects     (with a build folder) the library's objects (maco_core, maco_gpu, maco_gpu_gmma)
               call one way: no call loop between files, no call into a layer above or
               beside, no call between transports, and only proxy/transport.c calls into
@@ -39,6 +41,10 @@ import os
 import re
 import subprocess
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_py_layers  # noqa: E402 - beside this file
 
 SOURCE_EXT = (".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".cuh")
 INCLUDE_KINDS = ("public", "below", "any")
@@ -442,6 +448,9 @@ def main():
         if len(comp) > 1:
             problem("include loop: " + " <-> ".join(comp))
     summary = f"{len(rows)} layers, {len(files)} source files"
+    py = check_py_layers.check(src, problem)  # the Python package's own stack
+    if py is not None:
+        summary += f", {py[0]} Python layers with {py[1]} modules"
     if build is not None and rows:
         res = check_objects(build, src, rows, problem, verbose)
         if res is None:

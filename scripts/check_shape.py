@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the shape rules of MACO's C, C++ and CUDA code (docs/design.md, "Layers"):
+"""Checks the shape rules of MACO's C, C++ and CUDA code (docs/design.md, "Layers") and of the
+Python package (docs/design.md, "Python package"):
 
   length        no function body longer than MAX_LINES lines (150), counted from its opening
                 brace's line to its closing brace's line;
@@ -7,6 +8,8 @@
                 captures the function's locals: use a function, a lambda or a template);
   file length   no file of the libraries (include, src, proxy, algorithms, runtime, nccl)
                 longer than MAX_FILE_LINES lines (700): split it by topic;
+  files         no file longer than FILE_LINES lines (700) under FILE_FOLDERS (python-bindings:
+                its Python modules, the extension's sources and its build files);
   registration  no __attribute__((constructor)) in the libraries: what attaches to what is a
                 call a reader can follow (the collectives' hook: comm_internal.h);
   provenance    no machine name (H100, GH200, ...) and no date (2026-11-27) in the libraries'
@@ -53,6 +56,9 @@ CONSTRUCTOR = re.compile(r"__attribute__\s*\(\(\s*(__)?constructor|\[\[\s*gnu::c
 MACHINE = re.compile(r"\b(?:[Gg][HhBb][0-9]{3}s?|[HAB][0-9]{3}s?|V100s?|L40S?)\b")
 DATE = re.compile(r"\b20[0-9]{2}-[0-9]{2}\b")
 SOURCE_EXT = (".c", ".h", ".cc", ".cpp", ".cu", ".cuh")
+FILE_LINES = 700
+FILE_FOLDERS = ("python-bindings",)
+FILE_EXT = SOURCE_EXT + (".py", ".pyi", ".cmake", ".toml", "CMakeLists.txt")
 NOT_FUNCTION = re.compile(r"^\s*(namespace|extern\s+\"C\"|struct|class|enum|union|typedef)\b")
 DEFINE = re.compile(r"^\s*#\s*define\b")
 
@@ -141,6 +147,26 @@ def check_file(path, rel, max_lines, problems, max_file_lines=MAX_FILE_LINES, us
             problems.append(f"{rel}:{i + 1}: {name}: #define inside a function body")
 
 
+def check_file_lengths(root, problems):
+    """FILE_LINES for every file of FILE_EXT under FILE_FOLDERS; returns the files counted."""
+    n = 0
+    for folder in FILE_FOLDERS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
+            dirnames[:] = sorted(d for d in dirnames
+                                 if not d.startswith(("build", ".")) and d != "__pycache__")
+            for fn in sorted(filenames):
+                if not fn.endswith(FILE_EXT):
+                    continue
+                path = os.path.join(dirpath, fn)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = sum(1 for _ in f)
+                n += 1
+                if lines > FILE_LINES:
+                    problems.append(f"{os.path.relpath(path, root)}: {lines} lines (at most "
+                                    f"{FILE_LINES} in {folder}/: split it by topic)")
+    return n
+
+
 def main(argv):
     args = argv[1:]
     limits = {"--max-lines": 150, "--max-file-lines": MAX_FILE_LINES}
@@ -174,9 +200,10 @@ def main(argv):
         if os.path.exists(os.path.join(root, rel)):
             problems.append(f"{rel}: listed as an exception to '{rule}' in "
                             "scripts/check_shape.py, which it no longer needs: remove it")
+    nlong = check_file_lengths(root, problems)
     for p in problems:
         print(p)
-    print(f"check_shape: {nfiles} files, {len(problems)} problem(s)")
+    print(f"check_shape: {nfiles} files, {nlong} files' lengths, {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

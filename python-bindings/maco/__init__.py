@@ -8,49 +8,50 @@ Level 1 (one default communicator)::
     y = maco.allreduce(x)            # x: a CUDA tensor; in place, returns x
     g = maco.allgather(x)            # shape (world_size, *x.shape)
 
-Level 2 (SMs split between compute and communication, overlapped)::
+Overlap: one entry point, the overlap scope (docs/python.md, "The overlap API", says what
+the seed design's other names are over it)::
 
-    ctx = maco.Context(compute_sms=96, comm_sms=32)
-    y = ctx.compute(lambda: x @ w1)
-    work = ctx.allreduce(y, async_op=True)
-    z = ctx.compute(lambda: x @ w2)
-    y = work.wait()
-
-Overlap (the design's API: docs/python.md, "The overlap API")::
-
-    @maco.optimize_comm                  # or @maco.optimize, maco.optimize_context(),
-    def f(x, w):                         # maco.auto_overlap(), maco.Module
+    with maco.optimize_context():        # or @maco.optimize_context() on a function
         y = maco.allreduce(x @ w)        # overlaps what follows, waited at first use
-        return y
-    model = torch.compile(model, backend="maco")   # matmul + all_reduce -> fused kernel
+        z = x @ w2
+    model = torch.compile(model, backend="maco")   # matmul + all_reduce -> fused operator
 
 Explicit communicators: :class:`maco.Communicator`. torch.distributed: ``import maco.torch``
 registers the backend ``"maco"``; :func:`maco.patch_torch_distributed` routes an existing
 group's collectives through MACO.
+
+The package is a one-way stack (docs/design.md, "Python package"): the extension
+(``maco._maco``), the communicator, the default communicator and the settings, the
+torch.distributed process group, the overlap API, then ``maco.torch``, ``maco.tp``,
+``maco.ep``, :class:`maco.PersistentKernel` and the compile backend; the DSL
+(``maco.language``) beside them.
 """
 
 import importlib.util as _importlib_util
 
-from . import _maco
-from ._comm import (Communicator, Plan, Registration, cuda_device_count, empty, group,
-                    unique_id)
-from .context import Context, Work
+from . import _maco, tp  # noqa: F401 - maco.tp without a separate import
+from ._collectives import (all_to_all, allgather, allreduce, barrier, broadcast, recv, reduce,
+                           reduce_scatter, send)
+from ._comm import Communicator, group
+from ._config import (ConfigTable, SMSplit, config, dynamic_sm_config, get_config,
+                      set_config)
+from ._default_comm import (empty, finalize, get_default_communicator, get_local_rank,
+                            get_rank, get_world_size, init, is_initialized)
 from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
                       InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
                       SystemCallError, UnsupportedError, error_class)
-from . import tp
-from .persistent import KernelTensor, PersistentKernel, Profiler, TaskGraph, profiler
-from ._level1 import (all_to_all, allgather, allreduce, barrier, broadcast, finalize,
-                      get_default_communicator, get_local_rank, get_rank, get_world_size, init,
-                      is_initialized, recv, reduce, reduce_scatter, send)
+from ._handles import Plan, Registration
+from ._job import cuda_device_count, unique_id
+from ._overlap import auto_overlap, optimize, optimize_comm, optimize_context, wait_all
+from ._region import Future, OverlapRegion, Pipeline, overlap_region
+from ._ring import Ring, ring
+from ._schedule import CommScheduler, Phase
+from ._sm import Role, SMConfig, auto_config
+from ._streams import CommWork, wait_overlap_group
 from ._types import (DataType, ReduceOp, dtype_size, to_maco_dtype, to_numpy_dtype,
                      to_torch_dtype)
-from ._config import (ConfigTable, Role, SMConfig, SMSplit, auto_config, config,
-                      dynamic_sm_config, get_config, set_config)
-from ._overlap import (CommWork, Future, OverlapRegion, Pipeline, Ring, auto_overlap, optimize,
-                       optimize_comm, optimize_context, overlap_region, ring, wait_all,
-                       wait_overlap_group)
-from ._schedule import CommScheduler, Phase
+from .context import Context, Work
+from .persistent import KernelTensor, PersistentKernel, Profiler, TaskGraph, profiler
 
 __version__ = _maco.version()
 """The package's version: the C library's (``maco_version_string()``)."""
@@ -65,29 +66,33 @@ AVG = ReduceOp.AVG
 def patch_torch_distributed(*args, **kwargs):
     """Routes ``torch.distributed`` collectives on CUDA tensors through MACO (see
     :func:`maco.torch.patch_torch_distributed`)."""
-    from .torch import patch_torch_distributed as _patch
+    from .torch import patch_torch_distributed as _patch  # needs torch: loaded at first use
 
     return _patch(*args, **kwargs)
 
 
 def unpatch_torch_distributed():
     """Undoes :func:`patch_torch_distributed`."""
-    from .torch import unpatch_torch_distributed as _unpatch
+    from .torch import unpatch_torch_distributed as _unpatch  # needs torch
 
     return _unpatch()
 
 
-_MODELS = ("Module", "TPLinear", "task_graph", "compile", "PersistentContext",
-           "fuse_matmul_allreduce", "maco_backend", "FusedGemmAllreduce")
+# The model API and the compile backend need PyTorch: name -> the module that holds it.
+_MODELS = {"Module": "_models", "TPLinear": "_models", "task_graph": "_models",
+           "PersistentContext": "_models", "compile": "_compile",
+           "fuse_matmul_allreduce": "_compile", "maco_backend": "_compile",
+           "FusedGemmAllreduce": "_fused_ops"}
 
 
 def __getattr__(name: str):
     """The model API (maco.Module, TPLinear, task_graph, compile, PersistentContext, ...)
     needs PyTorch; it is imported at first use so that ``import maco`` does not import torch."""
     if name in _MODELS:
-        from . import _compile
+        from . import _compile, _fused_ops, _models  # need torch: loaded at first use
 
-        return getattr(_compile, name)
+        return getattr({"_models": _models, "_compile": _compile,
+                        "_fused_ops": _fused_ops}[_MODELS[name]], name)
     raise AttributeError(f"module 'maco' has no attribute {name!r}")
 
 

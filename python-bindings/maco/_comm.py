@@ -1,24 +1,21 @@
-"""maco.Communicator: a MACO communicator driven with tensors."""
+"""maco.Communicator: a MACO communicator driven with tensors, and :func:`maco.group`."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sys
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from . import _maco
-from ._errors import UnsupportedError
-from ._tensor import (Buf, DLPackExport, describe, empty_like, move_type, new_tensor,
-                      reduce_type, same_type, stream_handle)
-from ._types import ReduceOp, to_maco_dtype, to_maco_op, to_numpy_dtype
+from . import _job, _maco
+from ._errors import UnsupportedError, _from_status
+from ._comm_memory import _MemoryCalls
+from ._tensor import (Buf, describe, empty_like, move_type, new_tensor, reduce_type, same_type,
+                      stream_handle)
+from ._types import ReduceOp, to_maco_dtype, to_maco_op
 
-__all__ = ["Communicator", "Registration", "Plan", "unique_id", "group", "empty",
-           "cuda_device_count"]
-
-UNIQUE_ID_BYTES = _maco.UNIQUE_ID_BYTES
+__all__ = ["Communicator", "group"]
 
 # maco_collective_t values (include/maco/collectives.h).
 _COLLECTIVES = {
@@ -33,34 +30,22 @@ _COLLECTIVES = {
 }
 
 
-def unique_id() -> bytes:
-    """Creates a new job id (128 bytes) whose root listens in this process.
+class _GroupState(threading.local):
+    """This thread's :func:`group` nesting, and the tensors its queued calls hold."""
 
-    Call it on the process that will be rank 0, send the bytes to every rank by any means,
-    and pass them to :meth:`Communicator.from_unique_id`. Not blocking; thread-safe.
-
-    Raises:
-        SystemCallError: no socket could be opened.
-        InvalidArgumentError: a bad MACO_SOCKET_IFNAME.
-    """
-    return _maco.unique_id()
+    def __init__(self):
+        self.depth = 0
+        self.kept: Optional[list] = None
 
 
-def cuda_device_count() -> tuple[int, str]:
-    """``(count, why)``: the CUDA devices this process can use, and when there are none, a
-    sentence saying why (no driver, a driver too old, no device). Creates no CUDA context."""
-    return _maco.cuda_device_count()
-
-
-_group_state = threading.local()
+_group_state = _GroupState()
 
 
 def _keep(*objs: Any) -> None:
     """Inside a group, keeps the tensors of queued calls alive until the group is issued (a
     temporary freed meanwhile could hand its memory to another buffer of the group)."""
-    kept = getattr(_group_state, "kept", None)
-    if kept is not None:
-        kept.extend(objs)
+    if _group_state.kept is not None:
+        _group_state.kept.extend(objs)
 
 
 @contextlib.contextmanager
@@ -81,7 +66,7 @@ def group() -> Iterator[None]:
         group was issued.
     """
     _maco.group_start()
-    depth = getattr(_group_state, "depth", 0)
+    depth = _group_state.depth
     _group_state.depth = depth + 1
     if depth == 0:
         _group_state.kept = []
@@ -96,99 +81,7 @@ def group() -> Iterator[None]:
                 _group_state.kept = None
 
 
-def _device_index(device: Any) -> int:
-    """None -> -1 (MACO's default: local rank modulo the visible GPUs); int, "cuda:N" or a
-    torch.device -> N."""
-    if device is None:
-        return -1
-    if isinstance(device, bool):
-        raise TypeError("device: expected an int, 'cuda:N' or a torch.device")
-    if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"device: {device} is negative")
-        return device
-    index = getattr(device, "index", None)
-    dtype = getattr(device, "type", None)
-    if dtype is not None:
-        if dtype != "cuda":
-            raise ValueError(f"device: {device} is not a CUDA device")
-        return -1 if index is None else int(index)
-    if isinstance(device, str):
-        if device == "cuda":
-            return -1
-        if device.startswith("cuda:") and device[5:].isdigit():
-            return int(device[5:])
-    raise ValueError(f"device: {device!r} is not a CUDA device (int, 'cuda:N' or torch.device)")
-
-
-def _timeout_ms(timeout: Optional[float]) -> int:
-    if timeout is None:
-        return -1
-    if timeout < 0:
-        raise ValueError(f"timeout: {timeout} s is negative")
-    return int(timeout * 1000)
-
-
-class Registration:
-    """A tensor registered with a communicator (``maco_mem_register``).
-
-    Collectives whose buffers are registered on every rank read and write them in place
-    (no scratch copies) on the mesh algorithms. The registration keeps the tensor alive;
-    :meth:`deregister` (or leaving the ``with`` block) ends it. Deregister only after the
-    operations using it have completed on every rank.
-    """
-
-    def __init__(self, mem, tensor: Any):
-        self._mem = mem
-        self.tensor = tensor
-
-    @property
-    def address(self) -> int:
-        """Device address of the registered range."""
-        return self._mem.address
-
-    @property
-    def nbytes(self) -> int:
-        """Registered bytes."""
-        return self._mem.bytes
-
-    @property
-    def registered(self) -> bool:
-        return self._mem.registered
-
-    def deregister(self) -> None:
-        """Ends the registration (idempotent). Raises CudaError if unmapping failed."""
-        self._mem.deregister()
-        self.tensor = None
-
-    def __enter__(self) -> "Registration":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.deregister()
-
-
-class _MappedPeer:
-    """A peer's mapped buffer as ``__cuda_array_interface__`` (:meth:`Communicator.peer_views`);
-    keeps the import and this rank's registration alive as long as a view of it lives."""
-
-    def __init__(self, mem, mine, like):
-        import torch
-
-        self._mem, self._mine, self._like = mem, mine, like
-        typestr = {torch.bfloat16: "<V2", torch.float16: "<f2", torch.float32: "<f4",
-                   torch.float64: "<f8", torch.int32: "<i4", torch.int64: "<i8",
-                   torch.uint8: "|u1", torch.int8: "|i1"}.get(like.dtype)
-        if typestr is None:
-            raise ValueError(f"tensor: dtype {like.dtype} cannot be mapped (bf16, fp16, fp32, "
-                             "fp64, int8/32/64, uint8)")
-        self._bf16 = like.dtype == torch.bfloat16
-        self.__cuda_array_interface__ = dict(
-            shape=tuple(like.shape), typestr="<i2" if self._bf16 else typestr,
-            data=(mem.address, False), version=3, strides=None)
-
-
-class Communicator:
+class Communicator(_MemoryCalls):
     """A MACO communicator: ranks of a job, one CUDA device each, and the collectives.
 
     Create one per process with one of:
@@ -245,33 +138,8 @@ class Communicator:
             CudaError: from MACO, with its message.
         """
         self._lock = threading.Lock()
-        if _handle is not None:
-            self._c = _handle
-        elif unique_id is None:
-            if rank is not None or size is not None:
-                raise ValueError("rank/size: given without unique_id (the environment gives "
-                                 "them to Communicator())")
-            uid_job = _torchrun_unique_id(timeout)
-            if uid_job is not None:
-                uid, rank, size = uid_job
-                self._c = _maco.Comm.from_unique_id(uid, rank, size, _device_index(device),
-                                                    _timeout_ms(timeout))
-            else:
-                self._c = _maco.Comm.from_env(_device_index(device))
-        else:
-            if not isinstance(unique_id, (bytes, bytearray)):
-                raise TypeError(f"unique_id: expected bytes, got {type(unique_id).__name__}")
-            if len(unique_id) != UNIQUE_ID_BYTES:
-                raise ValueError(f"unique_id: expected {UNIQUE_ID_BYTES} bytes, got "
-                                 f"{len(unique_id)}")
-            if rank is None or size is None:
-                raise ValueError("rank and size: both are required with unique_id")
-            if not isinstance(size, int) or size < 1:
-                raise ValueError(f"size: {size!r} is not a positive int")
-            if not isinstance(rank, int) or not 0 <= rank < size:
-                raise ValueError(f"rank: {rank!r} is not in [0, {size})")
-            self._c = _maco.Comm.from_unique_id(bytes(unique_id), rank, size,
-                                                _device_index(device), _timeout_ms(timeout))
+        self._c = (_handle if _handle is not None else
+                   _job.create_handle(unique_id, rank, size, device, timeout))
         self._cache()
 
     def _cache(self) -> None:
@@ -328,23 +196,7 @@ class Communicator:
             RuntimeError: torch.distributed is not initialized.
             and the errors of :meth:`from_unique_id`.
         """
-        import torch
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise RuntimeError("group: torch.distributed is not initialized "
-                               "(call torch.distributed.init_process_group first)")
-        pg = group if group is not None else dist.group.WORLD
-        rank = dist.get_rank(pg)
-        size = dist.get_world_size(pg)
-        if device is None:
-            bound = getattr(pg, "bound_device_id", None)
-            if bound is not None and bound.type == "cuda":
-                device = bound
-            elif torch.cuda.is_available():
-                device = torch.cuda.current_device()
-        uid = unique_id() if rank == 0 else None
-        uid = _exchange_id(pg, rank, uid)
+        uid, rank, size, device = _job.process_group_job(group, device)
         return cls(uid, rank, size, device=device, timeout=timeout)
 
     # ------------------------------------------------------------ properties
@@ -417,8 +269,6 @@ class Communicator:
         """Raises the error of device or proxy work that failed asynchronously (a peer that
         stopped answering, a receive of the wrong size), if any; a communicator in that state
         must be closed. Does not block or synchronise."""
-        from ._errors import _from_status
-
         st = self._c.async_error()
         if st != 0:
             raise _from_status(st, self._c.last_error or _maco.status_string(st))
@@ -671,7 +521,7 @@ class Communicator:
                 raise ValueError("out: pass out=, or shape= and dtype= to allocate it")
             if self._device is None:
                 raise UnsupportedError("recv: this rank has no usable GPU: "
-                                       + (cuda_device_count()[1] or "no CUDA device"))
+                                       + (_job.cuda_device_count()[1] or "no CUDA device"))
             out = new_tensor(shape, dtype, self._device)
         ob = self._buf(out, "out")
         if ob.readonly:
@@ -679,164 +529,6 @@ class Communicator:
         dt, count = move_type(ob)
         self._c.recv(ob.address, count, int(dt), src, self._stream(stream, ob))
         return ob.obj
-
-    # ------------------------------------------------------------ plans
-
-    def load_plan(self, plan: Any) -> "Plan":
-        """Loads an execution plan for this communicator (``maco_plan_load``): ``plan`` is a
-        plan file's path or a :class:`maco.language.Program`. Collective and blocking: every
-        rank loads the same plan. The plan is verified first (postcondition, races,
-        deadlocks, bounds).
-
-        Returns: a :class:`Plan`; call it to run the collective.
-        Raises: InvalidArgumentError with the verifier's first problem (rank, thread block,
-        operation, chunk) or a world size other than this communicator's; UnsupportedError
-        for what the executor cannot run here (the message says what); FileNotFoundError.
-        """
-        import json
-        import tempfile
-
-        if hasattr(plan, "to_json"):
-            text = plan.to_json()
-            fd, path = tempfile.mkstemp(suffix=".json", prefix="maco-plan-")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                h = self._c.plan_load(path)
-            finally:
-                os.unlink(path)
-        else:
-            path = os.fspath(plan)
-            with open(path) as f:
-                text = f.read()
-            h = self._c.plan_load(path)
-        try:
-            meta = json.loads(text)
-        except ValueError:
-            meta = {}
-        return Plan(self, h, str(meta.get("collective", "allreduce")),
-                    str(meta.get("name", os.path.basename(str(plan)))))
-
-    # ------------------------------------------------------------ memory
-
-    def register(self, tensor: Any) -> Registration:
-        """Registers ``tensor``'s memory with this communicator, so collectives on it can run
-        in place (see :class:`Registration`) once every rank registered its buffer and called
-        :meth:`map_registrations`; until then they go through scratch, with the same results.
-        Not collective, not blocking.
-
-        Raises:
-            InvalidArgumentError: memory CUDA does not know or of another device.
-            UnsupportedError: no GPU, or cuMem memory not exportable by file descriptor.
-        """
-        b = self._buf(tensor, "tensor")
-        if b.nbytes == 0:
-            raise ValueError("tensor: has no elements to register")
-        return Registration(self._c.register(b.address, b.nbytes), tensor)
-
-    def map_registrations(self, barrier: bool = True) -> None:
-        """Maps the registrations of this node's other ranks (:meth:`register`, :meth:`empty`)
-        so that collectives on registered buffers run in place: a collective call never maps
-        a peer's memory itself (``maco_collective_map_registrations``). With ``barrier``
-        (the default) it first waits until every rank has called it, so every registration
-        made before the call on any rank is mapped: collective then. With
-        ``barrier=False`` it maps what the peers have registered so far: local.
-
-        Blocking (mapping may fetch a file descriptor from a peer, bounded by
-        MACO_BOOTSTRAP_TIMEOUT); enqueues no GPU work. Cheap when nothing is new.
-
-        Raises:
-            CommTimeoutError, RemoteError: the barrier or a peer did not answer (named).
-            CudaError: a mapping failed (the registration stays unmapped, its calls use
-                scratch, and the communicator stays usable).
-        """
-        if barrier:
-            self.barrier()
-        self._c.map_registrations()
-
-    def peer_views(self, tensor: Any) -> list:
-        """Every rank's ``tensor`` as a tensor of this process: element ``r`` is rank ``r``'s
-        buffer mapped here (CUDA IPC over NVLink or PCIe; ``tensor`` itself at this rank's
-        index), so that copies into or out of it (``view.copy_(x)``, cudaMemcpyAsync: the copy
-        engines) and kernels reach the peer's memory directly.
-
-        Collective and blocking (a bootstrap allgather of the handles): every rank passes a
-        torch tensor of the same shape and dtype. The views keep the registration and the
-        mappings alive; they must not be used after the owner frees its tensor. Ordering with
-        the peer's work is the caller's (e.g. a collective used as a barrier on the stream).
-
-        Args:
-            tensor: a contiguous CUDA torch tensor on this communicator's device (memory from
-                :meth:`empty` or torch's caching allocator).
-        Returns: a list of ``size`` torch tensors, shape and dtype of ``tensor``.
-        Raises:
-            ValueError: no elements; shapes or dtypes differ between ranks (every rank raises).
-            UnsupportedError: a peer on another node (no mapping), no GPU.
-            CudaError: the mapping failed (no peer access between the GPUs).
-        """
-        import torch
-
-        b = self._buf(tensor, "tensor")
-        if b.nbytes == 0:
-            raise ValueError("tensor: has no elements to map")
-        # Compared by digest (any length), shown by its first 96 bytes.
-        sig = f"{tuple(tensor.shape)}|{tensor.dtype}".encode()
-        sigs = self.allgather_bytes(hashlib.sha256(sig).digest() + sig.ljust(96, b" ")[:96])
-        if len({x[:32] for x in sigs}) != 1:
-            bad = [r for r, x in enumerate(sigs) if x[:32] != sigs[self.rank][:32]]
-            raise ValueError(f"tensor: rank {self.rank} has {sig.decode()}, rank {bad[0]} "
-                             f"{sigs[bad[0]][32:].decode(errors='replace').strip()}: every "
-                             "rank passes the same shape and dtype")
-        mine = self._c.register(b.address, b.nbytes)
-        handles = self.allgather_bytes(mine.serialize())
-        views = []
-        for r, h in enumerate(handles):
-            if r == self.rank:
-                views.append(tensor)
-                continue
-            mem = self._c.import_mem(h)
-            holder = _MappedPeer(mem, mine, tensor)
-            view = torch.as_tensor(holder, device=tensor.device)
-            views.append(view.view(torch.bfloat16) if holder._bf16 else view)
-        return views
-
-    def empty(self, shape: Sequence[int] | int, dtype: Any, *, framework: str = "torch") -> Any:
-        """A new uninitialised tensor in memory from ``maco_mem_alloc`` (registered with
-        this communicator for as long as it lives; freed when the tensor is). Collectives use
-        it in place once every rank has called :meth:`map_registrations` after allocating.
-
-        Args:
-            shape: dimensions.
-            dtype: a MACO type, torch dtype, NumPy dtype or name.
-            framework: "torch" or "cupy".
-
-        Raises:
-            UnsupportedError: no GPU. CudaError: the driver refused the allocation.
-        """
-        if isinstance(shape, int):
-            shape = (shape,)
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
-            raise ValueError(f"shape: {shape} has a negative dimension")
-        dt = to_maco_dtype(dtype)
-        nbytes = dt.itemsize
-        for s in shape:
-            nbytes *= s
-        capsule = self._c.alloc_dlpack([nbytes], 1, 8)  # bytes; viewed as dt below
-        export = DLPackExport(capsule, self._device if self._device is not None else 0)
-        if framework == "torch":
-            import torch
-
-            from ._types import to_torch_dtype
-
-            raw = torch.from_dlpack(export)
-            return raw.view(to_torch_dtype(dt)).reshape(shape)
-        if framework == "cupy":
-            import cupy
-
-            raw = cupy.from_dlpack(export)
-            return raw.view(to_numpy_dtype(dt)).reshape(shape)
-        raise ValueError(f"framework: {framework!r} is not 'torch' or 'cupy'")
 
     # ------------------------------------------------------------ algorithms
 
@@ -891,74 +583,6 @@ class Communicator:
         return {"inplace": i, "scratch": s, "last_launch_ctas": c}
 
 
-class Plan:
-    """An execution plan loaded for a communicator (:meth:`Communicator.load_plan`): a
-    collective algorithm written as data (:mod:`maco.language`, docs/plan-format.md), verified
-    by MACO's verifier at load, with its channels set up. Calling it runs the collective with
-    one launch of MACO's executor kernel (``maco_plan_execute``), stream-ordered like the
-    other collectives and capturable in a CUDA graph.
-
-    Attributes: ``collective`` ("allreduce", "allgather" or "reduce_scatter"), ``name``.
-    Not thread-safe: one call at a time per plan (one stream at a time). :meth:`close` (or
-    leaving a ``with`` block) frees it after waiting for the device; so does garbage
-    collection.
-    """
-
-    def __init__(self, comm: "Communicator", handle: Any, collective: str, name: str):
-        self._comm = comm
-        self._h = handle
-        self.collective = collective
-        self.name = name
-
-    def __repr__(self) -> str:
-        state = "closed" if self._h.destroyed else f"{self._comm.size} ranks"
-        return f"<maco.Plan {self.name!r} {self.collective}, {state}>"
-
-    def __enter__(self) -> "Plan":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Frees the plan's buffers and channels (waits for the device); idempotent."""
-        self._h.destroy()
-
-    def __call__(self, x: Any, out: Any = None, *, op: Any = ReduceOp.SUM,
-                 stream: Any = None) -> Any:
-        """Runs the plan's collective on ``x`` (every rank calls it with the same size, type
-        and op). Shapes as the communicator's call of the same name: allreduce: ``out`` has
-        x's size (None: in place); allgather: ``out`` has size * x.numel elements (None: a new
-        tensor of shape (size, *x.shape)); reduce_scatter: x has size * k elements and
-        ``out`` k (None: a new flat tensor). ``op`` applies to reductions.
-
-        Returns: the output. Raises: ValueError/TypeError for sizes and types (nothing runs);
-        InvalidArgumentError when the unit exceeds the plan's buffers (MACO_PLAN_MAX_BYTES);
-        InvalidUsageError after :meth:`close` or an earlier device failure.
-        """
-        c = self._comm
-        xb = c._buf(x, "x")
-        n = c.size
-        op = to_maco_op(op)
-        if self.collective == "allgather":
-            dt, count = move_type(xb)
-            ob = c._out(out, xb, (n, *xb.shape), xb.numel * n, "allgather")
-            op = ReduceOp.SUM  # ignored by allgather
-        elif self.collective == "reduce_scatter":
-            dt, count = reduce_type(xb, "x", op)
-            if xb.numel % n:
-                raise ValueError(f"x: {xb.numel} elements is not a multiple of the world size "
-                                 f"{n}")
-            ob = c._out(out, xb, (xb.numel // n,), xb.numel // n, "reduce_scatter")
-            count //= n
-        else:
-            dt, count = reduce_type(xb, "x", op)
-            ob = xb if out is None else c._out(out, xb, xb.shape, xb.numel, "allreduce")
-        self._h.execute(xb.address, ob.address, count, int(dt), int(op),
-                        c._stream(stream, xb, ob))
-        return ob.obj
-
-
 def _collective(name: str) -> int:
     try:
         return _COLLECTIVES[name]
@@ -988,105 +612,3 @@ def _displs(counts: Sequence[int]) -> list[int]:
         out.append(acc)
         acc += c
     return out
-
-
-_exchange_counters: dict = {}
-
-
-def _pg_name(pg: Any) -> str:
-    """A name of ``pg`` that every member computes alike."""
-    import torch.distributed as dist
-
-    try:
-        name = pg.group_name
-    except (RuntimeError, AttributeError):  # a Python process group without a name
-        name = None
-    if not name:
-        try:
-            name = dist.distributed_c10d._get_process_group_name(pg)
-        except Exception:  # noqa: BLE001 - private API
-            name = None
-    if not name or name == "None":
-        ranks = dist.get_process_group_ranks(pg) if pg is not dist.group.WORLD else ["world"]
-        name = "ranks-" + "-".join(str(r) for r in ranks)
-    return name
-
-
-def _exchange_id(pg: Any, rank: int, uid: Optional[bytes]) -> bytes:
-    """Group rank 0's unique id on every rank of ``pg``: through the default store under a
-    per-group key when torch exposes it, else broadcast_object_list."""
-    import torch.distributed as dist
-
-    store = None
-    try:
-        from torch.distributed import distributed_c10d as c10d
-
-        store = c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - private API; fall back to a collective
-        store = None
-    if store is not None:
-        name = _pg_name(pg)
-        # Every rank of the group makes the same calls for it in the same order.
-        _exchange_counters[name] = _exchange_counters.get(name, 0) + 1
-        key = f"maco/unique_id/{name}/{_exchange_counters[name]}"
-        if rank == 0:
-            store.set(key, uid)
-        return bytes(store.get(key))
-    obj = [uid]
-    src = dist.get_global_rank(pg, 0) if pg is not dist.group.WORLD else 0
-    dist.broadcast_object_list(obj, src=src, group=pg)
-    return obj[0]
-
-
-def empty(shape: Sequence[int] | int, dtype: Any, comm: Optional[Communicator] = None, *,
-          framework: str = "torch") -> Any:
-    """``comm.empty(shape, dtype)`` (default: the communicator of :func:`maco.init`)."""
-    if comm is None:
-        from ._level1 import get_default_communicator
-
-        comm = get_default_communicator()
-    return comm.empty(shape, dtype, framework=framework)
-
-
-_env_counter = [0]
-
-
-def _torchrun_unique_id(timeout: Optional[float]) -> Optional[tuple]:
-    """Under torchrun, (unique id, rank, size) exchanged through torchrun's own key-value
-    store, else None.
-
-    torchrun's agent already listens on MASTER_ADDR:MASTER_PORT (its TCPStore), where the C
-    library's environment bootstrap would listen too; so when torchrun says its workers share
-    the agent's store (TORCHELASTIC_USE_AGENT_STORE=True) and no MACO_* job variables are
-    set, rank 0 makes a unique id and the others read it from that store.
-    """
-    e = os.environ
-    if "MACO_RANK" in e or "MACO_BOOTSTRAP_ADDR" in e:
-        return None
-    if e.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-        return None
-    try:
-        rank, size = int(e["RANK"]), int(e["WORLD_SIZE"])
-        addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
-    except (KeyError, ValueError):
-        return None  # let the C library name what is missing
-    try:
-        import datetime
-
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    wait = datetime.timedelta(seconds=timeout if timeout is not None else 300)
-    store = dist.TCPStore(addr, port, is_master=False, timeout=wait)
-    _env_counter[0] += 1  # every rank creates its communicators from the environment alike
-    key = (f"maco/unique_id/{e.get('TORCHELASTIC_RUN_ID', 'run')}/"
-           f"{e.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_env_counter[0]}")
-    if rank == 0:
-        store.set(key, unique_id())
-    return bytes(store.get(key)), rank, size
-
-
-def _environment_has_job() -> bool:
-    return ("MACO_RANK" in os.environ and "MACO_WORLD_SIZE" in os.environ) or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ)
-

@@ -1,42 +1,7 @@
-"""Models: ``maco.compile`` and ``torch.compile(backend="maco")`` (each matmul + collective
-pair of a tensor-parallel layer becomes one of MACO's GEMM + collective operators, the rest
-stays torch's), the FX pass behind them (:func:`fuse_matmul_allreduce`), ``maco.Module``,
-``maco.TPLinear``, ``@maco.task_graph`` and ``maco.PersistentContext``.
-
-Row-parallel matmul + all_reduce becomes the custom op ``torch.ops.maco.gemm_allreduce(a, b,
-bias, group_name, site)``: ``a`` (m, k), ``b`` (k, n), result (m, n) of a's dtype = the sum
-over the group's ranks of ``a @ b`` (+ the sum of ``bias`` (n,) when given: allreduce(addmm)
-semantics). On CUDA it runs what ``maco.config`` ``fusion`` names:
-
-- "copy_engine" (the default; bf16, fp16 or fp32 operands of one type):
-  :func:`maco.tp.gemm_allreduce`, cuBLAS in row chunks with the transfers on the copy
-  engines from 1e11 flop (2 m n k) with every rank on one node (``_COMPILE_CE_MIN_FLOP``:
-  inside a compiled graph the host runs ahead, so the path's host time is hidden), else the
-  GEMM then MACO's allreduce;
-- "persistent" (bf16, n a multiple of 128 and k of 32): a :class:`maco.PersistentKernel`
-  whose graph is ``g.allreduce(g.matmul(A, B, output=OUT))`` (the fused operator of
-  ``maco_task_graph_add_gemm_allreduce``), built once per call site and shape on the group's
-  MACO communicator (collective: every rank reaches the site with the same shapes), with
-  registered buffers A, B, OUT. A call copies ``a`` into A (and ``b`` into B when ``b``'s
-  memory or version changed since the last call: weights are copied once), launches the
-  kernel on the current stream, and returns a copy of OUT (the kernel's OUT is overwritten by
-  the next launch). The sum is in rank order in fp32 of bf16 products, bitwise equal on every
-  rank; it differs from cuBLAS + NCCL by bf16 rounding.
-
-Otherwise (CPU tensors, other dtypes or shapes): ``a @ b`` then an allreduce on the group
-(CUDA: MACO's communicator of the group; CPU: torch.distributed, e.g. Gloo): the fallback
-that CPU tests check.
-
-The sequence-parallel pairs (Inductor's async-TP form: an all_gather of row shards before a
-column-parallel matmul, a reduce_scatter after a row-parallel one) become
-``torch.ops.maco.allgather_gemm(a, b, group_size, group_name, site)`` ((s, k) shard ->
-(group_size * s, n)) and ``torch.ops.maco.gemm_reduce_scatter(a, b, bias, group_size,
-group_name, site)`` ((m, k) -> this rank's (m / group_size, n) rows; m a multiple of
-group_size, else ValueError). On CUDA with bf16, fp16 or fp32 operands of one type they run
-:func:`maco.tp.allgather_gemm` and :func:`maco.tp.gemm_reduce_scatter` with the same
-copy-engine threshold, whatever ``fusion`` says (the persistent kernel's forms of these two
-are not used here); otherwise the collective and the matmul one after the other (CPU:
-torch.distributed).
+"""``maco.compile`` and ``torch.compile(backend="maco")``: each matmul + collective pair of a
+tensor-parallel layer becomes one of MACO's GEMM + collective operators (maco/_fused_ops.py's
+``torch.ops.maco.*``), the rest stays torch's; the FX pass behind them
+(:func:`fuse_matmul_allreduce`). Needs torch.
 """
 
 from __future__ import annotations
@@ -44,39 +9,16 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-import sys
-import threading
-import types
-import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from . import _config
-from ._overlap import _Scope, _is_compiling, async_tensor, suspended
+import torch
+import torch.nn.functional as F
 
-__all__ = ["compile", "maco_backend", "fuse_matmul_allreduce", "Module", "TPLinear",
-           "task_graph", "PersistentContext", "FusedGemmAllreduce"]
+from ._fused_ops import register_ops
 
-_lock = threading.RLock()
+__all__ = ["compile", "maco_backend", "fuse_matmul_allreduce"]
+
 _sites = itertools.count()
-_runners: dict = {}  # (site, m, n, k, dtype, device index) -> FusedGemmAllreduce
-_ops_registered = False
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-# ---------------------------------------------------------------------------- groups
-
-def _resolve_group(group_name: str) -> Any:
-    import torch.distributed as dist
-    from torch._C._distributed_c10d import _resolve_process_group
-
-    if not group_name:
-        return dist.group.WORLD
-    return _resolve_process_group(group_name)
 
 
 def _group_name(group: Any) -> str:
@@ -84,264 +26,10 @@ def _group_name(group: Any) -> str:
     return "" if group is None else group.group_name
 
 
-def _group_comm(pg: Any, device: Any) -> Any:
-    """The MACO communicator of process group ``pg`` on ``device`` (made at first use,
-    collectively, as maco.patch_torch_distributed does)."""
-    from . import torch as mt
-
-    if isinstance(pg, mt.ProcessGroupMaco):
-        return pg.comm
-    return mt._maco_pg(pg, device).comm
-
-
-def _allreduce_on_group(y: Any, pg: Any) -> Any:
-    """In-place sum of ``y`` over ``pg``: MACO on CUDA, torch.distributed on the CPU."""
-    import torch.distributed as dist
-
-    from ._overlap import _Inside
-
-    if y.is_cuda:
-        _group_comm(pg, y.device).allreduce(y)
-    else:
-        with _Inside():
-            dist.all_reduce(y, group=pg)
-    return y
-
-
-# ---------------------------------------------------------------------------- fused op
-
-class FusedGemmAllreduce:
-    """The persistent kernel behind one call site of ``torch.ops.maco.gemm_allreduce`` for
-    one shape (see the module's text): registered ``A`` (m, k) bf16, ``B`` (k, n) bf16 and
-    ``OUT`` (m, n) of the output dtype, and the kernel running
-    ``g.allreduce(g.matmul(A, B, output=OUT))``. Not thread-safe; one stream at a time.
-    :meth:`close` frees it (after its launches finished)."""
-
-    def __init__(self, comm: Any, m: int, n: int, k: int, out_dtype: Any):
-        torch = _torch()
-        from .persistent import PersistentKernel
-
-        split = _config.current_split()
-        kw = split.persistent_config() if split is not None else {}
-        self.kernel = PersistentKernel(comm, profile=_config.setting("profile"), **kw)
-        kern = self.kernel
-        self.A = kern.register_output((m, k), torch.bfloat16, name="a")
-        self.B = kern.register_output((k, n), torch.bfloat16, name="b")
-        self.OUT = kern.register_output((m, n), out_dtype, name="out")
-        with kern.task_graph() as g:
-            g.allreduce(g.matmul(self.A, self.B, output=self.OUT, name="gemm"), name="allreduce")
-        kern.compile()
-        self._b_seen: Optional[tuple] = None
-        self.launches = 0
-
-    def __call__(self, a: Any, b: Any) -> Any:
-        seen = (b.data_ptr(), b._version, tuple(b.stride()))
-        if seen != self._b_seen:
-            self.B.tensor.copy_(b)
-            self._b_seen = seen
-        self.A.tensor.copy_(a)
-        self.kernel()
-        self.launches += 1
-        return self.OUT.tensor.clone()
-
-    def close(self) -> None:
-        self.kernel.close()
-
-
-def _fusable(a: Any, b: Any) -> bool:
-    torch = _torch()
-    return (a.is_cuda and b.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16
-            and a.dim() == 2 and b.dim() == 2 and b.shape[1] % 128 == 0 and a.shape[1] % 32 == 0
-            and a.shape[0] >= 1)
-
-
-_warned: set = set()
-stats = {"fused": 0, "copy_engine": 0, "fallback": 0, "allgather_gemm": 0,
-         "gemm_reduce_scatter": 0, "sp_fallback": 0}
-"""Calls in this process: of torch.ops.maco.gemm_allreduce through the fused persistent
-kernel ("fused"), through maco.tp.gemm_allreduce ("copy_engine": ``maco.config.set(
-fusion="copy_engine")``) and through the fallback (matmul, then an allreduce: "fallback");
-of torch.ops.maco.allgather_gemm and gemm_reduce_scatter through maco.tp (by name) and through
-their fallback (the collective and the matmul one after the other: "sp_fallback")."""
-_contiguous: dict = {}  # site -> ((data_ptr, version, shape, stride), contiguous copy of b)
-
-
-def _contiguous_b(site: int, b: Any) -> Any:
-    """``b`` row-major: itself, or a copy made once per call site and weight version."""
-    if b.is_contiguous():
-        return b
-    seen = (b.data_ptr(), b._version, tuple(b.shape), tuple(b.stride()))
-    hit = _contiguous.get(site)
-    if hit is None or hit[0] != seen:
-        hit = _contiguous[site] = (seen, b.contiguous())
-    return hit[1]
-
-
-# Inside compiled graphs the copy-engine path of maco.tp is taken from this many flop (2 M N K)
-# instead of maco.tp's 2e11: there the host runs ahead of the GPU, so the path's Python host
-# time (0.2-0.3 ms per call with 4 ranks) is hidden. Llama-3-70B TP4 layer, sequence parallel,
-# 4096 tokens, 4x H200: with the QKV (1.7e11) and o_proj (1.4e11) pairs on the copy engines
-# too, 3.088 ms per step against 3.240 (docs/performance.md).
-_COMPILE_CE_MIN_FLOP = 1.0e11
-
-
-def _tp_method(comm: Any, flop: int, pattern: str, rows: int = 0) -> str:
-    from . import tp
-
-    return tp._method(comm, None, flop, pattern, rows, min_flop=_COMPILE_CE_MIN_FLOP)
-
-
-def _gemm_allreduce_impl(a, b, bias, group_name, site):
-    torch = _torch()
-    pg = _resolve_group(group_name)
-    y = None
-    if (_config.setting("fusion") == "copy_engine" and a.is_cuda and a.dtype == b.dtype
-            and a.dtype in (torch.bfloat16, torch.float16, torch.float32)):
-        from . import tp
-
-        comm = _group_comm(pg, a.device)
-        flop = 2 * a.shape[0] * a.shape[1] * b.shape[1]
-        y = tp.gemm_allreduce(a.contiguous(), _contiguous_b(site, b), comm,
-                              method=_tp_method(comm, flop, "gemm_allreduce", a.shape[0]))
-        stats["copy_engine"] += 1
-    elif _fusable(a, b):
-        key = (site, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device.index)
-        with _lock:
-            r = _runners.get(key)
-            if r is None and key not in _warned:
-                try:
-                    r = _runners[key] = FusedGemmAllreduce(_group_comm(pg, a.device),
-                                                            a.shape[0], b.shape[1], a.shape[1],
-                                                            a.dtype)
-                except Exception as e:  # noqa: BLE001 - e.g. a library without GEMM tiles
-                    from ._errors import UnsupportedError
-
-                    if not isinstance(e, UnsupportedError):
-                        raise
-                    _warned.add(key)
-                    warnings.warn(f"maco.gemm_allreduce: the fused kernel is unavailable ({e}); "
-                                  "running matmul then MACO's allreduce", RuntimeWarning,
-                                  stacklevel=2)
-        if r is not None:
-            y = r(a, b)
-            stats["fused"] += 1
-    if y is None:
-        y = _allreduce_on_group(torch.mm(a, b), pg)
-        stats["fallback"] += 1
-    if bias is not None:
-        y = y + _allreduce_on_group(bias.detach().clone(), pg).to(y.dtype)
-    return y
-
-
-def _tp_ready(a: Any, b: Any) -> bool:
-    """Whether maco.tp takes the pair: CUDA, one float type of maco.tp's, 2-D."""
-    torch = _torch()
-    return (a.is_cuda and b.is_cuda and a.dtype == b.dtype and a.dim() == 2 and b.dim() == 2
-            and a.dtype in (torch.bfloat16, torch.float16, torch.float32))
-
-
-def _allgather_gemm_impl(a, b, group_size, group_name, site):
-    """``allgather(a) @ b`` over the group (rows of the ranks' shards in rank order)."""
-    torch = _torch()
-    pg = _resolve_group(group_name)
-    if _tp_ready(a, b):
-        from . import tp
-
-        stats["allgather_gemm"] += 1
-        comm = _group_comm(pg, a.device)
-        flop = 2 * group_size * a.shape[0] * a.shape[1] * b.shape[1]
-        return tp.allgather_gemm(a.contiguous(), _contiguous_b(site, b), comm,
-                                 method=_tp_method(comm, flop, "allgather_gemm"))
-    stats["sp_fallback"] += 1
-    if a.is_cuda:
-        g = _group_comm(pg, a.device).allgather(a.contiguous()).reshape(-1, a.shape[1])
-    else:
-        import torch.distributed as dist
-
-        from ._overlap import _Inside
-
-        parts = [torch.empty_like(a) for _ in range(group_size)]
-        with _Inside():
-            dist.all_gather(parts, a.contiguous(), group=pg)
-        g = torch.cat(parts)
-    return torch.mm(g, b)
-
-
-def _gemm_reduce_scatter_impl(a, b, bias, group_size, group_name, site):
-    """This rank's block of rows of ``sum over the group of a @ b (+ bias)``."""
-    torch = _torch()
-    pg = _resolve_group(group_name)
-    if a.shape[0] % group_size:
-        raise ValueError(f"maco.gemm_reduce_scatter: a has {a.shape[0]} rows, not a multiple "
-                         f"of the group's {group_size} ranks")
-    s = a.shape[0] // group_size
-    if _tp_ready(a, b):
-        from . import tp
-
-        stats["gemm_reduce_scatter"] += 1
-        comm = _group_comm(pg, a.device)
-        flop = 2 * a.shape[0] * a.shape[1] * b.shape[1]
-        y = tp.gemm_reduce_scatter(a.contiguous(), _contiguous_b(site, b), comm,
-                                   method=_tp_method(comm, flop, "gemm_reduce_scatter"))
-    else:
-        import torch.distributed as dist
-
-        stats["sp_fallback"] += 1
-        rank = dist.get_rank(pg)
-        y = _allreduce_on_group(torch.mm(a, b), pg)[rank * s:(rank + 1) * s].contiguous()
-    if bias is not None:
-        y = y + _allreduce_on_group(bias.detach().clone(), pg).to(y.dtype)
-    return y
-
-
-def _register_ops() -> None:
-    """Registers ``torch.ops.maco.gemm_allreduce``, ``allgather_gemm`` and
-    ``gemm_reduce_scatter`` (and their fakes, for tracing) once."""
-    global _ops_registered
-    with _lock:
-        if _ops_registered:
-            return
-        torch = _torch()
-        # name -> (schema, implementation, output shape from the fake arguments)
-        ops = {
-            "gemm_allreduce": (
-                "(Tensor a, Tensor b, Tensor? bias, str group_name, int site) -> Tensor",
-                _gemm_allreduce_impl, lambda a, b, *_: (a.shape[0], b.shape[1])),
-            "allgather_gemm": (
-                "(Tensor a, Tensor b, int group_size, str group_name, int site) -> Tensor",
-                _allgather_gemm_impl, lambda a, b, ws, *_: (a.shape[0] * ws, b.shape[1])),
-            "gemm_reduce_scatter": (
-                "(Tensor a, Tensor b, Tensor? bias, int group_size, str group_name, int site) "
-                "-> Tensor",
-                _gemm_reduce_scatter_impl,
-                lambda a, b, bias, ws, *_: (a.shape[0] // ws, b.shape[1])),
-        }
-        for name, (schema, impl, shape) in ops.items():
-            op = torch.library.custom_op(f"maco::{name}", impl, mutates_args=(), schema=schema)
-            op.register_fake(lambda a, *rest, shape=shape: a.new_empty(shape(a, *rest)))
-        _ops_registered = True
-
-
-def close_kernels(sites: Optional[set] = None) -> None:
-    """Frees the fused kernels (of ``sites``, or all) after synchronising the device; later
-    calls rebuild them (collectively)."""
-    torch = _torch()
-    with _lock:
-        keys = [k for k in _runners if sites is None or k[0] in sites]
-        if keys and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        for k in keys:
-            _runners.pop(k).close()
-        for site in [k for k in _contiguous if sites is None or k in sites]:
-            del _contiguous[site]
-
-
 # ---------------------------------------------------------------------------- the FX pass
 
 def _targets() -> dict:
-    torch = _torch()
-    import torch.distributed as dist
-    import torch.nn.functional as F
+    import torch.distributed as dist  # where a graph is rewritten: the module loads without it
 
     aten = torch.ops.aten
     c10d = torch.ops._c10d_functional
@@ -374,8 +62,7 @@ def _is(node: Any, kinds: set, method_names: set = frozenset()) -> bool:
 def _fused_matmul_allreduce(x, b, bias, group_name, site):
     """torch-level graphs (torch.fx.symbolic_trace, Dynamo's): ``x`` (..., k) @ ``b`` (k, n)
     summed over the group (+ the summed bias), shaped (..., n)."""
-    torch = _torch()
-    _register_ops()
+    register_ops()
     y = torch.ops.maco.gemm_allreduce(x.reshape(-1, x.shape[-1]), b, bias, group_name, site)
     return y.reshape(*x.shape[:-1], b.shape[-1])
 
@@ -412,8 +99,7 @@ def fuse_matmul_allreduce(gm: Any) -> int:
     between the collective and the matmul, other reductions). Every rank must rewrite the
     same graph (the site numbers given to the fused calls are process-wide counters).
     """
-    torch = _torch()
-    _register_ops()
+    register_ops()
     graph = getattr(gm, "graph", gm)
     T = _targets()
     count = 0
@@ -648,7 +334,7 @@ def maco_backend(gm: Any, example_inputs: Any, *, inner: str = "inductor") -> An
     functional collectives) gets :func:`fuse_matmul_allreduce`, then runs through ``inner``:
     "inductor" (Inductor compiles the rest; the pass runs as its post-grad custom pass) or
     "eager" (the rewritten aten graph runs op by op). Backward graphs are not rewritten."""
-    _register_ops()
+    register_ops()
     if inner == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
@@ -694,259 +380,11 @@ def compile(model: Any, *, inner: str = "inductor", **torch_compile_kwargs: Any)
     eager) kernels between them.
 
     Raises: ValueError: an unknown ``inner``; what torch.compile raises."""
-    torch = _torch()
     if inner not in ("inductor", "eager"):
         raise ValueError(f"inner: {inner!r}; accepts 'inductor' or 'eager'")
-    _register_ops()
+    register_ops()
     return torch.compile(model, backend=functools.partial(maco_backend, inner=inner),
                          **torch_compile_kwargs)
-
-
-# ---------------------------------------------------------------------------- models
-
-def _module_base():
-    return _torch().nn.Module
-
-
-class Module(_module_base()):
-    """An ``nn.Module`` whose forward is an overlap scope (:func:`maco.optimize_context`):
-    ``maco.allreduce`` (and ``dist.all_reduce``) inside it run on MACO and overlap the
-    operations that follow them, waited for at the first use of their result.
-
-    Across modules: when the forward ends inside another scope (an enclosing maco.Module, an
-    ``optimize_context``), collectives still running are handed to it, so a layer's final
-    allreduce overlaps what the parent does next; at the outermost module a single returned
-    tensor whose collective still runs comes back as an ``AsyncCollectiveResult`` (waited
-    for at its first use), anything else is waited for.
-
-    The design's layers assign attributes without calling ``super().__init__()``; a
-    maco.Module works either way (``nn.Module.__init__`` runs before the subclass's).
-    Under ``torch.compile`` (``maco.compile``) the scope does nothing: the compiled graph
-    fuses the matmul + allreduce pairs instead.
-    """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "Module":
-        self = super().__new__(cls)
-        _torch().nn.Module.__init__(self)
-        return self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():
-            return super().__call__(*args, **kwargs)
-        scope = _Scope(True, type(self).__name__)
-        scope.__enter__()
-        try:
-            out = super().__call__(*args, **kwargs)
-        except BaseException:
-            scope.__exit__(*sys.exc_info())
-            raise
-        pending = scope.pending
-        scope.pending = []
-        scope.__exit__(None, None, None)
-        return _hand_over(pending, out)
-
-
-def _hand_over(pending: list, out: Any) -> Any:
-    """Collectives still pending at the end of a maco.Module's forward: to the enclosing
-    scope; else the returned tensor waits at its first use; the rest is waited for now."""
-    from . import _overlap
-
-    if not pending:
-        return out
-    outer = _overlap._current_scope()
-    if outer is not None:
-        outer.pending.extend(pending)
-        return out
-    torch = _torch()
-    if isinstance(out, torch.Tensor):
-        k = _overlap._key(out)
-        mine = [p for p in pending if k in p.outs]
-        for p in pending:
-            if p not in mine:
-                p.handle.wait()
-        if mine:
-            h = mine[0].handle
-            if len(mine) > 1:
-                group: list = []
-                for p in mine:
-                    p.handle.group = group
-                    group.append(p.handle)
-            return async_tensor(out, h)
-        return out
-    for p in pending:
-        p.handle.wait()
-    return out
-
-
-class TPLinear(Module):
-    """A row-parallel linear layer (the design's TPLinear): this rank holds the columns
-    ``[rank * in / ws, (rank + 1) * in / ws)`` of the weight, multiplies its shard of the
-    input features by it, and the allreduce of the products overlaps the next operation.
-
-    Args:
-        in_features, out_features: the full layer's sizes (in_features divisible by
-            world_size).
-        world_size: the tensor-parallel size (None: the default communicator's, else
-            torch.distributed's).
-        bias: a bias of out_features (replicated), added after the allreduce (adding it
-            waits for the allreduce).
-        dtype, device: of the parameters.
-
-    Shapes: ``x`` (..., in_features / world_size) -> (..., out_features), x's dtype. The
-    weight is (out_features, in_features / world_size), initialised as nn.Linear's.
-    Streams: the allreduce runs on MACO's communication stream (see maco.allreduce).
-
-    Raises: ValueError: in_features not divisible by world_size; sizes not positive.
-    """
-
-    def __init__(self, in_features: int, out_features: int, world_size: Optional[int] = None,
-                 *, bias: bool = False, dtype: Any = None, device: Any = None):
-        super().__init__()
-        torch = _torch()
-        import math
-
-        from . import _level1
-
-        if world_size is None:
-            world_size = _level1._rank_size()[1]
-        for v, nm in ((in_features, "in_features"), (out_features, "out_features"),
-                      (world_size, "world_size")):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{nm}: {v!r} is not a positive int")
-        if in_features % world_size:
-            raise ValueError(f"in_features: {in_features} is not divisible by world_size "
-                             f"{world_size}")
-        self.world_size = world_size
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features // world_size,
-                                                     dtype=dtype, device=device))
-        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        self.bias = None
-        if bias:
-            self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
-
-    def forward(self, x: Any) -> Any:
-        torch = _torch()
-        from . import _level1
-
-        y = torch.matmul(x, self.weight.T)
-        y = _level1.allreduce(y, overlap_with_next=True)
-        if self.bias is not None:
-            y = y + self.bias
-        return y
-
-
-def task_graph(fn: Callable) -> Callable:
-    """Decorator for a layer's ``forward``: the method is compiled with ``backend="maco"``
-    (once per instance, at its first call), so its matmul + allreduce pairs run as fused
-    persistent-kernel operators and the rest through Inductor; under an enclosing
-    ``torch.compile`` it is traced as written.
-
-    What differs from the design: the "task graph" is the compiled FX graph with the fused
-    operators, not a single persistent kernel for the whole layer (MACO's runtime has no
-    attention or normalisation tasks). The inner compiler is ``maco.config``-independent:
-    pass ``maco.task_graph`` on a function whose module sets ``_maco_inner = "eager"`` to
-    run the rest eagerly (CPU tests do).
-
-    Raises: TypeError when ``fn`` is not callable."""
-    if not callable(fn):
-        raise TypeError(f"task_graph: {fn!r} is not callable")
-
-    @functools.wraps(fn)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():
-            return fn(self, *args, **kwargs)
-        c = self.__dict__.get("_maco_task_graph")
-        if c is None:
-            inner = getattr(self, "_maco_inner", "inductor")
-            c = compile(types.MethodType(fn, self), inner=inner)
-            object.__setattr__(self, "_maco_task_graph", c)
-        with suspended():
-            return c(*args, **kwargs)
-
-    wrapper.__maco_task_graph__ = True
-    return wrapper
-
-
-class PersistentContext:
-    """``with maco.PersistentContext(model) as ctx: out = ctx.forward(batch)`` — runs ``model``
-    compiled with ``backend="maco"``, keeping the fused persistent kernels it builds (their
-    registered buffers and memory channels) from one batch to the next, and freeing them when
-    the block ends (after synchronising the device).
-
-    Args:
-        model: an ``nn.Module`` (or any callable torch.compile takes).
-        inner: "inductor" (default) or "eager": what runs the non-fused operations.
-        sm_config: an :class:`maco.SMConfig` or ``(compute_sms, comm_sms)``: the split of
-            the fused kernels (default: the split in use, else MACO's).
-
-    What differs from the design: one persistent kernel per matmul + allreduce pair and
-    shape, not one for the whole model (see :func:`maco.compile`). Every rank enters the
-    context and runs the same batches (kernels are built collectively at the first batch of
-    each shape). Inside the block ``maco.config``'s ``fusion`` is "persistent" (the context
-    exists for those kernels; the process-wide default is "copy_engine"); it is restored at
-    exit. Not thread-safe.
-    """
-
-    def __init__(self, model: Any, *, inner: str = "inductor", sm_config: Any = None):
-        if inner not in ("inductor", "eager"):
-            raise ValueError(f"inner: {inner!r}; accepts 'inductor' or 'eager'")
-        self.model = model
-        self.inner = inner
-        self.sm_config = sm_config
-        self._compiled = None
-        self._sites_before: Optional[set] = None
-        self._saved_split = None
-        self._saved_fusion = None
-
-    def __enter__(self) -> "PersistentContext":
-        from . import _config as c
-
-        self._saved_split = c._explicit
-        with c._lock:
-            self._saved_fusion = c._settings["fusion"]
-            c._settings["fusion"] = "persistent"
-        if self.sm_config is not None:
-            if hasattr(self.sm_config, "apply"):
-                self.sm_config.apply()
-            else:
-                cs, ms = self.sm_config
-                c.set_config(compute_sms=cs, comm_sms=ms)
-        with _lock:
-            self._sites_before = {k[0] for k in _runners}
-        self._compiled = compile(self.model, inner=self.inner)
-        return self
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The compiled model's output for these inputs.
-
-        Raises: InvalidUsageError outside the ``with`` block."""
-        if self._compiled is None:
-            from ._errors import InvalidUsageError
-
-            raise InvalidUsageError("PersistentContext.forward: use it inside the with block")
-        with suspended():
-            return self._compiled(*args, **kwargs)
-
-    __call__ = forward
-
-    @property
-    def kernels(self) -> list:
-        """The fused kernels built inside this context so far."""
-        with _lock:
-            return [r for k, r in _runners.items() if k[0] not in (self._sites_before or set())]
-
-    def __exit__(self, *exc: Any) -> None:
-        from . import _config as c
-
-        with _lock:
-            mine = {k[0] for k in _runners} - (self._sites_before or set())
-        close_kernels(mine)
-        self._compiled = None
-        with c._lock:
-            c._explicit = self._saved_split
-            if self._saved_fusion is not None:
-                c._settings["fusion"] = self._saved_fusion
 
 
 _register_backend()

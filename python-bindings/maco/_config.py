@@ -1,6 +1,7 @@
-"""Global settings of the overlap API (``maco.config.set``), SM roles (``maco.SMConfig``,
-``maco.Role``), the compute/communication split (``maco.set_config``, ``maco.auto_config``,
-``@maco.dynamic_sm_config``), and how each maps onto MACO's C configuration.
+"""Global settings of the overlap API (``maco.config.set``) and the compute/communication split
+in use (``maco.set_config``, ``@maco.dynamic_sm_config``, a block's split of
+``maco.optimize_context(comm_sms=...)``), and how each maps onto MACO's C configuration. Where
+a split comes from besides these (SM roles, a measurement) is maco/_sm.py.
 
 The split in MACO's terms:
 
@@ -11,7 +12,7 @@ The split in MACO's terms:
   (``maco_persistent_config_t.comm_workers``).
 - ``compute_sms``: the persistent kernel's compute workers (``.workers``). Eager PyTorch
   compute is not limited by it (CUDA gives a running kernel no SM limit except through green
-  contexts: :class:`maco.Context` uses them).
+  contexts: the overlap scope's ``compute`` and :class:`maco.Context` use them).
 - ``scheduler_sms``: the persistent kernel's schedulers (``.schedulers``).
 
 Thread-safety: the settings are process-wide and guarded by a lock; changing them while
@@ -21,23 +22,18 @@ another thread runs collectives is allowed but that thread's next collective see
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
-import json
 import os
 import re
-import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional
 
 from . import _maco
+from ._default_comm import BACKEND_NAMES
 from ._errors import InvalidUsageError
 
-__all__ = ["Role", "SMConfig", "SMSplit", "auto_config", "set_config", "get_config",
-           "dynamic_sm_config", "config", "ConfigTable"]
-
-_lock = threading.RLock()
+__all__ = ["SMSplit", "set_config", "get_config", "dynamic_sm_config", "config", "ConfigTable"]
 
 _SM_POLICIES = ("auto", "manual", "dynamic")
 _STRATEGIES = ("none", "conservative", "aggressive")
@@ -56,24 +52,36 @@ _DEFAULTS = {
     "profile": False,
     "fusion": "copy_engine",
 }
-_settings: dict = dict(_DEFAULTS)
-
-# The split: explicit (set_config / SMConfig.apply), measured (auto_config), or None.
-_explicit: Optional["SMSplit"] = None
-_measured: Optional["SMSplit"] = None
-_scope_depth = 0  # overlap scopes running (any thread): 'manual' forbids changes meanwhile
 
 
-def _scope_enter() -> None:
-    global _scope_depth
-    with _lock:
-        _scope_depth += 1
+class _State:
+    """The process-wide settings and split, guarded by ``lock``.
+
+    ``explicit``: the split of :func:`set_config`, :meth:`maco.SMConfig.apply` or a block's
+    :func:`scoped_split`; ``measured``: :func:`maco.auto_config`'s; ``scope_depth``: overlap
+    scopes running on any thread (sm_policy 'manual' refuses changes meanwhile)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.settings: dict = dict(_DEFAULTS)
+        self.explicit: Optional[SMSplit] = None
+        self.measured: Optional[SMSplit] = None
+        self.scope_depth = 0
 
 
-def _scope_exit() -> None:
-    global _scope_depth
-    with _lock:
-        _scope_depth -= 1
+_state = _State()
+
+
+def scope_enter() -> None:
+    """An overlap scope starts (any thread)."""
+    with _state.lock:
+        _state.scope_depth += 1
+
+
+def scope_exit() -> None:
+    """An overlap scope ends."""
+    with _state.lock:
+        _state.scope_depth -= 1
 
 
 def parse_size(value: Any, name: str = "comm_buffer_size") -> int:
@@ -143,9 +151,9 @@ class ConfigTable:
                    in row chunks with the transfers on the copy engines; it keeps a
                    contiguous copy of each transposed weight) or "persistent" (MACO's fused
                    GEMM + allreduce persistent kernel,
-                   ``maco_task_graph_add_gemm_allreduce``). The default is the faster one
-                   measured on 2 H200s: the persistent kernel's GEMM tiles reach 81% of
-                   cuBLAS (docs/performance.md). Read at each call.
+                   ``maco_task_graph_add_gemm_allreduce``: bf16, n a multiple of 128 and
+                   k of 32; other shapes and types take the copy engines' path). The
+                   default and its measurement: docs/performance.md. Read at each call.
     ============== ===================================================================
 
     Thread-safe (one lock). Settings are per process; ranks should set the same values
@@ -171,8 +179,8 @@ class ConfigTable:
                 raise TypeError(f"maco.config.set: unknown setting {k!r}; known: "
                                 f"{', '.join(sorted(_DEFAULTS))}")
             new[k] = _check_setting(k, v)
-        with _lock:
-            _settings.update(new)
+        with _state.lock:
+            _state.settings.update(new)
         if new.get("comm_buffer_size") is not None:
             os.environ["MACO_SCRATCH_SIZE"] = str(new["comm_buffer_size"])
         if new.get("debug"):
@@ -183,9 +191,9 @@ class ConfigTable:
         ``compute_sms``, ``comm_sms``, ``scheduler_sms``) when ``name`` is None.
 
         Raises: TypeError: an unknown name."""
-        with _lock:
+        with _state.lock:
             if name is None:
-                d = dict(_settings)
+                d = dict(_state.settings)
                 s = current_split()
                 d.update(compute_sms=s.compute_sms if s else None,
                          comm_sms=s.comm_sms if s else None,
@@ -194,20 +202,18 @@ class ConfigTable:
             if name in ("compute_sms", "comm_sms", "scheduler_sms"):
                 s = current_split()
                 return getattr(s, name) if s else None
-            if name not in _settings:
+            if name not in _state.settings:
                 raise TypeError(f"maco.config.get: unknown setting {name!r}; known: "
-                                f"{', '.join(sorted(_settings))}")
-            return _settings[name]
+                                f"{', '.join(sorted(_state.settings))}")
+            return _state.settings[name]
 
     def reset(self) -> None:
         """Restores every setting's default and forgets the split (explicit and measured).
         Environment variables already set (MACO_SCRATCH_SIZE, MACO_LOG_LEVEL) stay."""
-        global _explicit, _measured
-        with _lock:
-            _settings.clear()
-            _settings.update(_DEFAULTS)
-            _explicit = None
-            _measured = None
+        with _state.lock:
+            _state.settings = dict(_DEFAULTS)
+            _state.explicit = None
+            _state.measured = None
 
     def __repr__(self) -> str:
         return f"maco.config({self.get()})"
@@ -215,7 +221,7 @@ class ConfigTable:
 
 def _check_setting(k: str, v: Any) -> Any:
     if k == "backend":
-        if v in (None, "maco", "nvshmem", "nccl_optimized"):
+        if v in BACKEND_NAMES:
             return "maco"
         raise ValueError(f"backend: {v!r}; MACO has one backend, 'maco' (its own kernels over "
                          "NVLink/PCIe and proxies for IB/TCP; the design's 'nvshmem' and "
@@ -258,7 +264,26 @@ config = ConfigTable()
 
 def setting(name: str) -> Any:
     """One setting's value (internal, no checks)."""
-    return _settings[name]
+    return _state.settings[name]
+
+
+def snapshot(*names: str) -> tuple:
+    """The explicit split and the settings ``names``, for :func:`restore`."""
+    with _state.lock:
+        return _state.explicit, {n: _state.settings[n] for n in names}
+
+
+def restore(saved: tuple) -> None:
+    """Puts back what :func:`snapshot` saved."""
+    with _state.lock:
+        _state.explicit = saved[0]
+        _state.settings.update(saved[1])
+
+
+def override(name: str, value: Any) -> None:
+    """Sets one setting without the checks of :meth:`ConfigTable.set` (a value it accepts)."""
+    with _state.lock:
+        _state.settings[name] = value
 
 
 # ---------------------------------------------------------------------------- the split
@@ -293,7 +318,10 @@ class SMSplit:
                 "num_comm_workers": self.comm_sms or 0}
 
 
-def _count(value: Any, name: str, allow_none: bool = True) -> Optional[int]:
+def sm_count(value: Any, name: str, allow_none: bool = True) -> Optional[int]:
+    """``value`` checked as a number of SMs: a positive int (None passes when allowed).
+
+    Raises: ValueError naming ``name``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -304,11 +332,11 @@ def _count(value: Any, name: str, allow_none: bool = True) -> Optional[int]:
 def current_split() -> Optional[SMSplit]:
     """The split in use: the explicit one, else (sm_policy 'auto') the measured one, else
     None (MACO's defaults)."""
-    with _lock:
-        if _explicit is not None:
-            return _explicit
-        if _settings["sm_policy"] == "auto":
-            return _measured
+    with _state.lock:
+        if _state.explicit is not None:
+            return _state.explicit
+        if _state.settings["sm_policy"] == "auto":
+            return _state.measured
         return None
 
 
@@ -316,11 +344,34 @@ def required_split() -> Optional[SMSplit]:
     """:func:`current_split`, raising under sm_policy 'manual' or 'dynamic' when none was
     set (the overlap API calls it before a collective)."""
     s = current_split()
-    if s is None and _settings["sm_policy"] in ("manual", "dynamic"):
-        raise InvalidUsageError(f"sm_policy={_settings['sm_policy']!r}: no split set; call "
+    policy = _state.settings["sm_policy"]
+    if s is None and policy in ("manual", "dynamic"):
+        raise InvalidUsageError(f"sm_policy={policy!r}: no split set; call "
                                 "maco.set_config(compute_sms=..., comm_sms=...) or "
                                 "SMConfig.apply() first (or maco.config.set(sm_policy='auto'))")
     return s
+
+
+def set_split(split: SMSplit, who: str) -> SMSplit:
+    """Makes ``split`` the explicit split (``who`` names the caller in the error).
+
+    Raises:
+        InvalidUsageError: sm_policy 'manual' while an overlap scope runs and a split is set.
+    """
+    with _state.lock:
+        if (_state.settings["sm_policy"] == "manual" and _state.scope_depth
+                and _state.explicit is not None):
+            raise InvalidUsageError(f"{who}: sm_policy='manual' fixes the split while an "
+                                    "overlap scope runs; use sm_policy='dynamic' to change it "
+                                    "between steps")
+        _state.explicit = split
+        return split
+
+
+def set_measured(split: SMSplit) -> None:
+    """Makes ``split`` (maco.auto_config's) the measured split."""
+    with _state.lock:
+        _state.measured = split
 
 
 def set_config(compute_sms: Optional[int] = None, comm_sms: Optional[int] = None, *,
@@ -345,22 +396,15 @@ def set_config(compute_sms: Optional[int] = None, comm_sms: Optional[int] = None
     Not blocking here: the cap is applied (collectively, over the bootstrap) before the
     next collective on each communicator.
     """
-    global _explicit
-    c = _count(compute_sms, "compute_sms")
-    m = _count(comm_sms, "comm_sms")
-    s = _count(scheduler_sms, "scheduler_sms")
-    t = _count(total_sms, "total_sms")
+    c = sm_count(compute_sms, "compute_sms")
+    m = sm_count(comm_sms, "comm_sms")
+    s = sm_count(scheduler_sms, "scheduler_sms")
+    t = sm_count(total_sms, "total_sms")
     used = (c or 0) + (m or 0) + (s or 0)
     if t is not None and used > t:
         raise ValueError(f"compute_sms={c} + comm_sms={m} + scheduler_sms={s} = {used} exceed "
                          f"total_sms={t}")
-    with _lock:
-        if _settings["sm_policy"] == "manual" and _scope_depth and _explicit is not None:
-            raise InvalidUsageError("maco.set_config: sm_policy='manual' fixes the split while "
-                                    "an overlap scope runs; use sm_policy='dynamic' to change "
-                                    "it between steps")
-        _explicit = SMSplit(c, m, s, t, "set_config")
-        return _explicit
+    return set_split(SMSplit(c, m, s, t, "set_config"), "maco.set_config")
 
 
 def get_config() -> Optional[SMSplit]:
@@ -370,9 +414,37 @@ def get_config() -> Optional[SMSplit]:
 
 def clear_config() -> None:
     """Forgets the split set by :func:`set_config` or :meth:`SMConfig.apply`."""
-    global _explicit
-    with _lock:
-        _explicit = None
+    with _state.lock:
+        _state.explicit = None
+
+
+@contextlib.contextmanager
+def scoped_split(compute_sms: Optional[int] = None, comm_sms: Optional[int] = None
+                 ) -> Iterator[Optional[SMSplit]]:
+    """The split for a block: ``compute_sms`` and ``comm_sms`` where given, the other fields
+    from the split in use; the split from before the block is put back at its end. Nothing
+    changes when both are None (yields None). An explicit request for a block, so not refused
+    under sm_policy 'manual' as :func:`set_config` is while a scope runs. The communicators'
+    CTA caps follow the split at their next collective of the overlap API; putting the caps
+    back is the caller's (maco/_streams.py's ``caps_restored``).
+
+    Raises: ValueError: a count that is not a positive int (named)."""
+    c = sm_count(compute_sms, "compute_sms")
+    m = sm_count(comm_sms, "comm_sms")
+    if c is None and m is None:
+        yield None
+        return
+    saved = snapshot()
+    base = current_split() or SMSplit()
+    split = SMSplit(c if c is not None else base.compute_sms,
+                    m if m is not None else base.comm_sms, base.scheduler_sms, base.total_sms,
+                    "scope")
+    with _state.lock:
+        _state.explicit = split
+    try:
+        yield split
+    finally:
+        restore(saved)
 
 
 def dynamic_sm_config(fn: Callable) -> Callable:
@@ -383,402 +455,12 @@ def dynamic_sm_config(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        global _explicit
-        with _lock:
-            saved = (_explicit, _settings["sm_policy"])
-            _settings["sm_policy"] = "dynamic"
+        saved = snapshot("sm_policy")
+        with _state.lock:
+            _state.settings["sm_policy"] = "dynamic"
         try:
             return fn(*args, **kwargs)
         finally:
-            with _lock:
-                _explicit, _settings["sm_policy"] = saved
+            restore(saved)
 
     return wrapper
-
-
-# ---------------------------------------------------------------------------- SM roles
-
-
-class Role(enum.Enum):
-    """What a range of SMs does in MACO's persistent kernel (``maco_persistent_config_t``).
-
-    - COMPUTE: compute workers (``workers``): GEMM tiles and element-wise tasks.
-    - LOCAL_SCHEDULER: schedulers (``schedulers``): they hand ready tasks to workers.
-    - REMOTE_SCHEDULER: communication workers (``comm_workers``): sums and copies to peers,
-      gated on peers' signals; for eager collectives, the CTA cap.
-    """
-
-    COMPUTE = "compute"
-    LOCAL_SCHEDULER = "local_scheduler"
-    REMOTE_SCHEDULER = "remote_scheduler"
-
-
-# task_types a range may name: those of MACO's task graph and the design's words for them.
-COMPUTE_TASK_TYPES = frozenset({"matmul", "gemm", "attention", "elementwise", "add", "scale",
-                                "residual_add", "copy"})
-COMM_TASK_TYPES = frozenset({"allreduce", "allgather", "reduce_scatter", "send", "recv",
-                             "put", "signal", "wait"})
-
-
-class SMConfig:
-    """Roles for ranges of a GPU's SMs, mapped onto the persistent kernel's CTA split.
-
-    ::
-
-        sm = maco.SMConfig(total_sms=132)
-        sm.assign_role((0, 96), role=maco.Role.COMPUTE, task_types=["matmul", "attention"])
-        sm.assign_role((96, 120), role=maco.Role.LOCAL_SCHEDULER)
-        sm.assign_role((120, 132), role=maco.Role.REMOTE_SCHEDULER)
-        sm.apply()                      # the split of maco.compile, PersistentContext, ...
-        k = maco.PersistentKernel(comm, **sm.persistent_config())
-
-    What is kept of the design: the number of SMs per role becomes the number of CTAs per
-    role (one CTA per SM: workers = COMPUTE SMs, schedulers = LOCAL_SCHEDULER SMs,
-    comm_workers = REMOTE_SCHEDULER SMs). What is not: *which* SMs. CUDA places a kernel's
-    CTAs on SMs itself and offers no way to pin a CTA to an SM, so ``sm_range`` fixes a count
-    (its length), not SM indices; and ``task_types`` is checked (known names, compute types
-    on COMPUTE, communication types on REMOTE_SCHEDULER) and recorded, but does not restrict
-    which worker runs a task: MACO's compute workers take any ready compute task and its
-    communication workers any communication task (one queue each; pinning task types to
-    workers would idle workers whenever a type runs out).
-
-    Args:
-        total_sms: the GPU's SMs; None: the current CUDA device's count (needs torch and a
-            GPU).
-
-    Not thread-safe (build it on one thread).
-
-    Raises:
-        ValueError: total_sms not a positive int.
-        RuntimeError: total_sms None and no GPU.
-    """
-
-    def __init__(self, total_sms: Optional[int] = None):
-        if total_sms is None:
-            total_sms = _device_sms()
-        if isinstance(total_sms, bool) or not isinstance(total_sms, int) or total_sms < 1:
-            raise ValueError(f"total_sms: {total_sms!r} is not a positive int")
-        self.total_sms = total_sms
-        self._ranges: list = []  # (start, end, Role, tuple(task_types))
-
-    def __repr__(self) -> str:
-        parts = ", ".join(f"[{a}, {b}) {r.name}" for a, b, r, _ in self._ranges)
-        return f"maco.SMConfig(total_sms={self.total_sms}: {parts or 'nothing assigned'})"
-
-    def assign_role(self, sm_range: Sequence[int], role: Any = Role.COMPUTE,
-                    task_types: Optional[Sequence[str]] = None) -> "SMConfig":
-        """Gives SMs ``[start, end)`` the role ``role``; returns self (chainable).
-
-        Args:
-            sm_range: ``(start, end)``, half-open, ``0 <= start < end <= total_sms``; also a
-                ``range`` with step 1.
-            role: a :class:`Role` or its name ("compute", "local_scheduler",
-                "remote_scheduler", any case).
-            task_types: names of task types the range is meant for (see the class text):
-                COMPUTE takes matmul, gemm, attention, elementwise, add, scale,
-                residual_add, copy; REMOTE_SCHEDULER allreduce, allgather, reduce_scatter,
-                send, recv, put, signal, wait; LOCAL_SCHEDULER none.
-
-        Raises:
-            TypeError: sm_range not a pair of ints; role not a Role.
-            ValueError: a range out of [0, total_sms), empty or reversed, overlapping an
-                earlier range (both named with their roles), an unknown task type or one
-                that does not fit the role.
-        """
-        start, end = _range(sm_range)
-        if not 0 <= start < end <= self.total_sms:
-            raise ValueError(f"sm_range: ({start}, {end}) is not inside [0, {self.total_sms}) "
-                             f"with start < end (total_sms={self.total_sms})")
-        role = _role(role)
-        for a, b, r, _ in self._ranges:
-            if start < b and a < end:
-                raise ValueError(f"sm_range: ({start}, {end}) overlaps ({a}, {b}), already "
-                                 f"assigned to {r.name}")
-        types = tuple(task_types or ())
-        if isinstance(task_types, str):
-            raise TypeError("task_types: a sequence of names, not one string")
-        allowed = {Role.COMPUTE: COMPUTE_TASK_TYPES, Role.REMOTE_SCHEDULER: COMM_TASK_TYPES,
-                   Role.LOCAL_SCHEDULER: frozenset()}[role]
-        for t in types:
-            if t not in COMPUTE_TASK_TYPES | COMM_TASK_TYPES:
-                raise ValueError(f"task_types: {t!r} is not a task type; known: "
-                                 f"{', '.join(sorted(COMPUTE_TASK_TYPES | COMM_TASK_TYPES))}")
-            if t not in allowed:
-                raise ValueError(f"task_types: {t!r} does not run on {role.name} SMs"
-                                 + (" (schedulers run no tasks)" if not allowed else
-                                    f"; they take {', '.join(sorted(allowed))}"))
-        self._ranges.append((start, end, role, types))
-        self._ranges.sort()
-        return self
-
-    def sms(self, role: Any) -> int:
-        """The number of SMs given ``role``."""
-        role = _role(role)
-        return sum(b - a for a, b, r, _ in self._ranges if r is role)
-
-    @property
-    def unassigned(self) -> int:
-        """SMs with no role: the persistent kernel leaves them to other kernels."""
-        return self.total_sms - sum(b - a for a, b, _, _ in self._ranges)
-
-    def roles(self) -> list:
-        """``(start, end, Role, task_types)`` per assigned range, by start."""
-        return list(self._ranges)
-
-    def task_types(self, role: Any) -> set:
-        """The task types named for ``role``'s ranges."""
-        role = _role(role)
-        return {t for _, _, r, ts in self._ranges if r is role for t in ts}
-
-    def split(self) -> SMSplit:
-        """The CTA split: compute_sms = COMPUTE SMs, scheduler_sms = LOCAL_SCHEDULER SMs,
-        comm_sms = REMOTE_SCHEDULER SMs (a role with no SMs: MACO's default for it).
-
-        Raises:
-            ValueError: no COMPUTE SMs while other roles have some, or more LOCAL_SCHEDULER
-                than COMPUTE SMs (MACO's kernel needs 1 <= schedulers <= workers).
-        """
-        c = self.sms(Role.COMPUTE)
-        s = self.sms(Role.LOCAL_SCHEDULER)
-        m = self.sms(Role.REMOTE_SCHEDULER)
-        if c == 0 and (s or m):
-            raise ValueError("SMConfig: no COMPUTE SMs; the persistent kernel needs at least "
-                             "one compute worker")
-        if s > c:
-            raise ValueError(f"SMConfig: {s} LOCAL_SCHEDULER SMs exceed the {c} COMPUTE SMs; "
-                             "MACO's kernel needs schedulers <= workers")
-        return SMSplit(c or None, m or None, s or None, self.total_sms, "SMConfig")
-
-    def persistent_config(self) -> dict:
-        """``num_workers``, ``num_schedulers``, ``num_comm_workers`` for
-        :class:`maco.PersistentKernel` (0 where a role has no SMs: MACO's default)."""
-        return self.split().persistent_config()
-
-    def apply(self) -> SMSplit:
-        """Makes this the split in use (as :func:`set_config`); returns it."""
-        global _explicit
-        sp = self.split()
-        with _lock:
-            if _settings["sm_policy"] == "manual" and _scope_depth and _explicit is not None:
-                raise InvalidUsageError("SMConfig.apply: sm_policy='manual' fixes the split "
-                                        "while an overlap scope runs; use 'dynamic'")
-            _explicit = sp
-        return sp
-
-
-def _range(sm_range: Any) -> tuple:
-    if isinstance(sm_range, range):
-        if sm_range.step != 1:
-            raise ValueError(f"sm_range: {sm_range} has step {sm_range.step}; SMs are "
-                             "assigned in contiguous ranges")
-        return sm_range.start, sm_range.stop
-    try:
-        a, b = sm_range
-    except (TypeError, ValueError):
-        raise TypeError(f"sm_range: {sm_range!r} is not a (start, end) pair") from None
-    for v in (a, b):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"sm_range: {sm_range!r}: start and end must be ints")
-    return a, b
-
-
-def _role(role: Any) -> Role:
-    if isinstance(role, Role):
-        return role
-    if isinstance(role, str):
-        try:
-            return Role[role.upper()]
-        except KeyError:
-            pass
-    raise TypeError(f"role: {role!r} is not a maco.Role (COMPUTE, LOCAL_SCHEDULER, "
-                    "REMOTE_SCHEDULER)")
-
-
-def _device_sms() -> int:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-    if torch is None or not torch.cuda.is_available():
-        raise RuntimeError("total_sms: required here (no GPU visible to PyTorch to count "
-                           "the SMs of)")
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-# ---------------------------------------------------------------------------- auto_config
-
-_INTENSITY = ("low", "medium", "high")
-# What each intensity measures: a bf16 GEMM of m = n = k and a bf16 allreduce of this many
-# elements, run at the same time (the allreduce on a second stream).
-_GEMM_SIZE = {"low": 2048, "medium": 4096, "high": 8192}
-_COMM_ELEMS = {"low": 1 << 20, "medium": 16 << 20, "high": 64 << 20}
-_ARCH_MAJOR = {"ampere": (8,), "hopper": (9,), "blackwell": (10, 12)}
-
-
-def auto_config(compute_intensity: str = "medium", comm_intensity: str = "medium",
-                gpu_arch: Optional[str] = None, *, measure: Optional[Callable[[int], float]] = None,
-                candidates: Optional[Sequence[int]] = None, total_sms: Optional[int] = None,
-                comm: Any = None, apply: bool = True, iters: int = 5) -> SMSplit:
-    """Recommends a compute/communication split from a measurement, not a guess: for each
-    candidate ``comm_sms`` it times a workload of the given intensities with the collective
-    capped at that many CTAs, and keeps the fastest (ties: fewer communication SMs).
-
-    On a GPU (``measure`` None) the workload is a bf16 GEMM (m = n = k = 2048 / 4096 / 8192 for
-    low / medium / high compute) on the current stream while a bf16 allreduce (1 M / 16 M /
-    64 M elements for low / medium / high communication) runs on a second stream of the
-    default communicator (:func:`maco.init`), ``iters`` times, timed with CUDA events; the
-    cap is set with ``maco_collective_set_max_ctas`` (collective: every rank calls
-    auto_config with the same arguments) and restored afterwards. Elsewhere pass
-    ``measure(comm_sms) -> seconds`` (your own workload, or a model of it) and ``total_sms``.
-
-    With a communicator of several ranks (``comm``, default: the default one when initialized)
-    the times are the largest over ranks (exchanged over the bootstrap), so every rank picks
-    the same split.
-
-    Args:
-        compute_intensity, comm_intensity: "low", "medium" or "high".
-        gpu_arch: None, or "ampere" / "hopper" / "blackwell": checked against the GPU.
-        measure: the measurement to use instead of the GPU's.
-        candidates: comm_sms values to try (default 8, 16, 24, 32, 48, 64 below total_sms).
-        total_sms: the GPU's SMs (default: the device's; required without a GPU).
-        comm: a :class:`maco.Communicator` to agree with and (GPU) to measure on.
-        apply: True makes the result the split in use under sm_policy 'auto'.
-        iters: timed repetitions per candidate (GPU).
-
-    Returns: an :class:`SMSplit` (``compute_sms = total_sms - comm_sms``, ``times``: seconds
-    per candidate).
-
-    Raises:
-        ValueError: an intensity, architecture, candidate, total_sms or iters out of range;
-            ``measure`` returned something that is not a positive number; ``gpu_arch`` is
-            not this GPU's.
-        RuntimeError: no GPU and no ``measure`` (says to pass one).
-    """
-    for v, nm in ((compute_intensity, "compute_intensity"), (comm_intensity, "comm_intensity")):
-        if v not in _INTENSITY:
-            raise ValueError(f"{nm}: {v!r}; accepts {', '.join(_INTENSITY)}")
-    if gpu_arch is not None and gpu_arch not in _ARCH_MAJOR:
-        raise ValueError(f"gpu_arch: {gpu_arch!r}; accepts {', '.join(_ARCH_MAJOR)} or None")
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters: {iters!r} is not a positive int")
-    torch = sys.modules.get("torch")
-    gpu = False
-    if measure is None:
-        try:
-            import torch
-            gpu = torch.cuda.is_available()
-        except ImportError:
-            gpu = False
-        if not gpu:
-            raise RuntimeError("maco.auto_config measures on the GPU and none is visible to "
-                               "PyTorch; pass measure=fn(comm_sms) -> seconds (and total_sms=) "
-                               "to supply the measurement")
-    if gpu:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        if gpu_arch is not None and props.major not in _ARCH_MAJOR[gpu_arch]:
-            raise ValueError(f"gpu_arch: {gpu_arch!r}, but this GPU ({props.name}) is compute "
-                             f"capability {props.major}.{props.minor}")
-        if total_sms is None:
-            total_sms = props.multi_processor_count
-    if total_sms is None:
-        raise ValueError("total_sms: required with measure= (no GPU to count the SMs of)")
-    _count(total_sms, "total_sms", allow_none=False)
-    if candidates is None:
-        candidates = [c for c in (8, 16, 24, 32, 48, 64) if c < total_sms]
-    cands = []
-    for c in candidates:
-        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c < total_sms:
-            raise ValueError(f"candidates: {c!r} is not a comm_sms in [1, {total_sms})")
-        cands.append(c)
-    if not cands:
-        raise ValueError(f"candidates: none below total_sms={total_sms}")
-    if comm is None:
-        from . import _level1
-
-        comm = _level1.get_default_communicator() if _level1.is_initialized() else None
-    if measure is None:
-        measure = _gpu_measure(torch, comm, compute_intensity, comm_intensity, iters)
-    times = {}
-    try:
-        for c in cands:
-            t = measure(c)
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-                raise ValueError(f"measure: returned {t!r} for comm_sms={c}; expected a "
-                                 "positive number of seconds")
-            times[c] = float(t)
-    finally:
-        close = getattr(measure, "close", None)
-        if close is not None:
-            close()
-    if comm is not None and comm.size > 1:
-        rows = [json.loads(b.decode()) for b in comm.allgather_bytes(
-            json.dumps([times[c] for c in cands]).encode().ljust(64 * len(cands) + 64))]
-        times = {c: max(r[i] for r in rows) for i, c in enumerate(cands)}
-    best = min(cands, key=lambda c: (times[c], c))
-    split = SMSplit(total_sms - best, best, None, total_sms, "auto_config", times)
-    if apply:
-        global _measured
-        with _lock:
-            _measured = split
-    return split
-
-
-class _GpuMeasure:
-    """auto_config's GPU workload (see its docstring); ``close`` restores the CTA cap."""
-
-    def __init__(self, torch, comm, ci: str, mi: str, iters: int):
-        if comm is None:
-            from . import _level1
-
-            comm = _level1.get_default_communicator() if _level1.is_initialized() else \
-                _level1.init()
-        self.torch, self.comm, self.iters = torch, comm, iters
-        dev = torch.device("cuda", comm.device)
-        n = _GEMM_SIZE[ci]
-        self.a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-        self.b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-        self.x = torch.randn(_COMM_ELEMS[mi], device=dev, dtype=torch.bfloat16)
-        self.side = torch.cuda.Stream(device=dev)
-        self.saved = comm.max_ctas
-
-    def __call__(self, comm_sms: int) -> float:
-        torch = self.torch
-        self.comm.set_max_ctas(comm_sms)  # collective
-        cur = torch.cuda.current_stream(self.comm.device)
-        times = []
-        for i in range(self.iters + 1):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(cur)
-            self.side.wait_stream(cur)
-            self.comm.allreduce(self.x, stream=self.side)
-            torch.matmul(self.a, self.b)
-            cur.wait_stream(self.side)
-            end.record(cur)
-            end.synchronize()
-            if i:  # the first is a warm-up
-                times.append(start.elapsed_time(end) / 1e3)
-        times.sort()
-        return times[len(times) // 2]
-
-    def close(self) -> None:
-        self.comm.set_max_ctas(self.saved)
-
-
-def _gpu_measure(torch, comm, ci, mi, iters):
-    return _GpuMeasure(torch, comm, ci, mi, iters)
-
-
-@contextlib.contextmanager
-def _patched(**settings: Any) -> Iterator[None]:
-    """Test helper: settings changed for the block, restored after."""
-    with _lock:
-        saved = dict(_settings)
-    config.set(**settings)
-    try:
-        yield
-    finally:
-        with _lock:
-            _settings.clear()
-            _settings.update(saved)

@@ -252,7 +252,7 @@ class Comm:
         (in-place launches, scratch launches) of the mesh kernels and the CTAs of the last collective kernel; synchronises the device.
         """
 
-# ---- expert parallelism (maco/ep.h; src/ep_bindings.h)
+# ---- expert parallelism (maco/ep.h; src/ep.cpp)
 
 class EpBuffer:
     """An expert-parallel buffer (maco_ep_buffer_t, maco/ep.h); maco.ep.Buffer builds on it."""

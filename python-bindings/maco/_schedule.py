@@ -1,12 +1,18 @@
 """maco.CommScheduler: collectives in named phases with dependencies, planned once and run
-many times."""
+many times. A layer over the overlap API: each phase is issued as an asynchronous collective
+(``maco.allreduce(..., async_op=True)``'s path: the communication stream, a
+:class:`maco.CommWork`), under the split ``optimize_context(comm_sms=num_sms)`` gives a block."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any, Optional
 
+from ._collectives import allgather, allreduce, reduce_scatter
+from ._config import scoped_split
+from ._default_comm import get_default_communicator
 from ._errors import InvalidUsageError
+from ._streams import CommWork, _done_handle, caps_restored, run_on_comm_stream
 from ._types import ReduceOp, to_maco_op
 
 __all__ = ["CommScheduler", "Phase"]
@@ -76,8 +82,10 @@ class CommScheduler:
     launch instead of several; the results are copied back), other collectives run as they
     are. ``run()`` issues the phases in that order on the default communicator (CUDA: on the
     overlap API's communication stream after the work on the caller's current stream, the
-    collective kernels capped at ``num_sms`` CTAs with ``maco_collective_set_max_ctas`` for
-    the run and the cap restored after; CPU tensors: torch.distributed's group) and returns
+    collective kernels capped at ``num_sms`` CTAs (``maco_collective_set_max_ctas``,
+    collective) for the run and the cap from before restored after, as
+    ``maco.optimize_context(comm_sms=num_sms)`` does for a block; CPU tensors:
+    torch.distributed's group) and returns
     a :class:`maco.CommWork` per phase: ``wait()`` orders the current stream after that phase
     (and so after the phases before it). A phase's tensors are updated when its work is
     waited for.
@@ -167,8 +175,6 @@ class CommScheduler:
     def run(self) -> dict:
         """Issues every phase in order (compiles first if needed); returns ``{phase name:
         CommWork}`` (see the class text). Collective: every rank runs it."""
-        from . import _level1, _overlap
-
         if not self._compiled:
             self.compile()
         works = {}
@@ -178,23 +184,18 @@ class CommScheduler:
             for phase, groups in self._plan:
                 for g in groups:
                     _run_cpu(g)
-                works[phase.name] = _overlap.CommWork(None, _overlap._done_handle(phase.name))
+                works[phase.name] = CommWork(None, _done_handle(phase.name))
             return works
-        comm = self._comm or _level1.get_default_communicator()
-        saved = None
-        if self.num_sms is not None and comm.max_ctas != self.num_sms:
-            saved = comm.max_ctas
-            comm.set_max_ctas(self.num_sms)  # collective
-        try:
+        comm = self._comm or get_default_communicator()
+        # num_sms: the split's comm_sms for the run, as optimize_context(comm_sms=) gives a
+        # block; the cap from before comes back after the run (collective).
+        with scoped_split(comm_sms=self.num_sms), caps_restored():
             for phase, groups in self._plan:
                 def issue(s, groups=groups):
                     for g in groups:
                         _run_cuda(comm, g, s)
-                _, h = _overlap.run_on_comm_stream(comm, issue, None, phase.name)
-                works[phase.name] = _overlap.CommWork(None, h)
-        finally:
-            if saved is not None:
-                comm.set_max_ctas(saved)
+                _, h = run_on_comm_stream(comm, issue, None, phase.name)
+                works[phase.name] = CommWork(None, h)
         return works
 
     __call__ = run
@@ -246,12 +247,10 @@ def _run_cuda(comm: Any, g: list, s: Any) -> None:
 def _run_cpu(g: list) -> None:
     import torch
 
-    from . import _level1
-
     if g[0] == "flat":
         ts, op = g[1], g[2]
         flat = torch.cat([t.reshape(-1) for t in ts])
-        _level1.allreduce(flat, op, async_op=True).wait()
+        allreduce(flat, op, async_op=True).wait()
         at = 0
         for t in ts:
             t.view(-1).copy_(flat[at:at + t.numel()])
@@ -259,8 +258,8 @@ def _run_cpu(g: list) -> None:
         return
     kind, x, out, op = g[1]
     if kind == "allreduce":
-        _level1.allreduce(x, op, async_op=True).wait()
+        allreduce(x, op, async_op=True).wait()
     elif kind == "allgather":
-        _level1.allgather(x, out, async_op=True).wait()
+        allgather(x, out, async_op=True).wait()
     else:
-        _level1.reduce_scatter(x, op, out, async_op=True).wait()
+        reduce_scatter(x, op, out, async_op=True).wait()

@@ -9,8 +9,9 @@ import sys
 from typing import Any, Optional, Sequence
 
 from . import _maco
-from ._types import (DLPACK_COMPLEX, DLPACK_TO_MACO, DataType, _TYPESTR_TO_MACO,
-                     _numpy_like_to_maco, _torch_to_maco)
+from ._types import (DLPACK_COMPLEX, DLPACK_TO_MACO, DataType, ReduceOp, _TYPESTR_TO_MACO,
+                     _numpy_like_to_maco, _torch_to_maco, to_maco_dtype, to_numpy_dtype,
+                     to_torch_dtype)
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -238,8 +239,6 @@ def reduce_type(buf: Buf, name: str, op) -> tuple[DataType, int]:
     Raises:
         TypeError: MACO cannot reduce this type.
     """
-    from ._types import ReduceOp
-
     if buf.dtype is not None:
         return buf.dtype, buf.numel
     if _is_complex(buf) and buf.itemsize in (8, 16):
@@ -285,8 +284,6 @@ def empty_like(ref: Buf, shape: Sequence[int], name: str = "out"):
 def new_tensor(shape: Sequence[int], dtype: Any, device: int):
     """A new tensor of ``dtype``'s framework (torch dtype -> torch, else CuPy when imported,
     else torch) on CUDA device ``device``."""
-    from ._types import to_maco_dtype, to_numpy_dtype, to_torch_dtype
-
     torch = sys.modules.get("torch")
     shape = tuple(int(s) for s in shape)
     if torch is not None and isinstance(dtype, torch.dtype):

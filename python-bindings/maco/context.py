@@ -1,8 +1,12 @@
-"""Level 2 of the seeds' API: explicit SM control, compute and communication overlapped.
+"""Level 2 of the seeds' API: explicit SM control, compute and communication overlapped. A
+layer over the overlap API's entry point: ``maco.optimize_context(compute_sms=, comm_sms=)``
+gives a block the same split, ``scope.compute(fn)`` the same green context and
+``maco.allreduce(x, async_op=True)`` the same waitable collective; a Context holds them on one
+communicator, from its creation to :meth:`Context.close`.
 
 ::
 
-    ctx = maco.Context(compute_sms=96, comm_sms=32)     # on a 132-SM H100
+    ctx = maco.Context(compute_sms=96, comm_sms=32)     # a GPU of 132 SMs
     with ctx:
         y = ctx.compute(lambda: torch.matmul(x, w1))
         work = ctx.allreduce(y, async_op=True)          # runs beside the next compute
@@ -18,13 +22,14 @@ How the SMs are split:
 - ``compute_sms``: ``ctx.compute(fn)`` runs ``fn`` inside a CUDA green context of that many SMs
   (``torch.cuda.GreenContext``, CUDA 12.8+ drivers), so compute cannot take the SMs the
   communication runs on. Where green contexts are not available (an older PyTorch or driver,
-  or a driver that refuses them), ``fn`` runs on the current stream without an SM limit; :attr:`Context.compute_sms_enforced` says which, and
-  :attr:`Context.compute_sms_reason` why not. The driver rounds the count up to its SM
-  granularity (8 on Hopper).
-- Communication runs on the Context's own high-priority stream, ordered after the work already
-  on the caller's current stream; ``async_op=True`` returns a :class:`Work` at once, so the next
-  compute overlaps it; ``Work.wait()`` orders the caller's current stream after it (it does not
-  block the host).
+  or a driver that refuses them), ``fn`` runs on the current stream without an SM limit;
+  :attr:`Context.compute_sms_enforced` says which, and :attr:`Context.compute_sms_reason` why
+  not. The driver rounds the count up to its SM granularity.
+- Communication runs on the overlap API's high-priority communication stream, ordered after the
+  work already on the caller's current stream and after the communicator's previous collective
+  of the overlap API; ``async_op=True`` returns a :class:`Work` at once, so the next compute
+  overlaps it; ``Work.wait()`` orders the caller's current stream after it (it does not block
+  the host).
 
 Thread-safety: a Context is used from one thread. Its communicator must not be used by other
 Contexts or threads at the same time.
@@ -36,6 +41,9 @@ import warnings
 from typing import Any, Callable, Optional
 
 from ._comm import Communicator
+from ._default_comm import get_default_communicator, init, is_initialized
+from ._sm import green_context
+from ._streams import comm_stream, issue
 from ._types import ReduceOp
 
 __all__ = ["Context", "Work"]
@@ -116,10 +124,7 @@ class Context:
         self.compute_sms = _positive(compute_sms, "compute_sms")
         self.comm_sms = _positive(comm_sms, "comm_sms")
         if comm is None:
-            from . import _level1
-
-            comm = (_level1.get_default_communicator() if _level1.is_initialized()
-                    else _level1.init())
+            comm = get_default_communicator() if is_initialized() else init()
         if world_size is not None and int(world_size) != comm.size:
             raise ValueError(f"world_size: {world_size} but the communicator has {comm.size} "
                              "ranks")
@@ -135,13 +140,13 @@ class Context:
         self.overlap = bool(overlap)
         self._previous_cap = comm.max_ctas
         comm.set_max_ctas(self.comm_sms or 0)  # collective: every rank, same value
-        self._stream = torch.cuda.Stream(device=self.device, priority=-1)
+        self._stream = comm_stream(self.device, "high")  # the overlap API's
         self._pending: list[Work] = []
         self._green = None
         self.compute_sms_enforced = False
         self.compute_sms_reason = "compute_sms not given"
         if self.compute_sms is not None:
-            self._green, self.compute_sms_reason = _green_context(self.compute_sms, self.device)
+            self._green, self.compute_sms_reason = green_context(self.compute_sms, self.device)
             self.compute_sms_enforced = self._green is not None
             if self._green is None:
                 warnings.warn(f"maco.Context: compute runs without an SM limit: "
@@ -200,11 +205,10 @@ class Context:
         if self.overlap:
             stream = self._stream
             stream.wait_stream(current)
-        # Communicator calls on an explicit torch stream record it on the tensors, so the
-        # caching allocator keeps them until that stream is done.
-        result = run(stream)
-        event = torch.cuda.Event()
-        event.record(stream)
+        # The overlap API's issue path (after the communicator's previous collective of the
+        # overlap API, on any stream). Communicator calls on an explicit torch stream record it
+        # on the tensors, so the caching allocator keeps them until that stream is done.
+        result, event = issue(self.comm, run, stream)
         w = Work(result, event, self)
         self._pending.append(w)
         if async_op:
@@ -227,27 +231,3 @@ class Context:
         """:meth:`maco.Communicator.reduce_scatter` (``x``'s first dimension split over the
         ranks)."""
         return self._issue(lambda s: self.comm.reduce_scatter(x, out, op=op, stream=s), async_op)
-
-
-def _green_context(sms: int, device: Any) -> tuple[Any, str]:
-    """A torch green context of ``sms`` SMs on ``device`` that ran a kernel, or (None, why
-    not)."""
-    import torch
-
-    gc = getattr(torch.cuda, "green_contexts", None)
-    if gc is None or not getattr(gc, "SUPPORTED", False):
-        return None, f"PyTorch {torch.__version__} has no green contexts (torch.cuda.GreenContext)"
-    try:
-        g = gc.GreenContext.create(sms, device.index)
-    except Exception as e:  # the driver's reason: too old, refused (MPS), SM count
-        return None, f"torch.cuda.GreenContext.create({sms}) failed: {e}"
-    try:  # a first kernel inside it: creation alone does not prove launches work
-        g.set_context()
-        try:
-            torch.ones(1, device=device).add_(1)
-        finally:
-            g.pop_context()
-        torch.cuda.synchronize(device)
-    except Exception as e:
-        return None, f"a kernel in a green context of {sms} SMs failed: {e}"
-    return g, ""

@@ -40,6 +40,8 @@ Errors raise :class:`PlanError` naming the rank, thread block and operation inde
 """
 
 import json
+import os
+import tempfile
 
 PLAN_MAGIC = "MACO-PLAN"
 PLAN_VERSION = 1
@@ -249,9 +251,6 @@ class Program:
         ``maco_plan_load`` do) on this plan; raises :class:`PlanError` with its report (one
         line per problem, naming rank, thread block, operation and chunk) when it rejects
         the plan. Needs the package's extension (no GPU)."""
-        import os
-        import tempfile
-
         try:
             from maco import _maco
         except ImportError as e:

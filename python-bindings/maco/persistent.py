@@ -48,9 +48,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 from . import _maco
 from ._comm import Communicator
+from ._default_comm import get_default_communicator
 from ._errors import InvalidArgumentError
 from ._prof_table import format_table, overlap_table
-from ._tensor import describe, stream_handle
+from ._tensor import stream_handle
 from ._types import DataType, to_maco_dtype
 
 __all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler"]
@@ -341,8 +342,6 @@ class PersistentKernel:
                                  "same thing); pass one")
             num_comm_workers = num_remote_schedulers
         if comm is None:
-            from ._level1 import get_default_communicator
-
             comm = get_default_communicator()
         if world_size is not None and world_size != comm.size:
             raise ValueError(f"world_size: {world_size}; the communicator has {comm.size} ranks")

@@ -23,8 +23,8 @@ Methods (``method=``):
     has finished reading its workspace from the previous call).
 ``"seq"``: the GEMM, then MACO's collective, on the current stream (the sequential
     baseline; used across nodes, for small GEMMs, and for gemm_allreduce from 3 ranks with M
-    not a multiple of the world size). Each "ce" call costs about 0.2-0.3 ms of Python host
-    time per chunk with 4 ranks (0.1 ms with 2); captured in a CUDA graph it costs none.
+    not a multiple of the world size). A "ce" call spends Python host time per chunk (its
+    launches and copies); captured in a CUDA graph it spends none.
 
 Streams and blocking: nothing blocks the host; the result is ordered on the caller's current
 stream. The workspace is per communicator and shape; calls on one communicator must come from
@@ -34,10 +34,10 @@ Results: bitwise equal on every rank (allreduce: every rank sums the same partia
 the same order). Against the sequential path the sums may differ in the last bit for more than
 two ranks (MACO's collective may sum in another association).
 
-Why cuBLAS and copy engines, and not :class:`maco.PersistentKernel`'s fused tiles: the
-persistent kernel's GEMM tiles reach 81% of cuBLAS at best, and SM-driven collectives beside
-cuBLAS take its SMs (measured on 2 H200s: the chunked SM pipeline was no faster than the
-sequential path); the copy engines move the data beside a full-speed cuBLAS (docs/performance.md).
+Why cuBLAS and the copy engines, and not :class:`maco.PersistentKernel`'s fused tiles: the copy
+engines move the data without taking SMs from cuBLAS, while SM-driven collectives beside it do;
+docs/performance.md ("Tensor-parallel GEMM + collective") compares the three. The thresholds
+and chunk counts below were chosen there, by measurement.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ import functools
 import weakref
 from typing import Any, Optional
 
+from . import _maco
+from ._default_comm import get_default_communicator
 from ._types import DataType, ReduceOp
 from .persistent import _active_profiler, _op_scope
 
@@ -54,7 +56,8 @@ __all__ = ["gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm", "default_c
            "release_workspaces"]
 
 # GEMMs smaller than this (2 M N K) take the sequential path by default: below it the copy
-# engines' pipeline lost to it on 2 H200s (its launches cost more host time than they hide).
+# engines' pipeline costs more host time than it hides (docs/performance.md, "Tensor-parallel
+# GEMM + collective").
 _CE_MIN_FLOP = 2.0e11
 # From this many ranks gemm_allreduce's "ce" path is a reduce-scatter then an allgather (each
 # rank sends 2 (ws - 1) / ws of the output, not ws - 1 times it): gemm_reduce_scatter's path
@@ -63,9 +66,30 @@ _CE_MIN_FLOP = 2.0e11
 # barrier less.
 _AR_SPLIT_MIN_RANKS = 3
 
-# Per communicator: streams, the barrier's one-element tensor, and workspaces by name.
-_state: dict = {}
-_one_node = weakref.WeakKeyDictionary()  # communicator -> every rank on this node
+
+
+class _Workspaces:
+    """What the "ce" path keeps per communicator: its device, the side stream of the copies,
+    the barrier's one-element tensor, pooled events, the mapped workspaces by name (local flat
+    tensor, every rank's view) and their typed views by (name, dtype, shape)."""
+
+    __slots__ = ("device", "side", "flag", "events", "ws", "typed")
+
+    def __init__(self, device: Any):
+        import torch
+
+        self.device = device
+        self.side = torch.cuda.Stream(device=device, priority=-1)
+        self.flag = torch.zeros(1, dtype=torch.float32, device=device)
+        self.events: list = []
+        self.ws: dict = {}
+        self.typed: dict = {}
+
+
+# Per communicator, dropped with it (weak keys): its workspaces, and whether every rank is on
+# this node.
+_state: "weakref.WeakKeyDictionary[Any, _Workspaces]" = weakref.WeakKeyDictionary()
+_one_node: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
 def default_chunks(pattern: str, m: int, world_size: int) -> int:
@@ -78,9 +102,8 @@ def default_chunks(pattern: str, m: int, world_size: int) -> int:
     Returns: reduce-scatter, and from 3 ranks allreduce and allgather: 1 (their pipelines go
     by destination block and by ring step). With 2 ranks, allreduce: 4 from M = 8192, 2 from
     2048, else 1; allgather: 2 where each rank has at least 2048 rows, else 1. Each chunk
-    costs one barrier and several launches (about 30 us of host time); these counts were the
-    fastest or within noise of it on 2 H200s, and from 3 ranks on 4 H200s
-    (docs/performance.md).
+    costs one barrier and several launches of host time; the counts come from measurement
+    (docs/performance.md, "Tensor-parallel GEMM + collective").
     """
     if pattern == "gemm_reduce_scatter":
         return 1
@@ -103,45 +126,39 @@ def release_workspaces(comm: Any = None) -> None:
     communicator). Collective: every rank calls it before any rank frees the communicator."""
     import torch
 
-    keys = list(_state) if comm is None else [id(comm)]
-    for k in keys:
-        st = _state.pop(k, None)
+    comms = list(_state.keys()) if comm is None else [comm]
+    for c in comms:
+        st = _state.pop(c, None)
         if st is not None:
-            torch.cuda.synchronize(st["device"])
-            st["comm"].barrier()
+            torch.cuda.synchronize(st.device)
+            c.barrier()
 
 
 def _comm_of(comm: Any):
     if comm is not None:
         return comm
-    from . import _level1
-    return _level1.get_default_communicator()
+    return get_default_communicator()
 
 
-def _st(comm: Any, device: Any) -> dict:
-    import torch
-
-    st = _state.get(id(comm))
+def _st(comm: Any, device: Any) -> _Workspaces:
+    st = _state.get(comm)
     if st is None:
-        st = dict(comm=comm, device=device, ws={}, typed={}, events=[],
-                  side=torch.cuda.Stream(device=device, priority=-1),
-                  flag=torch.zeros(1, dtype=torch.float32, device=device))
-        _state[id(comm)] = st
+        st = _state[comm] = _Workspaces(device)
     return st
 
 
-def _workspace(st: dict, name: str, nbytes: int) -> tuple:
+def _workspace(comm: Any, st: _Workspaces, name: str, nbytes: int) -> tuple:
     """(local flat uint8 tensor, peers' views) of at least ``nbytes`` (collective the first
     time and when it grows)."""
     import torch
 
-    have = st["ws"].get(name)
+    have = st.ws.get(name)
     if have is None or have[0].numel() < nbytes:
-        st["ws"].pop(name, None)
-        local = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=st["device"])
-        st["ws"][name] = (local, st["comm"].peer_views(local))
-        st["typed"] = {k: v for k, v in st["typed"].items() if k[0] != name}
-    return st["ws"][name]
+        st.ws.pop(name, None)
+        local = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=st.device)
+        st.ws[name] = (local, comm.peer_views(local))
+        st.typed = {k: v for k, v in st.typed.items() if k[0] != name}
+    return st.ws[name]
 
 
 def _typed(flat: Any, dtype: Any, shape: tuple) -> Any:
@@ -153,17 +170,18 @@ def _typed(flat: Any, dtype: Any, shape: tuple) -> Any:
     return flat[:n * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
 
 
-def _typed_ws(st: dict, name: str, dtype: Any, shape: tuple, esz: int) -> tuple:
+def _typed_ws(comm: Any, st: _Workspaces, name: str, dtype: Any, shape: tuple,
+              esz: int) -> tuple:
     """(this rank's workspace ``name`` as ``dtype`` of ``shape``, every rank's), cached."""
     key = (name, dtype, shape)
-    hit = st["typed"].get(key)
+    hit = st.typed.get(key)
     if hit is None:
         n = esz
         for d in shape:
             n *= d
-        flat, vflat = _workspace(st, name, n)
+        flat, vflat = _workspace(comm, st, name, n)
         hit = (_typed(flat, dtype, shape), [_typed(v, dtype, shape) for v in vflat])
-        st["typed"][key] = hit
+        st.typed[key] = hit
     return hit
 
 
@@ -173,13 +191,14 @@ class _Pipe:
     direct one-element allreduce on the side stream, and events from a pool kept with the
     communicator's state (an event may be recorded again once the waits on it are enqueued)."""
 
-    __slots__ = ("st", "cur", "side", "side_h", "n_ev", "_bar")
+    __slots__ = ("st", "cur", "side", "side_h", "n_ev", "_c", "_bar")
 
-    def __init__(self, st: dict, cur: Any):
-        self.st, self.cur, self.side = st, cur, st["side"]
+    def __init__(self, comm: Any, st: _Workspaces, cur: Any):
+        self.st, self.cur, self.side = st, cur, st.side
         self.side_h = self.side.cuda_stream
         self.n_ev = 0
-        c, fa = st["comm"]._c, st["flag"].data_ptr()
+        c, fa = comm._c, st.flag.data_ptr()
+        self._c = c
         dt, op = int(DataType.FLOAT32), int(ReduceOp.SUM)
         self._bar = lambda: c.allreduce(fa, fa, 1, dt, op, self.side_h)
 
@@ -187,7 +206,7 @@ class _Pipe:
         """A pooled event recorded on ``stream``."""
         import torch
 
-        pool = self.st["events"]
+        pool = self.st.events
         if self.n_ev == len(pool):
             pool.append(torch.cuda.Event())
         ev = pool[self.n_ev]
@@ -201,8 +220,6 @@ class _Pipe:
 
     def copies(self, dst: list, src: list, nbytes: list) -> None:
         """Enqueued on the side stream (the copy engines)."""
-        from . import _maco
-
         end = _span("copy", "comm", self.side)
         _maco.mem_copy_batch(dst, src, nbytes, self.side_h)
         if end:
@@ -213,7 +230,7 @@ class _Pipe:
         end = _span("barrier", "comm", self.side)
         self._bar()
         if end:
-            end(self.st["comm"]._c.last_ctas())
+            end(self._c.last_ctas())
 
 
 def _bounds(rows: int, chunks: int) -> list:
@@ -271,8 +288,8 @@ def _method(comm: Any, method: Optional[str], flop: int, pattern: str, rows: int
             min_flop: Optional[float] = None) -> str:
     """The path a call takes: ``method`` where given, else "ce" from ``min_flop`` (None:
     _CE_MIN_FLOP) with every rank on this node, except gemm_allreduce from
-    _AR_SPLIT_MIN_RANKS ranks with ``rows`` (M) not a multiple of the world size (its
-    per-chunk split lost to "seq" on 4 H200s)."""
+    _AR_SPLIT_MIN_RANKS ranks with ``rows`` (M) not a multiple of the world size (where its
+    per-chunk split measured slower than "seq": docs/performance.md)."""
     if method is not None:
         return method
     if comm.size == 1 or flop < (_CE_MIN_FLOP if min_flop is None else min_flop):
@@ -375,9 +392,8 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
             with M a multiple of the world size: pieces of each destination's block, as
             for :func:`gemm_reduce_scatter` (None: 1).
         method: "ce", "seq" or None: "ce" where every rank is on this node and the GEMM has
-            at least 2e11 flop (2 M N K), and from 3 ranks M is a multiple of the world size
-            (on 4 H200s the per-chunk split lost to "seq"); else "seq" (see the module's
-            docstring).
+            at least 2e11 flop (2 M N K), and from 3 ranks M is a multiple of the world size;
+            else "seq" (see the module's docstring).
     Returns: ``out``, ordered on the caller's current stream (no host blocking).
     Workspace ("ce"), elements of ``out_dtype`` per rank: 2 ranks, 2 x M x N (every rank
         sums both partial products); from 3 ranks with M a multiple of the world size,
@@ -407,8 +423,8 @@ def gemm_allreduce(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
     if ws >= _AR_SPLIT_MIN_RANKS:
         return _gemm_allreduce_split(x, w, out, comm, st, b)
     esz = out.element_size()
-    parts, views = _typed_ws(st, "ar", out.dtype, (ws, m, n), esz)
-    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    parts, views = _typed_ws(comm, st, "ar", out.dtype, (ws, m, n), esz)
+    pp = _Pipe(comm, st, torch.cuda.current_stream(x.device))
     rowb = n * esz
     mine = views[rank].data_ptr() + rank * m * rowb  # parts[rank], at this rank's index
     dst = [v.data_ptr() + rank * m * rowb for p, v in enumerate(views) if p != rank]
@@ -462,7 +478,8 @@ def _split_layout(b: list, ws: int) -> tuple:
     return blk, off, max(max(o[-1] for o in off), 1)
 
 
-def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list) -> Any:
+def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: _Workspaces,
+                          b: list) -> Any:
     """gemm_allreduce's "ce" path for 3 or more ranks where M is not a multiple of the world
     size: per chunk a reduce-scatter, then an allgather. Chunk j's rows are cut in world-size
     blocks; block r goes to its owner, rank r (pushed by the copy engines), which sums the
@@ -477,13 +494,13 @@ def _gemm_allreduce_split(x: Any, w: Any, out: Any, comm: Any, st: dict, b: list
     ws, rank, n = comm.size, comm.rank, out.shape[1]
     esz = out.element_size()
     blk, off, cap = _split_layout(b, ws)
-    recv, rviews = _typed_ws(st, "ar", out.dtype, (ws, cap, n), esz)  # [source rank]
-    red, dviews = _typed_ws(st, "ar_sum", out.dtype, (cap, n), esz)   # this rank's sums
+    recv, rviews = _typed_ws(comm, st, "ar", out.dtype, (ws, cap, n), esz)  # [source rank]
+    red, dviews = _typed_ws(comm, st, "ar_sum", out.dtype, (cap, n), esz)   # this rank's sums
     rowb = n * esz
     ra = [v.data_ptr() + rank * cap * rowb for v in rviews]  # recv[rank] of every rank
     da = [v.data_ptr() for v in dviews]
     oa = out.data_ptr()
-    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    pp = _Pipe(comm, st, torch.cuda.current_stream(x.device))
     pp.side_waits()
     pp.barrier()  # every rank is done with its workspaces of the last call
     scattered, gathered = [], []
@@ -556,7 +573,7 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
         return comm.reduce_scatter(partial, out=out)
     st = _st(comm, x.device)
     # recv[source rank]: its partial product of this rank's rows (this rank's own: stage)
-    recv, views = _typed_ws(st, "rs", out.dtype, (ws, s, n), out.element_size())
+    recv, views = _typed_ws(comm, st, "rs", out.dtype, (ws, s, n), out.element_size())
     stage = torch.empty((ws, s, n), dtype=out.dtype, device=x.device)  # [destination]
     xr = x.view(ws, s, k)
     c = 1 if chunks is None else chunks  # pieces per destination's block
@@ -564,7 +581,7 @@ def gemm_reduce_scatter(x: Any, w: Any, comm: Any = None, *, out: Any = None,
     rowb = n * out.element_size()
     dst = [v.data_ptr() + rank * s * rowb for v in views]  # recv[this rank] of each rank
     sa = stage.data_ptr()
-    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    pp = _Pipe(comm, st, torch.cuda.current_stream(x.device))
     pp.side_waits()
     pp.barrier()
     # Destinations in the order rank + 1, rank + 2, ..., rank: each block's copy to its owner
@@ -614,13 +631,13 @@ def allgather_gemm(x: Any, w: Any, comm: Any = None, *, out: Any = None, out_dty
         return out
     st = _st(comm, x.device)
     # [source rank]: its shard
-    gathered, views = _typed_ws(st, "ag", x.dtype, (ws, s, k), x.element_size())
+    gathered, views = _typed_ws(comm, st, "ag", x.dtype, (ws, s, k), x.element_size())
     c = default_chunks("allgather_gemm", ws * s, ws) if chunks is None else chunks
     b = _bounds(s, c)
     rowb = k * x.element_size()
     dst = [v.data_ptr() + rank * s * rowb for v in views]  # gathered[rank] of every rank
     xa = x.data_ptr()
-    pp = _Pipe(st, torch.cuda.current_stream(x.device))
+    pp = _Pipe(comm, st, torch.cuda.current_stream(x.device))
     pp.side_waits()
     pp.barrier()
     # Step d = 1 .. ws - 1: this rank's shard to rank + d, so in every step each rank sends to

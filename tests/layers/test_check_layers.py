@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The layers checker (scripts/check_layers.py) on small trees made here: a clean tree passes,
-and each kind of violation fails with its message (so the `layers` test can fail).
+"""The layers checker (scripts/check_layers.py, with scripts/check_py_layers.py for the Python
+package) on small trees made here: a clean tree passes, and each kind of violation fails with
+its message (so the `layers` test can fail).
 
   usage: tests/layers/test_check_layers.py [SOURCE_DIR]   (SOURCE_DIR: where scripts/ is)
 """
@@ -276,6 +277,105 @@ class CheckLayers(unittest.TestCase):
         rc, out = self.check_build(build)
         self.assertEqual(rc, 1, out)
         self.assertIn("nccl/comm.c: a client of the public API uses internal symbols: maco__log", out)
+
+
+# The Python package's stack (scripts/check_py_layers.py, run by check_layers.py).
+PY_TABLE = """
+<!-- python layers: read by scripts/check_py_layers.py -->
+| layer | modules | what it holds |
+| --- | --- | --- |
+| package | `__init__.py` | the public names |
+| integrations | `torch.py` `tp.py` | need torch / import it where used |
+| overlap | `_overlap.py` `_collectives.py` | the middle |
+| dsl | `language.py` | beside: the extension only when verifying |
+| base | `_comm.py` `_maco.pyi` | the bottom |
+"""
+
+PY_CLEAN = {
+    "__init__.py": ("from . import _comm, tp\nfrom ._collectives import allreduce\n\n\n"
+                    "def __getattr__(name):\n    from . import torch  # needs torch\n"
+                    "    return getattr(torch, name)\n"),
+    "torch.py": "import torch\nimport torch.distributed as dist\nfrom ._comm import C\n",
+    "tp.py": ("from . import _comm\n\n\ndef f():\n    import torch\n\n"
+              "    return lambda: torch\n"),
+    "_overlap.py": ("import sys\nfrom ._comm import C\n\n\nclass S:\n    def m(self):\n"
+                    "        import numpy as np\n        from torch.overrides import TorchFunctionMode\n"
+                    "        return np, TorchFunctionMode\n"),
+    "_collectives.py": "from . import _comm\nfrom ._overlap import S\n\nallreduce = S\n",
+    "language.py": ("import json\n\n\ndef verify():\n    from maco import _maco\n\n"
+                    "    return _maco\n"),
+    "_comm.py": "import json\nfrom . import _maco\n\nC = json\n",
+    "_maco.pyi": "def version() -> str: ...\n",
+}
+
+
+class CheckPythonLayers(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="maco-pylayers-")
+        self.write("docs/design.md", TABLE + PY_TABLE)
+        for path, text in CLEAN.items():
+            self.write(path, text)
+        for name, text in PY_CLEAN.items():
+            self.write("python-bindings/maco/" + name, text)
+
+    tearDown = CheckLayers.tearDown
+    write = CheckLayers.write
+    check = CheckLayers.check
+    fails_with = CheckLayers.fails_with
+
+    def py(self, name, text):
+        with open(os.path.join(self.dir, "python-bindings/maco", name), "a") as fh:
+            fh.write(text)
+
+    def test_clean_package_passes(self):
+        rc, out = self.check()
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"5 Python layers with {len(PY_CLEAN)} modules, 0 problem(s)", out)
+
+    def test_import_from_a_layer_above_and_the_loop_it_makes(self):
+        self.py("_comm.py", "from ._overlap import S\n")
+        self.fails_with("python-bindings/maco/_comm.py:5 (base): imports _overlap of layer "
+                        "overlap, above it",
+                        "Python import loop: python-bindings/maco/_comm.py -> "
+                        "python-bindings/maco/_overlap.py")
+
+    def test_loop_within_a_layer(self):
+        self.py("_collectives.py", "")
+        self.py("_overlap.py", "from . import _collectives\n")
+        self.fails_with("Python import loop: python-bindings/maco/_collectives.py -> "
+                        "python-bindings/maco/_overlap.py")
+
+    def test_import_inside_a_function_of_what_is_not_optional(self):
+        self.py("tp.py", "\n\ndef g():\n    import json\n    return json\n")
+        self.fails_with("python-bindings/maco/tp.py:11: import of json inside a function: "
+                        "only optional packages (torch, cupy, numpy, ml_dtypes)")
+
+    def test_module_imported_inside_a_function_to_dodge_a_loop(self):
+        self.py("_collectives.py", "\n\ndef g():\n    from . import _comm\n    return _comm\n")
+        self.fails_with("python-bindings/maco/_collectives.py:8: import of _comm inside a "
+                        "function: it needs no optional package")
+
+    def test_lazy_import_of_a_torch_module_from_below(self):
+        self.py("_overlap.py", "\n\ndef route():\n    from . import torch as mt\n    return mt\n")
+        self.fails_with("python-bindings/maco/_overlap.py:13 (overlap): imports torch of layer "
+                        "integrations, above it")
+
+    def test_extension_inside_a_function_of_a_module_that_loads_the_package(self):
+        self.py("_collectives.py", "\n\ndef g():\n    from . import _maco\n    return _maco\n")
+        self.fails_with("python-bindings/maco/_collectives.py:8: import of _maco inside a "
+                        "function")
+
+    def test_module_in_no_layer_and_missing_module(self):
+        self.write("python-bindings/maco/_new.py", "")
+        self.write("docs/design.md", TABLE + PY_TABLE.replace("`tp.py`", "`tp.py` `_gone.py`"))
+        self.fails_with("python-bindings/maco/_new.py: in no layer of docs/design.md's Python "
+                        "table",
+                        "docs/design.md: Python layer integrations names "
+                        "python-bindings/maco/_gone.py, which is not in the tree")
+
+    def test_no_python_table(self):
+        self.write("docs/design.md", TABLE)
+        self.fails_with("docs/design.md: no Python layer table")
 
 
 if __name__ == "__main__":

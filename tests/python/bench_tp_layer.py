@@ -377,7 +377,7 @@ def main(argv=None) -> int:
         ref = fns["torch-nccl"](x.clone())
         sync()
         rows, failures = [], []
-        import maco._compile as mcomp
+        import maco._fused_ops as mcomp
 
         ce_min = mcomp._COMPILE_CE_MIN_FLOP
 
@@ -419,7 +419,7 @@ def main(argv=None) -> int:
                 if not err <= a.tolerance:
                     failures.append(f"{v}: relative error {err:.3g} > {a.tolerance:.3g}")
                 if v.startswith("maco-compile"):
-                    import maco._compile as mc
+                    import maco._fused_ops as mc
 
                     before = dict(mc.stats)
                     f(x.clone()) if v not in SHARDED else f()
@@ -463,7 +463,7 @@ def main(argv=None) -> int:
             log(f"{r['variant']:<15} {r['ms']:>9.3f} {vs_n or '-':>14} {vs_a or '-':>11}")
         maco.config.set(fusion="persistent")
         if "maco-compile" in fns and "maco-compile" in a.variants and not a.no_profile:
-            import maco._compile as mc
+            import maco._fused_ops as mc
 
             sync()
             mc.close_kernels()  # rebuilt with per-task profiles

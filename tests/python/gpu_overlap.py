@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import maco
-import maco._compile as mc
+import maco._fused_ops as mc
 from maco import _overlap
 
 R = int(os.environ["RANK"])
@@ -95,10 +95,10 @@ for it in range(2):
                for r in range(N))
     same(f"optimize_comm iteration {it}", y, want)
     check("optimize_comm: pending while the next matmul ran", pending == 1, f"{pending}")
-from maco import torch as mt  # noqa: E402
+from maco import _routes  # noqa: E402
 
 check("dist.all_reduce went to MACO (the world's MACO group exists)",
-      len(mt._patched_groups) >= 1, f"{list(mt._patched_groups)}")
+      len(_routes.patched_groups) >= 1, f"{list(_routes.patched_groups)}")
 check("wrappers removed after the scope", not getattr(dist.all_reduce, "__maco_scope__", False))
 
 with maco.auto_overlap():  # NCCL stays, made asynchronous

@@ -352,8 +352,10 @@ if failures:
     print(f"FAIL gpu_torch_backend {mode} rank {R}/{N}: {len(failures)} failures")
     sys.exit(1)
 if mode == "patch":
-    assert mt._patched_groups, "no group was routed through MACO"
-    for m in mt._patched_groups.values():
+    from maco import _routes
+
+    assert _routes.patched_groups, "no group was routed through MACO"
+    for m in _routes.patched_groups.values():
         m.comm.check_async_error()
 else:
     dist.group.WORLD.comm.check_async_error()

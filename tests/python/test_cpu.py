@@ -527,8 +527,9 @@ def test_persistent_kernel_arguments(comm):
 
 
 # ------------------------------------------------------------------ torch backend: device binding
-# The rules of maco/torch.py's docstring, with a fake Communicator that records the device it
-# was made on (the real one needs a GPU for a device) and fake CUDA tensors.
+# The rules of maco/torch.py's docstring (ProcessGroupMaco is in maco/_process_group.py), with a
+# fake Communicator that records the device it was made on (the real one needs a GPU for a
+# device) and fake CUDA tensors.
 
 
 class _FakeComm:
@@ -560,10 +561,11 @@ def fake_comms(monkeypatch):
     import contextlib
 
     import maco.torch as mt
+    from maco import _process_group  # ProcessGroupMaco's module
 
     _FakeComm.made = []
-    monkeypatch.setattr(mt, "Communicator", _FakeComm)
-    monkeypatch.setattr(mt, "unique_id", lambda: b"u" * 128)
+    monkeypatch.setattr(_process_group, "Communicator", _FakeComm)
+    monkeypatch.setattr(_process_group, "unique_id", lambda: b"u" * 128)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     return mt

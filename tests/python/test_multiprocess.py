@@ -241,6 +241,7 @@ def _device_id_worker(rank, n):
     import torch.distributed as dist
 
     import maco.torch as mt
+    from maco import _process_group  # ProcessGroupMaco's module
 
     made = []
 
@@ -249,7 +250,7 @@ def _device_id_worker(rank, n):
             self.device = device
             made.append(device)
 
-    mt.Communicator = FakeComm
+    _process_group.Communicator = FakeComm
     c10d = dist.distributed_c10d
     pg, _ = c10d._new_process_group_helper(
         1, 0, [], "maco", dist.HashStore(), "maco-device-id-test",

@@ -225,10 +225,10 @@ class _RecordingComm:
 
 
 def test_allreduce_options_map_to_algorithms(monkeypatch, fresh_config):
-    from maco import _level1
+    from maco import _default_comm
 
     c = _RecordingComm()
-    monkeypatch.setattr(_level1, "_default", c)
+    monkeypatch.setattr(_default_comm._default, "comm", c)
     x = FakeCudaArray((8,))
     assert maco.allreduce(x, use_ring=True) is x
     assert maco.allreduce(x, algorithm="oneshot_ll", op=maco.MAX) is x
@@ -249,6 +249,71 @@ def test_allreduce_options_map_to_algorithms(monkeypatch, fresh_config):
     with pytest.raises(ValueError, match="use_ring: 'yes'"):
         maco.allreduce(x, use_ring="yes")
     assert len(c.calls) == 4  # bad options are refused before any call
+
+
+class _CapComm:
+    """What the split's CTA cap reads and sets of a communicator; records every cap set."""
+
+    def __init__(self, cap):
+        self.max_ctas, self.caps, self.device, self.closed = cap, [], 0, False
+
+    def set_max_ctas(self, n):
+        self.max_ctas = n
+        self.caps.append(n)
+
+
+def test_scope_is_the_entry_point_with_the_split_for_its_block(fresh_config):
+    """optimize_context's own options: a bad priority or count is refused at the call; the
+    block's comm_sms/compute_sms are the split in use inside it (the rest of the split kept),
+    a communicator's cap follows at its next collective and comes back at the end; a block's
+    split is not refused under sm_policy 'manual' (set_config is); the decorator form runs
+    each call in a fresh scope with the same options."""
+    from maco import _overlap, _streams
+
+    with pytest.raises(ValueError, match="priority: 'urgent'"):
+        maco.optimize_context(priority="urgent")
+    with pytest.raises(ValueError, match="comm_sms: 0 is not a positive number of SMs"):
+        maco.optimize_context(comm_sms=0)
+    with pytest.raises(ValueError, match="compute_sms: True"):
+        maco.optimize_context(compute_sms=True)
+    maco.set_config(compute_sms=100, comm_sms=20, scheduler_sms=4)
+    c = _CapComm(cap=20)
+    with maco.optimize_context(comm_sms=8) as sc:
+        s = maco.get_config()
+        assert (s.compute_sms, s.comm_sms, s.scheduler_sms) == (100, 8, 4)
+        _streams.apply_split(c)  # what a collective of the overlap API does first
+        _streams.apply_split(c)  # once per change
+        assert c.caps == [8] and sc.compute(lambda a: a + 1, 1) == 2  # no compute_sms: plain
+    assert c.caps == [8, 20] and maco.get_config().comm_sms == 20
+    with maco.optimize_context(compute_sms=64):
+        assert (maco.get_config().compute_sms, maco.get_config().comm_sms) == (64, 20)
+        _streams.apply_split(c)
+    assert c.caps == [8, 20] and maco.get_config().compute_sms == 100
+    maco.config.set(sm_policy="manual")
+    with maco.optimize_context():
+        with maco.optimize_context(comm_sms=4):
+            assert maco.get_config().comm_sms == 4
+        with pytest.raises(maco.InvalidUsageError, match="sm_policy='manual' fixes the split"):
+            maco.set_config(comm_sms=5)
+    assert maco.get_config().comm_sms == 20
+    outer = []
+
+    @maco.optimize_context(redirect=False, priority="low")
+    def f(x):
+        sc = _overlap._current_scope()
+        outer.append(sc)
+        return (sc.redirect, sc.priority, x)
+
+    assert f(3) == (False, "low", 3) and f(4) == (False, "low", 4)
+    assert outer[0] is not outer[1] and f.__maco_optimized__ and f.__name__ == "f"
+    assert _overlap._current_scope() is None
+    with pytest.raises(TypeError, match="optimize_context: 3 is not callable"):
+        maco.optimize_context()(3)
+    with pytest.raises(TypeError, match="optimize_comm: 3 is not callable"):
+        maco.optimize_comm(3)
+    assert maco.auto_overlap().redirect is False and maco.optimize_context().redirect is True
+    with pytest.raises(maco.InvalidUsageError, match="submit inside the with block"):
+        maco.optimize_context().submit_compute(lambda: 1)
 
 
 @needs_torch
@@ -327,6 +392,15 @@ def test_pipeline_order_and_result_on_cpu():
     torch.testing.assert_close(q(x, r), x @ w1 + r)
     with pytest.raises(ValueError, match="argument 1 has 5 rows along dimension 0"):
         q(x, r[:5])
+    # a stage that raises stops the call: later stages and micro-batches do not run
+    seen.clear()
+    bad = maco.Pipeline(num_stages=3, chunks=4)
+    bad.stage(0)(lambda t: seen.append(0) or t)
+    bad.stage(1)(lambda t: 1 / 0)
+    bad.stage(2)(lambda t: seen.append(2) or t)
+    with pytest.raises(ZeroDivisionError):
+        bad(x)
+    assert seen == [0, 0] and bad.trace == [(0, 0), (0, 1), (1, 0)]
 
 
 # ------------------------------------------------------------------ 2 ranks on Gloo
@@ -515,6 +589,12 @@ def _patterns_worker(rank, n, port, seed):
     out["region_ok"] = torch.allclose(cf.result(), x @ w) and torch.allclose(
         mf.result(), sum(data(q, 1) for q in range(n)), atol=1e-5) and torch.allclose(
         dep.result(), mf.result() + 1.0)
+    # the same through the entry point: the scope's submissions
+    with maco.optimize_context() as sc:
+        sf = sc.submit_comm(maco.allreduce, data(rank, 12))
+        sg = sc.submit_compute(torch.add, sf, 1.0)  # a Future argument: its value
+    out["scope_submit_ok"] = torch.allclose(sg.result(), sum(data(q, 12) for q in range(n))
+                                            + 1.0, atol=1e-5)
     # Pipeline: the allreduce stage of a row-parallel layer over 3 micro-batches
     wl = data(rank, 4, (8, 8))
     pipe = maco.Pipeline(num_stages=3, chunks=3)
@@ -573,6 +653,7 @@ def test_region_pipeline_ring_scheduler_on_gloo(port):
     for rank, out in enumerate(_run(_patterns_worker, 2, port,
                                     int.from_bytes(os.urandom(4), "little"))):
         assert out["compute_done_while_comm_blocked"] and out["region_ok"], out
+        assert out["scope_submit_ok"], out
         assert out["pipeline_ok"], out
         assert out["ring_ok"] and out["ring_back_ok"], out
         assert out["ring_check"] == (f"dst: {rank} is not the next rank {(rank + 1) % 2} of "
@@ -735,6 +816,7 @@ def _sp_worker(rank, n, port, seed, inner):
     dist = _init(rank, n, port)
     import maco
     import maco._compile as mc
+    import maco._fused_ops as fo
 
     def t(r, salt, shape):
         return torch.randn(shape, generator=_seeded(seed, r, salt))
@@ -753,14 +835,14 @@ def _sp_worker(rank, n, port, seed, inner):
     xf = torch.cat(x)
     full = sum(torch.relu(xf @ w1[r].T) @ w2[r].T for r in range(n))
     ref = x[rank] + full[rank * rows:(rank + 1) * rows]
-    before = dict(mc.stats)
+    before = dict(fo.stats)
     with torch.no_grad(), _SpyPass(mc) as graphs:
         got = maco.compile(block, inner=inner)(x[rank])
     out = {"fused": [k for k, _ in graphs],
            "clean": all("maco.allgather_gemm" in g and "maco.gemm_reduce_scatter" in g
                         and "all_gather_into_tensor" not in g and "reduce_scatter_tensor" not in g
                         for _, g in graphs),
-           "calls": mc.stats["sp_fallback"] - before["sp_fallback"],
+           "calls": fo.stats["sp_fallback"] - before["sp_fallback"],
            "ok": torch.allclose(got, ref, rtol=1e-4, atol=1e-4),
            "err": float((got - ref).abs().max())}
     dist.destroy_process_group()

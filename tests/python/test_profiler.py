@@ -161,7 +161,8 @@ def test_tp_steps_are_spans_named_after_their_operator(fake_cuda, monkeypatch, t
         _c = C()
 
     pipe = object.__new__(tp._Pipe)
-    pipe.st, pipe.cur, pipe.side, pipe.side_h = {"comm": Comm()}, clock.current, side, 7
+    pipe.st, pipe.cur, pipe.side, pipe.side_h = None, clock.current, side, 7
+    pipe._c = Comm._c
     pipe._bar = lambda: calls.append("barrier")
     monkeypatch.setattr(maco._maco, "mem_copy_batch",
                         lambda d, s, n, h: calls.append(("copy", tuple(n), h)))

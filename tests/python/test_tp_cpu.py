@@ -78,7 +78,7 @@ def test_method_choice_per_communicator():
     assert tp._method(four, "ce", 10 ** 12, "gemm_allreduce", 8190) == "ce"
     assert tp._method(one, None, 10 ** 12, "gemm_allreduce", 8191) == "ce"  # 2 ranks: any M
     assert tp._method(four, None, 10 ** 12, "gemm_reduce_scatter", 8190) == "ce"  # allreduce's rule
-    # compiled graphs' threshold (maco._compile): 1.5e11 flop takes the copy engines there
+    # compiled graphs' threshold (maco._fused_ops): 1.5e11 flop takes the copy engines there
     assert tp._method(four, None, 1.5 * 10 ** 11, "allgather_gemm", min_flop=10 ** 11) == "ce"
     assert tp._method(four, None, 0.9 * 10 ** 11, "allgather_gemm", min_flop=10 ** 11) == "seq"
     assert tp._method(four, None, 1.5 * 10 ** 11, "gemm_allreduce", 8190, 10 ** 11) == "seq"

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The shape checker (scripts/check_shape.py) on small trees made here: a clean tree passes,
 a function body one line over the limit, a #define inside a function (and inside a C++
-member function), a library file over 700 lines, a library constructor, a machine name or a
-date in code each fail with their message, and braces of namespaces, classes, structs and
-extern "C" blocks are not taken for functions (so the `shape` test can fail).
+member function), a library file over 700 lines, a file of python-bindings/ over 700 lines, a
+library constructor, a machine name or a date in code each fail with their message, and braces
+of namespaces, classes, structs and extern "C" blocks are not taken for functions (so the
+`shape` test can fail).
 
   usage: tests/shape/test_check_shape.py [SOURCE_DIR]   (SOURCE_DIR: where scripts/ is)
 """
@@ -79,6 +80,22 @@ class Shape(unittest.TestCase):
                    ["}", "struct S", "{"] + ["    int m%d;" % i for i in range(200)] + ["};"])
         rc, out = self.run_checker()
         self.assertEqual(rc, 0, out)
+
+    def test_long_file_in_python_bindings_fails(self):
+        self.write("python-bindings/maco/big.py", ["x = %d" % i for i in range(701)])
+        self.write("python-bindings/maco/at_limit.py", ["x = %d" % i for i in range(700)])
+        self.write("python-bindings/src/big.h", ["int v%d;" % i for i in range(702)])
+        self.write("python-bindings/README.md", ["text"] * 900)  # not a source or build file
+        self.write("python-bindings/maco/__pycache__/big.py", ["x = 1"] * 900)
+        self.write("src/long.c", ["int v%d;" % i for i in range(900)])  # the rule's folders only
+        rc, out = self.run_checker()
+        self.assertEqual(rc, 1, out)
+        self.assertIn("python-bindings/maco/big.py: 701 lines (at most 700 in python-bindings/: "
+                      "split it by topic)", out)
+        self.assertIn("python-bindings/src/big.h: 702 lines", out)
+        for name in ("at_limit.py", "README.md", "__pycache__", "long.c"):
+            self.assertNotIn(name, out)
+        self.assertIn("2 problem(s)", out)
 
     def test_tests_are_not_checked(self):
         self.write("tests/t.cc", ["void long_test(void)"] + body(400))

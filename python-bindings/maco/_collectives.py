@@ -1,123 +1,25 @@
-"""Level 1: one default communicator per process and module-level collectives on it."""
+"""The module-level collectives (``maco.allreduce``, ``maco.allgather``, ...): the default
+communicator's collectives with the design's per-call overlap options, overlapped inside an
+overlap scope, traced as torch's functional collectives under ``torch.compile``, and run on
+torch.distributed for CPU tensors."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from . import _overlap
+from . import _config
 from ._comm import Communicator
-from ._errors import InvalidUsageError
-from ._types import ReduceOp
+from ._default_comm import dist_ready, get_default_communicator, group, is_initialized
+from ._overlap import _current_scope
+from ._ring import current_ring
+from ._streams import (CommWork, _Inside, _is_compiling, _join_group, _priority, _work_handle,
+                       async_tensor, in_ordered_context, run_on_comm_stream, run_ordered)
+from ._types import ReduceOp, to_maco_op
 
-__all__ = [
-    "init",
-    "finalize",
-    "is_initialized",
-    "get_default_communicator",
-    "get_rank",
-    "get_world_size",
-    "get_local_rank",
-    "allreduce",
-    "allgather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "send",
-    "recv",
-    "barrier",
-]
-
-BACKEND_NAMES = (None, "maco", "nvshmem", "nccl_optimized")
-"""What ``maco.init(backend=)`` and ``maco.config.set(backend=)`` take: all name MACO's one
-backend."""
-
-_default: Optional[Communicator] = None
-_group: Any = None  # the torch.distributed group init() was given (None: the default group)
-_lock = threading.Lock()
-
-
-def init(backend: Optional[str] = None, *, group: Any = None, device: Any = None,
-         timeout: Optional[float] = None) -> Communicator:
-    """Creates the process's default communicator, used by ``maco.allreduce`` and the other
-    module-level calls, and returns it.
-
-    Where the job comes from: ``group`` (a torch.distributed process group) when given, else
-    torch.distributed's world when it is initialized, else the environment (maco-run's or
-    torchrun's variables). Collective over the job's ranks; blocking.
-
-    Args:
-        backend: None or "maco"; the design's "nvshmem" and "nccl_optimized" are accepted as
-            names of the same backend (MACO has one: its memory channels do the one-sided
-            device-initiated transfers NVSHMEM does in the design, over NVLink/PCIe, with
-            proxies for IB/TCP; MACO does not use NVSHMEM or NCCL).
-        group, device, timeout: as :meth:`Communicator.from_process_group` and
-            :class:`Communicator`.
-
-    Raises:
-        InvalidUsageError: already initialized (call :func:`finalize` first).
-        ValueError: another backend name.
-        and the errors of the Communicator constructors.
-    """
-    global _default, _group
-    if backend not in BACKEND_NAMES:
-        raise ValueError(f"backend: {backend!r}; MACO has one backend, 'maco' (also accepted "
-                         "under the design's names 'nvshmem' and 'nccl_optimized')")
-    with _lock:
-        if _default is not None and not _default.closed:
-            raise InvalidUsageError("maco.init: already initialized (maco.finalize() first)")
-        dist = sys.modules.get("torch.distributed")
-        if group is not None or (dist is not None and dist.is_available() and dist.is_initialized()):
-            comm = Communicator.from_process_group(group, device=device, timeout=timeout)
-        else:
-            comm = Communicator(device=device, timeout=timeout)
-        _default = comm
-        _group = group
-        return comm
-
-
-def finalize() -> None:
-    """Closes the default communicator (if any). Not collective. Idempotent."""
-    global _default
-    with _lock:
-        if _default is not None:
-            _default.close()
-        _default = None
-
-
-def is_initialized() -> bool:
-    """Whether :func:`init` made a default communicator that is still open."""
-    return _default is not None and not _default.closed
-
-
-def get_default_communicator() -> Communicator:
-    """The communicator of :func:`init`.
-
-    Raises:
-        InvalidUsageError: :func:`init` was not called (or :func:`finalize` was).
-    """
-    c = _default
-    if c is None or c.closed:
-        raise InvalidUsageError("maco: no default communicator; call maco.init() first")
-    return c
-
-
-def get_rank() -> int:
-    """This process's rank in the default communicator."""
-    return get_default_communicator().rank
-
-
-def get_world_size() -> int:
-    """The number of ranks of the default communicator."""
-    return get_default_communicator().size
-
-
-def get_local_rank() -> int:
-    """This process's rank among the ranks of its node."""
-    return get_default_communicator().local_rank
+__all__ = ["allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+           "send", "recv", "barrier"]
 
 
 class _Opts:
@@ -129,8 +31,6 @@ class _Opts:
                  overlap_group: Optional[str] = None, use_ring: Optional[bool] = None,
                  algorithm: Optional[str] = None, overlap_with_next: bool = False,
                  kind: str = "allreduce"):
-        from ._overlap import _priority
-
         self.async_op = bool(async_op)
         if priority is not None:
             _priority(priority)  # checks it
@@ -150,8 +50,6 @@ class _Opts:
 
     def overlapped(self, scope: Any) -> bool:
         """Whether the call runs on the communication stream (else on the caller's)."""
-        from . import _config
-
         if self.async_op or self.overlap_with_next:
             return True
         if scope is not None:
@@ -180,36 +78,18 @@ def _forced(comm: Communicator, kind: str, algorithm: Optional[str]) -> Iterator
         comm.set_algorithm(kind, before)
 
 
-def _dist_ready() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
-
-
 def _is_cpu_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor) and not x.is_cuda
-
-
-def _rank_size(comm: Optional[Communicator] = None) -> tuple:
-    """(rank, world size) of ``comm``, else the default communicator, else
-    torch.distributed's default group."""
-    if comm is not None:
-        return comm.rank, comm.size
-    if is_initialized():
-        return _default.rank, _default.size
-    if _dist_ready():
-        dist = sys.modules["torch.distributed"]
-        return dist.get_rank(_group), dist.get_world_size(_group)
-    raise InvalidUsageError("maco: no default communicator; call maco.init() first")
 
 
 def _collective(kind: str, x: Any, out: Any, opts: _Opts, stream: Any, **kw: Any) -> Any:
     """The Level-1 collectives' common path: MACO on the default communicator for CUDA
     tensors (on the caller's stream, or overlapped on the communication stream), or
     torch.distributed for CPU tensors."""
-    scope = _overlap._current_scope()
+    scope = _current_scope()
     overlap = opts.overlapped(scope) and stream is None
-    if _is_cpu_tensor(x) and _dist_ready():
+    if _is_cpu_tensor(x) and dist_ready():
         return _cpu_collective(kind, x, out, opts, scope, overlap, **kw)
     comm = get_default_communicator()
     fn = getattr(comm, kind)
@@ -219,27 +99,28 @@ def _collective(kind: str, x: Any, out: Any, opts: _Opts, stream: Any, **kw: Any
 
     with _forced(comm, kind, opts.algorithm):
         if not overlap:
-            if stream is None and _overlap.in_ordered_context():
-                return _overlap.run_ordered(comm, call)
+            if stream is None and in_ordered_context():
+                return run_ordered(comm, call)
             return call(stream)
         if scope is not None:
             scope.before_issue([x, out])
-        result, h = _overlap.run_on_comm_stream(comm, call, opts.priority, kind)
+        priority = opts.priority if opts.priority is not None or scope is None else scope.priority
+        result, h = run_on_comm_stream(comm, call, priority, kind)
     return _finish(result, h, x, opts, scope)
 
 
 def _finish(result: Any, h: Any, x: Any, opts: _Opts, scope: Any) -> Any:
-    _overlap._join_group(h, opts.overlap_group)
+    _join_group(h, opts.overlap_group)
     if opts.async_op:
-        return _overlap.CommWork(result, h)
+        return CommWork(result, h)
     if scope is not None:
         scope.add(h, [result], [] if x is result else [x])
         return result
     torch = sys.modules.get("torch")
     if opts.overlap_with_next and torch is not None and isinstance(result, torch.Tensor):
-        return _overlap.async_tensor(result, h)
+        return async_tensor(result, h)
     if opts.overlap_with_next:
-        return _overlap.CommWork(result, h)
+        return CommWork(result, h)
     h.wait()
     return result
 
@@ -255,16 +136,14 @@ def _cpu_collective(kind: str, x: Any, out: Any, opts: _Opts, scope: Any, overla
     import torch
     import torch.distributed as dist
 
-    from ._types import to_maco_op
-
-    g = _group
+    g = group()
     ws = dist.get_world_size(g)
     named = kw.get("named", {})
     op = to_maco_op(named.get("op", ReduceOp.SUM))
     after = None
     if scope is not None and overlap:
         scope.before_issue([x, out])
-    with _overlap._Inside():  # torch.distributed's own functions, not a scope's wrappers
+    with _Inside():  # torch.distributed's own functions, not a scope's wrappers
         if kind == "allreduce":
             result = x
             if out is not None:
@@ -320,7 +199,7 @@ def _cpu_collective(kind: str, x: Any, out: Any, opts: _Opts, scope: Any, overla
         else:
             raise TypeError(f"x: {kind} of CPU tensors is not supported here; use a CUDA "
                             "tensor")
-    h = _overlap._work_handle(work, kind)
+    h = _work_handle(work, kind)
     h.after = after
     if not overlap:
         h.wait()
@@ -329,8 +208,6 @@ def _cpu_collective(kind: str, x: Any, out: Any, opts: _Opts, scope: Any, overla
 
 
 def _op_name(op: Any) -> str:
-    from ._types import to_maco_op
-
     return {ReduceOp.SUM: "sum", ReduceOp.PROD: "product", ReduceOp.MIN: "min",
             ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}[to_maco_op(op)]
 
@@ -342,7 +219,7 @@ def _traced(kind: str, x: Any, op: Any, out: Any) -> Any:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
 
-    g = _group if _group is not None else dist.group.WORLD
+    g = group() if group() is not None else dist.group.WORLD
     if kind == "allreduce":
         r = fc.all_reduce(x, _op_name(op), g)
         target = x if out is None else out
@@ -402,7 +279,7 @@ def allreduce(x: Any, op: Any = ReduceOp.SUM, out: Any = None, *, stream: Any = 
     Raises: as :meth:`Communicator.allreduce`; ValueError for a bad option (named);
     InvalidUsageError without :func:`maco.init` (CUDA tensors).
     """
-    if _compiling():
+    if _is_compiling():
         return _traced("allreduce", x, op, out)
     opts = _Opts(async_op, priority, overlap_group, use_ring, algorithm, overlap_with_next)
     return _collective("allreduce", x, out, opts, stream, named={"op": op})
@@ -413,7 +290,7 @@ def allgather(x: Any, out: Any = None, *, stream: Any = None, async_op: bool = F
               overlap_with_next: bool = False) -> Any:
     """:meth:`Communicator.allgather` on the default communicator: shape (size, *x.shape);
     CPU tensors through torch.distributed; the options as :func:`allreduce`."""
-    if _compiling():
+    if _is_compiling():
         return _traced("allgather", x, None, out)
     opts = _Opts(async_op, priority, overlap_group, None, None, overlap_with_next, "allgather")
     return _collective("allgather", x, out, opts, stream)
@@ -424,7 +301,7 @@ def reduce_scatter(x: Any, op: Any = ReduceOp.SUM, out: Any = None, *, stream: A
                    overlap_group: Optional[str] = None, overlap_with_next: bool = False) -> Any:
     """:meth:`Communicator.reduce_scatter` on the default communicator; CPU tensors through
     torch.distributed; the options as :func:`allreduce`."""
-    if _compiling():
+    if _is_compiling():
         return _traced("reduce_scatter", x, op, out)
     opts = _Opts(async_op, priority, overlap_group, None, None, overlap_with_next,
                  "reduce_scatter")
@@ -459,21 +336,22 @@ def send(x: Any, dst: Optional[int] = None, *, stream: Any = None) -> None:
     torch.distributed (the default group).
 
     Raises: ValueError: no ``dst`` outside a ring; a ``dst`` that is not the ring's next."""
-    r = _overlap.current_ring()
+    r = current_ring()
     if r is not None:
         dst = r._check_dst(dst)
         if hasattr(x, "shape") and hasattr(x, "dtype"):
             r._last = (tuple(x.shape), x.dtype, _is_cpu_tensor(x))
     if dst is None:
         raise ValueError("dst: the receiving rank is required (outside maco.ring())")
-    if _is_cpu_tensor(x) and _dist_ready():
+    if _is_cpu_tensor(x) and dist_ready():
         import torch.distributed as dist
 
-        peer = dist.get_global_rank(_group, dst) if _group is not None else dst
+        g = group()
+        peer = dist.get_global_rank(g, dst) if g is not None else dst
         if r is not None:
-            r._ops.append(dist.P2POp(dist.isend, x.contiguous(), peer, _group))
+            r._ops.append(dist.P2POp(dist.isend, x.contiguous(), peer, g))
         else:
-            dist.send(x.contiguous(), peer, _group)
+            dist.send(x.contiguous(), peer, g)
         return
     get_default_communicator().send(x, dst, stream=stream)
 
@@ -488,14 +366,14 @@ def recv(out: Any = None, src: Optional[int] = None, *, shape: Optional[Sequence
     torch.distributed.
 
     Raises: ValueError: a ``src`` that is not the ring's previous rank; no shape/dtype."""
-    r = _overlap.current_ring()
+    r = current_ring()
     cpu = _is_cpu_tensor(out)
     if r is not None:
         src = r._check_src(src)
         if out is None:
             shape, dtype = r._recv_like(shape, dtype)
             cpu = r._last[2] if r._last is not None else not is_initialized()
-    if cpu and _dist_ready():
+    if cpu and dist_ready():
         import torch
         import torch.distributed as dist
 
@@ -505,17 +383,14 @@ def recv(out: Any = None, src: Optional[int] = None, *, shape: Optional[Sequence
             if shape is None or dtype is None:
                 raise ValueError("out: pass out=, or shape= and dtype= to allocate it")
             out = torch.empty(tuple(shape), dtype=dtype)
-        peer = dist.get_global_rank(_group, src) if _group is not None else src
+        g = group()
+        peer = dist.get_global_rank(g, src) if g is not None else src
         if r is not None:
-            r._ops.append(dist.P2POp(dist.irecv, out, peer, _group))
+            r._ops.append(dist.P2POp(dist.irecv, out, peer, g))
         else:
-            dist.recv(out, peer, _group)
+            dist.recv(out, peer, g)
         return out
     return get_default_communicator().recv(out, src, shape=shape, dtype=dtype, stream=stream)
-
-
-def _compiling() -> bool:
-    return _overlap._is_compiling()
 
 
 def barrier() -> None:

@@ -1,12 +1,17 @@
 /*
- * ep_bindings.h - expert-parallel buffers (maco/ep.h) for the extension module: the class
- * EpBuffer and the function ep_buffer_create, used by maco/ep.py. Included once by
- * maco_ext.cpp after its helpers (Comm, CommState, checked, raise_status, ptr, stream_of),
- * and registered by bind_ep(m) at the end of its module definition. Buffers and streams
- * cross as integers (device addresses, cudaStream_t values), as in the rest of the module.
+ * ep.cpp - expert-parallel buffers (maco/ep.h) in maco._maco: the class EpBuffer and the
+ * function ep_buffer_create, used by maco/ep.py. Buffers and streams cross as integers (device
+ * addresses, cudaStream_t values), as in the rest of the module.
  */
-#ifndef MACO_PY_EP_BINDINGS_H
-#define MACO_PY_EP_BINDINGS_H
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "bindings.h"
+#include "errors.h"
+
+namespace maco_py
+{
 
 namespace
 {
@@ -128,6 +133,8 @@ EpBuffer *ep_buffer_create(const Comm &c, int mode, int max_tokens, int hidden, 
     return new EpBuffer(c.st, b);
 }
 
+} // namespace
+
 void bind_ep(nb::module_ &m)
 {
     nb::class_<EpBuffer>(m, "EpBuffer",
@@ -157,6 +164,4 @@ void bind_ep(nb::module_ &m)
           "maco_ep_buffer_create (collective, blocking): an EpBuffer on `comm`.");
 }
 
-} // namespace
-
-#endif /* MACO_PY_EP_BINDINGS_H */
+} // namespace maco_py
