@@ -87,7 +87,7 @@ class Shape(unittest.TestCase):
         self.write("python-bindings/src/big.h", ["int v%d;" % i for i in range(702)])
         self.write("python-bindings/README.md", ["text"] * 900)  # not a source or build file
         self.write("python-bindings/maco/__pycache__/big.py", ["x = 1"] * 900)
-        self.write("src/long.c", ["int v%d;" % i for i in range(900)])  # the rule's folders only
+        self.write("tests/long.c", ["int v%d;" % i for i in range(900)])  # the rule's folders only
         rc, out = self.run_checker()
         self.assertEqual(rc, 1, out)
         self.assertIn("python-bindings/maco/big.py: 701 lines (at most 700 in python-bindings/: "
