@@ -107,11 +107,7 @@ maco_status_t maco__coll_prepare(const maco__coll_call_t *c, maco_comm_t comm,
         return st;
     maco_status_t async_st = maco__comm_async_status(comm); /* no context query: hot path */
     if (async_st != MACO_OK)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
-                                                   "%s: the communicator has failed (%s): %s; "
-                                                   "destroy it",
-                                                   c->fn, maco_status_string(async_st),
-                                                   maco_comm_get_last_error(comm)));
+        return maco__comm_refuse(comm, c->fn, async_st, MACO_SUBSYS_COLL);
     int kernel = -1;
     if (c->count > 0 && comm->nranks > 1) {
         st = maco__coll_select(comm, coll_state, c->coll, c->count, maco_datatype_size(c->datatype),

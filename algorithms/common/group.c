@@ -399,11 +399,7 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
             snprintf(who, sizeof(who), "%s", first_fn);
         else
             snprintf(who, sizeof(who), "maco_group_end: call %d (%s)", first_call, first_fn);
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
-                                                   "%s: the communicator has failed (%s): %s; "
-                                                   "destroy it",
-                                                   who, maco_status_string(async_st),
-                                                   maco_comm_get_last_error(comm)));
+        return maco__comm_refuse(comm, who, async_st, MACO_SUBSYS_COLL);
     }
     /* An unknown forced name (MACO_ALGO_ALLTOALL, MACO_ALGO_SENDRECV) is refused here. */
     int kernel;

@@ -287,11 +287,7 @@ static maco_status_t maco__ep_ready(maco_ep_buffer_t b, const char *fn, maco_str
     maco_comm_t comm = b->comm;
     maco_status_t async_st = maco__comm_async_status(comm);
     if (async_st != MACO_OK)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
-                                                   "%s: the communicator has failed (%s): %s; "
-                                                   "destroy it",
-                                                   fn, maco_status_string(async_st),
-                                                   maco_comm_get_last_error(comm)));
+        return maco__comm_refuse(comm, fn, async_st, MACO_SUBSYS_COLL);
     return maco__comm_check_stream(comm, stream, fn);
 }
 

@@ -610,10 +610,7 @@ maco_status_t maco_plan_execute(maco_plan_t plan, const void *sendbuf, void *rec
                                                    sendbuf == NULL ? "sendbuf" : "recvbuf", count));
     maco_status_t async_st = maco__comm_async_status(comm); /* no context query: hot path */
     if (async_st != MACO_OK)
-        return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_COLL,
-                                                   "%s: the communicator has failed (%s); destroy "
-                                                   "it",
-                                                   fn, maco_status_string(async_st)));
+        return maco__comm_refuse(comm, fn, async_st, MACO_SUBSYS_COLL);
     uint64_t k = (uint64_t)d->parts;
     maco__pexec_args_t a;
     memset(&a, 0, sizeof(a));

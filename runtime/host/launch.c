@@ -342,10 +342,7 @@ maco_status_t maco_persistent_kernel_launch(maco_persistent_kernel_t k, maco_str
     MACO__LOG_RANK_SCOPE(k->comm->rank);
     maco_status_t async_st = maco__comm_async_status(k->comm);
     if (async_st != MACO_OK)
-        return maco__comm_record(
-            k->comm, maco__error(MACO_ERR_INVALID_USAGE, MACO_SUBSYS_PERSIST,
-                                 "%s: the communicator has failed (%s): %s; destroy it", fn,
-                                 maco_status_string(async_st), maco_comm_get_last_error(k->comm)));
+        return maco__comm_refuse(k->comm, fn, async_st, MACO_SUBSYS_PERSIST);
     maco_status_t st = maco__comm_check_stream(k->comm, stream, fn);
     if (st != MACO_OK)
         return st;

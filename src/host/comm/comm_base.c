@@ -406,3 +406,18 @@ void maco__comm_on_revoke(void *ctx, int by_rank)
     if (comm->buf != NULL)
         (void)maco__comm_end_device_waits(comm); /* logs its own failure */
 }
+
+maco_status_t maco__comm_refuse(maco_comm_t comm, const char *who, maco_status_t async_st,
+                                unsigned subsys)
+{
+    if (async_st == MACO_ERR_REVOKED)
+        return maco__comm_record(comm, maco__error(MACO_ERR_REVOKED, subsys,
+                                                   "%s: the communicator was revoked: %s; "
+                                                   "destroy it or shrink it",
+                                                   who, maco_comm_get_last_error(comm)));
+    return maco__comm_record(comm, maco__error(MACO_ERR_INVALID_USAGE, subsys,
+                                               "%s: the communicator has failed (%s): %s; "
+                                               "destroy it",
+                                               who, maco_status_string(async_st),
+                                               maco_comm_get_last_error(comm)));
+}

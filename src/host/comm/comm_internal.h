@@ -136,6 +136,14 @@ maco_status_t maco__comm_async_status(maco_comm_t comm);
  * error and the asynchronous status, and the device waits ended. `ctx` is the communicator. */
 void maco__comm_on_revoke(void *ctx, int by_rank);
 
+/**
+ * The refusal of work on a communicator whose asynchronous status is `async_st` (not MACO_OK):
+ * MACO_ERR_REVOKED when it was revoked (destroy it or shrink it), else MACO_ERR_INVALID_USAGE
+ * (it failed: destroy it); logged once with `who` (the call) and the first error, and recorded.
+ */
+maco_status_t maco__comm_refuse(maco_comm_t comm, const char *who, maco_status_t async_st,
+                                unsigned subsys);
+
 /** Copies this thread's last error into the communicator if it has none yet. */
 maco_status_t maco__comm_record(maco_comm_t comm, maco_status_t status);
 
