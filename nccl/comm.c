@@ -253,10 +253,10 @@ ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *new
 MACO_NCCL_ALIAS(ncclCommSplit)
 
 /*
- * Only the ranks that stay call ncclCommShrink, so it is a split with membership known to
- * every caller and no exchange among all ranks: ranks not excluded keep their order. It needs
- * the parent's bootstrap links among the staying ranks; after a rank died MACO's bootstrap is
- * failed, so NCCL_SHRINK_ABORT after a failure cannot shrink yet (docs/nccl.md).
+ * Only the ranks that stay call ncclCommShrink; ranks not excluded keep their order. It is
+ * maco_comm_shrink (maco/comm.h): after a rank died the survivors agree on who is gone, so a
+ * dead rank need not even be in excludeRanksList, and a death during the shrink costs a round,
+ * not a hang. Allowed on a revoked communicator (that is how NCCL_SHRINK_ABORT recovers).
  */
 ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
                              ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
@@ -272,8 +272,11 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int exclude
                                "%s: excludeRanksCount %d with excludeRanksList %p", what,
                                excludeRanksCount, (void *)excludeRanksList);
     ncclResult_t res = maco_nccl__comm_ready(comm, what);
-    if (res != ncclSuccess)
+    if (res != ncclSuccess &&
+        !(maco_nccl__comm_valid(comm) &&
+          __atomic_load_n(&comm->state, __ATOMIC_ACQUIRE) == MACO_NCCL_COMM_REVOKED))
         return res;
+    res = ncclSuccess;
     for (int i = 0; i < excludeRanksCount; i++) {
         if (excludeRanksList[i] < 0 || excludeRanksList[i] >= comm->nranks)
             return maco_nccl__fail(ncclInvalidArgument,
@@ -290,7 +293,8 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int exclude
     if (config != NULL && (res = maco_nccl__config(config, what, &blocking, &name)) != ncclSuccess)
         return res;
     struct ncclComm *child = NULL;
-    res = maco_nccl__comm_subset(comm, excludeRanksList, excludeRanksCount, &child, blocking, name);
+    res = maco_nccl__comm_shrink(comm, excludeRanksList, excludeRanksCount,
+                                 shrinkFlags == NCCL_SHRINK_ABORT, &child, blocking, name);
     if (res != ncclSuccess && res != ncclInProgress) {
         if (child != NULL)
             maco_nccl__comm_free(child, 1);
@@ -359,8 +363,10 @@ ncclResult_t pncclCommAbort(ncclComm_t comm)
 MACO_NCCL_ALIAS(ncclCommAbort)
 
 /* Marks the communicator revoked: later calls on it fail with ncclInvalidUsage; destroy,
- * abort and the queries remain. Kernels in flight that wait on a peer end at their next check
- * of the error word (maco_comm_abort); work that does not wait runs to its end. */
+ * abort, ncclCommShrink and the queries remain. Kernels in flight that wait on a peer end at
+ * their next check of the error word, here and on the peers, which maco_comm_revoke tells
+ * through the bootstrap (a peer's ncclCommGetAsyncError then says ncclRemoteError); work that
+ * does not wait runs to its end. */
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
@@ -370,7 +376,7 @@ ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
     if (res != ncclSuccess)
         return res;
     __atomic_store_n(&comm->state, MACO_NCCL_COMM_REVOKED, __ATOMIC_RELEASE);
-    maco_status_t st = comm->maco != NULL ? maco_comm_abort(comm->maco) : MACO_OK;
+    maco_status_t st = comm->maco != NULL ? maco_comm_revoke(comm->maco) : MACO_OK;
     return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "ncclCommRevoke");
 }
 MACO_NCCL_ALIAS(ncclCommRevoke)

@@ -315,8 +315,6 @@ ncclResult_t maco_nccl__comm_ready(struct ncclComm *c, const char *what)
 /* Bootstrap tag of a split's unique id: "NC" and the parent's split number (user tags are
  * below MACO_BOOTSTRAP_MAX_USER_TAG). */
 #define MACO_NCCL_SPLIT_TAG(seq) (0x4e430000u | ((seq)&0xffffu))
-/* ... and of a shrink's: "NS" and a hash of its membership (maco_nccl__comm_subset). */
-#define MACO_NCCL_SHRINK_TAG(hash) (0x4e530000u | ((hash)&0xffffu))
 
 /* Makes the communicator of parent ranks members[0..m) (this rank among them, new ranks in
  * that order): members[0] makes a MACO unique id and sends it to the others over the
@@ -396,46 +394,49 @@ ncclResult_t maco_nccl__comm_split(struct ncclComm *parent, int color, int key,
     return res;
 }
 
-ncclResult_t maco_nccl__comm_subset(struct ncclComm *parent, const int *exclude, int nexclude,
-                                    struct ncclComm **child_p, int blocking, const char *name)
+ncclResult_t maco_nccl__comm_shrink(struct ncclComm *parent, const int *exclude, int nexclude,
+                                    int abort, struct ncclComm **child_p, int blocking,
+                                    const char *name)
 {
-    int n = parent->nranks, m = 0;
     *child_p = NULL;
-    int *members = malloc(sizeof(int) * (size_t)n);
-    if (members == NULL)
-        return maco_nccl__fail(ncclSystemError, "ncclCommShrink: out of host memory");
-    for (int r = 0; r < n; r++) {
-        int out = 0;
-        for (int i = 0; i < nexclude && !out; i++)
-            out = exclude[i] == r;
-        if (!out)
-            members[m++] = r;
+    maco_comm_t mc = NULL;
+    maco_status_t st =
+        maco_comm_shrink(parent->maco, exclude, nexclude, abort ? MACO_SHRINK_ABORT : 0u, &mc);
+    if (st != MACO_OK) {
+        maco_nccl__comm_note(parent, st);
+        return maco_nccl__fail_maco(st, "ncclCommShrink");
     }
-    /* Only the staying ranks call it, so it must not use the split counter (the excluded
-     * ranks' would fall behind, and their next split would wait for an id sent under another
-     * tag); nor a shrink counter of its own (ranks that stayed in different shrinks would
-     * disagree). Its tag is the membership's hash: the members of one membership make its
-     * shrinks in the same order, and the bootstrap keeps order per (peer, tag). */
-    uint32_t h = 2166136261u; /* FNV-1a over the member ranks */
-    for (int j = 0; j < m; j++)
-        for (int b = 0; b < 4; b++)
-            h = (h ^ (((uint32_t)members[j] >> (8 * b)) & 0xffu)) * 16777619u;
-    uint32_t tag = MACO_NCCL_SHRINK_TAG(h ^ (h >> 16));
-    ncclResult_t res = maco_nccl__comm_of(parent, members, m, tag, child_p, blocking, name,
-                                          MACO_NCCL_CALL_ncclCommSplit);
-    free(members);
-    return res;
+    if (mc == NULL) /* this rank was excluded (by another caller's list) */
+        return ncclSuccess;
+    int rank = 0, nranks = 0;
+    maco_comm_get_rank(mc, &rank);
+    maco_comm_get_nranks(mc, &nranks);
+    struct ncclComm *child = maco_nccl__comm_alloc(nranks, rank, parent->device, blocking, name);
+    if (child == NULL) {
+        maco_comm_destroy(mc);
+        return maco_nccl__fail(ncclSystemError, "ncclCommShrink: out of host memory");
+    }
+    maco_comm_get_bootstrap(mc, &child->bs);
+    child->bs_of_maco = 1;
+    child->maco = mc;
+    child->init_result = ncclSuccess;
+    child->forward_kinds = maco_nccl__forward_setting();
+    __atomic_store_n(&child->state, MACO_NCCL_COMM_READY, __ATOMIC_RELEASE);
+    maco_nccl__count_native(MACO_NCCL_CALL_ncclCommShrink);
+    *child_p = child;
+    return ncclSuccess;
 }
 
 ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
 {
     maco_nccl__comm_wait(c);
-    /* Kernels blocked on a peer end now instead of at MACO_DEVICE_TIMEOUT (maco/comm.h). */
+    /* Kernels blocked on a peer end now instead of at MACO_DEVICE_TIMEOUT, here and on the
+     * peers, which the revoke reaches through the bootstrap (maco/comm.h). */
     if (abort && c->maco != NULL)
-        maco_comm_abort(c->maco);
+        maco_comm_revoke(c->maco);
     maco_nccl__fallback_free(c, abort);
     maco_status_t st = maco_comm_destroy(c->maco);
-    maco_status_t st2 = maco_bootstrap_destroy(c->bs);
+    maco_status_t st2 = c->bs_of_maco ? MACO_OK : maco_bootstrap_destroy(c->bs);
     c->magic = 0;
     maco_nccl__live_remove(c);
     free(c->regs);

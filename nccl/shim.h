@@ -50,6 +50,7 @@ extern "C" {
     X(ncclRecv)                                                                                    \
     X(ncclCommInitRank)                                                                            \
     X(ncclCommSplit)                                                                               \
+    X(ncclCommShrink)                                                                              \
     X(ncclCommRegister)                                                                            \
     X(ncclMemAlloc)
 
@@ -130,7 +131,8 @@ struct ncclComm {
     int blocking;
     char name[64];       /* config->commName, for log lines */
     maco_comm_t maco;    /* NULL until created */
-    maco_bootstrap_t bs; /* owned: destroyed after maco */
+    maco_bootstrap_t bs; /* destroyed after maco, unless bs_of_maco */
+    int bs_of_maco;      /* 1: bs belongs to maco (made by a shrink) and goes with it */
     int state;           /* maco_nccl__comm_state_t, atomic */
     ncclResult_t init_result;
     pthread_t init_thread; /* non-blocking creation */
@@ -253,10 +255,13 @@ int maco_nccl__comm_valid(const struct ncclComm *comm);
 ncclResult_t maco_nccl__comm_split(struct ncclComm *parent, int color, int key,
                                    struct ncclComm **child_p, int blocking, const char *name);
 
-/* The communicator of the parent's ranks not in exclude[0..nexclude) (ncclCommShrink: only
- * those ranks call it), in parent rank order. */
-ncclResult_t maco_nccl__comm_subset(struct ncclComm *parent, const int *exclude, int nexclude,
-                                    struct ncclComm **child_p, int blocking, const char *name);
+/* ncclCommShrink: the communicator of the parent's live ranks not in exclude[0..nexclude), in
+ * parent rank order, through maco_comm_shrink (maco/comm.h: ranks that died need not be listed;
+ * the survivors agree). `abort`: NCCL_SHRINK_ABORT (the parent is revoked first). Blocking
+ * whatever the config says (the result is ready when it returns). */
+ncclResult_t maco_nccl__comm_shrink(struct ncclComm *parent, const int *exclude, int nexclude,
+                                    int abort, struct ncclComm **child_p, int blocking,
+                                    const char *name);
 
 /* Keeps a peer's failure that a call on `c` met (MACO_ERR_REMOTE or MACO_ERR_TIMEOUT: a peer
  * gone or late) for ncclCommGetAsyncError, which then says ncclRemoteError, as NCCL's does

@@ -203,6 +203,51 @@ TEST(NcclMp, AbortStopsAKernelBlockedOnPeers)
     cudaFree(d);
 }
 
+/* ncclCommAbort on one rank ends the peers' kernels that wait for it through the revoke it
+ * sends, not at MACO_DEVICE_TIMEOUT (100 s in ctest): the peers poll ncclCommGetAsyncError while
+ * they wait, as PyTorch's watchdog and its non-blocking waits do. */
+TEST(NcclMp, AbortOnOneRankEndsThePeersWaits)
+{
+    int dev = -1;
+    ASSERT_EQ(ncclCommCuDevice(g_world, &dev), ncclSuccess);
+    if (dev < 0)
+        GTEST_SKIP() << "no GPU";
+    ncclComm_t c = nullptr;
+    ASSERT_EQ(ncclCommSplit(g_world, 0, 0, &c, nullptr), ncclSuccess) << LastError();
+    const size_t n = size_t(1) << 20;
+    float *d = nullptr;
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(ncclAllReduce(d, d, n, ncclFloat, ncclSum, c, s), ncclSuccess) << LastError();
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_NO_FATAL_FAILURE(Barrier());
+    if (g_rank == 0) {
+        usleep(300 * 1000); /* the others' kernels wait for this rank */
+        EXPECT_EQ(ncclCommAbort(c), ncclSuccess) << LastError();
+    } else {
+        ASSERT_EQ(ncclAllReduce(d, d, n, ncclFloat, ncclSum, c, s), ncclSuccess) << LastError();
+        auto t0 = std::chrono::steady_clock::now();
+        ncclResult_t async = ncclSuccess;
+        while (cudaStreamQuery(s) == cudaErrorNotReady &&
+               std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+            ASSERT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+            usleep(1000);
+        }
+        double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ASSERT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+        printf("rank %d: the peer's abort ended this rank's waiting allreduce after %.3f s (%s)\n",
+               g_rank, took, ncclGetErrorString(async));
+        EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);
+        EXPECT_EQ(async, ncclRemoteError);
+        EXPECT_LT(took, 10.0);
+        EXPECT_EQ(ncclCommAbort(c), ncclSuccess) << LastError();
+    }
+    ASSERT_NO_FATAL_FAILURE(Barrier());
+    cudaStreamDestroy(s);
+    cudaFree(d);
+}
+
 /* Last: its dead rank ends the job for everything after it. */
 TEST(NcclMp, ZDeadPeerFailsBlockedAndLaterCallsWithRemoteError)
 {

@@ -64,16 +64,19 @@ maco_status_t maco__bs_sticky(maco_bootstrap_t bs)
 maco_status_t maco__bs_state(maco_bootstrap_t bs)
 {
     int by = __atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE);
+    /* A failure seen before is the likely cause of the revoke: say it too. */
+    const char *before = bs->failed != MACO_OK ? "; it had failed before: " : "";
+    const char *cause = bs->failed != MACO_OK ? bs->failed_text : "";
     if (by == bs->rank)
         return maco__error_quiet(MACO_ERR_REVOKED,
                                  "rank %d: the communicator was revoked on this rank "
-                                 "(maco_comm_revoke); destroy it or shrink it",
-                                 bs->rank);
+                                 "(maco_comm_revoke); destroy it or shrink it%s%s",
+                                 bs->rank, before, cause);
     if (by >= 0)
         return maco__error_quiet(MACO_ERR_REVOKED,
                                  "rank %d: rank %d revoked the communicator (maco_comm_revoke); "
-                                 "destroy it or shrink it",
-                                 bs->rank, by);
+                                 "destroy it or shrink it%s%s",
+                                 bs->rank, by, before, cause);
     if (bs->failed != MACO_OK)
         return maco__bs_sticky(bs);
     return MACO_OK;
