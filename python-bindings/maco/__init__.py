@@ -39,7 +39,7 @@ from ._default_comm import (empty, finalize, get_default_communicator, get_local
                             get_rank, get_world_size, init, is_initialized)
 from ._errors import (CommTimeoutError, CudaError, InternalError, InvalidArgumentError,
                       InvalidUsageError, MacoError, OutOfMemoryError, RemoteError,
-                      SystemCallError, UnsupportedError, error_class)
+                      RevokedError, SystemCallError, UnsupportedError, error_class)
 from ._handles import Plan, Registration
 from ._job import cuda_device_count, unique_id
 from ._overlap import auto_overlap, optimize, optimize_comm, optimize_context, wait_all
@@ -101,7 +101,7 @@ __all__ = [
     "Communicator", "Registration", "Plan", "unique_id", "group", "empty", "cuda_device_count",
     "MacoError", "InvalidArgumentError", "CudaError", "SystemCallError", "CommTimeoutError",
     "RemoteError", "UnsupportedError", "InternalError", "OutOfMemoryError",
-    "InvalidUsageError", "error_class",
+    "InvalidUsageError", "RevokedError", "error_class",
     "init", "finalize", "is_initialized", "get_default_communicator", "get_rank",
     "get_world_size", "get_local_rank", "allreduce", "allgather", "reduce_scatter",
     "broadcast", "reduce", "all_to_all", "send", "recv", "barrier",

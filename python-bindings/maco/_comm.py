@@ -10,6 +10,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from . import _job, _maco
 from ._errors import UnsupportedError, _from_status
+from ._comm_ft import _FaultToleranceCalls
 from ._comm_memory import _MemoryCalls
 from ._tensor import (Buf, describe, empty_like, move_type, new_tensor, reduce_type, same_type,
                       stream_handle)
@@ -81,7 +82,7 @@ def group() -> Iterator[None]:
                 _group_state.kept = None
 
 
-class Communicator(_MemoryCalls):
+class Communicator(_MemoryCalls, _FaultToleranceCalls):
     """A MACO communicator: ranks of a job, one CUDA device each, and the collectives.
 
     Create one per process with one of:
@@ -116,6 +117,9 @@ class Communicator(_MemoryCalls):
     before anything is enqueued; MACO's own failures raise :class:`maco.MacoError`
     subclasses with ``.status`` and MACO's message. A kernel that waits too long for a peer
     stops and reports through :meth:`check_async_error`.
+
+    Surviving failures: :meth:`revoke`, :meth:`shrink`, :meth:`split`, :meth:`grow` and
+    :meth:`join` (``_comm_ft.py`` shows a job's recovery loop).
     """
 
     def __init__(self, unique_id: Optional[bytes] = None, rank: Optional[int] = None,

@@ -19,6 +19,7 @@ __all__ = [
     "InternalError",
     "OutOfMemoryError",
     "InvalidUsageError",
+    "RevokedError",
     "error_class",
 ]
 
@@ -33,6 +34,7 @@ ERR_UNSUPPORTED = -6
 ERR_INTERNAL = -7
 ERR_NO_MEMORY = -8
 ERR_INVALID_USAGE = -9
+ERR_REVOKED = -10
 
 
 class MacoError(RuntimeError):
@@ -106,6 +108,13 @@ class InvalidUsageError(MacoError):
     status = ERR_INVALID_USAGE
 
 
+class RevokedError(MacoError):
+    """MACO_ERR_REVOKED: the communicator was revoked, on this rank or by a peer (named):
+    :meth:`Communicator.shrink` makes one of the ranks that go on, or close it."""
+
+    status = ERR_REVOKED
+
+
 _BY_STATUS = {
     cls.status: cls
     for cls in (
@@ -118,6 +127,7 @@ _BY_STATUS = {
         InternalError,
         OutOfMemoryError,
         InvalidUsageError,
+        RevokedError,
     )
 }
 

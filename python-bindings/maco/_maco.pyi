@@ -1,6 +1,7 @@
 """MACO's C API for the maco package (internal: use maco's Python API)."""
 
 from collections.abc import Sequence
+from typing import Optional
 
 
 UNIQUE_ID_BYTES: int = 128
@@ -192,6 +193,25 @@ class Comm:
 
     def bootstrap_broadcast(self, data: bytes, root: int) -> bytes:
         """Root's bytes to every rank (collective)."""
+
+    def revoke(self) -> None:
+        """maco_comm_revoke: ends this rank's and the peers' waits (thread-safe)."""
+
+    def shrink(self, exclude: Sequence[int], abort: bool) -> Optional[Comm]:
+        """maco_comm_shrink: the live, non-excluded ranks' communicator, or None."""
+
+    def split(self, color: int, key: int) -> Optional[Comm]:
+        """maco_comm_split: this color's communicator, or None."""
+
+    def grow_id(self) -> bytes:
+        """maco_comm_get_grow_id (rank 0): the id new ranks join with."""
+
+    def grow(self, nranks: int, grow_id: Optional[bytes]) -> Optional[Comm]:
+        """maco_comm_grow: the grown communicator (existing ranks)."""
+
+    @staticmethod
+    def join(grow_id: bytes, rank: int, nranks: int, device: int = -1) -> Optional[Comm]:
+        """maco_comm_join: a new rank's side of a grow."""
 
     def allreduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None: ...
 

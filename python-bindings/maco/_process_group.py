@@ -20,6 +20,7 @@ from ._comm import Communicator
 from ._comm import group as _group
 from ._errors import MacoError
 from ._job import unique_id
+from ._pg_shrink import backend_for
 from ._types import to_maco_op
 
 __all__ = ["ProcessGroupMaco", "MacoWork", "BACKEND_NAME"]
@@ -145,19 +146,6 @@ def _future_stream(device: torch.device) -> torch.cuda.Stream:
         s = torch.cuda.Stream(device=device)
         _future_streams[device.index] = s
     return s
-
-
-class _BoundBackend:
-    """What :meth:`ProcessGroupMaco._get_backend` answers for the device bound by
-    ``device_id=``: torch.distributed then asks whether the backend can split (no) instead of
-    failing on a Python process group that registered no C++ backend."""
-
-    supports_splitting = False
-    supports_coalescing = False
-    supports_time_estimate = False
-
-    def name(self) -> str:
-        return BACKEND_NAME
 
 
 class ProcessGroupMaco(dist.ProcessGroup):
@@ -288,13 +276,10 @@ class ProcessGroupMaco(dist.ProcessGroup):
         return c
 
     def _get_backend(self, device: Any) -> Any:
-        """torch.distributed's question for the group's backend on ``device``: on the device
-        bound by ``device_id=`` this group answers itself (it cannot split); elsewhere
-        torch's own answer (a RuntimeError: no C++ backend is registered)."""
-        d = torch.device(device)
-        if self._device_id is not None and d == self._device_id:
-            return _BoundBackend()
-        return super()._get_backend(device)
+        """torch.distributed's question for the group's backend on ``device``: the group
+        answers itself (it cannot split or coalesce; it can shrink: ``shrink_group``, in
+        _pg_shrink.py)."""
+        return backend_for(self, device)
 
     # ------------------------------------------------------------ plumbing
 
@@ -660,8 +645,13 @@ class ProcessGroupMaco(dist.ProcessGroup):
             self._comm.close()
 
     def abort(self) -> None:
+        """Revokes the group's communicator (its waits end, here and on the peers, which
+        learn it through MACO's bootstrap) and closes it, as ncclCommAbort does for NCCL's."""
         if self._comm is not None:
-            self._comm.close()
+            try:
+                self._comm.revoke()
+            finally:
+                self._comm.close()
 
 
 def _allreduce_opts(op: Any) -> _c10d.AllreduceOptions:

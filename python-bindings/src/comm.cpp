@@ -3,7 +3,9 @@
  * properties, errors and the bootstrap's host-side calls (barrier, allgather, broadcast).
  */
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "errors.h"
@@ -87,6 +89,28 @@ Comm comm_from_unique_id(nb::bytes id, int rank, int nranks, int device, int tim
     checked("maco_comm_create", nullptr,
             [&] { return maco_comm_create(state->bs, device, &state->comm); });
     return Comm(state);
+}
+
+/* A communicator made from another one (split, shrink, grow, join), which owns its bootstrap;
+ * None when this rank is not a member. */
+nb::object adopt(maco_comm_t made)
+{
+    if (made == nullptr)
+        return nb::none();
+    auto state = std::make_shared<CommState>();
+    state->comm = made;
+    return nb::cast(Comm(state));
+}
+
+maco_unique_id_t grow_id_of(nb::bytes id)
+{
+    if (id.size() != MACO_UNIQUE_ID_BYTES)
+        throw nb::value_error(("grow_id: expected " + std::to_string(MACO_UNIQUE_ID_BYTES) +
+                               " bytes, got " + std::to_string(id.size()))
+                                  .c_str());
+    maco_unique_id_t uid;
+    std::memcpy(uid.bytes, id.c_str(), MACO_UNIQUE_ID_BYTES);
+    return uid;
 }
 
 Comm comm_from_env(int device)
@@ -197,7 +221,70 @@ void bind_comm(nb::class_<Comm> &c)
                 });
                 return nb::bytes(buf.data(), buf.size());
             },
-            nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).");
+            nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).")
+        .def(
+            "revoke",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                checked("maco_comm_revoke", comm, [&] { return maco_comm_revoke(comm); });
+            },
+            "maco_comm_revoke: ends this rank's and the peers' waits (thread-safe).")
+        .def(
+            "shrink",
+            [](const Comm &c, std::vector<int> exclude, bool abort) {
+                maco_comm_t comm = c.get(), made = nullptr;
+                checked("maco_comm_shrink", comm, [&] {
+                    return maco_comm_shrink(comm, exclude.data(), static_cast<int>(exclude.size()),
+                                            abort ? MACO_SHRINK_ABORT : 0u, &made);
+                });
+                return adopt(made);
+            },
+            nb::arg("exclude"), nb::arg("abort"),
+            "maco_comm_shrink: the live, non-excluded ranks' communicator, or None.")
+        .def(
+            "split",
+            [](const Comm &c, int color, int key) {
+                maco_comm_t comm = c.get(), made = nullptr;
+                checked("maco_comm_split", comm,
+                        [&] { return maco_comm_split(comm, color, key, &made); });
+                return adopt(made);
+            },
+            nb::arg("color"), nb::arg("key"), "maco_comm_split: this color's communicator, or None.")
+        .def(
+            "grow_id",
+            [](const Comm &c) {
+                maco_comm_t comm = c.get();
+                maco_unique_id_t id;
+                checked("maco_comm_get_grow_id", comm,
+                        [&] { return maco_comm_get_grow_id(comm, &id); });
+                return nb::bytes(reinterpret_cast<const char *>(id.bytes), sizeof(id.bytes));
+            },
+            "maco_comm_get_grow_id (rank 0): the id new ranks join with.")
+        .def(
+            "grow",
+            [](const Comm &c, int nranks, std::optional<nb::bytes> id) {
+                maco_comm_t comm = c.get(), made = nullptr;
+                maco_unique_id_t uid;
+                if (id)
+                    uid = grow_id_of(*id);
+                checked("maco_comm_grow", comm, [&] {
+                    return maco_comm_grow(comm, nranks, id ? &uid : nullptr, &made);
+                });
+                return adopt(made);
+            },
+            nb::arg("nranks"), nb::arg("grow_id").none(),
+            "maco_comm_grow: the grown communicator (existing ranks).")
+        .def_static(
+            "join",
+            [](nb::bytes id, int rank, int nranks, int device) {
+                maco_unique_id_t uid = grow_id_of(id);
+                maco_comm_t made = nullptr;
+                checked("maco_comm_join", nullptr,
+                        [&] { return maco_comm_join(&uid, rank, nranks, device, &made); });
+                return adopt(made);
+            },
+            nb::arg("grow_id"), nb::arg("rank"), nb::arg("nranks"), nb::arg("device") = -1,
+            "maco_comm_join: a new rank's side of a grow.");
 }
 
 } // namespace maco_py

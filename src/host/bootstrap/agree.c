@@ -615,6 +615,7 @@ maco_status_t maco__bootstrap_shrink(maco_bootstrap_t bs, const int *exclude, in
     MACO__LOG_RANK_SCOPE(bs->rank);
     agree_t a;
     pthread_mutex_lock(&bs->lock);
+    maco__bs_tell_revoke_once(bs); /* a revoke of this rank's reaches the peers first */
     int tolerant = bs->tolerant;
     bs->tolerant = 1;
     maco_status_t st = agree_init(&a, bs, exclude, n_exclude);

@@ -165,6 +165,7 @@ struct maco_bootstrap {
     /* Revocation (maco__bootstrap_revoke): the rank that revoked (this one, or a peer whose
      * REVOKE frame arrived), or -1. Written once under `lock`, read by any thread (atomic). */
     int revoked_by;
+    int revoke_told; /* this rank's REVOKE frames were sent (under `lock`) */
     /* An eventfd in every poll of the progress engine: a revoke from another thread writes it
      * so that a call blocked in poll returns at once. -1 when none could be made (the call
      * then notices within one poll period, at most 1 s). */
@@ -215,6 +216,11 @@ maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const
 /* Removes a frame of a call that ends from its peer's send queue; one partly written stays as
  * a copy the bootstrap owns (so the stream stays in frame). Caller holds the lock. */
 void maco__bs_unqueue(maco_bootstrap_t bs, int dst, maco__tx_t *t);
+/* When this rank revoked the bootstrap and its peers were not told yet: sends a REVOKE frame to
+ * every peer whose link is open (written within 1 s, or dropped). Whoever holds the lock first
+ * after the revoke does it (the revoking thread, or the call it ended), so no other call can
+ * take the lock in between and wait for peers that wait for the frame. Caller holds the lock. */
+void maco__bs_tell_revoke_once(maco_bootstrap_t bs);
 maco_status_t maco__bs_sticky(maco_bootstrap_t bs);
 /* The status a normal call gets now: MACO_ERR_REVOKED (naming who revoked), the sticky
  * failure, or MACO_OK. Not logged again. */

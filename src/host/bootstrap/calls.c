@@ -359,34 +359,6 @@ void maco__bootstrap_set_on_revoke(maco_bootstrap_t bs, void (*fn)(void *ctx, in
     pthread_mutex_unlock(&bs->lock);
 }
 
-/* Sends a REVOKE frame to every peer whose link is open, waiting at most `ms` for them to be
- * written. Caller holds the lock. */
-static void maco__bs_tell_revoke(maco_bootstrap_t bs, int64_t ms)
-{
-    maco__tx_t *tx = (maco__tx_t *)calloc((size_t)bs->nranks, sizeof(*tx));
-    if (tx == NULL)
-        return; /* peers learn it from their own waits instead */
-    for (int r = 0; r < bs->nranks; r++)
-        if (r != bs->rank && !maco__bs_peer_is_gone(bs, r))
-            maco__bs_queue(bs, r, &tx[r], MACO__FRAME_REVOKE, 0, NULL, 0);
-    int64_t deadline = maco__deadline_ms(ms);
-    for (;;) {
-        int pending = 0;
-        for (int r = 0; r < bs->nranks; r++)
-            pending += tx[r].hdr_sent != (size_t)-1 && r != bs->rank &&
-                       !maco__bs_peer_is_gone(bs, r) && bs->peers[r].tx_head != NULL;
-        if (pending == 0 || maco__now_ms() >= deadline ||
-            maco__bs_progress_links(bs, deadline) != MACO_OK)
-            break;
-    }
-    /* Not written yet (a peer that stopped reading): dropped, or kept whole if half of it is
-     * out, as for every call that ends. */
-    for (int r = 0; r < bs->nranks; r++)
-        if (r != bs->rank && tx[r].hdr_sent != (size_t)-1)
-            maco__bs_unqueue(bs, r, &tx[r]);
-    free(tx);
-}
-
 maco_status_t maco__bootstrap_revoke(maco_bootstrap_t bs)
 {
     if (bs == NULL)
@@ -398,8 +370,8 @@ maco_status_t maco__bootstrap_revoke(maco_bootstrap_t bs)
         return MACO_OK; /* revoked already, here or by a peer (which told the others) */
     if (bs->wake_fd >= 0)
         (void)eventfd_write(bs->wake_fd, 1); /* a call blocked in poll returns now */
-    pthread_mutex_lock(&bs->lock);
-    maco__bs_tell_revoke(bs, 1000);
+    pthread_mutex_lock(&bs->lock); /* a call running here returns at once, and tells them */
+    maco__bs_tell_revoke_once(bs);
     pthread_mutex_unlock(&bs->lock);
     MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "rank %d revoked the communicator; its peers were told",
               bs->rank);

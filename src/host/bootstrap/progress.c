@@ -644,6 +644,36 @@ void maco__bs_unqueue(maco_bootstrap_t bs, int dst, maco__tx_t *t)
     }
 }
 
+void maco__bs_tell_revoke_once(maco_bootstrap_t bs)
+{
+    if (__atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE) != bs->rank || bs->revoke_told)
+        return;
+    bs->revoke_told = 1;
+    const int64_t ms = 1000;
+    maco__tx_t *tx = (maco__tx_t *)calloc((size_t)bs->nranks, sizeof(*tx));
+    if (tx == NULL)
+        return; /* peers learn it from their own waits instead */
+    for (int r = 0; r < bs->nranks; r++)
+        if (r != bs->rank && !maco__bs_peer_is_gone(bs, r))
+            maco__bs_queue(bs, r, &tx[r], MACO__FRAME_REVOKE, 0, NULL, 0);
+    int64_t deadline = maco__deadline_ms(ms);
+    for (;;) {
+        int pending = 0;
+        for (int r = 0; r < bs->nranks; r++)
+            pending += tx[r].hdr_sent != (size_t)-1 && r != bs->rank &&
+                       !maco__bs_peer_is_gone(bs, r) && bs->peers[r].tx_head != NULL;
+        if (pending == 0 || maco__now_ms() >= deadline ||
+            maco__bs_progress_links(bs, deadline) != MACO_OK)
+            break;
+    }
+    /* Not written yet (a peer that stopped reading): dropped, or kept whole if half of it is
+     * out, as for every call that ends. */
+    for (int r = 0; r < bs->nranks; r++)
+        if (r != bs->rank && tx[r].hdr_sent != (size_t)-1)
+            maco__bs_unqueue(bs, r, &tx[r]);
+    free(tx);
+}
+
 maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const char *what)
 {
     int64_t deadline = maco__deadline_ms(bs->timeout_ms);
@@ -651,6 +681,7 @@ maco_status_t maco__bs_run(maco_bootstrap_t bs, maco__op_t *ops, int nops, const
     for (;;) {
         if (__atomic_load_n(&bs->revoked_by, __ATOMIC_ACQUIRE) >= 0) {
             st = maco__bs_state(bs);
+            maco__bs_tell_revoke_once(bs); /* a revoke of this rank's: its thread waits for us */
             goto out;
         }
         int pending = 0;
