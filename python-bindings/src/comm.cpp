@@ -130,6 +130,8 @@ Comm comm_from_env(int device)
 
 } // namespace
 
+static void bind_fault_tolerance(nb::class_<Comm> &c);
+
 void bind_comm(nb::class_<Comm> &c)
 {
     c.def_static("from_unique_id", &comm_from_unique_id, nb::arg("unique_id"), nb::arg("rank"),
@@ -221,14 +223,20 @@ void bind_comm(nb::class_<Comm> &c)
                 });
                 return nb::bytes(buf.data(), buf.size());
             },
-            nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).")
-        .def(
-            "revoke",
-            [](const Comm &c) {
-                maco_comm_t comm = c.get();
-                checked("maco_comm_revoke", comm, [&] { return maco_comm_revoke(comm); });
-            },
-            "maco_comm_revoke: ends this rank's and the peers' waits (thread-safe).")
+            nb::arg("data"), nb::arg("root"), "Root's bytes to every rank (collective).");
+    bind_fault_tolerance(c);
+}
+
+/* Communicators made from a communicator, and surviving failures (maco/comm.h). */
+static void bind_fault_tolerance(nb::class_<Comm> &c)
+{
+    c.def(
+         "revoke",
+         [](const Comm &c) {
+             maco_comm_t comm = c.get();
+             checked("maco_comm_revoke", comm, [&] { return maco_comm_revoke(comm); });
+         },
+         "maco_comm_revoke: ends this rank's and the peers' waits (thread-safe).")
         .def(
             "shrink",
             [](const Comm &c, std::vector<int> exclude, bool abort) {
@@ -249,7 +257,8 @@ void bind_comm(nb::class_<Comm> &c)
                         [&] { return maco_comm_split(comm, color, key, &made); });
                 return adopt(made);
             },
-            nb::arg("color"), nb::arg("key"), "maco_comm_split: this color's communicator, or None.")
+            nb::arg("color"), nb::arg("key"),
+            "maco_comm_split: this color's communicator, or None.")
         .def(
             "grow_id",
             [](const Comm &c) {
@@ -267,9 +276,8 @@ void bind_comm(nb::class_<Comm> &c)
                 maco_unique_id_t uid;
                 if (id)
                     uid = grow_id_of(*id);
-                checked("maco_comm_grow", comm, [&] {
-                    return maco_comm_grow(comm, nranks, id ? &uid : nullptr, &made);
-                });
+                checked("maco_comm_grow", comm,
+                        [&] { return maco_comm_grow(comm, nranks, id ? &uid : nullptr, &made); });
                 return adopt(made);
             },
             nb::arg("nranks"), nb::arg("grow_id").none(),
