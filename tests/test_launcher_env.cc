@@ -154,8 +154,8 @@ TEST_F(LauncherEnv, EachLaunchersVariables)
               0);
 }
 
-/* The innermost launcher wins: torchrun or mpirun started inside a Slurm step; maco-run's
- * MACO_LAUNCHER=maco inside an interactive srun step. */
+/* The innermost launcher wins: torchrun or mpirun started inside a Slurm step; maco-run inside
+ * an interactive srun step; MACO_LAUNCHER names the launcher outright. */
 TEST_F(LauncherEnv, InnerLauncherWinsOverTheEnclosingOne)
 {
     Vars torch = { { "RANK", "6" },
@@ -173,11 +173,19 @@ TEST_F(LauncherEnv, InnerLauncherWinsOverTheEnclosingOne)
     EXPECT_EQ(InChild(Plus(SlurmTask(1, 2), ompi),
                       [] { return Expect("ompi", "address", 7, 16, -1, -1, -1); }),
               0);
+    /* maco-run's job (a loopback address) inside an interactive srun step. */
     Vars maco_run = { { "MACO_RANK", "3" },
                       { "MACO_WORLD_SIZE", "4" },
-                      { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:5" },
-                      { "MACO_LAUNCHER", "maco" } };
+                      { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:5" } };
     EXPECT_EQ(InChild(Plus(SlurmTask(0, 1), maco_run),
+                      [] { return Expect("maco", "address", 3, 4, -1, -1, -1); }),
+              0);
+    /* MACO_LAUNCHER=maco: MACO's variables alone, whatever their address. */
+    Vars forced = { { "MACO_RANK", "3" },
+                    { "MACO_WORLD_SIZE", "4" },
+                    { "MACO_BOOTSTRAP_ADDR", "10.0.0.1:5" },
+                    { "MACO_LAUNCHER", "maco" } };
+    EXPECT_EQ(InChild(Plus(SlurmTask(0, 1), forced),
                       [] { return Expect("maco", "address", 3, 4, -1, -1, -1); }),
               0);
 }
@@ -188,14 +196,14 @@ TEST_F(LauncherEnv, ContradictionsNameBothVariables)
 {
     Vars mapped = { { "MACO_RANK", "5" },
                     { "MACO_WORLD_SIZE", "8" },
-                    { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:5" } };
+                    { "MACO_BOOTSTRAP_ADDR", "10.0.0.1:5" } };
     EXPECT_EQ(InChild(Plus(SlurmTask(5, 8), mapped),
                       [] { return Expect("maco", "address", 5, 8, 1, 2, 4); }),
               0);
     /* The batch script evaluated $SLURM_PROCID once: every task says rank 0. */
     Vars stale = { { "MACO_RANK", "0" },
                    { "MACO_WORLD_SIZE", "8" },
-                   { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:5" } };
+                   { "MACO_BOOTSTRAP_ADDR", "10.0.0.1:5" } };
     EXPECT_EQ(InChild(Plus(SlurmTask(5, 8), stale),
                       [] {
                           return Refused(MACO_ERR_INVALID_ARGUMENT,

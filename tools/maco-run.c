@@ -5,8 +5,9 @@
  *            PROGRAM [ARGS...]
  *
  * Each rank runs PROGRAM in its own process group with MACO_RANK, MACO_WORLD_SIZE,
- * MACO_LOCAL_RANK, MACO_BOOTSTRAP_ADDR (127.0.0.1 and a free port), MACO_BOOTSTRAP_NONCE and
- * MACO_LAUNCHER=maco (so an enclosing launcher's variables are not read) set; with --simulate-nodes
+ * MACO_LOCAL_RANK, MACO_BOOTSTRAP_ADDR (127.0.0.1 and a free port) and MACO_BOOTSTRAP_NONCE
+ * set (an address on one machine: an enclosing launcher's variables, as those of an
+ * interactive srun step, are then not read); with --simulate-nodes
  * K the ranks are split into K blocks with distinct MACO_HOST_ID values, so multi-node code paths
  * run on one machine. Every line a rank writes is prefixed with "[rank] " (stdout to stdout, stderr
  * to stderr).
@@ -1084,9 +1085,6 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
             setenv("MACO_LOCAL_RANK", local_text, 1);
             setenv("MACO_BOOTSTRAP_ADDR", addr, 1);
             setenv("MACO_BOOTSTRAP_NONCE", nonce_text, 1);
-            /* These variables describe the job, whatever launcher maco-run itself runs under
-             * (an interactive srun step, an mpirun): MACO reads no other launcher's. */
-            setenv("MACO_LAUNCHER", "maco", 1);
             if (sim_nodes > 0) {
                 char host[48] = "localhost";
                 gethostname(host, sizeof(host));

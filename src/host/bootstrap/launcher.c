@@ -184,6 +184,18 @@ static int maco__cand_usable(const maco__cand_t *c)
     return c->l.kind != MACO__LAUNCHER_SLURM || c->in_step;
 }
 
+/* Whether MACO_BOOTSTRAP_ADDR names a loopback host (127.x.x.x, localhost, [::1]): a job on
+ * one machine, as maco-run starts, maybe inside another launcher's job (an interactive srun
+ * step), which then does not describe it. */
+static int maco__on_one_machine(void)
+{
+    const char *a = maco__lenv("MACO_BOOTSTRAP_ADDR");
+    if (a == NULL)
+        return 0;
+    return strncmp(a, "127.", 4) == 0 || strncmp(a, "localhost:", 10) == 0 ||
+           strncmp(a, "[::1]:", 6) == 0;
+}
+
 /* Variables set by hand (MACO's, or RANK/WORLD_SIZE without torchrun) must agree with the
  * launcher found after them; that launcher's store and node list then serve the job too. */
 static maco_status_t maco__cross_check(maco__launcher_t *l, const maco__cand_t *outer)
@@ -295,8 +307,8 @@ maco_status_t maco__launcher_detect(maco__launcher_t *out)
     if (chosen == MACO__LAUNCHER_SLURM && !c[chosen].in_step)
         return maco__no_launcher(c);
     maco__launcher_kind_t base = (maco__launcher_kind_t)chosen;
-    int by_hand =
-        chosen == MACO__LAUNCHER_MACO || (chosen == MACO__LAUNCHER_TORCHRUN && !c[chosen].launched);
+    int by_hand = (chosen == MACO__LAUNCHER_MACO && !maco__on_one_machine()) ||
+                  (chosen == MACO__LAUNCHER_TORCHRUN && !c[chosen].launched);
     if (by_hand && !is_forced) {
         for (int k = chosen + 1; k < MACO__LAUNCHER_COUNT; k++)
             if (maco__cand_usable(&c[k])) {

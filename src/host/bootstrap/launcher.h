@@ -18,9 +18,10 @@
  * Each later launcher can start an earlier one (torchrun or mpirun inside a Slurm job), so the
  * outer launcher's variables are ignored then. srun --mpi=pmix sets both Slurm's and PMIx's
  * variables: a PMIx namespace of Slurm's own ("slurm.pmix.<job>.<step>") makes it 6, with
- * PMIx as its store. Variables set by hand (1, and 2 without
- * TORCHELASTIC_RUN_ID) are checked against the launcher found after them: a different rank or
- * size is an error naming both (unless MACO_LAUNCHER says whose to use). A PMIx server serves
+ * PMIx as its store. Variables set by hand (1, and 2 without TORCHELASTIC_RUN_ID) are checked
+ * against the launcher found after them: a different rank or size is an error naming both
+ * (unless MACO_LAUNCHER says whose to use, or MACO_BOOTSTRAP_ADDR is a loopback address: a job
+ * on one machine, as maco-run starts inside an interactive srun step). A PMIx server serves
  * the job when PMIX_RANK equals the rank of Open MPI, MPICH, PMIx or Slurm (a different
  * PMIX_RANK is an error naming both).
  */
