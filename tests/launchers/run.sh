@@ -82,6 +82,7 @@ for b in test_launcher_mp test_bootstrap_mp test_port_channel_mp; do
   [ -x "$T/$b" ] || { echo "run.sh: $T/$b is not built"; exit 1; }
 done
 host=$(hostname -s)
+. "$here/slurm_cluster.sh"
 nonce() { od -An -N8 -tx8 /dev/urandom | tr -d ' \n'; }
 # Two simulated nodes: ranks 0-1 and 2-3 get their own MACO_HOST_ID (as maco-run
 # --simulate-nodes does), so the port-channel suite runs TCP between them.
@@ -114,74 +115,10 @@ run_mpirun() {
 }
 
 # ------------------------------------------------------------------ srun
-slurm_pids=()
-stop_slurm() {
-  [ -n "${SLURM_CONF:-}" ] && [ -f "$SLURM_CONF" ] && timeout 10 scontrol shutdown >/dev/null 2>&1
-  local f p
-  for f in "$tmp/slurmctld.pid" "$tmp/slurmd.pid" "$tmp/munged.pid"; do
-    [ -f "$f" ] || continue
-    p=$(cat "$f")
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; kill "$p" 2>/dev/null; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null
-  done
-}
-
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-start_slurm() {
-  local d=$tmp
-  [ "$(id -u)" -eq 0 ] || skip "the one-host Slurm cluster needs root (slurmd)"
-  for p in munged slurmctld slurmd srun sbatch scontrol sinfo; do
-    command -v $p >/dev/null || skip "$p is not installed (Debian: munge slurmctld slurmd slurm-client; scripts/setup.sh installs them)"
-  done
-  dd if=/dev/urandom of="$d/munge.key" bs=1024 count=1 2>/dev/null && chmod 400 "$d/munge.key"
-  chmod 711 "$d" # munged wants its socket's folder searchable
-  munged --force --socket="$d/munge.sock" --key-file="$d/munge.key" --pid-file="$d/munged.pid" \
-    --log-file="$d/munged.log" --seed-file="$d/munged.seed" || { echo "munged did not start"; return 1; }
-  mkdir -p "$d/state" "$d/spool"
-  cat > "$d/slurm.conf" <<EOF
-ClusterName=maco$$
-SlurmctldHost=$host
-SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$d/munge.sock
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$d/state
-SlurmdSpoolDir=$d/spool
-SlurmctldPidFile=$d/slurmctld.pid
-SlurmdPidFile=$d/slurmd.pid
-SlurmctldLogFile=$d/slurmctld.log
-SlurmdLogFile=$d/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-SlurmdParameters=config_overrides
-ReturnToService=2
-SchedulerType=sched/builtin
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-MailProg=/bin/true
-NodeName=$host CPUs=16 State=UNKNOWN
-PartitionName=maco Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
-EOF
-  export SLURM_CONF=$d/slurm.conf
-  slurmctld -f "$SLURM_CONF" && slurmd -f "$SLURM_CONF" || { echo "slurmctld or slurmd did not start"; tail "$d"/slurm*.log; return 1; }
-  for _ in $(seq 100); do
-    sinfo -h -o %t 2>/dev/null | grep -Eq '^(idle|mix|alloc)' && return 0
-    sleep 0.2
-  done
-  echo "the node did not become idle:"; sinfo; tail -n 20 "$d/slurmctld.log" "$d/slurmd.log"
-  return 1
-}
-
 run_srun() {
-  trap 'stop_slurm; rm -rf "$tmp"' EXIT INT TERM
-  start_slurm || { fails=$((fails + 1)); return; }
+  trap 'stop_slurm "$tmp"; rm -rf "$tmp"' EXIT INT TERM
+  slurm_missing=$(slurm_prerequisites) || skip "$slurm_missing"
+  start_slurm "$tmp" || { fails=$((fails + 1)); return; }
   srun --version
   local tcp_cmd='export MACO_HOST_ID='"$host"'/simulated-node-$((SLURM_PROCID / 2)) TEST_MACO_PORT_TRANSPORT=auto; exec "$0" "$@"'
   # srun --mpi=pmix: Slurm's PMIx server carries the id.

@@ -98,7 +98,8 @@ maco_status_t maco__pmix_exchange_id(int rank, maco_unique_id_t *id);
  * What the PMIx server says about this process's job: its size, this process's local rank,
  * the number of its processes on this node, its node and the number of nodes (each -1 where
  * the server does not say). Loads and initialises PMIx as maco__pmix_exchange_id does;
- * PMIX_NAMESPACE/PMIX_RANK's process. Errors: MACO_ERR_UNSUPPORTED as above.
+ * PMIX_NAMESPACE/PMIX_RANK's process; each value waits 5 s at most. Errors: MACO_ERR_UNSUPPORTED as
+ * above.
  */
 maco_status_t maco__pmix_job_info(int *size, int *local_rank, int *local_size, int *node,
                                   int *nnodes);

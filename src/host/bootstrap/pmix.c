@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "src/host/bootstrap/launcher.h"
 #include "src/host/base/config.h"
@@ -126,10 +127,15 @@ static const char *maco__pmix_text(maco__pmix_status_t rc)
     return t != NULL ? t : "unknown PMIx status";
 }
 
+static pid_t maco__pmix_pid; /* the process that initialised PMIx */
+
 static void maco__pmix_at_exit(void)
 {
-    /* Open MPI counts a client that connected and never finalised as a failed process. */
-    maco__pmix.Finalize(NULL, 0);
+    /* Open MPI counts a client that connected and never finalised as a failed process. A
+     * child forked after PMIx_Init that calls exit() is not that client (and has no PMIx
+     * progress thread to finalise with). */
+    if (getpid() == maco__pmix_pid)
+        maco__pmix.Finalize(NULL, 0);
 }
 
 static void maco__pmix_load(void)
@@ -167,6 +173,7 @@ static void maco__pmix_load(void)
                  path, maco__pmix_text(rc), rc, ns != NULL ? ns : "");
         return; /* the library stays loaded: its threads may still run */
     }
+    maco__pmix_pid = getpid();
     atexit(maco__pmix_at_exit);
     maco__pmix_ready = 1;
     MACO_INFO(MACO_SUBSYS_BOOTSTRAP, "PMIx loaded from %s: namespace '%s', rank %u", path,
@@ -388,7 +395,11 @@ maco_status_t maco__pmix_job_info(int *size, int *local_rank, int *local_size, i
         st = maco__pmix_deadline(&deadline);
     if (st != MACO_OK)
         return st;
-    /* Job-level keys are answered by the local server from what it was given at launch. */
+    /* These keys are answered by the local server from what it was given at launch; a server
+     * that lacks one may hold the request instead of saying so, so each gets 5 s at most. */
+    int64_t soon = maco__deadline_ms(5000);
+    if (soon < deadline)
+        deadline = soon;
     *size = maco__pmix_number(MACO__PMIX_RANK_WILDCARD, "pmix.job.size", deadline);
     *local_size = maco__pmix_number(MACO__PMIX_RANK_WILDCARD, "pmix.local.size", deadline);
     *nnodes = maco__pmix_number(MACO__PMIX_RANK_WILDCARD, "pmix.num.nodes", deadline);
