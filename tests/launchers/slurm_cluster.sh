@@ -32,6 +32,9 @@ start_slurm() {
   mkdir -p "$d/state" "$d/spool"
   cat > "$d/slurm.conf" <<EOF
 ClusterName=maco$$
+# Job ids (and so the ports plain srun's rank 0 derives from them) differ between clusters
+# that run at the same time on this machine.
+FirstJobId=$((RANDOM * 30 + 1))
 SlurmctldHost=$host
 SlurmctldPort=$(slurm_free_port)
 SlurmdPort=$(slurm_free_port)
