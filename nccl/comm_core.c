@@ -104,29 +104,32 @@ int maco_nccl__id_from_address(ncclUniqueId *id, const char *address)
 }
 
 /* Joins through MACO's environment initialisation with the address of an NCCL_COMM_ID id.
- * The environment is the only way in, so the three variables are set for the call and put
+ * The environment is the only way in, so its variables are set for the call and put
  * back after it, under a lock (creations from several threads take turns). */
 static maco_status_t maco_nccl__join_address(const char *address, int rank, int nranks,
                                              maco_bootstrap_t *bs_p)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static const char *const names[4] = { "MACO_BOOTSTRAP_ADDR", "MACO_RANK", "MACO_WORLD_SIZE",
-                                          "MACO_BOOTSTRAP_NONCE" };
-    char values[4][128];
+    /* MACO_LAUNCHER=maco: the communicator's ranks are the application's, which need not be
+     * those of the launcher that started the process (srun, mpirun, torchrun). */
+    static const char *const names[5] = { "MACO_BOOTSTRAP_ADDR", "MACO_RANK", "MACO_WORLD_SIZE",
+                                          "MACO_LAUNCHER", "MACO_BOOTSTRAP_NONCE" };
+    char values[5][128];
     snprintf(values[0], sizeof(values[0]), "%s", address);
     snprintf(values[1], sizeof(values[1]), "%d", rank);
     snprintf(values[2], sizeof(values[2]), "%d", nranks);
+    snprintf(values[3], sizeof(values[3]), "maco");
     /* NCCL_COMM_ID is NCCL's way in and carries no secret, in NCCL as here: the job nonce is
      * the address's FNV-1a hash unless every rank was given MACO_BOOTSTRAP_NONCE, which then
      * keeps other local processes out (docs/nccl.md). */
-    const char *given = getenv(names[3]);
-    int n = given != NULL && given[0] != '\0' ? 3 : 4;
+    const char *given = getenv(names[4]);
+    int n = given != NULL && given[0] != '\0' ? 4 : 5;
     uint64_t h = 0xcbf29ce484222325ull;
     for (const char *c = address; *c; c++)
         h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
-    snprintf(values[3], sizeof(values[3]), "%016llx", (unsigned long long)h);
+    snprintf(values[4], sizeof(values[4]), "%016llx", (unsigned long long)h);
     pthread_mutex_lock(&lock);
-    char *saved[4];
+    char *saved[5];
     for (int i = 0; i < n; i++) {
         const char *old = getenv(names[i]);
         saved[i] = old != NULL ? strdup(old) : NULL;

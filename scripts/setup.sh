@@ -11,7 +11,10 @@
 #   - installs qemu and rdma-core's tools (apt, as root) and downloads a Debian guest kernel
 #     (about 400 MB, in ~/.cache/maco-ibvm) for the IB transport's soft-RoCE VM tests
 #     (tests/ibvm). IBVM_RUN=0 skips those tests, naming the switch.
-# CI (.ci/run) runs everything: there a skipped VM or torch test fails the run.
+# Installed here, for the launcher tests: Open MPI (openmpi-bin), the PMIx runtime (libpmix2,
+# libpmix-dev for Slurm's mpi/pmix plugin), Slurm (slurmctld, slurmd, slurm-client) and munge;
+# the tests start their own one-host Slurm with its own munged in a temporary folder.
+# CI (.ci/run) runs everything: there a skipped VM, torch or launcher test fails the run.
 set -euo pipefail
 
 need=()
@@ -52,6 +55,20 @@ else
   python3 -c 'import jsonschema' >/dev/null 2>&1 ||
     want python3-jsonschema "the plans test checks the shipped plans against their JSON Schema"
 fi
+# The launcher tests (tests/launchers/run.sh, tests/python/test_launchers.py) start MACO jobs
+# with the real launchers; without these packages they skip and say so (CI requires them).
+command -v mpirun >/dev/null 2>&1 || want openmpi-bin "Open MPI's mpirun: the launcher tests start jobs with it"
+ldconfig -p 2>/dev/null | grep -q 'libpmix\.so\.2 ' ||
+  want libpmix2 "the PMIx runtime: MACO passes the unique id through mpirun's and srun's PMIx server (loaded at run time)"
+if command -v dpkg-query >/dev/null 2>&1 &&
+  ! dpkg-query -W -f='${Status}' libpmix-dev 2>/dev/null | grep -q 'ok installed'; then
+  want libpmix-dev "Slurm's mpi/pmix plugin loads the unversioned libpmix.so it ships (srun --mpi=pmix in the launcher tests)"
+fi
+for p in slurmctld slurmd; do
+  command -v $p >/dev/null 2>&1 || want $p "a one-host Slurm cluster the launcher tests start and stop themselves"
+done
+command -v srun >/dev/null 2>&1 || want slurm-client "srun and sbatch: the launcher tests run jobs with them"
+command -v munged >/dev/null 2>&1 || want munge "Slurm's authentication (the launcher tests start a private munged)"
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}:"
   printf '  %s\n' "${why[@]}"

@@ -52,12 +52,31 @@ inline int FreePort(int family = AF_INET)
     return port;
 }
 
+/** Unsets the variables of launchers other than MACO's (Slurm, Open MPI, PMIx, MPICH) and
+ * MACO_LAUNCHER, so that a test's ranks describe their job alone even when the test itself
+ * runs inside a launcher's job. */
+inline void ClearLauncherEnv()
+{
+    static const char *const prefixes[] = { "SLURM_", "OMPI_", "PMIX_", "PMI_" };
+    std::vector<std::string> names;
+    for (char **e = environ; *e != nullptr; e++) {
+        std::string entry(*e);
+        std::string name = entry.substr(0, entry.find('='));
+        for (const char *p : prefixes)
+            if (name.rfind(p, 0) == 0)
+                names.push_back(name);
+    }
+    names.push_back("MACO_LAUNCHER");
+    for (const std::string &n : names)
+        unsetenv(n.c_str());
+}
+
 /**
  * Forks one process per entry of `ranks` (rank, world size). In each child `env(rank, world)`
- * sets its environment (the default sets MACO_RANK, MACO_WORLD_SIZE and MACO_BOOTSTRAP_ADDR
- * to `addr`), MACO_BOOTSTRAP_NONCE is a random nonce of this call's job (as maco-run's),
- * MACO_BOOTSTRAP_TIMEOUT is 20 s and a 60 s alarm guards against hangs; then the
- * child exits with body(rank). Returns the exit codes (128 + signal when killed).
+ * sets its environment after ClearLauncherEnv() (the default sets MACO_RANK, MACO_WORLD_SIZE and
+ * MACO_BOOTSTRAP_ADDR to `addr`), MACO_BOOTSTRAP_NONCE is a random nonce of this call's job (as
+ * maco-run's), MACO_BOOTSTRAP_TIMEOUT is 20 s and a 60 s alarm guards against hangs; then the child
+ * exits with body(rank). Returns the exit codes (128 + signal when killed).
  */
 template <class Env, class Body>
 std::vector<int> ForkRanksWithEnv(const std::vector<std::pair<int, int>> &ranks, Env env, Body body)
@@ -71,6 +90,7 @@ std::vector<int> ForkRanksWithEnv(const std::vector<std::pair<int, int>> &ranks,
     for (const auto &rw : ranks) {
         pid_t pid = fork();
         if (pid == 0) {
+            ClearLauncherEnv();
             setenv("MACO_BOOTSTRAP_TIMEOUT", "20s", 1);
             setenv("MACO_BOOTSTRAP_NONCE", nonce, 1);
             env(rw.first, rw.second);

@@ -1,4 +1,5 @@
-/* maco_test_mp.cc - main() for test binaries that run under maco-run. */
+/* maco_test_mp.cc - main() for test binaries that run under maco-run (or another launcher
+ * MACO recognises: mpirun, srun, torchrun; docs/multi-node.md). */
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -93,16 +94,19 @@ void PortChannels::Destroy()
 int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_gpu)
 {
     ::testing::InitGoogleTest(&argc, argv);
-    const char *rank = getenv("MACO_RANK");
-    const char *world = getenv("MACO_WORLD_SIZE");
-    if (rank == nullptr || world == nullptr) {
-        fprintf(stderr, "run this test under maco-run, e.g. maco-run -n 2 %s\n", argv[0]);
+    /* Any launcher MACO recognises starts these tests: maco-run, mpirun, srun, torchrun. */
+    maco_launch_info_t job;
+    if (maco_launch_info_from_env(&job) != MACO_OK) {
+        fprintf(stderr,
+                "%s\nrun this test under maco-run (maco-run -n 2 %s), mpirun, srun or "
+                "torchrun\n",
+                maco_log_last_error(), argv[0]);
         return 2;
     }
     if (needs_gpu) {
         char why[400];
         if (maco_cuda_device_count(why, sizeof(why)) < 1) {
-            if (atoi(rank) == 0)
+            if (job.rank == 0)
                 printf("SKIP: this test needs a GPU: %s\n", why);
             return kSkipExitCode;
         }

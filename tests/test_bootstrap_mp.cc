@@ -179,7 +179,13 @@ TEST_F(BootstrapMp, CommunicatorTopology)
         EXPECT_EQ(local, Rank());
         EXPECT_EQ(nlocal, NRanks());
     }
-    EXPECT_EQ(atoi(getenv("MACO_LOCAL_RANK")), local);
+    /* The launcher's local rank (maco-run's MACO_LOCAL_RANK, mpirun's, srun's) agrees with
+     * the host ids, except where MACO_HOST_ID simulates nodes the launcher does not know. */
+    maco_launch_info_t job;
+    ASSERT_EQ(maco_launch_info_from_env(&job), MACO_OK);
+    if (getenv("MACO_LOCAL_RANK") != nullptr || (sim == nullptr && job.local_rank >= 0)) {
+        EXPECT_EQ(job.local_rank, local) << "launcher " << job.launcher;
+    }
     char why[400];
     if (maco_cuda_device_count(why, sizeof(why)) == 0) {
         /* Without a GPU, GPU operations say why, and what they say is true: no driver is

@@ -679,6 +679,32 @@ static void perf_header(const maco_perf_opts_t *o, const perf_ctx_t *c, const ch
     fflush(stdout);
 }
 
+/* --dry-run's last line: the job as the launcher describes it (maco_launch_info_from_env),
+ * without joining it. */
+static void perf_job_print(FILE *f)
+{
+    static const char *const rank_vars[] = { "MACO_RANK", "RANK",      "OMPI_COMM_WORLD_RANK",
+                                             "PMI_RANK",  "PMIX_RANK", "SLURM_PROCID" };
+    int any = 0;
+    for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++)
+        any |= getenv(rank_vars[i]) != NULL;
+    if (!any) {
+        fprintf(f, "job: no launcher's variables (maco-run, mpirun, srun or torchrun set them)\n");
+        return;
+    }
+    maco_launch_info_t job;
+    if (maco_launch_info_from_env(&job) != MACO_OK) {
+        fprintf(f, "job: cannot be started: %s\n", maco_log_last_error());
+        return;
+    }
+    fprintf(f, "job: launcher %s, rank %d of %d", job.launcher, job.rank, job.world_size);
+    if (job.local_rank >= 0)
+        fprintf(f, ", local rank %d", job.local_rank);
+    if (job.node >= 0 && job.num_nodes > 0)
+        fprintf(f, ", node %d of %d", job.node, job.num_nodes);
+    fprintf(f, ", unique id by %s\n", job.id_source);
+}
+
 /* Before measuring: -T as the device timeout, a GPU, the communicator (from the environment,
  * as maco-run starts the ranks), -r checked, the device, --nccl dropped where ranks share a
  * GPU, the stream and events; the GPU's properties into *prop. Returns -1 to go on, else the
@@ -707,7 +733,7 @@ static int perf_start(maco_perf_opts_t *o, perf_ctx_t *c, struct cudaDeviceProp 
     if (st != MACO_OK) {
         fprintf(stderr,
                 "maco-perf: cannot create the communicator: %s (run under maco-run, "
-                "e.g. maco-run -n %d maco-perf allreduce)\n",
+                "e.g. maco-run -n %d maco-perf allreduce, or mpirun, srun or torchrun)\n",
                 maco_status_string(st), ndev);
         return 1;
     }
@@ -934,6 +960,7 @@ int main(int argc, char **argv)
         return parsed == MACO_PERF_PARSE_HELP ? 0 : 2;
     if (o.dry_run) {
         maco_perf_plan_print(&o, stdout);
+        perf_job_print(stdout);
         return 0;
     }
     perf_ctx_t c;

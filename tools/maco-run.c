@@ -6,9 +6,11 @@
  *
  * Each rank runs PROGRAM in its own process group with MACO_RANK, MACO_WORLD_SIZE,
  * MACO_LOCAL_RANK, MACO_BOOTSTRAP_ADDR (127.0.0.1 and a free port) and MACO_BOOTSTRAP_NONCE
- * set; with --simulate-nodes K the ranks are split into K blocks with distinct
- * MACO_HOST_ID values, so multi-node code paths run on one machine. Every line a rank
- * writes is prefixed with "[rank] " (stdout to stdout, stderr to stderr).
+ * set (an address on one machine: an enclosing launcher's variables, as those of an
+ * interactive srun step, are then not read); with --simulate-nodes
+ * K the ranks are split into K blocks with distinct MACO_HOST_ID values, so multi-node code paths
+ * run on one machine. Every line a rank writes is prefixed with "[rank] " (stdout to stdout, stderr
+ * to stderr).
  *
  * Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit status
  * (128 + signal number if it was killed), after the remaining ranks' process groups are

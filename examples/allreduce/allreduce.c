@@ -3,6 +3,7 @@
  * sum over all ranks with maco_allreduce, and checks the result.
  *
  *   maco-run -n 2 ./allreduce          (any number of ranks on the GPUs of one machine)
+ *   srun --mpi=pmix ./allreduce        (or mpirun, torchrun --no-python: across nodes)
  *
  * Rank r contributes in[i] = (r + 1) * (i % 13). The sum over n ranks is
  * n (n + 1) / 2 * (i % 13): small integers, exact in float32 whatever the order of the adds,
@@ -55,14 +56,15 @@ int main(void)
     maco_status_t st, async = MACO_OK;
     size_t wrong = 0;
 
-    /* The job comes from the environment that maco-run sets (MACO_RANK, MACO_WORLD_SIZE,
-     * MACO_BOOTSTRAP_ADDR), or torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. The
-     * communicator picks GPU local_rank % device count and makes it this thread's device. */
+    /* The job comes from the environment that the launcher sets: maco-run, srun, mpirun or
+     * torchrun (docs/multi-node.md). The communicator picks GPU local_rank % device count and
+     * makes it this thread's device. */
     st = maco_comm_init_from_env(&comm);
     if (st != MACO_OK) {
         fprintf(stderr,
                 "allreduce: maco_comm_init_from_env failed: %s (the log line above says why); "
-                "start the ranks with maco-run, e.g. maco-run -n 2 ./allreduce\n",
+                "start the ranks with maco-run (maco-run -n 2 ./allreduce), srun, mpirun or "
+                "torchrun\n",
                 maco_status_string(st));
         return 1;
     }

@@ -135,7 +135,8 @@ int main(void)
     if (st != MACO_OK) {
         fprintf(stderr,
                 "port_channel: maco_comm_init_from_env failed: %s (the log line above says "
-                "why); start the ranks with maco-run, e.g. maco-run -n 2 ./port_channel\n",
+                "why); start the ranks with maco-run (maco-run -n 2 ./port_channel), srun, "
+                "mpirun or torchrun\n",
                 maco_status_string(st));
         return 1;
     }

@@ -72,22 +72,85 @@ MACO_API maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int ran
                                              int timeout_ms, maco_bootstrap_t *bs_p);
 
 /**
- * Joins a job described by the environment: MACO_RANK, MACO_WORLD_SIZE,
- * MACO_BOOTSTRAP_ADDR (host:port where rank 0 listens) and MACO_BOOTSTRAP_NONCE (the same
- * random 1 to 16 hex digits on every rank; maco-run sets it); or torchrun's RANK, WORLD_SIZE,
- * MASTER_ADDR and MASTER_PORT. No nonce is ever derived from the address or a run id (another
- * process could compute it and take a rank): without MACO_BOOTSTRAP_NONCE, only the torchrun
- * agent-store start below works, and anything else is MACO_ERR_INVALID_ARGUMENT naming it. Rank 0
- * listens on that address itself, except under torchrun, whose agent holds MASTER_PORT for its
- * key-value store (TORCHELASTIC_USE_AGENT_STORE=True) and MACO_BOOTSTRAP_ADDR unset: there rank 0
- * creates a unique id (maco_unique_id_create) and stores it in torchrun's store under
- * "/maco/c_unique_id/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/<n>" (n counts this
- * process's creations from the environment, so every rank must make them in the same order),
- * and the other ranks read it from there (c10d's TCPStore protocol). Blocking and errors as
- * maco_bootstrap_create(); a missing or malformed variable is MACO_ERR_INVALID_ARGUMENT naming
- * it, and so is a rank not below the world size (naming both variables); under torchrun also
- * MACO_ERR_TIMEOUT naming the store and the key when rank 0 published no id within
- * MACO_BOOTSTRAP_TIMEOUT.
+ * The job as the environment describes it (maco_launch_info_from_env). Counts and indices are
+ * -1 where the launcher does not say.
+ */
+typedef struct maco_launch_info {
+    /** Whose variables describe the job: "maco" (MACO_RANK, MACO_WORLD_SIZE: maco-run or set
+     * by hand), "torchrun" (RANK, WORLD_SIZE), "ompi" (Open MPI's mpirun), "mpich" (MPICH's
+     * Hydra), "pmix" (a PMIx launcher: prterun...) or "slurm" (srun). */
+    char launcher[16];
+    /** How the unique id reaches the ranks: "address" (MACO_BOOTSTRAP_ADDR or MASTER_ADDR and
+     * MASTER_PORT, with MACO_BOOTSTRAP_NONCE), "torchrun-store" (torchrun's agent store),
+     * "pmix" (the launcher's PMIx server) or "slurm-nodelist" (the step's first node and
+     * MACO_BOOTSTRAP_PORT, with MACO_BOOTSTRAP_NONCE). */
+    char id_source[16];
+    int rank, world_size;
+    int local_rank, local_size; /**< among the job's ranks on this node, as the launcher says */
+    int node, num_nodes;        /**< this rank's node index and the node count, as it says */
+} maco_launch_info_t;
+
+/**
+ * Says who started this process and how the job's unique id would travel, as
+ * maco_bootstrap_create_from_env() reads it (docs/multi-node.md gives the order in which
+ * launchers are recognised), without contacting any other rank. Not blocking (under a bare
+ * PMIx launcher or the "pmix" id source it asks the local PMIx server, loading libpmix).
+ * Thread-safe. *info_p is written only on success.
+ * Errors: as maco_bootstrap_create_from_env() before it connects (MACO_ERR_INVALID_ARGUMENT
+ * naming the variables; MACO_ERR_UNSUPPORTED when libpmix is needed and cannot be loaded).
+ */
+MACO_API maco_status_t maco_launch_info_from_env(maco_launch_info_t *info_p);
+
+/**
+ * The unique id, rank and world size of the job the environment describes: what
+ * maco_bootstrap_create_from_env() passes to maco_bootstrap_create(). Collective over the
+ * job's ranks when the id travels through a store (rank 0 creates it with
+ * maco_unique_id_create and publishes it; the others wait for it), so every rank must call it
+ * (or maco_bootstrap_create_from_env) the same number of times in the same order; rank 0 must
+ * then call maco_bootstrap_create in this process. Blocking, bounded by
+ * MACO_BOOTSTRAP_TIMEOUT. Logs one INFO line naming the launcher, the rank, the node and the
+ * id's way ("launcher slurm: rank 5 of 16, node 1 of 4, local rank 1 of 4 ...").
+ * Outputs are written only on success.
+ * Errors: MACO_ERR_INVALID_ARGUMENT (a NULL output; no launcher's variables; a malformed or
+ * missing variable, contradictory variables, or a launcher without a store and no
+ * MACO_BOOTSTRAP_NONCE: each message names the variables and what to add);
+ * MACO_ERR_UNSUPPORTED (PMIx is offered but libpmix cannot be loaded or initialised);
+ * MACO_ERR_TIMEOUT (the store is unreachable, or rank 0 published no id in time: the message
+ * names the store and the key); MACO_ERR_REMOTE (the store answered outside its protocol).
+ */
+MACO_API maco_status_t maco_unique_id_from_env(maco_unique_id_t *id_p, int *rank_p, int *nranks_p);
+
+/**
+ * Joins the job described by the environment: maco_unique_id_from_env(), then
+ * maco_bootstrap_create() with the bootstrap timeout. The launchers recognised, first found
+ * first (MACO_LAUNCHER names one to use alone; docs/multi-node.md):
+ *   - MACO's own variables MACO_RANK, MACO_WORLD_SIZE (maco-run);
+ *   - torchrun's RANK, WORLD_SIZE (also set by Kubernetes' PyTorchJob);
+ *   - Open MPI's OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE;
+ *   - MPICH's PMI_RANK, PMI_SIZE;
+ *   - PMIx's PMIX_RANK (the size from the PMIx server);
+ *   - Slurm's SLURM_PROCID, SLURM_STEP_NUM_TASKS inside a step started by srun.
+ * Variables set by hand (MACO's, or RANK without torchrun) that disagree with the launcher
+ * found after them are an error naming both. The unique id travels, first possible first:
+ *   1. MACO_BOOTSTRAP_ADDR (host:port where rank 0 listens) with MACO_BOOTSTRAP_NONCE (the
+ *      same random 1 to 16 hex digits on every rank; maco-run sets both);
+ *   2. torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_ADDR, MASTER_PORT):
+ *      rank 0 creates an id and stores it under
+ *      "/maco/c_unique_id/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/<n>" (c10d's
+ *      TCPStore protocol), the others read it;
+ *   3. the launcher's PMIx server (mpirun, srun --mpi=pmix; libpmix loaded at run time,
+ *      MACO_PMIX_LIBRARY): rank 0 creates an id, puts it under "maco.unique_id.<n>" and every
+ *      rank passes a fence, the others get it;
+ *   4. MASTER_ADDR:MASTER_PORT with MACO_BOOTSTRAP_NONCE (torch's variables without torchrun);
+ *   5. under srun without PMIx, the first node of the step and MACO_BOOTSTRAP_PORT (default
+ *      20000 + (job id * 16 + step id) mod 10000) with MACO_BOOTSTRAP_NONCE (exported by the
+ *      batch script).
+ * (<n> counts this process's creations from the environment, so every rank must make them in
+ * the same order.) No nonce is ever derived from the address or a run id (another process
+ * could compute it and take a rank): a launcher without a store and no MACO_BOOTSTRAP_NONCE
+ * is MACO_ERR_INVALID_ARGUMENT saying what to add. Rank 0 listens on the given address
+ * itself (1, 4, 5), or on the one maco_unique_id_create picks (2, 3: MACO_SOCKET_IFNAME).
+ * Blocking; errors as maco_unique_id_from_env() and maco_bootstrap_create().
  */
 MACO_API maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p);
 

@@ -87,8 +87,8 @@ class Communicator(_MemoryCalls, _FaultToleranceCalls):
 
     Create one per process with one of:
 
-    * ``Communicator()`` or :meth:`from_env`: from ``maco-run``'s MACO_RANK, MACO_WORLD_SIZE,
-      MACO_BOOTSTRAP_ADDR or torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+    * ``Communicator()`` or :meth:`from_env`: from the launcher's variables (``maco-run``,
+      torchrun, Open MPI's mpirun, MPICH, PMIx, Slurm's srun; docs/multi-node.md);
     * :meth:`from_unique_id`: from :func:`maco.unique_id` bytes made on rank 0;
     * :meth:`from_process_group`: from an existing ``torch.distributed`` group, which
       carries the id.
@@ -166,9 +166,9 @@ class Communicator(_MemoryCalls, _FaultToleranceCalls):
 
     @classmethod
     def from_env(cls, *, device: Any = None) -> "Communicator":
-        """Joins the job described by the environment (maco-run's MACO_RANK,
-        MACO_WORLD_SIZE, MACO_LOCAL_RANK, MACO_BOOTSTRAP_ADDR, or torchrun's RANK,
-        WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Collective, blocking.
+        """Joins the job described by the environment: the variables of maco-run, torchrun,
+        Open MPI's mpirun, MPICH, PMIx or Slurm's srun, the unique id through the launcher's
+        store (C's maco_unique_id_from_env; docs/multi-node.md). Collective, blocking.
 
         Raises:
             InvalidArgumentError: a variable is missing or malformed (named).

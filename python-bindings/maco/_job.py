@@ -1,11 +1,9 @@
-"""How a communicator finds its job: unique ids, the device argument, torchrun's key-value
-store, and a torch.distributed group's store (what :class:`maco.Communicator` is made from)."""
+"""How a communicator finds its job: unique ids, the device argument, the environment's job
+(the C library's launcher rules), and a torch.distributed group's store (what
+:class:`maco.Communicator` is made from)."""
 
 from __future__ import annotations
 
-import datetime
-import itertools
-import os
 from typing import Any, Optional
 
 from . import _maco
@@ -75,8 +73,8 @@ def timeout_ms(timeout: Optional[float]) -> int:
 def create_handle(unique_id: Optional[bytes], rank: Optional[int], size: Optional[int],
                   device: Any, timeout: Optional[float]) -> Any:
     """The extension's communicator (``_maco.Comm``) for :class:`maco.Communicator`'s
-    arguments: the job of ``unique_id`` as ``rank`` of ``size``, else torchrun's store (see
-    :func:`_torchrun_unique_id`), else the environment. Collective and blocking.
+    arguments: the job of ``unique_id`` as ``rank`` of ``size``, else the job the
+    environment describes (:func:`_env_unique_id`). Collective and blocking.
 
     Raises:
         TypeError, ValueError: a bad argument (named). MACO's errors of the creation.
@@ -85,12 +83,9 @@ def create_handle(unique_id: Optional[bytes], rank: Optional[int], size: Optiona
         if rank is not None or size is not None:
             raise ValueError("rank/size: given without unique_id (the environment gives "
                              "them to Communicator())")
-        uid_job = _torchrun_unique_id(timeout)
-        if uid_job is not None:
-            uid, rank, size = uid_job
-            return _maco.Comm.from_unique_id(uid, rank, size, device_index(device),
-                                             timeout_ms(timeout))
-        return _maco.Comm.from_env(device_index(device))
+        uid, rank, size = _env_unique_id()
+        return _maco.Comm.from_unique_id(uid, rank, size, device_index(device),
+                                         timeout_ms(timeout))
     if not isinstance(unique_id, (bytes, bytearray)):
         raise TypeError(f"unique_id: expected bytes, got {type(unique_id).__name__}")
     if len(unique_id) != UNIQUE_ID_BYTES:
@@ -158,7 +153,6 @@ class _Exchanges:
 
     def __init__(self):
         self.per_group: dict = {}  # group name -> ids exchanged so far
-        self.from_env = itertools.count(1)  # communicators made from torchrun's store
 
     def next_for(self, name: str) -> int:
         self.per_group[name] = self.per_group.get(name, 0) + 1
@@ -190,35 +184,11 @@ def exchange_id(pg: Any, rank: int, uid: Optional[bytes]) -> bytes:
     return obj[0]
 
 
-def _torchrun_unique_id(timeout: Optional[float]) -> Optional[tuple]:
-    """Under torchrun, (unique id, rank, size) exchanged through torchrun's own key-value
-    store, else None.
-
-    torchrun's agent already listens on MASTER_ADDR:MASTER_PORT (its TCPStore), where the C
-    library's environment bootstrap would listen too; so when torchrun says its workers share
-    the agent's store (TORCHELASTIC_USE_AGENT_STORE=True) and no MACO_* job variables are
-    set, rank 0 makes a unique id and the others read it from that store.
-    """
-    e = os.environ
-    if "MACO_RANK" in e or "MACO_BOOTSTRAP_ADDR" in e:
-        return None
-    if e.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-        return None
-    try:
-        rank, size = int(e["RANK"]), int(e["WORLD_SIZE"])
-        addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
-    except (KeyError, ValueError):
-        return None  # let the C library name what is missing
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    wait = datetime.timedelta(seconds=timeout if timeout is not None else 300)
-    store = dist.TCPStore(addr, port, is_master=False, timeout=wait)
-    # every rank creates its communicators from the environment alike
-    key = (f"maco/unique_id/{e.get('TORCHELASTIC_RUN_ID', 'run')}/"
-           f"{e.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_exchanges.from_env)}")
-    if rank == 0:
-        store.set(key, unique_id())
-    return bytes(store.get(key)), rank, size
+def _env_unique_id() -> tuple:
+    """(unique id, rank, size) of the job the environment describes, by the C library's rules
+    (maco_unique_id_from_env, docs/multi-node.md): maco-run's, torchrun's, Open MPI's, MPICH's,
+    PMIx's or Slurm's variables, the id through the launcher's store (torchrun's, PMIx) or
+    from MACO_BOOTSTRAP_ADDR and MACO_BOOTSTRAP_NONCE. Collective, blocking (bounded by
+    MACO_BOOTSTRAP_TIMEOUT); errors name the variables."""
+    return _maco.unique_id_from_env()
 

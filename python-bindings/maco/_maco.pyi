@@ -48,6 +48,11 @@ def unique_id() -> bytes:
     A new 128-byte unique id; rank 0 of the job must be created in this process.
     """
 
+def unique_id_from_env() -> tuple[bytes, int, int]:
+    """
+    (unique id, rank, size) of the job the environment describes (launcher detection and the id through the launcher's store: maco_unique_id_from_env); collective, blocking, releases the GIL.
+    """
+
 def group_start() -> None:
     """Opens a group on this thread (maco_group_start)."""
 

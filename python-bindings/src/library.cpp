@@ -1,7 +1,7 @@
 /*
  * library.cpp - maco._maco's module-level functions: versions and names, the configuration
- * table, CUDA devices, unique ids, groups, batched copies, GEMM tile plans, fused-operator
- * scratch sizes and the plan verifier.
+ * table, CUDA devices, unique ids (also the environment's job), groups, batched copies, GEMM tile
+ * plans, fused-operator scratch sizes and the plan verifier.
  */
 #include <cstdint>
 #include <cstring>
@@ -24,6 +24,18 @@ nb::bytes unique_id_create()
     maco_unique_id_t uid;
     checked("maco_unique_id_create", nullptr, [&] { return maco_unique_id_create(&uid); });
     return nb::bytes(reinterpret_cast<const char *>(uid.bytes), MACO_UNIQUE_ID_BYTES);
+}
+
+/* The job the environment describes, by the C library's launcher rules (maco/bootstrap.h):
+ * (unique id, rank, size); the id may travel through the launcher's store (blocking). */
+nb::tuple unique_id_from_env()
+{
+    maco_unique_id_t uid;
+    int rank = -1, nranks = 0;
+    checked("maco_unique_id_from_env", nullptr,
+            [&] { return maco_unique_id_from_env(&uid, &rank, &nranks); });
+    return nb::make_tuple(
+        nb::bytes(reinterpret_cast<const char *>(uid.bytes), MACO_UNIQUE_ID_BYTES), rank, nranks);
 }
 
 } // namespace
@@ -120,6 +132,10 @@ void bind_library(nb::module_ &m)
         "(a cudaStream_t): maco_mem_copy_batch.");
     m.def("unique_id", &unique_id_create,
           "A new 128-byte unique id; rank 0 of the job must be created in this process.");
+    m.def("unique_id_from_env", &unique_id_from_env,
+          "(unique id, rank, size) of the job the environment describes (launcher detection and "
+          "the id through the launcher's store: maco_unique_id_from_env); collective, blocking, "
+          "releases the GIL.");
     m.def(
         "group_start",
         [] { checked("maco_group_start", nullptr, [] { return maco_group_start(); }); },

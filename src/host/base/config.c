@@ -261,6 +261,8 @@ static const maco__config_rule_t maco__config_rules[] = {
     MACO__NUM(RANK, 0, INT32_MAX),
     MACO__NUM(WORLD_SIZE, 1, INT32_MAX),
     MACO__NUM(LOCAL_RANK, 0, INT32_MAX),
+    MACO__NUM(BOOTSTRAP_PORT, 1, 65535),
+    MACO__WORDS(LAUNCHER, "auto|maco|torchrun|ompi|mpich|pmix|slurm"),
     { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127, 0 }, /* a host id's 128 bytes with the NUL */
     MACO__WORDS(GEMM_TILE, "auto|gmma|cublasdx"),
     MACO__WORDS(GEMM_TILE_WIDTH, "auto|128|256"),

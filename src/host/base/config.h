@@ -48,6 +48,15 @@ extern "C" {
       "Job nonce (1 to 16 hex digits), the same random value on every rank; maco-run sets it. "    \
       "Required when starting from the environment other than through torchrun's agent store.")    \
     X(BOOTSTRAP_TIMEOUT, DURATION, "120s", "ms", "Deadline of every bootstrap wait.")              \
+    X(BOOTSTRAP_PORT, INT, "", "",                                                                 \
+      "Port rank 0 listens on when its address comes from Slurm's node list (no PMIx, "            \
+      "MACO_BOOTSTRAP_NONCE given). Default: 20000 + (job id * 16 + step id) mod 10000.")          \
+    X(LAUNCHER, STRING, "auto", "",                                                                \
+      "Whose variables describe the job: auto (MACO's, torchrun's, Open MPI's, MPICH's, PMIx's, "  \
+      "Slurm's: the first found), or maco, torchrun, ompi, mpich, pmix or slurm alone.")           \
+    X(PMIX_LIBRARY, STRING, "libpmix.so.2", "",                                                    \
+      "Path or name of the PMIx library, loaded at run time where the launcher offers PMIx "       \
+      "(Open MPI's mpirun, srun --mpi=pmix) to pass the unique id to the ranks.")                  \
     X(HOST_ID, STRING, "", "",                                                                     \
       "Node identity override (default: host name + boot id); ranks with equal ids share a "       \
       "node.")                                                                                     \
