@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -122,6 +123,20 @@ void AllCreated(maco_comm_t comm)
     (void)maco_bootstrap_barrier(bs);
 }
 
+/* Shrinks without revoking (the communicator may be revoked already) and checks the members;
+ * destroys both communicators. */
+int ShrinkAndCheckKeep(maco_comm_t comm, const std::vector<int> &expect)
+{
+    maco_comm_t next = nullptr;
+    maco_status_t st = maco_comm_shrink(comm, nullptr, 0, 0, &next);
+    maco_comm_destroy(comm);
+    if (st != MACO_OK || next == nullptr)
+        return kShrinkFailed;
+    int code = CheckMembers(next, expect);
+    maco_comm_destroy(next);
+    return code;
+}
+
 /* Kills this process `ms` milliseconds from now, whatever it is doing then. */
 void KillSoon(int ms)
 {
@@ -230,6 +245,89 @@ TEST_F(CommFt, RevokeFromAWatchdogThreadEndsTheCallOnThisRank)
         int code = CheckMembers(next, { 0, 1 });
         maco_comm_destroy(next);
         return code;
+    });
+    ExpectCodes(codes, {});
+}
+
+TEST_F(CommFt, ASendCutMidFrameStillEndsInFrame)
+{
+    /* Rank 0's send of 64 MiB is cut by a revoke while rank 1 reads nothing (the socket
+     * buffers fill): the rest of the frame must still go out, in frame, so that the shrink's
+     * messages behind it are read as messages (not as a broken link). */
+    const size_t big = size_t(64) << 20;
+    std::vector<int> codes = ForkRanks(World(2), [&](int rank) {
+        maco_comm_t comm;
+        if (maco_comm_init_from_env(&comm) != MACO_OK)
+            return static_cast<int>(kSetupFailed);
+        AllCreated(comm);
+        maco_bootstrap_t bs;
+        maco_comm_get_bootstrap(comm, &bs);
+        if (rank == 0) {
+            std::vector<char> buf(big, 1);
+            std::thread watchdog([comm] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(150));
+                maco_comm_revoke(comm);
+            });
+            maco_status_t st = maco_bootstrap_send(bs, 1, 5, buf.data(), big);
+            watchdog.join();
+            if (st != MACO_ERR_REVOKED)
+                return static_cast<int>(kWrongStatus);
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(400)); /* reads nothing */
+        }
+        return ShrinkAndCheckKeep(comm, { 0, 1 });
+    });
+    ExpectCodes(codes, {});
+}
+
+TEST_F(CommFt, AReceiveCutMidFrameDropsTheRest)
+{
+    /* Rank 1 receives 256 MiB from rank 0, which stops (SIGSTOP) halfway; rank 1's watchdog
+     * revokes; its receive returns, and the rest of the frame, which arrives when rank 0
+     * continues (a process of its own sends SIGCONT), must be dropped, not written into the buffer
+     * the call no longer owns (valgrind's comm_ft_valgrind runs this), and the shrink's messages
+     * behind it must be read in frame. */
+    const size_t big = size_t(256) << 20;
+    std::vector<int> codes = ForkRanks(World(2), [&](int rank) {
+        maco_comm_t comm;
+        if (maco_comm_init_from_env(&comm) != MACO_OK)
+            return static_cast<int>(kSetupFailed);
+        AllCreated(comm);
+        maco_bootstrap_t bs;
+        maco_comm_get_bootstrap(comm, &bs);
+        maco_status_t st;
+        if (rank == 0) {
+            std::vector<char> buf(big, 1);
+            /* A process of its own wakes this one 1.5 s later, whatever happens elsewhere. */
+            pid_t waker = fork();
+            if (waker == 0) {
+                usleep(1500 * 1000);
+                kill(getppid(), SIGCONT);
+                _exit(0);
+            }
+            std::thread([] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                raise(SIGSTOP);
+            }).detach();
+            st = maco_bootstrap_send(bs, 1, 5, buf.data(), big);
+            waitpid(waker, nullptr, 0);
+            /* OK when the frame was written before rank 1's revoke arrived, else REVOKED */
+            if (st != MACO_OK && st != MACO_ERR_REVOKED)
+                return static_cast<int>(kWrongStatus);
+        } else {
+            std::thread watchdog([comm] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                maco_comm_revoke(comm);
+            });
+            {
+                std::vector<char> buf(big, 0);
+                st = maco_bootstrap_recv(bs, 0, 5, buf.data(), big);
+            } /* freed: the rest of the frame must not land here */
+            watchdog.join();
+            if (st != MACO_ERR_REVOKED)
+                return static_cast<int>(kWrongStatus);
+        }
+        return ShrinkAndCheckKeep(comm, { 0, 1 });
     });
     ExpectCodes(codes, {});
 }

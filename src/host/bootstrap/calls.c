@@ -299,12 +299,23 @@ maco_status_t maco_bootstrap_destroy(maco_bootstrap_t bs)
     if (bs == NULL)
         return MACO_OK;
     MACO__LOG_RANK_SCOPE(bs->rank);
-    /* Goodbye frames: tiny, so they fit the socket buffers; bounded anyway. Unsent data
-     * of abandoned calls was already dequeued. */
+    /* Goodbye frames: tiny, so they fit the socket buffers; bounded anyway. Unsent frames of
+     * calls that ended were dequeued, except the rests of half-sent ones, which the bootstrap
+     * owns: those go out first (within the same bound), so that the goodbye is read in frame
+     * and the peer does not take this exit for a crash. */
     uint8_t bye[MACO__FRAME_HDR_BYTES];
     memset(bye, 0, sizeof(bye));
     maco__put_u16(bye, MACO__FRAME_BYE);
     int64_t deadline = maco__now_ms() + 1000;
+    for (;;) {
+        int pending = 0;
+        for (int r = 0; r < bs->nranks; r++)
+            pending += r != bs->rank && bs->peers[r].fd >= 0 && bs->peers[r].tx_head != NULL &&
+                       !bs->peers[r].tx_broken;
+        if (pending == 0 || maco__now_ms() >= deadline ||
+            maco__bs_progress_links(bs, deadline) != MACO_OK)
+            break;
+    }
     for (int r = 0; r < bs->nranks; r++) {
         maco__peer_t *p = &bs->peers[r];
         if (r == bs->rank || p->fd < 0)
