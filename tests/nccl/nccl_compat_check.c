@@ -107,7 +107,7 @@ static int has(const char *text, const char *part)
 static int allreduce_check(ncclComm_t comm, int nranks, int dev)
 {
     float h[1024];
-    char buf[64];
+    char buf[64] = { 0 };
     if (dev < 0) {
         ncclResult_t res = ncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, comm, NULL);
         CHECK(res == ncclInvalidUsage && has(ncclGetLastError(comm), "CUDA device"),
@@ -216,7 +216,7 @@ int main(void)
     }
 
     /* Argument errors name the argument; the data types and ops are 2.28.9's. */
-    char buf[64];
+    char buf[64] = { 0 };
     CHECK(ncclAllReduce(buf, buf, 4, ncclNumTypes, ncclSum, world, NULL) == ncclInvalidArgument &&
               has(ncclGetLastError(NULL), "datatype 12"),
           "datatype: %s", ncclGetLastError(NULL));

@@ -288,7 +288,7 @@ TEST(NcclApi232, ConfigCollectivesCheckTheirConfig)
     ncclComm_t c = OneRank();
     ASSERT_NE(c, nullptr);
     const bool gpu = Device(c) >= 0;
-    char buf[64];
+    char buf[64] = { 0 };
     ncclCollConfig_t cfg = NCCL_COLLCONFIG_INITIALIZER;
     EXPECT_EQ(cfg.size, sizeof(ncclCollConfig_t));
     ncclCollConfig_t bad = cfg;
@@ -347,7 +347,7 @@ TEST(NcclApi232, OneSidedCallsAreRefused)
 {
     ncclComm_t c = OneRank();
     ASSERT_NE(c, nullptr);
-    char buf[16];
+    char buf[16] = { 0 };
     EXPECT_EQ(ncclPutSignal(buf, 4, ncclInt8, 0, nullptr, 0, 0, 0, 0, c, nullptr),
               ncclInvalidUsage);
     EXPECT_TRUE(Has(LastError(), "one-sided")) << LastError();
