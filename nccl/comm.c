@@ -9,12 +9,10 @@
 #include "shim.h"
 
 #define MACO_NCCL_CONFIG_MAGIC 0xcafebeefu
-#define MACO_NCCL_WINDOW_MAGIC 0x4d4e5749u /* "MNWI" */
 
 static pthread_once_t maco_nccl__env_once = PTHREAD_ONCE_INIT;
 
-/* The NCCL_* mapping again at the first creation (variables set after the library loaded). */
-static void maco_nccl__env_first_use(void)
+void maco_nccl__env_first_use(void)
 {
     pthread_once(&maco_nccl__env_once, maco_nccl__env_apply);
 }
@@ -35,15 +33,8 @@ static int maco_nccl__current_device(void)
 #define MACO_NCCL_HAS(cfg, field)                                                                  \
     ((cfg)->size >= offsetof(ncclConfig_t, field) + sizeof((cfg)->field))
 
-/*
- * Reads an ncclConfig_t: magic and size are checked, and only the fields that lie inside
- * config->size are read, so a config from an older nccl.h (smaller) works. blocking (0 or 1)
- * and commName are used; the other fields tune NCCL's own machinery (CTA counts, CGA
- * clusters, the network plugin, traffic class, CollNet, NVLS) and are accepted and ignored,
- * after the checks NCCL makes on them.
- */
-static ncclResult_t maco_nccl__config(const ncclConfig_t *cfg, const char *what, int *blocking_p,
-                                      const char **name_p)
+ncclResult_t maco_nccl__config(const ncclConfig_t *cfg, const char *what, int *blocking_p,
+                               const char **name_p)
 {
     *blocking_p = maco_nccl__env_blocking_default();
     *name_p = NULL;
@@ -525,7 +516,9 @@ MACO_NCCL_ALIAS(ncclCommDeregister)
 
 /* A window is a MACO registration (peers map it before their next reduction or gather:
  * group.c's maco_nccl__map_registrations, as any other); MACO needs no symmetric layout, so
- * NCCL_WIN_COLL_SYMMETRIC is accepted and changes nothing. */
+ * NCCL_WIN_COLL_SYMMETRIC is accepted and changes nothing, nor do the flags of NCCL's one-sided
+ * and GIN/CFT paths, which MACO's library does not have (NCCL_WIN_STRICT_ORDERING,
+ * NCCL_WIN_GIN_ONLY, NCCL_WIN_CFT_COUNTED). */
 ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
                                      int winFlags)
 {
@@ -537,7 +530,8 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, n
         return maco_nccl__fail(ncclInvalidArgument,
                                "%s: buff %p, size %zu, win %p: none may be NULL or 0", what, buff,
                                size, (void *)win);
-    if ((winFlags & ~NCCL_WIN_COLL_SYMMETRIC) != 0)
+    if ((winFlags & ~(NCCL_WIN_COLL_SYMMETRIC | NCCL_WIN_STRICT_ORDERING | NCCL_WIN_GIN_ONLY |
+                      NCCL_WIN_CFT_COUNTED)) != 0)
         return maco_nccl__fail(ncclInvalidArgument, "%s: winFlags %#x has unknown bits", what,
                                winFlags);
     struct ncclWindow_vidmem *w = calloc(1, sizeof(*w));

@@ -1,7 +1,7 @@
 /*
  * device_api.c - the host functions of NCCL 2.28's device API (nccl_device/ headers), which the
  * real libnccl.so.2 exports too and which applications built against it (PyTorch among them)
- * need at load time (shim.h).
+ * need at load time (shim.h); those added in 2.29 to 2.31 are in device_query.c.
  *
  * MACO does not provide NCCL's device API (device communicators, LSA/GIN barriers, LL
  * all-to-all handles: kernels written against nccl_device.h): creating one fails with
@@ -9,8 +9,9 @@
  * the world team is every rank; the LSA team (ranks that can load and store each other's
  * memory) is the ranks of this node; the rail team is one rank per node, the ones with this
  * rank's local rank. Both assume that a node's ranks are consecutive (as launchers number
- * them). nccl_device.h is C++ and cannot be included here, so the prototypes are written out
- * with the same ABI: ncclTeam_t is three ints returned by value.
+ * them). The prototypes are written out with 2.28's ABI, which 2.32 keeps for these calls
+ * (2.28's nccl_device.h was C++ only): ncclTeam_t is three ints returned by value
+ * (test_nccl_232 checks that against the header).
  */
 #include "shim.h"
 

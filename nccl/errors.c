@@ -9,18 +9,22 @@
 #include "maco_nccl.h"
 #include "shim.h"
 
-/* The ABI this library implements: nccl.h of NCCL 2.28.9. Sizes and offsets an application
- * compiled against that header relies on. */
-_Static_assert(NCCL_VERSION_CODE == 22809, "built against nccl.h of NCCL 2.28.9");
+/* The ABI this library implements: nccl.h of NCCL 2.32.6. Sizes and offsets an application
+ * compiled against that header, or against 2.28.9's (whose structs are prefixes of these:
+ * NCCL only appends), relies on. */
+_Static_assert(NCCL_VERSION_CODE == 23206, "built against nccl.h of NCCL 2.32.6");
 _Static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes");
 _Static_assert(sizeof(ncclUniqueId) == sizeof(maco_unique_id_t), "a MACO id fits an NCCL id");
-_Static_assert(sizeof(ncclConfig_t) == 80, "ncclConfig_t of 2.28: 80 bytes");
+_Static_assert(sizeof(ncclConfig_t) == 120, "ncclConfig_t of 2.32: 120 bytes");
 _Static_assert(offsetof(ncclConfig_t, blocking) == 16, "ncclConfig_t.blocking");
 _Static_assert(offsetof(ncclConfig_t, netName) == 32, "ncclConfig_t.netName");
 _Static_assert(offsetof(ncclConfig_t, commName) == 48, "ncclConfig_t.commName");
 _Static_assert(offsetof(ncclConfig_t, nvlinkCentricSched) == 76, "ncclConfig_t.nvlink...");
+_Static_assert(offsetof(ncclConfig_t, graphUsageMode) == 80, "2.28.9's 80 bytes come first");
 _Static_assert(sizeof(ncclSimInfo_t) == 24, "ncclSimInfo_t of 2.22+: 24 bytes");
 _Static_assert(sizeof(ncclRedOp_t) == 4 && sizeof(ncclDataType_t) == 4, "enum sizes");
+_Static_assert(ncclNumTypes == 12 && ncclNumOps == 5, "the data types and ops of 2.28.9");
+_Static_assert(ncclInProgress == 7 && ncclTimeout == 8, "ncclTimeout (2.30) follows 2.28.9's");
 
 static _Thread_local char maco_nccl__error_text[1024];
 
@@ -128,7 +132,8 @@ ncclResult_t maco_nccl__fail(ncclResult_t res, const char *fmt, ...)
     static const char *const names[] = { "ncclSuccess",         "ncclUnhandledCudaError",
                                          "ncclSystemError",     "ncclInternalError",
                                          "ncclInvalidArgument", "ncclInvalidUsage",
-                                         "ncclRemoteError",     "ncclInProgress" };
+                                         "ncclRemoteError",     "ncclInProgress",
+                                         "ncclTimeout" };
     maco_log_write(MACO_LOG_ERROR, "coll", "%s (%s)", maco_nccl__error_text,
                    (unsigned)res < sizeof(names) / sizeof(names[0]) ? names[res] : "?");
     return res;
@@ -257,6 +262,8 @@ const char *pncclGetErrorString(ncclResult_t result)
         return "a peer rank failed, exited or timed out (ncclGetLastError names it)";
     case ncclInProgress:
         return "operation in progress";
+    case ncclTimeout: /* NCCL 2.30+: a device API wait ran out; this library never returns it */
+        return "a wait ran out of time";
     case ncclNumResults:
         break;
     }
@@ -265,13 +272,20 @@ const char *pncclGetErrorString(ncclResult_t result)
 MACO_NCCL_ALIAS(ncclGetErrorString)
 
 /* NCCL re-reads NCCL_DEBUG here; MACO reads its log settings once, so this does nothing.
- * nccl.h marks it deprecated; it is still part of the ABI. */
+ * nccl.h marks it deprecated; it is still part of the ABI: 2.28.9's declares it, and clients
+ * built against that call it. 2.32's declares it only where NCCL_OS_LINUX is defined (NCCL's
+ * own build) and is otherwise a macro that expands to nothing; NCCL's library exports it all
+ * the same, and so does this one. */
+#undef ncclResetDebugInit
+#undef pncclResetDebugInit
+void pncclResetDebugInit(void);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 void pncclResetDebugInit(void) {}
 MACO_NCCL_ALIAS(ncclResetDebugInit)
 #pragma GCC diagnostic pop
 
-/* Exported by NCCL 2.28's library though no header declares it; kept for the same symbol set. */
+/* Exported by NCCL's library (2.28 to 2.32) though no header declares it; kept for the same
+ * symbol set. */
 void ncclResetDebugInitInternal(void);
 void ncclResetDebugInitInternal(void) {}

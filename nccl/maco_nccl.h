@@ -20,9 +20,10 @@ extern "C" {
  * (MACO_NCCL_LIBRARY). Either pointer may be NULL. Counted per call (a group's calls each
  * count). Returns 0, or -1 when `name` is not a counted function (the outputs untouched).
  * Counted: ncclAllReduce, ncclBroadcast (ncclBcast too), ncclReduce, ncclAllGather,
- * ncclReduceScatter, ncclAlltoAll, ncclGather, ncclScatter, ncclSend, ncclRecv,
- * ncclCommInitRank (every creation, split ones included), ncclCommSplit, ncclCommRegister
- * (window registrations too) and ncclMemAlloc. Thread-safe.
+ * ncclReduceScatter, ncclAlltoAll, ncclGather, ncclScatter (each with its ...Config variant
+ * of NCCL 2.31), ncclSend, ncclRecv, ncclCommInitRank (every creation, split ones included),
+ * ncclCommSplit, ncclCommShrink, ncclCommGrow (the existing and the new ranks' calls),
+ * ncclCommRegister (window registrations too) and ncclMemAlloc. Thread-safe.
  */
 int maco_nccl_call_count(const char *name, uint64_t *native_p, uint64_t *forwarded_p);
 

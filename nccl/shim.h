@@ -1,9 +1,10 @@
 /*
  * shim.h - internals of libmaco_nccl.so, the NCCL-compatible library (not public API).
  *
- * The library implements every function of NCCL 2.28.9's nccl.h on MACO's public C API
- * (include/maco); docs/nccl.md says what runs on MACO, what is forwarded to a real NCCL and
- * why. Its files call each other one way only, lowest first:
+ * The library implements every function of NCCL 2.32.6's nccl.h (and the host functions of
+ * its nccl_device.h) on MACO's public C API (include/maco), keeping the ABI of 2.28.9's for
+ * programs built against that; docs/nccl.md lists each function as run on MACO, forwarded to a
+ * real NCCL or refused, and why. Its files call each other one way only, lowest first:
  *   errors.c    status mapping, per-thread last error, call counters, the fallback setting
  *   env.c       NCCL_* environment variables mapped onto MACO_* ones
  *   fallback.c  the real NCCL (dlopen'ed from MACO_NCCL_LIBRARY) and its communicators
@@ -12,7 +13,13 @@
  *   ops.c       one queued operation issued on MACO, or forwarded
  *   group.c     ncclGroupStart/End: the per-thread queue of operations and inits
  *   comm.c      the public communicator calls
+ *   comm_229.c  the communicator calls of 2.29: ncclCommGetUniqueId, ncclCommGrow, suspend,
+ *               resume, memory statistics, ncclWinGetUserPtr
  *   coll.c      the public collectives, send/recv and reduction-op calls
+ *   coll_config.c the per-call-config collectives (2.31) and the one-sided calls (2.29)
+ *   params.c    NCCL's parameter registry (2.30) and socket encryption (2.32)
+ *   device_api.c the host functions of NCCL's device API (nccl_device.h) of 2.28
+ *   device_query.c those it gained in 2.29 to 2.31
  * Every public function is defined as pncclX with ncclX a weak alias, as NCCL does, so a
  * profiler can interpose ncclX and call pncclX.
  */
@@ -51,6 +58,7 @@ extern "C" {
     X(ncclCommInitRank)                                                                            \
     X(ncclCommSplit)                                                                               \
     X(ncclCommShrink)                                                                              \
+    X(ncclCommGrow)                                                                                \
     X(ncclCommRegister)                                                                            \
     X(ncclMemAlloc)
 
@@ -148,7 +156,10 @@ struct ncclComm {
     int peer_error;         /* ncclRemoteError once a call met a dead or late peer (atomic) */
     maco_mem_t *regs;       /* handles ncclCommRegister returned and not yet deregistered */
     size_t nregs, regs_cap; /* (under `lock`) */
+    int grow_id_out;        /* ncclCommGetUniqueId made an id that no ncclCommGrow used yet */
 };
+
+#define MACO_NCCL_WINDOW_MAGIC 0x4d4e5749u /* "MNWI" */
 
 struct ncclWindow_vidmem {
     uint32_t magic;
@@ -328,6 +339,23 @@ ncclResult_t maco_nccl__group_submit(const maco_nccl__op_t *op);
 int maco_nccl__group_defer_init(struct ncclComm *comm, const ncclUniqueId *id);
 /* Records an argument error of a call made inside a group (the group's end returns it). */
 void maco_nccl__group_note_error(ncclResult_t res);
+
+/* ------------------------------------------------------------------ comm.c */
+
+/* The NCCL_* mapping again at the first creation (variables set after the library loaded). */
+void maco_nccl__env_first_use(void);
+
+/*
+ * Reads an ncclConfig_t (NULL: the defaults): magic and size are checked, and only the fields
+ * that lie inside config->size are read, so a config from an older nccl.h (smaller: 2.28.9's
+ * is 80 bytes) works. *blocking_p gets blocking (0 or 1; NCCL_COMM_BLOCKING when unset) and
+ * *name_p commName (NULL when unset); the other fields tune NCCL's own machinery (CTA counts,
+ * CGA clusters, the network plugin, traffic class, CollNet, NVLS, and the graph, RMA, P2P and
+ * CFT settings of 2.29 to 2.32) and are accepted and ignored, after the checks NCCL makes on
+ * them. Errors (ncclInvalidArgument, named after `what`): a bad magic, size or field value.
+ */
+ncclResult_t maco_nccl__config(const ncclConfig_t *cfg, const char *what, int *blocking_p,
+                               const char **name_p);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,12 @@
 # Installed here, for the launcher tests: Open MPI (openmpi-bin), the PMIx runtime (libpmix2,
 # libpmix-dev for Slurm's mpi/pmix plugin), Slurm (slurmctld, slurmd, slurm-client) and munge;
 # the tests start their own one-host Slurm with its own munged in a temporary folder.
+# Downloaded here, once: the headers of NVIDIA's NCCL wheels (nvidia-nccl-cu13, about 200 MB
+# each, headers only kept, about 1 MB, in ~/.cache/maco/nccl-<version>/include): 2.32.6's, which
+# MACO's libnccl.so.2 is built from, and 2.28.9's, which its compatibility test builds an old
+# client against; skipped where a header of that version is found already (NCCL_HOME, the
+# python3 on PATH, the CUDA toolkit, /usr/include, /usr/local/include). Without them the library
+# (or the test) is left out and the configure summary says so.
 # CI (.ci/run) runs everything: there a skipped VM, torch or launcher test fails the run.
 set -euo pipefail
 
@@ -69,6 +75,8 @@ for p in slurmctld slurmd; do
 done
 command -v srun >/dev/null 2>&1 || want slurm-client "srun and sbatch: the launcher tests run jobs with them"
 command -v munged >/dev/null 2>&1 || want munge "Slurm's authentication (the launcher tests start a private munged)"
+python3 -m pip --version >/dev/null 2>&1 ||
+  want python3-pip "pip download: the nccl.h of NVIDIA's NCCL wheels (MACO's libnccl.so.2)"
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}:"
   printf '  %s\n' "${why[@]}"
@@ -97,6 +105,62 @@ if ! command -v nvcc >/dev/null 2>&1; then
   done
   echo "setup: the CUDA toolkit (nvcc) is required: https://developer.nvidia.com/cuda-downloads" >&2
   exit 1
+fi
+
+# nccl_header VERSION: prints the first folder whose nccl.h is of NCCL VERSION (x.y.z) among
+# those nccl/CMakeLists.txt searches (but MACO_NCCL_INCLUDE_DIR, a CMake setting); nothing
+# when there is none.
+nccl_header() {
+  local code d
+  code=$(echo "$1" | awk -F. '{ print $1 * 10000 + $2 * 100 + $3 }')
+  for d in ${NCCL_HOME:+"$NCCL_HOME/include"} \
+    "$(python3 -c 'import os, nvidia.nccl; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)" \
+    "$HOME/.cache/maco/nccl-$1/include" "$(dirname "$(command -v nvcc)")/../include" \
+    /usr/include /usr/local/include; do
+    if [ -n "$d" ] && grep -qs "^#define NCCL_VERSION_CODE $code\$" "$d/nccl.h"; then
+      echo "$d"
+      return
+    fi
+  done
+}
+# nccl_fetch VERSION: unpacks the headers of NVIDIA's nvidia-nccl-cu13 wheel of that version
+# into ~/.cache/maco/nccl-VERSION/include (the wheel itself is not kept). Returns 1, saying
+# why, when pip cannot get it (offline: the library, or its compatibility test, is left out).
+nccl_fetch() {
+  local dest="$HOME/.cache/maco/nccl-$1" tmp
+  tmp=$(mktemp -d)
+  echo "setup: downloading nvidia-nccl-cu13==$1 (about 200 MB) for its nccl.h, into $dest"
+  if ! python3 -m pip download --quiet --no-deps --no-cache-dir --only-binary=:all: \
+      -d "$tmp" "nvidia-nccl-cu13==$1"; then
+    rm -rf "$tmp"
+    echo "setup: could not download nvidia-nccl-cu13==$1 (see pip's message above)" >&2
+    return 1
+  fi
+  rm -rf "$dest"
+  python3 - "$tmp"/nvidia_nccl_cu13-*.whl "$dest" <<'PY'
+import os, shutil, sys, zipfile
+prefix = "nvidia/nccl/include/"
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            out = os.path.join(sys.argv[2], "include", name[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(name) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+PY
+  rm -rf "$tmp"
+  [ -e "$dest/include/nccl.h" ] || { echo "setup: the wheel of $1 has no nvidia/nccl/include/nccl.h" >&2; return 1; }
+}
+nccl_missing=()
+for v in 2.32.6 2.28.9; do
+  if [ -z "$(nccl_header $v)" ] && ! nccl_fetch $v; then
+    nccl_missing+=("$v")
+  fi
+done
+if [ ${#nccl_missing[@]} -gt 0 ]; then
+  echo "setup: no nccl.h of NCCL ${nccl_missing[*]}: MACO's libnccl.so.2 (2.32.6) or its" \
+    "compatibility test (2.28.9) will be left out (configure with -DMACO_REQUIRE_NCCL=ON to" \
+    "make that an error)" >&2
 fi
 echo "setup: ok (cmake $cmake_version, $(nvcc --version | tail -n1))"
 skips=()

@@ -1,10 +1,18 @@
-# Compares libmaco_nccl.so with the nccl.h it was built from: every function nccl.h (and the
-# host side of nccl_device/*.h) declares is exported (ncclX weak, pncclX strong, as NCCL's are), nothing else is exported but the
-# library's documented extras, the SONAME is libnccl.so.2, and there is no link-time
-# dependency on libcuda, libnccl or libibverbs. (The struct sizes and offsets are compile-time
-# checks in nccl/errors.c and run-time checks in test_nccl_cpu.)
-# Arguments: -DLIB=<libmaco_nccl.so> -DHEADER=<nccl.h>
+# Compares libmaco_nccl.so with an nccl.h: every function nccl.h (and the host side of
+# nccl_device/*.h) declares is exported (ncclX weak, pncclX strong, as NCCL's are).
+# MODE=exact (the header the library was built from): also nothing is exported but those and the
+# library's documented extras, the SONAME is libnccl.so.2, and there is no link-time dependency on
+# libcuda, libnccl or libibverbs. MODE=subset (an older header, 2.28.9's: what an old client can
+# name): only the first check. REAL=<a real libnccl.so.2> (optional): every nccl*/pnccl* symbol it
+# exports is exported here too. (The struct sizes and offsets are compile-time checks in
+# nccl/errors.c and nccl/device_query.c, and run-time checks in test_nccl_cpu.)
+# DOC=<docs/nccl.md> (optional): its table "Every function of NCCL ..." names every ncclX declared.
+# Arguments: -DLIB=<libmaco_nccl.so> -DHEADER=<nccl.h> [-DMODE=exact|subset] [-DREAL=<lib>]
+#            [-DDOC=<docs/nccl.md>]
 cmake_minimum_required(VERSION 3.25)
+if(NOT DEFINED MODE)
+  set(MODE exact)
+endif()
 file(READ ${HEADER} header)
 # Declarations: a return type, spaces, then pnccl/nccl name and "(" (nccl.h puts each on one line).
 string(REGEX MATCHALL "(ncclResult_t|const char\\*|void)[ \t]+p?nccl[A-Za-z0-9_]+\\(" decls "${header}")
@@ -14,14 +22,20 @@ foreach(d ${decls})
   string(REPLACE "(" "" name "${name}")
   list(APPEND declared ${name})
 endforeach()
-# The host functions of the device API (nccl_device/*.h, C linkage), which NCCL exports as
-# ncclX and pncclX and applications built against it (PyTorch) need at load time.
+# The host functions of the device API (nccl_device/*.h, C linkage; 2.28-2.31 mark them
+# __host__, 2.32 declares them in host.h without it; NCCL_HOST_DEVICE_INLINE ones are inline,
+# not exported), which NCCL exports as ncclX and pncclX and applications built against it
+# (PyTorch) need at load time. Declarations under NCCL_OS_WINDOWS count too: NCCL's Linux
+# library exports them.
 get_filename_component(incdir ${HEADER} DIRECTORY)
 file(GLOB device_headers ${incdir}/nccl_device/*.h)
 foreach(h ${device_headers})
   file(READ ${h} text)
-  string(REGEX MATCHALL "NCCL_EXTERN_C __host__ [A-Za-z_]+ nccl[A-Za-z0-9_]+\\(" ddecls "${text}")
+  string(REGEX MATCHALL "NCCL_EXTERN_C[ \t]+(__host__[ \t]+)?[A-Za-z_]+[ \t]+nccl[A-Za-z0-9_]+\\(" ddecls "${text}")
   foreach(d ${ddecls})
+    if(d MATCHES "INLINE")
+      continue()
+    endif()
     string(REGEX MATCH "nccl[A-Za-z0-9_]+\\($" name "${d}")
     string(REPLACE "(" "" name "${name}")
     list(APPEND declared ${name} p${name})
@@ -33,22 +47,28 @@ if(ndeclared LESS 100)
   message(FATAL_ERROR "found only ${ndeclared} declarations in ${HEADER}: the parser is off")
 endif()
 
-execute_process(COMMAND nm -D --defined-only ${LIB} OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "nm -D ${LIB} failed")
-endif()
-string(REGEX MATCHALL "[0-9a-f]+ [A-Za-z] [^\n]+" lines "${syms}")
-set(exported)
-set(weak)
-foreach(l ${lines})
-  string(REGEX REPLACE "^[0-9a-f]+ ([A-Za-z]) (.*)$" "\\1;\\2" parts "${l}")
-  list(GET parts 0 kind)
-  list(GET parts 1 name)
-  list(APPEND exported ${name})
-  if(kind STREQUAL "W")
-    list(APPEND weak ${name})
+# The defined dynamic symbols of a library: <out names> and <out weak names>.
+function(maco_dyn_syms lib out_names out_weak)
+  execute_process(COMMAND nm -D --defined-only ${lib} OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "nm -D ${lib} failed")
   endif()
-endforeach()
+  string(REGEX MATCHALL "[0-9a-f]+ [A-Za-z] [^\n]+" lines "${syms}")
+  set(names)
+  set(weak)
+  foreach(l ${lines})
+    string(REGEX REPLACE "^[0-9a-f]+ ([A-Za-z]) (.*)$" "\\1;\\2" parts "${l}")
+    list(GET parts 0 kind)
+    list(GET parts 1 name)
+    list(APPEND names ${name})
+    if(kind STREQUAL "W")
+      list(APPEND weak ${name})
+    endif()
+  endforeach()
+  set(${out_names} "${names}" PARENT_SCOPE)
+  set(${out_weak} "${weak}" PARENT_SCOPE)
+endfunction()
+maco_dyn_syms(${LIB} exported weak)
 
 set(missing)
 foreach(name ${declared})
@@ -59,7 +79,54 @@ foreach(name ${declared})
   endif()
 endforeach()
 if(missing)
-  message(FATAL_ERROR "nccl.h declares these, ${LIB} does not export them: ${missing}")
+  message(FATAL_ERROR "${HEADER} declares these, ${LIB} does not export them: ${missing}")
+endif()
+
+if(DEFINED REAL AND NOT REAL STREQUAL "")
+  maco_dyn_syms(${REAL} real_names real_weak)
+  set(real_missing)
+  set(nreal 0)
+  foreach(name ${real_names})
+    if(name MATCHES "^p?nccl")
+      math(EXPR nreal "${nreal} + 1")
+      if(NOT name IN_LIST exported)
+        list(APPEND real_missing ${name})
+      endif()
+    endif()
+  endforeach()
+  if(real_missing)
+    message(FATAL_ERROR "${REAL} exports these, ${LIB} does not: ${real_missing}")
+  endif()
+  message(STATUS "${LIB} exports all ${nreal} nccl*/pnccl* symbols of ${REAL}")
+endif()
+
+if(DEFINED DOC AND NOT DOC STREQUAL "")
+  file(READ ${DOC} doc)
+  string(FIND "${doc}" "\n## Every function of NCCL" at)
+  if(at LESS 0)
+    message(FATAL_ERROR "${DOC} has no section '## Every function of NCCL'")
+  endif()
+  string(SUBSTRING "${doc}" ${at} -1 doc)
+  string(SUBSTRING "${doc}" 1 -1 doc)
+  string(FIND "${doc}" "\n## " end)
+  if(end GREATER 0)
+    string(SUBSTRING "${doc}" 0 ${end} doc)
+  endif()
+  set(undocumented)
+  foreach(name ${declared})
+    if(name MATCHES "^nccl" AND NOT doc MATCHES "`${name}`")
+      list(APPEND undocumented ${name})
+    endif()
+  endforeach()
+  if(undocumented)
+    message(FATAL_ERROR "${DOC}'s table of every function lacks: ${undocumented}")
+  endif()
+endif()
+
+list(LENGTH exported nexported)
+if(MODE STREQUAL "subset")
+  message(STATUS "${LIB}: all ${ndeclared} functions of ${HEADER} exported")
+  return()
 endif()
 set(extras maco_nccl_call_count maco_nccl_fallback_check maco_nccl_marker
   ncclResetDebugInitInternal)
@@ -79,6 +146,5 @@ foreach(bad libcuda.so libnccl libibverbs)
     message(FATAL_ERROR "${LIB} must not depend on ${bad} at link time: ${needed}")
   endif()
 endforeach()
-list(LENGTH exported nexported)
 message(STATUS "${LIB}: SONAME libnccl.so.2, all ${ndeclared} functions of nccl.h exported "
                "(${nexported} symbols with the extras), needs ${needed}")

@@ -45,11 +45,11 @@ bool Mode(const char *mode)
     return m != nullptr && strcmp(m, mode) == 0;
 }
 
-TEST(NcclCpu, VersionIs22809AndTheLibraryIsMacos)
+TEST(NcclCpu, VersionIs23206AndTheLibraryIsMacos)
 {
     int v = 0;
     ASSERT_EQ(ncclGetVersion(&v), ncclSuccess);
-    EXPECT_EQ(v, 22809);
+    EXPECT_EQ(v, 23206);
     EXPECT_EQ(v, NCCL_VERSION_CODE);
     EXPECT_EQ(ncclGetVersion(nullptr), ncclInvalidArgument);
     EXPECT_NE(LastError().find("version"), std::string::npos) << LastError();
@@ -151,7 +151,7 @@ TEST(NcclCpu, ConfigMagicSizeAndFieldsAreChecked)
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     EXPECT_EQ(cfg.size, sizeof(ncclConfig_t));
     EXPECT_EQ(cfg.magic, 0xcafebeefu);
-    EXPECT_EQ(cfg.version, 22809u);
+    EXPECT_EQ(cfg.version, 23206u);
 
     ncclConfig_t bad = cfg;
     bad.magic = 0x12345678;
