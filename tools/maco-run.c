@@ -178,23 +178,52 @@ static int pick_port(void)
 }
 
 /* Writes complete lines of a stream with the rank prefix; `flush` writes a partial tail. */
+/* Writes all of buf[0, len) to `fd`: a signal (maco-run forwards some) or a short write into a
+ * full pipe does not cut the line; what is left is written again. */
+static void write_all(int fd, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t w = write(fd, buf, len);
+        if (w > 0) {
+            buf += w;
+            len -= (size_t)w;
+        } else if (w == 0 || errno != EINTR) {
+            return; /* the reader is gone: nothing better to do */
+        }
+    }
+}
+
+/* Writes "[rank] " text "\n" (one write when it fits, so lines of ranks do not mix). */
+static void emit_line(int fd, int rank, const char *text, size_t len)
+{
+    char line[MAX_LINE + 32];
+    int n = snprintf(line, sizeof(line), "[%d] ", rank);
+    if (n < 0)
+        return;
+    if (len > sizeof(line) - (size_t)n - 1)
+        len = sizeof(line) - (size_t)n - 1;
+    memcpy(line + n, text, len);
+    line[(size_t)n + len] = '\n';
+    write_all(fd, line, (size_t)n + len + 1);
+}
+
 static void emit_lines(stream_t *s, int rank, int flush)
 {
     size_t start = 0;
     for (size_t i = 0; i < s->len; i++) {
         if (s->buf[i] != '\n')
             continue;
-        dprintf(s->out_fd, "[%d] %.*s\n", rank, (int)(i - start), s->buf + start);
+        emit_line(s->out_fd, rank, s->buf + start, i - start);
         start = i + 1;
     }
     if (flush && start < s->len) {
-        dprintf(s->out_fd, "[%d] %.*s\n", rank, (int)(s->len - start), s->buf + start);
+        emit_line(s->out_fd, rank, s->buf + start, s->len - start);
         start = s->len;
     }
     memmove(s->buf, s->buf + start, s->len - start);
     s->len -= start;
     if (s->len == MAX_LINE) { /* an over-long line: emit it in pieces */
-        dprintf(s->out_fd, "[%d] %.*s\n", rank, (int)s->len, s->buf);
+        emit_line(s->out_fd, rank, s->buf, s->len);
         s->len = 0;
     }
 }
@@ -246,10 +275,14 @@ static int count_gpus(void)
     }
     close(fds[1]);
     int count = 0;
-    if (read(fds[0], &count, sizeof(count)) != (ssize_t)sizeof(count))
+    ssize_t got;
+    while ((got = read(fds[0], &count, sizeof(count))) < 0 && errno == EINTR)
+        ;
+    if (got != (ssize_t)sizeof(count))
         count = 0;
     close(fds[0]);
-    waitpid(pid, NULL, 0);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
     return count;
 }
 

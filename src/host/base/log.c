@@ -288,8 +288,14 @@ void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt,
     line[n++] = '\n';
     line[n] = '\0';
     if (level != MACO_LOG_ERROR || !maco__log_capture_errors) {
-        if (write(maco__log_fd, line, (size_t)n) < 0) {
-            /* The log is best effort. */
+        /* The log is best effort, but a signal (EINTR) or a short write into a full pipe
+         * does not cut a line: what is left is written again. */
+        for (size_t done = 0; done < (size_t)n;) {
+            ssize_t w = write(maco__log_fd, line + done, (size_t)n - done);
+            if (w > 0)
+                done += (size_t)w;
+            else if (w == 0 || errno != EINTR)
+                break;
         }
     }
     if (maco__log_handler != NULL)

@@ -209,8 +209,8 @@ static maco_status_t maco__accept_check_links(const maco__accept_t *ac, int n)
             continue;
         int r = ac->pfd_rank[i];
         char c;
-        ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+        ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
                              "rank %d: rank %d closed its connection during setup (did it "
                              "fail or crash?)",
@@ -326,7 +326,7 @@ static maco_status_t maco__accept_pending(maco__accept_t *ac)
         int drop = 0;
         char from[96];
         maco__sockaddr_format(&pc->from, from, sizeof(from));
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
             MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
                       "rank %d: a connection from %s closed before sending a complete "
                       "hello; ignored",

@@ -320,10 +320,14 @@ maco_status_t maco__socket_connect_watched(const maco__sockaddr_t *addr, int64_t
                                strerror(errno));
         int rc = connect(fd, (const struct sockaddr *)&addr->ss, addr->len);
         if (rc != 0 && errno == EINPROGRESS) {
-            int64_t left = deadline_ms - maco__now_ms();
+            int64_t left;
             struct pollfd pfd = { .fd = fd, .events = POLLOUT, .revents = 0 };
             int64_t slice = stop != NULL ? 200 : 1000; /* how often `stop` is asked */
-            rc = left > 0 ? poll(&pfd, 1, (int)(left > slice ? slice : left)) : 0;
+            /* A signal ends a poll early (EINTR): poll again for the time left. */
+            do {
+                left = deadline_ms - maco__now_ms();
+                rc = left > 0 ? poll(&pfd, 1, (int)(left > slice ? slice : left)) : 0;
+            } while (rc < 0 && errno == EINTR);
             if (rc > 0) {
                 int err = 0;
                 socklen_t len = sizeof(err);
