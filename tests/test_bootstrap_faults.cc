@@ -26,6 +26,7 @@
 
 #include <random>
 
+#include "src/host/base/config.h"
 #include "src/host/bootstrap/bootstrap_internal.h"
 #include "src/host/bootstrap/bootstrap_private.h"
 #include "fork_ranks.h"

@@ -168,7 +168,9 @@ TEST_F(Unit, ConfigValidateMarksInvalidValuesWithWhatTheyAccept)
         { MACO_CFG_LOG_LEVEL, "DEBUG", nullptr },
         { MACO_CFG_LOG_SUBSYS, "bootstrp,mem", "unknown subsystem 'bootstrp'" },
         { MACO_CFG_LOG_SUBSYS, "^ proxy , coll", nullptr },
-        { MACO_CFG_BOOTSTRAP_ADDR, "anything", nullptr },
+        { MACO_CFG_BOOTSTRAP_ADDR, "anything", "host:port or [ipv6]:port" },
+        { MACO_CFG_BOOTSTRAP_ADDR, "127.0.0.1:29500", nullptr },
+        { MACO_CFG_BOOTSTRAP_NONCE, "zz", "1 to 16 hex digits" },
     };
     for (const Case &c : cases) {
         const char *name = maco__config_name(c.id);
@@ -1022,6 +1024,25 @@ TEST_F(Unit, HmacSha256AgreesWithLibcrypto)
             << "key " << key.size() << " bytes, message " << msg.size() << " bytes";
     }
     dlclose(lib);
+}
+
+/* What the log echoes is escaped once, in the logger: a value holding a newline (or another
+ * control character) cannot forge a log line. (Regression: MACO_BOOTSTRAP_NONCE='1\n<a forged
+ * line>' was written raw into the log by the error naming it.) */
+TEST_F(Unit, LogEscapesControlCharactersSoNoLineCanBeForged)
+{
+    static std::string captured;
+    captured.clear();
+    maco_log_set_handler([](maco_log_level_t, const char *line, void *) { captured += line; },
+                         nullptr);
+    maco_log_write(MACO_LOG_WARN, "tool", "value '%s'",
+                   "1\nhost:1:1 [0] ERROR init: forged\x1b[2J");
+    maco_log_set_handler(nullptr, nullptr);
+    EXPECT_EQ(std::count(captured.begin(), captured.end(), '\n'), 1) << captured;
+    EXPECT_EQ(captured.back(), '\n');
+    EXPECT_NE(captured.find("value '1\\nhost:1:1 [0] ERROR init: forged\\x1b[2J'"),
+              std::string::npos)
+        << captured;
 }
 
 /* maco-run: prefixes, first failure wins, others killed, timeout 124. */

@@ -14,26 +14,6 @@
 #include "src/host/base/log.h"
 #include "src/host/base/wire.h"
 
-int maco__parse_nonce(const char *text, uint64_t *nonce_p)
-{
-    uint64_t v = 0;
-    size_t n = 0;
-    for (; text[n] != '\0'; n++) {
-        char c = text[n];
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
-        if (d < 0 || n == 16)
-            return -1;
-        v = v << 4 | (uint64_t)d;
-    }
-    if (n == 0)
-        return -1;
-    *nonce_p = v;
-    return 0;
-}
-
 /* Reads an integer variable, MACO's name first, then torchrun's; *name_p (may be NULL) gets the
  * name it was read from. */
 static maco_status_t maco__env_int(const char *maco_name, const char *torch_name, int *value_p,
@@ -75,6 +55,10 @@ maco_status_t maco_bootstrap_create_from_env(maco_bootstrap_t *bs_p)
         st = maco__env_int("MACO_WORLD_SIZE", "WORLD_SIZE", &nranks, 1, &size_name);
     if (st != MACO_OK)
         return st;
+    if (nranks > MACO_MAX_RANKS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s=%d is out of range: a job has 1 to %d ranks (MACO_MAX_RANKS)",
+                           size_name, nranks, MACO_MAX_RANKS);
     if (nranks < 1 || rank >= nranks)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "%s=%d with %s=%d: the world size must be at least 1 and the rank "

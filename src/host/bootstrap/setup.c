@@ -742,6 +742,11 @@ maco_status_t maco__bootstrap_create_watched(const maco_unique_id_t *id, int ran
     if (nranks < 1)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create: nranks is %d; it must be at least 1", nranks);
+    if (nranks > MACO_MAX_RANKS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_create: nranks is %d; a job has at most %d ranks "
+                           "(MACO_MAX_RANKS)",
+                           nranks, MACO_MAX_RANKS);
     if (rank < 0 || rank >= nranks)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create: rank %d is outside [0, %d)", rank, nranks);
