@@ -343,7 +343,7 @@ static int run_mps_control(const char *const *args, const char *input, const cha
             close(out);
         }
         char *argv[8] = { (char *)MPS_CONTROL };
-        for (int i = 0; args[i] != NULL && i < 6; i++)
+        for (int i = 0; i < 6 && args[i] != NULL; i++)
             argv[i + 1] = (char *)args[i];
         execvp(MPS_CONTROL, argv);
         _exit(127);
@@ -391,6 +391,7 @@ static void remove_tree(const char *dir)
     DIR *d = opendir(dir);
     if (d != NULL) {
         struct dirent *e;
+        /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
         while ((e = readdir(d)) != NULL) {
             if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                 continue;
@@ -441,6 +442,7 @@ static int find_processes_with_env(const char *entry, pid_t *pids, int max)
     if (proc == NULL)
         return 0;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
     while ((e = readdir(proc)) != NULL && n < max) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
@@ -579,6 +581,7 @@ static int read_process_table(proc_entry_t **table_p)
     proc_entry_t *t = NULL;
     int n = 0, cap = 0;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
     while ((e = readdir(proc)) != NULL) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
@@ -738,6 +741,7 @@ static long count_extra_fds(void)
         return 0;
     long n = 0;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
     while ((e = readdir(d)) != NULL) {
         char *end;
         long fd = strtol(e->d_name, &end, 10);
