@@ -33,8 +33,9 @@ skip() {
   echo "SKIP: abi: $1"
   exit 77
 }
-command -v abidw >/dev/null 2>&1 && command -v abidiff >/dev/null 2>&1 ||
+if ! command -v abidw >/dev/null 2>&1 || ! command -v abidiff >/dev/null 2>&1; then
   skip "abidw/abidiff are not installed (Debian: abigail-tools; scripts/setup.sh installs it)"
+fi
 for lib in "$libmaco" "$libnccl"; do
   [[ -f "$lib" ]] || skip "$lib does not exist (not built)"
   readelf -S "$lib" | grep -q '\.debug_info' ||
