@@ -65,6 +65,7 @@ static ncclResult_t maco_nccl__call(maco_nccl__kind_t kind, maco_nccl__call_t ca
     o.kind = kind;
     o.call = call;
     o.comm = comm;
+    o.serial = comm->serial;
     o.sendbuff = sendbuff;
     o.recvbuff = recvbuff;
     o.count = count;

@@ -323,7 +323,7 @@ ncclResult_t pncclCommDestroy(ncclComm_t comm)
 {
     if (comm == NULL)
         return ncclSuccess;
-    if (!maco_nccl__comm_valid(comm))
+    if (!maco_nccl__comm_unlink(comm))
         return maco_nccl__fail(ncclInvalidArgument,
                                "ncclCommDestroy: comm %p is not a communicator (destroyed twice?)",
                                (void *)comm);
@@ -340,7 +340,7 @@ ncclResult_t pncclCommAbort(ncclComm_t comm)
 {
     if (comm == NULL)
         return ncclSuccess;
-    if (!maco_nccl__comm_valid(comm))
+    if (!maco_nccl__comm_unlink(comm))
         return maco_nccl__fail(ncclInvalidArgument,
                                "ncclCommAbort: comm %p is not a communicator (destroyed twice?)",
                                (void *)comm);
@@ -374,65 +374,74 @@ MACO_NCCL_ALIAS(ncclCommRevoke)
 
 /* ------------------------------------------------------------------ queries and errors */
 
+/* Holds `comm` for a query (the watchdog pattern: another thread may be destroying it); NULL
+ * after naming the call when it is not a live communicator or `out` is NULL. */
+static struct ncclComm *maco_nccl__query_hold(ncclComm_t comm, const void *out, const char *what,
+                                              const char *out_name)
+{
+    struct ncclComm *c = out != NULL ? maco_nccl__comm_hold(comm, 0) : NULL;
+    if (c == NULL)
+        maco_nccl__fail(ncclInvalidArgument, "%s: comm %p or %s %p is not valid", what,
+                        (void *)comm, out_name, out);
+    return c;
+}
+
 ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
-    if (!maco_nccl__comm_valid(comm) || asyncError == NULL)
-        return maco_nccl__fail(ncclInvalidArgument,
-                               "ncclCommGetAsyncError: comm %p or asyncError %p is not valid",
-                               (void *)comm, (void *)asyncError);
-    int state = __atomic_load_n(&comm->state, __ATOMIC_ACQUIRE);
+    struct ncclComm *c =
+        maco_nccl__query_hold(comm, asyncError, "ncclCommGetAsyncError", "asyncError");
+    if (c == NULL)
+        return ncclInvalidArgument;
+    int state = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
     if (state == MACO_NCCL_COMM_PENDING) {
         *asyncError = ncclInProgress;
-        return ncclSuccess;
-    }
-    if (state == MACO_NCCL_COMM_FAILED) {
-        *asyncError = comm->init_result;
-        return ncclSuccess;
-    }
-    if (state == MACO_NCCL_COMM_REVOKED) {
+    } else if (state == MACO_NCCL_COMM_FAILED) {
+        *asyncError = c->init_result;
+    } else if (state == MACO_NCCL_COMM_REVOKED) {
         /* NCCL: ncclInProgress until quiescent, then ncclSuccess. The revoke's own abort is
          * not an error, and the kernels it stopped end at their next look at the word. */
         *asyncError = ncclSuccess;
-        return ncclSuccess;
+    } else {
+        maco_status_t async = MACO_OK;
+        maco_comm_get_async_error(c->maco, &async);
+        *asyncError = maco_nccl__result(async);
+        if (*asyncError == ncclSuccess)
+            *asyncError = (ncclResult_t)__atomic_load_n(&c->peer_error, __ATOMIC_ACQUIRE);
     }
-    maco_status_t async = MACO_OK;
-    maco_comm_get_async_error(comm->maco, &async);
-    *asyncError = maco_nccl__result(async);
-    if (*asyncError == ncclSuccess)
-        *asyncError = (ncclResult_t)__atomic_load_n(&comm->peer_error, __ATOMIC_ACQUIRE);
+    maco_nccl__comm_unhold(c);
     return ncclSuccess;
 }
 MACO_NCCL_ALIAS(ncclCommGetAsyncError)
 
 ncclResult_t pncclCommCount(const ncclComm_t comm, int *count)
 {
-    if (!maco_nccl__comm_valid(comm) || count == NULL)
-        return maco_nccl__fail(ncclInvalidArgument,
-                               "ncclCommCount: comm %p or count %p is not valid", (void *)comm,
-                               (void *)count);
-    *count = comm->nranks;
+    struct ncclComm *c = maco_nccl__query_hold(comm, count, "ncclCommCount", "count");
+    if (c == NULL)
+        return ncclInvalidArgument;
+    *count = c->nranks;
+    maco_nccl__comm_unhold(c);
     return ncclSuccess;
 }
 MACO_NCCL_ALIAS(ncclCommCount)
 
 ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int *device)
 {
-    if (!maco_nccl__comm_valid(comm) || device == NULL)
-        return maco_nccl__fail(ncclInvalidArgument,
-                               "ncclCommCuDevice: comm %p or device %p is not valid", (void *)comm,
-                               (void *)device);
-    *device = comm->device;
+    struct ncclComm *c = maco_nccl__query_hold(comm, device, "ncclCommCuDevice", "device");
+    if (c == NULL)
+        return ncclInvalidArgument;
+    *device = c->device;
+    maco_nccl__comm_unhold(c);
     return ncclSuccess;
 }
 MACO_NCCL_ALIAS(ncclCommCuDevice)
 
 ncclResult_t pncclCommUserRank(const ncclComm_t comm, int *rank)
 {
-    if (!maco_nccl__comm_valid(comm) || rank == NULL)
-        return maco_nccl__fail(ncclInvalidArgument,
-                               "ncclCommUserRank: comm %p or rank %p is not valid", (void *)comm,
-                               (void *)rank);
-    *rank = comm->rank;
+    struct ncclComm *c = maco_nccl__query_hold(comm, rank, "ncclCommUserRank", "rank");
+    if (c == NULL)
+        return ncclInvalidArgument;
+    *rank = c->rank;
+    maco_nccl__comm_unhold(c);
     return ncclSuccess;
 }
 MACO_NCCL_ALIAS(ncclCommUserRank)
@@ -444,9 +453,12 @@ const char *pncclGetLastError(ncclComm_t comm)
     const char *mine = maco_nccl__last_error();
     if (mine[0] != '\0')
         return mine;
-    if (maco_nccl__comm_valid(comm) && comm->maco != NULL)
-        return maco_comm_get_last_error(comm->maco);
-    return "";
+    /* The text belongs to the communicator, as NCCL's does: valid until it is destroyed. */
+    struct ncclComm *c = maco_nccl__comm_hold(comm, 0);
+    const char *text = c != NULL && c->maco != NULL ? maco_comm_get_last_error(c->maco) : "";
+    if (c != NULL)
+        maco_nccl__comm_unhold(c);
+    return text;
 }
 MACO_NCCL_ALIAS(ncclGetLastError)
 
@@ -542,11 +554,32 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, n
         free(w);
         return maco_nccl__fail_maco(st, what);
     }
-    maco_nccl__count_native(MACO_NCCL_CALL_ncclCommRegister);
     w->magic = MACO_NCCL_WINDOW_MAGIC;
     w->comm = comm;
     w->base = buff;
     w->size = size;
+    /* Known to the communicator, so that a deregister looks a window up before reading it. */
+    pthread_mutex_lock(&comm->lock);
+    int listed = 0;
+    if (comm->nwins == comm->wins_cap) {
+        size_t cap = comm->wins_cap == 0 ? 16 : comm->wins_cap * 2;
+        struct ncclWindow_vidmem **p = realloc(comm->wins, cap * sizeof(*p));
+        if (p != NULL) {
+            comm->wins = p;
+            comm->wins_cap = cap;
+        }
+    }
+    if (comm->nwins < comm->wins_cap) {
+        comm->wins[comm->nwins++] = w;
+        listed = 1;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    if (!listed) {
+        maco_mem_deregister(w->mem);
+        free(w);
+        return maco_nccl__fail(ncclSystemError, "%s: out of host memory", what);
+    }
+    maco_nccl__count_native(MACO_NCCL_CALL_ncclCommRegister);
     *win = w;
     return ncclSuccess;
 }
@@ -557,10 +590,20 @@ ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
     ncclResult_t res = maco_nccl__comm_ready(comm, "ncclCommWindowDeregister");
     if (res != ncclSuccess)
         return res;
-    if (win == NULL || win->magic != MACO_NCCL_WINDOW_MAGIC || win->comm != comm)
+    /* Looked up among the communicator's windows before anything reads it: a freed, foreign
+     * or made-up window, or one deregistered already, is refused unread. */
+    int found = 0;
+    pthread_mutex_lock(&comm->lock);
+    for (size_t i = 0; i < comm->nwins && !found; i++)
+        if (comm->wins[i] == win) {
+            comm->wins[i] = comm->wins[--comm->nwins];
+            found = 1;
+        }
+    pthread_mutex_unlock(&comm->lock);
+    if (!found)
         return maco_nccl__fail(ncclInvalidArgument,
                                "ncclCommWindowDeregister: win %p is not a window of this "
-                               "communicator",
+                               "communicator (deregistered already, or never registered here)",
                                (void *)win);
     maco_status_t st = maco_mem_deregister(win->mem);
     win->magic = 0;

@@ -26,8 +26,10 @@ static const char maco_nccl__addr_marker[16] = "MACO NCCL_COMM:";
 /* The communicators alive in this process: a pointer is looked up here before anything
  * reads through it, so a destroyed or made-up ncclComm_t is refused, not dereferenced. */
 static pthread_mutex_t maco_nccl__live_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t maco_nccl__live_cond = PTHREAD_COND_INITIALIZER; /* a hold ended */
 static struct ncclComm **maco_nccl__live;
 static size_t maco_nccl__nlive, maco_nccl__live_cap;
+static uint64_t maco_nccl__serials; /* the last serial given (under the lock) */
 
 static int maco_nccl__live_add(struct ncclComm *c)
 {
@@ -43,33 +45,71 @@ static int maco_nccl__live_add(struct ncclComm *c)
             maco_nccl__live_cap = cap;
         }
     }
-    if (ok)
+    if (ok) {
+        c->serial = ++maco_nccl__serials;
         maco_nccl__live[maco_nccl__nlive++] = c;
+    }
     pthread_mutex_unlock(&maco_nccl__live_lock);
     return ok;
 }
 
-static void maco_nccl__live_remove(const struct ncclComm *c)
+/* Where `c` is in the registry, or -1 (called with the lock held; reads nothing through c). */
+static long maco_nccl__live_find(const struct ncclComm *c)
+{
+    for (size_t i = 0; c != NULL && i < maco_nccl__nlive; i++)
+        if (maco_nccl__live[i] == c)
+            return (long)i;
+    return -1;
+}
+
+int maco_nccl__comm_unlink(const struct ncclComm *comm)
 {
     pthread_mutex_lock(&maco_nccl__live_lock);
-    for (size_t i = 0; i < maco_nccl__nlive; i++)
-        if (maco_nccl__live[i] == c) {
-            maco_nccl__live[i] = maco_nccl__live[--maco_nccl__nlive];
-            break;
-        }
+    long i = maco_nccl__live_find(comm);
+    if (i >= 0)
+        maco_nccl__live[i] = maco_nccl__live[--maco_nccl__nlive];
     pthread_mutex_unlock(&maco_nccl__live_lock);
+    return i >= 0;
 }
 
 int maco_nccl__comm_valid(const struct ncclComm *comm)
 {
-    int found = 0;
-    if (comm == NULL)
-        return 0;
     pthread_mutex_lock(&maco_nccl__live_lock);
-    for (size_t i = 0; i < maco_nccl__nlive && !found; i++)
-        found = maco_nccl__live[i] == comm;
+    long i = maco_nccl__live_find(comm);
     pthread_mutex_unlock(&maco_nccl__live_lock);
-    return found && comm->magic == MACO_NCCL_COMM_MAGIC;
+    return i >= 0;
+}
+
+struct ncclComm *maco_nccl__comm_hold(const struct ncclComm *comm, uint64_t serial)
+{
+    struct ncclComm *c = NULL;
+    pthread_mutex_lock(&maco_nccl__live_lock);
+    long i = maco_nccl__live_find(comm);
+    if (i >= 0 && (serial == 0 || maco_nccl__live[i]->serial == serial)) {
+        c = maco_nccl__live[i];
+        c->holds++;
+    }
+    pthread_mutex_unlock(&maco_nccl__live_lock);
+    return c;
+}
+
+void maco_nccl__comm_unhold(struct ncclComm *c)
+{
+    pthread_mutex_lock(&maco_nccl__live_lock);
+    if (--c->holds == 0)
+        pthread_cond_broadcast(&maco_nccl__live_cond);
+    pthread_mutex_unlock(&maco_nccl__live_lock);
+}
+
+/* Waits until no thread holds `c` (taken out of the registry already, so no new hold comes).
+ * Holds are short (a query, a group's issue, bounded by the bootstrap's and devices'
+ * timeouts). */
+static void maco_nccl__comm_drain(struct ncclComm *c)
+{
+    pthread_mutex_lock(&maco_nccl__live_lock);
+    while (c->holds > 0)
+        pthread_cond_wait(&maco_nccl__live_cond, &maco_nccl__live_lock);
+    pthread_mutex_unlock(&maco_nccl__live_lock);
 }
 
 struct ncclComm *maco_nccl__comm_alloc(int nranks, int rank, int device, int blocking,
@@ -296,23 +336,28 @@ static void maco_nccl__comm_wait(struct ncclComm *c)
         usleep(1000);
 }
 
-ncclResult_t maco_nccl__comm_ready(struct ncclComm *c, const char *what)
+ncclResult_t maco_nccl__comm_ready(struct ncclComm *comm, const char *what)
 {
-    if (!maco_nccl__comm_valid(c))
+    struct ncclComm *c = maco_nccl__comm_hold(comm, 0);
+    if (c == NULL)
         return maco_nccl__fail(ncclInvalidArgument,
                                "%s: comm %p is not a communicator (NULL, destroyed or foreign)",
-                               what, (void *)c);
+                               what, (void *)comm);
     maco_nccl__comm_wait(c);
+    ncclResult_t res = ncclSuccess;
     switch (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE)) {
     case MACO_NCCL_COMM_READY:
     case MACO_NCCL_COMM_PENDING: /* created at the end of this thread's open group */
-        return ncclSuccess;
+        break;
     case MACO_NCCL_COMM_FAILED:
-        return maco_nccl__fail(ncclInvalidUsage, "%s: the communicator's creation failed (%s)",
-                               what, pncclGetErrorString(c->init_result));
+        res = maco_nccl__fail(ncclInvalidUsage, "%s: the communicator's creation failed (%s)", what,
+                              pncclGetErrorString(c->init_result));
+        break;
     default:
-        return maco_nccl__fail(ncclInvalidUsage, "%s: the communicator was revoked", what);
+        res = maco_nccl__fail(ncclInvalidUsage, "%s: the communicator was revoked", what);
     }
+    maco_nccl__comm_unhold(c);
+    return res;
 }
 
 /* Bootstrap tag of a split's unique id: "NC" and the parent's split number (user tags are
@@ -432,16 +477,21 @@ ncclResult_t maco_nccl__comm_shrink(struct ncclComm *parent, const int *exclude,
 
 ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
 {
+    (void)maco_nccl__comm_unlink(c); /* no new call finds it (done already by destroy) */
     maco_nccl__comm_wait(c);
     /* Kernels blocked on a peer end now instead of at MACO_DEVICE_TIMEOUT, here and on the
      * peers, which the revoke reaches through the bootstrap (maco/comm.h). */
     if (abort && c->maco != NULL)
         maco_comm_revoke(c->maco);
+    /* Calls of other threads that hold it (a watchdog's query, a group's issue) end first. */
+    maco_nccl__comm_drain(c);
     maco_nccl__fallback_free(c, abort);
     maco_status_t st = maco_comm_destroy(c->maco);
     maco_status_t st2 = c->bs_of_maco ? MACO_OK : maco_bootstrap_destroy(c->bs);
     c->magic = 0;
-    maco_nccl__live_remove(c);
+    for (size_t i = 0; i < c->nwins; i++)
+        free(c->wins[i]); /* their registrations ended with the MACO communicator */
+    free(c->wins);
     free(c->regs);
     pthread_mutex_destroy(&c->lock);
     free(c);

@@ -85,24 +85,29 @@ MACO_NCCL_ALIAS(ncclLLA2ACalcSlots)
  * not (yet) created counts as one node of its ranks. */
 static void maco_nccl__layout(ncclComm_t comm, int *local, int *nlocal, int *node, int *nnodes)
 {
-    *local = maco_nccl__comm_valid(comm) ? comm->rank : 0;
-    *nlocal = maco_nccl__comm_valid(comm) ? comm->nranks : 1;
+    struct ncclComm *c = maco_nccl__comm_hold(comm, 0);
+    *local = c != NULL ? c->rank : 0;
+    *nlocal = c != NULL ? c->nranks : 1;
     *node = 0;
     *nnodes = 1;
-    if (maco_nccl__comm_valid(comm) && comm->maco != NULL) {
-        maco_comm_get_local_rank(comm->maco, local);
-        maco_comm_get_local_nranks(comm->maco, nlocal);
-        maco_comm_get_node(comm->maco, node);
-        maco_comm_get_nnodes(comm->maco, nnodes);
+    if (c != NULL && c->maco != NULL) {
+        maco_comm_get_local_rank(c->maco, local);
+        maco_comm_get_local_nranks(c->maco, nlocal);
+        maco_comm_get_node(c->maco, node);
+        maco_comm_get_nnodes(c->maco, nnodes);
     }
+    if (c != NULL)
+        maco_nccl__comm_unhold(c);
 }
 
 maco_nccl__team_t pncclTeamWorld(ncclComm_t comm)
 {
     maco_nccl__team_t t = { 1, 0, 1 };
-    if (maco_nccl__comm_valid(comm)) {
-        t.nRanks = comm->nranks;
-        t.rank = comm->rank;
+    struct ncclComm *c = maco_nccl__comm_hold(comm, 0);
+    if (c != NULL) {
+        t.nRanks = c->nranks;
+        t.rank = c->rank;
+        maco_nccl__comm_unhold(c);
     }
     return t;
 }
@@ -129,7 +134,10 @@ MACO_NCCL_ALIAS(ncclTeamRail)
 /* Team members are this rank plus multiples of the stride. */
 int pncclTeamRankToWorld(ncclComm_t comm, maco_nccl__team_t team, int rank)
 {
-    int me = maco_nccl__comm_valid(comm) ? comm->rank : 0;
+    struct ncclComm *c = maco_nccl__comm_hold(comm, 0);
+    int me = c != NULL ? c->rank : 0;
+    if (c != NULL)
+        maco_nccl__comm_unhold(c);
     return me + (rank - team.rank) * team.stride;
 }
 MACO_NCCL_ALIAS(ncclTeamRankToWorld)

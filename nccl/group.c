@@ -57,16 +57,35 @@ static ncclResult_t maco_nccl__run_ops(const maco_nccl__op_t *ops, int n);
 
 /* Issues ops[0..n): on MACO, or all of them forwarded; PreMulSum ops from their scaled input
  * (a temporary each, freed on its stream once everything is issued). */
+static ncclResult_t maco_nccl__run_held(const maco_nccl__op_t *ops, int n);
+
+/* Holds every op's communicator while the ops are issued (another thread may destroy one);
+ * refuses the whole batch, before anything reads through a communicator, when one was
+ * destroyed since its call was made, also when a new one was made at the same address (its
+ * serial differs). */
 static ncclResult_t maco_nccl__run(const maco_nccl__op_t *ops, int n)
 {
-    /* A call queued in another thread's group may name a communicator destroyed since:
-     * refused before anything reads through it. */
-    for (int i = 0; i < n; i++)
-        if (!maco_nccl__comm_valid(ops[i].comm))
-            return maco_nccl__fail(ncclInvalidArgument,
-                                   "%s: its communicator %p was destroyed while the call waited "
-                                   "in a group; nothing of the group was issued",
-                                   maco_nccl__call_name(ops[i].call), (void *)ops[i].comm);
+    int held = 0;
+    ncclResult_t res = ncclSuccess;
+    for (; held < n; held++) {
+        if (maco_nccl__comm_hold(ops[held].comm, ops[held].serial) == NULL) {
+            res = maco_nccl__fail(ncclInvalidArgument,
+                                  "%s: its communicator %p was destroyed while the call waited "
+                                  "in a group; nothing of the group was issued",
+                                  maco_nccl__call_name(ops[held].call), (void *)ops[held].comm);
+            break;
+        }
+    }
+    if (res == ncclSuccess)
+        res = maco_nccl__run_held(ops, n);
+    for (int i = 0; i < held; i++)
+        maco_nccl__comm_unhold(ops[i].comm);
+    return res;
+}
+
+/* maco_nccl__run's work, every communicator held. */
+static ncclResult_t maco_nccl__run_held(const maco_nccl__op_t *ops, int n)
+{
     int premul = 0;
     for (int i = 0; i < n; i++)
         premul += ops[i].premul;

@@ -135,6 +135,9 @@ typedef struct maco_nccl__user_op {
 
 struct ncclComm {
     uint32_t magic;
+    uint64_t serial; /* unique in this process: tells a re-created communicator at the same
+                      * address from the one a queued call named */
+    int holds;       /* threads using the object now (maco_nccl__comm_hold; registry lock) */
     int rank, nranks, device;
     int blocking;
     char name[64];       /* config->commName, for log lines */
@@ -157,6 +160,8 @@ struct ncclComm {
     maco_mem_t *regs;       /* handles ncclCommRegister returned and not yet deregistered */
     size_t nregs, regs_cap; /* (under `lock`) */
     int grow_id_out;        /* ncclCommGetUniqueId made an id that no ncclCommGrow used yet */
+    struct ncclWindow_vidmem **wins; /* windows registered and not yet deregistered */
+    size_t nwins, wins_cap;          /* (under `lock`) */
 };
 
 #define MACO_NCCL_WINDOW_MAGIC 0x4d4e5749u /* "MNWI" */
@@ -255,8 +260,24 @@ ncclResult_t maco_nccl__comm_join_all(struct ncclComm **comms, const ncclUniqueI
  * returns ncclSuccess when it is usable, else the error (named after `what`). */
 ncclResult_t maco_nccl__comm_ready(struct ncclComm *comm, const char *what);
 
-/* Checks that `comm` is a communicator object of this library (any state). */
+/* Checks that `comm` is a communicator object of this library (any state), by its address
+ * alone: nothing is read through it. */
 int maco_nccl__comm_valid(const struct ncclComm *comm);
+
+/*
+ * Holds `comm` for reading: returns it when it is a live communicator of this library (and,
+ * when `serial` is not 0, still the one with that serial: not a new one made at the same
+ * address since), else NULL. A destroy or abort in another thread waits for every hold to be
+ * released (maco_nccl__comm_unhold) before it frees the object. Thread-safe; never blocks for
+ * long (the registry lock).
+ */
+struct ncclComm *maco_nccl__comm_hold(const struct ncclComm *comm, uint64_t serial);
+void maco_nccl__comm_unhold(struct ncclComm *c);
+
+/* Takes `comm` out of the registry, so that no new call finds it: 1, or 0 when it was not
+ * there (destroyed already, or never a communicator). Of two threads destroying one
+ * communicator, one gets 1. */
+int maco_nccl__comm_unlink(const struct ncclComm *comm);
 
 /*
  * Splits `parent`: the ranks with the same color form a new communicator, ordered by key
@@ -302,6 +323,7 @@ typedef struct maco_nccl__op {
     maco_nccl__kind_t kind;
     maco_nccl__call_t call;
     struct ncclComm *comm;
+    uint64_t serial; /* comm's serial when the call was made (maco_nccl__comm_hold) */
     const void *sendbuff;
     void *recvbuff;
     size_t count;

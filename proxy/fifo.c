@@ -40,6 +40,7 @@ static maco_status_t maco__pinned_alloc(size_t bytes, int node, void **host_p, v
 {
     long page = sysconf(_SC_PAGESIZE);
     size_t map_bytes = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    /* cppcheck-suppress invalidFunctionArg ; MAP_ANONYMOUS takes fd -1 (mmap(2)) */
     void *mem = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PROXY, "FIFO: mmap of %zu bytes: %s",

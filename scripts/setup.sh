@@ -39,6 +39,9 @@ command -v readelf >/dev/null 2>&1 || want binutils "readelf: the linkage and in
 command -v ip >/dev/null 2>&1 || want iproute2 "ip: the TCP tests across network namespaces"
 command -v clang-format >/dev/null 2>&1 || want clang-format "the format test (it skips without it)"
 command -v valgrind >/dev/null 2>&1 || want valgrind "memcheck of the survivors of the fault-tolerance tests (comm_ft_valgrind skips without it)"
+command -v ccache >/dev/null 2>&1 || want ccache "CI's two sanitizer builds share their CUDA objects through it"
+command -v cppcheck >/dev/null 2>&1 || want cppcheck "static analysis of the C code (scripts/check_static.sh, CI)"
+command -v abidiff >/dev/null 2>&1 || want abigail-tools "abidw/abidiff: the ABI check of libmaco.so.0 and libnccl.so.2 (ctest abi)"
 if [ ! -e /usr/include/gtest/gtest.h ] && [ ! -e /usr/local/include/gtest/gtest.h ]; then
   want libgtest-dev "GoogleTest: the C and C++ tests"
 fi

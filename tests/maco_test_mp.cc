@@ -4,9 +4,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 
 #include "maco_test.h"
+#include "signal_storm.h"
 
 namespace maco_test
 {
@@ -111,6 +113,9 @@ int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_gpu)
             return kSkipExitCode;
         }
     }
+    /* MACO_TEST_SIGNAL_STORM: the whole run (bootstrap, imports, channels, teardown) under
+     * a signal storm (signal_storm.h). */
+    std::unique_ptr<SignalStorm> storm(SignalStorm::FromEnvironment());
     maco_status_t st = maco_bootstrap_create_from_env(&g_bs);
     if (st != MACO_OK) {
         fprintf(stderr, "maco_bootstrap_create_from_env: %s\n", maco_status_string(st));
@@ -159,6 +164,11 @@ int MultiProcessMain(int argc, char **argv, bool with_comm, bool needs_gpu)
     free(oks);
     maco_comm_destroy(g_comm);
     maco_bootstrap_destroy(g_bs);
+    if (storm != nullptr) {
+        storm->Stop();
+        if (g_rank == 0)
+            printf("signal storm: %ld signals delivered to this rank\n", SignalStorm::Delivered());
+    }
     return rc;
 }
 

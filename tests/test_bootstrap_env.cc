@@ -17,6 +17,7 @@
 #include "fork_ranks.h"
 #include "src/host/base/log.h"
 #include "maco/bootstrap.h"
+#include "maco/config.h"
 #include "maco/log.h"
 #include "maco_test.h"
 #include "src/host/os/socket.h"
@@ -205,6 +206,103 @@ class ScopedVars
   private:
     std::vector<std::tuple<std::string, bool, std::string>> saved_;
 };
+
+/* Whether a one-rank job starts from the environment as it is: MACO_OK, or the status and
+ * message of the refusal in *why. */
+maco_status_t StartAlone(std::string *why)
+{
+    maco_bootstrap_t bs = nullptr;
+    maco_status_t st = maco_bootstrap_create_from_env(&bs);
+    *why = st == MACO_OK ? "" : maco__last_error();
+    if (st == MACO_OK)
+        maco_bootstrap_destroy(bs);
+    return st;
+}
+
+/* The checker (maco-info --env, maco_config_validate) and the reader (initialisation from
+ * the environment) give one verdict on every value of MACO_BOOTSTRAP_NONCE and
+ * MACO_BOOTSTRAP_ADDR: the same validation. (Regression: "zz", "abc", "127.0.0.1:99999" and
+ * 20 more passed the checker and were refused at init.) */
+TEST_F(BootstrapEnv, CheckerAndReaderAgreeOnNonceAndAddress)
+{
+    maco_test::AllowLog("MACO_BOOTSTRAP");
+    const std::string port = std::to_string(FreePort());
+    struct Case {
+        const char *var;
+        std::string value;
+        bool valid;
+    };
+    const std::vector<Case> cases = {
+        { "MACO_BOOTSTRAP_NONCE", "0", true },
+        { "MACO_BOOTSTRAP_NONCE", "ffffffffFFFFFFFF", true },
+        { "MACO_BOOTSTRAP_NONCE", "zz", false },
+        { "MACO_BOOTSTRAP_NONCE", "-1", false },
+        { "MACO_BOOTSTRAP_NONCE", "0x12", false },
+        { "MACO_BOOTSTRAP_NONCE", "12345678901234567", false },
+        { "MACO_BOOTSTRAP_NONCE", " 12", false },
+        { "MACO_BOOTSTRAP_NONCE", "12\nWARN forged", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:" + port, true },
+        { "MACO_BOOTSTRAP_ADDR", "localhost:" + port, true },
+        { "MACO_BOOTSTRAP_ADDR", "abc", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:99999", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:0", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:", false },
+        { "MACO_BOOTSTRAP_ADDR", ":80", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:80x", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:-1", false },
+        { "MACO_BOOTSTRAP_ADDR", "[::1", false },
+        { "MACO_BOOTSTRAP_ADDR", "[::1]80", false },
+        { "MACO_BOOTSTRAP_ADDR", "no-such-host.invalid:80", false },
+        { "MACO_BOOTSTRAP_ADDR", "127.0.0.1:80\nWARN forged", false },
+    };
+    for (const Case &c : cases) {
+        ScopedVars env{ { "MACO_RANK", "0" },
+                        { "MACO_WORLD_SIZE", "1" },
+                        { "MACO_BOOTSTRAP_NONCE", "1234" },
+                        { "MACO_BOOTSTRAP_ADDR", ("127.0.0.1:" + port).c_str() },
+                        { c.var, c.value.c_str() } };
+        int index = maco_config_lookup(c.var, nullptr);
+        ASSERT_GE(index, 0);
+        char why[512] = "";
+        maco_status_t checked = maco_config_validate(index, why, sizeof(why));
+        std::string read_why;
+        maco_status_t read = StartAlone(&read_why);
+        EXPECT_EQ(checked == MACO_OK, c.valid) << c.var << "='" << c.value << "': " << why;
+        EXPECT_EQ(read == MACO_OK, c.valid) << c.var << "='" << c.value << "': " << read_why;
+        if (!c.valid) {
+            EXPECT_EQ(read, MACO_ERR_INVALID_ARGUMENT) << read_why;
+            EXPECT_NE(read_why.find(c.var), std::string::npos) << read_why;
+        }
+    }
+}
+
+/* A world size past MACO_MAX_RANKS is a range error naming the limit, from the environment and
+ * from the API, not "no host memory" after trying to allocate for 2^30 ranks. */
+TEST_F(BootstrapEnv, WorldSizePastTheLimitIsARangeError)
+{
+    maco_test::AllowLog("ranks");
+    maco_test::AllowLog("MACO_WORLD_SIZE");
+    const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+    ScopedVars env{ { "MACO_RANK", "0" },
+                    { "MACO_WORLD_SIZE", "1073741824" },
+                    { "MACO_BOOTSTRAP_NONCE", "1234" },
+                    { "MACO_BOOTSTRAP_ADDR", addr.c_str() } };
+    char why[512] = "";
+    EXPECT_EQ(
+        maco_config_validate(maco_config_lookup("MACO_WORLD_SIZE", nullptr), why, sizeof(why)),
+        MACO_ERR_INVALID_ARGUMENT);
+    std::string read_why;
+    EXPECT_EQ(StartAlone(&read_why), MACO_ERR_INVALID_ARGUMENT) << read_why;
+    EXPECT_NE(read_why.find("MACO_WORLD_SIZE"), std::string::npos) << read_why;
+    EXPECT_NE(read_why.find("1048576"), std::string::npos) << read_why;
+    maco_unique_id_t id;
+    ASSERT_EQ(maco_unique_id_create(&id), MACO_OK);
+    maco_bootstrap_t bs = nullptr;
+    EXPECT_EQ(maco_bootstrap_create(&id, 0, 1 << 30, 1000, &bs), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(maco__last_error()).find("1048576"), std::string::npos)
+        << maco__last_error();
+    EXPECT_EQ(bs, nullptr);
+}
 
 /* A rank at or past the world size names both variables, as they were spelled, at once. */
 TEST_F(BootstrapEnv, RankOutsideTheWorldNamesTheVariables)

@@ -494,6 +494,31 @@ TEST_F(FusedCpu, AllgatherGemm)
 }
 
 /* Bad input: each error names what is wrong, and nothing is added. */
+/* Scratch sizes whose products pass 2^64 are refused naming the arguments (regression:
+ * (ALLGATHER, 64 ranks, m 2^28, n 128, k 2^29) returned 1,073,742,336 bytes: 64 x m x k x 2
+ * wrapped to 0). */
+TEST_F(FusedCpu, ScratchBytesThatPassSizeTAreRefused)
+{
+    maco_test::AllowLog("maco_fused_gemm_scratch_bytes");
+    size_t bytes = 12345;
+    EXPECT_EQ(maco_fused_gemm_scratch_bytes(MACO_FUSED_ALLGATHER_GEMM, 64, 1u << 28, 128, 1u << 29,
+                                            MACO_FLOAT32, &bytes),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(bytes, 12345u);
+    std::string msg = maco_log_last_error();
+    EXPECT_NE(msg.find("nranks 64 x m 268435456 x k 536870912"), std::string::npos) << msg;
+    EXPECT_EQ(maco_fused_gemm_scratch_bytes(MACO_FUSED_GEMM_ALLREDUCE, 64, UINT32_MAX, 1u << 31, 64,
+                                            MACO_FLOAT32, &bytes),
+              MACO_ERR_INVALID_ARGUMENT);
+    msg = maco_log_last_error();
+    EXPECT_NE(msg.find("nranks 64 x m"), std::string::npos) << msg;
+    /* The largest that fits is still answered. */
+    EXPECT_EQ(maco_fused_gemm_scratch_bytes(MACO_FUSED_ALLGATHER_GEMM, 64, 1u << 20, 128, 1u << 20,
+                                            MACO_FLOAT32, &bytes),
+              MACO_OK);
+    EXPECT_GT(bytes, 64ull << 41);
+}
+
 TEST_F(FusedCpu, BadInputIsRefusedWithTheReason)
 {
     maco_task_graph_t g = nullptr;

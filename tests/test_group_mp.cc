@@ -277,6 +277,32 @@ TEST_F(Group, OneStreamPerCommunicatorInAGroup)
         << LastProblem();
 }
 
+/* The one-stream rule with several communicators in one group (each found by its handle in the
+ * group's table): calls alternating over five communicators, each with a stream of its own,
+ * are accepted; a later call on the fourth with another stream is refused naming that
+ * communicator's first call. */
+TEST_F(Group, OneStreamPerCommunicatorWithManyCommunicators)
+{
+    std::vector<maco_comm_t> comms(5, nullptr);
+    for (auto &c : comms)
+        ASSERT_EQ(maco_comm_split(Comm(), 0, Rank(), &c), MACO_OK);
+    ASSERT_EQ(maco_group_start(), MACO_OK);
+    for (int round = 0; round < 3; round++)
+        for (size_t k = 0; k < comms.size(); k++)
+            EXPECT_EQ(maco_allreduce(a_, b_, 4, MACO_FLOAT32, MACO_SUM, comms[k],
+                                     reinterpret_cast<maco_stream_t>(uintptr_t{ 0x10 * (k + 1) })),
+                      MACO_OK);
+    EXPECT_EQ(maco_allreduce(a_, b_, 4, MACO_FLOAT32, MACO_SUM, comms[3],
+                             reinterpret_cast<maco_stream_t>(uintptr_t{ 0x10 })),
+              MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(LastProblem().find("of call 4 (maco_allreduce)"), std::string::npos) << LastProblem();
+    EXPECT_EQ(maco_group_end(), MACO_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(LastProblem().find("call 16 of the group (maco_allreduce)"), std::string::npos)
+        << LastProblem();
+    for (auto c : comms)
+        EXPECT_EQ(maco_comm_destroy(c), MACO_OK);
+}
+
 /* Another thread's calls are not part of this thread's group. */
 TEST_F(Group, GroupsArePerThread)
 {

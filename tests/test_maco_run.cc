@@ -17,6 +17,7 @@
  * only when asked (auto: fewer GPUs than ranks), the ranks get its environment, and it is
  * stopped and its folder removed on every way the job can end.
  */
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -525,9 +526,71 @@ class MacoRunKilled : public maco_test::Test
                           "')\" = 2 ] && break; sleep 0.05; done; kill -" + sig +
                           " $pid; wait $pid; rc=$?; cat '" + log + "'; echo \"rc=$rc\"";
         RunShell(cmd, out);
-        for (size_t at = out->find("] pids "); at != std::string::npos;
-             at = out->find("] pids ", at + 1)) {
-            std::istringstream line(out->substr(at + 7, out->find('\n', at) - at - 7));
+        CollectPids(*out);
+    }
+    /* Starts maco-run with 2 ranks as the leader of a process group of its own (as a shell with
+     * job control starts a job), and once both ranks are ready sends SIGKILL to that whole
+     * group (a shell's `kill -9 %1`). *out gets maco-run's output and then "rc=N". */
+    void RunAndKillGroup(std::string *out, bool kill_watchdog_first = false)
+    {
+        std::string log = dir_ + "/job-group.txt";
+        pid_t pid = fork();
+        if (pid == 0) {
+            setpgid(0, 0);
+            int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd < 0)
+                _exit(126);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            execl(MACO_RUN_PATH, MACO_RUN_PATH, "-n", "2", "--mps", "off", rank_.c_str(),
+                  static_cast<char *>(nullptr));
+            _exit(127);
+        }
+        ASSERT_GT(pid, 0);
+        setpgid(pid, pid);
+        std::string text;
+        for (int i = 0; i < 400; i++) {
+            RunShell("cat '" + log + "'", &text);
+            size_t n = 0;
+            for (size_t at = text.find("] ready"); at != std::string::npos;
+                 at = text.find("] ready", at + 1))
+                n++;
+            if (n == 2)
+                break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        if (kill_watchdog_first) {
+            /* The watchdog: maco-run's child that runs maco-run's program (ranks run rank.sh). */
+            std::string found;
+            RunShell("for d in /proc/[0-9]*; do set -- $(sed 's/^.*) //' $d/stat 2>/dev/null); "
+                     "[ \"$2\" = " +
+                         std::to_string(pid) +
+                         " ] && grep -q maco-run $d/comm 2>/dev/null && echo ${d#/proc/}; done",
+                     &found);
+            int watchdog = atoi(found.c_str());
+            ASSERT_GT(watchdog, 0) << "no watchdog among maco-run's children";
+            kill(watchdog, SIGKILL);
+            for (int i = 0; i < 400 && text.find("starting another") == std::string::npos; i++) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                RunShell("cat '" + log + "'", &text);
+            }
+            EXPECT_NE(text.find("starting another"), std::string::npos) << text;
+        }
+        kill(-pid, SIGKILL);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        RunShell("cat '" + log + "'", out);
+        *out += "rc=" +
+                std::to_string(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status)) +
+                "\n";
+        CollectPids(*out);
+    }
+    /* Records the pids of "[r] pids RANK CHILD" lines. */
+    void CollectPids(const std::string &out)
+    {
+        for (size_t at = out.find("] pids "); at != std::string::npos;
+             at = out.find("] pids ", at + 1)) {
+            std::istringstream line(out.substr(at + 7, out.find('\n', at) - at - 7));
             int pid;
             while (line >> pid)
                 pids_.push_back(pid);
@@ -579,6 +642,34 @@ TEST_F(MacoRunKilled, SigkillLeavesNoRankBehind)
     std::string log;
     RunShell("cat '" + dir_ + "/job-KILL.txt'", &log);
     EXPECT_NE(log.find("died without ending its job"), std::string::npos) << log;
+}
+
+/* `kill -9 -- -PGID` of maco-run's process group (a shell's `kill -9 %1`, a process manager
+ * ending a job) kills maco-run and everything in its group at once: the watchdog lives in a
+ * group of its own and ends the ranks' groups, and every rank also dies with maco-run
+ * (PR_SET_PDEATHSIG). Before, the watchdog shared maco-run's group, died with it, and every
+ * rank and its child ran on. */
+TEST_F(MacoRunKilled, KillingItsProcessGroupLeavesNoRankBehind)
+{
+    std::string out;
+    RunAndKillGroup(&out);
+    EXPECT_NE(out.find("rc=137"), std::string::npos) << out;
+    /* The watchdog escalates to SIGKILL after 2 s; a busy machine may take longer. */
+    ExpectAllEnded(30, out);
+    std::string log;
+    RunShell("cat '" + dir_ + "/job-group.txt'", &log);
+    EXPECT_NE(log.find("died without ending its job"), std::string::npos) << log;
+}
+
+/* A watchdog killed while the job runs is noticed and replaced: after it, killing maco-run's
+ * group still ends every rank's group (the ranks' children included, which PR_SET_PDEATHSIG
+ * alone does not reach). */
+TEST_F(MacoRunKilled, AKilledWatchdogIsReplaced)
+{
+    std::string out;
+    RunAndKillGroup(&out, true);
+    EXPECT_NE(out.find("rc=137"), std::string::npos) << out;
+    ExpectAllEnded(30, out);
 }
 
 /* maco-run holds two pipes per rank: it raises its soft descriptor limit to the hard one

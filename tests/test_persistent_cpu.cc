@@ -196,6 +196,58 @@ TEST_F(TaskGraph, CopyOfAllOfMemoryIsRefused)
     ExpectInvalid({ "\"huge\"", "past the end of memory" });
 }
 
+/* An address 4 KiB below the end of the address space, aligned for every element size. */
+static void *NearTheEnd()
+{
+    return reinterpret_cast<void *>(UINTPTR_MAX - 4095);
+}
+
+/* Element-wise and GEMM ranges that run past the end of the address space are refused naming
+ * the pointer (regression: only COPY's were; ADD, SUM and GEMM tiles wrapped). */
+TEST_F(TaskGraph, AddRangesThatWrapAreRefused)
+{
+    maco_task_t t = AddTask("add out");
+    t.count = 2048; /* 8 KiB of float32 from 4 KiB before the end */
+    t.out = NearTheEnd();
+    Add(t);
+    ExpectInvalid({ "\"add out\"", "out", "past the end of memory" });
+}
+
+TEST_F(TaskGraph, AddInputRangesThatWrapAreRefused)
+{
+    maco_task_t t = AddTask("add b");
+    t.rows = 2;
+    t.count = 16;
+    t.ld_in = t.ld_out = 1024; /* the second row of b is 4 KiB on: past the end */
+    t.b = NearTheEnd();
+    Add(t);
+    ExpectInvalid({ "\"add b\"", "b: ", "past the end of memory" });
+}
+
+TEST_F(TaskGraph, SumInputsThatWrapAreRefused)
+{
+    maco_task_t t = AddTask("sum");
+    t.type = MACO_TASK_SUM;
+    t.b = nullptr;
+    t.ninputs = 64;
+    t.input_stride = 1ull << 59; /* 63 strides are past 2^64 */
+    Add(t);
+    ExpectInvalid({ "\"sum\"", "input_stride", "past the end of memory" });
+}
+
+TEST_F(TaskGraph, SumOutputThatWrapsIsRefused)
+{
+    maco_task_t t = AddTask("sum out");
+    t.type = MACO_TASK_SUM;
+    t.b = nullptr;
+    t.ninputs = 2;
+    t.input_stride = 64;
+    t.count = 4096;
+    t.out = NearTheEnd();
+    Add(t);
+    ExpectInvalid({ "\"sum out\"", "out", "past the end of memory" });
+}
+
 TEST_F(TaskGraph, AddOfTwoToThe64ElementsIsRefused)
 {
     maco_task_t t = AddTask("add");
@@ -260,6 +312,22 @@ static maco_task_t GemmTileTask(uint32_t n, uint32_t ldc, uint32_t tile_n, const
     t.tile_n = tile_n;
     t.name = name;
     return t;
+}
+
+TEST_F(TaskGraph, GemmTileRangesThatWrapAreRefused)
+{
+    maco_task_t t = GemmTileTask(384, 384, 0, "gemm");
+    t.b = NearTheEnd(); /* B holds 64 x 384 bf16: 48 KiB */
+    Add(t);
+    ExpectInvalid({ "\"gemm\"", "B", "past the end of memory" });
+}
+
+TEST_F(TaskGraph, GemmTileOutputThatWrapsIsRefused)
+{
+    maco_task_t t = GemmTileTask(384, 384, 0, "gemm c");
+    t.out = reinterpret_cast<void *>(uintptr_t{ 0 } - 65536); /* 128 rows of ldc 384 need more */
+    Add(t);
+    ExpectInvalid({ "\"gemm c\"", "C", "past the end of memory" });
 }
 
 TEST_F(TaskGraph, GemmTileChecksAndLowering)

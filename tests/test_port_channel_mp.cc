@@ -157,6 +157,12 @@ TEST_F(PortChannelHost, PutWithSignalOfRandomSizesReachesEveryPeer)
             ASSERT_EQ(m.CountWrongFrom(q, kSlot, dst_skew, size, pseed, src_skew), 0u)
                 << "round " << round << " from rank " << q << ", " << size << " bytes";
         }
+        /* This rank's puts are done with its buffer (flush) before the next round rewrites it. */
+        for (int q = 0; q < NRanks(); q++) {
+            if (q == Rank())
+                continue;
+            ASSERT_EQ(maco_port_channel_flush(m.port.chans[static_cast<size_t>(q)]), MACO_OK);
+        }
         ASSERT_EQ(maco_bootstrap_barrier(Bootstrap()), MACO_OK);
     }
 }
@@ -727,10 +733,19 @@ TEST_F(PortChannelHost, IbUnusableGidIndexIsAClearError)
 }
 
 /*
- * A host-side wait whose peer dies fails with MACO_ERR_REMOTE naming it within about a
- * second, even with no bound (MACO_DEVICE_TIMEOUT=0), and the waiting thread sleeps instead
- * of spinning a core. Runs its own 2-process job (forked, separate bootstrap). (Regression:
- * the wait spun until MACO_DEVICE_TIMEOUT, or forever with 0.)
+ * A host-side wait whose peer dies fails with MACO_ERR_REMOTE naming it, even with no bound
+ * (MACO_DEVICE_TIMEOUT=0: only noticing the death can end it; ForkRanks' alarm fails a wait that
+ * never ends), and the waiting thread sleeps instead of spinning a core. Runs its own
+ * 2-process job (forked, separate bootstrap). (Regression: the wait spun until
+ * MACO_DEVICE_TIMEOUT, or forever with 0.)
+ *
+ * "Does not spin" is measured as CPU time per sleep, which load cannot inflate: the waiter's
+ * own CPU time (getrusage, RUSAGE_THREAD) against the times it gave up the CPU of its own
+ * accord (ru_nvcsw, each sleep of the wait's backoff). A sleeping wait spends a few
+ * microseconds per sleep, however busy the machine; a spinning one spends its whole share of
+ * the CPU with hardly a sleep. (Before, the test compared CPU and wall time and bounded the
+ * wall time, which a loaded machine broke: "the wait took ... s of CPU". How soon a death is
+ * noticed depends on the load, so it is not asserted: docs/reliability.md records it.)
  */
 TEST_F(PortChannelHost, WaitForADeadPeerFailsFastWithoutSpinning)
 {
@@ -760,6 +775,7 @@ TEST_F(PortChannelHost, WaitForADeadPeerFailsFastWithoutSpinning)
                      static_cast<double>(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec +
                                          r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) *
                          1e-6;
+        long sleeps = r1.ru_nvcsw - r0.ru_nvcsw;
         std::string msg = maco_comm_get_last_error(comm);
         if (st != MACO_ERR_REMOTE) {
             fprintf(stderr, "wait returned %s: %s\n", maco_status_string(st), msg.c_str());
@@ -769,8 +785,13 @@ TEST_F(PortChannelHost, WaitForADeadPeerFailsFastWithoutSpinning)
             fprintf(stderr, "the peer is not named: %s\n", msg.c_str());
             return 14;
         }
-        if (s > 3.0 || cpu > 0.5 * s) {
-            fprintf(stderr, "the wait took %.2f s and %.2f s of CPU\n", s, cpu);
+        /* At most 100 us of CPU per sleep, plus 5 ms for the first spins and yields and the
+         * death's handling: a sleeping wait uses a few us per sleep; a spinning one far more. */
+        if (cpu > 0.005 + 100e-6 * static_cast<double>(sleeps)) {
+            fprintf(stderr,
+                    "the wait spun: %.4f s of CPU for %ld sleeps (%.0f us per sleep) over %.2f "
+                    "s\n",
+                    cpu, sleeps, sleeps > 0 ? cpu / static_cast<double>(sleeps) * 1e6 : 0.0, s);
             return 15;
         }
         return 0;

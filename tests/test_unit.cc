@@ -4,8 +4,10 @@
 #include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -19,11 +21,13 @@
 
 #include "src/host/bootstrap/bootstrap_internal.h"
 #include "src/host/base/config.h"
+#include "src/host/base/sha256.h"
 #include "src/host/os/fd_server.h"
 #include "src/host/base/log.h"
 #include "maco/bootstrap.h"
 #include "maco/config.h"
 #include "maco_test.h"
+#include "signal_storm.h"
 #include "src/host/os/socket.h"
 #include "tools/perf_nccl_log.h"
 
@@ -164,7 +168,9 @@ TEST_F(Unit, ConfigValidateMarksInvalidValuesWithWhatTheyAccept)
         { MACO_CFG_LOG_LEVEL, "DEBUG", nullptr },
         { MACO_CFG_LOG_SUBSYS, "bootstrp,mem", "unknown subsystem 'bootstrp'" },
         { MACO_CFG_LOG_SUBSYS, "^ proxy , coll", nullptr },
-        { MACO_CFG_BOOTSTRAP_ADDR, "anything", nullptr },
+        { MACO_CFG_BOOTSTRAP_ADDR, "anything", "host:port or [ipv6]:port" },
+        { MACO_CFG_BOOTSTRAP_ADDR, "127.0.0.1:29500", nullptr },
+        { MACO_CFG_BOOTSTRAP_NONCE, "zz", "1 to 16 hex digits" },
     };
     for (const Case &c : cases) {
         const char *name = maco__config_name(c.id);
@@ -858,6 +864,185 @@ TEST_F(Unit, FdServerHandsDescriptorsToOtherProcesses)
     maco__fd_withdraw(&ref);
     EXPECT_EQ(maco__fd_fetch(&ref, 3, 5000, &got), MACO_ERR_REMOTE);
     EXPECT_EQ(got, -1);
+}
+
+/* A signal storm (a handler installed, with and without SA_RESTART, signals arriving at every
+ * thread many times a second as from a profiler or a timer) costs the descriptor hand-over
+ * nothing: every fetch succeeds. Interrupted receives used to fail the fetch ("no valid answer
+ * ... Interrupted system call"), and with SO_RCVTIMEO even under SA_RESTART. Runs in a child
+ * so the handlers stay out of this process. */
+TEST_F(Unit, FdServerFetchesSurviveASignalStorm)
+{
+    int fd = memfd_create("maco-test-storm", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 4096), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(120);
+        maco__fd_ref_t ref;
+        if (maco__fd_publish(fd, &ref) != MACO_OK)
+            _exit(100);
+        int failed = 0;
+        for (int restart = 0; restart < 2; restart++) {
+            maco_test::SignalStorm storm(restart ? SIGUSR2 : SIGUSR1, restart != 0);
+            for (int i = 0; i < 1500; i++) {
+                int got = -1;
+                if (maco__fd_fetch(&ref, 1, 30000, &got) != MACO_OK) {
+                    if (failed++ == 0)
+                        fprintf(stderr, "fetch %d (SA_RESTART %d): %s\n", i, restart,
+                                maco__last_error());
+                } else {
+                    close(got);
+                }
+            }
+        }
+        fprintf(stderr, "%ld signals delivered, %d fetches failed\n",
+                maco_test::SignalStorm::Delivered(), failed);
+        maco__fd_withdraw(&ref);
+        _exit(failed > 0 ? 1 : maco_test::SignalStorm::Delivered() > 0 ? 0 : 2);
+    }
+    close(fd);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+/* Lower-case hex of bytes. */
+std::string Hex(const uint8_t *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    std::string out;
+    for (size_t i = 0; i < n; i++) {
+        out += digits[p[i] >> 4];
+        out += digits[p[i] & 15];
+    }
+    return out;
+}
+
+std::string Sha256Hex(const std::string &m)
+{
+    uint8_t d[MACO__SHA256_BYTES];
+    maco__sha256(m.data(), m.size(), d);
+    return Hex(d, sizeof(d));
+}
+
+std::string HmacHex(const std::string &key, const std::string &m)
+{
+    uint8_t d[MACO__SHA256_BYTES];
+    maco__bytes_t part = { m.data(), m.size() };
+    maco__hmac_sha256(key.data(), key.size(), &part, 1, d);
+    return Hex(d, sizeof(d));
+}
+
+/* SHA-256 against the examples of FIPS 180-4 (NIST's "SHA-256" example file): one block,
+ * two blocks, the empty message, 896 bits, and a million 'a' fed in uneven pieces. */
+TEST_F(Unit, Sha256MatchesTheFips180Examples)
+{
+    EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(Sha256Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    EXPECT_EQ(Sha256Hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnop"
+                        "jklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu"),
+              "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+    maco__sha256_t s;
+    maco__sha256_init(&s);
+    std::string a(1000000, 'a');
+    for (size_t at = 0, step = 1; at < a.size(); at += step, step = step % 97 + 1)
+        maco__sha256_update(&s, a.data() + at, std::min(step, a.size() - at));
+    uint8_t d[MACO__SHA256_BYTES];
+    maco__sha256_final(&s, d);
+    EXPECT_EQ(Hex(d, sizeof(d)),
+              "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+/* HMAC-SHA256 against RFC 4231's test cases 1-7 (case 5 compares its 128-bit truncation;
+ * cases 6 and 7 have a key longer than a block, which is hashed first). */
+TEST_F(Unit, HmacSha256MatchesRfc4231)
+{
+    EXPECT_EQ(HmacHex(std::string(20, '\x0b'), "Hi There"),
+              "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+    EXPECT_EQ(HmacHex("Jefe", "what do ya want for nothing?"),
+              "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    EXPECT_EQ(HmacHex(std::string(20, '\xaa'), std::string(50, '\xdd')),
+              "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+    std::string key4;
+    for (int i = 1; i <= 25; i++)
+        key4 += static_cast<char>(i);
+    EXPECT_EQ(HmacHex(key4, std::string(50, '\xcd')),
+              "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+    EXPECT_EQ(HmacHex(std::string(20, '\x0c'), "Test With Truncation").substr(0, 32),
+              "a3b6167473100ee06e0c796c2955552b");
+    EXPECT_EQ(
+        HmacHex(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First"),
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    EXPECT_EQ(HmacHex(std::string(131, '\xaa'),
+                      "This is a test using a larger than block-size key and a larger than "
+                      "block-size data. The key needs to be hashed before being used by the HMAC "
+                      "algorithm."),
+              "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+    /* A message given in pieces is the pieces one after another. */
+    uint8_t whole[MACO__SHA256_BYTES], pieces[MACO__SHA256_BYTES];
+    maco__bytes_t one = { "what do ya want for nothing?", 28 };
+    maco__hmac_sha256("Jefe", 4, &one, 1, whole);
+    maco__bytes_t three[3] = { { "what do", 7 }, { nullptr, 0 }, { " ya want for nothing?", 21 } };
+    maco__hmac_sha256("Jefe", 4, three, 3, pieces);
+    EXPECT_EQ(Hex(whole, 32), Hex(pieces, 32));
+    uint8_t x[4] = { 1, 2, 3, 4 }, y[4] = { 1, 2, 3, 5 };
+    EXPECT_TRUE(maco__bytes_equal(x, x, 4));
+    EXPECT_FALSE(maco__bytes_equal(x, y, 4));
+}
+
+/* HMAC-SHA256 agrees with OpenSSL's libcrypto (when installed) on 3000 random keys of 0-200
+ * bytes and messages of 0-1100 bytes, across every block-boundary case. */
+TEST_F(Unit, HmacSha256AgreesWithLibcrypto)
+{
+    void *lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr)
+        lib = dlopen("libcrypto.so", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr)
+        GTEST_SKIP() << "OpenSSL's libcrypto is not installed: " << dlerror();
+    using evp_md_fn = const void *(*)();
+    using hmac_fn = unsigned char *(*)(const void *, const void *, int, const unsigned char *,
+                                       size_t, unsigned char *, unsigned int *);
+    auto evp_sha256 = reinterpret_cast<evp_md_fn>(dlsym(lib, "EVP_sha256"));
+    auto hmac = reinterpret_cast<hmac_fn>(dlsym(lib, "HMAC"));
+    ASSERT_TRUE(evp_sha256 != nullptr && hmac != nullptr);
+    std::mt19937_64 gen(12345);
+    for (int i = 0; i < 3000; i++) {
+        std::string key(gen() % 201, '\0'), msg(gen() % 1101, '\0');
+        for (auto &c : key)
+            c = static_cast<char>(gen());
+        for (auto &c : msg)
+            c = static_cast<char>(gen());
+        uint8_t want[64];
+        unsigned int len = 0;
+        hmac(evp_sha256(), key.data(), static_cast<int>(key.size()),
+             reinterpret_cast<const unsigned char *>(msg.data()), msg.size(), want, &len);
+        ASSERT_EQ(len, 32u);
+        ASSERT_EQ(HmacHex(key, msg), Hex(want, 32))
+            << "key " << key.size() << " bytes, message " << msg.size() << " bytes";
+    }
+    dlclose(lib);
+}
+
+/* What the log echoes is escaped once, in the logger: a value holding a newline (or another
+ * control character) cannot forge a log line. (Regression: MACO_BOOTSTRAP_NONCE='1\n<a forged
+ * line>' was written raw into the log by the error naming it.) */
+TEST_F(Unit, LogEscapesControlCharactersSoNoLineCanBeForged)
+{
+    static std::string captured;
+    captured.clear();
+    maco_log_set_handler([](maco_log_level_t, const char *line, void *) { captured += line; },
+                         nullptr);
+    maco_log_write(MACO_LOG_WARN, "tool", "value '%s'",
+                   "1\nhost:1:1 [0] ERROR init: forged\x1b[2J");
+    maco_log_set_handler(nullptr, nullptr);
+    EXPECT_EQ(std::count(captured.begin(), captured.end(), '\n'), 1) << captured;
+    EXPECT_EQ(captured.back(), '\n');
+    EXPECT_NE(captured.find("value '1\\nhost:1:1 [0] ERROR init: forged\\x1b[2J'"),
+              std::string::npos)
+        << captured;
 }
 
 /* maco-run: prefixes, first failure wins, others killed, timeout 124. */

@@ -21,6 +21,23 @@
 
 extern char **environ;
 
+/* `text` with control characters escaped (\n, \xNN), at most cap - 1 bytes: a value holding a
+ * newline cannot make up a line of this table. Returns out. */
+static const char *printable(const char *text, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const unsigned char *c = (const unsigned char *)text; *c != '\0' && o + 5 < cap; c++) {
+        if (*c == '\n')
+            o += (size_t)snprintf(out + o, cap - o, "\\n");
+        else if (*c < 0x20 || *c == 0x7f)
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *c);
+        else
+            out[o++] = (char)*c;
+    }
+    out[o] = '\0';
+    return out;
+}
+
 /* Prints the table; returns how many values are invalid or variables unknown. */
 static int print_env(void)
 {
@@ -30,13 +47,15 @@ static int print_env(void)
         maco_config_info_t info;
         if (maco_config_describe(i, &info) != MACO_OK)
             continue;
+        char value[1024], why_text[1024];
         printf("%-28s %-9s %-14s %-16s %s\n", info.name, info.type,
                info.default_value[0] ? info.default_value : "-",
-               info.current ? info.current : "(unset)", info.doc);
+               info.current ? printable(info.current, value, sizeof(value)) : "(unset)", info.doc);
         char why[512];
         if (maco_config_validate(i, why, sizeof(why)) != MACO_OK) {
-            printf("  ^ %s='%s' is INVALID (%s)\n", info.name, info.current ? info.current : "",
-                   why);
+            printf("  ^ %s='%s' is INVALID (%s)\n", info.name,
+                   printable(info.current ? info.current : "", value, sizeof(value)),
+                   printable(why, why_text, sizeof(why_text)));
             problems++;
         }
     }

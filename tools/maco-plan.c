@@ -46,7 +46,9 @@ int main(int argc, char **argv)
         }
         /* A report of the verifier, or the reader's one-line reason. */
         printf("%s: rejected (%s)\n", argv[i], maco_status_string(st));
-        for (char *line = strtok(report, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        char *save = NULL;
+        for (char *line = strtok_r(report, "\n", &save); line != NULL;
+             line = strtok_r(NULL, "\n", &save))
             printf("  %s\n", line);
         rc = 1;
     }

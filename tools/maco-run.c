@@ -19,13 +19,18 @@
  * forwarded to every rank's process group (then SIGKILL 3 s later, as above); maco-run exits
  * 128 + that signal.
  *
- * When maco-run itself dies without ending the job (SIGKILL, a crash): a watchdog process it
- * forks before the ranks (in maco-run's process group, ignoring SIGINT, SIGTERM, SIGHUP and
- * SIGQUIT) holds the read end of a pipe only maco-run writes to, and learns each rank's
- * process group through it. When the pipe closes without maco-run's "job ended" record, the
- * watchdog sends SIGTERM (and SIGCONT) to every rank's process group, SIGKILL 2 s later to the
- * groups still there, says so on stderr and exits. Descendants that left their rank's process
- * group (setsid) are out of its reach; the private MPS daemon below too.
+ * When maco-run itself dies without ending the job (SIGKILL, a crash, or `kill -9 -- -PGID` of
+ * its whole process group): a watchdog process it forks before the ranks (in a process group
+ * of its own, so that a signal to maco-run's group does not reach it, ignoring SIGINT,
+ * SIGTERM, SIGHUP and SIGQUIT) holds the read end of a pipe only maco-run writes to, and learns
+ * each rank's process group through it. When the pipe closes without maco-run's "job ended"
+ * record, the watchdog sends SIGTERM (and SIGCONT) to every rank's process group, SIGKILL 2 s
+ * later to the groups still there, says so on stderr and exits. Descendants that left their
+ * rank's process group (setsid) are out of its reach; the private MPS daemon below too. Should
+ * the watchdog itself die while the job runs, maco-run says so and starts another, which is
+ * told every running rank's group. And every rank gets SIGTERM from the kernel when maco-run
+ * dies (PR_SET_PDEATHSIG; maco-run forks the ranks from its only thread, so the "parent" whose
+ * death it watches is maco-run itself), should the watchdog be gone too.
  *
  * Leftover processes: maco-run is a child subreaper (PR_SET_CHILD_SUBREAPER), so descendants
  * of the ranks whose parents exit are reparented to it, even those that left the ranks'
@@ -180,23 +185,52 @@ static int pick_port(void)
 }
 
 /* Writes complete lines of a stream with the rank prefix; `flush` writes a partial tail. */
+/* Writes all of buf[0, len) to `fd`: a signal (maco-run forwards some) or a short write into a
+ * full pipe does not cut the line; what is left is written again. */
+static void write_all(int fd, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t w = write(fd, buf, len);
+        if (w > 0) {
+            buf += w;
+            len -= (size_t)w;
+        } else if (w == 0 || errno != EINTR) {
+            return; /* the reader is gone: nothing better to do */
+        }
+    }
+}
+
+/* Writes "[rank] " text "\n" (one write when it fits, so lines of ranks do not mix). */
+static void emit_line(int fd, int rank, const char *text, size_t len)
+{
+    char line[MAX_LINE + 32];
+    int n = snprintf(line, sizeof(line), "[%d] ", rank);
+    if (n < 0)
+        return;
+    if (len > sizeof(line) - (size_t)n - 1)
+        len = sizeof(line) - (size_t)n - 1;
+    memcpy(line + n, text, len);
+    line[(size_t)n + len] = '\n';
+    write_all(fd, line, (size_t)n + len + 1);
+}
+
 static void emit_lines(stream_t *s, int rank, int flush)
 {
     size_t start = 0;
     for (size_t i = 0; i < s->len; i++) {
         if (s->buf[i] != '\n')
             continue;
-        dprintf(s->out_fd, "[%d] %.*s\n", rank, (int)(i - start), s->buf + start);
+        emit_line(s->out_fd, rank, s->buf + start, i - start);
         start = i + 1;
     }
     if (flush && start < s->len) {
-        dprintf(s->out_fd, "[%d] %.*s\n", rank, (int)(s->len - start), s->buf + start);
+        emit_line(s->out_fd, rank, s->buf + start, s->len - start);
         start = s->len;
     }
     memmove(s->buf, s->buf + start, s->len - start);
     s->len -= start;
     if (s->len == MAX_LINE) { /* an over-long line: emit it in pieces */
-        dprintf(s->out_fd, "[%d] %.*s\n", rank, (int)s->len, s->buf);
+        emit_line(s->out_fd, rank, s->buf, s->len);
         s->len = 0;
     }
 }
@@ -212,8 +246,14 @@ static void kill_all(rank_proc_t *ranks, int n, int sig)
  * subreaper) and the MPS daemon's processes; supervise reaps the ranks itself. */
 static void reap_exited(void)
 {
-    while (waitpid(-1, NULL, WNOHANG) > 0)
-        ;
+    pid_t w;
+    while ((w = waitpid(-1, NULL, WNOHANG)) > 0) {
+        if (w == g_watchdog_pid) { /* reaped: its pid may be reused, never signal it again */
+            close(g_watchdog_fd);
+            g_watchdog_fd = -1;
+            g_watchdog_pid = -1;
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ MPS */
@@ -248,10 +288,14 @@ static int count_gpus(void)
     }
     close(fds[1]);
     int count = 0;
-    if (read(fds[0], &count, sizeof(count)) != (ssize_t)sizeof(count))
+    ssize_t got;
+    while ((got = read(fds[0], &count, sizeof(count))) < 0 && errno == EINTR)
+        ;
+    if (got != (ssize_t)sizeof(count))
         count = 0;
     close(fds[0]);
-    waitpid(pid, NULL, 0);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
     return count;
 }
 
@@ -301,7 +345,7 @@ static int run_mps_control(const char *const *args, const char *input, const cha
             close(out);
         }
         char *argv[8] = { (char *)MPS_CONTROL };
-        for (int i = 0; args[i] != NULL && i < 6; i++)
+        for (int i = 0; i < 6 && args[i] != NULL; i++)
             argv[i + 1] = (char *)args[i];
         execvp(MPS_CONTROL, argv);
         _exit(127);
@@ -349,6 +393,7 @@ static void remove_tree(const char *dir)
     DIR *d = opendir(dir);
     if (d != NULL) {
         struct dirent *e;
+        /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
         while ((e = readdir(d)) != NULL) {
             if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                 continue;
@@ -399,6 +444,7 @@ static int find_processes_with_env(const char *entry, pid_t *pids, int max)
     if (proc == NULL)
         return 0;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
     while ((e = readdir(proc)) != NULL && n < max) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
@@ -537,6 +583,7 @@ static int read_process_table(proc_entry_t **table_p)
     proc_entry_t *t = NULL;
     int n = 0, cap = 0;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
     while ((e = readdir(proc)) != NULL) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
@@ -696,6 +743,7 @@ static long count_extra_fds(void)
         return 0;
     long n = 0;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; one thread per stream (readdir_r: deprecated) */
     while ((e = readdir(d)) != NULL) {
         char *end;
         long fd = strtol(e->d_name, &end, 10);
@@ -740,6 +788,8 @@ static int raise_fd_limit(long nranks)
 }
 
 /* ------------------------------------------------------------------ the job */
+
+static void watchdog_replace(const rank_proc_t *ranks, long nranks, int status);
 
 /*
  * Runs the started job to its end: passes the ranks' output on, reaps them, stops them all
@@ -815,6 +865,10 @@ static int supervise(rank_proc_t *ranks, long nranks, long timeout_s, struct pol
             pid_t w = waitpid(-1, &status, WNOHANG);
             if (w <= 0)
                 break;
+            if (w == g_watchdog_pid) {
+                watchdog_replace(ranks, nranks, status);
+                continue;
+            }
             int r = 0;
             while (r < nranks && ranks[r].pid != w)
                 r++;
@@ -972,6 +1026,8 @@ static void watchdog_start(void)
         return;
     }
     if (pid == 0) {
+        /* Its own process group: `kill -9 -- -PGID` of maco-run's group must not reach it. */
+        setpgid(0, 0);
         close(p[1]);
         int null = open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0) { /* only stderr stays: a reader of maco-run's stdout sees its end */
@@ -980,17 +1036,49 @@ static void watchdog_start(void)
         }
         watchdog_main(p[0]);
     }
+    setpgid(pid, pid); /* also here, so it holds before maco-run forks a rank */
     close(p[0]);
     g_watchdog_pid = pid;
     g_watchdog_fd = p[1];
 }
 
+/* Writes one 4-byte record to the watchdog (whole: 4 bytes < PIPE_BUF), retrying when a
+ * signal interrupts the write. Returns 0, or -1 with errno. */
+static int watchdog_send(int32_t rec)
+{
+    for (;;) {
+        ssize_t w = write(g_watchdog_fd, &rec, sizeof(rec));
+        if (w == (ssize_t)sizeof(rec))
+            return 0;
+        if (w >= 0)
+            errno = EIO;
+        if (w >= 0 || errno != EINTR)
+            return -1;
+    }
+}
+
 /* Tells the watchdog about a rank's process group. */
 static void watchdog_watch(pid_t group)
 {
-    int32_t rec = (int32_t)group;
-    if (g_watchdog_fd >= 0 && write(g_watchdog_fd, &rec, sizeof(rec)) != (ssize_t)sizeof(rec))
+    if (g_watchdog_fd >= 0 && watchdog_send((int32_t)group) != 0)
         fprintf(stderr, "maco-run: the watchdog is not listening (%s)\n", strerror(errno));
+}
+
+/* The watchdog died while the job runs (someone killed it): maco-run says so and starts
+ * another, told every running rank's group, so the job is watched again. */
+static void watchdog_replace(const rank_proc_t *ranks, long nranks, int status)
+{
+    fprintf(stderr,
+            "maco-run: the watchdog (pid %d) died (%s %d) while the job runs; starting another\n",
+            (int)g_watchdog_pid, WIFSIGNALED(status) ? "signal" : "exit status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    close(g_watchdog_fd);
+    g_watchdog_fd = -1;
+    g_watchdog_pid = -1;
+    watchdog_start();
+    for (long r = 0; r < nranks; r++)
+        if (ranks[r].running)
+            watchdog_watch(ranks[r].pid);
 }
 
 /* The job ended the ordinary way: tells the watchdog, which exits, and reaps it. */
@@ -998,11 +1086,10 @@ static void watchdog_stop(void)
 {
     if (g_watchdog_fd < 0)
         return;
-    int32_t rec = 0;
-    ssize_t w = write(g_watchdog_fd, &rec, sizeof(rec));
+    int told = watchdog_send(0) == 0;
     close(g_watchdog_fd);
     g_watchdog_fd = -1;
-    if (w != (ssize_t)sizeof(rec))
+    if (!told)
         kill(g_watchdog_pid, SIGKILL); /* cannot tell it: it would read EOF and kill groups */
     while (waitpid(g_watchdog_pid, NULL, 0) < 0 && errno == EINTR)
         ;
@@ -1042,6 +1129,7 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
     }
     long per_node = sim_nodes > 0 ? (nranks + sim_nodes - 1) / sim_nodes : nranks;
     int exit_code;
+    const pid_t launcher = getpid();
     watchdog_start();
     long started = 0; /* ranks[0..started) hold a process and two streams */
     int launched = 1;
@@ -1071,6 +1159,11 @@ static int run_ranks(long nranks, long timeout_s, long sim_nodes, long node_gpus
         }
         if (pid == 0) {
             setpgid(0, 0);
+            /* SIGTERM when maco-run dies (kept across exec). maco-run has one thread, so the
+             * thread that forked lives as long as maco-run. It may have died already, before
+             * this call: then the parent is no longer maco-run. */
+            if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) != 0 || getppid() != launcher)
+                _exit(128 + SIGTERM);
             signal(SIGPIPE, SIG_DFL);
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);

@@ -38,14 +38,33 @@ typedef struct maco__group_op {
     maco__coll_call_t coll;
     maco__p2p_msg_t *msgs; /* p2p: owned */
     int nmsgs;
+    int next; /* the next op of the group on the same communicator, or -1 */
 } maco__group_op_t;
 
+/* A communicator of the group: its stream (one per communicator and group), its first and last
+ * op (the ops chained by `next`, in call order). */
+typedef struct maco__group_member {
+    maco_comm_t comm;
+    maco_stream_t stream;
+    int first, last;
+} maco__group_member_t;
+
+/*
+ * A group's queue. Every step is linear in the calls: a call's communicator is found in a hash
+ * table of the group's communicators (open addressing over the handle), and each
+ * communicator's ops are chained, so maco_group_end visits each op a fixed number of times
+ * whatever the number of communicators (tests/bench_group.c states and measures the bound).
+ */
 typedef struct maco__group {
     int depth;
     int implicit; /* a call outside any group made this one: it speaks as that call */
     int ncalls;   /* calls seen by the group, numbered from 1 (failed and empty ones too) */
     maco__group_op_t *ops;
     int nops, cap;
+    maco__group_member_t *members; /* in the order each communicator first appeared */
+    int nmembers, members_cap;
+    int *slots; /* the hash table: 1 + index into members, 0 when empty; nslots a power of 2 */
+    int nslots;
     maco_status_t failed; /* the first call that failed its checks */
     int failed_call;
     const char *failed_fn;
@@ -66,6 +85,11 @@ static void maco__group_clear(maco__group_t *g)
     free(g->ops);
     g->ops = NULL;
     g->nops = g->cap = 0;
+    free(g->members);
+    free(g->slots);
+    g->members = NULL;
+    g->slots = NULL;
+    g->nmembers = g->members_cap = g->nslots = 0;
     g->ncalls = 0;
     g->implicit = 0;
     g->failed = MACO_OK;
@@ -101,38 +125,98 @@ maco_status_t maco__group_fail(const char *fn, maco_status_t status)
     return status;
 }
 
-/* Queues op (its msgs already owned by it); checks the one-stream rule. */
+/* The hash table slot of `comm`: the one that holds it, else the empty one where it goes. */
+static int maco__group_slot(const maco__group_t *g, maco_comm_t comm)
+{
+    uint64_t h = (uint64_t)(uintptr_t)comm * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing */
+    int i = (int)(h >> 40) & (g->nslots - 1);
+    while (g->slots[i] != 0 && g->members[g->slots[i] - 1].comm != comm)
+        i = (i + 1) & (g->nslots - 1);
+    return i;
+}
+
+/* The index of `comm` among the group's members, or -1. */
+static int maco__group_find(const maco__group_t *g, maco_comm_t comm)
+{
+    return g->nslots == 0 ? -1 : g->slots[maco__group_slot(g, comm)] - 1;
+}
+
+/* Adds `comm` (not a member yet) with `stream`: its index, or -1 when out of memory. The
+ * table stays at most half full. */
+static int maco__group_add_member(maco__group_t *g, maco_comm_t comm, maco_stream_t stream)
+{
+    if (g->nmembers == g->members_cap) {
+        int cap = g->members_cap ? 2 * g->members_cap : 8;
+        maco__group_member_t *m =
+            (maco__group_member_t *)realloc(g->members, (size_t)cap * sizeof(*m));
+        if (m == NULL)
+            return -1;
+        g->members = m;
+        g->members_cap = cap;
+    }
+    if (2 * (g->nmembers + 1) > g->nslots) {
+        int nslots = g->nslots ? 2 * g->nslots : 16;
+        int *slots = (int *)calloc((size_t)nslots, sizeof(int));
+        if (slots == NULL)
+            return -1;
+        free(g->slots);
+        g->slots = slots;
+        g->nslots = nslots;
+        for (int k = 0; k < g->nmembers; k++)
+            g->slots[maco__group_slot(g, g->members[k].comm)] = k + 1;
+    }
+    int k = g->nmembers++;
+    g->members[k] = (maco__group_member_t){ comm, stream, -1, -1 };
+    g->slots[maco__group_slot(g, comm)] = k + 1;
+    return k;
+}
+
+/* Queues op (its msgs already owned by it); checks the one-stream rule. O(1) amortized. */
 static maco_status_t maco__group_push(maco__group_t *g, maco__group_op_t *op)
 {
     op->call = ++g->ncalls;
-    for (int i = 0; i < g->nops; i++) {
-        if (g->ops[i].comm == op->comm && g->ops[i].stream != op->stream) {
-            free(op->msgs);
-            maco_status_t st = maco__comm_record(
-                op->comm, maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
-                                      "%s: stream %p differs from stream %p of call %d (%s) on "
-                                      "the same communicator in this group; a group's calls on "
-                                      "one communicator must use one stream",
-                                      op->fn, (void *)op->stream, (void *)g->ops[i].stream,
-                                      g->ops[i].call, g->ops[i].fn));
-            g->ncalls--; /* maco__group_fail numbers it */
-            return maco__group_fail(op->fn, st);
-        }
+    int m = maco__group_find(g, op->comm);
+    if (m >= 0 && g->members[m].stream != op->stream) {
+        const maco__group_op_t *first = &g->ops[g->members[m].first];
+        free(op->msgs);
+        maco_status_t st = maco__comm_record(
+            op->comm,
+            maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
+                        "%s: stream %p differs from stream %p of call %d (%s) on "
+                        "the same communicator in this group; a group's calls on "
+                        "one communicator must use one stream",
+                        op->fn, (void *)op->stream, (void *)first->stream, first->call, first->fn));
+        g->ncalls--; /* maco__group_fail numbers it */
+        return maco__group_fail(op->fn, st);
     }
-    if (g->nops == g->cap) {
+    int room = g->nops < g->cap;
+    if (!room) {
         int cap = g->cap ? 2 * g->cap : 16;
         maco__group_op_t *ops = (maco__group_op_t *)realloc(g->ops, (size_t)cap * sizeof(*ops));
-        if (ops == NULL) {
-            free(op->msgs);
-            maco_status_t st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL,
-                                           "%s: no memory to queue the call in its group", op->fn);
-            g->ncalls--;
-            return maco__group_fail(op->fn, st);
+        if (ops != NULL) {
+            g->ops = ops;
+            g->cap = cap;
+            room = 1;
         }
-        g->ops = ops;
-        g->cap = cap;
     }
-    g->ops[g->nops++] = *op;
+    if (room && m < 0)
+        m = maco__group_add_member(g, op->comm, op->stream);
+    if (!room || m < 0) {
+        free(op->msgs);
+        maco_status_t st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL,
+                                       "%s: no memory to queue the call in its group", op->fn);
+        g->ncalls--;
+        return maco__group_fail(op->fn, st);
+    }
+    int i = g->nops++;
+    op->next = -1;
+    g->ops[i] = *op;
+    maco__group_member_t *mb = &g->members[m];
+    if (mb->first < 0)
+        mb->first = i;
+    else
+        g->ops[mb->last].next = i;
+    mb->last = i;
     return MACO_OK;
 }
 
@@ -319,32 +403,28 @@ static maco_status_t maco__group_stage(maco__group_comm_t *gc, const char *prefi
     return MACO_OK;
 }
 
-/* "fn" of the first call on `comm` in a group of one, else "maco_group_end: call N (fn)":
- * how the group's messages about `comm` begin. */
-static void maco__group_who(const maco__group_t *g, maco_comm_t comm, char *who, size_t cap)
+/* "fn" of the first call on member `k` in a group of one, else "maco_group_end: call N (fn)":
+ * how the group's messages about its communicator begin. */
+static void maco__group_who(const maco__group_t *g, int k, char *who, size_t cap)
 {
-    for (int i = 0; i < g->nops; i++) {
-        if (g->ops[i].comm != comm)
-            continue;
-        if (g->implicit)
-            snprintf(who, cap, "%s", g->ops[i].fn);
-        else
-            snprintf(who, cap, "maco_group_end: call %d (%s)", g->ops[i].call, g->ops[i].fn);
-        return;
-    }
-    snprintf(who, cap, "maco_group_end");
+    const maco__group_op_t *op = &g->ops[g->members[k].first];
+    if (g->implicit)
+        snprintf(who, cap, "%s", op->fn);
+    else
+        snprintf(who, cap, "maco_group_end: call %d (%s)", op->call, op->fn);
 }
 
 /* Checks the p2p messages of gc->comm and builds their plan: first what needs no GPU (the
  * plan's checks), then the communicator (GPU, one node, no asynchronous error, forced
  * algorithms); then marks the sends that travel as LL packets. */
-static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, const char *prefix)
+static maco_status_t maco__group_plan(maco__group_t *g, int member, maco__group_comm_t *gc,
+                                      const char *prefix)
 {
     maco_comm_t comm = gc->comm;
     int n = 0, first_call = 0, has_a2a = 0, has_sr = 0;
     const char *first_fn = NULL;
-    for (int i = 0; i < g->nops; i++) {
-        if (g->ops[i].comm != comm || g->ops[i].is_coll || g->ops[i].nmsgs == 0)
+    for (int i = g->members[member].first; i >= 0; i = g->ops[i].next) {
+        if (g->ops[i].is_coll || g->ops[i].nmsgs == 0)
             continue;
         if (first_fn == NULL) {
             first_fn = g->ops[i].fn;
@@ -366,8 +446,8 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
         return maco__comm_record(comm, maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL,
                                                    "%sno memory for %d messages", prefix, n));
     int m = 0;
-    for (int i = 0; i < g->nops; i++) {
-        if (g->ops[i].comm != comm || g->ops[i].is_coll)
+    for (int i = g->members[member].first; i >= 0; i = g->ops[i].next) {
+        if (g->ops[i].is_coll)
             continue;
         for (int k = 0; k < g->ops[i].nmsgs; k++)
             msgs[m++] = g->ops[i].msgs[k];
@@ -464,14 +544,14 @@ static maco_status_t maco__group_plan(maco__group_t *g, maco__group_comm_t *gc, 
     return MACO_OK;
 }
 
-/* The group's collectives on `comm`, in call order: each prepared (its checks), and with
- * `launch` issued. Stops at the first failure. */
-static maco_status_t maco__group_colls(maco__group_t *g, maco_comm_t comm, int launch)
+/* The group's collectives on member `k`'s communicator, in call order: each prepared (its
+ * checks), and with `launch` issued. Stops at the first failure. */
+static maco_status_t maco__group_colls(maco__group_t *g, int k, int launch)
 {
     maco_status_t st = MACO_OK;
-    for (int i = 0; i < g->nops && st == MACO_OK; i++) {
+    for (int i = g->members[k].first; i >= 0 && st == MACO_OK; i = g->ops[i].next) {
         maco__group_op_t *op = &g->ops[i];
-        if (op->comm != comm || !op->is_coll)
+        if (!op->is_coll)
             continue;
         maco__coll_t *c;
         int kernel;
@@ -506,20 +586,14 @@ maco_status_t maco_group_end(void)
     }
     if (g->nops == 0)
         goto out;
-    gcs = (maco__group_comm_t *)calloc((size_t)g->nops, sizeof(*gcs));
+    gcs = (maco__group_comm_t *)calloc((size_t)g->nmembers, sizeof(*gcs));
     if (gcs == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_COLL, "maco_group_end: no memory");
         goto out;
     }
-    for (int i = 0; i < g->nops; i++) {
-        int k = 0;
-        while (k < ncomms && gcs[k].comm != g->ops[i].comm)
-            k++;
-        if (k == ncomms) {
-            gcs[ncomms].comm = g->ops[i].comm;
-            gcs[ncomms].stream = g->ops[i].stream;
-            ncomms++;
-        }
+    for (ncomms = 0; ncomms < g->nmembers; ncomms++) { /* gcs[k] is member k */
+        gcs[ncomms].comm = g->members[ncomms].comm;
+        gcs[ncomms].stream = g->members[ncomms].stream;
     }
     /*
      * One thread may drive the communicators of several GPUs (one process, one communicator
@@ -542,12 +616,12 @@ maco_status_t maco_group_end(void)
             break;
         }
         char who[96];
-        maco__group_who(g, comm, who, sizeof(who));
+        maco__group_who(g, k, who, sizeof(who));
         st = maco__comm_check_stream(comm, gcs[k].stream, who);
         if (st == MACO_OK)
-            st = maco__group_colls(g, comm, 0);
+            st = maco__group_colls(g, k, 0);
         if (st == MACO_OK)
-            st = maco__group_plan(g, &gcs[k], prefix);
+            st = maco__group_plan(g, k, &gcs[k], prefix);
         maco__device_leave(saved);
     }
     /* 2. Issue: per communicator its collectives in call order, then its sends and receives
@@ -561,7 +635,7 @@ maco_status_t maco_group_end(void)
             break;
         }
         void *temp = NULL;
-        st = maco__group_colls(g, gc->comm, 1);
+        st = maco__group_colls(g, k, 1);
         if (st == MACO_OK && gc->has_p2p)
             st = maco__group_stage(gc, prefix, &temp);
         if (st == MACO_OK && gc->has_p2p)

@@ -307,11 +307,11 @@ static void maco__ep_args_base(maco_ep_buffer_t b, int num_tokens, maco__ep_args
     a->bound = b->comm->bound;
 }
 
-/* The report's problem as an error (logged), and marks it returned. */
+/* The report's problem as an error (logged), and marks it returned. The caller read the
+ * report's ticket or failures with acquire ordering, so its fields are read after them. */
 static maco_status_t maco__ep_report_error(maco_ep_buffer_t b, uint32_t failures)
 {
     const maco__ep_report_t *r = b->report;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     maco__ep_bad_t bad;
     bad.code = r->code;
     bad.rank = r->rank;
@@ -335,7 +335,7 @@ maco_status_t maco_ep_buffer_check(maco_ep_buffer_t buf)
     if (buf == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_COLL,
                            "maco_ep_buffer_check: buf is NULL");
-    uint32_t failures = buf->report->failures;
+    uint32_t failures = __atomic_load_n(&buf->report->failures, __ATOMIC_ACQUIRE);
     if (failures == __atomic_load_n(&buf->seen_failures, __ATOMIC_ACQUIRE))
         return MACO_OK;
     return maco__ep_report_error(buf, failures);
@@ -359,12 +359,12 @@ static maco_status_t maco__ep_wait_count(maco_ep_buffer_t b, uint64_t ticket, cu
     maco_status_t async_st = maco__comm_async_status(b->comm);
     if (async_st != MACO_OK)
         return async_st;
-    if (b->report->ticket != ticket)
+    /* Acquire: the report's fields, written before its ticket, are read after it. */
+    if (__atomic_load_n(&b->report->ticket, __ATOMIC_ACQUIRE) != ticket)
         return maco__error(MACO_ERR_INTERNAL, MACO_SUBSYS_COLL,
                            "%s: the dispatch kernel ended without its report (ticket %llu, "
                            "found %llu)",
                            fn, (unsigned long long)ticket, (unsigned long long)b->report->ticket);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     int64_t rows = b->report->num_recv;
     if (rows < 0)
         return maco__ep_report_error(b, b->report->failures);

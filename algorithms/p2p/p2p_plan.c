@@ -153,6 +153,9 @@ static maco_status_t maco__p2p_check_local(const maco__p2p_msg_t *msgs, int nmsg
             else if (m->dir == MACO__P2P_RECV && cr++ == k)
                 r = m;
         }
+        if (s == NULL || r == NULL) /* the counts were checked equal above: never */
+            return maco__p2p_fail(why, why_bytes, call_p, 0,
+                                  "internal: the %d-th local send or receive is missing", k);
         if (s->bytes != r->bytes)
             return maco__p2p_fail(why, why_bytes, call_p, r->call,
                                   "call %d (%s) receives %llu bytes from this rank (%d) but the "

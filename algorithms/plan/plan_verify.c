@@ -116,9 +116,10 @@ static int maco__verifier_alloc(maco__verifier_t *v)
         return -1;
     for (int r = 0; r < n; r++) {
         int nc = d->ranks[r].nchannels;
-        int *nf = (int *)malloc(((size_t)nc + 1) * 2 * sizeof(int)), *ns = nf + nc + 1;
+        int *nf = (int *)malloc(((size_t)nc + 1) * 2 * sizeof(int));
         if (nf == NULL)
             return -1;
+        int *ns = nf + nc + 1;
         for (int t = 0; t < d->ranks[r].ntbs; t++) {
             const maco__plan_tb_t *tb = &d->ranks[r].tbs[t];
             int base = v->ev_base[v->tb_base[r] + t];

@@ -57,19 +57,23 @@ typedef struct maco_bootstrap *maco_bootstrap_t;
 MACO_API maco_status_t maco_unique_id_create(maco_unique_id_t *id_p);
 
 /**
- * Joins the job named by `id` as `rank` of `nranks`. Blocks until all nranks ranks have
- * joined and the mesh is connected, or until `timeout_ms` passes (negative: use
+ * Joins the job named by `id` as `rank` of `nranks` (1 to MACO_MAX_RANKS). Blocks until all nranks
+ * ranks have joined and the mesh is connected, or until `timeout_ms` passes (negative: use
  * MACO_BOOTSTRAP_TIMEOUT; the same timeout bounds every later call on this bootstrap).
  * Connections that do not present the id's magic and nonce (port scanners, a stale job
  * on the same port) are refused with a warning and do not disturb the job.
  * Errors: MACO_ERR_INVALID_ARGUMENT (id not a MACO id, rank outside [0, nranks),
- *         nranks < 1, bs_p NULL, MACO_HOST_ID longer than 127 bytes); MACO_ERR_TIMEOUT (rank 0
- * unreachable or some rank did not join in time; the message says which); MACO_ERR_REMOTE (rank 0
- * rejected the job: duplicate rank, world-size mismatch; or a peer died during setup);
- *         MACO_ERR_SYSTEM; MACO_ERR_NO_MEMORY.
+ *         nranks < 1 or above MACO_MAX_RANKS, bs_p NULL, MACO_HOST_ID longer than 127 bytes);
+ * MACO_ERR_TIMEOUT (rank 0 unreachable or some rank did not join in time; the message says which);
+ * MACO_ERR_REMOTE (rank 0 rejected the job: duplicate rank, world-size mismatch; or a peer died
+ * during setup); MACO_ERR_SYSTEM; MACO_ERR_NO_MEMORY.
  */
 MACO_API maco_status_t maco_bootstrap_create(const maco_unique_id_t *id, int rank, int nranks,
                                              int timeout_ms, maco_bootstrap_t *bs_p);
+
+/** The most ranks a job may have (2^20): the bootstrap keeps a connection to every other rank
+ * (a descriptor each) and a table entry of about 300 bytes per rank. */
+#define MACO_MAX_RANKS (1 << 20)
 
 /**
  * The job as the environment describes it (maco_launch_info_from_env). Counts and indices are

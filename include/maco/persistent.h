@@ -251,7 +251,9 @@ MACO_API maco_status_t maco_task_graph_get_ntasks(maco_task_graph_t graph, int *
 
 /**
  * Checks the graph: at least one task; every task's type, role and arguments in range (as
- * maco_task_t says); every dependency names two existing, distinct tasks; no cycle. Returns
+ * maco_task_t says), and every range a task reads or writes (a COPY's, an element-wise task's
+ * out, a, b and SUM's inputs, a GEMM tile's A, B and C) inside the address space, not past
+ * its end; every dependency names two existing, distinct tasks; no cycle. Returns
  * MACO_OK, or MACO_ERR_INVALID_ARGUMENT with a message (logged, and given by
  * maco_log_last_error) naming the first bad task by id and name and saying why, or the
  * tasks of one cycle in order. Does not block; host only.

@@ -136,7 +136,9 @@ MACO_API maco_status_t maco_port_channel_destroy(maco_port_channel_t ch);
 /**
  * Host-side pushes: queue a put of `bytes` bytes from src[src_offset..] to dst[dst_offset..]
  * (split into triggers of < 4 GiB), a signal, or both; they return once queued (waiting,
- * bounded by MACO_DEVICE_TIMEOUT, only while the ring is full). Offsets and sizes are checked
+ * bounded by MACO_DEVICE_TIMEOUT, only while the ring is full). The proxy reads the source
+ * later: its bytes may change once a maco_port_channel_flush that follows the put returned.
+ * Offsets and sizes are checked
  * against both buffers. A push that fails queues nothing (no part of it reaches the ring).
  * Errors: MACO_ERR_INVALID_ARGUMENT (range outside a buffer: the message gives offset, size
  * and buffer size), MACO_ERR_TIMEOUT (ring full), MACO_ERR_REMOTE (the proxy is not running:

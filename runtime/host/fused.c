@@ -378,7 +378,7 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
             const maco_gemm_tile_t *t = &plan[p];
             const uint64_t off = maco__fused_tile_off(f, t) * f->esz;
             char *mine = data + (uint64_t)f->rank * slot + off;
-            int gemm, sum;
+            int gemm = -1, sum = -1; /* -1 (no task) when a step fails: the deps are not used */
             if (o != f->rank) {
                 /* Into o's slot, once o is ready (its last launch read the slot). */
                 st = maco__fused_gemm(f, a, ms, t, maco__fused_remote(f, op->channels[o], mine),

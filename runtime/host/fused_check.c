@@ -26,20 +26,33 @@ maco_status_t maco_fused_gemm_scratch_bytes(maco_fused_op_t kind, int nranks, ui
                            "reduce-scatter, out_type MACO_FLOAT32 or MACO_BFLOAT16",
                            (int)kind, nranks, m, n, k, (int)out_type, (void *)bytes_p,
                            MACO__FUSED_MAX_RANKS, MACO_GEMM_TILE_N);
+    /* Counters: below 2^33 (m, n < 2^32, 64 ranks), no overflow. */
     uint64_t ctr = maco__fused_round256(maco__fused_nctr(kind, nranks, m, n) * 8);
-    uint64_t esz = maco__fused_esz(out_type), data;
-    /* Products are stored as whole tiles of 128 rows: slots of rows rounded up to 128. */
-    if (kind == MACO_FUSED_GEMM_ALLREDUCE)
-        data = (uint64_t)nranks * maco__fused_pad(m) * n * esz; /* slot r: rank r's product */
+    uint64_t esz = maco__fused_esz(out_type), data = 0, extra = 0;
+    int wrapped;
+    /* Products are stored as whole tiles of 128 rows: slots of rows rounded up to 128. Every
+     * product is checked: (64, 2^28, 128, 2^29) made nranks x m x k x 2 wrap to 0. */
+    if (kind == MACO_FUSED_GEMM_ALLREDUCE) /* slot r: rank r's product */
+        wrapped =
+            __builtin_mul_overflow((uint64_t)nranks * maco__fused_pad(m), (uint64_t)n, &data) ||
+            __builtin_mul_overflow(data, esz, &data);
     else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
-        data = (uint64_t)nranks * maco__fused_pad(m / (uint32_t)nranks) * n * esz;
+        wrapped = __builtin_mul_overflow((uint64_t)nranks * maco__fused_pad(m / (uint32_t)nranks),
+                                         (uint64_t)n, &data) ||
+                  __builtin_mul_overflow(data, esz, &data);
     else /* every rank's A shard (bf16), and each shard's partial last row of tiles */
-        data = (uint64_t)nranks * m * k * 2 +
-               (m % MACO_GEMM_TILE_M != 0 ? (uint64_t)nranks * MACO_GEMM_TILE_M * n * esz : 0);
-    if (data > SIZE_MAX - ctr)
+        wrapped = __builtin_mul_overflow((uint64_t)nranks * m, (uint64_t)k * 2, &data) ||
+                  (m % MACO_GEMM_TILE_M != 0 &&
+                   __builtin_mul_overflow((uint64_t)nranks * MACO_GEMM_TILE_M * esz, (uint64_t)n,
+                                          &extra)) ||
+                  __builtin_add_overflow(data, extra, &data);
+    if (wrapped || data > SIZE_MAX - ctr)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
-                           "maco_fused_gemm_scratch_bytes: %llu bytes do not fit a size_t",
-                           (unsigned long long)data);
+                           "maco_fused_gemm_scratch_bytes: the scratch for nranks %d x m %u x %s "
+                           "%u (x %llu bytes per element) does not fit a size_t (2^64 bytes)",
+                           nranks, m, kind == MACO_FUSED_ALLGATHER_GEMM ? "k" : "n",
+                           kind == MACO_FUSED_ALLGATHER_GEMM ? k : n,
+                           (unsigned long long)(kind == MACO_FUSED_ALLGATHER_GEMM ? 2 : esz));
     *bytes_p = (size_t)(ctr + data);
     return MACO_OK;
 }

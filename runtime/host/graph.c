@@ -299,6 +299,53 @@ static int maco__copy_check(const maco_task_t *t, char *why, size_t n)
     return 0;
 }
 
+/* 0 when [p, p + span) lies inside the address space; else -1 with `why` naming the pointer
+ * `name` (span 0: nothing is touched, fine). */
+static int maco__span_check(const void *p, uint64_t span, const char *name, char *why, size_t n)
+{
+    if (span > 0 && (uintptr_t)p > UINTPTR_MAX - span) {
+        snprintf(why, n, "%s: %llu bytes from %p run past the end of memory", name,
+                 (unsigned long long)span, p);
+        return -1;
+    }
+    return 0;
+}
+
+/* The bytes from the first to the last element an element-wise task touches at one pointer:
+ * rows (2D) of `count` elements `ld` elements apart. Below 2^57 (rows < 2^16, ld and count <
+ * 2^24, elements of at most 4 bytes): no overflow. */
+static uint64_t maco__rows_span(const maco_task_t *t, uint32_t ld, uint64_t esz)
+{
+    uint64_t rows = t->rows > 1 ? t->rows : 1;
+    return ((rows - 1) * (t->rows > 1 ? ld : 0) + t->count) * esz;
+}
+
+/* The ranges an element-wise task reads and writes (counts and strides checked already): none
+ * may run past the end of the address space. SUM's inputs span ninputs - 1 strides more. */
+static int maco__elementwise_spans(const maco_task_t *t, uint64_t esz, char *why, size_t n)
+{
+    uint64_t in = maco__rows_span(t, t->ld_in, esz);
+    if (maco__span_check(t->out, maco__rows_span(t, t->ld_out, esz), "out", why, n) != 0)
+        return -1;
+    if (t->type == MACO_TASK_SUM) {
+        uint64_t steps = t->ninputs - 1; /* 0..63 */
+        if (steps > 0 && (t->input_stride > (UINT64_MAX - in) / steps ||
+                          (uintptr_t)t->a > UINTPTR_MAX - (steps * t->input_stride + in))) {
+            snprintf(why, n,
+                     "a: %u inputs input_stride = %llu bytes apart from %p run past the end of "
+                     "memory",
+                     t->ninputs, (unsigned long long)t->input_stride, t->a);
+            return -1;
+        }
+        return maco__span_check(t->a, in, "a", why, n);
+    }
+    if (maco__span_check(t->a, in, "a", why, n) != 0)
+        return -1;
+    if (t->type == MACO_TASK_SCALE)
+        return 0;
+    return maco__span_check(t->b, in, "b", why, n);
+}
+
 /* SUM, ADD, SCALE and RESIDUAL_ADD: datatype, counts, inputs and alignment. */
 static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
 {
@@ -341,7 +388,7 @@ static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
             return -1;
         }
     }
-    return 0;
+    return maco__elementwise_spans(t, esz, why, n);
 }
 
 /* SIGNAL and WAIT: the counter, and a WAIT's count per launch. */
@@ -427,6 +474,14 @@ static int maco__gemm_check(const maco_task_t *t, char *why, size_t n)
                  t->a, t->b);
         return -1;
     }
+    /* What the tile reads and writes: A (m x k bf16), B (k x n bf16), and the tile's 128 rows
+     * of C, ldc apart (m < 2^31, the others below 2^32: no product overflows). */
+    uint64_t esz = t->datatype == MACO_FLOAT32 ? 4 : 2;
+    if (maco__span_check(t->a, (uint64_t)t->m * t->k * 2, "A (a)", why, n) != 0 ||
+        maco__span_check(t->b, (uint64_t)t->k * t->n * 2, "B (b)", why, n) != 0 ||
+        maco__span_check(t->out, ((uint64_t)(MACO_GEMM_TILE_M - 1) * t->ldc + tn) * esz, "C (out)",
+                         why, n) != 0)
+        return -1;
     return 0;
 }
 

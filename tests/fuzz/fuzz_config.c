@@ -2,7 +2,7 @@
  * fuzz_config.c - libFuzzer harness for the parsers of environment variables, which another
  * process (a launcher, a job script) writes: the typed parsers of config.c
  * (maco__parse_size, maco__parse_duration_ms, maco__parse_int, maco__parse_bool),
- * maco__parse_nonce (MACO_BOOTSTRAP_NONCE, bootstrap.c) and the logger's
+ * maco__parse_nonce (MACO_BOOTSTRAP_NONCE, config.c) and the logger's
  * maco__log_parse_level and maco__log_parse_subsys (MACO_LOG_LEVEL, MACO_LOG_SUBSYS, log.c).
  *
  * Feeds: a NUL-terminated copy of the input (-max_len 64; the text ends at the first NUL, as

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "src/host/bootstrap/bootstrap_internal.h"
+#include "src/host/bootstrap/bootstrap_private.h"
 #include "src/host/memory/mem_handle.h"
 #include "src/host/os/socket.h"
 #include "src/host/base/wire.h"
@@ -295,6 +296,53 @@ static void seeds_config(void)
     }
 }
 
+/* ------------------------------------------------------------------ setup handshake */
+
+/* fuzz_bootstrap_hello: u64 nonce, options, a hello, a proof message and an answer. */
+static void seeds_bootstrap_hello(void)
+{
+    const char *f = "fuzz_bootstrap_hello";
+    uint8_t in[9 + MACO__HELLO_BYTES + MACO__HS_PROOF_BYTES + MACO__HS_CHALLENGE_BYTES];
+    memset(in, 0, sizeof(in));
+    maco__put_u64(in, 0x0123456789ABCDEFull);
+    in[8] = 1 | (3 << 1); /* HELLO, the hello in one piece */
+    uint8_t *hello = in + 9, *proof = hello + MACO__HELLO_BYTES,
+            *answer = proof + MACO__HS_PROOF_BYTES;
+    maco__put_u32(hello, MACO__ID_MAGIC);
+    maco__put_u16(hello + 4, MACO__HELLO_VERSION);
+    maco__put_u16(hello + 6, MACO__KIND_HELLO);
+    maco__put_u32(hello + 8, 1);
+    maco__put_u32(hello + 12, 2);
+    for (int i = 0; i < MACO__HS_CHALLENGE; i++)
+        hello[16 + i] = (uint8_t)(i * 37 + 1);
+    snprintf((char *)hello + MACO__HELLO_ENTRY + MACO__WIRE_ADDR_BYTES, MACO__HOST_ID_BYTES,
+             "node-a");
+    maco__put_u32(proof, MACO__ID_MAGIC);
+    maco__put_u16(proof + 4, MACO__HELLO_VERSION);
+    maco__put_u16(proof + 6, MACO__KIND_PROOF);
+    maco__put_u32(answer, MACO__ID_MAGIC);
+    maco__put_u16(answer + 4, MACO__HELLO_VERSION);
+    maco__put_u16(answer + 6, MACO__KIND_CHALLENGE);
+    write_seed(f, "hello_made_up_proof", in, sizeof(in));
+    maco__put_u16(proof + 6, MACO__KIND_REFUSED);
+    write_seed(f, "hello_refused", in, sizeof(in));
+    in[8] = 0 | (1 << 1); /* expects PEER_HELLO, pieces of 7 */
+    write_seed(f, "wrong_kind_in_pieces", in, sizeof(in));
+    maco__put_u16(hello + 4, 1); /* setup wire version 1 */
+    write_seed(f, "version_1", in, sizeof(in));
+    maco__put_u16(hello + 4, MACO__HELLO_VERSION);
+    hello[0] = 'G'; /* an HTTP client, say */
+    write_seed(f, "not_maco", in, sizeof(in));
+    hello[0] = 'M';
+    /* An answer that is an INIT_ERROR frame of 20 bytes of text. */
+    memset(answer, 0, MACO__HS_CHALLENGE_BYTES);
+    maco__put_u16(answer, MACO__FRAME_INIT_ERROR);
+    maco__put_u64(answer + 8, 20);
+    memcpy(answer + 16, "world size mismatch!", 20);
+    write_seed(f, "answer_init_error", in, sizeof(in));
+    write_seed(f, "truncated", in, 40);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -307,6 +355,7 @@ int main(int argc, char **argv)
         return 1;
     }
     seeds_unique_id();
+    seeds_bootstrap_hello();
     seeds_link_frames();
     seeds_mem_handle();
     seeds_config();

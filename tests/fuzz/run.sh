@@ -48,8 +48,10 @@ fi
 # name and -max_len: 128-byte ids, 2 + 128-byte handles, link streams up to 64 KiB (they must
 # fit a socket buffer), short configuration texts, plans up to 64 KiB (the shipped ones are
 # below it), a TCP header with the receiver's state and a hello (125 bytes), a port channel
-# hello with three limits (198 bytes), an IB endpoint, a link layer and a ready message (145).
-fuzzers=("fuzz_unique_id 128" "fuzz_mem_handle 130" "fuzz_link_frames 65536" "fuzz_config 64"
+# hello with three limits (198 bytes), an IB endpoint, a link layer and a ready message (145),
+# the setup handshake's nonce, options, hello, proof and answer (289).
+fuzzers=("fuzz_unique_id 128" "fuzz_bootstrap_hello 289" "fuzz_mem_handle 130"
+  "fuzz_link_frames 65536" "fuzz_config 64"
   "fuzz_plan 65536" "fuzz_tcp_wire 125" "fuzz_port_hello 198"
   "fuzz_ib_endpoint 145")
 mkdir -p "$out/logs"

@@ -12,10 +12,13 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -376,6 +379,116 @@ TEST(NcclCpu, DestroyingACommunicatorInsideAGroupDropsItsQueuedCalls)
     /* The next group is clean. */
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+}
+
+/* The watchdog pattern (how PyTorch's NCCL process group uses the library): one thread polls a
+ * communicator's state while another destroys it. The poller only ever gets answers about a
+ * live communicator or "not a communicator"; nothing reads the communicator while or after it
+ * is freed (run under valgrind by ctest nccl_races_valgrind, under TSan in CI; before the fix
+ * valgrind reported invalid reads of comm->magic in maco_nccl__comm_valid). */
+TEST(NcclRaces, PollingWhileAnotherThreadDestroys)
+{
+    for (int round = 0; round < 20; round++) {
+        ncclComm_t c = OneRank();
+        ASSERT_NE(c, nullptr);
+        std::atomic<bool> go{ false }, done{ false };
+        std::atomic<int> live{ 0 }, gone{ 0 };
+        std::thread poller([&] {
+            while (!go.load())
+                std::this_thread::yield();
+            while (!done.load()) {
+                ncclResult_t async = ncclSuccess;
+                int n = 0, dev = 0, rank = 0;
+                ncclResult_t a = ncclCommGetAsyncError(c, &async);
+                ncclResult_t b = ncclCommCount(c, &n);
+                ncclResult_t d = ncclCommCuDevice(c, &dev);
+                ncclResult_t e = ncclCommUserRank(c, &rank);
+                if (a == ncclSuccess && b == ncclSuccess && n == 1 && rank == 0)
+                    live++;
+                else if (a == ncclInvalidArgument || b == ncclInvalidArgument ||
+                         d == ncclInvalidArgument || e == ncclInvalidArgument)
+                    gone++;
+                if (gone.load() > 0)
+                    break; /* told: it stops, as a watchdog would */
+            }
+        });
+        go = true;
+        std::this_thread::sleep_for(std::chrono::microseconds(200 * (round % 5)));
+        EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+        /* Until the poller has been told at least once (bounded: a stuck poller fails). */
+        for (int i = 0; i < 20000 && gone.load() == 0; i++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        done = true;
+        poller.join();
+        EXPECT_GT(gone.load(), 0) << "after the destroy the poller is told, never reads it";
+    }
+}
+
+/* A call queued in thread A's group on a communicator that thread B then destroys and
+ * re-creates at the same address (malloc gives B the block back) must not run on the new
+ * communicator: A's group end refuses it, naming the destroyed communicator. (Regression: it
+ * ran on B's new communicator.) */
+TEST(NcclRaces, ACallQueuedInAGroupNeverRunsOnAReCreatedCommunicator)
+{
+    int same_address = 0;
+    for (int attempt = 0; attempt < 20 && same_address == 0; attempt++) {
+        ncclComm_t c = OneRank();
+        ASSERT_NE(c, nullptr);
+        std::atomic<int> step{ 0 };
+        ncclResult_t end = ncclSuccess;
+        std::string why;
+        std::thread a([&] {
+            char buf[64];
+            ncclGroupStart();
+            ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr);
+            step = 1;
+            while (step.load() != 2)
+                std::this_thread::yield();
+            end = ncclGroupEnd();
+            why = LastError();
+        });
+        while (step.load() != 1)
+            std::this_thread::yield();
+        ASSERT_EQ(ncclCommDestroy(c), ncclSuccess);
+        ncclComm_t again = OneRank();
+        ASSERT_NE(again, nullptr);
+        same_address = again == c;
+        step = 2;
+        a.join();
+        if (same_address) {
+            EXPECT_EQ(end, ncclInvalidArgument) << why;
+            EXPECT_NE(why.find("destroyed while the call waited in a group"), std::string::npos)
+                << why;
+        }
+        EXPECT_EQ(ncclCommDestroy(again), ncclSuccess);
+    }
+    if (!same_address)
+        GTEST_SKIP() << "malloc never gave the new communicator the old one's address";
+}
+
+/* ncclCommWindowDeregister looks a window up before reading it: something that only looks
+ * like a window (its first bytes copied from what the library writes), a window of no
+ * communicator and NULL are refused, naming the window. (Regression: it read win->magic and
+ * win->comm first, so a freed window, a double deregister or a forged one was read, and a
+ * forged one freed.) */
+TEST(NcclRaces, WindowDeregisterLooksTheWindowUpFirst)
+{
+    ncclComm_t c = OneRank();
+    ASSERT_NE(c, nullptr);
+    struct Forged {
+        uint32_t magic;
+        ncclComm_t comm;
+        void *mem, *base;
+        size_t size;
+    };
+    Forged *f = new Forged{ 0x4d4e5749u /* the library's window magic */, c, nullptr, nullptr, 64 };
+    EXPECT_EQ(ncclCommWindowDeregister(c, reinterpret_cast<ncclWindow_t>(f)), ncclInvalidArgument);
+    EXPECT_NE(LastError().find("is not a window of this communicator"), std::string::npos)
+        << LastError();
+    EXPECT_EQ(f->magic, 0x4d4e5749u) << "the forged window was written to";
+    delete f;
+    EXPECT_EQ(ncclCommWindowDeregister(c, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
 /* A communicator created inside a group is created at the group's end. */

@@ -1,16 +1,21 @@
 /* config.c - the configuration table, typed parsers and the unknown-variable check. */
 #include "src/host/base/config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include "src/host/base/log.h"
+#include "maco/bootstrap.h"
 #include "maco/config.h"
 
 typedef struct maco__config_row {
@@ -205,6 +210,103 @@ int maco__parse_bool(const char *text, int *value_p)
     return -1;
 }
 
+int maco__parse_nonce(const char *text, uint64_t *nonce_p)
+{
+    uint64_t v = 0;
+    size_t n = 0;
+    for (; text[n] != '\0'; n++) {
+        char c = text[n];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0 || n == 16)
+            return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (n == 0)
+        return -1;
+    *nonce_p = v;
+    return 0;
+}
+
+int maco__parse_address(const char *text, struct sockaddr_storage *ss, unsigned *len_p, char *why,
+                        size_t cap)
+{
+    char host[256];
+    const char *port_text;
+    if (text[0] == '[') {
+        const char *close = strchr(text, ']');
+        if (close == NULL || close[1] != ':' || (size_t)(close - text - 1) >= sizeof(host)) {
+            snprintf(why, cap, "expected [ipv6]:port");
+            return -1;
+        }
+        memcpy(host, text + 1, (size_t)(close - text - 1));
+        host[close - text - 1] = '\0';
+        port_text = close + 2;
+    } else {
+        const char *colon = strrchr(text, ':');
+        if (colon == NULL || (size_t)(colon - text) >= sizeof(host) || colon == text) {
+            snprintf(why, cap, "expected host:port");
+            return -1;
+        }
+        memcpy(host, text, (size_t)(colon - text));
+        host[colon - text] = '\0';
+        port_text = colon + 1;
+    }
+    int64_t port;
+    if (maco__parse_int(port_text, &port) != 0 || port < 1 || port > 65535) {
+        snprintf(why, cap, "the port must be 1..65535");
+        return -1;
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0 || res == NULL || res->ai_addrlen > sizeof(*ss) ||
+        (res->ai_family != AF_INET && res->ai_family != AF_INET6)) {
+        snprintf(why, cap, "cannot resolve host '%s': %s", host,
+                 rc != 0 ? gai_strerror(rc) : "no IPv4 or IPv6 address");
+        if (res != NULL)
+            freeaddrinfo(res);
+        return -1;
+    }
+    memset(ss, 0, sizeof(*ss));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len_p = (unsigned)res->ai_addrlen;
+    freeaddrinfo(res);
+    if (ss->ss_family == AF_INET)
+        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+    return 0;
+}
+
+/* Checks of STRING variables that need a parser (the readers use the same one). */
+static int maco__check_nonce(const char *text, char *why, size_t cap)
+{
+    uint64_t v;
+    if (maco__parse_nonce(text, &v) == 0)
+        return 1;
+    snprintf(why, cap, "1 to 16 hex digits (no sign, no 0x)");
+    return 0;
+}
+
+static int maco__check_address(const char *text, char *why, size_t cap)
+{
+    struct sockaddr_storage ss;
+    unsigned len;
+    char what[200];
+    if (maco__parse_address(text, &ss, &len, what, sizeof(what)) == 0)
+        return 1;
+    snprintf(why, cap,
+             "host:port or [ipv6]:port, a port from 1 to 65535 and a host that resolves "
+             "(%s)",
+             what);
+    return 0;
+}
+
 /* Parses `text` as a value of a numeric row; returns 0, or -1 on bad text or a STRING row. */
 static int maco__config_parse(const maco__config_row_t *row, const char *text, int64_t *value_p)
 {
@@ -247,23 +349,32 @@ typedef struct maco__config_rule {
     const char *words; /* strings: accepted words ("a|b"; "plan:*" any text after plan:) */
     size_t max_len;    /* strings: most bytes; 0 any */
     int zero_auto;     /* numbers: 0 (automatic) accepted too */
+    /* strings: the reader's own parser; 1 when it takes the text, else 0 with what the
+     * variable accepts in `why` */
+    int (*check)(const char *text, char *why, size_t cap);
 } maco__config_rule_t;
 
 #define MACO__NUM(id, lo, hi)                                                                      \
     {                                                                                              \
-        MACO_CFG_##id, (lo), (hi), 0, NULL, 0, 0                                                   \
+        MACO_CFG_##id, (lo), (hi), 0, NULL, 0, 0, NULL                                             \
     }
 #define MACO__WORDS(id, w)                                                                         \
     {                                                                                              \
-        MACO_CFG_##id, 0, -1, 0, (w), 0, 0                                                         \
+        MACO_CFG_##id, 0, -1, 0, (w), 0, 0, NULL                                                   \
+    }
+#define MACO__PARSED(id, fn)                                                                       \
+    {                                                                                              \
+        MACO_CFG_##id, 0, -1, 0, NULL, 0, 0, (fn)                                                  \
     }
 static const maco__config_rule_t maco__config_rules[] = {
-    MACO__NUM(RANK, 0, INT32_MAX),
-    MACO__NUM(WORLD_SIZE, 1, INT32_MAX),
-    MACO__NUM(LOCAL_RANK, 0, INT32_MAX),
+    MACO__NUM(RANK, 0, MACO_MAX_RANKS - 1),
+    MACO__NUM(WORLD_SIZE, 1, MACO_MAX_RANKS),
+    MACO__NUM(LOCAL_RANK, 0, MACO_MAX_RANKS - 1),
     MACO__NUM(BOOTSTRAP_PORT, 1, 65535),
     MACO__WORDS(LAUNCHER, "auto|maco|torchrun|ompi|mpich|pmix|slurm"),
-    { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127, 0 }, /* a host id's 128 bytes with the NUL */
+    MACO__PARSED(BOOTSTRAP_NONCE, maco__check_nonce),
+    MACO__PARSED(BOOTSTRAP_ADDR, maco__check_address),
+    { MACO_CFG_HOST_ID, 0, -1, 0, NULL, 127, 0, NULL }, /* a host id's 128 bytes with the NUL */
     MACO__WORDS(GEMM_TILE, "auto|gmma|cublasdx"),
     MACO__WORDS(GEMM_TILE_WIDTH, "auto|128|256"),
     MACO__NUM(SCRATCH_SIZE, (int64_t)1 << 20, (int64_t)16 << 30),
@@ -276,14 +387,14 @@ static const maco__config_rule_t maco__config_rules[] = {
     MACO__WORDS(ALGO_SENDRECV, "ll|copy"),
     MACO__NUM(P2P_LL_MAX, 0, (int64_t)1 << 40),
     MACO__NUM(P2P_LANES, 1, 32), /* MACO__P2P_MAX_LANES */
-    { MACO_CFG_P2P_CHUNK_SIZE, (int64_t)16 << 10, (int64_t)4 << 20, 0, NULL, 0, 1 },
+    { MACO_CFG_P2P_CHUNK_SIZE, (int64_t)16 << 10, (int64_t)4 << 20, 0, NULL, 0, 1, NULL },
     MACO__NUM(ALLREDUCE_ONESHOT_MAX, 16, (int64_t)64 << 20),
     MACO__NUM(ALLREDUCE_INPLACE_MAX, 0, (int64_t)1 << 50),
     MACO__NUM(ALLREDUCE_RSAG_CTAS, 1, 128), /* MACO__RSAG_MAX_SLOTS */
     MACO__NUM(MESH_GATE_MIN, 0, (int64_t)1 << 50),
     MACO__NUM(COLL_MAX_CTAS, 0, INT32_MAX),
     MACO__NUM(HIER_CTAS, 1, 64), /* MACO__HIER_MAX_SLOTS */
-    { MACO_CFG_PROXY_FIFO_SIZE, 2, 65536, 1, NULL, 0, 0 },
+    { MACO_CFG_PROXY_FIFO_SIZE, 2, 65536, 1, NULL, 0, 0, NULL },
     MACO__WORDS(TRANSPORT, "auto|cuda|host|ib|tcp"),
     MACO__NUM(TCP_NSOCKS, 1, 8), /* MACO__TCP_MAX_SOCKS */
     MACO__NUM(TCP_CHUNK_SIZE, (int64_t)64 << 10, (int64_t)64 << 20),
@@ -295,6 +406,7 @@ static const maco__config_rule_t maco__config_rules[] = {
 };
 #undef MACO__NUM
 #undef MACO__WORDS
+#undef MACO__PARSED
 
 static const maco__config_rule_t *maco__config_rule(maco__config_id_t id)
 {
@@ -358,6 +470,13 @@ static int maco__config_rule_ok(maco__config_id_t id, const char *text, int64_t 
     if (r == NULL)
         return 1;
     int ok = 1;
+    if (r->check != NULL) {
+        char what[300] = "";
+        ok = r->check(text, what, sizeof(what));
+        if (!ok && cap > 0)
+            snprintf(why, cap, "%s", what);
+        return ok;
+    }
     if (r->words != NULL) {
         ok = 0;
         const char *w = r->words;

@@ -216,11 +216,24 @@ maco_status_t maco__config_word(maco__config_id_t id, const char **value_p);
 /**
  * Parsers shared with the tools and tests; they return 0 on success, -1 on bad text (and on
  * a value out of range: nothing wraps); a failed parse does not write the output.
+ * maco__parse_nonce: MACO_BOOTSTRAP_NONCE's text, 1 to 16 hex digits, nothing else.
  */
+int maco__parse_nonce(const char *text, uint64_t *nonce_p);
 int maco__parse_size(const char *text, int64_t *bytes_p);
 int maco__parse_duration_ms(const char *text, int64_t *ms_p);
 int maco__parse_bool(const char *text, int *value_p);
 int maco__parse_int(const char *text, int64_t *value_p);
+
+struct sockaddr_storage;
+/**
+ * Parses "host:port", "[v6addr]:port" or "v4addr:port" (a port from 1 to 65535) and resolves
+ * the host (getaddrinfo; it may block on name resolution) into *ss and *len_p: 0, or -1 with
+ * `why` (cap bytes) saying what is wrong ("expected host:port", "the port must be 1..65535",
+ * "cannot resolve host 'x': ..."); outputs untouched then. The one check of
+ * MACO_BOOTSTRAP_ADDR: maco__config_validate and maco__sockaddr_parse (the reader) use it.
+ */
+int maco__parse_address(const char *text, struct sockaddr_storage *ss, unsigned *len_p, char *why,
+                        size_t cap);
 
 /**
  * Checks the environment's value of `id` with the parser the library reads it with (the

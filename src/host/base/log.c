@@ -260,6 +260,43 @@ int maco__log_enabled(maco__log_level_t level, maco__subsys_t subsys)
            (level == MACO_LOG_ERROR || (maco__log_mask & (unsigned)subsys) != 0);
 }
 
+/* Copies src[0, len) into out (at most cap - 1 bytes and a NUL) with control characters
+ * escaped; "..." at the end when it did not all fit or `cut`. Returns the bytes written. */
+static size_t maco__log_escape(char *out, size_t cap, const char *src, size_t len, int cut)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)src[i];
+        char esc[5];
+        size_t k = 0;
+        if (c == '\n' || c == '\r' || c == '\t') {
+            esc[k++] = '\\';
+            esc[k++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+        } else if (c < 0x20 || c == 0x7f) {
+            esc[k++] = '\\';
+            esc[k++] = 'x';
+            esc[k++] = hex[c >> 4];
+            esc[k++] = hex[c & 15];
+        } else {
+            esc[k++] = (char)c;
+        }
+        if (o + k + 4 > cap) { /* room for "..." and the NUL */
+            cut = 1;
+            break;
+        }
+        memcpy(out + o, esc, k);
+        o += k;
+    }
+    if (cut && o + 4 <= cap) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    if (cap > 0)
+        out[o] = '\0';
+    return o;
+}
+
 void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt, va_list ap)
 {
     int saved_errno = errno;
@@ -276,20 +313,28 @@ void maco__vlog(maco__log_level_t level, maco__subsys_t subsys, const char *fmt,
     int n = snprintf(line, sizeof(line), "%s:%d:%ld [%s] %s %s: ", maco__log_host, (int)getpid(),
                      (long)syscall(SYS_gettid), rank_text, maco__level_names[level],
                      maco__subsys_name(subsys));
-    if (n < 0)
+    if (n < 0 || (size_t)n >= sizeof(line))
         n = 0;
-    if ((size_t)n < sizeof(line)) {
-        int m = vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
-        if (m > 0)
-            n += m;
-    }
-    if ((size_t)n >= sizeof(line) - 1)
-        n = (int)sizeof(line) - 2;
+    /* The message is escaped once, here, so that nothing it echoes (a configuration value, a
+     * peer's text) can forge a log line or drive a terminal: control characters become \n,
+     * \r, \t or \xNN; a message cut short for room ends with "...". */
+    char text[sizeof(line)];
+    int m = vsnprintf(text, sizeof(text), fmt, ap);
+    size_t len = m < 0 ? 0 : (size_t)m < sizeof(text) ? (size_t)m : sizeof(text) - 1;
+    n = (int)maco__log_escape(line + n, sizeof(line) - 1 - (size_t)n, text, len,
+                              (size_t)m >= sizeof(text)) +
+        n;
     line[n++] = '\n';
     line[n] = '\0';
     if (level != MACO_LOG_ERROR || !maco__log_capture_errors) {
-        if (write(maco__log_fd, line, (size_t)n) < 0) {
-            /* The log is best effort. */
+        /* The log is best effort, but a signal (EINTR) or a short write into a full pipe
+         * does not cut a line: what is left is written again. */
+        for (size_t done = 0; done < (size_t)n;) {
+            ssize_t w = write(maco__log_fd, line + done, (size_t)n - done);
+            if (w > 0)
+                done += (size_t)w;
+            else if (w == 0 || errno != EINTR)
+                break;
         }
     }
     if (maco__log_handler != NULL)

@@ -143,9 +143,6 @@ int maco__bootstrap_link_fd(maco_bootstrap_t bs, int peer);
 /** The bootstrap's timeout in milliseconds. */
 int64_t maco__bootstrap_timeout_ms(maco_bootstrap_t bs);
 
-/** Parses MACO_BOOTSTRAP_NONCE's text: 1 to 16 hex digits, nothing else. 0 on success. */
-int maco__parse_nonce(const char *text, uint64_t *nonce_p);
-
 /**
  * Writes the unique id of a job whose rank 0 listens at `root`, with job nonce `nonce`
  * (layout: u32 magic "MACO", u16 version, u16 zero, u64 nonce, the 24-byte wire address of

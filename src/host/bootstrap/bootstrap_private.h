@@ -1,21 +1,40 @@
 /*
  * bootstrap_private.h - the TCP bootstrap's insides, shared by the files of src/host/bootstrap:
  *   host_id.c (host identity, topology), unique_id.c (the 128-byte id, rank 0's socket),
- *   progress.c (frames, the progress engine, failures), calls.c (the public calls), setup.c (the
- *   setup protocol), env.c (starting from the environment).
+ *   progress.c (frames, the progress engine, failures), calls.c (the public calls), handshake.c
+ *   (the setup handshake, bounded reads and writes), setup.c (the setup protocol), env.c
+ *   (starting from the environment).
  *
  * TCP bootstrap: setup through rank 0, then a full mesh of connections.
  *
  * Setup protocol (all integers little-endian, every message starts with magic + version):
- *   1. Every rank r > 0 opens a listening socket, connects to rank 0 and sends HELLO
- *      {magic, version, kind=HELLO, nonce, rank, nranks, listen address, host id}.
- *   2. Rank 0 checks each HELLO: a wrong magic, version or nonce is a stray client, refused
- *      with a warning; a rank out of range, a duplicate rank or another world size fails the
- *      job, and rank 0 tells every joined rank why (INIT_ERROR frame). When all nranks-1
- *      ranks have joined, rank 0 sends everyone the TABLE of listen addresses and host ids.
- *      These connections stay as the mesh links between rank 0 and each rank.
- *   3. Rank r connects to every rank q in [1, r) and sends PEER_HELLO {magic, version,
- *      kind, nonce, rank, nranks}; it accepts one connection from every rank in (r, nranks).
+ *   0. Every connection of the setup starts with the handshake (handshake.c), the same for
+ *      every kind of hello. The connecting process sends HELLO {magic, version, kind, rank,
+ *      nranks, a fresh random 16-byte challenge, listen address, host id}; the accepting
+ *      process answers CHALLENGE {magic, version, kind=CHALLENGE, its own fresh 16-byte
+ *      challenge, its proof}; the connecting process checks that proof and answers PROOF
+ *      {magic, version, kind=PROOF, its proof}, or REFUSED and closes. A proof is
+ *      HMAC-SHA256 keyed by the job nonce (8 bytes, little-endian) over a label naming the
+ *      role ("MACO-hello-v2 server" or "MACO-hello-v2 client"), the whole HELLO and the
+ *      accepting side's challenge: each side proves that it knows the nonce over a
+ *      challenge the other side just drew, and the nonce itself never crosses the wire. The
+ *      accepting side proves first, so a process that listens on a rank's address before
+ *      the rank does (or any stranger) learns nothing from a rank that connects to it, and
+ *      that rank fails at once naming the address; a stranger that connects gets one proof
+ *      over a challenge of its choosing, which does not let it answer a challenge of ours
+ *      (the labels differ and our challenge is fresh). The handshake authenticates; it
+ *      neither encrypts nor protects later frames against a man in the middle.
+ *   1. Every rank r > 0 opens a listening socket, connects to rank 0 and runs the handshake
+ *      with kind HELLO.
+ *   2. Rank 0 refuses a connection that does not present MACO's magic, that runs another
+ *      setup wire version (one of version 1 is told so with an INIT_ERROR frame, which it
+ *      reads), that asks for another kind, or whose proof is wrong, with a warning. Of the
+ *      rest, a rank out of range, a duplicate rank or another world size fails the job, and
+ *      rank 0 tells every joined rank why (INIT_ERROR frame). When all nranks-1 ranks have
+ *      joined, rank 0 sends everyone the TABLE of listen addresses and host ids. These
+ *      connections stay as the mesh links between rank 0 and each rank.
+ *   3. Rank r connects to every rank q in [1, r) and runs the handshake with kind
+ *      PEER_HELLO; it accepts one connection from every rank in (r, nranks).
  *
  * After setup, every link carries frames: {u16 kind, u16 reserved, u32 tag, u64 length}
  * and `length` payload bytes. DATA frames carry user and MACO messages; a BYE frame says the
@@ -37,13 +56,24 @@
 #include "maco/bootstrap.h"
 #include "src/host/os/socket.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define MACO__ID_MAGIC 0x4F43414Du /* "MACO" read as little-endian u32 */
-#define MACO__ID_VERSION 1u
+#define MACO__ID_VERSION 1u        /* the unique id's layout */
+/* The setup handshake's wire version. 1: the hello carried the job nonce in clear (any process
+ * listening on the address first learned it); 2: challenge and response (above). */
+#define MACO__HELLO_VERSION 2u
 #define MACO__HOST_ID_BYTES 128
 
+/* Kinds of the setup handshake's messages. */
 enum {
-    MACO__KIND_HELLO = 1,
-    MACO__KIND_PEER_HELLO = 2,
+    MACO__KIND_HELLO = 1,      /* a rank joins through rank 0 */
+    MACO__KIND_PEER_HELLO = 2, /* a rank connects to a lower rank for the mesh */
+    MACO__KIND_CHALLENGE = 16, /* the accepting side's challenge and proof */
+    MACO__KIND_PROOF = 17,     /* the connecting side's proof */
+    MACO__KIND_REFUSED = 18,   /* the connecting side found the accepting side's proof wrong */
 };
 
 /* Frame kinds on established links. */
@@ -58,8 +88,18 @@ enum {
 
 enum {
     MACO__FRAME_HDR_BYTES = 16,
-    /* HELLO: magic(4) version(2) kind(2) nonce(8) rank(4) nranks(4) addr(24) host id(128). */
-    MACO__HELLO_BYTES = 24 + MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
+    MACO__HS_CHALLENGE = 16, /* bytes of a challenge */
+    MACO__HS_PROOF = 32,     /* bytes of a proof (HMAC-SHA256) */
+    /* HELLO: magic(4) version(2) kind(2) rank(4) nranks(4) challenge(16), then a table entry:
+     * listen address(24) host id(128). */
+    MACO__HELLO_ENTRY = 32,
+    MACO__HELLO_BYTES = MACO__HELLO_ENTRY + MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
+    /* CHALLENGE: magic(4) version(2) kind(2) challenge(16) proof(32). */
+    MACO__HS_CHALLENGE_BYTES = 8 + MACO__HS_CHALLENGE + MACO__HS_PROOF,
+    /* PROOF and REFUSED: magic(4) version(2) kind(2) proof(32) (zeros in REFUSED). */
+    MACO__HS_PROOF_BYTES = 8 + MACO__HS_PROOF,
+    /* Version 1's hello: magic(4) version(2) kind(2) nonce(8) rank(4) nranks(4) addr host id. */
+    MACO__HELLO_V1_BYTES = 24 + MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
     MACO__TABLE_ENTRY_BYTES = MACO__WIRE_ADDR_BYTES + MACO__HOST_ID_BYTES,
     /* How long an accepted connection may take to send its hello before it is dropped. A
      * rank writes its hello right after connecting, but 256 ranks on 2 cores can leave one
@@ -200,10 +240,10 @@ typedef struct maco__op {
 } maco__op_t;
 
 /* ---- functions the bootstrap's files share: alloc.c defines maco__bs_alloc, maco__bs_free
- * and maco__peer_close_fd (the object), unique_id.c maco__take_root_socket, setup.c
- * maco__write_all and maco__read_all, progress.c the rest (posting, queueing and running sends and
- * receives; the sticky failure). The files call each other one way: alloc < progress < setup <
- * calls.
+ * and maco__peer_close_fd (the object), unique_id.c maco__take_root_socket, handshake.c
+ * maco__write_all and maco__read_all, progress.c the rest (posting, queueing and running sends
+ * and receives; the sticky failure). The files call each other one way: alloc < progress <
+ * handshake < setup < calls.
  */
 maco_bootstrap_t maco__bs_alloc(int rank, int nranks, uint64_t nonce, int64_t timeout_ms);
 void maco__bs_free(maco_bootstrap_t bs);
@@ -246,6 +286,90 @@ maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadl
  * connection is MACO_ERR_REMOTE, the deadline MACO_ERR_TIMEOUT, both naming `what`. */
 maco_status_t maco__read_all(int fd, void *buf, size_t len, int64_t deadline_ms, const char *what);
 
+/* ---- handshake.c: the setup handshake (step 0 above), one for every kind of hello. */
+
+/* A hello's fields. */
+typedef struct maco__hello {
+    uint16_t kind;
+    uint32_t rank, nranks;
+    uint8_t challenge[MACO__HS_CHALLENGE];
+} maco__hello_t;
+
+/* Writes a hello with a fresh random challenge (returned in h->challenge) into
+ * out[MACO__HELLO_BYTES]; `listen_addr` and `host_id` may be NULL (zeros). */
+void maco__hello_make(uint8_t *out, maco__hello_t *h, const maco__sockaddr_t *listen_addr,
+                      const char *host_id);
+/* Reads in[MACO__HELLO_BYTES] into *h: 0, or -1 when magic or version is not this build's. */
+int maco__hello_read(const uint8_t *in, maco__hello_t *h);
+/* The proof of the accepting side (`server` 1) or of the connecting side (0) for a handshake
+ * over `hello` and the accepting side's `challenge`, under the job nonce. */
+void maco__hello_proof(uint64_t nonce, int server, const uint8_t *hello,
+                       const uint8_t challenge[MACO__HS_CHALLENGE], uint8_t out[MACO__HS_PROOF]);
+
+/* The accepting side of one connection's handshake, advanced by maco__handshake_serve. */
+typedef struct maco__hs_server {
+    int stage;  /* 0: reading the hello; 1: reading the proof */
+    size_t got; /* bytes of the message being read */
+    uint8_t hello[MACO__HELLO_BYTES];
+    uint8_t challenge[MACO__HS_CHALLENGE];
+    uint8_t proof[MACO__HS_PROOF_BYTES];
+} maco__hs_server_t;
+
+/* What maco__handshake_serve found. */
+enum {
+    MACO__HS_MORE = 0,         /* nothing more to do until more bytes arrive */
+    MACO__HS_DONE = 1,         /* the peer proved the nonce: hs->hello holds its hello */
+    MACO__HS_CLOSED = 2,       /* the connection ended or failed before the end */
+    MACO__HS_NOT_MACO = 3,     /* the first bytes are not MACO's magic */
+    MACO__HS_OLD_VERSION = 4,  /* a hello of setup wire version 1 (the peer reads frames) */
+    MACO__HS_BAD_HELLO = 5,    /* another version, or a kind this side does not accept */
+    MACO__HS_BAD_PROOF = 6,    /* the peer's proof is wrong (it does not know the nonce) */
+    MACO__HS_PEER_REFUSED = 7, /* the peer found our proof wrong (its nonce differs) */
+};
+
+/* Reads what `fd` (non-blocking) has for this handshake and advances it: after a whole
+ * hello of kind `kind` it sends the challenge and proof, after the whole proof it checks
+ * it. Returns one of MACO__HS_*; once it returned anything but MORE, the connection is done
+ * with (DONE: it carries the peer's frames from now on). Never blocks. */
+int maco__handshake_serve(maco__hs_server_t *hs, int fd, uint16_t kind, uint64_t nonce);
+
+/* The connecting side of one connection's handshake. */
+typedef struct maco__hs_client {
+    int done;   /* 1 once both proofs are through: the connection carries frames */
+    size_t got; /* bytes of the answer so far */
+    uint64_t nonce;
+    char who[160]; /* the peer and its address, for errors */
+    uint8_t hello[MACO__HELLO_BYTES];
+    uint8_t answer[MACO__HS_CHALLENGE_BYTES];
+} maco__hs_client_t;
+
+/* Starts the connecting side on `fd` (non-blocking): sends a hello of `kind` with this rank's
+ * `rank`, `nranks`, `listen_addr` and `host_id` (either may be NULL) before `deadline_ms`.
+ * `who` names the peer and its address in errors ("rank 0 at 10.0.0.1:29500"). */
+maco_status_t maco__handshake_begin(maco__hs_client_t *hc, int fd, uint16_t kind, uint64_t nonce,
+                                    int rank, int nranks, const maco__sockaddr_t *listen_addr,
+                                    const char *host_id, int64_t deadline_ms, const char *who);
+/* Reads what `fd` has of the accepting side's answer and, once it is whole, checks its proof
+ * and sends this side's (hc->done then). Never waits for bytes that have not arrived. Errors:
+ * MACO_ERR_REMOTE (the peer did not prove the nonce, answered outside the protocol, closed
+ * the connection or refused this process, saying why), MACO_ERR_TIMEOUT (sending). */
+maco_status_t maco__handshake_advance(maco__hs_client_t *hc, int fd, int64_t deadline_ms);
+/* The MACO_ERR_TIMEOUT of a handshake whose answer did not come, naming the peer. */
+maco_status_t maco__handshake_timed_out(const maco__hs_client_t *hc);
+
+/*
+ * The connecting side from start to end (maco__handshake_begin, then advance until done):
+ * sends the hello, checks the accepting side's proof and sends this side's, before
+ * `deadline_ms`. A signal interrupting a wait shortens it; the deadline holds. `stop` (may be
+ * NULL) is asked every 200 ms while the answer has not come; its error ends the wait. Errors:
+ * those of maco__handshake_advance and of `stop`; MACO_ERR_TIMEOUT naming the peer when its
+ * answer does not come.
+ */
+maco_status_t maco__handshake_connect(int fd, uint16_t kind, uint64_t nonce, int rank, int nranks,
+                                      const maco__sockaddr_t *listen_addr, const char *host_id,
+                                      int64_t deadline_ms, const char *who,
+                                      maco_status_t (*stop)(void *ctx), void *stop_ctx);
+
 /* ---- torch_store.c: the unique id through torchrun's agent store (env.c uses it). */
 /* Whether to use it: torchrun says its workers share the agent's store
  * (TORCHELASTIC_USE_AGENT_STORE=True) and MACO_BOOTSTRAP_ADDR does not name an address. */
@@ -256,5 +380,9 @@ int maco__torch_store_wanted(void);
  * the connection or answered outside the protocol), those of maco_unique_id_create. */
 maco_status_t maco__torch_store_unique_id(const maco__sockaddr_t *store, const char *store_text,
                                           int rank, maco_unique_id_t *id);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MACO_BOOTSTRAP_PRIVATE_H */

@@ -15,26 +15,6 @@
 #include "src/host/base/log.h"
 #include "src/host/base/wire.h"
 
-int maco__parse_nonce(const char *text, uint64_t *nonce_p)
-{
-    uint64_t v = 0;
-    size_t n = 0;
-    for (; text[n] != '\0'; n++) {
-        char c = text[n];
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
-        if (d < 0 || n == 16)
-            return -1;
-        v = v << 4 | (uint64_t)d;
-    }
-    if (n == 0)
-        return -1;
-    *nonce_p = v;
-    return 0;
-}
-
 /* How the unique id reaches the ranks, in the order they are tried. */
 typedef enum maco__id_source {
     MACO__ID_ADDRESS,     /* MACO_BOOTSTRAP_ADDR or MASTER_ADDR:MASTER_PORT, and the nonce */

@@ -14,81 +14,12 @@
 #include "src/host/base/log.h"
 #include "src/host/base/wire.h"
 
-maco_status_t maco__write_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
-                              const char *what)
-{
-    const uint8_t *p = (const uint8_t *)buf;
-    while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP, "sending to %s: %s", what,
-                               strerror(errno));
-        int64_t left = deadline_ms - maco__now_ms();
-        if (left <= 0)
-            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP, "sending to %s timed out",
-                               what);
-        struct pollfd pfd = { .fd = fd, .events = POLLOUT, .revents = 0 };
-        poll(&pfd, 1, (int)(left > 1000 ? 1000 : left));
-    }
-    return MACO_OK;
-}
-
-maco_status_t maco__read_all(int fd, void *buf, size_t len, int64_t deadline_ms, const char *what)
-{
-    uint8_t *p = (uint8_t *)buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n == 0)
-            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
-                               "%s closed the connection during setup", what);
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP, "receiving from %s: %s",
-                               what, strerror(errno));
-        int64_t left = deadline_ms - maco__now_ms();
-        if (left <= 0)
-            return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
-                               "waiting for %s timed out (MACO_BOOTSTRAP_TIMEOUT sets the "
-                               "deadline)",
-                               what);
-        struct pollfd pfd = { .fd = fd, .events = POLLIN, .revents = 0 };
-        poll(&pfd, 1, (int)(left > 1000 ? 1000 : left));
-    }
-    return MACO_OK;
-}
-
-static void maco__hello_encode(uint8_t *out, uint16_t kind, uint64_t nonce, int rank, int nranks,
-                               const maco__sockaddr_t *listen_addr, const char *host_id)
-{
-    memset(out, 0, MACO__HELLO_BYTES);
-    maco__put_u32(out, MACO__ID_MAGIC);
-    maco__put_u16(out + 4, MACO__ID_VERSION);
-    maco__put_u16(out + 6, kind);
-    maco__put_u64(out + 8, nonce);
-    maco__put_u32(out + 16, (uint32_t)rank);
-    maco__put_u32(out + 20, (uint32_t)nranks);
-    if (listen_addr)
-        maco__sockaddr_to_wire(listen_addr, out + 24);
-    if (host_id)
-        snprintf((char *)out + 24 + MACO__WIRE_ADDR_BYTES, MACO__HOST_ID_BYTES, "%s", host_id);
-}
-
-/* A connection accepted during setup whose hello is still arriving. */
+/* A connection accepted during setup whose handshake is still under way. */
 typedef struct maco__pending {
     int fd;
-    size_t got;
     int64_t since_ms;
     maco__sockaddr_t from;
-    uint8_t hello[MACO__HELLO_BYTES];
+    maco__hs_server_t hs;
 } maco__pending_t;
 
 static maco_status_t maco__send_setup_frame(int fd, uint16_t kind, const void *payload, size_t len,
@@ -99,16 +30,12 @@ static maco_status_t maco__send_setup_frame(int fd, uint16_t kind, const void *p
 static void maco__tell_setup_error(int fd, const char *text, int rank)
 {
     char what[32];
-    snprintf(what, sizeof(what), "rank %d", rank);
+    if (rank >= 0)
+        snprintf(what, sizeof(what), "rank %d", rank);
+    else
+        snprintf(what, sizeof(what), "a process of another MACO");
     maco__send_setup_frame(fd, MACO__FRAME_INIT_ERROR, text, strlen(text), maco__deadline_ms(500),
                            what);
-}
-
-/* Checks a received hello's identity fields: 0 when it belongs to this job. */
-static int maco__hello_is_ours(const uint8_t *h, uint16_t kind, uint64_t nonce)
-{
-    return maco__get_u32(h) == MACO__ID_MAGIC && maco__get_u16(h + 4) == MACO__ID_VERSION &&
-           maco__get_u16(h + 6) == kind && maco__get_u64(h + 8) == nonce;
 }
 
 /*
@@ -127,6 +54,10 @@ typedef struct maco__accept {
     int nexpect;
     int64_t deadline;
     maco__on_hello_t on_hello;
+    /* This rank's own handshakes still under way on links it opened (out[r] for those ranks,
+     * NULL when none), advanced as their answers arrive, and how many are not done. */
+    maco__hs_client_t *out;
+    int nout;
     /* Connections that have not said hello yet, and what poll watches ([0] the listener, then
      * pend's, then the established links; pfd_rank: -1, -2 - pending index, or the rank). */
     maco__pending_t *pend;
@@ -161,6 +92,9 @@ static maco_status_t maco__accept_timed_out(const maco__accept_t *ac)
         }
         used += (size_t)snprintf(missing + used, sizeof(missing) - used, " %d", r);
     }
+    for (int r = 0; ac->nexpect == 0 && ac->out != NULL && r < bs->nranks; r++)
+        if (ac->out[r].who[0] != '\0' && !ac->out[r].done)
+            return maco__handshake_timed_out(&ac->out[r]);
     return maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_BOOTSTRAP,
                        "rank %d: setup timed out after %lld ms: no valid hello yet from %d "
                        "rank(s):%s (MACO_BOOTSTRAP_TIMEOUT sets the deadline)",
@@ -198,9 +132,10 @@ static int maco__accept_poll(maco__accept_t *ac, int64_t now, maco_status_t *st)
     return n;
 }
 
-/* Established links: any readable event now is a closed connection or an error report from
- * rank 0 (after a job error they close as told: not a new failure). */
-static maco_status_t maco__accept_check_links(const maco__accept_t *ac, int n)
+/* Established links: on one whose handshake this rank started, the answer arrived (advanced);
+ * on the others any readable event now is a closed connection or an error report from rank 0
+ * (after a job error they close as told: not a new failure). */
+static maco_status_t maco__accept_check_links(maco__accept_t *ac, int n)
 {
     maco_bootstrap_t bs = ac->bs;
     maco_status_t st = MACO_OK;
@@ -208,9 +143,15 @@ static maco_status_t maco__accept_check_links(const maco__accept_t *ac, int n)
         if (ac->pfd_rank[i] < 0 || ac->pfds[i].revents == 0)
             continue;
         int r = ac->pfd_rank[i];
+        if (ac->out != NULL && ac->out[r].who[0] != '\0' && !ac->out[r].done) {
+            st = maco__handshake_advance(&ac->out[r], bs->peers[r].fd, ac->deadline);
+            if (st == MACO_OK && ac->out[r].done)
+                ac->nout--;
+            continue;
+        }
         char c;
-        ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+        ssize_t got = recv(bs->peers[r].fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
                              "rank %d: rank %d closed its connection during setup (did it "
                              "fail or crash?)",
@@ -226,12 +167,16 @@ static maco_status_t maco__accept_check_watch(const maco__accept_t *ac)
     maco_bootstrap_t bs = ac->bs;
     if (bs->watch_gone == NULL || ac->job_error[0] != '\0')
         return MACO_OK;
-    for (int r = 0; r < bs->nranks; r++)
-        if (ac->expect[r] && bs->watch_gone(bs->watch_ctx, r))
+    for (int r = 0; r < bs->nranks; r++) {
+        /* Awaited: its hello, or its answer to this rank's own hello. */
+        int awaited =
+            ac->expect[r] || (ac->out != NULL && ac->out[r].who[0] != '\0' && !ac->out[r].done);
+        if (awaited && bs->watch_gone(bs->watch_ctx, r))
             return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
                                "rank %d: stopped waiting for rank %d of the new communicator: it "
                                "is gone (its process ended) or gave up this setup",
                                bs->rank, r);
+    }
     return MACO_OK;
 }
 
@@ -256,8 +201,8 @@ static maco_status_t maco__accept_hello(maco__accept_t *ac, maco__pending_t *pc,
 {
     maco_bootstrap_t bs = ac->bs;
     maco_status_t st = MACO_OK;
-    int rank = (int)maco__get_u32(pc->hello + 16);
-    int nranks = (int)maco__get_u32(pc->hello + 20);
+    int rank = (int)maco__get_u32(pc->hs.hello + 8);
+    int nranks = (int)maco__get_u32(pc->hs.hello + 12);
     if (nranks > ac->world)
         ac->world = nranks;
     if (ac->job_error[0] != '\0') {
@@ -278,7 +223,7 @@ static maco_status_t maco__accept_hello(maco__accept_t *ac, maco__pending_t *pc,
                          "were given the same rank",
                          rank, from);
     } else {
-        st = ac->on_hello(bs, rank, pc->fd, pc->hello, &pc->from);
+        st = ac->on_hello(bs, rank, pc->fd, pc->hs.hello, &pc->from);
         if (st == MACO_OK) {
             ac->expect[rank] = 0;
             ac->nexpect--;
@@ -308,8 +253,62 @@ static maco_status_t maco__accept_hello(maco__accept_t *ac, maco__pending_t *pc,
     return st;
 }
 
-/* Pending connections (pfds[1 .. npend] in pend's order): reads hellos where data arrived;
- * drops slow or stray ones, and every one whose hello was taken. */
+/* Why the handshake of a pending connection from `from` ended without a rank (a warning), and
+ * for a process of MACO's setup wire version 1 an INIT_ERROR it reads, so that it fails now
+ * rather than at its deadline. */
+static void maco__accept_refuse(maco__accept_t *ac, maco__pending_t *pc, int why, const char *from)
+{
+    int rank = ac->bs->rank;
+    switch (why) {
+    case MACO__HS_CLOSED:
+        MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                  "rank %d: a connection from %s closed before the end of the setup "
+                  "handshake; ignored",
+                  rank, from);
+        break;
+    case MACO__HS_NOT_MACO:
+        MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                  "rank %d: refused a connection from %s: it did not present MACO's magic (a "
+                  "port scanner or another program?)",
+                  rank, from);
+        break;
+    case MACO__HS_OLD_VERSION:
+        MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                  "rank %d: refused a connection from %s: it runs MACO setup wire version 1; "
+                  "this rank runs version %u",
+                  rank, from, MACO__HELLO_VERSION);
+        maco__tell_setup_error(pc->fd,
+                               "it runs a newer MACO (setup wire version 2, which proves the "
+                               "job nonce without sending it); every rank needs the same MACO",
+                               -1);
+        break;
+    case MACO__HS_BAD_HELLO:
+        MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                  "rank %d: refused a connection from %s: a hello of another setup wire "
+                  "version (%u) or kind (%u; expected %u)",
+                  rank, from, maco__get_u16(pc->hs.hello + 4), maco__get_u16(pc->hs.hello + 6),
+                  ac->kind);
+        break;
+    case MACO__HS_BAD_PROOF:
+        MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                  "rank %d: refused a connection from %s: it did not prove that it knows the "
+                  "job nonce (a process of another job, or not a MACO rank)",
+                  rank, from);
+        break;
+    case MACO__HS_PEER_REFUSED:
+        MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
+                  "rank %d: the process at %s (claiming rank %u) refused this rank: its job "
+                  "nonce is not this job's (every rank needs the same MACO_BOOTSTRAP_NONCE or "
+                  "unique id; a process of another job on this port?)",
+                  rank, from, maco__get_u32(pc->hs.hello + 8));
+        break;
+    default:
+        break;
+    }
+}
+
+/* Pending connections (pfds[1 .. npend] in pend's order): advances the handshake where data
+ * arrived; drops slow or stray ones, and every one whose hello was taken. */
 static maco_status_t maco__accept_pending(maco__accept_t *ac)
 {
     maco_bootstrap_t bs = ac->bs;
@@ -317,50 +316,20 @@ static maco_status_t maco__accept_pending(maco__accept_t *ac)
     int polled = ac->npend;
     for (int i = 0; i < ac->npend && st == MACO_OK; i++) {
         maco__pending_t *pc = &ac->pend[i];
-        ssize_t got = -1;
-        errno = EAGAIN;
+        int r = MACO__HS_MORE;
         if (i < polled && ac->pfds[1 + i].revents != 0)
-            got = recv(pc->fd, pc->hello + pc->got, MACO__HELLO_BYTES - pc->got, 0);
-        if (got > 0)
-            pc->got += (size_t)got;
-        int drop = 0;
+            r = maco__handshake_serve(&pc->hs, pc->fd, ac->kind, bs->nonce);
         char from[96];
         maco__sockaddr_format(&pc->from, from, sizeof(from));
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                      "rank %d: a connection from %s closed before sending a complete "
-                      "hello; ignored",
-                      bs->rank, from);
-            drop = 1;
-        } else if (pc->got >= 4 && maco__get_u32(pc->hello) != MACO__ID_MAGIC) {
-            MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                      "rank %d: refused a connection from %s: it did not present MACO's "
-                      "magic (a port scanner or another program?)",
-                      bs->rank, from);
-            drop = 1;
-        } else if (pc->got == MACO__HELLO_BYTES) {
-            if (!maco__hello_is_ours(pc->hello, ac->kind, bs->nonce)) {
-                MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                          "rank %d: refused a connection from %s: wrong version, kind or "
-                          "job nonce (a stale job on the same port?)",
-                          bs->rank, from);
-                if (maco__hello_is_ours(pc->hello, ac->kind, maco__get_u64(pc->hello + 8)))
-                    /* Only the nonce differs: say so, so that it fails now rather than
-                     * at its deadline. It learns nothing about the job's nonce. */
-                    maco__tell_setup_error(
-                        pc->fd,
-                        "it refused this process: its job nonce (MACO_BOOTSTRAP_NONCE, or "
-                        "the unique id's) is not the job's; every rank needs the same one "
-                        "(a process of another job on this port?)",
-                        (int)maco__get_u32(pc->hello + 16));
-            } else {
-                st = maco__accept_hello(ac, pc, from);
-            }
-            drop = 1;
+        int drop = r != MACO__HS_MORE;
+        if (r == MACO__HS_DONE) {
+            st = maco__accept_hello(ac, pc, from);
+        } else if (r != MACO__HS_MORE) {
+            maco__accept_refuse(ac, pc, r, from);
         } else if (maco__now_ms() - pc->since_ms > MACO__HELLO_WAIT_MS) {
             MACO_WARN(MACO_SUBSYS_BOOTSTRAP,
-                      "rank %d: dropped a connection from %s that sent no hello within "
-                      "%d ms",
+                      "rank %d: dropped a connection from %s that did not finish the setup "
+                      "handshake within %d ms",
                       bs->rank, from, MACO__HELLO_WAIT_MS);
             drop = 1;
         }
@@ -405,8 +374,8 @@ static maco_status_t maco__accept_new(maco__accept_t *ac)
             close(pend[oldest].fd);
             pend[oldest] = pend[--ac->npend];
         }
+        memset(&pend[ac->npend], 0, sizeof(pend[ac->npend]));
         pend[ac->npend].fd = fd;
-        pend[ac->npend].got = 0;
         pend[ac->npend].since_ms = maco__now_ms();
         pend[ac->npend].from = from;
         ac->npend++;
@@ -415,7 +384,8 @@ static maco_status_t maco__accept_new(maco__accept_t *ac)
 }
 
 static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char *expect,
-                                        int nexpect, int64_t deadline, maco__on_hello_t on_hello)
+                                        int nexpect, int64_t deadline, maco__on_hello_t on_hello,
+                                        maco__hs_client_t *out, int nout)
 {
     /* Every connection is accepted at once and read without blocking, each with its own
      * short hello deadline: silent or slow strangers cost a slot, never a rank's time. */
@@ -427,6 +397,8 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
     ac.nexpect = nexpect;
     ac.deadline = deadline;
     ac.on_hello = on_hello;
+    ac.out = out;
+    ac.nout = nout;
     ac.pend = (maco__pending_t *)calloc(MACO__PENDING_MAX, sizeof(maco__pending_t));
     maco_status_t st = MACO_OK;
     size_t npfd = (size_t)(1 + MACO__PENDING_MAX + bs->nranks);
@@ -443,7 +415,7 @@ static maco_status_t maco__accept_ranks(maco_bootstrap_t bs, uint16_t kind, char
     ac.world = bs->nranks;
     while (ac.job_error[0] != '\0'
                ? ac.ntold + ac.ntold_beyond < ac.world - 1 && maco__now_ms() < ac.linger_until
-               : ac.nexpect > 0) {
+               : ac.nexpect > 0 || ac.nout > 0) {
         int64_t now = maco__now_ms();
         if (ac.job_error[0] == '\0' && now >= deadline) {
             st = maco__accept_timed_out(&ac);
@@ -482,7 +454,7 @@ static maco_status_t maco__root_on_hello(maco_bootstrap_t bs, int rank, int fd,
     (void)from;
     bs->peers[rank].fd = fd;
     /* The hello carries (listen address, host id) in exactly a table entry's layout. */
-    memcpy(bs->setup_table + (size_t)rank * MACO__TABLE_ENTRY_BYTES, hello + 24,
+    memcpy(bs->setup_table + (size_t)rank * MACO__TABLE_ENTRY_BYTES, hello + MACO__HELLO_ENTRY,
            MACO__TABLE_ENTRY_BYTES);
     return MACO_OK;
 }
@@ -532,7 +504,7 @@ static maco_status_t maco__setup_root(maco_bootstrap_t bs, int64_t deadline)
     for (int r = 1; r < bs->nranks; r++)
         expect[r] = 1;
     maco_status_t st = maco__accept_ranks(bs, MACO__KIND_HELLO, expect, bs->nranks - 1, deadline,
-                                          maco__root_on_hello);
+                                          maco__root_on_hello, NULL, 0);
     free(expect);
     if (st != MACO_OK) {
         if (!bs->setup_error_told)
@@ -584,6 +556,94 @@ static void maco__apply_table(maco_bootstrap_t bs, const uint8_t *table)
                MACO__HOST_ID_BYTES);
         bs->host_ids[r][MACO__HOST_ID_BYTES - 1] = '\0';
     }
+}
+
+/* Rank r > 0: joins through rank 0 (at `root`, `root_text`), reads the table into `table`,
+ * then connects to the ranks in [1, r) and accepts those in (r, nranks). */
+static maco_status_t maco__setup_join(maco_bootstrap_t bs, const maco__sockaddr_t *root,
+                                      const char *root_text, uint8_t *table, int64_t deadline)
+{
+    int rank = bs->rank, nranks = bs->nranks;
+    size_t table_bytes = (size_t)nranks * MACO__TABLE_ENTRY_BYTES;
+    char who[160];
+    snprintf(who, sizeof(who), "rank 0 at %s", root_text);
+    int fd;
+    maco_status_t st = maco__connect_rank(bs, 0, root, deadline, "rank 0", &fd);
+    if (st != MACO_OK)
+        return st;
+    bs->peers[0].fd = fd;
+    maco__sockaddr_t mine;
+    st = maco__socket_local_address(fd, &mine);
+    if (st == MACO_OK && maco__config_is_set(MACO_CFG_SOCKET_IFNAME))
+        st = maco__socket_default_address(&mine);
+    maco__sockaddr_set_port(&mine, 0);
+    if (st == MACO_OK)
+        st = maco__socket_listen(&mine, &bs->listen_fd);
+    if (st == MACO_OK) {
+        maco__connect_watch_t w = { bs, 0 };
+        st = maco__handshake_connect(fd, MACO__KIND_HELLO, bs->nonce, rank, nranks, &mine,
+                                     maco__host_id(), deadline, who,
+                                     bs->watch_gone != NULL ? maco__connect_stop : NULL, &w);
+    }
+    uint8_t hdr[MACO__FRAME_HDR_BYTES];
+    if (st == MACO_OK)
+        st = maco__read_all(fd, hdr, sizeof(hdr), deadline, "rank 0 (setup table)");
+    if (st != MACO_OK)
+        return st;
+    uint16_t kind = maco__get_u16(hdr);
+    uint64_t len = maco__get_u64(hdr + 8);
+    if (kind == MACO__FRAME_INIT_ERROR && len < 4096) {
+        char text[4096];
+        st = maco__read_all(fd, text, (size_t)len, deadline, "rank 0 (setup error)");
+        text[st == MACO_OK ? len : 0] = '\0';
+        return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                           "rank 0 failed the job's setup: %s", text);
+    }
+    if (kind != MACO__FRAME_TABLE || len != table_bytes)
+        return maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                           "rank 0 sent an unexpected setup frame (kind %u, %llu bytes, "
+                           "expected %zu): a different MACO version?",
+                           (unsigned)kind, (unsigned long long)len, table_bytes);
+    st = maco__read_all(fd, table, table_bytes, deadline, "rank 0 (setup table)");
+    if (st != MACO_OK)
+        return st;
+    maco__apply_table(bs, table);
+    /* Mesh: connect to lower ranks (except 0) and send each a hello, then finish those
+     * handshakes as the answers come while accepting the higher ranks (a lower rank answers
+     * once it reaches its own accepting: waiting for each in turn would chain the ranks). */
+    char *expect = (char *)calloc((size_t)nranks, 1);
+    maco__hs_client_t *out = (maco__hs_client_t *)calloc((size_t)nranks, sizeof(*out));
+    if (expect == NULL || out == NULL) {
+        free(expect);
+        free(out);
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
+    }
+    for (int q = 1; q < rank && st == MACO_OK; q++) {
+        maco__sockaddr_t addr;
+        if (maco__sockaddr_from_wire(table + (size_t)q * MACO__TABLE_ENTRY_BYTES, &addr) != 0) {
+            st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
+                             "rank 0's table has no address for rank %d", q);
+            break;
+        }
+        char what[32], addr_text[96];
+        snprintf(what, sizeof(what), "rank %d", q);
+        maco__sockaddr_format(&addr, addr_text, sizeof(addr_text));
+        snprintf(who, sizeof(who), "rank %d at %s", q, addr_text);
+        st = maco__connect_rank(bs, q, &addr, deadline, what, &fd);
+        if (st == MACO_OK) {
+            bs->peers[q].fd = fd;
+            st = maco__handshake_begin(&out[q], fd, MACO__KIND_PEER_HELLO, bs->nonce, rank, nranks,
+                                       NULL, NULL, deadline, who);
+        }
+    }
+    for (int q = rank + 1; q < nranks; q++)
+        expect[q] = 1;
+    if (st == MACO_OK && nranks > 2)
+        st = maco__accept_ranks(bs, MACO__KIND_PEER_HELLO, expect, nranks - 1 - rank, deadline,
+                                maco__peer_on_hello, out, rank > 1 ? rank - 1 : 0);
+    free(expect);
+    free(out);
+    return st;
 }
 
 /*
@@ -644,87 +704,9 @@ static maco_status_t maco__bootstrap_setup(const maco__sockaddr_t *root, uint64_
         if (st != MACO_OK)
             goto fail;
     } else {
-        int fd;
-        st = maco__connect_rank(bs, 0, root, deadline, "rank 0", &fd);
+        st = maco__setup_join(bs, root, root_text, table, deadline);
         if (st != MACO_OK)
             goto fail;
-        bs->peers[0].fd = fd;
-        maco__sockaddr_t mine;
-        st = maco__socket_local_address(fd, &mine);
-        if (st != MACO_OK)
-            goto fail;
-        if (maco__config_is_set(MACO_CFG_SOCKET_IFNAME)) {
-            st = maco__socket_default_address(&mine);
-            if (st != MACO_OK)
-                goto fail;
-        }
-        maco__sockaddr_set_port(&mine, 0);
-        st = maco__socket_listen(&mine, &bs->listen_fd);
-        if (st != MACO_OK)
-            goto fail;
-        uint8_t hello[MACO__HELLO_BYTES];
-        maco__hello_encode(hello, MACO__KIND_HELLO, nonce, rank, nranks, &mine, maco__host_id());
-        st = maco__write_all(fd, hello, sizeof(hello), deadline, "rank 0");
-        if (st != MACO_OK)
-            goto fail;
-        uint8_t hdr[MACO__FRAME_HDR_BYTES];
-        st = maco__read_all(fd, hdr, sizeof(hdr), deadline, "rank 0 (setup table)");
-        if (st != MACO_OK)
-            goto fail;
-        uint16_t kind = maco__get_u16(hdr);
-        uint64_t len = maco__get_u64(hdr + 8);
-        if (kind == MACO__FRAME_INIT_ERROR && len < 4096) {
-            char text[4096];
-            st = maco__read_all(fd, text, (size_t)len, deadline, "rank 0 (setup error)");
-            text[st == MACO_OK ? len : 0] = '\0';
-            st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
-                             "rank 0 failed the job's setup: %s", text);
-            goto fail;
-        }
-        if (kind != MACO__FRAME_TABLE || len != table_bytes) {
-            st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
-                             "rank 0 sent an unexpected setup frame (kind %u, %llu bytes, "
-                             "expected %zu): a different MACO version?",
-                             (unsigned)kind, (unsigned long long)len, table_bytes);
-            goto fail;
-        }
-        st = maco__read_all(fd, table, table_bytes, deadline, "rank 0 (setup table)");
-        if (st != MACO_OK)
-            goto fail;
-        maco__apply_table(bs, table);
-        /* Mesh: connect to lower ranks (except 0), then accept the higher ones. */
-        for (int q = 1; q < rank; q++) {
-            maco__sockaddr_t addr;
-            if (maco__sockaddr_from_wire(table + (size_t)q * MACO__TABLE_ENTRY_BYTES, &addr) != 0) {
-                st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_BOOTSTRAP,
-                                 "rank 0's table has no address for rank %d", q);
-                goto fail;
-            }
-            char what[32];
-            snprintf(what, sizeof(what), "rank %d", q);
-            st = maco__connect_rank(bs, q, &addr, deadline, what, &fd);
-            if (st != MACO_OK)
-                goto fail;
-            bs->peers[q].fd = fd;
-            maco__hello_encode(hello, MACO__KIND_PEER_HELLO, nonce, rank, nranks, NULL, NULL);
-            st = maco__write_all(fd, hello, sizeof(hello), deadline, what);
-            if (st != MACO_OK)
-                goto fail;
-        }
-        if (rank + 1 < nranks) {
-            char *expect = (char *)calloc((size_t)nranks, 1);
-            if (expect == NULL) {
-                st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_BOOTSTRAP, "setup: no memory");
-                goto fail;
-            }
-            for (int q = rank + 1; q < nranks; q++)
-                expect[q] = 1;
-            st = maco__accept_ranks(bs, MACO__KIND_PEER_HELLO, expect, nranks - 1 - rank, deadline,
-                                    maco__peer_on_hello);
-            free(expect);
-            if (st != MACO_OK)
-                goto fail;
-        }
     }
     /* The listening socket has done its work. */
     close(bs->listen_fd);
@@ -760,6 +742,11 @@ maco_status_t maco__bootstrap_create_watched(const maco_unique_id_t *id, int ran
     if (nranks < 1)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create: nranks is %d; it must be at least 1", nranks);
+    if (nranks > MACO_MAX_RANKS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "maco_bootstrap_create: nranks is %d; a job has at most %d ranks "
+                           "(MACO_MAX_RANKS)",
+                           nranks, MACO_MAX_RANKS);
     if (rank < 0 || rank >= nranks)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "maco_bootstrap_create: rank %d is outside [0, %d)", rank, nranks);

@@ -103,7 +103,7 @@ maco_status_t maco__torch_store_unique_id(const maco__sockaddr_t *store, const c
     n += maco__ts_put(msg + n, 1, 8);
     n += maco__ts_put_bytes(msg + n, key, strlen(key));
     st = maco__write_all(fd, msg, n, deadline, what);
-    uint8_t reply[8];
+    uint8_t reply[8] = { 0 };
     if (st == MACO_OK)
         st = maco__read_all(fd, reply, 1, deadline, what);
     if (st == MACO_ERR_TIMEOUT)

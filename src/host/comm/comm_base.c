@@ -253,10 +253,11 @@ maco_status_t maco__comm_async_status(maco_comm_t comm)
         /* A proxy's error: its text is the communicator's first error. */
         return (maco_status_t)host_status;
     }
-    int32_t status = comm->err_report == NULL ? 0 : comm->err_report->status;
+    /* Acquire: the report's other fields, written before its status, are read after it. */
+    int32_t status =
+        comm->err_report == NULL ? 0 : __atomic_load_n(&comm->err_report->status, __ATOMIC_ACQUIRE);
     if (status == 0)
         return MACO_OK;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     const maco_device_error_t *e = comm->err_report;
     if (e->what == MACO_DEVICE_ERR_REGISTRATION) {
         maco__error_quiet((maco_status_t)status,

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "src/host/base/log.h"
@@ -90,20 +90,121 @@ static void maco__fd_register_atfork(void)
     pthread_atfork(NULL, NULL, maco__fd_atfork_child);
 }
 
-/* Answers one request on an accepted connection. */
+/*
+ * Waits until `fd` is ready for `events` or `deadline_ms` (maco__now_ms() clock) passes:
+ * 1 ready (or an error or hang-up to read), 0 the deadline passed, -1 poll failed (errno). A
+ * signal that interrupts the wait (EINTR, also under SA_RESTART: poll is never restarted)
+ * only shortens one round: the time left is recomputed from the deadline.
+ */
+static int maco__fd_wait(int fd, short events, int64_t deadline_ms)
+{
+    for (;;) {
+        int64_t left = deadline_ms - maco__now_ms();
+        if (left <= 0)
+            return 0;
+        struct pollfd p = { .fd = fd, .events = events, .revents = 0 };
+        int rc = poll(&p, 1, left > 1000 ? 1000 : (int)left);
+        if (rc > 0)
+            return 1;
+        if (rc < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/*
+ * Sends all of msg's one iovec on a non-blocking socket before the deadline, its ancillary
+ * data with the first byte: 0, or -1 with errno (ETIMEDOUT at the deadline).
+ */
+static int maco__fd_send_msg(int s, struct msghdr *msg, int64_t deadline_ms)
+{
+    struct iovec *iov = msg->msg_iov;
+    while (iov->iov_len > 0) {
+        ssize_t n = sendmsg(s, msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+            msg->msg_control = NULL; /* went with the first byte */
+            msg->msg_controllen = 0;
+            continue;
+        }
+        if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        int w = n < 0 && errno == EINTR ? 1 : maco__fd_wait(s, POLLOUT, deadline_ms);
+        if (w == 0)
+            errno = ETIMEDOUT;
+        if (w <= 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Closes every descriptor that arrived as SCM_RIGHTS in `msg` (a reply refused or doubled). */
+static void maco__fd_close_passed(struct msghdr *msg)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            close(fd);
+        }
+    }
+}
+
+/*
+ * Receives exactly `len` bytes on a non-blocking socket before the deadline. The first
+ * descriptor passed with them (SCM_RIGHTS) goes to *fd_p (left -1 when none came); any other
+ * is closed. Returns `len`, the bytes received before the peer closed the connection, or -1
+ * with errno (ETIMEDOUT at the deadline; EINTR never: an interrupted receive is retried).
+ */
+static ssize_t maco__fd_recv_all(int s, uint8_t *buf, size_t len, int64_t deadline_ms, int *fd_p)
+{
+    size_t got = 0;
+    while (got < len) {
+        union {
+            struct cmsghdr hdr;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctrl;
+        struct iovec iov = { .iov_base = buf + got, .iov_len = len - got };
+        struct msghdr msg;
+        memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctrl.buf;
+        msg.msg_controllen = sizeof(ctrl.buf);
+        ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n > 0) {
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            if (fd_p != NULL && *fd_p < 0 && c != NULL && c->cmsg_level == SOL_SOCKET &&
+                c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(fd_p, CMSG_DATA(c), sizeof(int));
+            else
+                maco__fd_close_passed(&msg);
+            got += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return (ssize_t)got;
+        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        int w = errno == EINTR ? 1 : maco__fd_wait(s, POLLIN, deadline_ms);
+        if (w == 0)
+            errno = ETIMEDOUT;
+        if (w <= 0)
+            return -1;
+    }
+    return (ssize_t)got;
+}
+
+/* Answers one request on an accepted (non-blocking) connection, within 2 s. */
 static void maco__fd_serve(int conn)
 {
-    struct timeval tv = { .tv_sec = 2, .tv_usec = 0 };
-    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int64_t deadline = maco__deadline_ms(2000);
     uint8_t req[MACO__FD_REQ_BYTES];
-    size_t got = 0;
-    while (got < sizeof(req)) {
-        ssize_t n = recv(conn, req + got, sizeof(req) - got, 0);
-        if (n <= 0)
-            return;
-        got += (size_t)n;
-    }
+    if (maco__fd_recv_all(conn, req, sizeof(req), deadline, NULL) != (ssize_t)sizeof(req))
+        return;
     if (maco__get_u32(req) != MACO__FD_MAGIC || maco__get_u16(req + 4) != MACO__FD_VERSION) {
         MACO_WARN(MACO_SUBSYS_MEM, "fd server: ignored a request without MACO's magic");
         return;
@@ -137,7 +238,7 @@ static void maco__fd_serve(int conn)
         memcpy(CMSG_DATA(c), &fd, sizeof(int));
     }
     /* Sent while the table is locked, so the descriptor cannot be closed meanwhile. */
-    if (sendmsg(conn, &msg, MSG_NOSIGNAL) < 0)
+    if (maco__fd_send_msg(conn, &msg, deadline) != 0)
         MACO_DEBUG(MACO_SUBSYS_MEM, "fd server: reply failed: %s", strerror(errno));
     pthread_mutex_unlock(&maco__fd_table);
 }
@@ -154,7 +255,7 @@ static void *maco__fd_main(void *arg)
         if (p[1].revents)
             break;
         if (p[0].revents & POLLIN) {
-            int conn = accept4(maco__fd_listen, NULL, NULL, SOCK_CLOEXEC);
+            int conn = accept4(maco__fd_listen, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
             if (conn >= 0) {
                 maco__fd_serve(conn);
                 close(conn);
@@ -274,21 +375,41 @@ void maco__fd_withdraw(const maco__fd_ref_t *ref)
 maco_status_t maco__fd_fetch(const maco__fd_ref_t *ref, int owner_rank, int64_t timeout_ms,
                              int *fd_p)
 {
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking, every wait in poll against one deadline: a signal arriving meanwhile
+     * (a profiler's SIGPROF, a timer, Python's handlers) costs a retry, never the import.
+     * (Blocking calls with SO_RCVTIMEO fail with EINTR even under SA_RESTART.) */
+    int64_t deadline = maco__deadline_ms(timeout_ms);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return maco__error(MACO_ERR_SYSTEM, MACO_SUBSYS_MEM, "socket(AF_UNIX): %s",
                            strerror(errno));
-    struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000 };
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     struct sockaddr_un a;
     socklen_t len = maco__fd_addr(ref->pid, ref->server_nonce, &a);
     maco_status_t st = MACO_OK;
-    if (connect(s, (struct sockaddr *)&a, len) != 0) {
-        st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_MEM,
+    int fd = -1;
+    /* A Unix stream socket connects at once or, while the server's backlog is full, fails
+     * with EAGAIN: retried until the deadline. */
+    for (;;) {
+        if (connect(s, (struct sockaddr *)&a, len) == 0 || errno == EISCONN)
+            break;
+        int err = errno;
+        if (err == EINPROGRESS || err == EALREADY) {
+            int w = maco__fd_wait(s, POLLOUT, deadline);
+            socklen_t elen = sizeof(err);
+            if (w > 0 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err == 0)
+                break;
+            if (w == 0)
+                err = ETIMEDOUT;
+        } else if ((err == EAGAIN || err == EINTR) && maco__now_ms() < deadline) {
+            struct timespec ts = { .tv_sec = 0, .tv_nsec = 1000000 };
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        st = maco__error(err == ETIMEDOUT || err == EAGAIN ? MACO_ERR_TIMEOUT : MACO_ERR_REMOTE,
+                         MACO_SUBSYS_MEM,
                          "cannot reach rank %d's memory-handle server @%s: %s (has it exited or "
                          "deregistered the memory?)",
-                         owner_rank, a.sun_path + 1, strerror(errno));
+                         owner_rank, a.sun_path + 1, strerror(err));
         goto out;
     }
     uint8_t req[MACO__FD_REQ_BYTES];
@@ -296,41 +417,38 @@ maco_status_t maco__fd_fetch(const maco__fd_ref_t *ref, int owner_rank, int64_t 
     maco__put_u32(req, MACO__FD_MAGIC);
     maco__put_u16(req + 4, MACO__FD_VERSION);
     maco__put_u64(req + 8, ref->token);
-    if (send(s, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req)) {
-        st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_MEM,
+    struct iovec iov = { .iov_base = req, .iov_len = sizeof(req) };
+    struct msghdr msg;
+    memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (maco__fd_send_msg(s, &msg, deadline) != 0) {
+        st = maco__error(errno == ETIMEDOUT ? MACO_ERR_TIMEOUT : MACO_ERR_REMOTE, MACO_SUBSYS_MEM,
                          "sending a handle request to rank %d failed: %s", owner_rank,
                          strerror(errno));
         goto out;
     }
     uint8_t rep[MACO__FD_REP_BYTES];
-    union {
-        struct cmsghdr hdr;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctrl;
-    struct iovec iov = { .iov_base = rep, .iov_len = sizeof(rep) };
-    struct msghdr msg;
-    memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctrl.buf;
-    msg.msg_controllen = sizeof(ctrl.buf);
-    ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    ssize_t n = maco__fd_recv_all(s, rep, sizeof(rep), deadline, &fd);
     if (n != (ssize_t)sizeof(rep) || maco__get_u32(rep) != MACO__FD_MAGIC) {
-        st = maco__error(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? MACO_ERR_TIMEOUT
-                                                                            : MACO_ERR_REMOTE,
-                         MACO_SUBSYS_MEM, "no valid answer from rank %d's memory-handle server%s%s",
-                         owner_rank, n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+        st = maco__error(n < 0 && errno == ETIMEDOUT ? MACO_ERR_TIMEOUT : MACO_ERR_REMOTE,
+                         MACO_SUBSYS_MEM,
+                         "no valid answer from rank %d's memory-handle server%s%s%s", owner_rank,
+                         n < 0 ? ": " : "", n < 0 ? strerror(errno) : "",
+                         n >= 0 && n < (ssize_t)sizeof(rep) ? " (it closed the connection)" : "");
         goto out;
     }
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (maco__get_u32(rep + 4) != 0 || c == NULL || c->cmsg_type != SCM_RIGHTS) {
+    if (maco__get_u32(rep + 4) != 0 || fd < 0) {
         st = maco__error(MACO_ERR_REMOTE, MACO_SUBSYS_MEM,
                          "rank %d no longer exports this memory (deregistered or freed)",
                          owner_rank);
         goto out;
     }
-    memcpy(fd_p, CMSG_DATA(c), sizeof(int));
+    *fd_p = fd;
+    fd = -1;
 out:
+    if (fd >= 0)
+        close(fd);
     close(s);
     return st;
 }

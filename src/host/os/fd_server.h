@@ -39,9 +39,10 @@ void maco__fd_withdraw(const maco__fd_ref_t *ref);
 
 /**
  * Fetches a duplicate of a descriptor another process (or this one) published; the caller
- * owns and closes *fd_p. Bounded by `timeout_ms`. `owner_rank` only names the peer in
- * errors. Errors: MACO_ERR_REMOTE (no such server or token: the owner exited or withdrew
- * it), MACO_ERR_TIMEOUT, MACO_ERR_SYSTEM.
+ * owns and closes *fd_p. Bounded by `timeout_ms` (one deadline for the whole exchange); a
+ * signal arriving meanwhile (EINTR, with or without SA_RESTART) is retried within it.
+ * `owner_rank` only names the peer in errors. Errors: MACO_ERR_REMOTE (no such server or token: the
+ * owner exited or withdrew it), MACO_ERR_TIMEOUT, MACO_ERR_SYSTEM.
  */
 maco_status_t maco__fd_fetch(const maco__fd_ref_t *ref, int owner_rank, int64_t timeout_ms,
                              int *fd_p);

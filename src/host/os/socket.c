@@ -135,46 +135,18 @@ void maco__sockaddr_set_port(maco__sockaddr_t *addr, uint16_t port)
 
 maco_status_t maco__sockaddr_parse(const char *text, const char *what, maco__sockaddr_t *addr)
 {
-    char host[256];
-    const char *port_text;
     if (text == NULL || text[0] == '\0')
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
                            "%s is empty: expected host:port or [ipv6]:port", what);
-    if (text[0] == '[') {
-        const char *close = strchr(text, ']');
-        if (close == NULL || close[1] != ':' || (size_t)(close - text - 1) >= sizeof(host))
-            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                               "%s='%s' is invalid: expected [ipv6]:port", what, text);
-        memcpy(host, text + 1, (size_t)(close - text - 1));
-        host[close - text - 1] = '\0';
-        port_text = close + 2;
-    } else {
-        const char *colon = strrchr(text, ':');
-        if (colon == NULL || (size_t)(colon - text) >= sizeof(host) || colon == text)
-            return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                               "%s='%s' is invalid: expected host:port", what, text);
-        memcpy(host, text, (size_t)(colon - text));
-        host[colon - text] = '\0';
-        port_text = colon + 1;
-    }
-    int64_t port;
-    if (maco__parse_int(port_text, &port) != 0 || port < 1 || port > 65535)
+    /* The one check of an address (config.c): maco-info --env gives the same verdict. */
+    char why[300];
+    unsigned len = 0;
+    maco__sockaddr_t parsed;
+    if (maco__parse_address(text, &parsed.ss, &len, why, sizeof(why)) != 0)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                           "%s='%s' is invalid: the port must be 1..65535", what, text);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(host, NULL, &hints, &res);
-    if (rc != 0 || res == NULL)
-        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
-                           "%s='%s': cannot resolve host '%s': %s", what, text, host,
-                           gai_strerror(rc));
-    memset(addr, 0, sizeof(*addr));
-    memcpy(&addr->ss, res->ai_addr, res->ai_addrlen);
-    addr->len = (socklen_t)res->ai_addrlen;
-    freeaddrinfo(res);
-    maco__sockaddr_set_port(addr, (uint16_t)port);
+                           "%s='%s' is invalid: %s", what, text, why);
+    parsed.len = (socklen_t)len;
+    *addr = parsed;
     return MACO_OK;
 }
 
@@ -320,10 +292,14 @@ maco_status_t maco__socket_connect_watched(const maco__sockaddr_t *addr, int64_t
                                strerror(errno));
         int rc = connect(fd, (const struct sockaddr *)&addr->ss, addr->len);
         if (rc != 0 && errno == EINPROGRESS) {
-            int64_t left = deadline_ms - maco__now_ms();
+            int64_t left;
             struct pollfd pfd = { .fd = fd, .events = POLLOUT, .revents = 0 };
             int64_t slice = stop != NULL ? 200 : 1000; /* how often `stop` is asked */
-            rc = left > 0 ? poll(&pfd, 1, (int)(left > slice ? slice : left)) : 0;
+            /* A signal ends a poll early (EINTR): poll again for the time left. */
+            do {
+                left = deadline_ms - maco__now_ms();
+                rc = left > 0 ? poll(&pfd, 1, (int)(left > slice ? slice : left)) : 0;
+            } while (rc < 0 && errno == EINTR);
             if (rc > 0) {
                 int err = 0;
                 socklen_t len = sizeof(err);

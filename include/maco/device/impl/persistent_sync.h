@@ -149,8 +149,8 @@ MACO_HOST_DEVICE static inline void maco__pk_record_peer(const maco_pk_view_t *v
     v->bound.report->what = what;
     v->bound.report->expected = expected;
     v->bound.report->observed = observed;
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    v->bound.report->status = (int32_t)status;
+    /* Release: the fields above are seen by whoever acquires the status. */
+    __atomic_store_n(&v->bound.report->status, (int32_t)status, __ATOMIC_RELEASE);
 #endif
 }
 
@@ -203,11 +203,10 @@ MACO_HOST_DEVICE static inline void maco_pk_post_signal(const maco_pk_view_t *v,
         return;
     const maco_pk_sync_t *g = &v->sync[task];
     /* The fence orders every write the task made (its CTA's, seen through the barrier before
-     * this call) before the adds, for a reader on another GPU that acquires the counter. */
+     * this call) before the adds, for a reader on another GPU that acquires the counter. On
+     * the host a task is one thread's, and each add below is a release: it orders them. */
 #if defined(__CUDA_ARCH__)
     __threadfence_system();
-#else
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
 #endif
     if (g->sig_count == 0) {
         maco__pk_signal_add(g->signal);
