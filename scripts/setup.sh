@@ -2,12 +2,16 @@
 # Installs what building and testing MACO needs, where it is missing, from Debian/Ubuntu
 # packages (apt-get, as root or through sudo), and says what it installs and why. The CUDA
 # toolkit (nvcc) must already be installed; this script says so when it is not.
+#   usage: scripts/setup.sh [build]
+# `build` (scripts/bench.sh): only what configuring and building the library and the tools
+# needs. Without it (scripts/test.sh): also what the tests need, listed below.
 #
 # Not installed here, because only some tests need them and they are large: the first test run
 # (scripts/test.sh, ctest) also
-#   - makes a Python virtual environment with PyTorch for the Python tests (about 5 GB, in
-#     ~/.cache/maco; tests/python/run.sh). PYTEST_TORCH=0 leaves torch out: the torch tests
-#     then skip, naming the switch;
+#   - makes a Python virtual environment for the Python tests in ~/.cache/maco
+#     (tests/python/run.sh), from the package index, unless python3 already has what they
+#     need: pytest, numpy, scikit-build-core and nanobind (about 110 MB) and PyTorch (about
+#     5 GB). PYTEST_TORCH=0 leaves torch out: the torch tests then skip, naming the switch;
 #   - installs qemu and rdma-core's tools (apt, as root) and downloads a Debian guest kernel
 #     (about 400 MB, in ~/.cache/maco-ibvm) for the IB transport's soft-RoCE VM tests
 #     (tests/ibvm). IBVM_RUN=0 skips those tests, naming the switch.
@@ -22,6 +26,14 @@
 # (or the test) is left out and the configure summary says so.
 # CI (.ci/run) runs everything: there a skipped VM, torch or launcher test fails the run.
 set -euo pipefail
+mode=${1:-test}
+case $mode in
+  build | test) ;;
+  *)
+    echo "usage: $0 [build]  (build: only what building needs; default: what the tests need too)" >&2
+    exit 2
+    ;;
+esac
 
 need=()
 why=()
@@ -33,51 +45,53 @@ command -v cc >/dev/null 2>&1 || want build-essential "the C compiler (libmaco, 
 command -v c++ >/dev/null 2>&1 || want g++ "the C++ compiler (tests, the Python extension)"
 command -v cmake >/dev/null 2>&1 || want cmake "the build (3.25 or newer)"
 command -v ninja >/dev/null 2>&1 || want ninja-build "the build's generator"
-command -v make >/dev/null 2>&1 || want make "the examples' Makefile (install test)"
-command -v pkg-config >/dev/null 2>&1 || want pkg-config "maco.pc, used by the install test and the Quick start"
-command -v readelf >/dev/null 2>&1 || want binutils "readelf: the linkage and install tests"
-command -v ip >/dev/null 2>&1 || want iproute2 "ip: the TCP tests across network namespaces"
-command -v clang-format >/dev/null 2>&1 || want clang-format "the format test (it skips without it)"
-command -v valgrind >/dev/null 2>&1 || want valgrind "memcheck of the survivors of the fault-tolerance tests (comm_ft_valgrind skips without it)"
-command -v ccache >/dev/null 2>&1 || want ccache "CI's two sanitizer builds share their CUDA objects through it"
-command -v cppcheck >/dev/null 2>&1 || want cppcheck "static analysis of the C code (scripts/check_static.sh, CI)"
-command -v abidiff >/dev/null 2>&1 || want abigail-tools "abidw/abidiff: the ABI check of libmaco.so.0 and libnccl.so.2 (ctest abi)"
 if [ ! -e /usr/include/gtest/gtest.h ] && [ ! -e /usr/local/include/gtest/gtest.h ]; then
-  want libgtest-dev "GoogleTest: the C and C++ tests"
+  want libgtest-dev "GoogleTest: the C and C++ tests (configure looks for it while MACO_BUILD_TESTS is ON)"
 fi
 # rdma-core's verbs header: the IB transport is compiled against it (libibverbs itself is
 # loaded at run time, only where it is installed).
 [ -e /usr/include/infiniband/verbs.h ] || want libibverbs-dev "rdma-core's verbs header: the IB transport (left out without it)"
 # Jansson's header: plans are read with it (loaded at run time, libjansson4 beside it).
 [ -e /usr/include/jansson.h ] || want libjansson-dev "Jansson's header: plans are read with it (configure stops without it)"
-if ! command -v python3 >/dev/null 2>&1; then
-  want python3 "the Python tests, the layers and plans tests"
-  want python3-venv "the Python tests' virtual environment (tests/python/run.sh)"
-  want python3-dev "Python.h: the Python extension, built by the Python tests"
-  want python3-jsonschema "the plans test checks the shipped plans against their JSON Schema"
-else
-  # The Python package's tests make a virtual environment (tests/python/run.sh).
-  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 ||
+if [ "$mode" = test ]; then
+  command -v make >/dev/null 2>&1 || want make "the examples' Makefile (install test)"
+  command -v pkg-config >/dev/null 2>&1 || want pkg-config "maco.pc, used by the install test and the Quick start"
+  command -v readelf >/dev/null 2>&1 || want binutils "readelf: the linkage and install tests"
+  command -v ip >/dev/null 2>&1 || want iproute2 "ip: the TCP tests across network namespaces"
+  command -v clang-format >/dev/null 2>&1 || want clang-format "the format test (it skips without it)"
+  command -v valgrind >/dev/null 2>&1 || want valgrind "memcheck of the survivors of the fault-tolerance tests (comm_ft_valgrind skips without it)"
+  command -v ccache >/dev/null 2>&1 || want ccache "CI's two sanitizer builds share their CUDA objects through it"
+  command -v cppcheck >/dev/null 2>&1 || want cppcheck "static analysis of the C code (scripts/check_static.sh, CI)"
+  command -v abidiff >/dev/null 2>&1 || want abigail-tools "abidw/abidiff: the ABI check of libmaco.so.0 and libnccl.so.2 (ctest abi)"
+  if ! command -v python3 >/dev/null 2>&1; then
+    want python3 "the Python tests, the layers and plans tests"
     want python3-venv "the Python tests' virtual environment (tests/python/run.sh)"
-  python3 -c 'import os, sysconfig; os.stat(sysconfig.get_paths()["include"] + "/Python.h")' \
-    >/dev/null 2>&1 || want python3-dev "Python.h: the Python extension, built by the Python tests"
-  python3 -c 'import jsonschema' >/dev/null 2>&1 ||
+    want python3-dev "Python.h: the Python extension, built by the Python tests"
     want python3-jsonschema "the plans test checks the shipped plans against their JSON Schema"
+  else
+    # The Python package's tests make a virtual environment (tests/python/run.sh).
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 ||
+      want python3-venv "the Python tests' virtual environment (tests/python/run.sh)"
+    python3 -c 'import os, sysconfig; os.stat(sysconfig.get_paths()["include"] + "/Python.h")' \
+      >/dev/null 2>&1 || want python3-dev "Python.h: the Python extension, built by the Python tests"
+    python3 -c 'import jsonschema' >/dev/null 2>&1 ||
+      want python3-jsonschema "the plans test checks the shipped plans against their JSON Schema"
+  fi
+  # The launcher tests (tests/launchers/run.sh, tests/python/test_launchers.py) start MACO jobs
+  # with the real launchers; without these packages they skip and say so (CI requires them).
+  command -v mpirun >/dev/null 2>&1 || want openmpi-bin "Open MPI's mpirun: the launcher tests start jobs with it"
+  ldconfig -p 2>/dev/null | grep -q 'libpmix\.so\.2 ' ||
+    want libpmix2 "the PMIx runtime: MACO passes the unique id through mpirun's and srun's PMIx server (loaded at run time)"
+  if command -v dpkg-query >/dev/null 2>&1 &&
+    ! dpkg-query -W -f='${Status}' libpmix-dev 2>/dev/null | grep -q 'ok installed'; then
+    want libpmix-dev "Slurm's mpi/pmix plugin loads the unversioned libpmix.so it ships (srun --mpi=pmix in the launcher tests)"
+  fi
+  for p in slurmctld slurmd; do
+    command -v $p >/dev/null 2>&1 || want $p "a one-host Slurm cluster the launcher tests start and stop themselves"
+  done
+  command -v srun >/dev/null 2>&1 || want slurm-client "srun and sbatch: the launcher tests run jobs with them"
+  command -v munged >/dev/null 2>&1 || want munge "Slurm's authentication (the launcher tests start a private munged)"
 fi
-# The launcher tests (tests/launchers/run.sh, tests/python/test_launchers.py) start MACO jobs
-# with the real launchers; without these packages they skip and say so (CI requires them).
-command -v mpirun >/dev/null 2>&1 || want openmpi-bin "Open MPI's mpirun: the launcher tests start jobs with it"
-ldconfig -p 2>/dev/null | grep -q 'libpmix\.so\.2 ' ||
-  want libpmix2 "the PMIx runtime: MACO passes the unique id through mpirun's and srun's PMIx server (loaded at run time)"
-if command -v dpkg-query >/dev/null 2>&1 &&
-  ! dpkg-query -W -f='${Status}' libpmix-dev 2>/dev/null | grep -q 'ok installed'; then
-  want libpmix-dev "Slurm's mpi/pmix plugin loads the unversioned libpmix.so it ships (srun --mpi=pmix in the launcher tests)"
-fi
-for p in slurmctld slurmd; do
-  command -v $p >/dev/null 2>&1 || want $p "a one-host Slurm cluster the launcher tests start and stop themselves"
-done
-command -v srun >/dev/null 2>&1 || want slurm-client "srun and sbatch: the launcher tests run jobs with them"
-command -v munged >/dev/null 2>&1 || want munge "Slurm's authentication (the launcher tests start a private munged)"
 python3 -m pip --version >/dev/null 2>&1 ||
   want python3-pip "pip download: the nccl.h of NVIDIA's NCCL wheels (MACO's libnccl.so.2)"
 if [ ${#need[@]} -gt 0 ]; then
@@ -166,13 +180,19 @@ if [ ${#nccl_missing[@]} -gt 0 ]; then
     "make that an error)" >&2
 fi
 echo "setup: ok (cmake $cmake_version, $(nvcc --version | tail -n1))"
-skips=()
-[ "${PYTEST_TORCH:-1}" = 0 ] && skips+=("PyTorch environment (PYTEST_TORCH=0)")
-[ "${IBVM_RUN:-1}" = 0 ] && skips+=("soft-RoCE VM tests (IBVM_RUN=0)")
-if [ ${#skips[@]} -gt 0 ]; then
-  echo "setup: the tests will skip: $(IFS=';'; echo "${skips[*]}" | sed 's/;/, /g')"
+[ "$mode" = test ] || exit 0
+# What the first test run fetches besides these packages (tests/python/run.sh, tests/ibvm).
+if [ "${PYTEST_TORCH:-1}" = 0 ]; then
+  echo "setup: the first test run makes a Python environment without PyTorch (about 110 MB," \
+    "~/.cache/maco; none when python3 has pytest, numpy, scikit-build-core and nanobind);" \
+    "the torch tests skip (PYTEST_TORCH=0)"
 else
-  echo "setup: the first test run makes a PyTorch environment (about 5 GB, ~/.cache/maco;" \
-    "PYTEST_TORCH=0 skips it) and installs qemu and a guest kernel for the soft-RoCE VM tests" \
-    "(about 400 MB, ~/.cache/maco-ibvm; IBVM_RUN=0 skips them)"
+  echo "setup: the first test run makes a Python environment with PyTorch (about 5 GB," \
+    "~/.cache/maco; PYTEST_TORCH=0 leaves torch out: about 110 MB)"
+fi
+if [ "${IBVM_RUN:-1}" = 0 ]; then
+  echo "setup: the soft-RoCE VM tests skip (IBVM_RUN=0)"
+else
+  echo "setup: the first test run installs qemu and downloads a guest kernel for the soft-RoCE" \
+    "VM tests (about 400 MB, ~/.cache/maco-ibvm; IBVM_RUN=0 skips them)"
 fi

@@ -367,7 +367,7 @@ int main(int argc, char **argv)
     char why[512];
     if (maco_cuda_device_count(why, sizeof(why)) < 1) {
         printf("SKIP: bench_ep needs a GPU: %s\n", why);
-        return 0;
+        return 77; /* skipped: docs/tools.md, "Exit statuses" */
     }
     Job j;
     MK(maco_bootstrap_create_from_env(&j.bs));

@@ -17,7 +17,8 @@
  * --shapes MxNxK,...: the problems instead of the three above (multiples of 128 x 256 x 64).
  * --order G,...: the order of the 128 and 256 tiles, each a row of its own: groups of G tile
  * rows one after the other, inside a group column by column (G = 1: row-major, the default).
- * Exit status 0 and "SKIP" when the library has no GEMM tiles (built without MathDx).
+ * A "SKIP" row (exit status 0) for each kind of tile the library lacks (built without MathDx);
+ * "SKIP:" and exit status 77 without a GPU.
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -125,7 +126,7 @@ int main(int argc, char **argv)
     char why[400];
     if (maco_cuda_device_count(why, sizeof(why)) < 1) {
         printf("SKIP: no GPU: %s\n", why);
-        return 0;
+        return 77; /* skipped: docs/tools.md, "Exit statuses" */
     }
     maco_unique_id_t id;
     maco_bootstrap_t bs;

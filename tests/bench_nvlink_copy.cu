@@ -124,7 +124,7 @@ int main(int argc, char **argv)
     CK(cudaGetDeviceCount(&ndev));
     if (ndev < 2) {
         printf("SKIP: bench_nvlink_copy needs two GPUs (%d visible)\n", ndev);
-        return 0;
+        return 77; /* skipped: docs/tools.md, "Exit statuses" */
     }
     int can = 0;
     CK(cudaDeviceCanAccessPeer(&can, 0, 1));

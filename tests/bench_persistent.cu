@@ -264,7 +264,7 @@ int main(int argc, char **argv)
     char why[400];
     if (maco_cuda_device_count(why, sizeof(why)) < 1) {
         printf("SKIP: no GPU: %s\n", why);
-        return 0;
+        return 77; /* skipped: docs/tools.md, "Exit statuses" */
     }
     maco_unique_id_t id;
     maco_bootstrap_t bs;

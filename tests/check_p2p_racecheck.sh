@@ -7,9 +7,16 @@
 #   usage: check_p2p_racecheck.sh MACO_RUN TEST_GPU_MP
 set -uo pipefail
 run=$1 bin=$2
+# No GPU first: that is the reason that matters on a machine without one.
+nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no GPU (nvidia-smi -L fails)"; exit 77; }
 sanitizer=$(command -v compute-sanitizer || true)
 [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && sanitizer=/usr/local/cuda/bin/compute-sanitizer
-if [ -z "$sanitizer" ]; then echo "SKIP: compute-sanitizer is not installed"; exit 77; fi
+if [ -z "$sanitizer" ]; then
+  echo "SKIP: compute-sanitizer is not installed: it comes with the CUDA toolkit" \
+    "(<toolkit>/bin/compute-sanitizer; NVIDIA's package cuda-sanitizer-13-0) and is searched" \
+    "on PATH and in /usr/local/cuda/bin"
+  exit 77
+fi
 out=$("$run" -n 2 --timeout 280 "$sanitizer" --tool racecheck --error-exitcode 99 "$bin" \
   --gtest_filter='P2P.AllPairsTwoMessagesPerPairInOneGroup:P2P.ZeroCountsDoNothing:P2P.AllToAllvRandomAndZeroCounts' 2>&1)
 rc=$?

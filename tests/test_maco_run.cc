@@ -690,6 +690,20 @@ TEST(MacoRunLimits, RaisesTheSoftDescriptorLimitForManyRanks)
     EXPECT_NE(out.find("[299] 256\n"), std::string::npos) << out;
 }
 
+/* A rank that skips (exit 77, after printing why) ends the job with 77, said as a skip, so a
+ * script tells "skipped" from "worked" and "failed". */
+TEST(MacoRunExit, ASkippingRankGivesStatus77)
+{
+    std::string out;
+    int rc = RunShell(std::string(MACO_RUN_PATH) +
+                          " -n 2 --mps off sh -c 'echo \"SKIP: no GPU\"; exit 77' 2>&1",
+                      &out);
+    EXPECT_EQ(rc, 77) << out;
+    EXPECT_NE(out.find("SKIP: no GPU"), std::string::npos) << out;
+    EXPECT_NE(out.find(" skipped (exit status 77: it printed why)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("exited with status 77"), std::string::npos) << out;
+}
+
 /* ... and when even the hard limit is too low, it fails before starting any rank. */
 TEST(MacoRunLimits, FailsBeforeStartingRanksWhenTheHardLimitIsTooLow)
 {

@@ -47,8 +47,8 @@
  * the "nccl path" column shows what that line said: "symmetric KERNEL" or "ALGO/PROTO"
  * (classic), "-" when NCCL logged none (send/recv, one rank). The timed calls run with the
  * log as the user set it.
- * Exit status: 0 when no value was wrong, 1 when some were (or an error), 2 for bad usage
- * or no GPU.
+ * Exit status: 0 when no value was wrong, 1 when some were (or an error), 2 for bad usage,
+ * 77 when no GPU is usable (skipped: the reason printed; docs/tools.md, "Exit statuses").
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -66,6 +66,10 @@
 #include "perf_args.h"
 #include "perf_kernels.h"
 #include "perf_nccl_log.h"
+
+/* Exit status when no GPU is usable: 77, "skipped", as ctest's SKIP_RETURN_CODE and automake
+ * use it (docs/tools.md, "Exit statuses"); 2 stays bad usage. */
+#define PERF_EXIT_SKIPPED 77
 
 /* ------------------------------------------------------------------ NCCL, by dlopen */
 
@@ -727,7 +731,7 @@ static int perf_start(maco_perf_opts_t *o, perf_ctx_t *c, struct cudaDeviceProp 
                 "maco-perf: no usable CUDA device: %s; nothing to measure (maco-info shows what "
                 "MACO sees; maco-perf --dry-run checks the arguments without a GPU)\n",
                 why);
-        return 2;
+        return PERF_EXIT_SKIPPED;
     }
     maco_status_t st = maco_comm_init_from_env(&c->comm);
     if (st != MACO_OK) {

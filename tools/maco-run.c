@@ -14,10 +14,12 @@
  *
  * Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit status
  * (128 + signal number if it was killed), after the remaining ranks' process groups are
- * sent SIGTERM and, 3 s later, SIGKILL. When --timeout S passes, all ranks are killed the
- * same way and maco-run exits 124. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to maco-run are
- * forwarded to every rank's process group (then SIGKILL 3 s later, as above); maco-run exits
- * 128 + that signal.
+ * sent SIGTERM and, 3 s later, SIGKILL. A rank that exits 77 skipped (MACO's programs do so
+ * without a usable GPU, after saying why): it ends the job the same way, so maco-run exits 77
+ * when that rank was the first to end with a status other than 0. When --timeout S passes, all
+ * ranks are killed the same way and maco-run exits 124. SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to
+ * maco-run are forwarded to every rank's process group (then SIGKILL 3 s later, as above); maco-run
+ * exits 128 + that signal.
  *
  * When maco-run itself dies without ending the job (SIGKILL, a crash, or `kill -9 -- -PGID` of
  * its whole process group): a watchdog process it forks before the ranks (in a process group
@@ -89,6 +91,8 @@
 #include <unistd.h>
 
 enum { MAX_LINE = 65536 };
+/* The exit status of a rank that skipped (docs/tools.md, "Exit statuses"). */
+enum { RUN_EXIT_SKIPPED = 77 };
 
 typedef struct stream {
     int fd;
@@ -883,7 +887,12 @@ static int supervise(rank_proc_t *ranks, long nranks, long timeout_s, struct pol
             if (code != 0 && first_failure < 0 && !timed_out && exit_code == 0) {
                 first_failure = r;
                 exit_code = code;
-                if (WIFEXITED(status))
+                if (WIFEXITED(status) && code == RUN_EXIT_SKIPPED)
+                    fprintf(stderr,
+                            "maco-run: rank %d skipped (exit status %d: it printed why); "
+                            "stopping the other ranks\n",
+                            r, code);
+                else if (WIFEXITED(status))
                     fprintf(stderr,
                             "maco-run: rank %d exited with status %d; stopping the "
                             "other ranks\n",

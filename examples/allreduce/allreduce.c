@@ -12,8 +12,8 @@
  * Every MACO and CUDA status is checked; on failure the program prints the call, the status
  * and the communicator's message (maco_comm_get_last_error: which call, which peer, why) and
  * exits 1. Without a usable GPU (none on this machine, or ranks that share one GPU without
- * MPS) it prints a line starting with "SKIP:" that says why and exits 0, so CI machines
- * without GPUs can run it.
+ * MPS) it prints a line starting with "SKIP:" that says why and exits 77 (ctest's and
+ * automake's "skipped"), so a script or a CI machine without GPUs tells a skip from a pass.
  *
  * Build: examples/CMakeLists.txt (find_package(maco)) or examples/Makefile (pkg-config).
  */
@@ -23,6 +23,10 @@
 #include <cuda_runtime.h>
 
 #include <maco/maco.h>
+
+/* The exit status of a rank that skips (no usable GPU): not 0, so that "skipped" is not
+ * mistaken for "worked". */
+#define EXIT_SKIPPED 77
 
 /* On failure: print what failed and jump to the cleanup at `out` (rc stays 1). */
 #define MACO_CHECK(call)                                                                           \
@@ -80,7 +84,7 @@ int main(void)
                why[0] != '\0'
                    ? why
                    : "the communicator got no device (maco_comm_get_cuda_device gave -1)");
-        rc = 0;
+        rc = EXIT_SKIPPED;
         goto out;
     }
 
@@ -106,7 +110,7 @@ int main(void)
     if (st == MACO_ERR_UNSUPPORTED) {
         printf("SKIP: rank %d of %d: maco_allreduce is unsupported here: %s\n", rank, nranks,
                maco_comm_get_last_error(comm));
-        rc = 0;
+        rc = EXIT_SKIPPED;
         goto out;
     }
     MACO_CHECK(st);

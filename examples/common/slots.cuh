@@ -15,6 +15,10 @@
 
 #include <maco/maco.h>
 
+/* The exit status of a rank that skips (no usable GPU): 77, as ctest's SKIP_RETURN_CODE and
+ * automake use it, so that a script can tell "skipped" from "worked" (0) and "failed" (1). */
+#define EXAMPLE_EXIT_SKIPPED 77
+
 /* Word i of rank q's slot. */
 static __host__ __device__ uint32_t pattern(int q, uint64_t i)
 {

@@ -17,7 +17,7 @@
  *   4. launch the kernel, synchronise, check the statuses it wrote and the data.
  *
  * Every MACO and CUDA status is checked; on failure the program prints the call and why and
- * exits 1. Without a usable GPU it prints a line starting with "SKIP:" and exits 0.
+ * exits 1. Without a usable GPU it prints a line starting with "SKIP:" and exits 77.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -120,7 +120,7 @@ int main(void)
     MACO_CHECK(maco_comm_get_bootstrap(comm, &bs));
     if (device < 0) {
         print_skip_no_device("no memory channel can be made (they need GPUs)", rank, nranks);
-        rc = 0;
+        rc = EXAMPLE_EXIT_SKIPPED;
         goto out;
     }
     if (nranks < 2) {
@@ -137,7 +137,7 @@ int main(void)
     if (st == MACO_ERR_UNSUPPORTED) {
         printf("SKIP: rank %d of %d: memory channels are unsupported here: %s\n", rank, nranks,
                maco_comm_get_last_error(comm));
-        rc = 0;
+        rc = EXAMPLE_EXIT_SKIPPED;
         goto out;
     }
     MACO_CHECK(st);

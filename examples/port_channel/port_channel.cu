@@ -21,7 +21,7 @@
  *   5. stop the proxy, destroy the channels, then the proxy.
  *
  * Every MACO and CUDA status is checked; on failure the program prints the call and why and
- * exits 1. Without a usable GPU it prints a line starting with "SKIP:" and exits 0.
+ * exits 1. Without a usable GPU it prints a line starting with "SKIP:" and exits 77.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -147,7 +147,7 @@ int main(void)
     if (device < 0) {
         print_skip_no_device("no port channel can be made here (this example needs GPUs)", rank,
                              nranks);
-        rc = 0;
+        rc = EXAMPLE_EXIT_SKIPPED;
         goto out;
     }
     if (nranks < 2) {
@@ -164,7 +164,7 @@ int main(void)
     if (st == MACO_ERR_UNSUPPORTED) {
         printf("SKIP: rank %d of %d: port channels are unsupported here: %s\n", rank, nranks,
                maco_comm_get_last_error(comm));
-        rc = 0;
+        rc = EXAMPLE_EXIT_SKIPPED;
         goto out;
     }
     MACO_CHECK(st);

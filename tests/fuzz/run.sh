@@ -7,8 +7,8 @@
 # saved as $FUZZ_BUILD_DIR/artifacts/<name>/crash-* (or leak-*, timeout-*, oom-*), and its
 # libFuzzer log is kept in $FUZZ_BUILD_DIR/logs/<name>.log. Prints one line per fuzzer (runs,
 # coverage, result) and exits non-zero when any fuzzer found a crash, a leak, a UBSan report,
-# a timeout or an out-of-memory input. Prints "SKIP: <reason>" and exits 0 when clang or its
-# libFuzzer runtime is missing.
+# a timeout or an out-of-memory input. Prints "SKIP: <reason>" and exits 77 (skipped:
+# docs/tools.md, "Exit statuses") when clang or its libFuzzer runtime is missing.
 set -euo pipefail
 usage="usage: tests/fuzz/run.sh SECONDS [--no-build]"
 secs="${1:?$usage}"
@@ -29,7 +29,7 @@ trap 'rm -rf "$tmp"' EXIT
 # Is there a clang that links libFuzzer with ASan and UBSan? Try a tiny fuzzer.
 if ! command -v "$cc" >/dev/null 2>&1; then
   echo "SKIP: $cc not found (the fuzzers need clang with libFuzzer)"
-  exit 0
+  exit 77
 fi
 printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' \
   'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }' \
@@ -38,7 +38,7 @@ if ! "$cc" -fsanitize=fuzzer,address,undefined "$tmp/probe.c" -o "$tmp/probe" \
   >"$tmp/probe.log" 2>&1 || ! "$tmp/probe" -runs=1 >>"$tmp/probe.log" 2>&1; then
   echo "SKIP: $cc cannot build or run a libFuzzer binary with ASan and UBSan:" \
     "$(grep -m1 -i 'error' "$tmp/probe.log" || head -n1 "$tmp/probe.log")"
-  exit 0
+  exit 77
 fi
 
 if (( build )); then

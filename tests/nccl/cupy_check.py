@@ -43,12 +43,26 @@ def skip(why):
     sys.exit(77)
 
 
+# Each missing piece named as what it is: NumPy (which the check and CuPy need), CuPy, or
+# CuPy's NCCL module (a CuPy built without NCCL support).
 try:
     import numpy as np
+except ImportError as e:
+    skip(f"NumPy is not installed for {sys.executable} ({e}); the check and CuPy need it: "
+         f"{sys.executable} -m pip install numpy cupy-cuda13x")
+try:
     import cupy
+except ImportError as e:
+    if getattr(e, "name", None) not in (None, "cupy"):
+        skip(f"CuPy is installed but cannot be imported: it needs {e.name!r} ({e})")
+    skip(f"CuPy is not installed for {sys.executable} ({e}): "
+         f"{sys.executable} -m pip install cupy-cuda13x")
+except Exception as e:  # noqa: BLE001 - a broken CuPy (CUDA libraries missing...) skips too
+    skip(f"CuPy cannot be imported ({type(e).__name__}: {e})")
+try:
     from cupy.cuda import nccl
-except Exception as e:  # noqa: BLE001 - any import failure is a reason to skip
-    skip(f"no CuPy with NCCL support ({type(e).__name__}: {e})")
+except Exception as e:  # noqa: BLE001
+    skip(f"this CuPy has no NCCL support ({type(e).__name__}: {e})")
 
 try:
     ndev = cupy.cuda.runtime.getDeviceCount()
