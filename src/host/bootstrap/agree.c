@@ -492,6 +492,10 @@ static maco_status_t agree_build(agree_t *a, const maco__shrink_build_t *how)
         int64_t left = a->deadline - maco__now_ms();
         maco_bootstrap_t child = NULL;
         st = maco__bootstrap_create_watched(&id, my, m, left > 1 ? left : 1, &watch, &child);
+        /* The rest of this call's deadline bounds the setup only: the new bootstrap's waits get
+         * the parent's whole timeout, or each shrink of a shrunk one would shorten it further. */
+        if (st == MACO_OK)
+            child->timeout_ms = a->bs->timeout_ms;
         if (st == MACO_OK)
             st = how->build(how->ctx, child, &a->built);
     }

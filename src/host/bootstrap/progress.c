@@ -614,13 +614,17 @@ void maco__bs_unqueue(maco_bootstrap_t bs, int dst, maco__tx_t *t)
             continue;
         maco__tx_t *keep = NULL;
         if (it->hdr_sent != 0 && !maco__tx_done(it)) {
-            keep = (maco__tx_t *)malloc(sizeof(*keep) + it->len);
+            /* Only what is still to go: the payload's rest once the header is out. */
+            size_t from = it->hdr_sent == MACO__FRAME_HDR_BYTES ? it->sent : 0;
+            keep = (maco__tx_t *)malloc(sizeof(*keep) + (it->len - from));
             if (keep != NULL) {
                 *keep = *it;
                 keep->owned = 1;
                 keep->data = (const uint8_t *)(keep + 1);
-                if (it->len > 0)
-                    memcpy(keep + 1, it->data, it->len);
+                keep->len = it->len - from;
+                keep->sent = 0;
+                if (keep->len > 0)
+                    memcpy(keep + 1, it->data + from, keep->len);
             } else {
                 p->tx_broken = 1;
                 maco__bs_fail(bs, MACO_ERR_NO_MEMORY,
