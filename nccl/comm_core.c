@@ -269,13 +269,29 @@ typedef struct maco_nccl__join_job {
     ncclUniqueId id;
 } maco_nccl__join_job_t;
 
+static void maco_nccl__comm_release(struct ncclComm *c, int abort, ncclResult_t *res_p);
+
 static void *maco_nccl__join_thread(void *arg)
 {
     maco_nccl__join_job_t *job = arg;
-    if (job->comm->device >= 0)
-        cudaSetDevice(job->comm->device);
-    maco_nccl__comm_join(job->comm, &job->id);
+    struct ncclComm *c = job->comm;
+    if (c->device >= 0)
+        cudaSetDevice(c->device);
+    maco_nccl__comm_join(c, &job->id);
     free(job);
+    /* Destroyed or aborted while it was being made (maco_nccl__comm_abandon): the communicator
+     * is this thread's to free, now that the creation has ended. */
+    pthread_mutex_lock(&c->lock);
+    int abandoned = c->abandoned;
+    pthread_mutex_unlock(&c->lock);
+    if (abandoned) {
+        maco_log_write(MACO_LOG_INFO, "init",
+                       "nccl: rank %d: a communicator %s during its non-blocking creation is "
+                       "freed now that the creation ended (%s)",
+                       c->rank, abandoned == 2 ? "aborted" : "destroyed",
+                       ncclGetErrorString(c->init_result));
+        maco_nccl__comm_release(c, abandoned == 2, NULL);
+    }
     return NULL;
 }
 
@@ -475,10 +491,40 @@ ncclResult_t maco_nccl__comm_shrink(struct ncclComm *parent, const int *exclude,
     return ncclSuccess;
 }
 
+/* ncclCommDestroy or ncclCommAbort of a communicator whose non-blocking creation still runs
+ * (its bootstrap may wait up to MACO_BOOTSTRAP_TIMEOUT for ranks that never come): the call
+ * returns at once, as NCCL's does, and hands the communicator to the creation's thread, which
+ * frees it (revoking it after an abort) when the creation ends. 1 when handed over. */
+static int maco_nccl__comm_abandon(struct ncclComm *c, int abort)
+{
+    int handed = 0;
+    pthread_mutex_lock(&c->lock);
+    if (c->has_init_thread &&
+        __atomic_load_n(&c->state, __ATOMIC_ACQUIRE) == MACO_NCCL_COMM_PENDING) {
+        c->abandoned = abort ? 2 : 1;
+        c->has_init_thread = 0;
+        pthread_detach(c->init_thread);
+        handed = 1;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return handed;
+}
+
 ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
 {
     (void)maco_nccl__comm_unlink(c); /* no new call finds it (done already by destroy) */
+    if (maco_nccl__comm_abandon(c, abort))
+        return ncclSuccess;
     maco_nccl__comm_wait(c);
+    ncclResult_t res = ncclSuccess;
+    maco_nccl__comm_release(c, abort, &res);
+    return res;
+}
+
+/* The rest of maco_nccl__comm_free once no creation runs; *res_p (may be NULL) gets its
+ * result. */
+static void maco_nccl__comm_release(struct ncclComm *c, int abort, ncclResult_t *res_p)
+{
     /* Kernels blocked on a peer end now instead of at MACO_DEVICE_TIMEOUT, here and on the
      * peers, which the revoke reaches through the bootstrap (maco/comm.h). */
     if (abort && c->maco != NULL)
@@ -497,5 +543,8 @@ ncclResult_t maco_nccl__comm_free(struct ncclComm *c, int abort)
     free(c);
     if (st == MACO_OK)
         st = st2;
-    return st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "destroying the communicator");
+    ncclResult_t res =
+        st == MACO_OK ? ncclSuccess : maco_nccl__fail_maco(st, "destroying the communicator");
+    if (res_p != NULL)
+        *res_p = res;
 }

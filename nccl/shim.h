@@ -149,6 +149,7 @@ struct ncclComm {
     pthread_t init_thread; /* non-blocking creation */
     int has_init_thread;   /* init_thread not joined yet */
     int async_init;        /* created on a thread of its own */
+    int abandoned;         /* destroyed (1) or aborted (2) while its creation ran (under lock) */
     uint32_t split_seq;    /* splits made from this communicator, for bootstrap tags */
     pthread_mutex_t lock;  /* user ops and the real communicator */
     maco_nccl__user_op_t ops[MACO_NCCL_MAX_USER_OPS];

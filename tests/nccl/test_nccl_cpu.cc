@@ -247,6 +247,35 @@ TEST(NcclCpu, NonBlockingCreationReportsInProgressThenSuccess)
     EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+/* ncclCommDestroy and ncclCommAbort of a communicator whose non-blocking creation waits for
+ * ranks that never come return at once, as NCCL's do, not at MACO_BOOTSTRAP_TIMEOUT (60 s
+ * here): rank 0 of 2 waits for rank 1, rank 1 of 2 for a rank 0 that does not listen. */
+TEST(NcclCpu, DestroyOrAbortOfAPendingNonBlockingCreationReturnsAtOnce)
+{
+    setenv("MACO_BOOTSTRAP_TIMEOUT", "60s", 1);
+    for (int abort = 0; abort < 2; abort++)
+        for (int rank = 0; rank < 2; rank++) {
+            ncclUniqueId id;
+            ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+            ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+            cfg.blocking = 0;
+            ncclComm_t c = nullptr;
+            ASSERT_EQ(ncclCommInitRankConfig(&c, 2, id, rank, &cfg), ncclInProgress);
+            ncclResult_t async = ncclSuccess;
+            ASSERT_EQ(ncclCommGetAsyncError(c, &async), ncclSuccess);
+            EXPECT_EQ(async, ncclInProgress);
+            auto t0 = std::chrono::steady_clock::now();
+            EXPECT_EQ(abort ? ncclCommAbort(c) : ncclCommDestroy(c), ncclSuccess);
+            double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            /* Far below the 60 s timeout, whatever the load: the call no longer waits for it. */
+            EXPECT_LT(s, 30.0) << (abort ? "ncclCommAbort" : "ncclCommDestroy") << " rank " << rank;
+            /* The handle is gone for the caller. */
+            int n = 0;
+            EXPECT_EQ(ncclCommCount(c, &n), ncclInvalidArgument);
+        }
+    unsetenv("MACO_BOOTSTRAP_TIMEOUT");
+}
+
 /* Argument errors name the argument and enqueue nothing; they need no GPU. */
 TEST(NcclCpu, CollectiveArgumentErrorsNameTheArgument)
 {
