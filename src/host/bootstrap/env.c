@@ -163,6 +163,11 @@ static maco_status_t maco__env_job_read(maco__env_job_t *job)
     if (st != MACO_OK)
         return st;
     const maco__launcher_t *l = &job->l;
+    if (l->nranks > MACO_MAX_RANKS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_BOOTSTRAP,
+                           "%s=%d is out of range: a job has 1 to %d ranks (MACO_MAX_RANKS: the "
+                           "bootstrap keeps a connection to every other rank)",
+                           l->size_var, l->nranks, MACO_MAX_RANKS);
     int torch_vars = l->kind == MACO__LAUNCHER_MACO || l->kind == MACO__LAUNCHER_TORCHRUN;
     const char *host = maco__env("MASTER_ADDR"), *port = maco__env("MASTER_PORT");
     if (maco__config_is_set(MACO_CFG_BOOTSTRAP_ADDR)) {

@@ -493,6 +493,7 @@ maco_status_t maco__pmix_exchange_id(int rank, maco_unique_id_t *id)
     if (st != MACO_OK)
         return st;
     maco_unique_id_t got;
+    memset(&got, 0, sizeof(got)); /* filled by the decode below, or not used */
     if (w->value_type != MACO__PMIX_STRING || w->text == NULL ||
         maco__hex_decode(w->text, got.bytes, MACO_UNIQUE_ID_BYTES) != 0) {
         int type = w->value_type;
