@@ -7,6 +7,7 @@
  * Exit status: 0 when every plan is valid, 1 when one is not, 2 on a usage error or when
  * plans cannot be read at all here (no JSON library: MACO_JSON_LIBRARY).
  */
+#define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
