@@ -14,7 +14,7 @@ from ._comm_ft import _FaultToleranceCalls
 from ._comm_memory import _MemoryCalls
 from ._tensor import (Buf, describe, empty_like, move_type, new_tensor, reduce_type, same_type,
                       stream_handle)
-from ._types import ReduceOp, to_maco_dtype, to_maco_op
+from ._types import SIZE_MAX, ReduceOp, c_int, to_maco_dtype, to_maco_op
 
 __all__ = ["Communicator", "group"]
 
@@ -539,7 +539,8 @@ class Communicator(_MemoryCalls, _FaultToleranceCalls):
     def algorithm(self, collective: str, count: int, dtype: Any) -> str:
         """The algorithm ``collective`` ("allreduce", "allgather", "reduce_scatter",
         "broadcast", "reduce", "all_to_all", "sendrecv") would use for ``count`` elements."""
-        return self._c.algorithm(_collective(collective), int(count), int(to_maco_dtype(dtype)))
+        return self._c.algorithm(_collective(collective), c_int(count, "count", 0, SIZE_MAX),
+                                 int(to_maco_dtype(dtype)))
 
     def set_algorithm(self, collective: str, name: Optional[str]) -> None:
         """Forces ``collective``'s algorithm on this communicator (None: by size again).
@@ -561,12 +562,12 @@ class Communicator(_MemoryCalls, _FaultToleranceCalls):
         that differs. Calls already issued keep their CTA count.
 
         Raises:
-            ValueError: ``max_ctas`` negative.
+            ValueError: ``max_ctas`` negative or above 2**31 - 1 (a C int).
         """
         n = 0 if max_ctas is None else int(max_ctas)
         if n < 0:
             raise ValueError(f"max_ctas: {max_ctas} is negative")
-        self._c.set_max_ctas(n)
+        self._c.set_max_ctas(c_int(n, "max_ctas"))
 
     @property
     def max_ctas(self) -> int:

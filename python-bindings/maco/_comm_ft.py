@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 from . import _maco
 from ._job import device_index
+from ._types import INT_MAX, INT_MIN, c_int
 
 
 class _FaultToleranceCalls:
@@ -73,7 +74,10 @@ class _FaultToleranceCalls:
         c = -1 if color is None else int(color)
         if c < 0 and color is not None:
             raise ValueError(f"color is {color}; use an int >= 0, or None to join none")
-        return self._made(self._c.split(c, self.rank if key is None else int(key)))
+        if color is not None:
+            c_int(c, "color")
+        k = self.rank if key is None else c_int(int(key), "key", INT_MIN, INT_MAX)
+        return self._made(self._c.split(c, k))
 
     def grow_id(self) -> bytes:
         """On rank 0: the 128-byte id that new processes join with (:meth:`join`) when this
@@ -96,12 +100,14 @@ class _FaultToleranceCalls:
             InvalidArgumentError: size not above this size, the id missing on rank 0 or given
                 elsewhere, or made for another communicator.
         """
-        return self._made(self._c.grow(int(size), None if grow_id is None else bytes(grow_id)))
+        n = c_int(int(size), "size", INT_MIN, INT_MAX)
+        return self._made(self._c.grow(n, None if grow_id is None else bytes(grow_id)))
 
     @classmethod
     def join(cls, grow_id: bytes, rank: int, size: int, *, device: Any = None) -> Any:
         """A new process's side of :meth:`grow`: joins the grown communicator of ``size``
         ranks as ``rank`` (from the old size up) with the id rank 0 made. ``device`` as in
         the constructor. Collective with the growing ranks, blocking."""
-        return cls(_handle=_maco.Comm.join(bytes(grow_id), int(rank), int(size),
-                                           device_index(device)))
+        r = c_int(int(rank), "rank", INT_MIN, INT_MAX)
+        n = c_int(int(size), "size", INT_MIN, INT_MAX)
+        return cls(_handle=_maco.Comm.join(bytes(grow_id), r, n, device_index(device)))

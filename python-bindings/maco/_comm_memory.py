@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ._handles import Plan, Registration, _MappedPeer
 from ._tensor import DLPackExport
-from ._types import to_maco_dtype, to_numpy_dtype, to_torch_dtype
+from ._types import INT64_MAX, c_int, to_maco_dtype, to_numpy_dtype, to_torch_dtype
 
 
 class _MemoryCalls:
@@ -147,6 +147,7 @@ class _MemoryCalls:
             framework: "torch" or "cupy".
 
         Raises:
+            ValueError: a negative dimension, or more than 2**63 - 1 bytes.
             UnsupportedError: no GPU. CudaError: the driver refused the allocation.
         """
         if isinstance(shape, int):
@@ -157,7 +158,11 @@ class _MemoryCalls:
         dt = to_maco_dtype(dtype)
         nbytes = dt.itemsize
         for s in shape:
+            c_int(s, "shape", 0, INT64_MAX)
             nbytes *= s
+        if nbytes > INT64_MAX:
+            raise ValueError(f"shape: {shape} of {dt.name.lower()} is {nbytes} bytes; at most "
+                             f"{INT64_MAX} (2**63 - 1) can be allocated")
         capsule = self._c.alloc_dlpack([nbytes], 1, 8)  # bytes; viewed as dt below
         export = DLPackExport(capsule, self._device if self._device is not None else 0)
         if framework == "torch":

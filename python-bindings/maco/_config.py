@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import _maco
 from ._default_comm import BACKEND_NAMES
 from ._errors import InvalidUsageError
+from ._types import INT_MAX
 
 __all__ = ["SMSplit", "set_config", "get_config", "dynamic_sm_config", "config", "ConfigTable"]
 
@@ -319,13 +320,15 @@ class SMSplit:
 
 
 def sm_count(value: Any, name: str, allow_none: bool = True) -> Optional[int]:
-    """``value`` checked as a number of SMs: a positive int (None passes when allowed).
+    """``value`` checked as a number of SMs: a positive int up to 2**31 - 1 (the C library's
+    CTA counts are ints; None passes when allowed).
 
     Raises: ValueError naming ``name``."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: {value!r} is not a positive number of SMs")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT_MAX:
+        raise ValueError(f"{name}: {value!r} is not a positive number of SMs (at most "
+                         "2**31 - 1)")
     return value
 
 

@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Optional
 
 from . import _maco
+from ._types import INT_MAX, c_int
 
 UNIQUE_ID_BYTES = _maco.UNIQUE_ID_BYTES
 
@@ -35,7 +38,8 @@ def device_index(device: Any) -> int:
     torch.device -> N.
 
     Raises:
-        TypeError: a bool. ValueError: a negative index or not a CUDA device.
+        TypeError: a bool. ValueError: a negative index, one above 2**31 - 1 (a C int), or
+        not a CUDA device.
     """
     if device is None:
         return -1
@@ -44,29 +48,35 @@ def device_index(device: Any) -> int:
     if isinstance(device, int):
         if device < 0:
             raise ValueError(f"device: {device} is negative")
-        return device
+        return c_int(device, "device")
     index = getattr(device, "index", None)
     dtype = getattr(device, "type", None)
     if dtype is not None:
         if dtype != "cuda":
             raise ValueError(f"device: {device} is not a CUDA device")
-        return -1 if index is None else int(index)
+        return -1 if index is None else c_int(index, "device")
     if isinstance(device, str):
         if device == "cuda":
             return -1
         if device.startswith("cuda:") and device[5:].isdigit():
-            return int(device[5:])
+            return c_int(int(device[5:]), "device")
     raise ValueError(f"device: {device!r} is not a CUDA device (int, 'cuda:N' or torch.device)")
 
 
 def timeout_ms(timeout: Optional[float]) -> int:
     """Seconds (None: MACO_BOOTSTRAP_TIMEOUT, -1) as the C library's milliseconds.
 
-    Raises: ValueError: a negative timeout."""
+    Raises: TypeError: not a number. ValueError: a negative timeout, NaN, or one above
+    2,147,483 s (the C library takes an int of milliseconds)."""
     if timeout is None:
         return -1
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout: expected seconds (int or float), got {type(timeout).__name__}")
     if timeout < 0:
         raise ValueError(f"timeout: {timeout} s is negative")
+    if math.isnan(timeout) or timeout * 1000 > INT_MAX:
+        raise ValueError(f"timeout: {timeout} s is not in [0, {INT_MAX // 1000}] s (the C "
+                         "library's int of milliseconds; None: MACO_BOOTSTRAP_TIMEOUT)")
     return int(timeout * 1000)
 
 
@@ -94,6 +104,7 @@ def create_handle(unique_id: Optional[bytes], rank: Optional[int], size: Optiona
         raise ValueError("rank and size: both are required with unique_id")
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"size: {size!r} is not a positive int")
+    c_int(size, "size", 1)
     if not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"rank: {rank!r} is not in [0, {size})")
     return _maco.Comm.from_unique_id(bytes(unique_id), rank, size, device_index(device),

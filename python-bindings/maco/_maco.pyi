@@ -61,7 +61,7 @@ def group_end() -> None:
 
 def dlpack_describe(capsule: object) -> tuple:
     """
-    (address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) of an unconsumed DLPack capsule. ValueError when its ndim is outside 0..64, its shape is NULL or a dimension is negative.
+    (address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) of an unconsumed DLPack capsule. ValueError when its ndim is outside 0..64, its shape is NULL, a dimension is negative or data + byte_offset passes 2**64.
     """
 
 def config() -> list:

@@ -66,16 +66,14 @@ class SMConfig:
     Not thread-safe (build it on one thread).
 
     Raises:
-        ValueError: total_sms not a positive int.
+        ValueError: total_sms not a positive int (at most 2**31 - 1).
         RuntimeError: total_sms None and no GPU.
     """
 
     def __init__(self, total_sms: Optional[int] = None):
         if total_sms is None:
             total_sms = _device_sms()
-        if isinstance(total_sms, bool) or not isinstance(total_sms, int) or total_sms < 1:
-            raise ValueError(f"total_sms: {total_sms!r} is not a positive int")
-        self.total_sms = total_sms
+        self.total_sms = sm_count(total_sms, "total_sms", allow_none=False)
         self._ranges: list = []  # (start, end, Role, tuple(task_types))
 
     def __repr__(self) -> str:

@@ -9,9 +9,9 @@ import sys
 from typing import Any, Optional, Sequence
 
 from . import _maco
-from ._types import (DLPACK_COMPLEX, DLPACK_TO_MACO, DataType, ReduceOp, _TYPESTR_TO_MACO,
-                     _numpy_like_to_maco, _torch_to_maco, to_maco_dtype, to_numpy_dtype,
-                     to_torch_dtype)
+from ._types import (DLPACK_COMPLEX, DLPACK_TO_MACO, SIZE_MAX, DataType, ReduceOp,
+                     _TYPESTR_TO_MACO, _numpy_like_to_maco, _torch_to_maco, to_maco_dtype,
+                     to_numpy_dtype, to_torch_dtype)
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -118,6 +118,18 @@ def _is_int(v) -> bool:
     return not isinstance(v, bool)
 
 
+def _checked_extent(address: int, numel: int, itemsize: int, name: str, where: str) -> None:
+    """ValueError naming ``name`` unless the address and the bytes from it lie inside the
+    64-bit address space (a range that wraps past 2**64 would reach the C library as a size
+    or an address it cannot hold, or as a range that starts high and ends low)."""
+    if not 0 <= address <= SIZE_MAX:
+        raise ValueError(f"{name}: {where} address {address} is outside [0, 2**64 - 1]")
+    nbytes = numel * itemsize
+    if numel > SIZE_MAX or address + nbytes > SIZE_MAX + 1:
+        raise ValueError(f"{name}: {where} of {numel} elements of {itemsize} bytes from "
+                         f"address {address:#x} runs past the end of the 64-bit address space")
+
+
 def _describe_cai(x, name: str, cai: dict) -> Buf:
     where = "__cuda_array_interface__"
     if not isinstance(cai, dict):
@@ -134,6 +146,9 @@ def _describe_cai(x, name: str, cai: dict) -> Buf:
     if (not isinstance(data, (tuple, list)) or len(data) != 2
             or not (data[0] is None or _is_int(data[0]))):
         raise ValueError(f"{name}: {where} data {data!r} is not (address, read-only flag)")
+    if cai.get("mask") is not None:
+        raise ValueError(f"{name}: {where} has a mask; MACO does not read masked arrays (the "
+                         "mask must be None: every element valid)")
     if cai.get("strides") is not None:
         strides = cai["strides"]
         if (not isinstance(strides, (tuple, list)) or len(strides) != len(shape)
@@ -164,8 +179,10 @@ def _describe_cai(x, name: str, cai: dict) -> Buf:
     elif hasattr(x, "__dlpack_device__"):
         device = int(x.__dlpack_device__()[1])
     kind = "cupy" if _is_cupy_array(x) else "cai"
-    return Buf(x, kind, int(address or 0), math.prod(shape), itemsize, dtype, shape, device,
-               fdtype, bool(readonly))
+    address = operator.index(address or 0)
+    numel = math.prod(shape)
+    _checked_extent(address, numel, itemsize, name, where)
+    return Buf(x, kind, address, numel, itemsize, dtype, shape, device, fdtype, bool(readonly))
 
 
 def _describe_dlpack(x, name: str) -> Buf:
@@ -189,6 +206,9 @@ def _describe_dlpack(x, name: str) -> Buf:
         del capsule
     if lanes != 1:
         raise TypeError(f"{name}: vector types (lanes={lanes}) are not supported")
+    if bits <= 0 or bits % 8:
+        raise TypeError(f"{name}: elements of {bits} bits; MACO moves whole bytes (8, 16, 32, "
+                        "64 ... bits)")
     shape = _checked_shape(shape, name, "DLPack tensor")
     if not _c_contiguous(shape, strides):
         raise ValueError(f"{name}: the array is not C-contiguous (shape {shape}, strides "
@@ -197,7 +217,9 @@ def _describe_dlpack(x, name: str) -> Buf:
     fdtype = getattr(x, "dtype", (code, bits))
     if code == DLPACK_COMPLEX:
         fdtype = getattr(x, "dtype", f"complex{bits}")
-    return Buf(x, "dlpack", address, math.prod(shape), bits // 8, dtype, shape, dev_id, fdtype,
+    numel = math.prod(shape)
+    _checked_extent(address, numel, bits // 8, name, "DLPack tensor")
+    return Buf(x, "dlpack", address, numel, bits // 8, dtype, shape, dev_id, fdtype,
                bool(readonly))
 
 
@@ -208,8 +230,10 @@ def describe(x: Any, name: str) -> Buf:
         TypeError: not a tensor, or a tensor in CPU (or other non-CUDA) memory.
         ValueError: not contiguous; a malformed __cuda_array_interface__ (missing shape,
             typestr or data; a negative or non-integer dimension; more than 64 dimensions;
-            strides not one integer per dimension) or DLPack tensor (ndim outside 0..64, a
-            NULL shape, a negative dimension).
+            strides not one integer per dimension; a mask) or DLPack tensor (ndim outside
+            0..64, a NULL shape, a negative dimension, a byte_offset that carries the address
+            past 2**64); an address outside [0, 2**64) or elements that run past the end of the
+            64-bit address space.
     """
     if _is_torch_tensor(x):
         return _describe_torch(x, name)
@@ -323,15 +347,19 @@ def stream_handle(stream: Any, buf: Optional[Buf]) -> int:
                 return int(cupy.cuda.get_current_stream().ptr)
         return 0
     if isinstance(stream, int) and not isinstance(stream, bool):
-        if stream < 0:
-            raise ValueError(f"stream: {stream} is not a cudaStream_t value")
-        return stream
-    if hasattr(stream, "cuda_stream"):
-        return int(stream.cuda_stream)
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    if hasattr(stream, "ptr"):
-        return int(stream.ptr)
+        handle = stream
+    elif hasattr(stream, "cuda_stream"):
+        handle = int(stream.cuda_stream)
+    elif hasattr(stream, "__cuda_stream__"):
+        handle = int(stream.__cuda_stream__()[1])
+    elif hasattr(stream, "ptr"):
+        handle = int(stream.ptr)
+    else:
+        handle = None
+    if handle is not None:
+        if not 0 <= handle <= SIZE_MAX:
+            raise ValueError(f"stream: {handle} is not a cudaStream_t value (0 to 2**64 - 1)")
+        return handle
     raise TypeError(f"stream: expected an int (cudaStream_t), a torch.cuda.Stream, a CuPy "
                     f"stream or an object with __cuda_stream__; got {type(stream).__name__}")
 

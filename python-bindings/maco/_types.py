@@ -1,9 +1,11 @@
 """Element types and reduction operations, and how they map to PyTorch, NumPy/CuPy, DLPack
-and ``__cuda_array_interface__`` types (both ways)."""
+and ``__cuda_array_interface__`` types (both ways); the ranges of the C types that integer
+arguments cross into (:func:`c_int`)."""
 
 from __future__ import annotations
 
 import enum
+import operator
 import sys
 from typing import Any
 
@@ -303,3 +305,32 @@ def to_maco_op(op: Any) -> ReduceOp:
             raise ValueError(f"op: torch.distributed {op} has no MACO equivalent "
                              "(SUM, PRODUCT, MIN, MAX, AVG do)")
     raise ValueError(f"op: {op!r} is not a reduction MACO knows")
+
+
+INT_MAX = (1 << 31) - 1
+INT_MIN = -(1 << 31)
+INT64_MAX = (1 << 63) - 1
+SIZE_MAX = (1 << 64) - 1  # size_t, uintptr_t and uint64_t: MACO runs on 64-bit platforms only
+_LIMITS = {INT_MAX: "2**31 - 1, a C int", INT64_MAX: "2**63 - 1, a C int64_t",
+           SIZE_MAX: "2**64 - 1, a C size_t"}
+
+
+def c_int(value: Any, name: str, low: int = 0, high: int = INT_MAX) -> int:
+    """``value`` as an int in ``[low, high]``, for an integer argument that crosses into the C
+    library (default: a non-negative C int; ``high=SIZE_MAX`` for sizes, counts and addresses).
+    Checked here so that a bad value is an error naming the argument and its range rather than
+    the extension's list of signatures.
+
+    Raises:
+        TypeError: not an integer (a bool, a float, a str), naming ``name``.
+        ValueError: outside ``[low, high]``, naming ``name`` and the range.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an integer, got a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
+    if not low <= v <= high:
+        raise ValueError(f"{name}: {v} is outside [{low}, {_LIMITS.get(high, high)}]")
+    return v

@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from . import _maco
 from ._comm import Communicator
-from ._types import DataType, to_maco_dtype
+from ._types import INT64_MAX, INT_MIN, INT_MAX, DataType, c_int, to_maco_dtype
 
 __all__ = ["Buffer", "Handle"]
 
@@ -122,14 +122,21 @@ class Buffer:
         self._torch = torch
         self.comm = _communicator(group)
         self.low_latency_mode = bool(low_latency_mode)
-        self.num_experts = int(num_experts)
-        self.hidden = int(hidden)
-        self.num_topk = int(num_topk)
-        self.num_max_dispatch_tokens_per_rank = int(num_max_dispatch_tokens_per_rank)
+
+        def c(v, nm, high=INT_MAX):  # the C library checks the limits; here the C types
+            return c_int(int(v), nm, INT_MIN, high)
+
+        self.num_experts = c(num_experts, "num_experts")
+        self.hidden = c(hidden, "hidden")
+        self.num_topk = c(num_topk, "num_topk")
+        self.num_max_dispatch_tokens_per_rank = c(num_max_dispatch_tokens_per_rank,
+                                                  "num_max_dispatch_tokens_per_rank")
         self._b = _maco.ep_buffer_create(
             self.comm._c, _LOW_LATENCY if self.low_latency_mode else _NORMAL,
             self.num_max_dispatch_tokens_per_rank, self.hidden, self.num_experts,
-            self.num_topk, int(DataType.BFLOAT16), int(num_max_recv_tokens), int(num_sms))
+            self.num_topk, int(DataType.BFLOAT16),
+            c_int(int(num_max_recv_tokens), "num_max_recv_tokens", -INT64_MAX - 1, INT64_MAX),
+            c(num_sms, "num_sms"))
         info = self._b.info()
         self.rank = info["rank"]
         self.group_size = info["nranks"]

@@ -52,7 +52,7 @@ from ._default_comm import get_default_communicator
 from ._errors import InvalidArgumentError
 from ._prof_table import format_table, overlap_table
 from ._tensor import stream_handle
-from ._types import DataType, to_maco_dtype
+from ._types import INT_MAX, DataType, c_int, to_maco_dtype
 
 __all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler"]
 
@@ -351,8 +351,10 @@ class PersistentKernel:
                       (threads, "threads")):
             if v < 0:
                 raise ValueError(f"{nm}: {v} is negative (0 picks the default)")
+            c_int(v, nm)
         if num_comm_workers < -1:
             raise ValueError(f"num_comm_workers: {num_comm_workers} (-1: none, 0: default)")
+        c_int(num_comm_workers, "num_comm_workers", -1, INT_MAX)
         self.comm = comm
         self._h = comm._c.persistent_kernel()
         self._cfg = (num_workers, num_schedulers, num_comm_workers, threads, bool(profile))

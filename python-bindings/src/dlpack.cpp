@@ -110,7 +110,13 @@ nb::tuple dlpack_describe(nb::handle capsule)
         if (t->strides != nullptr)
             strides.append(t->strides[i]);
     }
-    uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    uintptr_t data = reinterpret_cast<uintptr_t>(t->data);
+    if (t->byte_offset > UINTPTR_MAX - data)
+        throw nb::value_error(("dlpack_describe: the DLPack tensor's byte_offset " +
+                               std::to_string(t->byte_offset) + " from its data address " +
+                               std::to_string(data) + " passes the end of the address space")
+                                  .c_str());
+    uintptr_t address = data + t->byte_offset;
     nb::object strides_obj = t->strides != nullptr ? nb::object(nb::tuple(strides)) : nb::none();
     return nb::make_tuple(address, nb::tuple(shape), strides_obj, (int)t->dtype.code,
                           (int)t->dtype.bits, (int)t->dtype.lanes, (int)t->device.device_type,
@@ -192,7 +198,7 @@ void bind_dlpack(nb::module_ &m, nb::class_<Comm> &c)
     m.def("dlpack_describe", &dlpack_describe, nb::arg("capsule"),
           "(address, shape, strides|None, code, bits, lanes, device_type, device_id, readonly) "
           "of an unconsumed DLPack capsule. ValueError when its ndim is outside 0..64, its "
-          "shape is NULL or a dimension is negative.");
+          "shape is NULL, a dimension is negative or data + byte_offset passes 2**64.");
     c.def("alloc_dlpack", &alloc_dlpack, nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
           "maco_mem_alloc memory as an unconsumed DLPack capsule (freed by its consumer).");
 }
