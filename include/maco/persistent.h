@@ -211,6 +211,59 @@ typedef struct maco_gemm_tile {
 MACO_API maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers,
                                             maco_gemm_tile_t *tiles, size_t *ntiles_p);
 
+/** What maco_gemm_plan chose for one GEMM, and what its model says of it. */
+typedef struct maco_gemm_plan {
+    uint32_t tile_n;          /**< width of the tiles (the last round's may be narrow) */
+    uint32_t split_k;         /**< K is cut into this many slices (1: not split) */
+    uint32_t k_slice;         /**< elements of K per slice (k when split_k is 1) */
+    uint32_t group;           /**< tile rows per group of the order */
+    uint32_t tail_narrow;     /**< wide tiles of the last round made two narrow ones each */
+    uint32_t waves;           /**< rounds of `workers` GEMM tasks: ceil(tasks / workers) */
+    uint32_t last_wave_tasks; /**< GEMM tasks in the last round: 1 .. workers */
+    uint32_t reserved;        /**< zero */
+    uint64_t tiles;           /**< tiles of C: the entries of the order */
+    uint64_t tasks;           /**< GEMM tile tasks: tiles x split_k */
+    uint64_t cost;            /**< the model's time, in steps (below) */
+    uint64_t b_bytes;         /**< bytes of B the order reads from memory, in the model */
+} maco_gemm_plan_t;
+
+/** maco_gemm_plan's model (docs/persistent.md, "Planning a GEMM"): a 128 x 128 tile's step of
+ * 64 along K costs 1, a 128 x 256 tile's 2; every task costs MACO_GEMM_PLAN_TASK_STEPS more
+ * (hand-off and store); the SUM of a split tile costs (split_k + 1) x tile_n / 128. Assumed,
+ * not measured: bench_gemm_tile prints the plan beside the measured time. */
+#define MACO_GEMM_PLAN_TASK_STEPS 2
+/** The most slices of K maco_gemm_plan considers, and the fewest elements of K per slice. */
+#define MACO_GEMM_PLAN_MAX_SPLIT 16
+#define MACO_GEMM_PLAN_MIN_SLICE 256
+
+/**
+ * Plans the GEMM tiles of C (m x n) = A (m x k) B (k x n) for a kernel of `workers` compute
+ * workers, per shape (docs/persistent.md, "Planning a GEMM"):
+ * - width and the last round: as maco_gemm_plan_tiles;
+ * - split-K (only with max_split_k >= 2, and only when C has fewer tiles than there are
+ *   workers): K in s slices of k / s elements (a multiple of 64, at least
+ *   MACO_GEMM_PLAN_MIN_SLICE), s from 1 to min(max_split_k, MACO_GEMM_PLAN_MAX_SPLIT), the s
+ *   with the least model cost (the smallest on a tie). A split tile is s GEMM tasks, slice j
+ *   reading A's columns and B's rows [j k_slice, (j + 1) k_slice) and storing fp32 partial
+ *   products, and one SUM task adding them in slice order (fp32, rounded once);
+ * - order: groups of G tile rows, inside a group column by column; G is ceil(workers /
+ *   columns) (a round of the workers covers whole rows, tiles sharing a column of B on
+ *   consecutive workers), raised while G rows of A (G x 128 x k x 2 bytes) fit half of
+ *   `l2_bytes`, so that a group's rows of A stay in L2 while it sweeps B and B is read once per
+ *   group (l2_bytes 0: no raise, the rows of C finish soonest: what the fused operators use).
+ * *plan_p gets the plan; `tiles` (NULL: plan only) gets the order, one entry per tile of C
+ * (with split_k s, add each entry's s slices one after the other, slice 0 first), and
+ * *ntiles_p (may be NULL) their number. `tiles` needs room for ceil(m / 128) x (n / 128)
+ * entries. Deterministic; host only, no GPU; reads MACO_GEMM_TILE_WIDTH as
+ * maco_gemm_plan_tiles does, else pure. Errors: MACO_ERR_INVALID_ARGUMENT (plan_p NULL, m =
+ * 0, n not a non-zero multiple of 128, k not a non-zero multiple of MACO_GEMM_TILE_K, workers
+ * < 1).
+ */
+MACO_API maco_status_t maco_gemm_plan(uint32_t m, uint32_t n, uint32_t k, int workers,
+                                      uint64_t l2_bytes, uint32_t max_split_k,
+                                      maco_gemm_plan_t *plan_p, maco_gemm_tile_t *tiles,
+                                      size_t *ntiles_p);
+
 /** Creates an empty graph. Host memory only (no GPU needed). Errors: MACO_ERR_INVALID_ARGUMENT
  * (NULL), MACO_ERR_NO_MEMORY. */
 MACO_API maco_status_t maco_task_graph_create(maco_task_graph_t *graph_p);
