@@ -94,11 +94,17 @@ typedef enum maco_task_role {
  *   ninputs (1..64) inputs, a, a + input_stride, a + 2 * input_stride, ... (input_stride in
  *   bytes, a multiple of the element size), each with row stride ld_in: out = the inputs summed
  *   in that order in fp32 and rounded once. A reduction in rank order is a SUM over per-rank
- *   slots.
+ *   slots. out_datatype: the output's type where it differs from the inputs' (MACO_BFLOAT16
+ *   from MACO_FLOAT32 inputs: the fp32 partial products of a split-K GEMM rounded once; 0, i.e.
+ *   MACO_INT8, which is no element-wise type: the same as datatype); ld_out and out's alignment
+ *   then count in the output's elements.
  * - Any task may have a gate and a signal (maco/device/persistent.h, "Gates and signals"):
  *   wait_on (an 8-byte aligned uint64_t counter on this rank's GPU or host-mapped, never
  *   reset) with wait_count >= 1: the task starts only once the counter reaches wait_count *
- *   (r + 1) in launch r of the kernel, after its dependencies; `signal_to` (such a counter, or a
+ *   (r + 1) in launch r of the kernel, after its dependencies; with wait_need (1 ..
+ *   wait_count; 0: wait_count), once it reaches wait_count * r + wait_need: the wait_need-th of
+ *   the launch's signals, where they come in a known order (a port channel's semaphore, which
+ *   counts the peer's signals of every kind); `signal_to` (such a counter, or a
  *   peer's through a memory channel's mapping): 1 is added to it (release, system scope) after
  *   the task's writes. wait_peer names the rank expected to signal wait_on (-1: several) in a
  *   timeout's message. A worker that pops a task whose gate is still closed puts it back at the
@@ -132,7 +138,10 @@ typedef enum maco_task_role {
  *   MACO_GEMM_TILE_M: A's rows past m read as zeros and the last row of tiles stores all its
  *   128 rows, those past m zero, so C must have room for ceil(m / 128) x 128 rows (the GMMA
  *   tiles only: the cuBLASDx kernel refuses such a graph); the three pointers 16-byte aligned,
- *   ldc a multiple of 8 and at least tile_n. Tiles of both
+ *   ldc a multiple of 8 and at least tile_n. ld_in: A's row stride in elements where A is a
+ *   slice of K of a larger matrix (split-K: a = A + k0, b = B + k0 x n, k the slice's length,
+ *   ld_in the whole K; 0: k): at least k and a multiple of 8; GMMA tiles only, as a partial
+ *   row. Tiles of both
  *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
  *   fewer bytes read per FLOP (narrow tiles were measured bound by that traffic:
  *   docs/performance.md, "Tuning", "GEMM tiles"); narrow ones give more tasks to spread over the
@@ -171,6 +180,8 @@ typedef struct maco_task {
     uint32_t out_mirror_count;      /**< SUM, COPY: mirrors (0..8; 0: none) */
     uint32_t signal_mirror_channel; /**< first channel of signal_to's mirrors */
     uint32_t signal_mirror_count;   /**< signal mirrors (0: signal_to itself) */
+    maco_datatype_t out_datatype;   /**< SUM: the output's type (0: datatype) */
+    uint64_t wait_need;             /**< gate: the launch's signals it needs (0: wait_count) */
 } maco_task_t;
 
 /** The tile of MACO_TASK_GEMM_TILE (elements: rows, the default width, the wide width, the

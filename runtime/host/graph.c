@@ -187,6 +187,11 @@ static int maco__sync_check(const maco_task_t *t, char *why, size_t n)
                  (unsigned long long)t->wait_count);
         return -1;
     }
+    if (t->wait_on != NULL && t->wait_need > t->wait_count) {
+        snprintf(why, n, "gate: wait_need %llu is above wait_count %llu (the launch's signals)",
+                 (unsigned long long)t->wait_need, (unsigned long long)t->wait_count);
+        return -1;
+    }
     if (t->signal_to != NULL && (uintptr_t)t->signal_to % 8 != 0) {
         snprintf(why, n, "signal_to (%p) must be 8-byte aligned", (void *)t->signal_to);
         return -1;
@@ -200,7 +205,7 @@ static uint64_t maco__out_span(const maco_task_t *t)
     uint64_t rows = t->rows > 1 ? t->rows : 1;
     if (t->type == MACO_TASK_COPY)
         return (rows - 1) * (t->rows > 1 ? t->ld_out : 0) + t->count;
-    uint64_t esz = t->datatype == MACO_FLOAT32 ? 4 : 2;
+    uint64_t esz = maco__task_out_type(t) == MACO_FLOAT32 ? 4 : 2;
     return ((rows - 1) * (t->rows > 1 ? t->ld_out : t->count) + t->count) * esz;
 }
 
@@ -319,6 +324,15 @@ static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
     }
     if (maco__rows_check(t, t->count, "elements", why, n) != 0)
         return -1;
+    if (t->out_datatype != 0 && t->out_datatype != t->datatype &&
+        (t->type != MACO_TASK_SUM || t->datatype != MACO_FLOAT32 ||
+         t->out_datatype != MACO_BFLOAT16)) {
+        snprintf(why, n,
+                 "out_datatype %d with datatype %d: only a SUM's output may differ from its "
+                 "inputs, MACO_BFLOAT16 from MACO_FLOAT32",
+                 (int)t->out_datatype, (int)t->datatype);
+        return -1;
+    }
     if (t->type == MACO_TASK_SUM &&
         (t->ninputs < 1 || t->ninputs > 64 || t->input_stride % esz != 0)) {
         snprintf(why, n,
@@ -335,9 +349,10 @@ static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
             snprintf(why, n, "%s is NULL", names[i]);
             return -1;
         }
-        if ((uintptr_t)ptrs[i] % esz != 0) {
+        size_t align = i == 0 && maco__task_out_type(t) == MACO_BFLOAT16 ? 2 : esz;
+        if ((uintptr_t)ptrs[i] % align != 0) {
             snprintf(why, n, "%s (%p) is not aligned to its %zu-byte elements", names[i], ptrs[i],
-                     esz);
+                     align);
             return -1;
         }
     }
@@ -408,6 +423,13 @@ static int maco__gemm_check(const maco_task_t *t, char *why, size_t n)
                  "m x n x k = %u x %u x %u: m from 1 to 2^31 - 1, n a non-zero multiple of "
                  "%u (tile_n), k of %d",
                  t->m, t->n, t->k, tn, MACO_GEMM_TILE_K);
+        return -1;
+    }
+    if (t->ld_in != 0 && (t->ld_in < t->k || t->ld_in % 8 != 0 || t->ld_in > INT32_MAX)) {
+        snprintf(why, n,
+                 "ld_in = %u (A's row stride): 0, or at least k = %u, a multiple of 8 and below "
+                 "2^31",
+                 t->ld_in, t->k);
         return -1;
     }
     if (t->ldc < tn || t->ldc % 8 != 0) {

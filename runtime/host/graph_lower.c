@@ -82,6 +82,7 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
         out->sync[i].out_count = (uint16_t)t->out_mirror_count;
         out->sync[i].sig_first = (uint16_t)t->signal_mirror_channel;
         out->sync[i].sig_count = (uint16_t)t->signal_mirror_count;
+        out->sync[i].wait_need = t->wait_on != NULL ? t->wait_need : 0;
         out->nsync++;
     }
     int comm = t->role == MACO_TASK_ROLE_COMM ||
@@ -109,6 +110,8 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
     if (t->type == MACO_TASK_SUM) {
         d->aux = t->ninputs;
         d->ptr[2] = t->input_stride;
+        d->sum.out_dtype = (uint16_t)maco__task_out_type(t);
+        d->sum.reserved = 0;
     } else if (t->type == MACO_TASK_GEMM_TILE) {
         d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
                     (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
@@ -118,6 +121,7 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
         d->aux = t->ldc;
         out->ngemm_tasks++;
         out->npartial_gemm += t->m % MACO_GEMM_TILE_M != 0 ? 1u : 0u;
+        out->nstrided_gemm += maco__gemm_lda(t) != t->k ? 1u : 0u;
     } else if ((int)t->type >= MACO_TASK_USER) {
         d->ptr[3] = t->src_offset;
     }

@@ -41,6 +41,7 @@ typedef struct maco__pk_lowered {
     uint32_t ncomm_tasks;   /* tasks of the COMM role */
     uint32_t ngemm_tasks;   /* GEMM tiles */
     uint32_t npartial_gemm; /* GEMM tiles of a GEMM whose m is not a multiple of 128 */
+    uint32_t nstrided_gemm; /* GEMM tiles whose A rows are longer than k (ld_in: split-K) */
     maco_pk_sync_t *sync;   /* [ntasks] gates and signals (all zero for tasks without) */
     uint32_t nsync;         /* tasks with a gate or a signal */
     int comm_workers_hint;  /* the graph's (maco_task_graph) */
@@ -61,6 +62,18 @@ void maco__pk_lowered_free(maco__pk_lowered_t *l);
 static inline uint32_t maco__gemm_tile_n(const maco_task_t *t)
 {
     return t->tile_n == 0 ? MACO_GEMM_TILE_N : t->tile_n;
+}
+
+/** The type an element-wise task stores: out_datatype where set (a SUM's), else datatype. */
+static inline maco_datatype_t maco__task_out_type(const maco_task_t *t)
+{
+    return t->out_datatype != 0 ? t->out_datatype : t->datatype;
+}
+
+/** A GEMM tile's A row stride in elements: ld_in, where 0 means k. */
+static inline uint32_t maco__gemm_lda(const maco_task_t *t)
+{
+    return t->ld_in == 0 ? t->k : t->ld_in;
 }
 
 /** What the profile calls task `t`: its name, else its type's ("add", "copy", ...). */

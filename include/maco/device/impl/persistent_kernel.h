@@ -185,7 +185,8 @@ static __device__ __forceinline__ void maco__pk_acc_f32x4(float *acc, uint4 x, i
 
 /* SUM: out = in_0 + in_1 + ... in that order (fp32), in_j = ptr[1] + j * ptr[2] bytes; rows and
  * strides (elements) as for ADD; the result also to out's mirrors. 16-byte vectors (4 fp32 or
- * 8 bf16) where aligned, four per thread in flight for each input. */
+ * 8 bf16) where aligned and the output has the inputs' type, four per thread in flight for
+ * each input; element by element otherwise (fp32 partial products into bf16: split-K). */
 static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
                                                     const maco_pk_task_t *t, uint32_t task,
                                                     uint32_t tid, uint32_t nthreads)
@@ -194,13 +195,15 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
     const char *in = (const char *)t->ptr[1];
     const uint64_t in_stride = t->ptr[2];
     const uint32_t nin = t->aux, dtype = t->dtype;
+    const uint32_t odtype = t->sum.out_dtype != 0 ? t->sum.out_dtype : dtype;
     const uint64_t esz = dtype == MACO__PK_F32 ? 4 : 2, n = t->count;
+    const uint64_t oesz = odtype == MACO__PK_F32 ? 4 : 2;
     uint64_t ldi, ldo, delta[MACO__PK_MIRRORS];
     uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
     uint32_t nm = maco__pk_out_mirrors(v, task, delta);
     uintptr_t align =
         (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) | (ldo * esz);
-    if ((align & 15u) == 0 && dtype != MACO__PK_F16) {
+    if ((align & 15u) == 0 && dtype != MACO__PK_F16 && odtype == dtype) {
         enum { U = 4 };
         const uint64_t per = 16 / esz, nv = n / per, total = rows * nv, stride = nthreads;
         for (uint64_t v0 = tid; v0 < total; v0 += U * stride) {
@@ -259,7 +262,7 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
             acc = j == 0 ? x : acc + x;
         }
         for (uint32_t m = 0; m <= nm; m++)
-            maco__pk_store(out + (m == 0 ? 0 : delta[m - 1]) + (r * ldo) * esz, i, dtype, acc);
+            maco__pk_store(out + (m == 0 ? 0 : delta[m - 1]) + (r * ldo) * oesz, i, odtype, acc);
     }
 }
 
