@@ -34,6 +34,7 @@
 #include "maco/collectives.h"
 #include "maco/comm.h"
 #include "maco/device/memory_channel.h"
+#include "maco/port_channel.h"
 #include "maco/status.h"
 
 #ifdef __cplusplus
@@ -61,7 +62,11 @@ typedef enum maco_task_type {
                                        maco_task_t) */
     MACO_TASK_SUM = 11,           /**< out[i] = in_0[i] + ... + in_{ninputs-1}[i] in that order,
                                        in_j = a + j * input_stride (bytes) */
-    MACO_TASK_TYPE_COUNT = 12,
+    MACO_TASK_PORT_PUT = 12,      /**< port channel `channel`: queue a put of `count` bytes (0:
+                                       none) and a signal to the proxy (see maco_task_t) */
+    MACO_TASK_PORT_FLUSH = 13,    /**< waits until the proxy of port channel `channel` carried
+                                       out every trigger this GPU queued before it */
+    MACO_TASK_TYPE_COUNT = 14,
     /** First user type: run by the `user` function of a kernel the user compiles around
      * maco_pk_run() (maco/device/persistent.h; maco_persistent_kernel_get_launch). */
     MACO_TASK_USER = 256,
@@ -122,6 +127,21 @@ typedef enum maco_task_role {
  * - WAIT: a, such a counter; count (1 to 2^32 - 1): the signals it gets per launch. The wait of the
  *   launch numbered r (0, 1, ...) of this kernel object ends once the counter is at least
  *   count * (r + 1).
+ * - PORT_PUT: channel (from maco_task_graph_add_port_channel); count (bytes, below 2^32; 0:
+ *   a signal alone), src_offset (in the channel's source buffer) and dst_offset (in its
+ *   destination), both ranges inside their buffers. The task queues the put and a signal into
+ *   the proxy's FIFO (maco/device/port_channel.h: put_with_signal, or signal) and ends: the
+ *   copy engines (CUDA copy transport) or the proxy (other transports) move the data after it,
+ *   and the peer's semaphore of the channel (its handle's semaphore.inbound, which counts
+ *   every signal of the channel, never reset) goes up by one once the data is there. What
+ *   the task depends on is what the put carries (the FIFO's push orders it before the
+ *   trigger). Pushes of one GPU are carried out in the order they were queued: order puts to
+ *   one peer by dependencies where their signals must come in a known order (a gate with
+ *   wait_need then waits for the n-th). AUTO gives it the COMPUTE role, as a put waits only
+ *   for room in the FIFO (bounded).
+ * - PORT_FLUSH: channel: waits (bounded) until the channel's proxy carried out every trigger
+ *   this GPU pushed into its FIFO before the flush and their data landed (sources may then be
+ *   reused). AUTO gives it the COMM role.
  * - CHANNEL_*: channel (from maco_task_graph_add_channel); PUT also count (bytes),
  *   src_offset (in the channel's local buffer) and dst_offset (in its remote one), both
  *   ranges inside their buffers. Waits on one channel must be ordered by dependencies (each
@@ -309,6 +329,18 @@ MACO_API maco_status_t maco_task_graph_add_dependency(maco_task_graph_t graph, i
 MACO_API maco_status_t maco_task_graph_add_channel(maco_task_graph_t graph,
                                                    const maco_memory_channel_device_t *handle,
                                                    int *index_p);
+
+/**
+ * Adds port channel `channel` (maco/port_channel.h) for PORT_PUT and PORT_FLUSH tasks; *index_p
+ * gets its index (0, 1, ...; port channels are numbered apart from memory channels). The graph
+ * keeps the channel's device handle, its buffers' sizes and its peer; the channel (and its
+ * proxy, started) must outlive every kernel created from the graph, and carry nothing else
+ * while they run: gates count its signals from zero. Errors: MACO_ERR_INVALID_ARGUMENT (NULL),
+ * MACO_ERR_UNSUPPORTED (no GPU, or a semaphore the GPU cannot wait on:
+ * maco_port_channel_get_device_handle), MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_port_channel(maco_task_graph_t graph,
+                                                        maco_port_channel_t channel, int *index_p);
 
 /** Number of tasks added so far. Errors: MACO_ERR_INVALID_ARGUMENT (NULL). */
 MACO_API maco_status_t maco_task_graph_get_ntasks(maco_task_graph_t graph, int *ntasks_p);

@@ -14,8 +14,9 @@
 #include "runtime/host/runtime_internal.h"
 
 static const char *const maco__task_type_names[MACO_TASK_TYPE_COUNT] = {
-    "nop",         "copy",           "add",          "scale",     "residual_add", "signal", "wait",
-    "channel_put", "channel_signal", "channel_wait", "gemm_tile", "sum",
+    "nop",       "copy", "add",         "scale",          "residual_add",
+    "signal",    "wait", "channel_put", "channel_signal", "channel_wait",
+    "gemm_tile", "sum",  "port_put",    "port_flush",
 };
 
 /* The device's type values are the public ones. */
@@ -30,6 +31,8 @@ _Static_assert(MACO__SAME(MACO_TASK_COPY, MACO_PK_COPY) && MACO__SAME(MACO_TASK_
                    MACO__SAME(MACO_TASK_CHANNEL_WAIT, MACO_PK_CHANNEL_WAIT) &&
                    MACO__SAME(MACO_TASK_GEMM_TILE, MACO_PK_GEMM_TILE) &&
                    MACO__SAME(MACO_TASK_SUM, MACO_PK_SUM) &&
+                   MACO__SAME(MACO_TASK_PORT_PUT, MACO_PK_PORT_PUT) &&
+                   MACO__SAME(MACO_TASK_PORT_FLUSH, MACO_PK_PORT_FLUSH) &&
                    MACO__SAME(MACO_TASK_TYPE_COUNT, MACO_PK_TYPE_COUNT) &&
                    MACO__SAME(MACO_TASK_USER, MACO_PK_USER),
                "task types match the device's");
@@ -70,12 +73,12 @@ maco_status_t maco_task_graph_destroy(maco_task_graph_t g)
     free(g->tasks);
     free(g->edges);
     free(g->channels);
+    free(g->ports);
     free(g);
     return MACO_OK;
 }
 
-/* Grows *arr (of *cap elements of `size` bytes) to hold n + 1. */
-static int maco__grow(void **arr, int *cap, int n, size_t size)
+int maco__graph_grow(void **arr, int *cap, int n, size_t size)
 {
     if (n < *cap)
         return 0;
@@ -100,7 +103,7 @@ maco_status_t maco_task_graph_add_task(maco_task_graph_t g, const maco_task_t *t
                            "maco_task_graph_add_task: the graph already has %d tasks, the most "
                            "it can hold",
                            g->ntasks);
-    if (maco__grow((void **)&g->tasks, &g->task_cap, g->ntasks, sizeof(maco_task_t)) != 0)
+    if (maco__graph_grow((void **)&g->tasks, &g->task_cap, g->ntasks, sizeof(maco_task_t)) != 0)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_task: out of host memory at task %d", g->ntasks);
     maco_task_t t = *task;
@@ -122,7 +125,8 @@ maco_status_t maco_task_graph_add_dependency(maco_task_graph_t g, int task, int 
     if (g == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_dependency: graph is NULL");
-    if (maco__grow((void **)&g->edges, &g->edge_cap, g->nedges, sizeof(maco__task_edge_t)) != 0)
+    if (maco__graph_grow((void **)&g->edges, &g->edge_cap, g->nedges, sizeof(maco__task_edge_t)) !=
+        0)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_dependency: out of host memory");
     g->edges[g->nedges].task = task;
@@ -137,12 +141,27 @@ maco_status_t maco_task_graph_add_channel(maco_task_graph_t g,
     if (g == NULL || handle == NULL || index_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_channel: NULL argument");
-    if (maco__grow((void **)&g->channels, &g->channel_cap, g->nchannels,
-                   sizeof(maco_memory_channel_device_t)) != 0)
+    if (maco__graph_grow((void **)&g->channels, &g->channel_cap, g->nchannels,
+                         sizeof(maco_memory_channel_device_t)) != 0)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_channel: out of host memory");
     g->channels[g->nchannels] = *handle;
     *index_p = g->nchannels++;
+    return MACO_OK;
+}
+
+maco_status_t maco__task_graph_add_port_info(maco_task_graph_t g, const maco__port_info_t *info,
+                                             int *index_p, const char *fn)
+{
+    if (g->nports >= (int)MACO_TRIGGER_MAX_CHANNELS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: the graph already has %d port channels, the most a task can name",
+                           fn, g->nports);
+    if (maco__graph_grow((void **)&g->ports, &g->port_cap, g->nports, sizeof(maco__port_info_t)) !=
+        0)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+    g->ports[g->nports] = *info;
+    *index_p = g->nports++;
     return MACO_OK;
 }
 
@@ -403,6 +422,34 @@ static int maco__channel_task_check(const maco_task_graph_t g, const maco_task_t
     return 0;
 }
 
+/* PORT_PUT and PORT_FLUSH: the port channel, and a put's ranges (a trigger's fields). */
+static int maco__port_task_check(const maco_task_graph_t g, const maco_task_t *t, char *why,
+                                 size_t n)
+{
+    if (t->channel >= (uint32_t)g->nports) {
+        snprintf(why, n, "port channel %u does not exist (the graph has %d)", t->channel,
+                 g->nports);
+        return -1;
+    }
+    if (t->type != MACO_TASK_PORT_PUT)
+        return 0;
+    const maco__port_info_t *c = &g->ports[t->channel];
+    if (t->count > MACO_TRIGGER_MAX_SIZE || t->src_offset > c->src_bytes ||
+        t->count > c->src_bytes - t->src_offset || t->dst_offset > c->dst_bytes ||
+        t->count > c->dst_bytes - t->dst_offset || t->src_offset > MACO_TRIGGER_MAX_OFFSET ||
+        t->dst_offset > MACO_TRIGGER_MAX_OFFSET) {
+        snprintf(why, n,
+                 "port put of %llu bytes from offset %llu to offset %llu leaves port channel "
+                 "%u's buffers (%llu bytes source, %llu destination), or passes a trigger's "
+                 "limits (below 4 GiB, offsets below 64 GiB)",
+                 (unsigned long long)t->count, (unsigned long long)t->src_offset,
+                 (unsigned long long)t->dst_offset, t->channel, (unsigned long long)c->src_bytes,
+                 (unsigned long long)c->dst_bytes);
+        return -1;
+    }
+    return 0;
+}
+
 /* A GEMM tile: output type, width, shape, ldc, position and alignment. */
 static int maco__gemm_check(const maco_task_t *t, char *why, size_t n)
 {
@@ -491,6 +538,9 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
         return maco__channel_task_check(g, t, why, n);
     case MACO_TASK_GEMM_TILE:
         return maco__gemm_check(t, why, n);
+    case MACO_TASK_PORT_PUT:
+    case MACO_TASK_PORT_FLUSH:
+        return maco__port_task_check(g, t, why, n);
     default:
         return 0;
     }

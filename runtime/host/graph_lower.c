@@ -87,7 +87,8 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
     }
     int comm = t->role == MACO_TASK_ROLE_COMM ||
                (t->role == MACO_TASK_ROLE_AUTO &&
-                (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT));
+                (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT ||
+                 t->type == MACO_TASK_PORT_FLUSH));
     d->role = comm ? MACO_PK_ROLE_COMM : MACO_PK_ROLE_COMPUTE;
     out->ncomm_tasks += comm ? 1u : 0u;
     d->dtype = (uint8_t)t->datatype;
@@ -99,7 +100,7 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
     d->ptr[0] = (uint64_t)(uintptr_t)t->out;
     d->ptr[1] = (uint64_t)(uintptr_t)t->a;
     d->ptr[2] = (uint64_t)(uintptr_t)t->b;
-    if (t->type == MACO_TASK_CHANNEL_PUT) {
+    if (t->type == MACO_TASK_CHANNEL_PUT || t->type == MACO_TASK_PORT_PUT) {
         d->ptr[0] = t->dst_offset;
         d->ptr[1] = t->src_offset;
     } else if (t->rows > 1 && (t->type == MACO_TASK_ADD || t->type == MACO_TASK_SCALE ||
@@ -150,8 +151,9 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
     out->succ = malloc(((size_t)g->nedges + 1) * sizeof(uint32_t));
     out->roots = malloc((size_t)nt * sizeof(uint32_t));
     out->sync = calloc((size_t)nt, sizeof(maco_pk_sync_t));
-    if (pred_begin == NULL || indeg == NULL || nsucc == NULL || order == NULL ||
-        (g->nedges > 0 && e == NULL) || out->tasks == NULL || out->succ == NULL ||
+    out->ports = calloc((size_t)g->nports + 1, sizeof(maco_port_channel_device_t));
+    if (out->ports == NULL || pred_begin == NULL || indeg == NULL || nsucc == NULL ||
+        order == NULL || (g->nedges > 0 && e == NULL) || out->tasks == NULL || out->succ == NULL ||
         out->roots == NULL || out->sync == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                          "%s: out of host memory for %d tasks", fn, nt);
@@ -209,6 +211,9 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
         maco__lower_task(g, i, pred_begin, nsucc, out);
     out->ntasks = (uint32_t)nt;
     out->comm_workers_hint = g->comm_workers_hint;
+    for (int i = 0; i < g->nports; i++)
+        out->ports[i] = g->ports[i].handle;
+    out->nports = (uint32_t)g->nports;
     free(e);
     free(pred_begin);
     free(indeg);
@@ -231,6 +236,7 @@ void maco__pk_lowered_free(maco__pk_lowered_t *l)
     free(l->succ);
     free(l->roots);
     free(l->sync);
+    free(l->ports);
     memset(l, 0, sizeof(*l));
 }
 
@@ -279,8 +285,10 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     size_t o_rstart = maco__round256(o_roots + l->nroots * sizeof(uint32_t));
     size_t o_queues = maco__round256(o_rstart + ((size_t)W + C + 1) * sizeof(uint32_t));
     size_t o_chan = maco__round256(o_queues + nq * sizeof(maco_pk_queue_t));
-    size_t o_sync =
+    size_t o_ports =
         maco__round256(o_chan + (size_t)nchannels * sizeof(maco_memory_channel_device_t));
+    size_t o_sync =
+        maco__round256(o_ports + (size_t)l->nports * sizeof(maco_port_channel_device_t));
     *fixed_bytes_p =
         maco__round256(o_sync + (l->nsync > 0 ? l->ntasks * sizeof(maco_pk_sync_t) : 0));
     size_t o_ctr = 0;
@@ -329,6 +337,8 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     }
     if (nchannels > 0)
         memcpy(host + o_chan, channels, (size_t)nchannels * sizeof(maco_memory_channel_device_t));
+    if (l->nports > 0)
+        memcpy(host + o_ports, l->ports, (size_t)l->nports * sizeof(maco_port_channel_device_t));
     if (l->nsync > 0)
         memcpy(host + o_sync, l->sync, l->ntasks * sizeof(maco_pk_sync_t));
     memset(view, 0, sizeof(*view));
@@ -348,4 +358,6 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     view->ncomm = C;
     view->nschedulers = S;
     view->nchannels = (uint32_t)nchannels;
+    view->ports = (const maco_port_channel_device_t *)(fx + o_ports);
+    view->nports = l->nports;
 }

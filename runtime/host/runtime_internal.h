@@ -11,6 +11,7 @@
 
 #include "maco/device/persistent.h"
 #include "maco/persistent.h"
+#include "proxy/port_info.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +28,8 @@ struct maco_task_graph {
     int nedges, edge_cap;
     maco_memory_channel_device_t *channels;
     int nchannels, channel_cap;
+    maco__port_info_t *ports; /* port channels (maco_task_graph_add_port_channel) */
+    int nports, port_cap;
     int comm_workers_hint; /* communication workers the fused operators ask for (0: none) */
 };
 
@@ -43,9 +46,14 @@ typedef struct maco__pk_lowered {
     uint32_t npartial_gemm; /* GEMM tiles of a GEMM whose m is not a multiple of 128 */
     uint32_t nstrided_gemm; /* GEMM tiles whose A rows are longer than k (ld_in: split-K) */
     maco_pk_sync_t *sync;   /* [ntasks] gates and signals (all zero for tasks without) */
-    uint32_t nsync;         /* tasks with a gate or a signal */
-    int comm_workers_hint;  /* the graph's (maco_task_graph) */
+    maco_port_channel_device_t *ports; /* [nports] the graph's port channels' handles */
+    uint32_t nports;
+    uint32_t nsync;        /* tasks with a gate or a signal */
+    int comm_workers_hint; /* the graph's (maco_task_graph) */
 } maco__pk_lowered_t;
+
+/** Grows *arr (of *cap elements of `size` bytes) to hold n + 1: 0, or -1 out of memory. */
+int maco__graph_grow(void **arr, int *cap, int n, size_t size);
 
 /** Checks every task's arguments and every dependency of `graph` (graph.c; errors as
  * maco_task_graph_validate, prefixed with `fn`); cycles are found by maco__task_graph_lower. */
@@ -86,7 +94,7 @@ enum { MACO__PK_WORKER_QUEUE_MAX = 4096 };
  * The memory of a kernel object of W compute workers, C communication workers and S
  * schedulers, in two allocations (offsets multiples of 256 bytes):
  *   fixed: tasks[ntasks] | succ[nsucc] | roots[nroots] | queues[W + C + S] | channels[] |
- *          sync[ntasks] (only where a task has a gate or a signal)
+ *          port channels[] | sync[ntasks] (only where a task has a gate or a signal)
  *   state: ctr[MACO_PK_CTR_WORDS] | arrive[ntasks] | 256 bytes per queue (reserve at 0, head
  *          at 128) | every queue's slots | profile records[ntasks] (profile != 0)
  * state must start zeroed; it is advanced only by the kernel. Queues: W compute workers, C
@@ -101,6 +109,16 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
                      int nchannels, uint32_t W, uint32_t C, uint32_t S, int profile, void *fixed,
                      void *state, void *fixed_host, maco_pk_view_t *view, size_t *fixed_bytes_p,
                      size_t *state_bytes_p);
+
+/* Adds a port channel's information (graph_port.c, and the CPU tests' fakes) as port channel
+ * *index_p of the graph; errors name `fn`. */
+maco_status_t maco__task_graph_add_port_info(maco_task_graph_t graph, const maco__port_info_t *info,
+                                             int *index_p, const char *fn);
+
+/* maco_task_graph_add_port_channel with the handle of the channel's host FIFO (host
+ * addresses: maco__port_channel_info's host_fifo), for the CPU simulation of the runtime. */
+maco_status_t maco__task_graph_add_port_channel_host(maco_task_graph_t graph,
+                                                     maco_port_channel_t channel, int *index_p);
 
 /* The fused operators' builder (fused.c) with the rank, world size and CTA count given rather
  * than read from op->comm (which may be NULL): the public maco_task_graph_add_* call it with

@@ -83,6 +83,7 @@
 
 #include "maco/device/error.h"
 #include "maco/device/memory_channel.h"
+#include "maco/device/port_channel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -113,7 +114,12 @@ enum {
                                    j * ptr[2] (bytes); count elements per row, ptr[3] rows
                                    and strides as for ADD; sum.out_dtype the output's type
                                    (0: dtype) */
-    MACO_PK_TYPE_COUNT = 12,
+    MACO_PK_PORT_PUT = 12,      /* port channel aux (view.ports): count bytes from source
+                                   offset ptr[1] to destination offset ptr[0], then a signal;
+                                   count 0: the signal alone */
+    MACO_PK_PORT_FLUSH = 13,    /* port channel aux: wait until its proxy carried out every
+                                   earlier trigger of this GPU's FIFO */
+    MACO_PK_TYPE_COUNT = 14,
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
 };
@@ -256,6 +262,7 @@ typedef struct maco_pk_view {
     uint64_t *ctr;                 /* [MACO_PK_CTR_WORDS] */
     const maco_pk_queue_t *queues; /* [W + C + S]: workers, comm workers, scheduler inboxes */
     const maco_memory_channel_device_t *channels; /* [nchannels] (the channel tasks' aux) */
+    const maco_port_channel_device_t *ports;      /* [nports] (the port tasks' aux) */
     const maco_pk_sync_t *sync;                   /* [ntasks] gates and signals, or NULL */
     maco_pk_profile_record_t *profile;            /* [ntasks] or NULL */
     /* The GMMA kernel's TMA tensor maps, one entry per distinct GEMM (tasks' gemm_map), in
@@ -264,6 +271,7 @@ typedef struct maco_pk_view {
     maco_device_wait_bound_t bound;
     uint32_t ntasks, nroots;
     uint32_t nworkers, ncomm, nschedulers, nchannels;
+    uint32_t nports, reserved;
 } maco_pk_view_t;
 
 #ifdef __cplusplus

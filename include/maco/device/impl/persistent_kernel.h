@@ -285,6 +285,23 @@ static __device__ __forceinline__ maco_status_t maco__pk_wait_counter(const maco
     return MACO_OK;
 }
 
+/* MACO_PK_PORT_PUT: one thread queues the put (if any) and the signal into the port channel's
+ * FIFO; the proxy carries them out after the task. What this thread observed (the task's
+ * inputs, released to it through the dependency counters and the CTA's barrier) is ordered
+ * before the trigger by the channel's push (maco/device/port_channel.h). MACO_PK_PORT_FLUSH:
+ * one thread waits (bounded) for the proxy to carry out every earlier trigger of the FIFO. A
+ * push that fails (the ring stayed full past the bound, or the proxy stopped) fails the task. */
+static __device__ __forceinline__ maco_status_t maco__pk_port_task(const maco_pk_view_t *v,
+                                                                   const maco_pk_task_t *t)
+{
+    const maco_port_channel_device_t *ch = &v->ports[t->aux];
+    if (t->type == MACO_PK_PORT_FLUSH)
+        return maco_port_channel_flush(ch);
+    if (t->count == 0)
+        return maco_port_channel_signal(ch);
+    return maco_port_channel_put_with_signal(ch, t->ptr[0], t->ptr[1], t->count);
+}
+
 /* Runs task `task` (descriptor t) with threads tid = 0 .. nthreads - 1 of the CTA (the whole
  * CTA in maco_pk_run; the GMMA kernel's 256 consumer threads there). Single-thread parts (waits,
  * signals) run on tid 0. */
@@ -326,6 +343,9 @@ static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_v
         return MACO_OK;
     case MACO_PK_CHANNEL_WAIT:
         return tid == 0 ? maco_memory_channel_wait(&v->channels[t->aux]) : MACO_OK;
+    case MACO_PK_PORT_PUT:
+    case MACO_PK_PORT_FLUSH:
+        return tid == 0 ? maco__pk_port_task(v, t) : MACO_OK;
     default:
         if ((t->type >= MACO_PK_USER || t->type == MACO_PK_GEMM_TILE) && user != 0)
             return user(v, t, task);
