@@ -397,16 +397,19 @@ MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
  * bit and do not depend on timing.
  */
 typedef struct maco_fused_gemm {
-    maco_comm_t comm;         /**< gives the rank, world size and CTA count */
-    const int *channels;      /**< [nranks] channels over scratch */
-    const void *a;            /**< bf16, row-major, see each operator */
-    const void *b;            /**< bf16, k x n, row-major */
-    void *out;                /**< see each operator */
-    void *scratch;            /**< the channels' local buffer (maco_fused_gemm_scratch_bytes) */
-    uint32_t m, n, k;         /**< see each operator */
-    const char *name;         /**< prefix of the tasks' names (profile), may be NULL */
-    const int *out_channels;  /**< [nranks] GEMM + allreduce: channels over out (else unused) */
-    maco_datatype_t out_type; /**< MACO_FLOAT32 or MACO_BFLOAT16 */
+    maco_comm_t comm;             /**< gives the rank, world size and CTA count */
+    const int *channels;          /**< [nranks] channels over scratch */
+    const void *a;                /**< bf16, row-major, see each operator */
+    const void *b;                /**< bf16, k x n, row-major */
+    void *out;                    /**< see each operator */
+    void *scratch;                /**< the channels' local buffer (maco_fused_gemm_scratch_bytes) */
+    uint32_t m, n, k;             /**< see each operator */
+    const char *name;             /**< prefix of the tasks' names (profile), may be NULL */
+    const int *out_channels;      /**< [nranks] GEMM + allreduce: channels over out (else unused) */
+    maco_datatype_t out_type;     /**< MACO_FLOAT32 or MACO_BFLOAT16 */
+    int comm_mode;                /**< a maco_fused_comm_t: how tiles move (0: SM stores) */
+    const int *port_channels;     /**< [nranks] copy-engine mode: port channels (below) */
+    const int *out_port_channels; /**< [nranks] copy-engine GEMM + allreduce: over out */
 } maco_fused_gemm_t;
 
 /** The three fused operators. */
@@ -415,6 +418,72 @@ typedef enum maco_fused_op {
     MACO_FUSED_GEMM_REDUCE_SCATTER = 1, /**< maco_task_graph_add_gemm_reduce_scatter */
     MACO_FUSED_ALLGATHER_GEMM = 2,      /**< maco_task_graph_add_allgather_gemm */
 } maco_fused_op_t;
+
+/**
+ * How a fused operator moves tiles between ranks (maco_fused_gemm_t.comm_mode).
+ *
+ * MACO_FUSED_COMM_SM: what each operator's text below says: GEMM tiles store into peers'
+ * scratch through memory channels, sums and copies run on communication workers (SMs).
+ *
+ * MACO_FUSED_COMM_COPY_ENGINE: whole rows of tiles (128 rows of the product, or 128-row blocks
+ * of A) move by port channels (maco/port_channel.h; on one node the CUDA copy transport: the
+ * copy engines, no SM), so the GEMM keeps its SMs; only sums run on communication workers. A
+ * row's put is a PORT_PUT task released by the row's last GEMM tile; its signal raises the
+ * peer's semaphore of the channel, and the peer's task that needs the row is released by a
+ * gated NOP waiting for the n-th signal of the launch (wait_need): puts to one peer are
+ * chained in a fixed order, so the n-th signal is that row's. Per operator:
+ * - GEMM + reduce-scatter: each rank computes the row blocks of rank + 1, rank + 2, ..., its
+ *   own last, into a send slot of its scratch (once the block's owner has signalled that it
+ *   started the launch: its first signal of the launch on the channel); each row goes to the
+ *   owner's slot for this rank; the owner sums each tile's products in rank order into out.
+ * - GEMM + allreduce: tile row i is owned by rank i mod nranks; every rank's GEMM stores into
+ *   its own slot, each row not its own goes to the owner's slot for this rank; the owner sums
+ *   the row's tiles and puts the summed row into every peer's out (out_port_channels). A rank's
+ *   launch ends once every owner's rows came, and after a flush (its puts read its out).
+ * - allgather + GEMM: each rank sends its A in blocks of 128 rows straight from `a` into every
+ *   peer's scratch (once the peer has signalled its start); a peer's block releases the tiles
+ *   that read it; the launch ends after a flush (the puts read `a`).
+ * port_channels[q] (entry `rank` ignored) is the graph's index (maco_task_graph_add_port_
+ * channel) of a port channel to rank q whose source is this rank's scratch (allgather + GEMM:
+ * this rank's `a`, m x k bf16, from its start) and whose destination is rank q's scratch, each
+ * at least maco_fused_gemm_scratch_bytes_mode() bytes; out_port_channels[q] (GEMM + allreduce)
+ * one from this rank's out to rank q's (m x n elements). Neither carries anything else while
+ * the graph's kernels exist, nor did before: every gate counts the channel's signals from zero.
+ * Memory channels are not used (channels, out_channels may be NULL). Results are bitwise those
+ * of the SM mode. The communication workers the operator asks for: one per 32 CTAs, at least
+ * 2 (sums), or 1 (allgather + GEMM: puts only). Its communication tasks (one per row and peer,
+ * one per summed tile) must stay below 4094 in the graph: a communication worker then never
+ * waits at a closed gate (maco_task_t, gates); the builder refuses the mode above that.
+ *
+ * MACO_FUSED_COMM_AUTO: maco_fused_gemm_choose_comm's rule; the chosen mode's channels must be
+ * given (Python's maco.PersistentKernel makes both).
+ */
+typedef enum maco_fused_comm {
+    MACO_FUSED_COMM_SM = 0,
+    MACO_FUSED_COMM_COPY_ENGINE = 1,
+    MACO_FUSED_COMM_AUTO = 2,
+} maco_fused_comm_t;
+
+/** The smallest put (one row of tiles or of A) for which maco_fused_gemm_choose_comm takes the
+ * copy engines (bytes), and the rows each peer must get at least. */
+#define MACO_FUSED_CE_MIN_PUT (1u << 20)
+#define MACO_FUSED_CE_MIN_ROWS 2
+
+/**
+ * The communication mode MACO_FUSED_COMM_AUTO takes for an operator (*mode_p): the copy
+ * engines when there are peers, each put carries at least MACO_FUSED_CE_MIN_PUT bytes (128 x n
+ * elements of out_type for the GEMM + collective, 128 x k bf16 for allgather + GEMM), every
+ * peer gets at least MACO_FUSED_CE_MIN_ROWS of them (so that rows move while later ones
+ * compute) and the mode's communication tasks fit (see maco_fused_comm_t); else the SMs. Why
+ * (docs/persistent.md, "Copy-engine mode"): a trigger's trip through the FIFO and the proxy
+ * costs about 2.8 us on H200 (docs/performance.md), about what a copy engine needs for 1 MiB
+ * over NVLink, so smaller rows would wait on the proxy longer than they move. The thresholds
+ * are not yet measured on the fused operators. Host only, pure, thread-safe. Errors: as
+ * maco_fused_gemm_scratch_bytes (mode_p NULL, or a shape it refuses).
+ */
+MACO_API maco_status_t maco_fused_gemm_choose_comm(maco_fused_op_t kind, int nranks, uint32_t m,
+                                                   uint32_t n, uint32_t k, maco_datatype_t out_type,
+                                                   maco_fused_comm_t *mode_p);
 
 /**
  * The bytes of scratch an operator needs on every rank (*bytes_p): its counters (8 bytes per
@@ -429,6 +498,15 @@ typedef enum maco_fused_op {
 MACO_API maco_status_t maco_fused_gemm_scratch_bytes(maco_fused_op_t kind, int nranks, uint32_t m,
                                                      uint32_t n, uint32_t k,
                                                      maco_datatype_t out_type, size_t *bytes_p);
+
+/** maco_fused_gemm_scratch_bytes for a communication mode (MACO_FUSED_COMM_AUTO: the mode
+ * maco_fused_gemm_choose_comm gives): the same but for GEMM + reduce-scatter on the copy
+ * engines, which keeps the products of the other ranks' blocks in send slots of its own: twice
+ * the data. Errors: as maco_fused_gemm_scratch_bytes, and a mode that is no maco_fused_comm_t. */
+MACO_API maco_status_t maco_fused_gemm_scratch_bytes_mode(maco_fused_op_t kind, int mode,
+                                                          int nranks, uint32_t m, uint32_t n,
+                                                          uint32_t k, maco_datatype_t out_type,
+                                                          size_t *bytes_p);
 
 /**
  * Row-parallel linear (GEMM + allreduce): out (m x n, out_type) = the sum over ranks r, in rank

@@ -85,10 +85,7 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
         out->sync[i].wait_need = t->wait_on != NULL ? t->wait_need : 0;
         out->nsync++;
     }
-    int comm = t->role == MACO_TASK_ROLE_COMM ||
-               (t->role == MACO_TASK_ROLE_AUTO &&
-                (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT ||
-                 t->type == MACO_TASK_PORT_FLUSH));
+    int comm = maco__task_is_comm(t);
     d->role = comm ? MACO_PK_ROLE_COMM : MACO_PK_ROLE_COMPUTE;
     out->ncomm_tasks += comm ? 1u : 0u;
     d->dtype = (uint8_t)t->datatype;
@@ -209,6 +206,14 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
     }
     for (int i = 0; i < nt; i++)
         maco__lower_task(g, i, pred_begin, nsucc, out);
+    if (g->requeue_gates && out->ncomm_tasks > MACO__PK_REQUEUE_MAX) {
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                         "%s: %u communication tasks; a graph with copy-engine fused operators "
+                         "holds at most %d (their gated tasks must always go back to their "
+                         "queue): split the graph or use the SM mode",
+                         fn, out->ncomm_tasks, MACO__PK_REQUEUE_MAX);
+        goto fail;
+    }
     out->ntasks = (uint32_t)nt;
     out->comm_workers_hint = g->comm_workers_hint;
     for (int i = 0; i < g->nports; i++)
@@ -272,11 +277,14 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
 {
     uint32_t nq = W + C + S;
     uint64_t ncomp = l->ntasks - (C > 0 ? l->ncomm_tasks : 0);
+    /* Room for every task of the role and 2 more, up to the most: a worker that pops a task
+     * whose gate is closed then always has room to put it back (it waits at the gate only
+     * where load + 2 reaches the capacity: maco_pk_next_ready), below 4095 tasks of a role. */
     uint64_t cap_w = maco__pow2_at_least(
-        ncomp < MACO__PK_WORKER_QUEUE_MAX ? ncomp + 1 : MACO__PK_WORKER_QUEUE_MAX);
-    uint64_t cap_c =
-        maco__pow2_at_least(l->ncomm_tasks < MACO__PK_WORKER_QUEUE_MAX ? l->ncomm_tasks + 1
-                                                                       : MACO__PK_WORKER_QUEUE_MAX);
+        ncomp + 2 < MACO__PK_WORKER_QUEUE_MAX ? ncomp + 2 : MACO__PK_WORKER_QUEUE_MAX);
+    uint64_t cap_c = maco__pow2_at_least(l->ncomm_tasks + 2 < MACO__PK_WORKER_QUEUE_MAX
+                                             ? l->ncomm_tasks + 2
+                                             : MACO__PK_WORKER_QUEUE_MAX);
     uint64_t cap_s = maco__pow2_at_least((uint64_t)l->ntasks + 1);
     uint64_t nslots = W * cap_w + C * cap_c + S * cap_s;
     size_t o_tasks = 0;

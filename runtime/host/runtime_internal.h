@@ -31,6 +31,8 @@ struct maco_task_graph {
     maco__port_info_t *ports; /* port channels (maco_task_graph_add_port_channel) */
     int nports, port_cap;
     int comm_workers_hint; /* communication workers the fused operators ask for (0: none) */
+    int requeue_gates;     /* its COMM tasks must stay at most MACO__PK_REQUEUE_MAX (a
+                              copy-engine fused operator's gates rely on it) */
 };
 
 /* A validated graph in the device's form (host memory). */
@@ -87,8 +89,23 @@ static inline uint32_t maco__gemm_lda(const maco_task_t *t)
 /** What the profile calls task `t`: its name, else its type's ("add", "copy", ...). */
 const char *maco__task_label(const maco_task_t *t);
 
-/* A worker's queue holds at most this many tasks (the scheduler waits, bounded, when full). */
-enum { MACO__PK_WORKER_QUEUE_MAX = 4096 };
+/* A worker's queue holds at most this many tasks (the scheduler waits, bounded, when full);
+ * with at most MACO__PK_REQUEUE_MAX tasks of a role, a worker of the role always puts a task
+ * whose gate is closed back into its queue (maco__pk_layout sizes the queues for it). */
+enum {
+    MACO__PK_WORKER_QUEUE_MAX = 4096,
+    MACO__PK_REQUEUE_MAX = MACO__PK_WORKER_QUEUE_MAX - 2,
+};
+
+/** Whether task `t` runs on communication workers: the COMM role, or AUTO for the tasks that
+ * wait (WAIT, CHANNEL_WAIT, PORT_FLUSH). */
+static inline int maco__task_is_comm(const maco_task_t *t)
+{
+    return t->role == MACO_TASK_ROLE_COMM ||
+           (t->role == MACO_TASK_ROLE_AUTO &&
+            (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT ||
+             t->type == MACO_TASK_PORT_FLUSH));
+}
 
 /*
  * The memory of a kernel object of W compute workers, C communication workers and S
