@@ -9,7 +9,7 @@
  * and raises the peer's semaphore, which the gates count. Every element is checked bit for bit
  * against the sequential reference over three launches; a rank that does not start a launch is
  * named by its peers' gates within the bound. The copy engines themselves, and the device side
- * of the tasks, need a GPU (scripts/gpu-verify.sh, stage persistent-ce).
+ * of the tasks, need a GPU (test_persistent_gpu: scripts/gpu-verify.sh fused-tests).
  */
 #include <algorithm>
 #include <atomic>
