@@ -1,7 +1,7 @@
 /*
  * port_info.h - what a persistent kernel's task graph keeps of a port channel
  * (runtime/host/graph.c): its device handle, or the handle of its proxy's host FIFO for the CPU
- * simulation of the runtime, its buffers' sizes and its peer (port_channel.c fills it).
+ * simulation of the runtime, its buffers' sizes and its peer (port_info.c fills it).
  */
 #ifndef MACO_PROXY_PORT_INFO_H
 #define MACO_PROXY_PORT_INFO_H
