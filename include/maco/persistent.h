@@ -476,9 +476,9 @@ typedef enum maco_fused_comm {
  * peer gets at least MACO_FUSED_CE_MIN_ROWS of them (so that rows move while later ones
  * compute) and the mode's communication tasks fit (see maco_fused_comm_t); else the SMs. Why
  * (docs/persistent.md, "Copy-engine mode"): a trigger's trip through the FIFO and the proxy
- * costs about 2.8 us on H200 (docs/performance.md), about what a copy engine needs for 1 MiB
- * over NVLink, so smaller rows would wait on the proxy longer than they move. The thresholds
- * are not yet measured on the fused operators. Host only, pure, thread-safe. Errors: as
+ * costs about as long as a copy engine needs for 1 MiB over NVLink (docs/performance.md), so
+ * smaller rows would wait on the proxy longer than they move. The thresholds are not yet
+ * measured on the fused operators. Host only, pure, thread-safe. Errors: as
  * maco_fused_gemm_scratch_bytes (mode_p NULL, or a shape it refuses).
  */
 MACO_API maco_status_t maco_fused_gemm_choose_comm(maco_fused_op_t kind, int nranks, uint32_t m,

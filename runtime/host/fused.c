@@ -275,7 +275,7 @@ maco_status_t maco__fused_end(maco__fused_t *f, maco_status_t st, const uint64_t
  * slot r rank r's) and signals the owner's counter p; the owner sums the nranks slots in rank
  * order into its out and copies the sum into every peer's out (out_channels), signalling the
  * peer's counter `done`; a rank's launch ends once the sums of all tiles it does not own came. */
-static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
+maco_status_t maco__fused_sm_gemm_allreduce(maco__fused_t *f, int *last_p)
 {
     const maco_fused_gemm_t *op = f->op;
     maco_gemm_tile_t *plan = NULL;
@@ -351,7 +351,7 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
  * slots in rank order into out. Each rank computes the blocks in the order rank + 1, rank + 2,
  * ..., its own last (at any moment every rank sends to another rank: the links are evenly
  * loaded, and the sends of the earlier blocks overlap the own block's GEMM). */
-static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last_p)
+maco_status_t maco__fused_sm_gemm_reduce_scatter(maco__fused_t *f, int *last_p)
 {
     const maco_fused_gemm_t *op = f->op;
     const uint32_t ms = op->m / (uint32_t)f->nranks;
@@ -399,7 +399,7 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
  * rows read slot q (the own shard straight from a) and are gated on the counter of their row
  * block. Puts go to peers in the order rank + 1, rank + 2, ..., so a rank's shards arrive in
  * the order rank - 1, rank - 2, ...: its tiles run in that order, after its own shard's. */
-static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
+maco_status_t maco__fused_sm_allgather_gemm(maco__fused_t *f, int *last_p)
 {
     const maco_fused_gemm_t *op = f->op;
     const uint32_t blocks = (uint32_t)maco__fused_tile_rows(op->m);
@@ -510,60 +510,4 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
         }
     }
     return maco__fused_end(f, st, NULL, 0, deps, ndeps, plan, last_p);
-}
-
-maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
-                                maco_fused_op_t kind, int rank, int nranks, int units, int *last_p)
-{
-    static const char *const fns[3] = { "maco_task_graph_add_gemm_allreduce",
-                                        "maco_task_graph_add_gemm_reduce_scatter",
-                                        "maco_task_graph_add_allgather_gemm" };
-    const char *fn = (unsigned)kind < 3 ? fns[kind] : "maco__fused_build";
-    /* The split the operator asks for when the caller leaves it to the runtime: enough
-     * communication workers to move its bytes while the GEMM runs (one per 8 CTAs, at least
-     * 2), fewer for the reduce-scatter, whose GEMMs store the products themselves; the tiles
-     * are planned for the compute workers that leaves (maco_persistent_kernel_create's split:
-     * one scheduler per 32 CTAs). */
-    int want = kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? units / 16 : units / 8;
-    want = want < 2 ? 2 : want;
-    /* The copy-engine mode's sums only (maco_fused_comm_t): one per 32 CTAs, at least 2; 1 for
-     * allgather + GEMM, whose communication workers only queue puts. */
-    int want_ce = kind == MACO_FUSED_ALLGATHER_GEMM ? 1 : (units / 32 > 2 ? units / 32 : 2);
-    maco_fused_comm_t mode = op != NULL ? (maco_fused_comm_t)op->comm_mode : MACO_FUSED_COMM_SM;
-    if (op != NULL && mode == MACO_FUSED_COMM_AUTO &&
-        maco_fused_gemm_choose_comm(kind, nranks, op->m, op->n, op->k, op->out_type, &mode) !=
-            MACO_OK)
-        mode = MACO_FUSED_COMM_SM; /* the shapes are refused below, by maco__fused_check */
-    if (mode == MACO_FUSED_COMM_COPY_ENGINE)
-        want = want_ce;
-    int workers = units - want - ((units - want) / 32 > 1 ? (units - want) / 32 : 1);
-    maco__fused_t f;
-    maco_status_t st =
-        maco__fused_check(g, op, kind, fn, rank, nranks, workers > 1 ? workers : units, &f);
-    if (st != MACO_OK)
-        return st;
-    int before = g->ntasks;
-    if (f.mode == MACO_FUSED_COMM_COPY_ENGINE) {
-        g->requeue_gates = 1;
-        if (kind == MACO_FUSED_GEMM_ALLREDUCE)
-            st = maco__fused_ce_gemm_allreduce(&f, last_p);
-        else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
-            st = maco__fused_ce_gemm_reduce_scatter(&f, last_p);
-        else
-            st = maco__fused_ce_allgather_gemm(&f, last_p);
-    } else if (kind == MACO_FUSED_GEMM_ALLREDUCE) {
-        st = maco__fused_gemm_allreduce(&f, last_p);
-    } else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER) {
-        st = maco__fused_gemm_reduce_scatter(&f, last_p);
-    } else {
-        st = maco__fused_allgather_gemm(&f, last_p);
-    }
-    if (st != MACO_OK)
-        return st;
-    if (nranks > 1 && want > g->comm_workers_hint)
-        g->comm_workers_hint = want;
-    MACO_LOG(MACO_LOG_DEBUG, MACO_SUBSYS_PERSIST, "%s: rank %d of %d: %d tasks (%s), %s", fn, rank,
-             nranks, g->ntasks - before, f.name,
-             f.mode == MACO_FUSED_COMM_COPY_ENGINE ? "copy engines" : "SM stores");
-    return MACO_OK;
 }

@@ -1,6 +1,7 @@
 /*
  * fused_internal.h - the fused operators' builder state and the arithmetic of their scratch
- * (tiles, counters), shared by fused.c (the graphs) and fused_check.c (arguments and sizes).
+ * (tiles, counters), shared by fused.c, fused_ce.c (the graphs), fused_build.c and fused_check.c
+ * (arguments and sizes).
  */
 #ifndef MACO_RUNTIME_FUSED_INTERNAL_H
 #define MACO_RUNTIME_FUSED_INTERNAL_H
@@ -116,7 +117,11 @@ maco_status_t maco__fused_end(maco__fused_t *f, maco_status_t st, const uint64_t
                               uint64_t count, int *deps, size_t ndeps, maco_gemm_tile_t *plan,
                               int *last_p);
 
-/* The copy-engine builders (fused_ce.c; maco/persistent.h, maco_fused_comm_t). */
+/* The SM mode's builders (fused.c) and the copy-engine ones (fused_ce.c; maco/persistent.h,
+ * maco_fused_comm_t): the operator's tasks into f->g, its last task's id in *last_p. */
+maco_status_t maco__fused_sm_gemm_allreduce(maco__fused_t *f, int *last_p);
+maco_status_t maco__fused_sm_gemm_reduce_scatter(maco__fused_t *f, int *last_p);
+maco_status_t maco__fused_sm_allgather_gemm(maco__fused_t *f, int *last_p);
 maco_status_t maco__fused_ce_gemm_allreduce(maco__fused_t *f, int *last_p);
 maco_status_t maco__fused_ce_gemm_reduce_scatter(maco__fused_t *f, int *last_p);
 maco_status_t maco__fused_ce_allgather_gemm(maco__fused_t *f, int *last_p);

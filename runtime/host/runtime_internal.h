@@ -137,7 +137,7 @@ maco_status_t maco__task_graph_add_port_info(maco_task_graph_t graph, const maco
 maco_status_t maco__task_graph_add_port_channel_host(maco_task_graph_t graph,
                                                      maco_port_channel_t channel, int *index_p);
 
-/* The fused operators' builder (fused.c) with the rank, world size and CTA count given rather
+/* The fused operators' builder (fused_build.c) with the rank, world size and CTA count given rather
  * than read from op->comm (which may be NULL): the public maco_task_graph_add_* call it with
  * the communicator's, the CPU tests with simulated ranks. */
 maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
