@@ -28,7 +28,14 @@ tiles needs Hopper's GMMA tiles),
 element-wise ``add``, ``scale``, ``residual_add`` (float32, float16, bfloat16) and ``copy``.
 Order follows data: an operation waits for the last writer of each tensor it reads and for the
 writers and readers of the tensor it writes. Every rank builds the same graph in the same order
-(fused operations set up memory channels collectively).
+(fused operations set up memory or port channels collectively).
+
+How the fused operations move data (``fused_comm``, docs/persistent.md "Copy-engine mode"):
+"sm" (the GEMM stores tiles into peers' memory, communication workers copy and sum on SMs),
+"copy_engine" (rows of 128 go over port channels, which the copy engines carry between GPUs of
+a node, so the GEMM keeps every SM; only the sums take SMs) or "auto" (the default: per
+operator, :func:`choose_fused_comm`'s rule, ``maco_fused_gemm_choose_comm``). Both give the same
+bits. :attr:`PersistentKernel.fused_comm_modes` says what each operator took.
 
 :func:`profiler` times MACO's work inside its ``with`` block with CUDA events (recorded on the
 streams the work runs on): collectives made through :class:`maco.Communicator` and the steps of
@@ -54,14 +61,39 @@ from ._prof_table import format_table, overlap_table
 from ._tensor import stream_handle
 from ._types import DataType, to_maco_dtype
 
-__all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler"]
+__all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler",
+           "choose_fused_comm"]
 
 # maco/persistent.h
 _NOP, _COPY, _ADD, _SCALE, _RESIDUAL_ADD, _GEMM_TILE = 0, 1, 2, 3, 4, 10
 _TILE_M, _TILE_N, _TILE_K = 128, 128, 32
 _FUSED = {"gemm_allreduce": 0, "gemm_reduce_scatter": 1, "allgather_gemm": 2}  # maco_fused_op_t
+_FUSED_COMM = {"auto": 2, "sm": 0, "copy_engine": 1}  # maco_fused_comm_t
+_FUSED_COMM_NAMES = {0: "sm", 1: "copy_engine"}
 _ELEMWISE_CHUNK = 1 << 16  # elements per element-wise task (several workers share a big one)
 _ELEMWISE_TYPES = (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16)
+
+
+def choose_fused_comm(op: str, world_size: int, m: int, n: int, k: int,
+                      out_dtype: Any = DataType.FLOAT32) -> str:
+    """What ``fused_comm="auto"`` takes for one fused operator: "copy_engine" or "sm"
+    (``maco_fused_gemm_choose_comm``; the rule is in docs/persistent.md, "Copy-engine mode":
+    the copy engines when there are peers, every put carries at least 1 MiB and each peer gets
+    at least two, and the operator's communication tasks fit the kernel's bound).
+
+    Args:
+        op: "gemm_allreduce", "gemm_reduce_scatter" or "allgather_gemm".
+        world_size: the ranks; m, n, k: the operator's shape as its ``maco_task_graph_add_*``
+            takes it (allgather + GEMM: this rank's m rows); out_dtype: float32 or bfloat16
+            (a torch dtype or :class:`maco.DataType`).
+
+    Pure, needs no GPU. Raises ValueError (an unknown ``op``) and InvalidArgumentError (a
+    shape the operators refuse: the message names it)."""
+    if op not in _FUSED:
+        raise ValueError(f"op: {op!r}; accepts {', '.join(_FUSED)}")
+    mode = _maco.fused_choose_comm(_FUSED[op], world_size, m, n, k,
+                                   int(to_maco_dtype(out_dtype)))
+    return _FUSED_COMM_NAMES[mode]
 
 
 def _torch():
@@ -294,17 +326,32 @@ class TaskGraph:
             m, n, kk = args["m"], args["n"], args["k"]
             op = _FUSED[kind]
             dt = int(to_maco_dtype(out.dtype))
-            size = _maco.fused_scratch_bytes(op, k.comm.size, m, n, kk, dt)
+            mode = _FUSED_COMM[k._fused_comm]
+            if mode == _FUSED_COMM["auto"]:  # resolved here: only that mode's channels
+                mode = _maco.fused_choose_comm(op, k.comm.size, m, n, kk, dt)
+            size = _maco.fused_scratch_bytes_mode(op, mode, k.comm.size, m, n, kk, dt)
             # Zeroed: the operator's counters start at zero (maco_fused_gemm_t).
             scratch = torch.zeros(size, dtype=torch.uint8, device=out.tensor.device)
             k._scratch.append(scratch)
-            channels = k._h.setup_channels(scratch.data_ptr(), size)
-            out_channels = []
-            if kind == "gemm_allreduce":  # owners write the sums into every rank's out
-                out_channels = k._h.setup_channels(out.tensor.data_ptr(),
-                                                   out.tensor.numel() * out.tensor.element_size())
-            k._h.add_fused(op, channels, out_channels, a.tensor.data_ptr(), b.tensor.data_ptr(),
-                           out.tensor.data_ptr(), scratch.data_ptr(), m, n, kk, dt, args["name"])
+            out_bytes = out.tensor.numel() * out.tensor.element_size()
+            channels, out_channels, ports, out_ports = [], [], [], []
+            if mode == _FUSED_COMM["copy_engine"]:
+                # Rows go from scratch (allgather + GEMM: from a) into the peers' scratch.
+                src = a.tensor if kind == "allgather_gemm" else scratch
+                ports = k._h.setup_port_channels(src.data_ptr(),
+                                                 src.numel() * src.element_size(),
+                                                 scratch.data_ptr(), size)
+                if kind == "gemm_allreduce":  # owners put the sums into every rank's out
+                    out_ports = k._h.setup_port_channels(out.tensor.data_ptr(), out_bytes,
+                                                         out.tensor.data_ptr(), out_bytes)
+            else:
+                channels = k._h.setup_channels(scratch.data_ptr(), size)
+                if kind == "gemm_allreduce":  # owners write the sums into every rank's out
+                    out_channels = k._h.setup_channels(out.tensor.data_ptr(), out_bytes)
+            k._h.add_fused(op, mode, channels, out_channels, ports, out_ports,
+                           a.tensor.data_ptr(), b.tensor.data_ptr(), out.tensor.data_ptr(),
+                           scratch.data_ptr(), m, n, kk, dt, args["name"])
+            k._fused_modes.append((args["name"], _FUSED_COMM_NAMES[mode]))
             k._ntasks = k._h.ntasks()
 
 
@@ -319,6 +366,8 @@ class PersistentKernel:
         profile: record each task's start, end and SM (:meth:`print_summary`,
             :meth:`export_chrome_trace`, :func:`profiler`).
         world_size, rank: optional checks against the communicator (the seeds pass them).
+        fused_comm: how the fused operations move data: "auto" (default: per operator,
+            :func:`choose_fused_comm`), "sm" or "copy_engine" (see the module's text).
         num_local_schedulers, num_remote_schedulers: the design's names of num_schedulers
             and num_comm_workers (maco.Role.LOCAL_SCHEDULER and REMOTE_SCHEDULER).
 
@@ -330,7 +379,7 @@ class PersistentKernel:
                  num_schedulers: int = 0, num_comm_workers: int = 0, threads: int = 0,
                  profile: bool = False, world_size: Optional[int] = None,
                  rank: Optional[int] = None, num_local_schedulers: Optional[int] = None,
-                 num_remote_schedulers: Optional[int] = None):
+                 num_remote_schedulers: Optional[int] = None, fused_comm: str = "auto"):
         if num_local_schedulers is not None:  # the design's names (maco.Role's mapping)
             if num_schedulers:
                 raise ValueError("num_local_schedulers: given with num_schedulers (the same "
@@ -353,11 +402,15 @@ class PersistentKernel:
                 raise ValueError(f"{nm}: {v} is negative (0 picks the default)")
         if num_comm_workers < -1:
             raise ValueError(f"num_comm_workers: {num_comm_workers} (-1: none, 0: default)")
+        if fused_comm not in _FUSED_COMM:
+            raise ValueError(f"fused_comm: {fused_comm!r}; accepts {', '.join(_FUSED_COMM)}")
         self.comm = comm
         self._h = comm._c.persistent_kernel()
         self._cfg = (num_workers, num_schedulers, num_comm_workers, threads, bool(profile))
         self._tensors: list = []
         self._scratch: list = []
+        self._fused_comm = fused_comm
+        self._fused_modes: list = []  # (operation name, "sm" or "copy_engine")
         self._ntasks = 0
         self._graph_done = False
         self._compiled = False
@@ -457,6 +510,12 @@ class PersistentKernel:
     @property
     def num_tasks(self) -> int:
         return self._ntasks
+
+    @property
+    def fused_comm_modes(self) -> list:
+        """(operation name, "sm" or "copy_engine") of each fused operation of the graph, in
+        graph order: what ``fused_comm`` resolved to. Empty before the graph is built."""
+        return list(self._fused_modes)
 
     # ------------------------------------------------------------ profile
 
