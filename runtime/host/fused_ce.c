@@ -11,7 +11,9 @@
  *   allreduce (scratch channels): one per row owned by q, in row order; (out channels) one per
  *     row owned by r that r summed, in row order. No ready: a rank ends launch L only once every
  *     owner sent it every summed row, and an owner sums a row only after it read every rank's
- *     product of it, so when a rank starts launch L + 1 nobody reads what it overwrites.
+ *     product of it, so when a rank starts launch L + 1 nobody reads what it overwrites. The
+ *     gates on the summed rows are queued once every peer's products of the own rows came: a
+ *     rank then waits at a dead peer's own gate first and names it, not an owner waiting for it.
  * The puts to one peer are chained by dependencies (each waits for the previous put's task,
  * which ends once its trigger is in the FIFO), so they enter this GPU's FIFO in that order; the
  * proxy carries out a FIFO's triggers in order and a trigger's signal follows its data (stream
