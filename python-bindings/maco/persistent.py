@@ -57,6 +57,7 @@ from . import _maco
 from ._comm import Communicator
 from ._default_comm import get_default_communicator
 from ._errors import InvalidArgumentError
+from ._fused_graph import FUSED_COMM, choose_fused_comm, emit_fused
 from ._prof_table import format_table, overlap_table
 from ._tensor import stream_handle
 from ._types import DataType, to_maco_dtype
@@ -67,33 +68,8 @@ __all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profile
 # maco/persistent.h
 _NOP, _COPY, _ADD, _SCALE, _RESIDUAL_ADD, _GEMM_TILE = 0, 1, 2, 3, 4, 10
 _TILE_M, _TILE_N, _TILE_K = 128, 128, 32
-_FUSED = {"gemm_allreduce": 0, "gemm_reduce_scatter": 1, "allgather_gemm": 2}  # maco_fused_op_t
-_FUSED_COMM = {"auto": 2, "sm": 0, "copy_engine": 1}  # maco_fused_comm_t
-_FUSED_COMM_NAMES = {0: "sm", 1: "copy_engine"}
 _ELEMWISE_CHUNK = 1 << 16  # elements per element-wise task (several workers share a big one)
 _ELEMWISE_TYPES = (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16)
-
-
-def choose_fused_comm(op: str, world_size: int, m: int, n: int, k: int,
-                      out_dtype: Any = DataType.FLOAT32) -> str:
-    """What ``fused_comm="auto"`` takes for one fused operator: "copy_engine" or "sm"
-    (``maco_fused_gemm_choose_comm``; the rule is in docs/persistent.md, "Copy-engine mode":
-    the copy engines when there are peers, every put carries at least 1 MiB and each peer gets
-    at least two, and the operator's communication tasks fit the kernel's bound).
-
-    Args:
-        op: "gemm_allreduce", "gemm_reduce_scatter" or "allgather_gemm".
-        world_size: the ranks; m, n, k: the operator's shape as its ``maco_task_graph_add_*``
-            takes it (allgather + GEMM: this rank's m rows); out_dtype: float32 or bfloat16
-            (a torch dtype or :class:`maco.DataType`).
-
-    Pure, needs no GPU. Raises ValueError (an unknown ``op``) and InvalidArgumentError (a
-    shape the operators refuse: the message names it)."""
-    if op not in _FUSED:
-        raise ValueError(f"op: {op!r}; accepts {', '.join(_FUSED)}")
-    mode = _maco.fused_choose_comm(_FUSED[op], world_size, m, n, k,
-                                   int(to_maco_dtype(out_dtype)))
-    return _FUSED_COMM_NAMES[mode]
 
 
 def _torch():
@@ -321,37 +297,8 @@ class TaskGraph:
                         "b": b.tensor.data_ptr(), "datatype": dt, "m": m, "n": n, "k": kk,
                         "tile_row": tr, "tile_col": tc, "tile_n": tn, "ldc": n,
                         "out": out.tensor.data_ptr() + (tr * _TILE_M * n + tc * tn) * es})
-        else:  # the fused operators
-            a, b, out = args["a"], args["b"], args["out"]
-            m, n, kk = args["m"], args["n"], args["k"]
-            op = _FUSED[kind]
-            dt = int(to_maco_dtype(out.dtype))
-            mode = _FUSED_COMM[k._fused_comm]
-            if mode == _FUSED_COMM["auto"]:  # resolved here: only that mode's channels
-                mode = _maco.fused_choose_comm(op, k.comm.size, m, n, kk, dt)
-            size = _maco.fused_scratch_bytes_mode(op, mode, k.comm.size, m, n, kk, dt)
-            # Zeroed: the operator's counters start at zero (maco_fused_gemm_t).
-            scratch = torch.zeros(size, dtype=torch.uint8, device=out.tensor.device)
-            k._scratch.append(scratch)
-            out_bytes = out.tensor.numel() * out.tensor.element_size()
-            channels, out_channels, ports, out_ports = [], [], [], []
-            if mode == _FUSED_COMM["copy_engine"]:
-                # Rows go from scratch (allgather + GEMM: from a) into the peers' scratch.
-                src = a.tensor if kind == "allgather_gemm" else scratch
-                ports = k._h.setup_port_channels(src.data_ptr(),
-                                                 src.numel() * src.element_size(),
-                                                 scratch.data_ptr(), size)
-                if kind == "gemm_allreduce":  # owners put the sums into every rank's out
-                    out_ports = k._h.setup_port_channels(out.tensor.data_ptr(), out_bytes,
-                                                         out.tensor.data_ptr(), out_bytes)
-            else:
-                channels = k._h.setup_channels(scratch.data_ptr(), size)
-                if kind == "gemm_allreduce":  # owners write the sums into every rank's out
-                    out_channels = k._h.setup_channels(out.tensor.data_ptr(), out_bytes)
-            k._h.add_fused(op, mode, channels, out_channels, ports, out_ports,
-                           a.tensor.data_ptr(), b.tensor.data_ptr(), out.tensor.data_ptr(),
-                           scratch.data_ptr(), m, n, kk, dt, args["name"])
-            k._fused_modes.append((args["name"], _FUSED_COMM_NAMES[mode]))
+        else:  # the fused operators (maco/_fused_graph.py)
+            k._fused_modes.append((args["name"], emit_fused(k, kind, args, torch)))
             k._ntasks = k._h.ntasks()
 
 
@@ -402,8 +349,8 @@ class PersistentKernel:
                 raise ValueError(f"{nm}: {v} is negative (0 picks the default)")
         if num_comm_workers < -1:
             raise ValueError(f"num_comm_workers: {num_comm_workers} (-1: none, 0: default)")
-        if fused_comm not in _FUSED_COMM:
-            raise ValueError(f"fused_comm: {fused_comm!r}; accepts {', '.join(_FUSED_COMM)}")
+        if fused_comm not in FUSED_COMM:
+            raise ValueError(f"fused_comm: {fused_comm!r}; accepts {', '.join(FUSED_COMM)}")
         self.comm = comm
         self._h = comm._c.persistent_kernel()
         self._cfg = (num_workers, num_schedulers, num_comm_workers, threads, bool(profile))
