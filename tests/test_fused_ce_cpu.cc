@@ -230,15 +230,24 @@ class FusedCe : public FusedCpu
         }
     }
 
-    /* Case c in the copy-engine mode (Run: seed, after), then every gate's count checked. */
+    /* Case c in the copy-engine mode, or in AUTO where c.mode says so (the channels of both
+     * modes given); the gates' counts checked where the copy engines were taken. */
     void RunCe(Case c, uint64_t seed = 0,
                const std::function<void(std::vector<Rank> &)> &after = {})
     {
-        c.mode = MACO_FUSED_COMM_COPY_ENGINE;
+        if (c.mode != MACO_FUSED_COMM_AUTO)
+            c.mode = MACO_FUSED_COMM_COPY_ENGINE;
+        maco_fused_comm_t took = MACO_FUSED_COMM_COPY_ENGINE;
+        if (c.mode == MACO_FUSED_COMM_AUTO) {
+            ASSERT_EQ(
+                maco_fused_gemm_choose_comm(c.kind, c.nranks, c.m, c.n, c.k, c.out_type, &took),
+                MACO_OK);
+        }
         ASSERT_TRUE(job_.Create(c.nranks));
         fused_sim::TheHooks().ports = [this, c](std::vector<Rank> &ranks) { Ports(c, ranks); };
         Run(c, seed, [&](std::vector<Rank> &ranks) {
-            CheckGates(c, ranks, 3);
+            if (took == MACO_FUSED_COMM_COPY_ENGINE)
+                CheckGates(c, ranks, 3);
             if (after)
                 after(ranks);
         });
@@ -429,6 +438,34 @@ TEST_F(FusedCe, SameBitsAsTheSmMode)
             for (int r = 0; r < n; r++)
                 EXPECT_TRUE(sm[(size_t)r] == ce[(size_t)r]) << "rank " << r << " differs";
         }
+}
+
+/* Whether rank graphs hold port puts (the copy engines were taken). */
+bool HasPortPuts(const std::vector<Rank> &ranks)
+{
+    bool any = false;
+    for (const Rank &rk : ranks)
+        for (int i = 0; i < rk.g->ntasks; i++)
+            any = any || rk.g->tasks[i].type == MACO_TASK_PORT_PUT;
+    return any;
+}
+
+/* MACO_FUSED_COMM_AUTO builds what maco_fused_gemm_choose_comm says, given the channels of
+ * both modes, and gives the same bits. */
+TEST_F(FusedCe, AutoBuildsTheChosenMode)
+{
+    /* 16 KiB rows: the SMs. */
+    Case sm{ MACO_FUSED_ALLGATHER_GEMM, 2, 160, 256, 64, MACO_BFLOAT16, 2, 1, 1 };
+    sm.mode = MACO_FUSED_COMM_AUTO;
+    bool puts = true;
+    RunCe(sm, 0, [&puts](std::vector<Rank> &ranks) { puts = HasPortPuts(ranks); });
+    EXPECT_FALSE(puts) << "AUTO took the copy engines for 16 KiB rows";
+    /* 128 x 4096 bf16 = 1 MiB blocks of A, two per peer: the copy engines. */
+    Case ce{ MACO_FUSED_ALLGATHER_GEMM, 2, 256, 128, 4096, MACO_FLOAT32, 2, 1, 1 };
+    ce.mode = MACO_FUSED_COMM_AUTO;
+    puts = false;
+    RunCe(ce, 0, [&puts](std::vector<Rank> &ranks) { puts = HasPortPuts(ranks); });
+    EXPECT_TRUE(puts) << "AUTO took the SMs for 1 MiB rows";
 }
 
 /* The rule of MACO_FUSED_COMM_AUTO (maco_fused_gemm_choose_comm), case by case. */
