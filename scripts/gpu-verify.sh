@@ -6,8 +6,9 @@
 #   usage: bash scripts/gpu-verify.sh STAGE [STAGE...]
 # Stages:
 #   fused-tests  the persistent runtime's GPU suite (test_persistent_gpu: GEMM tiles, gates,
-#                the three fused operators checked bit for bit) at 1, 2 and N ranks, one rank
-#                per GPU (N = the GPUs, at most 4; ranks share under MPS with one GPU)
+#                the three fused operators checked bit for bit, SM and copy-engine modes) at 1,
+#                2 and N ranks, one rank per GPU (N = the GPUs, at most 4; ranks share under MPS
+#                with one GPU); a dead peer of each copy-engine operator at N ranks
 #   fused-quick  test_persistent_gpu's FusedOperators only, at N ranks
 #   fused-bench  tests/python/bench_fused.py under torchrun at N ranks: the fused operators
 #                against cuBLAS + NCCL, cuBLAS + MACO and PyTorch's async TP (BENCH_ARGS adds
@@ -74,14 +75,20 @@ for stage in "$@"; do
   fused-tests)
     for r in 1 2 "$n"; do
       bounded "persistent-gpu-$r" 200 "$R" -n "$r" $mps --timeout 190 \
-        "$B/tests/test_persistent_gpu" --gtest_filter=-*NeverGetsItsSignal*
+        "$B/tests/test_persistent_gpu" --gtest_filter=-*NeverGetsItsSignal*:*DeadPeer*
     done
     bounded persistent-gpu-timeout 100 "$R" -n 1 --timeout 90 "$B/tests/test_persistent_gpu" \
       --gtest_filter='*NeverGetsItsSignal*'
+    # A peer that does not run a copy-engine operator: named by the others within 3 s.
+    for op in GemmAllreduce GemmReduceScatter AllgatherGemm; do
+      bounded "persistent-dead-peer-$op" 60 env MACO_DEVICE_TIMEOUT=3s "$R" -n "$n" $mps \
+        --timeout 50 "$B/tests/test_persistent_gpu" \
+        --gtest_filter="FusedOperators.DeadPeerDuringCopyEngine$op"
+    done
     ;;
   fused-quick)
     bounded "fused-operators-$n" 150 "$R" -n "$n" $mps --timeout 140 \
-      "$B/tests/test_persistent_gpu" --gtest_filter='FusedOperators*'
+      "$B/tests/test_persistent_gpu" --gtest_filter='FusedOperators*:-*DeadPeer*'
     ;;
   fused-bench)
     # shellcheck disable=SC2086

@@ -623,6 +623,99 @@ TEST_F(TaskGraph, SumAndCopyBlocksAreChecked)
     ExpectInvalid({ "\"copy2d\"", "overlapping" });
 }
 
+/* A slice of K of a wider A (split-K): ld_in is A's row stride, at least k, a multiple of 8. */
+TEST_F(TaskGraph, GemmTileSliceOfK)
+{
+    maco_task_t t = GemmTileTask(256, 256, 0, "slice");
+    t.ld_in = 32; /* below k = 64 */
+    Add(t);
+    ExpectInvalid({ "\"slice\"", "ld_in = 32 (A's row stride)", "at least k = 64" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.ld_in = 100; /* not a multiple of 8 (TMA rows of 16 bytes) */
+    Add(t);
+    ExpectInvalid({ "\"slice\"", "ld_in = 100", "a multiple of 8" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.ld_in = 4096;
+    Add(t);
+    t.ld_in = 0;
+    Add(t);
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK) << maco_log_last_error();
+    EXPECT_EQ(l.ngemm_tasks, 2u);
+    EXPECT_EQ(l.nstrided_gemm, 1u); /* what the cuBLASDx kernel refuses */
+    maco__pk_lowered_free(&l);
+}
+
+/* A SUM may round fp32 inputs to bf16 (split-K's partial products); nothing else changes type. */
+TEST_F(TaskGraph, SumIntoAnotherTypeIsFp32ToBf16Only)
+{
+    maco_task_t t = AddTask("partials");
+    t.type = MACO_TASK_SUM;
+    t.ninputs = 2;
+    t.input_stride = 4096;
+    t.rows = 128;
+    t.count = 128;
+    t.ld_in = t.ld_out = 256;
+    t.out = reinterpret_cast<void *>(0x10002); /* 2-byte aligned: enough for bf16 */
+    t.out_datatype = MACO_BFLOAT16;
+    Add(t);
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK) << maco_log_last_error();
+    EXPECT_EQ(l.tasks[0].dtype, MACO_FLOAT32);
+    EXPECT_EQ(l.tasks[0].sum.out_dtype, MACO_BFLOAT16);
+    maco__pk_lowered_free(&l);
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.datatype = MACO_BFLOAT16;
+    t.out_datatype = MACO_FLOAT32;
+    t.out = reinterpret_cast<void *>(0x10000);
+    Add(t);
+    ExpectInvalid(
+        { "\"partials\"", "out_datatype 8 with datatype 7", "MACO_BFLOAT16 from MACO_FLOAT32" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    maco_task_t a = AddTask("add");
+    a.out_datatype = MACO_BFLOAT16;
+    Add(a);
+    ExpectInvalid({ "\"add\"", "only a SUM's output may differ" });
+    /* Without out_datatype the SUM's output keeps the inputs' type and alignment. */
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.datatype = MACO_FLOAT32;
+    t.out_datatype = MACO_INT8; /* 0: the same as datatype */
+    t.out = reinterpret_cast<void *>(0x10002);
+    Add(t);
+    ExpectInvalid({ "\"partials\"", "out (0x10002) is not aligned to its 4-byte elements" });
+}
+
+/* wait_need: the gate of the wait_need-th of the launch's signals, at most wait_count. */
+TEST_F(TaskGraph, GateOfTheNthSignal)
+{
+    static uint64_t ctr;
+    maco_task_t t = AddTask("nth");
+    t.wait_on = &ctr;
+    t.wait_count = 5;
+    t.wait_need = 6;
+    Add(t);
+    ExpectInvalid({ "\"nth\"", "wait_need 6 is above wait_count 5" });
+    maco_task_graph_destroy(g_);
+    ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
+    t.wait_need = 2;
+    Add(t);
+    maco__pk_lowered_t l;
+    ASSERT_EQ(maco__task_graph_lower(g_, "test", &l), MACO_OK) << maco_log_last_error();
+    EXPECT_EQ(l.sync[0].wait_count, 5u);
+    EXPECT_EQ(l.sync[0].wait_need, 2u);
+    /* Launch r opens at 5 r + 2; without wait_need at 5 (r + 1). */
+    EXPECT_EQ(maco__pk_gate_want(&l.sync[0], 0), 2u);
+    EXPECT_EQ(maco__pk_gate_want(&l.sync[0], 3), 17u);
+    l.sync[0].wait_need = 0;
+    EXPECT_EQ(maco__pk_gate_want(&l.sync[0], 3), 20u);
+    maco__pk_lowered_free(&l);
+}
+
 TEST_F(TaskGraph, NullArguments)
 {
     maco_test::AllowLog("NULL");

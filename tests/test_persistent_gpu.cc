@@ -4,10 +4,11 @@
  * (bitwise: the device computes in fp32 with one fused multiply-add, as the host does),
  * thousands of tiny tasks, signal/wait inside a graph, replays with new inputs, a CUDA graph
  * capture, tile exchange over memory channels between two ranks, GEMM tiles (cuBLASDx) against
- * cuBLAS, GEMM + allreduce fused by tiles against cuBLAS + maco_allreduce (2 ranks), the
- * profile, and a wait that
- * never gets its signal (bounded, reported, no hang; its own ctest entry: the communicator
- * stays failed).
+ * cuBLAS, the three fused operators bit for bit against a host reference in both
+ * communication modes (SM stores, and rows on the copy engines: also from a CUDA graph and
+ * against the SM mode), the profile, and two waits that never get their signals, bounded,
+ * reported and never hanging, each in its own ctest entry (the communicator stays failed): a
+ * lonely WAIT task, and a peer that does not run a copy-engine operator (named by the others).
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -847,6 +848,59 @@ static void Fused(FusedSetup **fs_p)
     *fs_p = g_fused;
 }
 
+/* The copy-engine mode's buffers (maco_fused_comm_t): [0] the scratch, [1] the output, [2] A of
+ * allgather + GEMM (its port channels read it), registered and exchanged once per process as
+ * FusedSetup's. Each kernel object gets port channels of its own (maco_test::PortChannels:
+ * a proxy and fresh semaphores, which the gates count from zero). */
+struct CeSetup {
+    static constexpr size_t kBytes = 16u << 20;
+    void *buf[3] = { nullptr, nullptr, nullptr };
+    maco_mem_t mine[3] = { nullptr, nullptr, nullptr };
+    std::vector<maco_mem_t> peers[3];
+
+    void Create()
+    {
+        for (int b = 0; b < 3; b++) {
+            CUDA_OK(cudaMalloc(&buf[b], kBytes));
+            CUDA_OK(FillSync(buf[b], 0, kBytes));
+            ASSERT_EQ(maco_mem_register(Comm(), buf[b], kBytes, &mine[b]), MACO_OK);
+            ASSERT_NO_FATAL_FAILURE(maco_test::ExchangeMem(Comm(), mine[b], &peers[b]));
+        }
+    }
+    ~CeSetup()
+    {
+        for (int b = 0; b < 3; b++) {
+            for (auto p : peers[b])
+                if (p != nullptr)
+                    maco_mem_deregister(p);
+            maco_mem_deregister(mine[b]);
+            cudaFree(buf[b]);
+        }
+    }
+};
+
+CeSetup *g_ce = nullptr;
+
+class CeEnvironment : public ::testing::Environment
+{
+  public:
+    void TearDown() override
+    {
+        delete g_ce;
+        g_ce = nullptr;
+    }
+};
+::testing::Environment *const g_ce_env = ::testing::AddGlobalTestEnvironment(new CeEnvironment);
+
+static void Ce(CeSetup **cs_p)
+{
+    if (g_ce == nullptr) {
+        g_ce = new CeSetup;
+        ASSERT_NO_FATAL_FAILURE(g_ce->Create());
+    }
+    *cs_p = g_ce;
+}
+
 /* Small integers in [-2, 2] as bf16, the same on every rank for (seed, rank, what). */
 static std::vector<__nv_bfloat16> SmallInts(uint64_t seed, int rank, int what, size_t n)
 {
@@ -881,17 +935,34 @@ static std::vector<float> HostGemm(const std::vector<__nv_bfloat16> &a,
  * rounds each rank's product to it, then the sum, as the operators do). Outputs are poisoned
  * (NaN) before each of three launches back to back (the ready handshake and the launch count
  * of the counters between them); m = 200 or a shard of 96 rows makes a partial last row of
- * tiles; both output types.
+ * tiles; both output types. The copy-engine mode (maco_fused_comm_t) the same way, over port
+ * channels of its own (CUDA copy between ranks on one node), also replayed from a CUDA graph,
+ * and bitwise against the SM mode; a rank that does not run it is named by its peers.
  */
 class FusedOperators : public Persistent
 {
   protected:
+    struct Opts {
+        int mode = MACO_FUSED_COMM_SM;     /* maco_fused_comm_t */
+        bool cuda_graph = false;           /* the launches as replays of one captured launch */
+        std::vector<char> *last = nullptr; /* the last launch's output, where not NULL */
+        int dead = -1; /* one launch, then this rank does not launch the second: the others
+                          must report it (the communicator stays failed) */
+    };
+
     void Check(maco_fused_op_t kind, int m, int n, int k, maco_datatype_t type)
+    {
+        Check(kind, m, n, k, type, Opts());
+    }
+
+    void Check(maco_fused_op_t kind, int m, int n, int k, maco_datatype_t type, const Opts &o)
     {
         SCOPED_TRACE("kind " + std::to_string(kind) + " m " + std::to_string(m) + " n " +
                      std::to_string(n) + " k " + std::to_string(k) + " type " +
-                     std::to_string(type));
+                     std::to_string(type) + " mode " + std::to_string(o.mode) +
+                     (o.cuda_graph ? " (CUDA graph)" : ""));
         const int nr = NRanks();
+        const bool ce = o.mode == MACO_FUSED_COMM_COPY_ENGINE;
         uint64_t seed = seed_;
         ASSERT_EQ(maco_bootstrap_broadcast(maco_test::Bootstrap(), 0, &seed, 8), MACO_OK);
         const size_t esz = type == MACO_FLOAT32 ? 4 : 2;
@@ -909,25 +980,66 @@ class FusedOperators : public Persistent
         __nv_bfloat16 *A = static_cast<__nv_bfloat16 *>(dev_), *B = A + ha.size();
         CUDA_OK(UploadSync(A, ha.data(), ha.size() * 2));
         CUDA_OK(UploadSync(B, hb.data(), hb.size() * 2));
-        FusedSetup *fs = nullptr;
-        ASSERT_NO_FATAL_FAILURE(Fused(&fs));
         size_t need = 0;
-        ASSERT_EQ(maco_fused_gemm_scratch_bytes(kind, nr, static_cast<uint32_t>(m),
-                                                static_cast<uint32_t>(n), static_cast<uint32_t>(k),
-                                                type, &need),
+        ASSERT_EQ(maco_fused_gemm_scratch_bytes_mode(kind, o.mode, nr, static_cast<uint32_t>(m),
+                                                     static_cast<uint32_t>(n),
+                                                     static_cast<uint32_t>(k), type, &need),
                   MACO_OK);
-        ASSERT_LE(out_n * esz, FusedSetup::kBytes);
         ASSERT_EQ(maco_task_graph_create(&g_), MACO_OK);
-        ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, need));
         maco_fused_gemm_t op;
         memset(&op, 0, sizeof(op));
         op.comm = Comm();
-        op.channels = fs->index[0].data();
-        op.out_channels = fs->index[1].data();
-        op.a = A;
+        op.comm_mode = o.mode;
+        /* The copy-engine mode: its buffers and port channels (scratch to the peers' scratch,
+         * or A to it for allgather + GEMM; out to the peers' out for GEMM + allreduce). */
+        maco_test::PortChannels ports, out_ports;
+        std::vector<int> port_idx(static_cast<size_t>(nr), -1), out_idx(port_idx);
+        if (ce) {
+            CeSetup *cs = nullptr;
+            ASSERT_NO_FATAL_FAILURE(Ce(&cs));
+            ASSERT_LE(need, CeSetup::kBytes);
+            ASSERT_LE(out_n * esz, CeSetup::kBytes);
+            ASSERT_LE(ha.size() * 2, CeSetup::kBytes);
+            CUDA_OK(FillSync(cs->buf[0], 0, CeSetup::kBytes));
+            CUDA_OK(UploadSync(cs->buf[2], ha.data(), ha.size() * 2));
+            ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
+            const int src = kind == MACO_FUSED_ALLGATHER_GEMM ? 2 : 0;
+            ASSERT_NO_FATAL_FAILURE(
+                ports.Create(Comm(), MACO_TRANSPORT_AUTO, cs->mine[src], cs->peers[0]));
+            if (kind == MACO_FUSED_GEMM_ALLREDUCE) {
+                ASSERT_NO_FATAL_FAILURE(
+                    out_ports.Create(Comm(), MACO_TRANSPORT_AUTO, cs->mine[1], cs->peers[1]));
+            }
+            for (int q = 0; q < nr; q++) {
+                const size_t i = static_cast<size_t>(q);
+                if (q == Rank())
+                    continue;
+                ASSERT_EQ(maco_task_graph_add_port_channel(g_, ports.chans[i], &port_idx[i]),
+                          MACO_OK)
+                    << maco_log_last_error();
+                if (kind == MACO_FUSED_GEMM_ALLREDUCE) {
+                    ASSERT_EQ(maco_task_graph_add_port_channel(g_, out_ports.chans[i], &out_idx[i]),
+                              MACO_OK)
+                        << maco_log_last_error();
+                }
+            }
+            op.port_channels = port_idx.data();
+            op.out_port_channels = kind == MACO_FUSED_GEMM_ALLREDUCE ? out_idx.data() : nullptr;
+            op.a = kind == MACO_FUSED_ALLGATHER_GEMM ? cs->buf[2] : A;
+            op.out = cs->buf[1];
+            op.scratch = cs->buf[0];
+        } else {
+            FusedSetup *fs = nullptr;
+            ASSERT_NO_FATAL_FAILURE(Fused(&fs));
+            ASSERT_LE(out_n * esz, FusedSetup::kBytes);
+            ASSERT_NO_FATAL_FAILURE(fs->AddTo(g_, need));
+            op.channels = fs->index[0].data();
+            op.out_channels = fs->index[1].data();
+            op.a = A;
+            op.out = fs->buf[1];
+            op.scratch = fs->buf[0];
+        }
         op.b = B;
-        op.out = fs->buf[1];
-        op.scratch = fs->buf[0];
         op.m = static_cast<uint32_t>(m);
         op.n = static_cast<uint32_t>(n);
         op.k = static_cast<uint32_t>(k);
@@ -970,14 +1082,36 @@ class FusedOperators : public Persistent
         }
         for (auto &x : want)
             x = type == MACO_FLOAT32 ? x : __bfloat162float(__float2bfloat16_rn(x));
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        if (o.cuda_graph) {
+            CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK)
+                << maco_comm_get_last_error(Comm());
+            CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        }
         ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
         std::vector<char> got(out_n * esz);
-        for (int run = 0; run < 3; run++) {
-            CUDA_OK(FillSync(fs->buf[1], 0xff, out_n * esz)); /* NaN */
+        const int runs = o.dead >= 0 ? 2 : 3;
+        for (int run = 0; run < runs; run++) {
+            CUDA_OK(FillSync(op.out, 0xff, out_n * esz)); /* NaN */
             /* No peer may write this rank's out before it is poisoned: a barrier. */
             ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
-            ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
-            CUDA_OK(cudaMemcpy(got.data(), fs->buf[1], out_n * esz, cudaMemcpyDeviceToHost));
+            if (o.dead >= 0 && run == 1) {
+                ASSERT_NO_FATAL_FAILURE(ExpectDeadPeerNamed(o.dead));
+                break;
+            }
+            if (o.cuda_graph) {
+                CUDA_OK(cudaGraphLaunch(exec, stream_));
+                CUDA_OK(cudaStreamSynchronize(stream_));
+                maco_status_t as;
+                ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+                ASSERT_EQ(as, MACO_OK) << maco_comm_get_last_error(Comm());
+            } else {
+                ASSERT_NO_FATAL_FAILURE(LaunchAndWait());
+            }
+            CUDA_OK(cudaMemcpy(got.data(), op.out, out_n * esz, cudaMemcpyDeviceToHost));
             size_t bad = 0, first_bad = 0;
             for (size_t i = 0; i < out_n; i++) {
                 float x;
@@ -993,14 +1127,22 @@ class FusedOperators : public Persistent
             }
             EXPECT_EQ(bad, 0u) << "launch " << run << ": first wrong element " << first_bad
                                << " of " << out_n;
+            /* Every rank's launch ended: nothing is in flight to any rank (a rank's launch of
+             * GEMM + reduce-scatter may end before its puts land; their owner's does not). */
             ASSERT_EQ(maco_bootstrap_barrier(maco_test::Bootstrap()), MACO_OK);
         }
-        if (Rank() == 0) {
+        if (o.last != nullptr)
+            *o.last = got;
+        if (exec != nullptr)
+            cudaGraphExecDestroy(exec);
+        if (graph != nullptr)
+            cudaGraphDestroy(graph);
+        if (Rank() == 0 && o.dead < 0) {
             ASSERT_EQ(maco_persistent_kernel_print_summary(k_, stdout), MACO_OK);
             const char *dir = getenv("TEST_PERSIST_TRACE_DIR");
             if (dir != nullptr && dir[0] != '\0' && m == 200) {
                 std::string path = std::string(dir) + "/trace_fused_" + std::to_string(kind) + "_" +
-                                   std::to_string(nr) + "ranks.json";
+                                   std::to_string(nr) + "ranks" + (ce ? "_ce" : "") + ".json";
                 ASSERT_EQ(maco_persistent_kernel_write_trace(k_, path.c_str()), MACO_OK);
             }
         }
@@ -1010,6 +1152,62 @@ class FusedOperators : public Persistent
         g_ = nullptr;
         cudaFree(dev_);
         dev_ = nullptr;
+        /* The port channels (ports, out_ports) go last: the kernel object used them. */
+    }
+
+    /* Launch 1 on every rank but `dead`: each of the others must stop with MACO_ERR_TIMEOUT
+     * naming rank `dead` at a gate, within its device timeout (and never hang). */
+    void ExpectDeadPeerNamed(int dead)
+    {
+        if (Rank() == dead) {
+            printf("rank %d: not launching (the dead peer)\n", Rank());
+        } else {
+            auto t0 = std::chrono::steady_clock::now();
+            ASSERT_EQ(maco_persistent_kernel_launch(k_, stream_), MACO_OK);
+            CUDA_OK(cudaStreamSynchronize(stream_)); /* returns: the kernel left */
+            double secs =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            maco_status_t as;
+            ASSERT_EQ(maco_comm_get_async_error(Comm(), &as), MACO_OK);
+            EXPECT_EQ(as, MACO_ERR_TIMEOUT);
+            std::string msg = maco_comm_get_last_error(Comm());
+            const std::string named = "for rank " + std::to_string(dead) + " at its gate";
+            EXPECT_NE(msg.find(named), std::string::npos) << msg;
+            printf("rank %d: reported after %.2f s: %s\n", Rank(), secs, msg.c_str());
+            EXPECT_LT(secs, 60.0); /* a hang detector, not a timing: MACO_DEVICE_TIMEOUT=3s */
+        }
+        /* The others are done with it (their communicators stay failed). */
+        (void)maco_bootstrap_barrier(maco_test::Bootstrap());
+    }
+
+    /* The copy-engine mode of `kind` bit for bit against the reference, in a CUDA graph too,
+     * and against the SM mode's output. */
+    void CheckCe(maco_fused_op_t kind, int m, int n, int k, maco_datatype_t type)
+    {
+        std::vector<char> sm, ce, ce_graph;
+        Opts o;
+        o.last = &sm;
+        ASSERT_NO_FATAL_FAILURE(Check(kind, m, n, k, type, o));
+        o.mode = MACO_FUSED_COMM_COPY_ENGINE;
+        o.last = &ce;
+        ASSERT_NO_FATAL_FAILURE(Check(kind, m, n, k, type, o));
+        o.cuda_graph = true;
+        o.last = &ce_graph;
+        ASSERT_NO_FATAL_FAILURE(Check(kind, m, n, k, type, o));
+        EXPECT_TRUE(ce == sm) << "the copy-engine mode's output differs from the SM mode's";
+        EXPECT_TRUE(ce_graph == sm) << "replayed from a CUDA graph, the output differs";
+    }
+
+    /* The dead-peer case of `kind` (its own ctest entry, 2 ranks or more). */
+    void DeadPeer(maco_fused_op_t kind)
+    {
+        if (NRanks() < 2)
+            GTEST_SKIP() << "needs 2 ranks or more (has " << NRanks() << ")";
+        Opts o;
+        o.mode = MACO_FUSED_COMM_COPY_ENGINE;
+        o.dead = NRanks() - 1;
+        const int m = kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? 256 * NRanks() : 768;
+        ASSERT_NO_FATAL_FAILURE(Check(kind, m, 256, 64, MACO_FLOAT32, o));
     }
 };
 
@@ -1031,6 +1229,45 @@ TEST_F(FusedOperators, AllgatherGemm)
 {
     ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_ALLGATHER_GEMM, 96, 384, 512, MACO_FLOAT32));
     ASSERT_NO_FATAL_FAILURE(Check(MACO_FUSED_ALLGATHER_GEMM, 256, 256, 64, MACO_BFLOAT16));
+}
+
+/* The copy-engine mode (maco_fused_comm_t): rows of 128 with a partial last one, 2 rows per
+ * owner at 3 ranks, and bf16 and fp32 outputs. */
+TEST_F(FusedOperators, CopyEngineGemmAllreduce)
+{
+    ASSERT_NO_FATAL_FAILURE(CheckCe(MACO_FUSED_GEMM_ALLREDUCE, 300, 512, 256, MACO_FLOAT32));
+    ASSERT_NO_FATAL_FAILURE(CheckCe(MACO_FUSED_GEMM_ALLREDUCE, 768, 256, 64, MACO_BFLOAT16));
+}
+
+TEST_F(FusedOperators, CopyEngineGemmReduceScatter)
+{
+    ASSERT_NO_FATAL_FAILURE(
+        CheckCe(MACO_FUSED_GEMM_REDUCE_SCATTER, 96 * NRanks(), 512, 64, MACO_BFLOAT16));
+    ASSERT_NO_FATAL_FAILURE(
+        CheckCe(MACO_FUSED_GEMM_REDUCE_SCATTER, 300 * NRanks(), 256, 512, MACO_FLOAT32));
+}
+
+TEST_F(FusedOperators, CopyEngineAllgatherGemm)
+{
+    ASSERT_NO_FATAL_FAILURE(CheckCe(MACO_FUSED_ALLGATHER_GEMM, 300, 384, 512, MACO_FLOAT32));
+    ASSERT_NO_FATAL_FAILURE(CheckCe(MACO_FUSED_ALLGATHER_GEMM, 256, 256, 64, MACO_BFLOAT16));
+}
+
+/* A rank that does not run the operator: each in its own ctest entry (MACO_DEVICE_TIMEOUT=3s,
+ * 3 ranks): the communicators stay failed afterwards. */
+TEST_F(FusedOperators, DeadPeerDuringCopyEngineGemmAllreduce)
+{
+    DeadPeer(MACO_FUSED_GEMM_ALLREDUCE);
+}
+
+TEST_F(FusedOperators, DeadPeerDuringCopyEngineGemmReduceScatter)
+{
+    DeadPeer(MACO_FUSED_GEMM_REDUCE_SCATTER);
+}
+
+TEST_F(FusedOperators, DeadPeerDuringCopyEngineAllgatherGemm)
+{
+    DeadPeer(MACO_FUSED_ALLGATHER_GEMM);
 }
 
 /* Last, and in its own ctest entry (with a short MACO_DEVICE_TIMEOUT): the communicator stays

@@ -34,6 +34,7 @@
 #include "maco/collectives.h"
 #include "maco/comm.h"
 #include "maco/device/memory_channel.h"
+#include "maco/port_channel.h"
 #include "maco/status.h"
 
 #ifdef __cplusplus
@@ -61,7 +62,11 @@ typedef enum maco_task_type {
                                        maco_task_t) */
     MACO_TASK_SUM = 11,           /**< out[i] = in_0[i] + ... + in_{ninputs-1}[i] in that order,
                                        in_j = a + j * input_stride (bytes) */
-    MACO_TASK_TYPE_COUNT = 12,
+    MACO_TASK_PORT_PUT = 12,      /**< port channel `channel`: queue a put of `count` bytes (0:
+                                       none) and a signal to the proxy (see maco_task_t) */
+    MACO_TASK_PORT_FLUSH = 13,    /**< waits until the proxy of port channel `channel` carried
+                                       out every trigger this GPU queued before it */
+    MACO_TASK_TYPE_COUNT = 14,
     /** First user type: run by the `user` function of a kernel the user compiles around
      * maco_pk_run() (maco/device/persistent.h; maco_persistent_kernel_get_launch). */
     MACO_TASK_USER = 256,
@@ -94,11 +99,17 @@ typedef enum maco_task_role {
  *   ninputs (1..64) inputs, a, a + input_stride, a + 2 * input_stride, ... (input_stride in
  *   bytes, a multiple of the element size), each with row stride ld_in: out = the inputs summed
  *   in that order in fp32 and rounded once. A reduction in rank order is a SUM over per-rank
- *   slots.
+ *   slots. out_datatype: the output's type where it differs from the inputs' (MACO_BFLOAT16
+ *   from MACO_FLOAT32 inputs: the fp32 partial products of a split-K GEMM rounded once; 0, i.e.
+ *   MACO_INT8, which is no element-wise type: the same as datatype); ld_out and out's alignment
+ *   then count in the output's elements.
  * - Any task may have a gate and a signal (maco/device/persistent.h, "Gates and signals"):
  *   wait_on (an 8-byte aligned uint64_t counter on this rank's GPU or host-mapped, never
  *   reset) with wait_count >= 1: the task starts only once the counter reaches wait_count *
- *   (r + 1) in launch r of the kernel, after its dependencies; `signal_to` (such a counter, or a
+ *   (r + 1) in launch r of the kernel, after its dependencies; with wait_need (1 ..
+ *   wait_count; 0: wait_count), once it reaches wait_count * r + wait_need: the wait_need-th of
+ *   the launch's signals, where they come in a known order (a port channel's semaphore, which
+ *   counts the peer's signals of every kind); `signal_to` (such a counter, or a
  *   peer's through a memory channel's mapping): 1 is added to it (release, system scope) after
  *   the task's writes. wait_peer names the rank expected to signal wait_on (-1: several) in a
  *   timeout's message. A worker that pops a task whose gate is still closed puts it back at the
@@ -116,6 +127,21 @@ typedef enum maco_task_role {
  * - WAIT: a, such a counter; count (1 to 2^32 - 1): the signals it gets per launch. The wait of the
  *   launch numbered r (0, 1, ...) of this kernel object ends once the counter is at least
  *   count * (r + 1).
+ * - PORT_PUT: channel (from maco_task_graph_add_port_channel); count (bytes, below 2^32; 0:
+ *   a signal alone), src_offset (in the channel's source buffer) and dst_offset (in its
+ *   destination), both ranges inside their buffers. The task queues the put and a signal into
+ *   the proxy's FIFO (maco/device/port_channel.h: put_with_signal, or signal) and ends: the
+ *   copy engines (CUDA copy transport) or the proxy (other transports) move the data after it,
+ *   and the peer's semaphore of the channel (its handle's semaphore.inbound, which counts
+ *   every signal of the channel, never reset) goes up by one once the data is there. What
+ *   the task depends on is what the put carries (the FIFO's push orders it before the
+ *   trigger). Pushes of one GPU are carried out in the order they were queued: order puts to
+ *   one peer by dependencies where their signals must come in a known order (a gate with
+ *   wait_need then waits for the n-th). AUTO gives it the COMPUTE role, as a put waits only
+ *   for room in the FIFO (bounded).
+ * - PORT_FLUSH: channel: waits (bounded) until the channel's proxy carried out every trigger
+ *   this GPU pushed into its FIFO before the flush and their data landed (sources may then be
+ *   reused). AUTO gives it the COMM role.
  * - CHANNEL_*: channel (from maco_task_graph_add_channel); PUT also count (bytes),
  *   src_offset (in the channel's local buffer) and dst_offset (in its remote one), both
  *   ranges inside their buffers. Waits on one channel must be ordered by dependencies (each
@@ -132,7 +158,10 @@ typedef enum maco_task_role {
  *   MACO_GEMM_TILE_M: A's rows past m read as zeros and the last row of tiles stores all its
  *   128 rows, those past m zero, so C must have room for ceil(m / 128) x 128 rows (the GMMA
  *   tiles only: the cuBLASDx kernel refuses such a graph); the three pointers 16-byte aligned,
- *   ldc a multiple of 8 and at least tile_n. Tiles of both
+ *   ldc a multiple of 8 and at least tile_n. ld_in: A's row stride in elements where A is a
+ *   slice of K of a larger matrix (split-K: a = A + k0, b = B + k0 x n, k the slice's length,
+ *   ld_in the whole K; 0: k): at least k and a multiple of 8; GMMA tiles only, as a partial
+ *   row. Tiles of both
  *   widths may be mixed, in one GEMM too. A wide tile does the work of two narrow ones with
  *   fewer bytes read per FLOP (narrow tiles were measured bound by that traffic:
  *   docs/performance.md, "Tuning", "GEMM tiles"); narrow ones give more tasks to spread over the
@@ -171,6 +200,8 @@ typedef struct maco_task {
     uint32_t out_mirror_count;      /**< SUM, COPY: mirrors (0..8; 0: none) */
     uint32_t signal_mirror_channel; /**< first channel of signal_to's mirrors */
     uint32_t signal_mirror_count;   /**< signal mirrors (0: signal_to itself) */
+    maco_datatype_t out_datatype;   /**< SUM: the output's type (0: datatype) */
+    uint64_t wait_need;             /**< gate: the launch's signals it needs (0: wait_count) */
 } maco_task_t;
 
 /** The tile of MACO_TASK_GEMM_TILE (elements: rows, the default width, the wide width, the
@@ -211,6 +242,59 @@ typedef struct maco_gemm_tile {
 MACO_API maco_status_t maco_gemm_plan_tiles(uint32_t m, uint32_t n, int workers,
                                             maco_gemm_tile_t *tiles, size_t *ntiles_p);
 
+/** What maco_gemm_plan chose for one GEMM, and what its model says of it. */
+typedef struct maco_gemm_plan {
+    uint32_t tile_n;          /**< width of the tiles (the last round's may be narrow) */
+    uint32_t split_k;         /**< K is cut into this many slices (1: not split) */
+    uint32_t k_slice;         /**< elements of K per slice (k when split_k is 1) */
+    uint32_t group;           /**< tile rows per group of the order */
+    uint32_t tail_narrow;     /**< wide tiles of the last round made two narrow ones each */
+    uint32_t waves;           /**< rounds of `workers` GEMM tasks: ceil(tasks / workers) */
+    uint32_t last_wave_tasks; /**< GEMM tasks in the last round: 1 .. workers */
+    uint32_t reserved;        /**< zero */
+    uint64_t tiles;           /**< tiles of C: the entries of the order */
+    uint64_t tasks;           /**< GEMM tile tasks: tiles x split_k */
+    uint64_t cost;            /**< the model's time, in steps (below) */
+    uint64_t b_bytes;         /**< bytes of B the order reads from memory, in the model */
+} maco_gemm_plan_t;
+
+/** maco_gemm_plan's model (docs/persistent.md, "Planning a GEMM"): a 128 x 128 tile's step of
+ * 64 along K costs 1, a 128 x 256 tile's 2; every task costs MACO_GEMM_PLAN_TASK_STEPS more
+ * (hand-off and store); the SUM of a split tile costs (split_k + 1) x tile_n / 128. Assumed,
+ * not measured: bench_gemm_tile prints the plan beside the measured time. */
+#define MACO_GEMM_PLAN_TASK_STEPS 2
+/** The most slices of K maco_gemm_plan considers, and the fewest elements of K per slice. */
+#define MACO_GEMM_PLAN_MAX_SPLIT 16
+#define MACO_GEMM_PLAN_MIN_SLICE 256
+
+/**
+ * Plans the GEMM tiles of C (m x n) = A (m x k) B (k x n) for a kernel of `workers` compute
+ * workers, per shape (docs/persistent.md, "Planning a GEMM"):
+ * - width and the last round: as maco_gemm_plan_tiles;
+ * - split-K (only with max_split_k >= 2, and only when C has fewer tiles than there are
+ *   workers): K in s slices of k / s elements (a multiple of 64, at least
+ *   MACO_GEMM_PLAN_MIN_SLICE), s from 1 to min(max_split_k, MACO_GEMM_PLAN_MAX_SPLIT), the s
+ *   with the least model cost (the smallest on a tie). A split tile is s GEMM tasks, slice j
+ *   reading A's columns and B's rows [j k_slice, (j + 1) k_slice) and storing fp32 partial
+ *   products, and one SUM task adding them in slice order (fp32, rounded once);
+ * - order: groups of G tile rows, inside a group column by column; G is ceil(workers /
+ *   columns) (a round of the workers covers whole rows, tiles sharing a column of B on
+ *   consecutive workers), raised while G rows of A (G x 128 x k x 2 bytes) fit half of
+ *   `l2_bytes`, so that a group's rows of A stay in L2 while it sweeps B and B is read once per
+ *   group (l2_bytes 0: no raise, the rows of C finish soonest: what the fused operators use).
+ * *plan_p gets the plan; `tiles` (NULL: plan only) gets the order, one entry per tile of C
+ * (with split_k s, add each entry's s slices one after the other, slice 0 first), and
+ * *ntiles_p (may be NULL) their number. `tiles` needs room for ceil(m / 128) x (n / 128)
+ * entries. Deterministic; host only, no GPU; reads MACO_GEMM_TILE_WIDTH as
+ * maco_gemm_plan_tiles does, else pure. Errors: MACO_ERR_INVALID_ARGUMENT (plan_p NULL, m =
+ * 0, n not a non-zero multiple of 128, k not a non-zero multiple of MACO_GEMM_TILE_K, workers
+ * < 1).
+ */
+MACO_API maco_status_t maco_gemm_plan(uint32_t m, uint32_t n, uint32_t k, int workers,
+                                      uint64_t l2_bytes, uint32_t max_split_k,
+                                      maco_gemm_plan_t *plan_p, maco_gemm_tile_t *tiles,
+                                      size_t *ntiles_p);
+
 /** Creates an empty graph. Host memory only (no GPU needed). Errors: MACO_ERR_INVALID_ARGUMENT
  * (NULL), MACO_ERR_NO_MEMORY. */
 MACO_API maco_status_t maco_task_graph_create(maco_task_graph_t *graph_p);
@@ -245,6 +329,18 @@ MACO_API maco_status_t maco_task_graph_add_dependency(maco_task_graph_t graph, i
 MACO_API maco_status_t maco_task_graph_add_channel(maco_task_graph_t graph,
                                                    const maco_memory_channel_device_t *handle,
                                                    int *index_p);
+
+/**
+ * Adds port channel `channel` (maco/port_channel.h) for PORT_PUT and PORT_FLUSH tasks; *index_p
+ * gets its index (0, 1, ...; port channels are numbered apart from memory channels). The graph
+ * keeps the channel's device handle, its buffers' sizes and its peer; the channel (and its
+ * proxy, started) must outlive every kernel created from the graph, and carry nothing else
+ * while they run: gates count its signals from zero. Errors: MACO_ERR_INVALID_ARGUMENT (NULL),
+ * MACO_ERR_UNSUPPORTED (no GPU, or a semaphore the GPU cannot wait on:
+ * maco_port_channel_get_device_handle), MACO_ERR_NO_MEMORY.
+ */
+MACO_API maco_status_t maco_task_graph_add_port_channel(maco_task_graph_t graph,
+                                                        maco_port_channel_t channel, int *index_p);
 
 /** Number of tasks added so far. Errors: MACO_ERR_INVALID_ARGUMENT (NULL). */
 MACO_API maco_status_t maco_task_graph_get_ntasks(maco_task_graph_t graph, int *ntasks_p);
@@ -303,16 +399,19 @@ MACO_API maco_status_t maco_task_graph_validate(maco_task_graph_t graph);
  * bit and do not depend on timing.
  */
 typedef struct maco_fused_gemm {
-    maco_comm_t comm;         /**< gives the rank, world size and CTA count */
-    const int *channels;      /**< [nranks] channels over scratch */
-    const void *a;            /**< bf16, row-major, see each operator */
-    const void *b;            /**< bf16, k x n, row-major */
-    void *out;                /**< see each operator */
-    void *scratch;            /**< the channels' local buffer (maco_fused_gemm_scratch_bytes) */
-    uint32_t m, n, k;         /**< see each operator */
-    const char *name;         /**< prefix of the tasks' names (profile), may be NULL */
-    const int *out_channels;  /**< [nranks] GEMM + allreduce: channels over out (else unused) */
-    maco_datatype_t out_type; /**< MACO_FLOAT32 or MACO_BFLOAT16 */
+    maco_comm_t comm;             /**< gives the rank, world size and CTA count */
+    const int *channels;          /**< [nranks] channels over scratch */
+    const void *a;                /**< bf16, row-major, see each operator */
+    const void *b;                /**< bf16, k x n, row-major */
+    void *out;                    /**< see each operator */
+    void *scratch;                /**< the channels' local buffer (maco_fused_gemm_scratch_bytes) */
+    uint32_t m, n, k;             /**< see each operator */
+    const char *name;             /**< prefix of the tasks' names (profile), may be NULL */
+    const int *out_channels;      /**< [nranks] GEMM + allreduce: channels over out (else unused) */
+    maco_datatype_t out_type;     /**< MACO_FLOAT32 or MACO_BFLOAT16 */
+    int comm_mode;                /**< a maco_fused_comm_t: how tiles move (0: SM stores) */
+    const int *port_channels;     /**< [nranks] copy-engine mode: port channels (below) */
+    const int *out_port_channels; /**< [nranks] copy-engine GEMM + allreduce: over out */
 } maco_fused_gemm_t;
 
 /** The three fused operators. */
@@ -321,6 +420,72 @@ typedef enum maco_fused_op {
     MACO_FUSED_GEMM_REDUCE_SCATTER = 1, /**< maco_task_graph_add_gemm_reduce_scatter */
     MACO_FUSED_ALLGATHER_GEMM = 2,      /**< maco_task_graph_add_allgather_gemm */
 } maco_fused_op_t;
+
+/**
+ * How a fused operator moves tiles between ranks (maco_fused_gemm_t.comm_mode).
+ *
+ * MACO_FUSED_COMM_SM: what each operator's text below says: GEMM tiles store into peers'
+ * scratch through memory channels, sums and copies run on communication workers (SMs).
+ *
+ * MACO_FUSED_COMM_COPY_ENGINE: whole rows of tiles (128 rows of the product, or 128-row blocks
+ * of A) move by port channels (maco/port_channel.h; on one node the CUDA copy transport: the
+ * copy engines, no SM), so the GEMM keeps its SMs; only sums run on communication workers. A
+ * row's put is a PORT_PUT task released by the row's last GEMM tile; its signal raises the
+ * peer's semaphore of the channel, and the peer's task that needs the row is released by a
+ * gated NOP waiting for the n-th signal of the launch (wait_need): puts to one peer are
+ * chained in a fixed order, so the n-th signal is that row's. Per operator:
+ * - GEMM + reduce-scatter: each rank computes the row blocks of rank + 1, rank + 2, ..., its
+ *   own last, into a send slot of its scratch (once the block's owner has signalled that it
+ *   started the launch: its first signal of the launch on the channel); each row goes to the
+ *   owner's slot for this rank; the owner sums each tile's products in rank order into out.
+ * - GEMM + allreduce: tile row i is owned by rank i mod nranks; every rank's GEMM stores into
+ *   its own slot, each row not its own goes to the owner's slot for this rank; the owner sums
+ *   the row's tiles and puts the summed row into every peer's out (out_port_channels). A rank's
+ *   launch ends once every owner's rows came, and after a flush (its puts read its out).
+ * - allgather + GEMM: each rank sends its A in blocks of 128 rows straight from `a` into every
+ *   peer's scratch (once the peer has signalled its start); a peer's block releases the tiles
+ *   that read it; the launch ends after a flush (the puts read `a`).
+ * port_channels[q] (entry `rank` ignored) is the graph's index (maco_task_graph_add_port_
+ * channel) of a port channel to rank q whose source is this rank's scratch (allgather + GEMM:
+ * this rank's `a`, m x k bf16, from its start) and whose destination is rank q's scratch, each
+ * at least maco_fused_gemm_scratch_bytes_mode() bytes; out_port_channels[q] (GEMM + allreduce)
+ * one from this rank's out to rank q's (m x n elements). Neither carries anything else while
+ * the graph's kernels exist, nor did before: every gate counts the channel's signals from zero.
+ * Memory channels are not used (channels, out_channels may be NULL). Results are bitwise those
+ * of the SM mode. The communication workers the operator asks for: one per 32 CTAs, at least
+ * 2 (sums), or 1 (allgather + GEMM: puts only). Its communication tasks (one per row and peer,
+ * one per summed tile) must stay below 4094 in the graph: a communication worker then never
+ * waits at a closed gate (maco_task_t, gates); the builder refuses the mode above that.
+ *
+ * MACO_FUSED_COMM_AUTO: maco_fused_gemm_choose_comm's rule; the chosen mode's channels must be
+ * given (Python's maco.PersistentKernel makes both).
+ */
+typedef enum maco_fused_comm {
+    MACO_FUSED_COMM_SM = 0,
+    MACO_FUSED_COMM_COPY_ENGINE = 1,
+    MACO_FUSED_COMM_AUTO = 2,
+} maco_fused_comm_t;
+
+/** The smallest put (one row of tiles or of A) for which maco_fused_gemm_choose_comm takes the
+ * copy engines (bytes), and the rows each peer must get at least. */
+#define MACO_FUSED_CE_MIN_PUT (1u << 20)
+#define MACO_FUSED_CE_MIN_ROWS 2
+
+/**
+ * The communication mode MACO_FUSED_COMM_AUTO takes for an operator (*mode_p): the copy
+ * engines when there are peers, each put carries at least MACO_FUSED_CE_MIN_PUT bytes (128 x n
+ * elements of out_type for the GEMM + collective, 128 x k bf16 for allgather + GEMM), every
+ * peer gets at least MACO_FUSED_CE_MIN_ROWS of them (so that rows move while later ones
+ * compute) and the mode's communication tasks fit (see maco_fused_comm_t); else the SMs. Why
+ * (docs/persistent.md, "Copy-engine mode"): a trigger's trip through the FIFO and the proxy
+ * costs about as long as a copy engine needs for 1 MiB over NVLink (docs/performance.md), so
+ * smaller rows would wait on the proxy longer than they move. The thresholds are not yet
+ * measured on the fused operators. Host only, pure, thread-safe. Errors: as
+ * maco_fused_gemm_scratch_bytes (mode_p NULL, or a shape it refuses).
+ */
+MACO_API maco_status_t maco_fused_gemm_choose_comm(maco_fused_op_t kind, int nranks, uint32_t m,
+                                                   uint32_t n, uint32_t k, maco_datatype_t out_type,
+                                                   maco_fused_comm_t *mode_p);
 
 /**
  * The bytes of scratch an operator needs on every rank (*bytes_p): its counters (8 bytes per
@@ -335,6 +500,15 @@ typedef enum maco_fused_op {
 MACO_API maco_status_t maco_fused_gemm_scratch_bytes(maco_fused_op_t kind, int nranks, uint32_t m,
                                                      uint32_t n, uint32_t k,
                                                      maco_datatype_t out_type, size_t *bytes_p);
+
+/** maco_fused_gemm_scratch_bytes for a communication mode (MACO_FUSED_COMM_AUTO: the mode
+ * maco_fused_gemm_choose_comm gives): the same but for GEMM + reduce-scatter on the copy
+ * engines, which keeps the products of the other ranks' blocks in send slots of its own: twice
+ * the data. Errors: as maco_fused_gemm_scratch_bytes, and a mode that is no maco_fused_comm_t. */
+MACO_API maco_status_t maco_fused_gemm_scratch_bytes_mode(maco_fused_op_t kind, int mode,
+                                                          int nranks, uint32_t m, uint32_t n,
+                                                          uint32_t k, maco_datatype_t out_type,
+                                                          size_t *bytes_p);
 
 /**
  * Row-parallel linear (GEMM + allreduce): out (m x n, out_type) = the sum over ranks r, in rank

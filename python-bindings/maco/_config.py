@@ -39,6 +39,7 @@ __all__ = ["SMSplit", "set_config", "get_config", "dynamic_sm_config", "config",
 _SM_POLICIES = ("auto", "manual", "dynamic")
 _STRATEGIES = ("none", "conservative", "aggressive")
 _FUSIONS = ("persistent", "copy_engine")
+_FUSED_COMMS = ("auto", "sm", "copy_engine")  # maco.PersistentKernel's fused_comm
 _SCRATCH_MIN, _SCRATCH_MAX = 1 << 20, 16 << 30  # src/host/base/config.c: MACO_SCRATCH_SIZE
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
                "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -52,6 +53,7 @@ _DEFAULTS = {
     "debug": False,
     "profile": False,
     "fusion": "copy_engine",
+    "fused_comm": "auto",
 }
 
 
@@ -155,6 +157,11 @@ class ConfigTable:
                    ``maco_task_graph_add_gemm_allreduce``: bf16, n a multiple of 128 and
                    k of 32; other shapes and types take the copy engines' path). The
                    default and its measurement: docs/performance.md. Read at each call.
+    fused_comm     how that persistent kernel (``fusion="persistent"``) moves data: "auto"
+                   (default: per shape, ``maco.persistent.choose_fused_comm``), "sm" or
+                   "copy_engine" (:class:`maco.PersistentKernel`'s ``fused_comm``;
+                   docs/persistent.md, "Copy-engine mode"). Read when a call site's kernel
+                   is built (once per site and shape).
     ============== ===================================================================
 
     Thread-safe (one lock). Settings are per process; ranks should set the same values
@@ -252,6 +259,10 @@ def _check_setting(k: str, v: Any) -> Any:
     if k == "fusion":
         if v not in _FUSIONS:
             raise ValueError(f"fusion: {v!r}; accepts {', '.join(_FUSIONS)}")
+        return v
+    if k == "fused_comm":
+        if v not in _FUSED_COMMS:
+            raise ValueError(f"fused_comm: {v!r}; accepts {', '.join(_FUSED_COMMS)}")
         return v
     if k in ("debug", "profile"):
         if not isinstance(v, bool):

@@ -13,9 +13,10 @@ semantics). On CUDA it runs what ``maco.config`` ``fusion`` names:
   GEMM then MACO's allreduce;
 - "persistent" (bf16, n a multiple of 128 and k of 32): a :class:`maco.PersistentKernel`
   whose graph is ``g.allreduce(g.matmul(A, B, output=OUT))`` (the fused operator of
-  ``maco_task_graph_add_gemm_allreduce``), built once per call site and shape on the group's
-  MACO communicator (collective: every rank reaches the site with the same shapes), with
-  registered buffers A, B, OUT. A call copies ``a`` into A (and ``b`` into B when ``b``'s
+  ``maco_task_graph_add_gemm_allreduce``, moving data as ``maco.config`` ``fused_comm``
+  says: by default the copy engines or the SMs per shape), built once per call site and shape
+  on the group's MACO communicator (collective: every rank reaches the site with the same
+  shapes), with registered buffers A, B, OUT. A call copies ``a`` into A (and ``b`` into B when ``b``'s
   memory or version changed since the last call: weights are copied once), launches the
   kernel on the current stream, and returns a copy of OUT (the kernel's OUT is overwritten by
   the next launch). The sum is in rank order in fp32 of bf16 products, bitwise equal on every
@@ -111,7 +112,8 @@ class FusedGemmAllreduce:
     def __init__(self, comm: Any, m: int, n: int, k: int, out_dtype: Any):
         split = _config.current_split()
         kw = split.persistent_config() if split is not None else {}
-        self.kernel = PersistentKernel(comm, profile=_config.setting("profile"), **kw)
+        self.kernel = PersistentKernel(comm, profile=_config.setting("profile"),
+                                       fused_comm=_config.setting("fused_comm"), **kw)
         kern = self.kernel
         self.A = kern.register_output((m, k), torch.bfloat16, name="a")
         self.B = kern.register_output((k, n), torch.bfloat16, name="b")

@@ -34,6 +34,15 @@ def plan_verify_file(path: str) -> tuple[int, str]:
 def fused_scratch_bytes(kind: int, nranks: int, m: int, n: int, k: int, out_type: int) -> int:
     """Bytes of scratch a fused operator needs on every rank: maco_fused_gemm_scratch_bytes."""
 
+def fused_scratch_bytes_mode(kind: int, mode: int, nranks: int, m: int, n: int, k: int,
+                             out_type: int) -> int:
+    """Bytes of scratch a fused operator needs on every rank in communication mode `mode`:
+    maco_fused_gemm_scratch_bytes_mode."""
+
+def fused_choose_comm(kind: int, nranks: int, m: int, n: int, k: int, out_type: int) -> int:
+    """The communication mode (maco_fused_comm_t: 0 SM, 1 copy engines) that
+    MACO_FUSED_COMM_AUTO takes for a fused operator: maco_fused_gemm_choose_comm."""
+
 def plan_gemm_tiles(m: int, n: int, workers: int) -> list[tuple[int, int, int]]:
     """[(tile_row, tile_col, tile_n), ...] in the order to add them: maco_gemm_plan_tiles."""
 
@@ -85,11 +94,19 @@ class PKernel:
         """Registers scratch, imports every peer's, makes a memory channel to each
         (collective); the graph's channel index per rank (-1: this rank)."""
 
-    def add_fused(self, kind: int, channels: Sequence[int], out_channels: Sequence[int],
+    def setup_port_channels(self, src: int, src_bytes: int, dst: int, dst_bytes: int
+                            ) -> list[int]:
+        """Registers src and dst, imports every peer's dst, makes a port channel from src
+        into each (collective; this kernel's proxy); the graph's port channel index per rank
+        (-1: this rank)."""
+
+    def add_fused(self, kind: int, mode: int, channels: Sequence[int],
+                  out_channels: Sequence[int], ports: Sequence[int], out_ports: Sequence[int],
                   a: int, b: int, out: int, scratch: int, m: int, n: int, k: int,
                   out_type: int, name: str) -> int:
         """maco_task_graph_add_gemm_allreduce (kind 0), _gemm_reduce_scatter (1) or
-        _allgather_gemm (2); returns the id of the operator's last task."""
+        _allgather_gemm (2) in communication mode `mode` (maco_fused_comm_t); empty channel
+        lists pass NULL; returns the id of the operator's last task."""
 
     def compile(self, workers: int, schedulers: int, comm_workers: int, threads: int,
                 profile: bool) -> None:

@@ -28,7 +28,14 @@ tiles needs Hopper's GMMA tiles),
 element-wise ``add``, ``scale``, ``residual_add`` (float32, float16, bfloat16) and ``copy``.
 Order follows data: an operation waits for the last writer of each tensor it reads and for the
 writers and readers of the tensor it writes. Every rank builds the same graph in the same order
-(fused operations set up memory channels collectively).
+(fused operations set up memory or port channels collectively).
+
+How the fused operations move data (``fused_comm``, docs/persistent.md "Copy-engine mode"):
+"sm" (the GEMM stores tiles into peers' memory, communication workers copy and sum on SMs),
+"copy_engine" (rows of 128 go over port channels, which the copy engines carry between GPUs of
+a node, so the GEMM keeps every SM; only the sums take SMs) or "auto" (the default: per
+operator, :func:`choose_fused_comm`'s rule, ``maco_fused_gemm_choose_comm``). Both give the same
+bits. :attr:`PersistentKernel.fused_comm_modes` says what each operator took.
 
 :func:`profiler` times MACO's work inside its ``with`` block with CUDA events (recorded on the
 streams the work runs on): collectives made through :class:`maco.Communicator` and the steps of
@@ -50,16 +57,17 @@ from . import _maco
 from ._comm import Communicator
 from ._default_comm import get_default_communicator
 from ._errors import InvalidArgumentError
+from ._fused_graph import FUSED_COMM, choose_fused_comm, emit_fused
 from ._prof_table import format_table, overlap_table
 from ._tensor import stream_handle
 from ._types import INT_MAX, DataType, c_int, to_maco_dtype
 
-__all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler"]
+__all__ = ["PersistentKernel", "TaskGraph", "KernelTensor", "profiler", "Profiler",
+           "choose_fused_comm"]
 
 # maco/persistent.h
 _NOP, _COPY, _ADD, _SCALE, _RESIDUAL_ADD, _GEMM_TILE = 0, 1, 2, 3, 4, 10
 _TILE_M, _TILE_N, _TILE_K = 128, 128, 32
-_FUSED = {"gemm_allreduce": 0, "gemm_reduce_scatter": 1, "allgather_gemm": 2}  # maco_fused_op_t
 _ELEMWISE_CHUNK = 1 << 16  # elements per element-wise task (several workers share a big one)
 _ELEMWISE_TYPES = (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16)
 
@@ -289,22 +297,8 @@ class TaskGraph:
                         "b": b.tensor.data_ptr(), "datatype": dt, "m": m, "n": n, "k": kk,
                         "tile_row": tr, "tile_col": tc, "tile_n": tn, "ldc": n,
                         "out": out.tensor.data_ptr() + (tr * _TILE_M * n + tc * tn) * es})
-        else:  # the fused operators
-            a, b, out = args["a"], args["b"], args["out"]
-            m, n, kk = args["m"], args["n"], args["k"]
-            op = _FUSED[kind]
-            dt = int(to_maco_dtype(out.dtype))
-            size = _maco.fused_scratch_bytes(op, k.comm.size, m, n, kk, dt)
-            # Zeroed: the operator's counters start at zero (maco_fused_gemm_t).
-            scratch = torch.zeros(size, dtype=torch.uint8, device=out.tensor.device)
-            k._scratch.append(scratch)
-            channels = k._h.setup_channels(scratch.data_ptr(), size)
-            out_channels = []
-            if kind == "gemm_allreduce":  # owners write the sums into every rank's out
-                out_channels = k._h.setup_channels(out.tensor.data_ptr(),
-                                                   out.tensor.numel() * out.tensor.element_size())
-            k._h.add_fused(op, channels, out_channels, a.tensor.data_ptr(), b.tensor.data_ptr(),
-                           out.tensor.data_ptr(), scratch.data_ptr(), m, n, kk, dt, args["name"])
+        else:  # the fused operators (maco/_fused_graph.py)
+            k._fused_modes.append((args["name"], emit_fused(k, kind, args, torch)))
             k._ntasks = k._h.ntasks()
 
 
@@ -319,6 +313,8 @@ class PersistentKernel:
         profile: record each task's start, end and SM (:meth:`print_summary`,
             :meth:`export_chrome_trace`, :func:`profiler`).
         world_size, rank: optional checks against the communicator (the seeds pass them).
+        fused_comm: how the fused operations move data: "auto" (default: per operator,
+            :func:`choose_fused_comm`), "sm" or "copy_engine" (see the module's text).
         num_local_schedulers, num_remote_schedulers: the design's names of num_schedulers
             and num_comm_workers (maco.Role.LOCAL_SCHEDULER and REMOTE_SCHEDULER).
 
@@ -330,7 +326,7 @@ class PersistentKernel:
                  num_schedulers: int = 0, num_comm_workers: int = 0, threads: int = 0,
                  profile: bool = False, world_size: Optional[int] = None,
                  rank: Optional[int] = None, num_local_schedulers: Optional[int] = None,
-                 num_remote_schedulers: Optional[int] = None):
+                 num_remote_schedulers: Optional[int] = None, fused_comm: str = "auto"):
         if num_local_schedulers is not None:  # the design's names (maco.Role's mapping)
             if num_schedulers:
                 raise ValueError("num_local_schedulers: given with num_schedulers (the same "
@@ -355,11 +351,15 @@ class PersistentKernel:
         if num_comm_workers < -1:
             raise ValueError(f"num_comm_workers: {num_comm_workers} (-1: none, 0: default)")
         c_int(num_comm_workers, "num_comm_workers", -1, INT_MAX)
+        if fused_comm not in FUSED_COMM:
+            raise ValueError(f"fused_comm: {fused_comm!r}; accepts {', '.join(FUSED_COMM)}")
         self.comm = comm
         self._h = comm._c.persistent_kernel()
         self._cfg = (num_workers, num_schedulers, num_comm_workers, threads, bool(profile))
         self._tensors: list = []
         self._scratch: list = []
+        self._fused_comm = fused_comm
+        self._fused_modes: list = []  # (operation name, "sm" or "copy_engine")
         self._ntasks = 0
         self._graph_done = False
         self._compiled = False
@@ -459,6 +459,12 @@ class PersistentKernel:
     @property
     def num_tasks(self) -> int:
         return self._ntasks
+
+    @property
+    def fused_comm_modes(self) -> list:
+        """(operation name, "sm" or "copy_engine") of each fused operation of the graph, in
+        graph order: what ``fused_comm`` resolved to. Empty before the graph is built."""
+        return list(self._fused_modes)
 
     # ------------------------------------------------------------ profile
 

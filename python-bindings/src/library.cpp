@@ -95,6 +95,36 @@ void bind_library(nb::module_ &m)
         nb::arg("out_type"),
         "Bytes of scratch a fused operator needs on every rank: maco_fused_gemm_scratch_bytes.");
     m.def(
+        "fused_scratch_bytes_mode",
+        [](int kind, int mode, int nranks, uint32_t m, uint32_t n, uint32_t k, int out_type) {
+            size_t bytes = 0;
+            checked("maco_fused_gemm_scratch_bytes_mode", nullptr, [&] {
+                return maco_fused_gemm_scratch_bytes_mode(
+                    static_cast<maco_fused_op_t>(kind), mode, nranks, m, n, k,
+                    static_cast<maco_datatype_t>(out_type), &bytes);
+            });
+            return bytes;
+        },
+        nb::arg("kind"), nb::arg("mode"), nb::arg("nranks"), nb::arg("m"), nb::arg("n"),
+        nb::arg("k"), nb::arg("out_type"),
+        "Bytes of scratch a fused operator needs on every rank in communication mode `mode`: "
+        "maco_fused_gemm_scratch_bytes_mode.");
+    m.def(
+        "fused_choose_comm",
+        [](int kind, int nranks, uint32_t m, uint32_t n, uint32_t k, int out_type) {
+            maco_fused_comm_t mode = MACO_FUSED_COMM_SM;
+            checked("maco_fused_gemm_choose_comm", nullptr, [&] {
+                return maco_fused_gemm_choose_comm(static_cast<maco_fused_op_t>(kind), nranks, m, n,
+                                                   k, static_cast<maco_datatype_t>(out_type),
+                                                   &mode);
+            });
+            return static_cast<int>(mode);
+        },
+        nb::arg("kind"), nb::arg("nranks"), nb::arg("m"), nb::arg("n"), nb::arg("k"),
+        nb::arg("out_type"),
+        "The communication mode (maco_fused_comm_t: 0 SM, 1 copy engines) that "
+        "MACO_FUSED_COMM_AUTO takes for a fused operator: maco_fused_gemm_choose_comm.");
+    m.def(
         "plan_gemm_tiles",
         [](uint32_t m, uint32_t n, int workers) {
             size_t count = 0;

@@ -1,7 +1,7 @@
 /*
- * persistent.cpp - PKernel: a task graph, the memory channels its fused operators use, and the
- * persistent kernel made from it (maco/persistent.h); maco.PersistentKernel builds on it. And
- * Comm.persistent_kernel, which makes an empty one.
+ * persistent.cpp - PKernel: a task graph, the memory and port channels its fused operators use,
+ * and the persistent kernel made from it (maco/persistent.h); maco.PersistentKernel builds on
+ * it. And Comm.persistent_kernel, which makes an empty one.
  */
 #include <cstdio>
 #include <cstdlib>
@@ -77,9 +77,19 @@ class PKernel
      * peer over them; returns the graph's channel index per rank (-1 for this rank). */
     std::vector<int> setup_channels(uintptr_t scratch, size_t bytes);
 
-    int add_fused(int kind, const std::vector<int> &channels, const std::vector<int> &out_channels,
-                  uintptr_t a, uintptr_t b, uintptr_t out, uintptr_t scratch, uint32_t m,
-                  uint32_t n, uint32_t kk, int out_type, const std::string &name);
+    /* The copy-engine mode's channels (maco_fused_comm_t): registers `src` (src_bytes) and
+     * `dst` (dst_bytes; the same registration when dst == src), imports every peer's dst
+     * (collective), starts this kernel's proxy the first time and makes a port channel from
+     * src into each peer's dst (MACO_TRANSPORT_AUTO: the copy engines between GPUs of a
+     * node); returns the graph's port channel index per rank (-1 for this rank). */
+    std::vector<int> setup_port_channels(uintptr_t src, size_t src_bytes, uintptr_t dst,
+                                         size_t dst_bytes);
+
+    int add_fused(int kind, int mode, const std::vector<int> &channels,
+                  const std::vector<int> &out_channels, const std::vector<int> &ports,
+                  const std::vector<int> &out_ports, uintptr_t a, uintptr_t b, uintptr_t out,
+                  uintptr_t scratch, uint32_t m, uint32_t n, uint32_t kk, int out_type,
+                  const std::string &name);
 
     /* Creates the kernel (validates and uploads the graph); the graph is freed then. */
     void compile(int workers, int schedulers, int comm_workers, int threads, bool profile);
@@ -125,6 +135,13 @@ class PKernel
         for (auto ch : chans)
             maco_memory_channel_destroy(ch);
         chans.clear();
+        if (proxy != nullptr)
+            maco_proxy_stop(proxy); /* nothing in flight once stopped */
+        for (auto pc : ports)
+            maco_port_channel_destroy(pc);
+        ports.clear();
+        maco_proxy_destroy(proxy);
+        proxy = nullptr;
         for (auto m : mems)
             maco_mem_deregister(m);
         mems.clear();
@@ -135,6 +152,8 @@ class PKernel
     maco_task_graph_t graph = nullptr;
     maco_persistent_kernel_t kernel = nullptr;
     std::vector<maco_memory_channel_t> chans;
+    maco_proxy_t proxy = nullptr; /* the copy-engine mode's, made on first use */
+    std::vector<maco_port_channel_t> ports;
     std::vector<maco_mem_t> mems;
 };
 
@@ -235,15 +254,69 @@ std::vector<int> PKernel::setup_channels(uintptr_t scratch, size_t bytes)
     return index;
 }
 
-int PKernel::add_fused(int kind, const std::vector<int> &channels,
-                       const std::vector<int> &out_channels, uintptr_t a, uintptr_t b,
-                       uintptr_t out, uintptr_t scratch, uint32_t m, uint32_t n, uint32_t kk,
-                       int out_type, const std::string &name)
+std::vector<int> PKernel::setup_port_channels(uintptr_t src, size_t src_bytes, uintptr_t dst,
+                                              size_t dst_bytes)
+{
+    maco_comm_t c = comm();
+    maco_task_graph_t gr = g();
+    int rank = 0, n = 0;
+    maco_comm_get_rank(c, &rank);
+    maco_comm_get_nranks(c, &n);
+    std::vector<int> index((size_t)n, -1);
+    if (n < 2)
+        return index;
+    maco_bootstrap_t bs = nullptr;
+    maco_comm_get_bootstrap(c, &bs);
+    maco_mem_t s = nullptr, d = nullptr;
+    checked("maco_mem_register", c, [&] { return maco_mem_register(c, ptr(src), src_bytes, &s); });
+    mems.push_back(s);
+    d = s;
+    if (dst != src) {
+        checked("maco_mem_register", c,
+                [&] { return maco_mem_register(c, ptr(dst), dst_bytes, &d); });
+        mems.push_back(d);
+    }
+    std::vector<uint8_t> h((size_t)n * MACO_MEM_HANDLE_BYTES);
+    checked("maco_mem_serialize", c,
+            [&] { return maco_mem_serialize(d, &h[(size_t)rank * MACO_MEM_HANDLE_BYTES]); });
+    checked("maco_bootstrap_allgather", c,
+            [&] { return maco_bootstrap_allgather(bs, h.data(), MACO_MEM_HANDLE_BYTES); });
+    if (proxy == nullptr) {
+        checked("maco_proxy_create", c, [&] { return maco_proxy_create(c, &proxy); });
+        checked("maco_proxy_start", c, [&] { return maco_proxy_start(proxy); });
+    }
+    for (int q = 0; q < n; q++) { /* pairwise collective: every rank in the order of q */
+        if (q == rank)
+            continue;
+        maco_mem_t peer = nullptr;
+        checked("maco_mem_import", c,
+                [&] { return maco_mem_import(c, &h[(size_t)q * MACO_MEM_HANDLE_BYTES], &peer); });
+        mems.push_back(peer);
+        maco_port_channel_t pc = nullptr;
+        checked("maco_port_channel_create", c, [&] {
+            nb::gil_scoped_release nogil; /* blocks on the peer */
+            return maco_port_channel_create(proxy, q, MACO_TRANSPORT_AUTO, s, peer, &pc);
+        });
+        ports.push_back(pc);
+        checked("maco_task_graph_add_port_channel", c,
+                [&] { return maco_task_graph_add_port_channel(gr, pc, &index[(size_t)q]); });
+    }
+    return index;
+}
+
+int PKernel::add_fused(int kind, int mode, const std::vector<int> &channels,
+                       const std::vector<int> &out_channels, const std::vector<int> &ports,
+                       const std::vector<int> &out_ports, uintptr_t a, uintptr_t b, uintptr_t out,
+                       uintptr_t scratch, uint32_t m, uint32_t n, uint32_t kk, int out_type,
+                       const std::string &name)
 {
     maco_fused_gemm_t op{};
     op.comm = comm();
-    op.channels = channels.data();
+    op.comm_mode = mode;
+    op.channels = channels.empty() ? nullptr : channels.data();
     op.out_channels = out_channels.empty() ? nullptr : out_channels.data();
+    op.port_channels = ports.empty() ? nullptr : ports.data();
+    op.out_port_channels = out_ports.empty() ? nullptr : out_ports.data();
     op.a = ptr(a);
     op.b = ptr(b);
     op.out = ptr(out);
@@ -346,12 +419,18 @@ void bind_persistent(nb::module_ &m, nb::class_<Comm> &c)
         .def("setup_channels", &PKernel::setup_channels, nb::arg("scratch"), nb::arg("bytes"),
              "Registers scratch, imports every peer's, makes a memory channel to each "
              "(collective); the graph's channel index per rank (-1: this rank).")
-        .def("add_fused", &PKernel::add_fused, nb::arg("kind"), nb::arg("channels"),
-             nb::arg("out_channels"), nb::arg("a"), nb::arg("b"), nb::arg("out"),
-             nb::arg("scratch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("out_type"),
-             nb::arg("name"),
+        .def("setup_port_channels", &PKernel::setup_port_channels, nb::arg("src"),
+             nb::arg("src_bytes"), nb::arg("dst"), nb::arg("dst_bytes"),
+             "Registers src and dst, imports every peer's dst, makes a port channel from src "
+             "into each (collective; this kernel's proxy); the graph's port channel index per "
+             "rank (-1: this rank).")
+        .def("add_fused", &PKernel::add_fused, nb::arg("kind"), nb::arg("mode"),
+             nb::arg("channels"), nb::arg("out_channels"), nb::arg("ports"), nb::arg("out_ports"),
+             nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("scratch"), nb::arg("m"),
+             nb::arg("n"), nb::arg("k"), nb::arg("out_type"), nb::arg("name"),
              "maco_task_graph_add_gemm_allreduce (kind 0), _gemm_reduce_scatter (1) or "
-             "_allgather_gemm (2); returns the id of the operator's last task.")
+             "_allgather_gemm (2) in communication mode `mode` (maco_fused_comm_t); empty "
+             "channel lists pass NULL; returns the id of the operator's last task.")
         .def("compile", &PKernel::compile, nb::arg("workers"), nb::arg("schedulers"),
              nb::arg("comm_workers"), nb::arg("threads"), nb::arg("profile"),
              "maco_persistent_kernel_create (validates and uploads; blocking).")

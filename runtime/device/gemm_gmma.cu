@@ -20,8 +20,9 @@
  * accumulation, and stores it as fp32 or bf16 (the task's dtype) at ptr[0] with row stride
  * ldc; A is M x K row-major (lda = K: K-major for GMMA), B is K x N row-major (ldb = N:
  * N-major, "MN-major" for GMMA). A and B are read through TMA tensor maps that the host encodes
- * when it creates the kernel (maco__pk_gemm_gmma_map_encode, one per distinct A, B, M, N, K and
- * width), stored in device memory at view.gemm_maps; the task's `gemm.map` names its entry.
+ * when it creates the kernel (maco__pk_gemm_gmma_map_encode, one per distinct A, B, M, N, K, A's
+ * row stride and width), stored in device memory at view.gemm_maps; the task's `gemm.map` names its
+ * entry.
  *
  * A worker CTA's 384 threads (layout of CUTLASS's KernelTmaWarpSpecializedCooperative, roles
  * kept for the whole launch rather than per tile):
@@ -502,12 +503,14 @@ extern "C" size_t maco__pk_gemm_gmma_map_bytes(void)
     return sizeof(GemmMap);
 }
 
+/* A: m x k with row stride lda (lda > k: a slice of K of a wider A, split-K); B: k x n, row
+ * stride n. */
 template <class Cfg>
 static void encode_params(void *dst, const void *a, const void *b, uint32_t m, uint32_t n,
-                          uint32_t k)
+                          uint32_t k, uint32_t lda)
 {
     typename Cfg::Mainloop::Arguments args{ (const T *)a,
-                                            StrideA{ (int64_t)k, _1{}, (int64_t)m * k },
+                                            StrideA{ (int64_t)lda, _1{}, (int64_t)m * lda },
                                             (const T *)b,
                                             StrideB{ _1{}, (int64_t)n, (int64_t)k * n } };
     typename Cfg::Params p = Cfg::Mainloop::to_underlying_arguments(
@@ -517,19 +520,20 @@ static void encode_params(void *dst, const void *a, const void *b, uint32_t m, u
 }
 
 extern "C" int maco__pk_gemm_gmma_map_encode(void *map_p, const void *a, const void *b, uint32_t m,
-                                             uint32_t n, uint32_t k, uint32_t tile_n)
+                                             uint32_t n, uint32_t k, uint32_t lda, uint32_t tile_n)
 {
-    /* TMA needs 16-byte aligned bases and row strides (K and N are multiples of 32 and 128:
-     * graph.c checks them). */
-    if ((uintptr_t)a % 16 != 0 || (uintptr_t)b % 16 != 0 || k % 8 != 0 || n % 8 != 0 ||
-        (tile_n != (uint32_t)Narrow::kN && tile_n != (uint32_t)Wide::kN))
+    /* TMA needs 16-byte aligned bases and row strides (K and N are multiples of 32 and 128,
+     * lda of 8: graph.c checks them). TMA reads zeros past the K the map declares, so a slice
+     * of K never reads its neighbour's columns. */
+    if ((uintptr_t)a % 16 != 0 || (uintptr_t)b % 16 != 0 || k % 8 != 0 || n % 8 != 0 || lda < k ||
+        lda % 8 != 0 || (tile_n != (uint32_t)Narrow::kN && tile_n != (uint32_t)Wide::kN))
         return -1;
     GemmMap map;
     memset(&map, 0, sizeof(map));
     if (tile_n == (uint32_t)Wide::kN)
-        encode_params<Wide>(map.params, a, b, m, n, k);
+        encode_params<Wide>(map.params, a, b, m, n, k, lda);
     else
-        encode_params<Narrow>(map.params, a, b, m, n, k);
+        encode_params<Narrow>(map.params, a, b, m, n, k, lda);
     map.m = (int32_t)m;
     map.tile_n = (int32_t)tile_n;
     memcpy(map_p, &map, sizeof(map));

@@ -68,7 +68,7 @@ extern "C" size_t maco__pk_gemm_gmma_map_bytes(void)
 }
 
 extern "C" int maco__pk_gemm_gmma_map_encode(void *map, const void *a, const void *b, uint32_t m,
-                                             uint32_t n, uint32_t k, uint32_t tile_n)
+                                             uint32_t n, uint32_t k, uint32_t lda, uint32_t tile_n)
 {
     return -1;
 }

@@ -57,13 +57,14 @@ cudaError_t maco__pk_gemm_gmma_ctas_per_sm(int *ctas_p);
 /** Bytes of one GEMM's entry of view.gemm_maps for the GMMA kernel (a multiple of 64). */
 size_t maco__pk_gemm_gmma_map_bytes(void);
 
-/** Encodes the TMA tensor maps of C = A B (A M x K, B K x N, row-major bf16 in device memory)
- * for tiles of tile_n (128 or 256) columns into `map` (maco__pk_gemm_gmma_map_bytes() bytes,
- * 64-byte aligned host memory; the entry is copied to device memory as is). 0, or -1 when A or B
- * is not 16-byte aligned, a row is not a multiple of 16 bytes or tile_n is neither. Host only;
- * needs no device work. */
+/** Encodes the TMA tensor maps of C = A B (A M x K with row stride lda >= K, B K x N with row
+ * stride N, bf16 in device memory) for tiles of tile_n (128 or 256) columns into `map`
+ * (maco__pk_gemm_gmma_map_bytes() bytes, 64-byte aligned host memory; the entry is copied to
+ * device memory as is). lda > K: A is a slice of K of a wider matrix (split-K). 0, or -1 when A
+ * or B is not 16-byte aligned, a row is not a multiple of 16 bytes, lda < K or tile_n is neither
+ * width. Host only; needs no device work. */
 int maco__pk_gemm_gmma_map_encode(void *map, const void *a, const void *b, uint32_t m, uint32_t n,
-                                  uint32_t k, uint32_t tile_n);
+                                  uint32_t k, uint32_t lda, uint32_t tile_n);
 
 /** Launches the kernel: `grid` CTAs of `threads` threads run the graph of `view`. */
 cudaError_t maco__pk_launch(const maco_pk_view_t *view, int grid, int threads, cudaStream_t stream);

@@ -43,7 +43,7 @@
 #include "src/host/base/log.h"
 #include "runtime/host/fused_internal.h"
 
-static maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what, int *id_p)
+maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what, int *id_p)
 {
     char name[160];
     snprintf(name, sizeof(name), "%s%s", f->name, what);
@@ -51,7 +51,7 @@ static maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const cha
     return maco_task_graph_add_task(f->g, t, id_p);
 }
 
-static maco_status_t maco__fused_dep(maco__fused_t *f, int task, int on)
+maco_status_t maco__fused_dep(maco__fused_t *f, int task, int on)
 {
     return on < 0 ? MACO_OK : maco_task_graph_add_dependency(f->g, task, on);
 }
@@ -65,12 +65,12 @@ static void *maco__fused_remote(const maco__fused_t *f, int ch, const void *loca
 }
 
 /* The counters (uint64_t, at the start of scratch) and the data after them. */
-static uint64_t *maco__fused_ctr(const maco__fused_t *f, uint64_t i)
+uint64_t *maco__fused_ctr(const maco__fused_t *f, uint64_t i)
 {
     return (uint64_t *)f->op->scratch + i;
 }
 
-static char *maco__fused_data(const maco__fused_t *f)
+char *maco__fused_data(const maco__fused_t *f)
 {
     return (char *)f->op->scratch + f->ctr_bytes;
 }
@@ -98,13 +98,13 @@ static maco_status_t maco__fused_plan(maco__fused_t *f, uint32_t m, maco_gemm_ti
 }
 
 /* The element offset of a tile in a row-major matrix of f->op->n columns. */
-static uint64_t maco__fused_tile_off(const maco__fused_t *f, const maco_gemm_tile_t *t)
+uint64_t maco__fused_tile_off(const maco__fused_t *f, const maco_gemm_tile_t *t)
 {
     return (uint64_t)t->tile_row * MACO_GEMM_TILE_M * f->op->n + (uint64_t)t->tile_col * t->tile_n;
 }
 
 /* Rows of a tile of an m-row matrix (the last row of tiles may be partial). */
-static uint32_t maco__fused_rows(uint32_t m, const maco_gemm_tile_t *t)
+uint32_t maco__fused_rows(uint32_t m, const maco_gemm_tile_t *t)
 {
     uint32_t left = m - t->tile_row * MACO_GEMM_TILE_M;
     return left < MACO_GEMM_TILE_M ? left : MACO_GEMM_TILE_M;
@@ -112,10 +112,10 @@ static uint32_t maco__fused_rows(uint32_t m, const maco_gemm_tile_t *t)
 
 /* A GEMM tile of A (m x k) x B into `out` (row stride ldc, out_type), gated on `wait` (may be
  * NULL; wait_count signals per launch) and signalling `signal` (may be NULL). */
-static maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t m,
-                                      const maco_gemm_tile_t *tile, void *out, uint32_t ldc,
-                                      const uint64_t *wait, uint64_t wait_count, int wait_peer,
-                                      uint64_t *signal, int *id_p)
+maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t m,
+                               const maco_gemm_tile_t *tile, void *out, uint32_t ldc,
+                               const uint64_t *wait, uint64_t wait_count, uint64_t wait_need,
+                               int wait_peer, uint64_t *signal, int *id_p)
 {
     maco_task_t t;
     memset(&t, 0, sizeof(t));
@@ -134,6 +134,7 @@ static maco_status_t maco__fused_gemm(maco__fused_t *f, const void *a, uint32_t 
     t.tile_n = tile->tile_n;
     t.wait_on = wait;
     t.wait_count = wait_count;
+    t.wait_need = wait_need;
     t.wait_peer = wait_peer;
     t.signal_to = signal;
     return maco__fused_add(f, &t, "gemm", id_p);
@@ -199,19 +200,13 @@ static maco_status_t maco__fused_peer_channels(maco__fused_t *f, const int *chan
     return st;
 }
 
-/* Where a task's output and signal also go (maco_task_t's mirrors); count 0: nowhere. */
-typedef struct maco__fused_mirrors {
-    uint32_t out_first, sig_first, count;
-    uint64_t *signal; /* this rank's counter whose twins the peers' are */
-} maco__fused_mirrors_t;
-
 /* The sum of the nranks slots' tile `t` (slots `slot_bytes` apart from `first`, row stride n)
  * into `out` (row stride n) and its mirrors, in rank order; gated on `wait` (nranks - 1
  * signals per launch), after task `after`. */
-static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t, uint32_t m,
-                                     const char *first, uint64_t slot_bytes, void *out,
-                                     const uint64_t *wait, const maco__fused_mirrors_t *mir,
-                                     int after, int *id_p)
+maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t, uint32_t m,
+                              const char *first, uint64_t slot_bytes, void *out,
+                              const uint64_t *wait, const maco__fused_mirrors_t *mir, int after,
+                              int *id_p)
 {
     maco_task_t x;
     memset(&x, 0, sizeof(x));
@@ -244,8 +239,8 @@ static maco_status_t maco__fused_sum(maco__fused_t *f, const maco_gemm_tile_t *t
 
 /* An operator's plan of an m-row GEMM (*plan_p, *ntiles_p) and room for the ids of its last
  * tasks (*deps_p: every tile of every rank, `extra` more, and one). */
-static maco_status_t maco__fused_begin(maco__fused_t *f, uint32_t m, size_t extra,
-                                       maco_gemm_tile_t **plan_p, size_t *ntiles_p, int **deps_p)
+maco_status_t maco__fused_begin(maco__fused_t *f, uint32_t m, size_t extra,
+                                maco_gemm_tile_t **plan_p, size_t *ntiles_p, int **deps_p)
 {
     maco_status_t st = maco__fused_plan(f, m, plan_p, ntiles_p);
     if (st != MACO_OK)
@@ -261,9 +256,9 @@ static maco_status_t maco__fused_begin(maco__fused_t *f, uint32_t m, size_t extr
 
 /* The operator's end (maco__fused_done after deps[0..ndeps), gated on `wait` where not NULL)
  * when st is MACO_OK, its id in *last_p (may be NULL); frees the plan and the list. */
-static maco_status_t maco__fused_end(maco__fused_t *f, maco_status_t st, const uint64_t *wait,
-                                     uint64_t count, int *deps, size_t ndeps,
-                                     maco_gemm_tile_t *plan, int *last_p)
+maco_status_t maco__fused_end(maco__fused_t *f, maco_status_t st, const uint64_t *wait,
+                              uint64_t count, int *deps, size_t ndeps, maco_gemm_tile_t *plan,
+                              int *last_p)
 {
     int done = -1;
     if (st == MACO_OK)
@@ -280,7 +275,7 @@ static maco_status_t maco__fused_end(maco__fused_t *f, maco_status_t st, const u
  * slot r rank r's) and signals the owner's counter p; the owner sums the nranks slots in rank
  * order into its out and copies the sum into every peer's out (out_channels), signalling the
  * peer's counter `done`; a rank's launch ends once the sums of all tiles it does not own came. */
-static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
+maco_status_t maco__fused_sm_gemm_allreduce(maco__fused_t *f, int *last_p)
 {
     const maco_fused_gemm_t *op = f->op;
     maco_gemm_tile_t *plan = NULL;
@@ -312,12 +307,12 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
         if (owner != f->rank) {
             st = maco__fused_gemm(
                 f, op->a, op->m, t, maco__fused_remote(f, op->channels[owner], mine), op->n, NULL,
-                0, -1, maco__fused_remote(f, op->channels[owner], maco__fused_ctr(f, p)), &gemm);
+                0, 0, -1, maco__fused_remote(f, op->channels[owner], maco__fused_ctr(f, p)), &gemm);
             deps[ndeps++] = gemm;
             not_owned++;
             continue;
         }
-        st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, 0, -1, NULL, &gemm);
+        st = maco__fused_gemm(f, op->a, op->m, t, mine, op->n, NULL, 0, 0, -1, NULL, &gemm);
         if (st == MACO_OK)
             st = maco__fused_sum(f, t, op->m, data + off, slot, out + off, maco__fused_ctr(f, p),
                                  &mir, gemm, &sum);
@@ -356,7 +351,7 @@ static maco_status_t maco__fused_gemm_allreduce(maco__fused_t *f, int *last_p)
  * slots in rank order into out. Each rank computes the blocks in the order rank + 1, rank + 2,
  * ..., its own last (at any moment every rank sends to another rank: the links are evenly
  * loaded, and the sends of the earlier blocks overlap the own block's GEMM). */
-static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last_p)
+maco_status_t maco__fused_sm_gemm_reduce_scatter(maco__fused_t *f, int *last_p)
 {
     const maco_fused_gemm_t *op = f->op;
     const uint32_t ms = op->m / (uint32_t)f->nranks;
@@ -382,12 +377,12 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
             if (o != f->rank) {
                 /* Into o's slot, once o is ready (its last launch read the slot). */
                 st = maco__fused_gemm(f, a, ms, t, maco__fused_remote(f, op->channels[o], mine),
-                                      op->n, maco__fused_ctr(f, ready + (uint64_t)o), 1, o,
+                                      op->n, maco__fused_ctr(f, ready + (uint64_t)o), 1, 0, o,
                                       maco__fused_remote(f, op->channels[o], maco__fused_ctr(f, p)),
                                       &gemm);
                 deps[ndeps++] = gemm;
             } else {
-                st = maco__fused_gemm(f, a, ms, t, mine, op->n, NULL, 0, -1, NULL, &gemm);
+                st = maco__fused_gemm(f, a, ms, t, mine, op->n, NULL, 0, 0, -1, NULL, &gemm);
                 if (st == MACO_OK)
                     st = maco__fused_sum(f, t, ms, data + off, slot, out + off,
                                          maco__fused_ctr(f, p), NULL, gemm, &sum);
@@ -404,7 +399,7 @@ static maco_status_t maco__fused_gemm_reduce_scatter(maco__fused_t *f, int *last
  * rows read slot q (the own shard straight from a) and are gated on the counter of their row
  * block. Puts go to peers in the order rank + 1, rank + 2, ..., so a rank's shards arrive in
  * the order rank - 1, rank - 2, ...: its tiles run in that order, after its own shard's. */
-static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
+maco_status_t maco__fused_sm_allgather_gemm(maco__fused_t *f, int *last_p)
 {
     const maco_fused_gemm_t *op = f->op;
     const uint32_t blocks = (uint32_t)maco__fused_tile_rows(op->m);
@@ -493,7 +488,7 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
             st = maco__fused_gemm(
                 f, a, op->m, t, rows < MACO_GEMM_TILE_M ? stage : dst, op->n,
                 q == f->rank ? NULL : maco__fused_ctr(f, (uint64_t)q * blocks + t->tile_row),
-                (bbytes + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK, q, NULL, &gemm);
+                (bbytes + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK, 0, q, NULL, &gemm);
             if (st == MACO_OK && q != f->rank)
                 st = maco__fused_dep(f, gemm, f->ready_sig);
             if (st == MACO_OK && rows < MACO_GEMM_TILE_M) {
@@ -515,40 +510,4 @@ static maco_status_t maco__fused_allgather_gemm(maco__fused_t *f, int *last_p)
         }
     }
     return maco__fused_end(f, st, NULL, 0, deps, ndeps, plan, last_p);
-}
-
-maco_status_t maco__fused_build(maco_task_graph_t g, const maco_fused_gemm_t *op,
-                                maco_fused_op_t kind, int rank, int nranks, int units, int *last_p)
-{
-    static const char *const fns[3] = { "maco_task_graph_add_gemm_allreduce",
-                                        "maco_task_graph_add_gemm_reduce_scatter",
-                                        "maco_task_graph_add_allgather_gemm" };
-    const char *fn = (unsigned)kind < 3 ? fns[kind] : "maco__fused_build";
-    /* The split the operator asks for when the caller leaves it to the runtime: enough
-     * communication workers to move its bytes while the GEMM runs (one per 8 CTAs, at least
-     * 2), fewer for the reduce-scatter, whose GEMMs store the products themselves; the tiles
-     * are planned for the compute workers that leaves (maco_persistent_kernel_create's split:
-     * one scheduler per 32 CTAs). */
-    int want = kind == MACO_FUSED_GEMM_REDUCE_SCATTER ? units / 16 : units / 8;
-    want = want < 2 ? 2 : want;
-    int workers = units - want - ((units - want) / 32 > 1 ? (units - want) / 32 : 1);
-    maco__fused_t f;
-    maco_status_t st =
-        maco__fused_check(g, op, kind, fn, rank, nranks, workers > 1 ? workers : units, &f);
-    if (st != MACO_OK)
-        return st;
-    int before = g->ntasks;
-    if (kind == MACO_FUSED_GEMM_ALLREDUCE)
-        st = maco__fused_gemm_allreduce(&f, last_p);
-    else if (kind == MACO_FUSED_GEMM_REDUCE_SCATTER)
-        st = maco__fused_gemm_reduce_scatter(&f, last_p);
-    else
-        st = maco__fused_allgather_gemm(&f, last_p);
-    if (st != MACO_OK)
-        return st;
-    if (nranks > 1 && want > g->comm_workers_hint)
-        g->comm_workers_hint = want;
-    MACO_LOG(MACO_LOG_DEBUG, MACO_SUBSYS_PERSIST, "%s: rank %d of %d: %d tasks (%s)", fn, rank,
-             nranks, g->ntasks - before, f.name);
-    return MACO_OK;
 }

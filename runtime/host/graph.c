@@ -14,8 +14,9 @@
 #include "runtime/host/runtime_internal.h"
 
 static const char *const maco__task_type_names[MACO_TASK_TYPE_COUNT] = {
-    "nop",         "copy",           "add",          "scale",     "residual_add", "signal", "wait",
-    "channel_put", "channel_signal", "channel_wait", "gemm_tile", "sum",
+    "nop",       "copy", "add",         "scale",          "residual_add",
+    "signal",    "wait", "channel_put", "channel_signal", "channel_wait",
+    "gemm_tile", "sum",  "port_put",    "port_flush",
 };
 
 /* The device's type values are the public ones. */
@@ -30,6 +31,8 @@ _Static_assert(MACO__SAME(MACO_TASK_COPY, MACO_PK_COPY) && MACO__SAME(MACO_TASK_
                    MACO__SAME(MACO_TASK_CHANNEL_WAIT, MACO_PK_CHANNEL_WAIT) &&
                    MACO__SAME(MACO_TASK_GEMM_TILE, MACO_PK_GEMM_TILE) &&
                    MACO__SAME(MACO_TASK_SUM, MACO_PK_SUM) &&
+                   MACO__SAME(MACO_TASK_PORT_PUT, MACO_PK_PORT_PUT) &&
+                   MACO__SAME(MACO_TASK_PORT_FLUSH, MACO_PK_PORT_FLUSH) &&
                    MACO__SAME(MACO_TASK_TYPE_COUNT, MACO_PK_TYPE_COUNT) &&
                    MACO__SAME(MACO_TASK_USER, MACO_PK_USER),
                "task types match the device's");
@@ -70,12 +73,12 @@ maco_status_t maco_task_graph_destroy(maco_task_graph_t g)
     free(g->tasks);
     free(g->edges);
     free(g->channels);
+    free(g->ports);
     free(g);
     return MACO_OK;
 }
 
-/* Grows *arr (of *cap elements of `size` bytes) to hold n + 1. */
-static int maco__grow(void **arr, int *cap, int n, size_t size)
+int maco__graph_grow(void **arr, int *cap, int n, size_t size)
 {
     if (n < *cap)
         return 0;
@@ -100,7 +103,7 @@ maco_status_t maco_task_graph_add_task(maco_task_graph_t g, const maco_task_t *t
                            "maco_task_graph_add_task: the graph already has %d tasks, the most "
                            "it can hold",
                            g->ntasks);
-    if (maco__grow((void **)&g->tasks, &g->task_cap, g->ntasks, sizeof(maco_task_t)) != 0)
+    if (maco__graph_grow((void **)&g->tasks, &g->task_cap, g->ntasks, sizeof(maco_task_t)) != 0)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_task: out of host memory at task %d", g->ntasks);
     maco_task_t t = *task;
@@ -122,7 +125,8 @@ maco_status_t maco_task_graph_add_dependency(maco_task_graph_t g, int task, int 
     if (g == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_dependency: graph is NULL");
-    if (maco__grow((void **)&g->edges, &g->edge_cap, g->nedges, sizeof(maco__task_edge_t)) != 0)
+    if (maco__graph_grow((void **)&g->edges, &g->edge_cap, g->nedges, sizeof(maco__task_edge_t)) !=
+        0)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_dependency: out of host memory");
     g->edges[g->nedges].task = task;
@@ -137,12 +141,27 @@ maco_status_t maco_task_graph_add_channel(maco_task_graph_t g,
     if (g == NULL || handle == NULL || index_p == NULL)
         return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_channel: NULL argument");
-    if (maco__grow((void **)&g->channels, &g->channel_cap, g->nchannels,
-                   sizeof(maco_memory_channel_device_t)) != 0)
+    if (maco__graph_grow((void **)&g->channels, &g->channel_cap, g->nchannels,
+                         sizeof(maco_memory_channel_device_t)) != 0)
         return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                            "maco_task_graph_add_channel: out of host memory");
     g->channels[g->nchannels] = *handle;
     *index_p = g->nchannels++;
+    return MACO_OK;
+}
+
+maco_status_t maco__task_graph_add_port_info(maco_task_graph_t g, const maco__port_info_t *info,
+                                             int *index_p, const char *fn)
+{
+    if (g->nports >= (int)MACO_TRIGGER_MAX_CHANNELS)
+        return maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                           "%s: the graph already has %d port channels, the most a task can name",
+                           fn, g->nports);
+    if (maco__graph_grow((void **)&g->ports, &g->port_cap, g->nports, sizeof(maco__port_info_t)) !=
+        0)
+        return maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST, "%s: out of host memory", fn);
+    g->ports[g->nports] = *info;
+    *index_p = g->nports++;
     return MACO_OK;
 }
 
@@ -187,6 +206,11 @@ static int maco__sync_check(const maco_task_t *t, char *why, size_t n)
                  (unsigned long long)t->wait_count);
         return -1;
     }
+    if (t->wait_on != NULL && t->wait_need > t->wait_count) {
+        snprintf(why, n, "gate: wait_need %llu is above wait_count %llu (the launch's signals)",
+                 (unsigned long long)t->wait_need, (unsigned long long)t->wait_count);
+        return -1;
+    }
     if (t->signal_to != NULL && (uintptr_t)t->signal_to % 8 != 0) {
         snprintf(why, n, "signal_to (%p) must be 8-byte aligned", (void *)t->signal_to);
         return -1;
@@ -200,7 +224,7 @@ static uint64_t maco__out_span(const maco_task_t *t)
     uint64_t rows = t->rows > 1 ? t->rows : 1;
     if (t->type == MACO_TASK_COPY)
         return (rows - 1) * (t->rows > 1 ? t->ld_out : 0) + t->count;
-    uint64_t esz = t->datatype == MACO_FLOAT32 ? 4 : 2;
+    uint64_t esz = maco__task_out_type(t) == MACO_FLOAT32 ? 4 : 2;
     return ((rows - 1) * (t->rows > 1 ? t->ld_out : t->count) + t->count) * esz;
 }
 
@@ -366,6 +390,15 @@ static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
     }
     if (maco__rows_check(t, t->count, "elements", why, n) != 0)
         return -1;
+    if (t->out_datatype != 0 && t->out_datatype != t->datatype &&
+        (t->type != MACO_TASK_SUM || t->datatype != MACO_FLOAT32 ||
+         t->out_datatype != MACO_BFLOAT16)) {
+        snprintf(why, n,
+                 "out_datatype %d with datatype %d: only a SUM's output may differ from its "
+                 "inputs, MACO_BFLOAT16 from MACO_FLOAT32",
+                 (int)t->out_datatype, (int)t->datatype);
+        return -1;
+    }
     if (t->type == MACO_TASK_SUM &&
         (t->ninputs < 1 || t->ninputs > 64 || t->input_stride % esz != 0)) {
         snprintf(why, n,
@@ -382,9 +415,10 @@ static int maco__elementwise_check(const maco_task_t *t, char *why, size_t n)
             snprintf(why, n, "%s is NULL", names[i]);
             return -1;
         }
-        if ((uintptr_t)ptrs[i] % esz != 0) {
+        size_t align = i == 0 && maco__task_out_type(t) == MACO_BFLOAT16 ? 2 : esz;
+        if ((uintptr_t)ptrs[i] % align != 0) {
             snprintf(why, n, "%s (%p) is not aligned to its %zu-byte elements", names[i], ptrs[i],
-                     esz);
+                     align);
             return -1;
         }
     }
@@ -435,6 +469,34 @@ static int maco__channel_task_check(const maco_task_graph_t g, const maco_task_t
     return 0;
 }
 
+/* PORT_PUT and PORT_FLUSH: the port channel, and a put's ranges (a trigger's fields). */
+static int maco__port_task_check(const maco_task_graph_t g, const maco_task_t *t, char *why,
+                                 size_t n)
+{
+    if (t->channel >= (uint32_t)g->nports) {
+        snprintf(why, n, "port channel %u does not exist (the graph has %d)", t->channel,
+                 g->nports);
+        return -1;
+    }
+    if (t->type != MACO_TASK_PORT_PUT)
+        return 0;
+    const maco__port_info_t *c = &g->ports[t->channel];
+    if (t->count > MACO_TRIGGER_MAX_SIZE || t->src_offset > c->src_bytes ||
+        t->count > c->src_bytes - t->src_offset || t->dst_offset > c->dst_bytes ||
+        t->count > c->dst_bytes - t->dst_offset || t->src_offset > MACO_TRIGGER_MAX_OFFSET ||
+        t->dst_offset > MACO_TRIGGER_MAX_OFFSET) {
+        snprintf(why, n,
+                 "port put of %llu bytes from offset %llu to offset %llu leaves port channel "
+                 "%u's buffers (%llu bytes source, %llu destination), or passes a trigger's "
+                 "limits (below 4 GiB, offsets below 64 GiB)",
+                 (unsigned long long)t->count, (unsigned long long)t->src_offset,
+                 (unsigned long long)t->dst_offset, t->channel, (unsigned long long)c->src_bytes,
+                 (unsigned long long)c->dst_bytes);
+        return -1;
+    }
+    return 0;
+}
+
 /* A GEMM tile: output type, width, shape, ldc, position and alignment. */
 static int maco__gemm_check(const maco_task_t *t, char *why, size_t n)
 {
@@ -455,6 +517,13 @@ static int maco__gemm_check(const maco_task_t *t, char *why, size_t n)
                  "m x n x k = %u x %u x %u: m from 1 to 2^31 - 1, n a non-zero multiple of "
                  "%u (tile_n), k of %d",
                  t->m, t->n, t->k, tn, MACO_GEMM_TILE_K);
+        return -1;
+    }
+    if (t->ld_in != 0 && (t->ld_in < t->k || t->ld_in % 8 != 0 || t->ld_in > INT32_MAX)) {
+        snprintf(why, n,
+                 "ld_in = %u (A's row stride): 0, or at least k = %u, a multiple of 8 and below "
+                 "2^31",
+                 t->ld_in, t->k);
         return -1;
     }
     if (t->ldc < tn || t->ldc % 8 != 0) {
@@ -524,6 +593,9 @@ static int maco__task_check(const maco_task_graph_t g, const maco_task_t *t, cha
         return maco__channel_task_check(g, t, why, n);
     case MACO_TASK_GEMM_TILE:
         return maco__gemm_check(t, why, n);
+    case MACO_TASK_PORT_PUT:
+    case MACO_TASK_PORT_FLUSH:
+        return maco__port_task_check(g, t, why, n);
     default:
         return 0;
     }

@@ -82,11 +82,10 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
         out->sync[i].out_count = (uint16_t)t->out_mirror_count;
         out->sync[i].sig_first = (uint16_t)t->signal_mirror_channel;
         out->sync[i].sig_count = (uint16_t)t->signal_mirror_count;
+        out->sync[i].wait_need = t->wait_on != NULL ? t->wait_need : 0;
         out->nsync++;
     }
-    int comm = t->role == MACO_TASK_ROLE_COMM ||
-               (t->role == MACO_TASK_ROLE_AUTO &&
-                (t->type == MACO_TASK_WAIT || t->type == MACO_TASK_CHANNEL_WAIT));
+    int comm = maco__task_is_comm(t);
     d->role = comm ? MACO_PK_ROLE_COMM : MACO_PK_ROLE_COMPUTE;
     out->ncomm_tasks += comm ? 1u : 0u;
     d->dtype = (uint8_t)t->datatype;
@@ -98,7 +97,7 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
     d->ptr[0] = (uint64_t)(uintptr_t)t->out;
     d->ptr[1] = (uint64_t)(uintptr_t)t->a;
     d->ptr[2] = (uint64_t)(uintptr_t)t->b;
-    if (t->type == MACO_TASK_CHANNEL_PUT) {
+    if (t->type == MACO_TASK_CHANNEL_PUT || t->type == MACO_TASK_PORT_PUT) {
         d->ptr[0] = t->dst_offset;
         d->ptr[1] = t->src_offset;
     } else if (t->rows > 1 && (t->type == MACO_TASK_ADD || t->type == MACO_TASK_SCALE ||
@@ -109,6 +108,8 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
     if (t->type == MACO_TASK_SUM) {
         d->aux = t->ninputs;
         d->ptr[2] = t->input_stride;
+        d->sum.out_dtype = (uint16_t)maco__task_out_type(t);
+        d->sum.reserved = 0;
     } else if (t->type == MACO_TASK_GEMM_TILE) {
         d->ptr[3] = (uint64_t)t->tile_row * MACO_GEMM_TILE_M |
                     (uint64_t)(t->tile_col * maco__gemm_tile_n(t)) << 32;
@@ -118,6 +119,7 @@ static void maco__lower_task(maco_task_graph_t g, int i, const int *pred_begin,
         d->aux = t->ldc;
         out->ngemm_tasks++;
         out->npartial_gemm += t->m % MACO_GEMM_TILE_M != 0 ? 1u : 0u;
+        out->nstrided_gemm += maco__gemm_lda(t) != t->k ? 1u : 0u;
     } else if ((int)t->type >= MACO_TASK_USER) {
         d->ptr[3] = t->src_offset;
     }
@@ -146,8 +148,9 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
     out->succ = malloc(((size_t)g->nedges + 1) * sizeof(uint32_t));
     out->roots = malloc((size_t)nt * sizeof(uint32_t));
     out->sync = calloc((size_t)nt, sizeof(maco_pk_sync_t));
-    if (pred_begin == NULL || indeg == NULL || nsucc == NULL || order == NULL ||
-        (g->nedges > 0 && e == NULL) || out->tasks == NULL || out->succ == NULL ||
+    out->ports = calloc((size_t)g->nports + 1, sizeof(maco_port_channel_device_t));
+    if (out->ports == NULL || pred_begin == NULL || indeg == NULL || nsucc == NULL ||
+        order == NULL || (g->nedges > 0 && e == NULL) || out->tasks == NULL || out->succ == NULL ||
         out->roots == NULL || out->sync == NULL) {
         st = maco__error(MACO_ERR_NO_MEMORY, MACO_SUBSYS_PERSIST,
                          "%s: out of host memory for %d tasks", fn, nt);
@@ -203,8 +206,19 @@ maco_status_t maco__task_graph_lower(maco_task_graph_t g, const char *fn, maco__
     }
     for (int i = 0; i < nt; i++)
         maco__lower_task(g, i, pred_begin, nsucc, out);
+    if (g->requeue_gates && out->ncomm_tasks > MACO__PK_REQUEUE_MAX) {
+        st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
+                         "%s: %u communication tasks; a graph with copy-engine fused operators "
+                         "holds at most %d (their gated tasks must always go back to their "
+                         "queue): split the graph or use the SM mode",
+                         fn, out->ncomm_tasks, MACO__PK_REQUEUE_MAX);
+        goto fail;
+    }
     out->ntasks = (uint32_t)nt;
     out->comm_workers_hint = g->comm_workers_hint;
+    for (int i = 0; i < g->nports; i++)
+        out->ports[i] = g->ports[i].handle;
+    out->nports = (uint32_t)g->nports;
     free(e);
     free(pred_begin);
     free(indeg);
@@ -227,6 +241,7 @@ void maco__pk_lowered_free(maco__pk_lowered_t *l)
     free(l->succ);
     free(l->roots);
     free(l->sync);
+    free(l->ports);
     memset(l, 0, sizeof(*l));
 }
 
@@ -262,11 +277,14 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
 {
     uint32_t nq = W + C + S;
     uint64_t ncomp = l->ntasks - (C > 0 ? l->ncomm_tasks : 0);
+    /* Room for every task of the role and 2 more, up to the most: a worker that pops a task
+     * whose gate is closed then always has room to put it back (it waits at the gate only
+     * where load + 2 reaches the capacity: maco_pk_next_ready), below 4095 tasks of a role. */
     uint64_t cap_w = maco__pow2_at_least(
-        ncomp < MACO__PK_WORKER_QUEUE_MAX ? ncomp + 1 : MACO__PK_WORKER_QUEUE_MAX);
-    uint64_t cap_c =
-        maco__pow2_at_least(l->ncomm_tasks < MACO__PK_WORKER_QUEUE_MAX ? l->ncomm_tasks + 1
-                                                                       : MACO__PK_WORKER_QUEUE_MAX);
+        ncomp + 2 < MACO__PK_WORKER_QUEUE_MAX ? ncomp + 2 : MACO__PK_WORKER_QUEUE_MAX);
+    uint64_t cap_c = maco__pow2_at_least(l->ncomm_tasks + 2 < MACO__PK_WORKER_QUEUE_MAX
+                                             ? l->ncomm_tasks + 2
+                                             : MACO__PK_WORKER_QUEUE_MAX);
     uint64_t cap_s = maco__pow2_at_least((uint64_t)l->ntasks + 1);
     uint64_t nslots = W * cap_w + C * cap_c + S * cap_s;
     size_t o_tasks = 0;
@@ -275,8 +293,10 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     size_t o_rstart = maco__round256(o_roots + l->nroots * sizeof(uint32_t));
     size_t o_queues = maco__round256(o_rstart + ((size_t)W + C + 1) * sizeof(uint32_t));
     size_t o_chan = maco__round256(o_queues + nq * sizeof(maco_pk_queue_t));
-    size_t o_sync =
+    size_t o_ports =
         maco__round256(o_chan + (size_t)nchannels * sizeof(maco_memory_channel_device_t));
+    size_t o_sync =
+        maco__round256(o_ports + (size_t)l->nports * sizeof(maco_port_channel_device_t));
     *fixed_bytes_p =
         maco__round256(o_sync + (l->nsync > 0 ? l->ntasks * sizeof(maco_pk_sync_t) : 0));
     size_t o_ctr = 0;
@@ -325,6 +345,8 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     }
     if (nchannels > 0)
         memcpy(host + o_chan, channels, (size_t)nchannels * sizeof(maco_memory_channel_device_t));
+    if (l->nports > 0)
+        memcpy(host + o_ports, l->ports, (size_t)l->nports * sizeof(maco_port_channel_device_t));
     if (l->nsync > 0)
         memcpy(host + o_sync, l->sync, l->ntasks * sizeof(maco_pk_sync_t));
     memset(view, 0, sizeof(*view));
@@ -344,4 +366,6 @@ void maco__pk_layout(const maco__pk_lowered_t *l, const maco_memory_channel_devi
     view->ncomm = C;
     view->nschedulers = S;
     view->nchannels = (uint32_t)nchannels;
+    view->ports = (const maco_port_channel_device_t *)(fx + o_ports);
+    view->nports = l->nports;
 }

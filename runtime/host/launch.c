@@ -114,6 +114,12 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
                                "store a partial last row of tiles, and this kernel uses "
                                "cuBLASDx's",
                                fn, l->npartial_gemm, MACO_GEMM_TILE_M);
+        if (kind == MACO__PK_GEMM_CUBLASDX && l->nstrided_gemm > 0)
+            return maco__error(MACO_ERR_UNSUPPORTED, MACO_SUBSYS_PERSIST,
+                               "%s: %u GEMM tiles read a slice of K of a wider A (ld_in, "
+                               "split-K); only the GMMA tiles (Hopper, MACO_GEMM_TILE=auto or "
+                               "gmma) do, and this kernel uses cuBLASDx's",
+                               fn, l->nstrided_gemm);
         /* The GMMA tiles add a producer warpgroup to the MACO_GEMM_TILE_THREADS that compute. */
         if (kind == MACO__PK_GEMM_GMMA)
             c.threads = MACO__PK_GEMM_GMMA_THREADS;
@@ -166,8 +172,8 @@ static maco_status_t maco__pk_split(maco_comm_t comm, const maco__pk_lowered_t *
 }
 
 /* For the GMMA kernel: encodes the TMA tensor maps of each distinct GEMM of the graph (same A,
- * B, M, N, K and tile width: the width sets B's TMA box) into device memory at *maps_p and sets
- * each GEMM tile's gemm.map in `l`. */
+ * B, M, N, K, A's row stride and tile width: the width sets B's TMA box) into device memory at
+ * *maps_p and sets each GEMM tile's gemm.map in `l`. */
 static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, maco__pk_lowered_t *l,
                                         void **maps_p)
 {
@@ -191,6 +197,7 @@ static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, mac
         for (; j < nmaps; j++) {
             const maco_task_t *u = &g->tasks[first[j]];
             if (u->a == t->a && u->b == t->b && u->m == t->m && u->n == t->n && u->k == t->k &&
+                maco__gemm_lda(u) == maco__gemm_lda(t) &&
                 maco__gemm_tile_n(u) == maco__gemm_tile_n(t))
                 break;
         }
@@ -203,7 +210,7 @@ static maco_status_t maco__pk_gemm_maps(const char *fn, maco_task_graph_t g, mac
                 goto out;
             }
             if (maco__pk_gemm_gmma_map_encode(host + (size_t)nmaps * bytes, t->a, t->b, t->m, t->n,
-                                              t->k, maco__gemm_tile_n(t)) != 0) {
+                                              t->k, maco__gemm_lda(t), maco__gemm_tile_n(t)) != 0) {
                 st = maco__error(MACO_ERR_INVALID_ARGUMENT, MACO_SUBSYS_PERSIST,
                                  "%s: GEMM tile %u (m %u, n %u, k %u): the GMMA tiles read A "
                                  "(%p) and B (%p) with TMA, which needs 16-byte aligned bases "

@@ -4,9 +4,10 @@
 
 Element-wise chains, GEMM tiles against torch.matmul, the fused GEMM + allreduce and allgather +
 GEMM against the unfused result computed from every rank's inputs, a second launch on new
-inputs, a CUDA graph of a launch, the profile (summary, Chrome trace) and maco.profiler around
-plain collectives. Fresh random inputs (one seed shared through the bootstrap), outputs poisoned
-first; prints 'PASS gpu_persistent ...' (or 'SKIP ...' when the library has no GEMM tiles)."""
+inputs, a CUDA graph of a launch, the three fused operations with fused_comm "sm",
+"copy_engine" and "auto" (bitwise equal), the profile (summary, Chrome trace) and maco.profiler
+around plain collectives. Fresh random inputs (one seed shared through the bootstrap), outputs
+poisoned first; prints 'PASS gpu_persistent ...' (or 'SKIP ...' when the library has no GEMM tiles)."""
 
 import json
 import os
@@ -202,6 +203,62 @@ k()
 torch.cuda.synchronize()
 check("allgather+gemm", Y.tensor, torch.cat(xs).float() @ w.float())
 k.close()
+
+# 4b. the copy-engine mode (fused_comm="copy_engine": rows over port channels) of each fused
+# operation, bit for bit against the reference and the SM mode, the allreduce also replayed
+# from a CUDA graph; "auto" takes what maco.persistent.choose_fused_comm says.
+m, kk, nn = 300, 128, 256
+xs = [ints((m * N, kk), r, 50, torch.bfloat16) for r in range(N)]
+ws = [ints((kk, nn), r, 51, torch.bfloat16) for r in range(N)]
+want_sum = sum(x.float() @ w.float() for x, w in zip(xs, ws))
+got_by_mode = {}
+for mode in ("sm", "copy_engine", "auto"):
+    outs = []
+    for op in ("gemm_allreduce", "gemm_reduce_scatter", "allgather_gemm"):
+        k = maco.PersistentKernel(comm, fused_comm=mode)
+        rows = m if op == "allgather_gemm" else m * N
+        X = k.register_tensor(xs[R][:rows].clone(), "X")
+        W = k.register_tensor(ws[R].clone(), "W")
+        with k.task_graph() as g:
+            if op == "gemm_allreduce":
+                Y = g.allreduce(g.matmul(X, W, name="rl"))
+                want = want_sum
+            elif op == "gemm_reduce_scatter":
+                Y = g.reduce_scatter(g.matmul(X, W, name="rl"))
+                want = want_sum[R * m:(R + 1) * m]
+            else:
+                Y = g.matmul(g.allgather(X), W, name="cl")
+                want = torch.cat([x[:m] for x in xs]).float() @ ws[R].float()
+        chosen = maco.persistent.choose_fused_comm(op, N, rows if op != "allgather_gemm" else m,
+                                                   nn, kk, torch.float32)
+        checks += 1
+        took = k.fused_comm_modes[0][1] if k.fused_comm_modes else None
+        if took != (chosen if mode == "auto" else mode):
+            failures.append(f"{op} {mode}: took {took}, choose_fused_comm says {chosen}")
+        for run in range(2):
+            poison(Y.tensor)
+            k()
+            torch.cuda.synchronize()
+            check(f"{op} fused_comm={mode} run {run}", Y.tensor, want)
+        if op == "gemm_allreduce":
+            s = torch.cuda.Stream()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=s):
+                k()
+            poison(Y.tensor)
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            check(f"{op} fused_comm={mode} graph replay", Y.tensor, want)
+            del graph
+        outs.append(Y.tensor.clone())
+        comm.barrier()  # every rank's launches ended before the kernels and channels go
+        k.close()
+    got_by_mode[mode] = outs
+for i, (a, b) in enumerate(zip(got_by_mode["sm"], got_by_mode["copy_engine"])):
+    checks += 1
+    if not torch.equal(a, b):
+        failures.append(f"operation {i}: the copy-engine mode's bits differ from the SM mode's")
 
 # 5. maco.profiler around plain collectives and a profiled persistent kernel
 k = maco.PersistentKernel(comm, profile=True)

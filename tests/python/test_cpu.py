@@ -526,6 +526,61 @@ def test_persistent_kernel_arguments(comm):
     k.close()
 
 
+def test_persistent_kernel_fused_comm(comm):
+    """fused_comm is checked when the kernel is made; nothing is fused before a graph."""
+    with pytest.raises(ValueError, match="fused_comm: 'nvlink'; accepts auto, sm, copy_engine"):
+        maco.PersistentKernel(comm, fused_comm="nvlink")
+    for mode in ("auto", "sm", "copy_engine"):
+        k = maco.PersistentKernel(comm, fused_comm=mode)
+        assert k.fused_comm_modes == []
+        k.close()
+
+
+@pytest.mark.parametrize("op, ws, m, n, k, dt, want", [
+    ("allgather_gemm", 1, 8192, 8192, 8192, "bf16", "sm"),            # no peer
+    ("allgather_gemm", 2, 256, 1024, 4096, "bf16", "copy_engine"),    # 1 MiB puts, 2 per peer
+    ("allgather_gemm", 2, 256, 1024, 2048, "bf16", "sm"),             # 512 KiB puts
+    ("allgather_gemm", 2, 128, 1024, 4096, "bf16", "sm"),             # one put per peer
+    ("gemm_allreduce", 4, 1024, 4096, 1024, "float32", "copy_engine"),  # 2 MiB, 2 per owner
+    ("gemm_allreduce", 4, 512, 4096, 1024, "float32", "sm"),          # one row per owner
+    ("gemm_allreduce", 4, 1024, 2048, 1024, "bf16", "sm"),            # 512 KiB rows
+    ("gemm_reduce_scatter", 2, 512, 4096, 1024, "bf16", "copy_engine"),
+    ("gemm_reduce_scatter", 2, 16384, 8192, 1024, "float32", "sm"),   # too many tasks
+])
+def test_choose_fused_comm_follows_the_rule(op, ws, m, n, k, dt, want):
+    """maco.persistent.choose_fused_comm: maco_fused_gemm_choose_comm's rule
+    (docs/persistent.md, "Copy-engine mode"), pure, no GPU."""
+    assert maco.persistent.choose_fused_comm(op, ws, m, n, k, dt) == want
+
+
+def test_choose_fused_comm_refuses_bad_input():
+    with pytest.raises(ValueError, match="op: 'allreduce'; accepts gemm_allreduce"):
+        maco.persistent.choose_fused_comm("allreduce", 2, 128, 128, 64)
+    with pytest.raises(maco.InvalidArgumentError, match="n 100"):
+        maco.persistent.choose_fused_comm("gemm_allreduce", 2, 128, 100, 64)
+    with pytest.raises(maco.InvalidArgumentError, match="m a multiple of nranks"):
+        maco.persistent.choose_fused_comm("gemm_reduce_scatter", 3, 128, 128, 64)
+
+
+def test_fused_scratch_bytes_per_mode():
+    """The copy-engine reduce-scatter keeps send slots: nranks x pad(m / nranks) x n more
+    elements; the other operators need what the SM mode needs; AUTO what it chooses."""
+    f32 = int(maco.DataType.FLOAT32)
+    for kind in (0, 1, 2):
+        for ws in (1, 2, 4):
+            m, n, k = 300 * ws, 4096, 4096
+            sm = _maco.fused_scratch_bytes(kind, ws, m, n, k, f32)
+            assert _maco.fused_scratch_bytes_mode(kind, 0, ws, m, n, k, f32) == sm
+            ce = _maco.fused_scratch_bytes_mode(kind, 1, ws, m, n, k, f32)
+            pad = (m // ws + 127) // 128 * 128
+            assert ce == (sm + ws * pad * n * 4 if kind == 1 else sm)
+            chosen = _maco.fused_choose_comm(kind, ws, m, n, k, f32)
+            assert _maco.fused_scratch_bytes_mode(kind, 2, ws, m, n, k, f32) == (ce if chosen
+                                                                                 else sm)
+    with pytest.raises(maco.InvalidArgumentError, match="mode 7"):
+        _maco.fused_scratch_bytes_mode(0, 7, 2, 128, 128, 64, f32)
+
+
 # ------------------------------------------------------------------ torch backend: device binding
 # The rules of maco/torch.py's docstring (ProcessGroupMaco is in maco/_process_group.py), with a
 # fake Communicator that records the device it was made on (the real one needs a GPU for a

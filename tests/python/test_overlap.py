@@ -62,6 +62,7 @@ def test_config_stays_callable_and_gains_set_get(fresh_config, monkeypatch):
     (dict(use_pinned_memory=False), r"use_pinned_memory: only True"),
     (dict(profile="yes"), r"profile: 'yes' is not a bool"),
     (dict(fusion="nvlink"), r"fusion: 'nvlink'; accepts persistent, copy_engine"),
+    (dict(fused_comm="nvlink"), r"fused_comm: 'nvlink'; accepts auto, sm, copy_engine"),
 ])
 def test_config_rejects_bad_values(fresh_config, kw, match):
     before = maco.config.get()

@@ -52,7 +52,8 @@
  *
  * Gates and signals. A task may also carry a gate and a signal (maco_pk_sync_t, in the view's
  * `sync` array beside the descriptors). A task's gate is open once its counter reaches
- * wait_count * (run + 1) (acquire, system scope). A worker runs a task only once its gate is
+ * wait_count * run + wait_need (acquire, system scope; wait_need 0 means wait_count: the
+ * launch's wait_count signals have all come). A worker runs a task only once its gate is
  * open; one that it pops with the gate closed goes back to the end of its queue
  * (maco_pk_next_ready), so a closed gate never blocks a worker and the tasks behind it.
  * After the task's writes (a CTA barrier), thread 0 adds 1 to the signal's counter (a
@@ -82,6 +83,7 @@
 
 #include "maco/device/error.h"
 #include "maco/device/memory_channel.h"
+#include "maco/device/port_channel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,8 +112,14 @@ enum {
     MACO_PK_SUM = 11,           /* out[i] = in_0[i] + in_1[i] + ... + in_{aux-1}[i], summed
                                    in that order in fp32, rounded once: in_j = ptr[1] +
                                    j * ptr[2] (bytes); count elements per row, ptr[3] rows
-                                   and strides as for ADD */
-    MACO_PK_TYPE_COUNT = 12,
+                                   and strides as for ADD; sum.out_dtype the output's type
+                                   (0: dtype) */
+    MACO_PK_PORT_PUT = 12,      /* port channel aux (view.ports): count bytes from source
+                                   offset ptr[1] to destination offset ptr[0], then a signal;
+                                   count 0: the signal alone */
+    MACO_PK_PORT_FLUSH = 13,    /* port channel aux: wait until its proxy carried out every
+                                   earlier trigger of this GPU's FIFO */
+    MACO_PK_TYPE_COUNT = 14,
     /* Types from here on are the user's (maco_pk_run's `user` function runs them). */
     MACO_PK_USER = 256,
 };
@@ -149,7 +157,8 @@ enum {
  *   2 u8 role    3 u8 dtype (maco_datatype_t of element-wise tasks)
  *  16 f32 alpha; for GEMM tiles u16 gemm.map (the index of the GEMM's TMA tensor maps in
  *                 view.gemm_maps; the host sets it only for the GMMA kernel) and at 18 u16
- *                 gemm.tile_n (the tile's width: 128 or 256)
+ *                 gemm.tile_n (the tile's width: 128 or 256); for SUM u16 sum.out_dtype (the
+ *                 output's maco_datatype_t, 0: dtype) and u16 zero
  *  20 u32 aux (channel index; user types: anything)
  *  24 u64 count (elements; bytes for copies and puts; signals per run for waits)
  *  32 u64 ptr[4]: out, a, b, and a fourth argument (puts: ptr[1] = source offset,
@@ -168,6 +177,10 @@ typedef struct maco_pk_task {
             uint16_t map;
             uint16_t tile_n;
         } gemm;
+        struct {
+            uint16_t out_dtype;
+            uint16_t reserved;
+        } sum;
     };
     uint32_t aux;
     uint64_t count;
@@ -200,7 +213,10 @@ MACO_STATIC_ASSERT(sizeof(maco_pk_queue_t) == 32, "maco_pk_queue_t is 32 bytes")
  *  30 u16 out_count      which the output is written too (out inside their local buffers)
  *  32 u16 sig_first      the first of sig_count channels whose remote buffers get the signal
  *  34 u16 sig_count      (0: `signal` itself)
- *  36 u32, 40 u64        reserved, zero
+ *  36 u32               reserved, zero
+ *  40 u64 wait_need      the gate opens at wait_count * run + wait_need (1 .. wait_count: the
+ *                        launch's signals come in a known order and the task needs the first
+ *                        wait_need of them; 0: wait_count, all of them)
  */
 typedef struct maco_pk_sync {
     const uint64_t *wait;
@@ -210,7 +226,7 @@ typedef struct maco_pk_sync {
     uint16_t out_first, out_count;
     uint16_t sig_first, sig_count;
     uint32_t reserved0;
-    uint64_t reserved1;
+    uint64_t wait_need;
 } maco_pk_sync_t;
 MACO_STATIC_ASSERT(sizeof(maco_pk_sync_t) == 48, "maco_pk_sync_t is 48 bytes");
 MACO_STATIC_ASSERT(MACO_ALIGNOF(maco_pk_sync_t) == 8, "maco_pk_sync_t alignment");
@@ -246,6 +262,7 @@ typedef struct maco_pk_view {
     uint64_t *ctr;                 /* [MACO_PK_CTR_WORDS] */
     const maco_pk_queue_t *queues; /* [W + C + S]: workers, comm workers, scheduler inboxes */
     const maco_memory_channel_device_t *channels; /* [nchannels] (the channel tasks' aux) */
+    const maco_port_channel_device_t *ports;      /* [nports] (the port tasks' aux) */
     const maco_pk_sync_t *sync;                   /* [ntasks] gates and signals, or NULL */
     maco_pk_profile_record_t *profile;            /* [ntasks] or NULL */
     /* The GMMA kernel's TMA tensor maps, one entry per distinct GEMM (tasks' gemm_map), in
@@ -254,6 +271,7 @@ typedef struct maco_pk_view {
     maco_device_wait_bound_t bound;
     uint32_t ntasks, nroots;
     uint32_t nworkers, ncomm, nschedulers, nchannels;
+    uint32_t nports, reserved;
 } maco_pk_view_t;
 
 #ifdef __cplusplus

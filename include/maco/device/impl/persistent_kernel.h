@@ -185,7 +185,8 @@ static __device__ __forceinline__ void maco__pk_acc_f32x4(float *acc, uint4 x, i
 
 /* SUM: out = in_0 + in_1 + ... in that order (fp32), in_j = ptr[1] + j * ptr[2] bytes; rows and
  * strides (elements) as for ADD; the result also to out's mirrors. 16-byte vectors (4 fp32 or
- * 8 bf16) where aligned, four per thread in flight for each input. */
+ * 8 bf16) where aligned and the output has the inputs' type, four per thread in flight for
+ * each input; element by element otherwise (fp32 partial products into bf16: split-K). */
 static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
                                                     const maco_pk_task_t *t, uint32_t task,
                                                     uint32_t tid, uint32_t nthreads)
@@ -194,13 +195,15 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
     const char *in = (const char *)t->ptr[1];
     const uint64_t in_stride = t->ptr[2];
     const uint32_t nin = t->aux, dtype = t->dtype;
+    const uint32_t odtype = t->sum.out_dtype != 0 ? t->sum.out_dtype : dtype;
     const uint64_t esz = dtype == MACO__PK_F32 ? 4 : 2, n = t->count;
+    const uint64_t oesz = odtype == MACO__PK_F32 ? 4 : 2;
     uint64_t ldi, ldo, delta[MACO__PK_MIRRORS];
     uint64_t rows = maco__pk_rows(t, &ldi, &ldo);
     uint32_t nm = maco__pk_out_mirrors(v, task, delta);
     uintptr_t align =
         (uintptr_t)out | (uintptr_t)in | in_stride | (n * esz) | (ldi * esz) | (ldo * esz);
-    if ((align & 15u) == 0 && dtype != MACO__PK_F16) {
+    if ((align & 15u) == 0 && dtype != MACO__PK_F16 && odtype == dtype) {
         enum { U = 4 };
         const uint64_t per = 16 / esz, nv = n / per, total = rows * nv, stride = nthreads;
         for (uint64_t v0 = tid; v0 < total; v0 += U * stride) {
@@ -259,7 +262,7 @@ static __device__ __forceinline__ void maco__pk_sum(const maco_pk_view_t *v,
             acc = j == 0 ? x : acc + x;
         }
         for (uint32_t m = 0; m <= nm; m++)
-            maco__pk_store(out + (m == 0 ? 0 : delta[m - 1]) + (r * ldo) * esz, i, dtype, acc);
+            maco__pk_store(out + (m == 0 ? 0 : delta[m - 1]) + (r * ldo) * oesz, i, odtype, acc);
     }
 }
 
@@ -280,6 +283,23 @@ static __device__ __forceinline__ maco_status_t maco__pk_wait_counter(const maco
         }
     }
     return MACO_OK;
+}
+
+/* MACO_PK_PORT_PUT: one thread queues the put (if any) and the signal into the port channel's
+ * FIFO; the proxy carries them out after the task. What this thread observed (the task's
+ * inputs, released to it through the dependency counters and the CTA's barrier) is ordered
+ * before the trigger by the channel's push (maco/device/port_channel.h). MACO_PK_PORT_FLUSH:
+ * one thread waits (bounded) for the proxy to carry out every earlier trigger of the FIFO. A
+ * push that fails (the ring stayed full past the bound, or the proxy stopped) fails the task. */
+static __device__ __forceinline__ maco_status_t maco__pk_port_task(const maco_pk_view_t *v,
+                                                                   const maco_pk_task_t *t)
+{
+    const maco_port_channel_device_t *ch = &v->ports[t->aux];
+    if (t->type == MACO_PK_PORT_FLUSH)
+        return maco_port_channel_flush(ch);
+    if (t->count == 0)
+        return maco_port_channel_signal(ch);
+    return maco_port_channel_put_with_signal(ch, t->ptr[0], t->ptr[1], t->count);
 }
 
 /* Runs task `task` (descriptor t) with threads tid = 0 .. nthreads - 1 of the CTA (the whole
@@ -323,6 +343,9 @@ static __device__ __forceinline__ maco_status_t maco__pk_execute(const maco_pk_v
         return MACO_OK;
     case MACO_PK_CHANNEL_WAIT:
         return tid == 0 ? maco_memory_channel_wait(&v->channels[t->aux]) : MACO_OK;
+    case MACO_PK_PORT_PUT:
+    case MACO_PK_PORT_FLUSH:
+        return tid == 0 ? maco__pk_port_task(v, t) : MACO_OK;
     default:
         if ((t->type >= MACO_PK_USER || t->type == MACO_PK_GEMM_TILE) && user != 0)
             return user(v, t, task);

@@ -49,7 +49,7 @@ MACO_HOST_DEVICE static inline int maco__pk_gate_open(const maco_pk_view_t *v, u
 {
     if (v->sync == 0 || v->sync[task].wait == 0)
         return 1;
-    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= v->sync[task].wait_count * (run + 1);
+    return maco__pk_ld_acquire_sys(v->sync[task].wait) >= maco__pk_gate_want(&v->sync[task], run);
 }
 
 MACO_HOST_DEVICE static inline int maco_pk_next(const maco_pk_view_t *v, uint32_t queue,
@@ -114,7 +114,7 @@ MACO_HOST_DEVICE static inline int maco_pk_next_ready(const maco_pk_view_t *v, u
         else if (v->bound.timeout_ns != 0 && now - deferring_since > v->bound.timeout_ns) {
             const maco_pk_sync_t *g = &v->sync[task];
             maco__pk_record_peer(v, MACO_ERR_TIMEOUT, g->peer, (int)task,
-                                 MACO_DEVICE_WAIT_TASK_GATE, g->wait_count * (run + 1),
+                                 MACO_DEVICE_WAIT_TASK_GATE, maco__pk_gate_want(g, run),
                                  maco__pk_ld_acquire_sys(g->wait));
             maco_pk_abort(v);
             *status_p = MACO_ERR_TIMEOUT;

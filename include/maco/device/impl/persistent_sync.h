@@ -166,13 +166,20 @@ MACO_HOST_DEVICE static inline void maco_pk_abort(const maco_pk_view_t *v)
     maco__pk_st_release(&v->ctr[MACO_PK_CTR_ABORT], 1);
 }
 
+/* The count a gate waits for in launch `run`: wait_count * run + wait_need (wait_need 0:
+ * wait_count). */
+MACO_HOST_DEVICE static inline uint64_t maco__pk_gate_want(const maco_pk_sync_t *g, uint64_t run)
+{
+    return g->wait_count * run + (g->wait_need != 0 ? g->wait_need : g->wait_count);
+}
+
 MACO_HOST_DEVICE static inline maco_status_t maco_pk_gate(const maco_pk_view_t *v, uint32_t task,
                                                           uint64_t run)
 {
     if (v->sync == 0 || v->sync[task].wait == 0)
         return MACO_OK;
     const maco_pk_sync_t *g = &v->sync[task];
-    const uint64_t want = g->wait_count * (run + 1);
+    const uint64_t want = maco__pk_gate_want(g, run);
     uint64_t seen = 0;
     maco__pk_spin_t spin = { 0, 0 };
     while ((seen = maco__pk_ld_acquire_sys(g->wait)) < want) {
