@@ -272,6 +272,18 @@ static ncclResult_t maco_nccl__run_inits(void)
     return res;
 }
 
+/* Frees this thread's group arrays (after the outermost group end: a thread that ends keeps
+ * nothing allocated). */
+static void maco_nccl__group_release(void)
+{
+    free(maco_nccl__queue);
+    maco_nccl__queue = NULL;
+    maco_nccl__queue_cap = 0;
+    free(maco_nccl__inits);
+    maco_nccl__inits = NULL;
+    maco_nccl__inits_cap = 0;
+}
+
 /* Closes one level; at the outermost, creates the recorded communicators and (when `issue`)
  * runs the recorded calls. */
 static ncclResult_t maco_nccl__group_close(int issue)
@@ -288,13 +300,15 @@ static ncclResult_t maco_nccl__group_close(int issue)
     int n = maco_nccl__nqueued;
     maco_nccl__nqueued = 0;
     if (err != ncclSuccess) {
+        maco_nccl__group_release();
         /* The failing call was named when it was made; nothing of the group is issued. */
         return maco_nccl__fail(err, "ncclGroupEnd: a call of the group failed its checks (see the "
                                     "error above); nothing of the group was issued");
     }
-    if (res != ncclSuccess || !issue || n == 0)
-        return res;
-    return maco_nccl__run(maco_nccl__queue, n);
+    if (res == ncclSuccess && issue && n > 0)
+        res = maco_nccl__run(maco_nccl__queue, n);
+    maco_nccl__group_release();
+    return res;
 }
 
 ncclResult_t pncclGroupStart(void)
