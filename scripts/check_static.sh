@@ -10,14 +10,14 @@
 # matters of taste, not bugs. Zero findings are allowed: a finding is fixed, or suppressed in
 # place with `cppcheck-suppress <id> ; <why it is not a bug>` on the line before.
 # Exit status 1 on a finding, 0 without; prints SKIP and exits 0 when cppcheck is missing
-# (scripts/setup.sh installs it; CI sets MACO_REQUIRE_STATIC=1, which fails instead).
+# (scripts/setup.sh installs it; CI sets STATIC_REQUIRE=1, which fails instead).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-build}"
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 if ! command -v cppcheck >/dev/null 2>&1; then
-  if [[ "${MACO_REQUIRE_STATIC:-0}" == 1 ]]; then
-    echo "check_static: cppcheck is not installed (MACO_REQUIRE_STATIC=1)" >&2
+  if [[ "${STATIC_REQUIRE:-0}" == 1 ]]; then
+    echo "check_static: cppcheck is not installed (STATIC_REQUIRE=1)" >&2
     exit 1
   fi
   echo "SKIP: check_static: cppcheck is not installed (Debian: cppcheck; scripts/setup.sh)"

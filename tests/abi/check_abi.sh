@@ -10,7 +10,7 @@
 # nccl/maco_nccl.h for libnccl), and only exported symbols. The libraries need debug info
 # (a Debug or RelWithDebInfo build): without it, or without abidiff (Debian's abigail-tools,
 # installed by scripts/setup.sh), the check skips (exit 77) saying why, unless
-# MACO_REQUIRE_ABI=1 (CI), where that fails. Update the baselines only for an intended ABI
+# ABI_REQUIRE=1 (CI), where that fails. Update the baselines only for an intended ABI
 # change, in the commit that makes it (and bump the SONAME for an incompatible one).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -26,8 +26,8 @@ if [[ $# -ne 3 ]]; then
 fi
 libmaco=$1 libnccl=$2 nccl_h=$3
 skip() {
-  if [[ "${MACO_REQUIRE_ABI:-0}" == 1 ]]; then
-    echo "abi: FAIL: $1 (MACO_REQUIRE_ABI=1)" >&2
+  if [[ "${ABI_REQUIRE:-0}" == 1 ]]; then
+    echo "abi: FAIL: $1 (ABI_REQUIRE=1)" >&2
     exit 1
   fi
   echo "SKIP: abi: $1"
