@@ -53,7 +53,7 @@ _DEFAULTS = {
     "debug": False,
     "profile": False,
     "fusion": "copy_engine",
-    "fused_comm": "auto",
+    "fused_comm": "sm",
 }
 
 
@@ -157,11 +157,11 @@ class ConfigTable:
                    ``maco_task_graph_add_gemm_allreduce``: bf16, n a multiple of 128 and
                    k of 32; other shapes and types take the copy engines' path). The
                    default and its measurement: docs/performance.md. Read at each call.
-    fused_comm     how that persistent kernel (``fusion="persistent"``) moves data: "auto"
-                   (default: per shape, ``maco.persistent.choose_fused_comm``), "sm" or
-                   "copy_engine" (:class:`maco.PersistentKernel`'s ``fused_comm``;
-                   docs/persistent.md, "Copy-engine mode"). Read when a call site's kernel
-                   is built (once per site and shape).
+    fused_comm     how that persistent kernel (``fusion="persistent"``) moves data: "sm"
+                   (default), "copy_engine" or "auto" (per shape,
+                   ``maco.persistent.choose_fused_comm``) (:class:`maco.PersistentKernel`'s
+                   ``fused_comm``; docs/persistent.md, "Copy-engine mode": not yet working on
+                   a GPU). Read when a call site's kernel is built (once per site and shape).
     ============== ===================================================================
 
     Thread-safe (one lock). Settings are per process; ranks should set the same values

@@ -31,11 +31,11 @@ writers and readers of the tensor it writes. Every rank builds the same graph in
 (fused operations set up memory or port channels collectively).
 
 How the fused operations move data (``fused_comm``, docs/persistent.md "Copy-engine mode"):
-"sm" (the GEMM stores tiles into peers' memory, communication workers copy and sum on SMs),
-"copy_engine" (rows of 128 go over port channels, which the copy engines carry between GPUs of
-a node, so the GEMM keeps every SM; only the sums take SMs) or "auto" (the default: per
-operator, :func:`choose_fused_comm`'s rule, ``maco_fused_gemm_choose_comm``). Both give the same
-bits. :attr:`PersistentKernel.fused_comm_modes` says what each operator took.
+"sm" (the default: the GEMM stores tiles into peers' memory, communication workers copy and sum
+on SMs), "copy_engine" (rows of 128 go over port channels, which the copy engines carry between
+GPUs of a node, so the GEMM keeps every SM; only the sums take SMs; not working on a GPU yet) or
+"auto" (per operator, :func:`choose_fused_comm`'s rule, ``maco_fused_gemm_choose_comm``). Both
+give the same bits. :attr:`PersistentKernel.fused_comm_modes` says what each operator took.
 
 :func:`profiler` times MACO's work inside its ``with`` block with CUDA events (recorded on the
 streams the work runs on): collectives made through :class:`maco.Communicator` and the steps of
@@ -313,8 +313,10 @@ class PersistentKernel:
         profile: record each task's start, end and SM (:meth:`print_summary`,
             :meth:`export_chrome_trace`, :func:`profiler`).
         world_size, rank: optional checks against the communicator (the seeds pass them).
-        fused_comm: how the fused operations move data: "auto" (default: per operator,
-            :func:`choose_fused_comm`), "sm" or "copy_engine" (see the module's text).
+        fused_comm: how the fused operations move data: "sm" (default), "copy_engine" or
+            "auto" (per operator, :func:`choose_fused_comm`). The copy-engine mode does not
+            work on a GPU yet (docs/persistent.md, "Copy-engine mode"): launches that use it
+            end at MACO_DEVICE_TIMEOUT naming a peer.
         num_local_schedulers, num_remote_schedulers: the design's names of num_schedulers
             and num_comm_workers (maco.Role.LOCAL_SCHEDULER and REMOTE_SCHEDULER).
 
@@ -326,7 +328,7 @@ class PersistentKernel:
                  num_schedulers: int = 0, num_comm_workers: int = 0, threads: int = 0,
                  profile: bool = False, world_size: Optional[int] = None,
                  rank: Optional[int] = None, num_local_schedulers: Optional[int] = None,
-                 num_remote_schedulers: Optional[int] = None, fused_comm: str = "auto"):
+                 num_remote_schedulers: Optional[int] = None, fused_comm: str = "sm"):
         if num_local_schedulers is not None:  # the design's names (maco.Role's mapping)
             if num_schedulers:
                 raise ValueError("num_local_schedulers: given with num_schedulers (the same "

@@ -16,7 +16,7 @@ mkdir -p "$out/obj"
 # The library sources the harnesses need: the CPU core, without CUDA or the fd server.
 lib_sources=(base/status.c base/log.c base/config.c base/sha256.c os/socket.c bootstrap/host_id.c
   bootstrap/alloc.c bootstrap/unique_id.c bootstrap/progress.c bootstrap/handshake.c bootstrap/calls.c
-  bootstrap/setup.c bootstrap/env.c
+  bootstrap/setup.c bootstrap/env.c bootstrap/launcher.c bootstrap/pmix.c bootstrap/agree.c base/parse.c
   bootstrap/torch_store.c
   memory/mem_handle.c)
 harnesses=(fuzz_unique_id fuzz_bootstrap_hello fuzz_link_frames fuzz_mem_handle fuzz_config fuzz_plan fuzz_tcp_wire fuzz_port_hello fuzz_ib_endpoint)
