@@ -24,7 +24,7 @@ export NCCL_NVLS_ENABLE=0
 if [ $# -eq 0 ]; then
   set -- -b 8 -e 1G -f 2 -d bfloat16
   # Side by side with NCCL when the system has it (or MACO_NCCL_LIBRARY names it).
-  if [ -n "${MACO_NCCL_LIBRARY:-}" ] || ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+  if [ -n "${MACO_NCCL_LIBRARY:-}" ] || ldconfig -p 2>/dev/null | grep 'libnccl\.so\.2' >/dev/null; then
     set -- "$@" --nccl
   elif [ $have_gpu = 1 ]; then
     echo "bench.sh: NCCL not found (no libnccl.so.2 in ldconfig's cache); running MACO alone." \

@@ -80,7 +80,7 @@ if [ "$mode" = test ]; then
   # The launcher tests (tests/launchers/run.sh, tests/python/test_launchers.py) start MACO jobs
   # with the real launchers; without these packages they skip and say so (CI requires them).
   command -v mpirun >/dev/null 2>&1 || want openmpi-bin "Open MPI's mpirun: the launcher tests start jobs with it"
-  ldconfig -p 2>/dev/null | grep -q 'libpmix\.so\.2 ' ||
+  ldconfig -p 2>/dev/null | grep 'libpmix\.so\.2 ' >/dev/null ||
     want libpmix2 "the PMIx runtime: MACO passes the unique id through mpirun's and srun's PMIx server (loaded at run time)"
   if command -v dpkg-query >/dev/null 2>&1 &&
     ! dpkg-query -W -f='${Status}' libpmix-dev 2>/dev/null | grep -q 'ok installed'; then

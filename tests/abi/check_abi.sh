@@ -38,7 +38,7 @@ if ! command -v abidw >/dev/null 2>&1 || ! command -v abidiff >/dev/null 2>&1; t
 fi
 for lib in "$libmaco" "$libnccl"; do
   [[ -f "$lib" ]] || skip "$lib does not exist (not built)"
-  readelf -S "$lib" | grep -q '\.debug_info' ||
+  readelf -S "$lib" | grep '\.debug_info' >/dev/null ||
     skip "$lib has no debug info (build with CMAKE_BUILD_TYPE=Debug or RelWithDebInfo)"
 done
 tmp=$(mktemp -d)

@@ -93,7 +93,7 @@ sim_env() { echo "MACO_HOST_ID=$host/simulated-node-$1 TEST_MACO_PORT_TRANSPORT=
 # ------------------------------------------------------------------ mpirun
 run_mpirun() {
   command -v mpirun >/dev/null || skip "mpirun is not installed (Debian: openmpi-bin; scripts/setup.sh installs it)"
-  ldconfig -p | grep -q 'libpmix\.so\.2 ' ||
+  ldconfig -p | grep 'libpmix\.so\.2 ' >/dev/null ||
     skip "the PMIx runtime libpmix.so.2 is not installed (Debian: libpmix2; scripts/setup.sh installs it)"
   local mpi=(mpirun --oversubscribe -x LSAN_OPTIONS)
   [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
