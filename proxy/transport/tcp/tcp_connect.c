@@ -291,6 +291,18 @@ static maco_status_t maco__tcp_group_connect(struct maco_port_channel *ch, maco_
             if (st != MACO_OK)
                 break;
             if (fd < 0) {
+                /* A peer that revoked the communicator (it saw a death and went on to shrink)
+                 * will not connect: stop now rather than at the deadline, which a shrink waiting
+                 * for this rank would reach at the same time. */
+                maco__bootstrap_poll(comm->bs);
+                int by = maco__bootstrap_revoked_by(comm->bs);
+                if (by >= 0) {
+                    st = maco__error(MACO_ERR_REVOKED, MACO_SUBSYS_PROXY,
+                                     "TCP transport: rank %d stopped waiting for rank %d's "
+                                     "connections (%d of %d): rank %d revoked the communicator",
+                                     comm->rank, peer, got, nsocks, by);
+                    break;
+                }
                 if (maco__now_ms() > deadline) {
                     st = maco__error(MACO_ERR_TIMEOUT, MACO_SUBSYS_PROXY,
                                      "TCP transport: rank %d connected %d of %d sockets before "
