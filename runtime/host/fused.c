@@ -51,6 +51,30 @@ maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what
     return maco_task_graph_add_task(f->g, t, id_p);
 }
 
+/* A partial last row of tiles (rows < 128 of C) computed into `stage`: one COPY task moves its
+ * `rows` rows of tile_n elements into `dst` (row stride n elements) after the GEMM task *id_p;
+ * *id_p becomes the copy, which later tasks depend on instead. */
+maco_status_t maco__fused_copy_rows(maco__fused_t *f, const void *stage, void *dst, uint32_t rows,
+                                    uint32_t tile_n, uint32_t n, int *id_p)
+{
+    maco_task_t x;
+    memset(&x, 0, sizeof(x));
+    x.type = MACO_TASK_COPY;
+    x.role = MACO_TASK_ROLE_COMPUTE;
+    x.count = (uint64_t)tile_n * f->esz;
+    x.rows = rows;
+    x.ld_in = x.ld_out = (uint32_t)(n * f->esz);
+    x.a = stage;
+    x.out = dst;
+    int copy = -1;
+    maco_status_t st = maco__fused_add(f, &x, "copy", &copy);
+    if (st == MACO_OK)
+        st = maco__fused_dep(f, copy, *id_p);
+    if (st == MACO_OK)
+        *id_p = copy;
+    return st;
+}
+
 maco_status_t maco__fused_dep(maco__fused_t *f, int task, int on)
 {
     return on < 0 ? MACO_OK : maco_task_graph_add_dependency(f->g, task, on);
@@ -482,7 +506,7 @@ maco_status_t maco__fused_sm_allgather_gemm(maco__fused_t *f, int *last_p)
                 data + (uint64_t)f->nranks * slot +
                 ((uint64_t)q * MACO_GEMM_TILE_M * op->n + (uint64_t)t->tile_col * t->tile_n) *
                     f->esz;
-            int gemm, copy;
+            int gemm;
             const uint64_t bbytes =
                 t->tile_row + 1 < blocks ? block : slot - (uint64_t)t->tile_row * block;
             st = maco__fused_gemm(
@@ -491,21 +515,8 @@ maco_status_t maco__fused_sm_allgather_gemm(maco__fused_t *f, int *last_p)
                 (bbytes + MACO__FUSED_CHUNK - 1) / MACO__FUSED_CHUNK, 0, q, NULL, &gemm);
             if (st == MACO_OK && q != f->rank)
                 st = maco__fused_dep(f, gemm, f->ready_sig);
-            if (st == MACO_OK && rows < MACO_GEMM_TILE_M) {
-                maco_task_t x;
-                memset(&x, 0, sizeof(x));
-                x.type = MACO_TASK_COPY;
-                x.role = MACO_TASK_ROLE_COMPUTE;
-                x.count = (uint64_t)t->tile_n * f->esz;
-                x.rows = rows;
-                x.ld_in = x.ld_out = (uint32_t)(op->n * f->esz);
-                x.a = stage;
-                x.out = dst;
-                st = maco__fused_add(f, &x, "copy", &copy);
-                if (st == MACO_OK)
-                    st = maco__fused_dep(f, copy, gemm);
-                gemm = copy;
-            }
+            if (st == MACO_OK && rows < MACO_GEMM_TILE_M)
+                st = maco__fused_copy_rows(f, stage, dst, rows, t->tile_n, op->n, &gemm);
             deps[ndeps++] = gemm;
         }
     }

@@ -381,26 +381,13 @@ maco_status_t maco__fused_ce_allgather_gemm(maco__fused_t *f, int *last_p)
                 data + (uint64_t)n * slot +
                 ((uint64_t)q * MACO_GEMM_TILE_M * op->n + (uint64_t)t->tile_col * t->tile_n) *
                     f->esz;
-            int gemm, copy;
+            int gemm;
             st = maco__fused_gemm(f, a, op->m, t, rows < MACO_GEMM_TILE_M ? stage : dst, op->n,
                                   NULL, 0, 0, -1, NULL, &gemm);
             if (st == MACO_OK && q != r)
                 st = maco__fused_dep(f, gemm, arrive[(size_t)q * B + t->tile_row]);
-            if (st == MACO_OK && rows < MACO_GEMM_TILE_M) {
-                maco_task_t x;
-                memset(&x, 0, sizeof(x));
-                x.type = MACO_TASK_COPY;
-                x.role = MACO_TASK_ROLE_COMPUTE;
-                x.count = (uint64_t)t->tile_n * f->esz;
-                x.rows = rows;
-                x.ld_in = x.ld_out = (uint32_t)(op->n * f->esz);
-                x.a = stage;
-                x.out = dst;
-                st = maco__fused_add(f, &x, "copy", &copy);
-                if (st == MACO_OK)
-                    st = maco__fused_dep(f, copy, gemm);
-                gemm = copy;
-            }
+            if (st == MACO_OK && rows < MACO_GEMM_TILE_M)
+                st = maco__fused_copy_rows(f, stage, dst, rows, t->tile_n, op->n, &gemm);
             deps[ndeps++] = gemm;
         }
     }

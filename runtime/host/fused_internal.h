@@ -98,6 +98,10 @@ typedef struct maco__fused_mirrors {
 
 /* fused.c's pieces, which the copy-engine builders (fused_ce.c) share. */
 maco_status_t maco__fused_add(maco__fused_t *f, maco_task_t *t, const char *what, int *id_p);
+/* A partial last row of tiles staged in `stage`: a COPY of `rows` rows of tile_n elements into
+ * dst (row stride n elements) after task *id_p, which then names the copy. */
+maco_status_t maco__fused_copy_rows(maco__fused_t *f, const void *stage, void *dst, uint32_t rows,
+                                    uint32_t tile_n, uint32_t n, int *id_p);
 maco_status_t maco__fused_dep(maco__fused_t *f, int task, int on);
 uint64_t *maco__fused_ctr(const maco__fused_t *f, uint64_t i);
 char *maco__fused_data(const maco__fused_t *f);
